@@ -1,0 +1,214 @@
+"""Dispatch policies: which replica serves each (token, top-k slot).
+
+Dimensions: `T` tokens in the batch a rank dispatches, `K` top-k, `L` layers, `E` logical
+experts, `R` max candidates of one expert in a view.
+
+A policy is a pure torch function `policy(topk_ids [T, K], view, ctx) -> phys [T, K]` (int64):
+for every pair routed to logical expert `e` it returns one of the candidate slots the rank's
+`view` lists for `e` in layer `ctx.layer`, and -1 where `topk_ids` is -1 (padding). Policies run
+on whatever device `topk_ids` and the view live on. `POLICIES` is the registry; any callable with
+the same signature works wherever a policy name does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Callable
+
+import torch
+
+from .errors import InputError
+from .placement import View
+
+HASH_MULTIPLIER = 2654435769  # Knuth's multiplicative hash constant, floor(2**32 / phi)
+RANDOM_RANGE = 65536  # the serving engine's randint(0, 65536) draw
+
+
+@dataclass(frozen=True)
+class DispatchContext:
+    """What a rank knows at dispatch time besides the ids and its view.
+
+    step, layer: shared by every rank.  rank: the dispatching rank.  seed: the scenario seed
+    (static's permutation).  generator: the rank's own random generator (random, on the
+    policy's device).  mode: "none" or "a2a".  rank_offset: ordinal adds the rank to its offset
+    (honoured only in "a2a", where rank invariance is not needed).
+    """
+
+    step: int = 0
+    layer: int = 0
+    rank: int = 0
+    seed: int = 0
+    generator: torch.Generator | None = None
+    mode: str = "none"
+    rank_offset: bool = False
+
+
+Policy = Callable[[torch.Tensor, View, DispatchContext], torch.Tensor]
+
+
+def replica_slots(topk_ids: torch.Tensor, view: View, layer: int,
+                  replica: torch.Tensor) -> torch.Tensor:
+    """Slot of candidate number `replica [T, K]` of each pair's expert; -1 for padding.
+
+    `replica` must lie in `[0, n_e)` where the id is not -1 (values at padding are ignored).
+    """
+    ids = topk_ids.long()
+    valid = ids >= 0
+    expert = ids.clamp(min=0)
+    log2phy = view.log2phy[layer]  # [E, R]
+    phys = log2phy[expert, torch.where(valid, replica, 0)]
+    return torch.where(valid, phys, torch.full_like(phys, -1))
+
+
+def candidate_counts(topk_ids: torch.Tensor, view: View, layer: int) -> torch.Tensor:
+    """`n_e` of each pair's expert in the view, int64 `[T, K]` (1 at padding)."""
+    return view.logcnt[layer][topk_ids.long().clamp(min=0)]
+
+
+def _rows(topk_ids: torch.Tensor) -> torch.Tensor:
+    """Row index of each pair, int64 `[T, 1]`."""
+    return torch.arange(topk_ids.shape[0], device=topk_ids.device).unsqueeze(1)
+
+
+def row_policy(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> torch.Tensor:
+    """`row % n_e`: rank-invariant, but blind to which rows an expert appears on."""
+    n = candidate_counts(topk_ids, view, ctx.layer)
+    return replica_slots(topk_ids, view, ctx.layer, _rows(topk_ids) % n)
+
+
+def flat_policy(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> torch.Tensor:
+    """`(row * K + k) % n_e`: the flat pair position; ties the replica to the top-k slot."""
+    n = candidate_counts(topk_ids, view, ctx.layer)
+    K = topk_ids.shape[1]
+    k = torch.arange(K, device=topk_ids.device).unsqueeze(0)
+    return replica_slots(topk_ids, view, ctx.layer, (_rows(topk_ids) * K + k) % n)
+
+
+def hash_policy(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> torch.Tensor:
+    """`((row * 2654435769) mod 2**32) % n_e`: equals `row % n_e` for n_e in {2, 4, 8}."""
+    n = candidate_counts(topk_ids, view, ctx.layer)
+    hashed = (_rows(topk_ids) * HASH_MULTIPLIER) % (1 << 32)
+    return replica_slots(topk_ids, view, ctx.layer, hashed % n)
+
+
+def random_policy(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> torch.Tensor:
+    """`randint(0, 65536) % n_e` from the rank's generator, one draw per pair of `[T, K]`.
+
+    Draws are taken for the whole flattened batch, padding and single-replica experts included,
+    as the serving engine does, so the generator advances by `T * K` draws per call.
+    """
+    if ctx.generator is None:
+        raise InputError("the random policy needs a generator in its dispatch context")
+    draws = torch.randint(0, RANDOM_RANGE, (topk_ids.numel(),), generator=ctx.generator,
+                          device=topk_ids.device).view(topk_ids.shape)
+    n = candidate_counts(topk_ids, view, ctx.layer)
+    return replica_slots(topk_ids, view, ctx.layer, draws % n)
+
+
+def occurrence_index(topk_ids: torch.Tensor) -> torch.Tensor:
+    """How many earlier pairs (row-major over `[T, K]`) carry the same id, int64 `[T, K]`."""
+    flat = topk_ids.reshape(-1).long()
+    order = torch.argsort(flat, stable=True)
+    ordered = flat[order]
+    n = flat.numel()
+    position = torch.arange(n, device=flat.device)
+    new_run = torch.ones(n, dtype=torch.bool, device=flat.device)
+    new_run[1:] = ordered[1:] != ordered[:-1]
+    run_start = torch.cummax(torch.where(new_run, position, 0), 0).values
+    occ = torch.empty_like(flat)
+    occ[order] = position - run_start
+    return occ.view(topk_ids.shape)
+
+
+def ordinal_offset(ctx: DispatchContext) -> int:
+    """Start offset of ordinal: step + layer, so leftover pairs rotate over the replicas from
+    step to step; plus the rank only in "a2a" mode when `ctx.rank_offset` asks for it."""
+    offset = ctx.step + ctx.layer
+    if ctx.mode == "a2a" and ctx.rank_offset:
+        offset += ctx.rank
+    return offset
+
+
+def ordinal_policy(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> torch.Tensor:
+    """`(occurrence index of e in the batch + offset) % n_e`: each expert's pairs split over its
+    replicas to within one pair per batch, identically on every rank that sees the batch."""
+    n = candidate_counts(topk_ids, view, ctx.layer)
+    replica = (occurrence_index(topk_ids) + ordinal_offset(ctx)) % n
+    return replica_slots(topk_ids, view, ctx.layer, replica)
+
+
+@lru_cache(maxsize=256)
+def static_table(view: View, rank: int, seed: int) -> torch.Tensor:
+    """The fixed expert -> slot table of `rank`, int64 `[L, E]`, built from its view.
+
+    Where the nearest rule leaves one candidate (the only one, else the lowest-id candidate on
+    the rank's GPU, else on its node) the rank takes it; otherwise the ranks left over for that
+    expert (those with no replica on their GPU or node), in rank order, take the candidates of a
+    permutation seeded by `seed` alone, cycling through it.
+    """
+    placement = view.placement
+    topo = placement.topology
+    G = topo.num_gpus
+    cands = view.log2phy.cpu()  # [L, E, R]
+    cnt = view.logcnt.cpu()  # [L, E]
+    valid = cands >= 0
+    safe = cands.clamp(min=0)
+    gpu, node = placement.slot_gpu[safe], placement.slot_node[safe]  # [L, E, R]
+
+    def first(mask: torch.Tensor) -> torch.Tensor:  # [L, E] lowest candidate where mask, or -1
+        hit = torch.gather(cands, -1, torch.argmax(mask.to(torch.int8), -1, keepdim=True))
+        return torch.where(mask.any(-1), hit.squeeze(-1), -1)
+
+    near = first(valid & (gpu == rank))
+    near = torch.where(near >= 0, near, first(valid & (node == topo.node_of_gpu(rank))))
+    near = torch.where(cnt == 1, cands[..., 0], near)
+
+    full = placement.log2phy  # [L, E, R'] leftover ranks are judged on the full placement
+    fvalid = full >= 0
+    fsafe = full.clamp(min=0)
+    ranks = torch.arange(G)
+    on_gpu = ((placement.slot_gpu[fsafe].unsqueeze(-1) == ranks) & fvalid.unsqueeze(-1)).any(-2)
+    rank_node = ranks // topo.gpus_per_node
+    on_node = ((placement.slot_node[fsafe].unsqueeze(-1) == rank_node)
+               & fvalid.unsqueeze(-1)).any(-2)
+    leftover = ~(on_gpu | on_node)  # [L, E, G]
+    index = leftover.long().cumsum(-1)[..., rank] - 1  # [L, E] this rank's place among them
+
+    gen = torch.Generator().manual_seed(seed)
+    keys = torch.rand(cands.shape, generator=gen).masked_fill(~valid, float("inf"))
+    perm = torch.argsort(keys, -1)  # [L, E, R] first cnt entries permute the candidates
+    pick = torch.gather(perm, -1, (index.clamp(min=0) % cnt).unsqueeze(-1))
+    spread = torch.gather(cands, -1, pick).squeeze(-1)
+    return torch.where(near >= 0, near, spread).to(view.log2phy.device)
+
+
+def static_policy(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> torch.Tensor:
+    """Each rank's own fixed table expert -> one replica (rank-variant by construction)."""
+    table = static_table(view, ctx.rank, ctx.seed)[ctx.layer]  # [E]
+    ids = topk_ids.long()
+    return torch.where(ids >= 0, table[ids.clamp(min=0)], -1)
+
+
+POLICIES: dict[str, Policy] = {
+    "static": static_policy,
+    "random": random_policy,
+    "row": row_policy,
+    "ordinal": ordinal_policy,
+    "flat": flat_policy,
+    "hash": hash_policy,
+}
+
+
+def resolve_policy(policy: str | Policy) -> Policy:
+    """A policy by registry name, or the callable itself."""
+    if callable(policy):
+        return policy
+    if policy not in POLICIES:
+        raise InputError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
+    return POLICIES[policy]
+
+
+def policy_name(policy: str | Policy) -> str:
+    """The name to report for a policy given by name or callable."""
+    return policy if isinstance(policy, str) else getattr(policy, "__name__", repr(policy))

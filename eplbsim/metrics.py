@@ -1,0 +1,92 @@
+"""Pure metric functions on executed and promised loads (JSON keys of DESIGN.md §4).
+
+Dimensions: `S` steps, `L` layers, `E` logical experts, `P` physical slots, `G` GPUs,
+`R` max replicas. Loads are counts of (token, slot) pairs; undefined values are NaN (per
+(step, layer)) or None (in summaries).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+
+from .placement import Placement
+
+METRIC_KEYS = ("gpu_imbalance", "balancedness", "replica_skew_mean", "replica_skew_max",
+               "replica_skew_cumulative", "idle_replica_frac", "placement_imbalance",
+               "rank_agreement", "multiplicity", "output_rel_error")
+
+
+def gpu_loads(slot_load: torch.Tensor, num_gpus: int) -> torch.Tensor:
+    """Pairs per GPU: `[..., P]` -> float64 `[..., G]` (slot `p` on GPU `p // (P // G)`)."""
+    *lead, P = slot_load.shape
+    return slot_load.to(torch.float64).reshape(*lead, num_gpus, P // num_gpus).sum(-1)
+
+
+def gpu_imbalance(gpu_load: torch.Tensor) -> torch.Tensor:
+    """max / mean GPU load over the last axis `[..., G] -> [...]`; NaN where nothing ran."""
+    mean = gpu_load.mean(-1)
+    return torch.where(mean > 0, gpu_load.amax(-1) / mean, math.nan)
+
+
+def balancedness(gpu_load: torch.Tensor) -> torch.Tensor:
+    """mean / max GPU load `[..., G] -> [...]` (the serving engines' figure); NaN where idle."""
+    peak = gpu_load.amax(-1)
+    return torch.where(peak > 0, gpu_load.mean(-1) / peak, math.nan)
+
+
+def replica_loads(slot_load: torch.Tensor, placement: Placement) -> torch.Tensor:
+    """Load of each replica `[..., L, P] -> float64 [..., L, E, R]`, NaN past `logcnt`."""
+    log2phy = placement.log2phy  # [L, E, R]
+    L, E, R = log2phy.shape
+    lead = slot_load.shape[:-2]
+    index = log2phy.clamp(min=0).reshape(L, E * R).expand(*lead, L, E * R)
+    loads = torch.gather(slot_load.to(torch.float64), -1, index).reshape(*lead, L, E, R)
+    return loads.masked_fill(log2phy < 0, math.nan)
+
+
+def replica_skew(slot_load: torch.Tensor, placement: Placement) -> torch.Tensor:
+    """max / mean replica load of each expert `[..., L, P] -> [..., L, E]`; NaN unless the
+    expert has >= 2 replicas and nonzero load."""
+    loads = replica_loads(slot_load, placement)
+    peak = loads.nan_to_num(-math.inf).amax(-1)
+    mean = loads.nanmean(-1)
+    defined = (placement.logcnt >= 2) & (mean > 0)
+    return torch.where(defined, peak / torch.where(defined, mean, 1.0), math.nan)
+
+
+def idle_replicas(slot_load: torch.Tensor, true_load: torch.Tensor,
+                  placement: Placement) -> tuple[int, int]:
+    """(idle, eligible) replica counts over `[..., L, P]` executed and `[..., L, E]` routed
+    loads: eligible replicas belong to experts with >= 2 replicas and at least `n_e` pairs;
+    idle ones among them executed nothing."""
+    loads = replica_loads(slot_load, placement)  # [..., L, E, R]
+    eligible_expert = (placement.logcnt >= 2) & (true_load >= placement.logcnt)  # [..., L, E]
+    eligible = eligible_expert.unsqueeze(-1) & ~loads.isnan()
+    return int((eligible & (loads == 0)).sum()), int(eligible.sum())
+
+
+def nanmean_or_none(values: torch.Tensor) -> float | None:
+    """Mean of the defined entries, None when there are none."""
+    values = values[~values.isnan()]
+    return float(values.mean()) if values.numel() else None
+
+
+def nanmax_or_none(values: torch.Tensor) -> float | None:
+    values = values[~values.isnan()]
+    return float(values.max()) if values.numel() else None
+
+
+def multiplicity_fractions(counts: Sequence[int]) -> dict[str, float | None]:
+    """`{"0": f0, "1": f1, "2+": f2}` from pair counts with c = 0, 1, >= 2."""
+    total = sum(counts)
+    keys = ("0", "1", "2+")
+    return {k: (c / total if total else None) for k, c in zip(keys, counts)}
+
+
+def multiplicity_counts(multiplicity: torch.Tensor, valid: torch.Tensor) -> list[int]:
+    """Pair counts with c = 0, 1, >= 2 among `valid` pairs of `multiplicity [T, K]`."""
+    m = multiplicity[valid]
+    return [int((m == 0).sum()), int((m == 1).sum()), int((m >= 2).sum())]

@@ -1,0 +1,60 @@
+"""The toy MoE layer that measures what wrong multiplicities do to a layer's output.
+
+Dimensions: `T` tokens, `K` top-k, `L` layers, `E` logical experts, `D` hidden size.
+
+Expert `e` of layer `l` is a fixed random matrix `W[l, e]` (all replicas share it); token `t` of
+a step has a random hidden vector `x_t` and positive gate weights `w_tk` summing to 1. The exact
+output is `y_t = sum_k w_tk W_{e_tk} x_t`; when pair `(t, k)` is executed `c_tk` times (summed
+over ranks by the all-reduce) the simulated output is `sum_k c_tk w_tk W_{e_tk} x_t`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class ToyMoE:
+    """weights: float64 `[L, E, D, D]`; seed also drives the per-step token inputs."""
+
+    weights: torch.Tensor
+    seed: int
+
+
+def make_toy_moe(num_layers: int, num_experts: int, hidden: int = 16, seed: int = 0,
+                 device: torch.device | str = "cpu") -> ToyMoE:
+    """Expert matrices with entries N(0, 1/D), seeded."""
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(num_layers, num_experts, hidden, hidden, generator=gen, dtype=torch.float64)
+    return ToyMoE((w / hidden ** 0.5).to(device), seed)
+
+
+def token_inputs(moe: ToyMoE, step: int, num_tokens: int,
+                 top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Hidden vectors `x [T, D]` and gates `w [T, K]` of step `step`, seeded by (seed, step)."""
+    gen = torch.Generator().manual_seed(moe.seed * 1_000_003 + step + 1)
+    hidden = moe.weights.shape[-1]
+    x = torch.randn(num_tokens, hidden, generator=gen, dtype=torch.float64)
+    gates = torch.rand(num_tokens, top_k, generator=gen, dtype=torch.float64) + 0.1
+    gates = gates / gates.sum(-1, keepdim=True)
+    device = moe.weights.device
+    return x.to(device), gates.to(device)
+
+
+def pair_outputs(moe: ToyMoE, layer: int, topk_ids: torch.Tensor, x: torch.Tensor,
+                 gates: torch.Tensor) -> torch.Tensor:
+    """`w_tk W_{e_tk} x_t` of every pair, float64 `[T, K, D]`; zero for padding."""
+    ids = topk_ids.long()
+    w = moe.weights[layer][ids.clamp(min=0)]  # [T, K, D, D]
+    out = torch.einsum("tkij,tj->tki", w, x) * gates.unsqueeze(-1)
+    return out * (ids >= 0).unsqueeze(-1)
+
+
+def output_error_terms(pairs: torch.Tensor, multiplicity: torch.Tensor) -> tuple[float, float]:
+    """`(||Y - Y_exact||^2, ||Y_exact||^2)` of one layer for pair outputs `[T, K, D]` executed
+    `multiplicity [T, K]` times."""
+    exact = pairs.sum(1)  # [T, D]
+    diff = ((multiplicity.to(pairs.dtype) - 1).unsqueeze(-1) * pairs).sum(1)
+    return float((diff * diff).sum()), float((exact * exact).sum())

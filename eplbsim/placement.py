@@ -1,0 +1,189 @@
+"""Placements (`phy2log`, the single source of truth) and the rank views derived from them.
+
+Dimensions: `L` layers, `E` logical experts, `P` physical slots, `G` GPUs = EP ranks,
+`R` max replicas of one expert.
+
+- `phy2log [L, P]`: logical expert held by each slot.
+- `logcnt [L, E]`: replicas per expert (>= 1).
+- `log2phy [L, E, R]`: replica slots of each expert in ascending physical id, padded with -1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, Callable
+
+import torch
+
+from .errors import InputError
+from .topology import Topology
+
+
+@dataclass(frozen=True, eq=False)
+class Placement:
+    """A validated placement: `phy2log [L, P]` over `num_experts` experts on `topology`.
+
+    Every expert has at least one replica in every layer and `G` divides `P`. The maps below are
+    derived on first use and never taken from a solver.
+    """
+
+    phy2log: torch.Tensor
+    num_experts: int
+    topology: Topology
+
+    def __post_init__(self) -> None:
+        try:
+            p2l = torch.as_tensor(self.phy2log)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise InputError(f"phy2log is not an integer array ({exc})") from None
+        if p2l.is_floating_point() or p2l.dtype == torch.bool:
+            raise InputError(f"phy2log must hold integers, got dtype {p2l.dtype}")
+        if p2l.dim() != 2:
+            raise InputError(f"phy2log must have shape [layers, slots], got {tuple(p2l.shape)}")
+        L, P = p2l.shape
+        E = self.num_experts
+        if P < E:
+            raise InputError(f"{P} physical slots are fewer than the {E} logical experts: "
+                             f"every expert needs at least one slot")
+        self.topology.slots_per_gpu(P)
+        p2l = p2l.detach().to("cpu", torch.int64, copy=True)
+        if p2l.numel() and (int(p2l.min()) < 0 or int(p2l.max()) >= E):
+            raise InputError(f"phy2log holds expert ids outside [0, {E})")
+        counts = torch.zeros(L, E, dtype=torch.int64).scatter_add_(1, p2l, torch.ones_like(p2l))
+        if (counts == 0).any():
+            layer, expert = (counts == 0).nonzero()[0].tolist()
+            raise InputError(f"expert {expert} has no replica in layer {layer} of the placement")
+        object.__setattr__(self, "phy2log", p2l)
+
+    @property
+    def num_layers(self) -> int:
+        return self.phy2log.shape[0]
+
+    @property
+    def num_slots(self) -> int:
+        return self.phy2log.shape[1]
+
+    @cached_property
+    def logcnt(self) -> torch.Tensor:
+        """Replicas per expert, int64 `[L, E]`."""
+        ones = torch.ones_like(self.phy2log)
+        return torch.zeros(self.num_layers, self.num_experts, dtype=torch.int64).scatter_add_(
+            1, self.phy2log, ones)
+
+    @cached_property
+    def log2phy(self) -> torch.Tensor:
+        """Replica slots of each expert in ascending physical id, -1 padded, int64 `[L, E, R]`."""
+        L, P = self.phy2log.shape
+        E = self.num_experts
+        order = torch.argsort(self.phy2log * P + torch.arange(P), dim=1)  # [L, P] slots by expert
+        expert = torch.gather(self.phy2log, 1, order)  # [L, P] ascending
+        start = torch.cumsum(self.logcnt, 1) - self.logcnt  # [L, E] first index of each expert
+        replica = torch.arange(P) - torch.gather(start, 1, expert)  # [L, P]
+        out = torch.full((L, E, int(self.logcnt.max())), -1, dtype=torch.int64)
+        out[torch.arange(L).view(L, 1), expert, replica] = order
+        return out
+
+    @cached_property
+    def slot_gpu(self) -> torch.Tensor:
+        """GPU of every slot, int64 `[P]`."""
+        return self.topology.slot_gpu(self.num_slots)
+
+    @cached_property
+    def slot_node(self) -> torch.Tensor:
+        """Node of every slot, int64 `[P]`."""
+        return self.topology.slot_node(self.num_slots)
+
+    def expected_load(self, load: torch.Tensor) -> torch.Tensor:
+        """The placement's promise: each expert's load split evenly over its replicas.
+
+        load: `[..., L, E]` pairs per logical expert -> `[..., L, P]` float64 load per slot.
+        """
+        per_replica = load.to(torch.float64) / self.logcnt.to(torch.float64)
+        index = self.phy2log.expand(*per_replica.shape[:-1], self.num_slots)
+        return torch.gather(per_replica, -1, index)
+
+
+def trivial_placement(num_layers: int, num_experts: int, num_slots: int,
+                      topology: Topology) -> Placement:
+    """Slot `p` holds logical expert `p % E` in every layer."""
+    p2l = (torch.arange(num_slots) % num_experts).expand(num_layers, num_slots)
+    return Placement(p2l, num_experts, topology)
+
+
+# Dimension legend for views: `L` layers, `E` experts, `R` max candidates.
+@dataclass(frozen=True, eq=False)
+class View:
+    """What one rank knows of a placement: candidate replicas per expert.
+
+    log2phy:   int64 `[L, E, R]` candidate slots in ascending physical id, -1 padded
+    logcnt:    int64 `[L, E]` number of candidates (>= 1)
+    placement: the full placement the view was derived from
+    rank:      the rank whose view this is (None for the rank-independent full view)
+    """
+
+    log2phy: torch.Tensor
+    logcnt: torch.Tensor
+    placement: Placement
+    rank: int | None = None
+
+    def to(self, device: torch.device | str) -> "View":
+        return View(self.log2phy.to(device), self.logcnt.to(device), self.placement, self.rank)
+
+
+def full_view(placement: Placement, rank: int | None = None) -> View:
+    """Every replica of every expert, the same on every rank."""
+    return View(placement.log2phy, placement.logcnt, placement, rank)
+
+
+def nearest_view(placement: Placement, rank: int) -> View:
+    """The view a rank had before the fix (DESIGN.md §3).
+
+    For each expert: the lowest-id replica on this rank's GPU if any; else the lowest-id replica
+    on its node if any; else all replicas.
+    """
+    topo = placement.topology
+    if not 0 <= rank < topo.num_gpus:
+        raise InputError(f"rank {rank} is outside [0, {topo.num_gpus})")
+    log2phy = placement.log2phy  # [L, E, R]
+    valid = log2phy >= 0
+    safe = log2phy.clamp(min=0)
+    on_gpu = valid & (placement.slot_gpu[safe] == rank)
+    on_node = valid & (placement.slot_node[safe] == topo.node_of_gpu(rank))
+    gpu_first = _first_where(log2phy, on_gpu)  # [L, E], -1 when none
+    node_first = _first_where(log2phy, on_node)
+    single = torch.where(gpu_first >= 0, gpu_first, node_first)  # [L, E]
+    narrowed = torch.full_like(log2phy, -1)
+    narrowed[..., 0] = single
+    keep = (single >= 0).unsqueeze(-1)
+    out = torch.where(keep, narrowed, log2phy)
+    cnt = torch.where(single >= 0, torch.ones_like(placement.logcnt), placement.logcnt)
+    return View(out, cnt, placement, rank)
+
+
+def _first_where(log2phy: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The first (lowest-id) slot of `log2phy [L, E, R]` where `mask`, -1 where none: `[L, E]`."""
+    idx = torch.argmax(mask.to(torch.int8), dim=-1, keepdim=True)
+    first = torch.gather(log2phy, -1, idx).squeeze(-1)
+    return torch.where(mask.any(-1), first, torch.full_like(first, -1))
+
+
+VIEWS: dict[str, Callable[[Placement, int], View]] = {
+    "full": full_view,
+    "nearest": nearest_view,
+}
+
+
+def rank_view(view: str | Callable[[Placement, int], View], placement: Placement,
+              rank: int) -> View:
+    """The view of `rank`, by registry name or callable."""
+    if callable(view):
+        return view(placement, rank)
+    if view not in VIEWS:
+        raise InputError(f"unknown view {view!r}; choose one of {', '.join(VIEWS)}")
+    return VIEWS[view](placement, rank)
+
+
+def as_placement(obj: Any, num_experts: int, topology: Topology) -> Placement:
+    """A Placement from a Placement or a `[L, P]` array-like."""
+    return obj if isinstance(obj, Placement) else Placement(obj, num_experts, topology)

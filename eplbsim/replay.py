@@ -1,0 +1,218 @@
+"""replay(trace, config) -> Results: one readable loop from routing trace to metrics.
+
+Dimensions: `S` steps, `T` tokens in a step, `L` layers, `E` logical experts, `K` top-k,
+`P` physical slots, `G` GPUs = EP ranks.
+
+Data flows one way: trace -> loads -> solver -> placement -> per-rank views -> dispatch per
+rank -> executed loads -> metrics. By default one placement is solved from the whole trace's
+loads; with `rebalance_every = N` the first `N` steps run on the trivial placement (there is no
+history yet) and at every step `s = kN` the placement is re-solved from steps `s-N .. s-1`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+import torch
+
+from . import metrics as M
+from .dispatch import DispatchContext, Policy, policy_name, resolve_policy
+from .errors import InputError
+from .moe import make_toy_moe, output_error_terms, pair_outputs, token_inputs
+from .placement import Placement, View, rank_view, trivial_placement
+from .ranks import (MODES, dispatch_a2a, dispatch_none, drift_before_step, execute_a2a,
+                    execute_none, make_rank_generators, token_owners)
+from .solvers import Solver, solve
+from .topology import Topology
+from .trace import Trace
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """One simulated configuration. `placement`, when given, is used for every step instead
+    of solving; `num_groups=None` takes the trace's `num_groups` (else 1)."""
+
+    policy: str | Policy = "ordinal"
+    solver: str | Solver = "deepseek"
+    mode: str = "none"
+    view: str | Callable[[Placement, int], View] = "full"
+    rng: str = "independent"
+    drift_p: float = 0.05
+    num_gpus: int = 8
+    gpus_per_node: int | None = None
+    num_redundant: int = 16
+    num_groups: int | None = None
+    rebalance_every: int | None = None
+    seed: int = 0
+    device: str = "cpu"
+    hidden: int = 16
+    rank_offset: bool = False
+    placement: Placement | None = None
+
+
+@dataclass(frozen=True)
+class Results:
+    """What one replay measured.
+
+    metrics:   the DESIGN.md §4 keys (None where undefined)
+    slot_load: int64 `[S, L, P]` executed pairs per slot
+    true_load: int64 `[S, L, E]` routed pairs per logical expert
+    epochs:    `(first step, placement)` of every placement used, in step order
+    """
+
+    config: ReplayConfig
+    metrics: dict[str, Any]
+    slot_load: torch.Tensor
+    true_load: torch.Tensor
+    epochs: tuple[tuple[int, Placement], ...] = field(default=())
+
+    @property
+    def policy(self) -> str:
+        return policy_name(self.config.policy)
+
+    @property
+    def solver(self) -> str:
+        if self.config.placement is not None:
+            return "given"
+        return policy_name(self.config.solver)
+
+    def row(self) -> dict[str, Any]:
+        """The metrics with `policy`, `solver`, `mode`, `view` and `rng`: one table row."""
+        cfg = self.config
+        return {"policy": self.policy, "solver": self.solver, "mode": cfg.mode,
+                "view": policy_name(cfg.view), "rng": cfg.rng, **self.metrics}
+
+
+def replay(trace: Trace, config: ReplayConfig = ReplayConfig()) -> Results:
+    """Replay `trace` under `config`; the same inputs give the same numbers."""
+    cfg = config
+    policy = resolve_policy(cfg.policy)
+    if cfg.mode not in MODES:
+        raise InputError(f"unknown mode {cfg.mode!r}; choose one of {', '.join(MODES)}")
+    topo = Topology(cfg.num_gpus, cfg.gpus_per_node)
+    S, L, E, K, G = trace.num_steps, trace.num_layers, trace.num_experts, trace.top_k, topo.num_gpus
+    true_load = trace.counts()  # [S, L, E]
+    place_for = _placement_schedule(trace, cfg, topo, true_load)
+    gens = make_rank_generators(cfg.rng, cfg.seed, G, cfg.device, cfg.drift_p)
+    moe = make_toy_moe(L, E, cfg.hidden, cfg.seed, cfg.device) if cfg.mode == "none" else None
+
+    epochs: list[tuple[int, Placement]] = []
+    slot_load = None
+    agreed = valid = 0
+    mult = [0, 0, 0]
+    err_sq = exact_sq = 0.0
+    for s in range(S):
+        placement = place_for(s)
+        if not epochs or placement is not epochs[-1][1]:
+            epochs.append((s, placement))
+            views = [rank_view(cfg.view, placement, r).to(cfg.device) for r in range(G)]
+            if slot_load is None:
+                slot_load = torch.zeros(S, L, placement.num_slots, dtype=torch.int64)
+        ids = trace.step(s).to(cfg.device)  # [T, L, K]
+        T = ids.shape[0]
+        owners = token_owners(T, G, trace.step_src_rank(s)) if cfg.mode == "a2a" else None
+        drift_before_step(gens, [T * K] * G if owners is None
+                          else torch.bincount(owners, minlength=G).mul(K).tolist())
+        if moe is not None:
+            x, gates = token_inputs(moe, s, T, K)
+        for layer in range(L):
+            layer_ids = ids[:, layer]  # [T, K]
+            ctxs = [DispatchContext(s, layer, r, cfg.seed, gens.generators[r], cfg.mode,
+                                    cfg.rank_offset) for r in range(G)]
+            if cfg.mode == "none":
+                choices = dispatch_none(layer_ids, views, policy, ctxs)  # [G, T, K]
+                out = execute_none(choices, layer_ids, placement)
+                agreed += out.agreed
+                e2, x2 = output_error_terms(pair_outputs(moe, layer, layer_ids, x, gates),
+                                            out.multiplicity)
+                err_sq, exact_sq = err_sq + e2, exact_sq + x2
+            else:
+                phys = dispatch_a2a(layer_ids, owners, views, policy, ctxs)  # [T, K]
+                out = execute_a2a(phys, layer_ids, placement)
+            slot_load[s, layer] = out.slot_load
+            valid += out.valid
+            mult = [a + b for a, b in zip(mult, M.multiplicity_counts(
+                out.multiplicity, layer_ids >= 0))]
+
+    summary = summarize(slot_load, true_load, epochs, topo.num_gpus)
+    none_mode = cfg.mode == "none"
+    summary["rank_agreement"] = (agreed / valid if valid else None) if none_mode else None
+    summary["multiplicity"] = M.multiplicity_fractions(mult)
+    summary["output_rel_error"] = (math.sqrt(err_sq / exact_sq) if exact_sq > 0 else None
+                                   ) if none_mode else None
+    return Results(cfg, summary, slot_load, true_load, tuple(epochs))
+
+
+def _placement_schedule(trace: Trace, cfg: ReplayConfig, topo: Topology,
+                        true_load: torch.Tensor) -> Callable[[int], Placement]:
+    """`step -> placement` for the configured schedule (solving lazily, once per epoch)."""
+    E = trace.num_experts
+    num_slots = E + cfg.num_redundant
+    if cfg.num_redundant < 0:
+        raise InputError(f"the number of redundant slots must be >= 0, got {cfg.num_redundant}")
+    groups = cfg.num_groups or trace.num_groups or 1
+    if cfg.placement is not None:
+        given = cfg.placement
+        if given.num_experts != E or given.num_layers != trace.num_layers:
+            raise InputError(f"the given placement is for {given.num_layers} layers and "
+                             f"{given.num_experts} experts; the trace has {trace.num_layers} "
+                             f"layers and {E} experts")
+        return lambda s: given
+    if cfg.rebalance_every is None:
+        whole = solve(cfg.solver, true_load.sum(0), num_slots, topo, groups)
+        return lambda s: whole
+    every = cfg.rebalance_every
+    if not isinstance(every, int) or every < 1:
+        raise InputError(f"rebalance_every must be a positive integer, got {every!r}")
+    initial = trivial_placement(trace.num_layers, E, num_slots, topo)
+    solved: dict[int, Placement] = {}
+
+    def place_for(s: int) -> Placement:
+        start = (s // every) * every
+        if start == 0:
+            return initial
+        if start not in solved:
+            solved[start] = solve(cfg.solver, true_load[start - every:start].sum(0), num_slots,
+                                  topo, groups)
+        return solved[start]
+
+    return place_for
+
+
+def summarize(slot_load: torch.Tensor, true_load: torch.Tensor,
+              epochs: list[tuple[int, Placement]], num_gpus: int) -> dict[str, Any]:
+    """Load metrics over all steps and layers; each epoch judged with its own placement.
+
+    slot_load: `[S, L, P]` executed; true_load: `[S, L, E]` routed.
+    """
+    S = slot_load.shape[0]
+    executed_gpu = M.gpu_loads(slot_load, num_gpus)  # [S, L, G]
+    skews, promised, cumulative = [], [], []
+    idle = eligible = 0
+    bounds = [start for start, _ in epochs] + [S]
+    for (start, placement), stop in zip(epochs, bounds[1:]):
+        executed, routed = slot_load[start:stop], true_load[start:stop]
+        skews.append(M.replica_skew(executed, placement).flatten())
+        cumulative.append(M.replica_skew(executed.sum(0), placement).flatten())
+        promised.append(M.gpu_imbalance(M.gpu_loads(placement.expected_load(routed),
+                                                     num_gpus)).flatten())
+        i, e = M.idle_replicas(executed, routed, placement)
+        idle, eligible = idle + i, eligible + e
+    skew = torch.cat(skews)
+    return {
+        "gpu_imbalance": M.nanmean_or_none(M.gpu_imbalance(executed_gpu)),
+        "balancedness": M.nanmean_or_none(M.balancedness(executed_gpu)),
+        "replica_skew_mean": M.nanmean_or_none(skew),
+        "replica_skew_max": M.nanmax_or_none(skew),
+        "replica_skew_cumulative": M.nanmax_or_none(torch.cat(cumulative)),
+        "idle_replica_frac": idle / eligible if eligible else None,
+        "placement_imbalance": M.nanmean_or_none(torch.cat(promised)),
+    }
+
+
+def compare(trace: Trace, policies: list[str | Policy], modes: list[str],
+            config: ReplayConfig = ReplayConfig()) -> list[Results]:
+    """Replay every (mode, policy) on the same trace and placement settings."""
+    return [replay(trace, replace(config, policy=p, mode=m)) for m in modes for p in policies]

@@ -1,0 +1,132 @@
+"""DeepSeek's hierarchical expert-parallel load balancer (EPLB), written from its description.
+
+Dimensions: `L` layers, `E` logical experts, `P` physical slots, `G` GPUs, `N` nodes.
+Slot `p` lives on GPU `p // (P // G)`; GPU `g` is on node `g // (G // N)`.
+
+Hierarchical variant (used when the number of expert groups is a multiple of `N`):
+  1. pack expert groups (contiguous blocks of `E / num_groups` experts) onto nodes, balancing
+     the groups' summed loads;
+  2. on each node, replicate its `E / N` experts into `P / N` slots, each new replica going to
+     the expert with the highest load per replica;
+  3. pack each node's replicas onto its `G / N` GPUs, balancing load per replica.
+Otherwise the global variant runs the same with one group on one node.
+
+Tie-breaking (deterministic): items are packed in descending load, equal loads in ascending
+item index (stable sort); an item goes to the least-loaded pack that still has room, equal pack
+loads to the lowest pack index; a new replica goes to the expert with the highest load per
+replica, equal ratios to the lowest expert index; when each pack takes one item, item `i` goes to
+pack `i`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..topology import Topology
+
+
+def balanced_packing(weight: np.ndarray, num_packs: int) -> tuple[np.ndarray, np.ndarray]:
+    """Pack `X` weighted items into `num_packs` packs of exactly `X / num_packs` items each.
+
+    weight: float64 `[L, X]` -> (pack int64 `[L, X]`, rank_in_pack int64 `[L, X]`), where
+    `rank_in_pack` is the order in which the item was added to its pack (0 first).
+    Greedy: items by descending weight (stable), each to the lightest pack with room (lowest
+    index on ties). With one item per pack, item `i` goes to pack `i`.
+    """
+    num_layers, num_items = weight.shape
+    per_pack = num_items // num_packs
+    if per_pack == 1:
+        pack = np.tile(np.arange(num_items, dtype=np.int64), (num_layers, 1))  # [L, X]
+        return pack, np.zeros_like(pack)
+    order = np.argsort(-weight, axis=1, kind="stable")  # [L, X] items, heaviest first
+    layers = np.arange(num_layers)
+    pack_weight = np.zeros((num_layers, num_packs))  # [L, packs]
+    pack_count = np.zeros((num_layers, num_packs), dtype=np.int64)  # [L, packs]
+    pack = np.empty((num_layers, num_items), dtype=np.int64)  # [L, X]
+    rank = np.empty((num_layers, num_items), dtype=np.int64)  # [L, X]
+    for step in range(num_items):
+        item = order[:, step]  # [L]
+        open_weight = np.where(pack_count < per_pack, pack_weight, np.inf)  # [L, packs]
+        chosen = np.argmin(open_weight, axis=1)  # [L], first minimum = lowest pack index
+        pack[layers, item] = chosen
+        rank[layers, item] = pack_count[layers, chosen]
+        pack_weight[layers, chosen] += weight[layers, item]
+        pack_count[layers, chosen] += 1
+    return pack, rank
+
+
+def replicate_experts(weight: np.ndarray, num_phy: int) -> tuple[np.ndarray, np.ndarray]:
+    """Replicate `X` experts into `num_phy >= X` physical replicas, minimising load per replica.
+
+    weight: float64 `[L, X]` -> (phy2log int64 `[L, num_phy]`, logcnt int64 `[L, X]`).
+    Replica `i < X` is expert `i`; replica `i >= X` is a new replica of the expert with the
+    highest `weight / logcnt` at that point (lowest index on ties).
+    """
+    num_layers, num_log = weight.shape
+    layers = np.arange(num_layers)
+    phy2log = np.tile(np.arange(num_phy, dtype=np.int64), (num_layers, 1))  # [L, num_phy]
+    logcnt = np.ones((num_layers, num_log), dtype=np.int64)  # [L, X]
+    for slot in range(num_log, num_phy):
+        hottest = np.argmax(weight / logcnt, axis=1)  # [L], first maximum = lowest index
+        phy2log[:, slot] = hottest
+        logcnt[layers, hottest] += 1
+    return phy2log, logcnt
+
+
+def _inverse(perm: np.ndarray) -> np.ndarray:
+    """Row-wise inverse of permutations `[L, X]`."""
+    inv = np.empty_like(perm)
+    np.put_along_axis(inv, perm, np.arange(perm.shape[1], dtype=perm.dtype)[None, :], axis=1)
+    return inv
+
+
+def hierarchical(load: np.ndarray, num_slots: int, num_groups: int, num_nodes: int,
+                 num_gpus: int) -> np.ndarray:
+    """Hierarchical EPLB; requires `num_groups % num_nodes == 0` and the divisibilities of
+    `E` by `num_groups`, `P` by `num_gpus`, `num_gpus` by `num_nodes`.
+
+    load: float64 `[L, E]` pairs per logical expert -> phy2log int64 `[L, P]`.
+    """
+    num_layers, num_experts = load.shape
+    group_size = num_experts // num_groups
+    groups_per_node = num_groups // num_nodes
+    log_per_node = num_experts // num_nodes
+    phy_per_node = num_slots // num_nodes
+    slots_per_gpu = num_slots // num_gpus
+
+    # 1. groups onto nodes
+    group_load = load.reshape(num_layers, num_groups, group_size).sum(-1)  # [L, groups]
+    group_node, group_rank = balanced_packing(group_load, num_nodes)  # [L, groups]
+    # middle logical id: node-major, groups by rank in pack, experts in group order
+    group_first = (group_node * groups_per_node + group_rank) * group_size  # [L, groups]
+    log2mlog = (group_first[:, :, None] + np.arange(group_size)).reshape(num_layers, -1)  # [L, E]
+    mlog2log = _inverse(log2mlog)  # [L, E]
+
+    # 2. replicate within each node; rows are (layer, node)
+    mlog_load = np.take_along_axis(load, mlog2log, axis=1).reshape(-1, log_per_node)  # [L*N, E/N]
+    phy2mlog, mlogcnt = replicate_experts(mlog_load, phy_per_node)  # [L*N, P/N], [L*N, E/N]
+
+    # 3. replicas onto the node's GPUs
+    phy_load = np.take_along_axis(mlog_load / mlogcnt, phy2mlog, axis=1)  # [L*N, P/N]
+    gpu, gpu_rank = balanced_packing(phy_load, num_gpus // num_nodes)  # [L*N, P/N]
+    phy2pphy = gpu * slots_per_gpu + gpu_rank  # [L*N, P/N] node-local slot of each replica
+    pphy2mlog = np.take_along_axis(phy2mlog, _inverse(phy2pphy), axis=1)  # [L*N, P/N]
+
+    # 4. back to global ids
+    node_offset = (np.arange(num_nodes, dtype=np.int64) * log_per_node)[None, :, None]
+    pphy2mlog = (pphy2mlog.reshape(num_layers, num_nodes, -1) + node_offset).reshape(
+        num_layers, -1)  # [L, P]
+    return np.take_along_axis(mlog2log, pphy2mlog, axis=1)  # [L, P]
+
+
+def deepseek(load: np.ndarray, num_slots: int, topology: Topology,
+             num_groups: int = 1) -> np.ndarray:
+    """DeepSeek EPLB: hierarchical when `num_groups % N == 0`, else global (one group, one node).
+
+    load: float64 `[L, E]` pairs per logical expert, `num_slots` = `P` -> phy2log int64 `[L, P]`.
+    """
+    load = np.asarray(load, dtype=np.float64)
+    num_nodes, num_gpus = topology.num_nodes, topology.num_gpus
+    if num_groups % num_nodes == 0:
+        return hierarchical(load, num_slots, num_groups, num_nodes, num_gpus)
+    return hierarchical(load, num_slots, 1, 1, num_gpus)

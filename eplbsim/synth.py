@@ -1,0 +1,251 @@
+"""Synthetic routing traces: seeded scenario generators in the `SCENARIOS` registry.
+
+Dimensions: `S` steps, `T` tokens per step, `L` MoE layers, `E` logical experts, `K` top-k.
+
+Every generator is a pure function
+
+    gen(*, steps, tokens, layers, experts, top_k, seed, **scenario_options) -> Trace
+
+that draws from `numpy.random.default_rng(seed)` only, so the same arguments give an identical
+trace. Each token's `K` ids are distinct experts in `[0, E)` (top-k without replacement, no
+padding), and `meta` records `source: "synth"`, `scenario` and every parameter (`params`,
+defaults included) so that `synthesize(meta["scenario"], **meta["params"])` rebuilds the trace.
+A new scenario is one function and one line in `SCENARIOS`; `synthesize` also takes a callable.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from typing import Any, Callable
+
+import numpy as np
+
+from .errors import InputError
+from .trace import Trace
+
+Generator = Callable[..., Trace]
+
+_SIZE_NAMES = ("steps", "tokens", "layers", "experts", "top_k")
+
+
+# ----------------------------------------------------------------------------- helpers
+
+def _check_int(name: str, value: Any, lo: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise InputError(f"{name} must be an integer, got {value!r}")
+    if value < lo:
+        raise InputError(f"{name} must be >= {lo}, got {value}")
+    return int(value)
+
+
+def _check_float(name: str, value: Any, lo: float, hi: float = math.inf) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise InputError(f"{name} must be a number, got {value!r}")
+    value = float(value)
+    if not (lo <= value <= hi) or math.isnan(value):
+        bound = f">= {lo}" if hi == math.inf else f"in [{lo}, {hi}]"
+        raise InputError(f"{name} must be {bound}, got {value}")
+    return value
+
+
+def check_sizes(*, steps: Any, tokens: Any, layers: Any, experts: Any, top_k: Any,
+                seed: Any) -> tuple[int, int, int, int, int, int]:
+    """Validate trace sizes; InputError naming the bad one. Returns them as Python ints."""
+    S = _check_int("steps", steps, 1)
+    T = _check_int("tokens", tokens, 1)
+    L = _check_int("layers", layers, 1)
+    E = _check_int("experts", experts, 1)
+    K = _check_int("top_k", top_k, 1)
+    if K > E:
+        raise InputError(f"top_k={K} must not exceed experts={E} (top-k ids are distinct experts)")
+    sd = _check_int("seed", seed, 0)
+    return S, T, L, E, K, sd
+
+
+def _topk_desc(scores: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the `k` largest entries along the last axis, in descending score order.
+
+    scores: `[..., E]` float -> int64 `[..., k]`. Ties are broken by argpartition/argsort; the
+    scores used here carry continuous noise so ties have probability zero among finite entries.
+    """
+    E = scores.shape[-1]
+    if k < E:
+        idx = np.argpartition(-scores, k - 1, axis=-1)[..., :k]  # [..., k] unordered
+    else:
+        idx = np.broadcast_to(np.arange(E), scores.shape).copy()
+    top = np.take_along_axis(scores, idx, axis=-1)
+    order = np.argsort(-top, axis=-1, kind="stable")
+    return np.take_along_axis(idx, order, axis=-1)
+
+
+def _gumbel(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """Standard Gumbel noise, float32 (`-log(-log U)`, U in (0, 1))."""
+    u = rng.random(shape, dtype=np.float32)
+    np.maximum(u, np.float32(1e-30), out=u)  # keep log finite at u == 0
+    return -np.log(-np.log(u))
+
+
+def _add_noise(rng: np.random.Generator, ids: np.ndarray, E: int, noise: float) -> np.ndarray:
+    """Replace each slot of `ids [T, L, K]` with probability `noise` by a uniformly random
+    expert not held by the token's kept slots; the replacements of one token are distinct."""
+    noisy = rng.random(ids.shape) < noise  # [T, L, K] slots that go uniform
+    keys = rng.random(ids.shape[:-1] + (E + 1,), dtype=np.float32)  # [T, L, E + 1]
+    # Kept experts get key 2 (after every uniform key); noisy slots mark the spare column E.
+    np.put_along_axis(keys, np.where(noisy, E, ids), np.float32(2.0), axis=-1)
+    K = ids.shape[-1]
+    cand = _topk_desc(-keys[..., :E], K)  # [T, L, K] remaining experts, smallest key first
+    rank = np.maximum(np.cumsum(noisy, axis=-1) - 1, 0)  # [T, L, K] r-th noisy slot -> r
+    return np.where(noisy, np.take_along_axis(cand, rank, axis=-1), ids)
+
+
+def _trace(ids: np.ndarray, steps: int, tokens: int, experts: int, scenario: str,
+           params: dict[str, Any]) -> Trace:
+    """Wrap `[S*T, L, K]` ids as a Trace with equal steps and provenance meta."""
+    offsets = np.arange(steps + 1, dtype=np.int64) * tokens  # [S + 1]
+    meta = {"source": "synth", "scenario": scenario, "params": params}
+    return Trace(ids.astype(np.int32, copy=False), offsets, experts, None, meta)
+
+
+# ----------------------------------------------------------------------------- scenarios
+
+def skewed(*, steps: int, tokens: int, layers: int, experts: int, top_k: int, seed: int,
+           sigma: float = 1.0, drift: float = 0.02) -> Trace:
+    """Hot-expert skew with slow drift (the default scenario).
+
+    Each layer has a log-normal expert popularity `w [L, E]`, `log w ~ N(0, sigma^2)`. Before
+    every step after the first, `log w` takes a Gaussian random-walk step of scale `drift`.
+    A token's top-k are drawn without replacement with probability proportional to `w`
+    (Plackett-Luce, sampled as the arg-top-k of `log w + Gumbel noise`), listed in descending
+    score like a router's top-k.
+
+    Returns a Trace with `S = steps` steps of `T = tokens` rows, ids `[S*T, L, K]`.
+    """
+    S, T, L, E, K, seed = check_sizes(steps=steps, tokens=tokens, layers=layers,
+                                      experts=experts, top_k=top_k, seed=seed)
+    sigma = _check_float("sigma", sigma, 0.0)
+    drift = _check_float("drift", drift, 0.0)
+    rng = np.random.default_rng(seed)
+    logw = (sigma * rng.standard_normal((L, E))).astype(np.float32)  # [L, E]
+    steps_walk = rng.standard_normal((S, L, E)).astype(np.float32)  # [S, L, E]
+    steps_walk[0] = 0.0
+    logw_s = logw + drift * np.cumsum(steps_walk, axis=0)  # [S, L, E]
+    ids = np.empty((S, T, L, K), dtype=np.int32)
+    for s in range(S):  # one [T, L, E] score block per step keeps memory bounded
+        scores = logw_s[s][None] + _gumbel(rng, (T, L, E))  # [T, L, E]
+        ids[s] = _topk_desc(scores, K)
+    params = dict(steps=S, tokens=T, layers=L, experts=E, top_k=K, seed=seed,
+                  sigma=sigma, drift=drift)
+    return _trace(ids.reshape(S * T, L, K), S, T, E, "skewed", params)
+
+
+def uniform(*, steps: int, tokens: int, layers: int, experts: int, top_k: int,
+            seed: int) -> Trace:
+    """Every expert equally likely: each token's top-k is a uniform random k-subset of `[0, E)`
+    in random order. Returns ids `[S*T, L, K]`."""
+    S, T, L, E, K, seed = check_sizes(steps=steps, tokens=tokens, layers=layers,
+                                      experts=experts, top_k=top_k, seed=seed)
+    rng = np.random.default_rng(seed)
+    ids = np.empty((S, T, L, K), dtype=np.int32)
+    for s in range(S):
+        ids[s] = _topk_desc(rng.random((T, L, E), dtype=np.float32), K)  # [T, L, K]
+    params = dict(steps=S, tokens=T, layers=L, experts=E, top_k=K, seed=seed)
+    return _trace(ids.reshape(S * T, L, K), S, T, E, "uniform", params)
+
+
+def template(*, steps: int, tokens: int, layers: int, experts: int, top_k: int, seed: int,
+             template_len: int = 8, period: int = 2, sigma: float = 1.0,
+             noise: float = 0.0) -> Trace:
+    """Fixed-length templated prompts packed row after row (DESIGN.md §1, the balance trap).
+
+    The token at batch row `t` of a step sits at position `j = t % template_len` of its prompt.
+    Per layer, each expert `e` belongs to one residue class `c_e in [0, period)` (a seeded,
+    balanced assignment: class sizes differ by at most one). A token at position `j` picks its
+    top-k without replacement, proportional to `w_e * f_{j,e}`, among the experts of class
+    `j % period` only; `w [L, E]` is log-normal (`sigma`), the position factor `f [L, J, E]` is
+    log-normal with sigma 0.5; both stay fixed over steps. So, with `noise = 0`, every expert
+    appears only on rows of one residue class mod `period`, and a row-based replica choice
+    `row % n_e` with `n_e` dividing `period` sends all of its pairs to one replica.
+    With probability `noise` each slot independently instead takes a uniformly random expert
+    (any class) not held by the token's other kept slots; ids stay distinct.
+
+    Requires `template_len % period == 0` and at least `top_k` experts in every class
+    (`experts // period >= top_k`). Returns ids `[S*T, L, K]` in descending score order
+    (noise slots keep their position).
+    """
+    S, T, L, E, K, seed = check_sizes(steps=steps, tokens=tokens, layers=layers,
+                                      experts=experts, top_k=top_k, seed=seed)
+    J = _check_int("template_len", template_len, 1)
+    C = _check_int("period", period, 1)
+    sigma = _check_float("sigma", sigma, 0.0)
+    noise = _check_float("noise", noise, 0.0, 1.0)
+    if J % C:
+        raise InputError(f"template: template_len={J} must be a multiple of period={C}")
+    if E // C < K:
+        raise InputError(f"template: period={C} splits experts={E} into classes of {E // C} "
+                         f"experts, fewer than top_k={K}; use a smaller period, more experts "
+                         f"or a smaller top_k")
+    rng = np.random.default_rng(seed)
+    perm = np.argsort(rng.random((L, E)), axis=-1)  # [L, E] random order of experts per layer
+    cls = np.empty((L, E), dtype=np.int64)  # [L, E] class of each expert; sizes differ by <= 1
+    np.put_along_axis(cls, perm, np.broadcast_to(np.arange(E) % C, (L, E)), axis=-1)
+    logw = sigma * rng.standard_normal((L, 1, E)) + 0.5 * rng.standard_normal((L, J, E))
+    allowed = cls[:, None, :] == (np.arange(J) % C)[None, :, None]  # [L, J, E]
+    base = np.where(allowed, logw, -np.inf).astype(np.float32)  # [L, J, E]
+    pos = np.arange(T) % J  # [T] prompt position of each row
+    base_t = base[:, pos, :].transpose(1, 0, 2)  # [T, L, E]
+    ids = np.empty((S, T, L, K), dtype=np.int32)
+    for s in range(S):
+        top = _topk_desc(base_t + _gumbel(rng, (T, L, E)), K)  # [T, L, K]
+        if noise > 0.0:
+            top = _add_noise(rng, top, E, noise)
+        ids[s] = top
+    params = dict(steps=S, tokens=T, layers=L, experts=E, top_k=K, seed=seed,
+                  template_len=J, period=C, sigma=sigma, noise=noise)
+    return _trace(ids.reshape(S * T, L, K), S, T, E, "template", params)
+
+
+SCENARIOS: dict[str, Generator] = {
+    "skewed": skewed,
+    "uniform": uniform,
+    "template": template,
+}
+
+DEFAULT_SCENARIO = "skewed"
+
+
+def synthesize(scenario: str | Generator = DEFAULT_SCENARIO, *, steps: int = 32,
+               tokens: int = 256, layers: int = 4, experts: int = 64, top_k: int = 8,
+               seed: int = 0, **options: Any) -> Trace:
+    """Generate a synthetic trace from a registered scenario name or a generator callable.
+
+    Sizes are validated first (steps/tokens/layers/experts >= 1, 1 <= top_k <= experts,
+    seed >= 0); scenario options (e.g. `sigma`, `drift`, `template_len`, `period`, `noise`)
+    are passed through. InputError on an unknown scenario name (listing the choices), an
+    unknown option, or a bad value.
+    """
+    if callable(scenario):
+        gen = scenario
+        name = getattr(scenario, "__name__", repr(scenario))
+    elif isinstance(scenario, str) and scenario in SCENARIOS:
+        gen, name = SCENARIOS[scenario], scenario
+    else:
+        raise InputError(f"unknown scenario {scenario!r}; choose one of: "
+                         f"{', '.join(sorted(SCENARIOS))}")
+    check_sizes(steps=steps, tokens=tokens, layers=layers, experts=experts, top_k=top_k,
+                seed=seed)
+    try:
+        sig = inspect.signature(gen)
+    except (TypeError, ValueError):
+        sig = None
+    if sig is not None and not any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
+        accepted = [p for p in sig.parameters if p not in _SIZE_NAMES + ("seed",)]
+        unknown = sorted(set(options) - set(accepted))
+        if unknown:
+            raise InputError(f"scenario {name!r} has no option {', '.join(unknown)}; its options "
+                             f"are: {', '.join(accepted) or 'none'}")
+    trace = gen(steps=steps, tokens=tokens, layers=layers, experts=experts, top_k=top_k,
+                seed=seed, **options)
+    if not isinstance(trace, Trace):
+        raise InputError(f"scenario {name!r} returned {type(trace).__name__}, not a Trace")
+    return trace

@@ -1,0 +1,187 @@
+"""Contract tests for eplbsim.synth: every SCENARIOS entry, then scenario-specific properties.
+
+Dimensions: `S` steps, `T` tokens per step, `L` layers, `E` experts, `K` top-k.
+"""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from eplbsim.errors import InputError
+from eplbsim.synth import SCENARIOS, synthesize
+from eplbsim.trace import Trace, load_trace, save_trace
+
+SIZES = dict(steps=6, tokens=40, layers=3, experts=32, top_k=4)
+
+
+def _ids(trace: Trace) -> np.ndarray:
+    return trace.topk_ids.numpy()
+
+
+@pytest.fixture(params=sorted(SCENARIOS))
+def name(request):
+    return request.param
+
+
+def test_shapes_and_ids(name):
+    tr = synthesize(name, seed=1, **SIZES)
+    S, T, L, E, K = (SIZES[k] for k in ("steps", "tokens", "layers", "experts", "top_k"))
+    assert isinstance(tr, Trace)
+    assert tuple(tr.topk_ids.shape) == (S * T, L, K)
+    assert tr.num_steps == S and tr.num_experts == E and tr.src_rank is None
+    assert tr.tokens_per_step.tolist() == [T] * S
+    ids = _ids(tr)
+    assert ids.min() >= 0 and ids.max() < E  # no padding, ids in range
+    srt = np.sort(ids, axis=-1)
+    assert (np.diff(srt, axis=-1) != 0).all(), "a token repeats an expert"
+    assert int(tr.counts().sum()) == S * T * L * K
+
+
+def test_direct_call_matches_synthesize(name):
+    direct = SCENARIOS[name](seed=3, **SIZES)
+    assert torch.equal(direct.topk_ids, synthesize(name, seed=3, **SIZES).topk_ids)
+
+
+def test_deterministic(name):
+    a = synthesize(name, seed=7, **SIZES)
+    b = synthesize(name, seed=7, **SIZES)
+    c = synthesize(name, seed=8, **SIZES)
+    assert torch.equal(a.topk_ids, b.topk_ids) and a.meta == b.meta
+    assert not torch.equal(a.topk_ids, c.topk_ids)
+
+
+def test_meta_records_parameters(name):
+    tr = synthesize(name, seed=5, **SIZES)
+    meta = tr.meta
+    assert meta["source"] == "synth" and meta["scenario"] == name
+    params = meta["params"]
+    assert {**SIZES, "seed": 5}.items() <= params.items()
+    json.dumps(meta)  # JSON-serialisable
+    again = synthesize(meta["scenario"], **params)  # the meta alone rebuilds the trace
+    assert torch.equal(again.topk_ids, tr.topk_ids)
+
+
+def test_roundtrip(name, tmp_path):
+    tr = synthesize(name, seed=2, **SIZES)
+    path = tmp_path / f"{name}.npz"
+    save_trace(tr, path)
+    back = load_trace(path)
+    assert torch.equal(back.topk_ids, tr.topk_ids)
+    assert torch.equal(back.step_offsets, tr.step_offsets)
+    assert back.meta["params"] == tr.meta["params"] and back.meta["source"] == "synth"
+
+
+@pytest.mark.parametrize("bad, msg", [
+    (dict(steps=0), "steps"), (dict(tokens=0), "tokens"), (dict(layers=0), "layers"),
+    (dict(experts=0), "experts"), (dict(top_k=0), "top_k"), (dict(top_k=33), "top_k"),
+    (dict(steps=2.5), "steps"), (dict(tokens=True), "tokens"), (dict(seed=-1), "seed"),
+])
+def test_bad_sizes(name, bad, msg):
+    with pytest.raises(InputError, match=msg):
+        synthesize(name, **{**SIZES, **bad})
+
+
+def test_unknown_scenario_lists_choices():
+    with pytest.raises(InputError) as exc:
+        synthesize("nope")
+    for key in SCENARIOS:
+        assert key in str(exc.value)
+
+
+def test_unknown_option():
+    with pytest.raises(InputError, match="sigmaa"):
+        synthesize("skewed", sigmaa=2.0, **SIZES)
+    with pytest.raises(InputError, match="noise"):
+        synthesize("uniform", noise=0.1, **SIZES)
+
+
+def test_callable_scenario():
+    def mine(*, steps, tokens, layers, experts, top_k, seed):
+        ids = np.zeros((steps * tokens, layers, top_k), dtype=np.int64) + np.arange(top_k)
+        return Trace(ids, np.arange(steps + 1) * tokens, experts, meta={"source": "synth"})
+    tr = synthesize(mine, **SIZES)
+    assert tuple(tr.topk_ids.shape) == (SIZES["steps"] * SIZES["tokens"], 3, 4)
+    with pytest.raises(InputError, match="top_k"):
+        synthesize(mine, **{**SIZES, "top_k": 99})
+
+
+def _max_over_mean(tr: Trace) -> float:
+    load = tr.counts().sum(0).double()  # [L, E]
+    return float((load.max(1).values / load.mean(1)).mean())
+
+
+def test_skewed_is_skewed():
+    kw = dict(steps=8, tokens=256, layers=4, experts=64, top_k=8, seed=0)
+    skew, flat = _max_over_mean(synthesize("skewed", **kw)), _max_over_mean(synthesize("uniform", **kw))
+    assert flat < 1.3
+    assert skew > 2.0 * flat
+
+
+def test_skewed_order_is_descending_popularity():
+    """Slot 0 (the top score) lands on popular experts more often than slot K-1."""
+    tr = synthesize("skewed", steps=4, tokens=256, layers=2, experts=64, top_k=8, seed=0,
+                    drift=0.0)
+    load = tr.counts().sum((0,)).double()  # [L, E]
+    ids = tr.topk_ids.long()  # [S*T, L, K]
+    pop = torch.gather(load.unsqueeze(0).expand(ids.shape[0], -1, -1), 2, ids)  # [S*T, L, K]
+    assert pop[..., 0].mean() > pop[..., -1].mean()
+
+
+def test_skewed_drift_changes_popularity():
+    def shift(drift):
+        tr = synthesize("skewed", steps=32, tokens=256, layers=2, experts=64, top_k=8, seed=0,
+                        drift=drift)
+        c = tr.counts().double()  # [S, L, E]
+        early, late = c[:8].sum(0), c[-8:].sum(0)  # [L, E]
+        return float(((early - late).abs().sum(1) / early.sum(1)).mean())  # total variation x2
+    assert shift(0.1) > 2.0 * shift(0.0)
+    assert shift(0.02) > shift(0.0)
+
+
+@pytest.mark.parametrize("period, template_len", [(2, 8), (4, 8), (3, 6)])
+def test_template_residue_classes(period, template_len):
+    S, T, L, E, K = 4, 96, 3, 48, 4
+    tr = synthesize("template", steps=S, tokens=T, layers=L, experts=E, top_k=K, seed=0,
+                    period=period, template_len=template_len)
+    ids = tr.topk_ids.long().view(S, T, L, K)
+    res = (torch.arange(T) % period).view(1, T, 1, 1).expand_as(ids)  # row % period
+    for layer in range(L):
+        cnt = torch.zeros(period, E, dtype=torch.int64)  # [period, E] pairs per (residue, expert)
+        cnt.index_put_((res[:, :, layer].reshape(-1), ids[:, :, layer].reshape(-1)),
+                       torch.ones(S * T * K, dtype=torch.int64), accumulate=True)
+        assert ((cnt > 0).sum(0) <= 1).all(), "an expert appears on two residue classes"
+        assert ((cnt > 0).sum(0) == 1).sum() > E // 2  # most experts are used at all
+
+
+def test_template_noise_mixes_classes():
+    kw = dict(steps=4, tokens=96, layers=2, experts=32, top_k=4, seed=0)
+    clean, noisy = synthesize("template", **kw), synthesize("template", noise=0.3, **kw)
+    rows = torch.arange(kw["steps"] * kw["tokens"]) % kw["tokens"] % 2  # [S*T] row parity
+
+    def mixed(tr):
+        ids = tr.topk_ids.long()[:, 0]  # layer 0, [S*T, K]
+        seen = torch.zeros(2, 32, dtype=torch.bool)
+        seen[rows.view(-1, 1).expand_as(ids), ids] = True
+        return int(seen.all(0).sum())  # experts seen on both parities
+    assert mixed(clean) == 0 and mixed(noisy) > 0
+
+
+@pytest.mark.parametrize("opts, msg", [
+    (dict(period=4, experts=12, top_k=4), "classes"),
+    (dict(template_len=6, period=4), "multiple"),
+    (dict(noise=1.5), "noise"),
+    (dict(period=0), "period"),
+])
+def test_template_bad_options(opts, msg):
+    with pytest.raises(InputError, match=msg):
+        synthesize("template", **{**SIZES, **opts})
+
+
+def test_speed():
+    import time
+    for key in SCENARIOS:
+        t0 = time.perf_counter()
+        synthesize(key, steps=64, tokens=512, layers=4, experts=64, top_k=8, seed=0)
+        assert time.perf_counter() - t0 < 2.0, key  # typically ~0.1 s
