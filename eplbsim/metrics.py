@@ -25,10 +25,15 @@ def gpu_loads(slot_load: torch.Tensor, num_gpus: int) -> torch.Tensor:
     return slot_load.to(torch.float64).reshape(*lead, num_gpus, P // num_gpus).sum(-1)
 
 
+def max_over_mean(load: torch.Tensor) -> torch.Tensor:
+    """max / mean over the last axis `[..., X] -> [...]`; NaN where the mean is 0."""
+    mean = load.mean(-1)
+    return torch.where(mean > 0, load.amax(-1) / mean, math.nan)
+
+
 def gpu_imbalance(gpu_load: torch.Tensor) -> torch.Tensor:
-    """max / mean GPU load over the last axis `[..., G] -> [...]`; NaN where nothing ran."""
-    mean = gpu_load.mean(-1)
-    return torch.where(mean > 0, gpu_load.amax(-1) / mean, math.nan)
+    """max / mean GPU load `[..., G] -> [...]` (1.0 is perfect); NaN where nothing ran."""
+    return max_over_mean(gpu_load)
 
 
 def balancedness(gpu_load: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,7 @@ history yet) and at every step `s = kN` the placement is re-solved from steps `s
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import torch
@@ -53,6 +53,24 @@ class ReplayConfig:
 
 
 @dataclass(frozen=True)
+class Counters:
+    """Per-(step, layer) counts of the rank model.
+
+    agreed: int64 `[S, L]` pairs on which all ranks chose the same slot (0 in "a2a")
+    valid:  int64 `[S, L]` non-padding pairs
+    mult:   int64 `[S, L, 3]` pairs executed 0, 1, >= 2 times
+    error:  float64 `[S, L, 2]` (||Y - Y_exact||^2, ||Y_exact||^2) of the toy layer ("none")
+    drift:  bool `[S, G]` ranks that consumed an extra batch of draws before the step
+    """
+
+    agreed: torch.Tensor
+    valid: torch.Tensor
+    mult: torch.Tensor
+    error: torch.Tensor
+    drift: torch.Tensor
+
+
+@dataclass(frozen=True)
 class Results:
     """What one replay measured.
 
@@ -60,13 +78,15 @@ class Results:
     slot_load: int64 `[S, L, P]` executed pairs per slot
     true_load: int64 `[S, L, E]` routed pairs per logical expert
     epochs:    `(first step, placement)` of every placement used, in step order
+    counters:  the per-(step, layer) rank counts behind the agreement metrics
     """
 
     config: ReplayConfig
     metrics: dict[str, Any]
     slot_load: torch.Tensor
     true_load: torch.Tensor
-    epochs: tuple[tuple[int, Placement], ...] = field(default=())
+    epochs: tuple[tuple[int, Placement], ...]
+    counters: "Counters"
 
     @property
     def policy(self) -> str:
@@ -100,9 +120,11 @@ def replay(trace: Trace, config: ReplayConfig = ReplayConfig()) -> Results:
 
     epochs: list[tuple[int, Placement]] = []
     slot_load = None
-    agreed = valid = 0
-    mult = [0, 0, 0]
-    err_sq = exact_sq = 0.0
+    agreed = torch.zeros(S, L, dtype=torch.int64)
+    valid = torch.zeros(S, L, dtype=torch.int64)
+    mult = torch.zeros(S, L, 3, dtype=torch.int64)
+    error = torch.zeros(S, L, 2, dtype=torch.float64)
+    drifted = torch.zeros(S, G, dtype=torch.bool)
     for s in range(S):
         placement = place_for(s)
         if not epochs or placement is not epochs[-1][1]:
@@ -113,8 +135,8 @@ def replay(trace: Trace, config: ReplayConfig = ReplayConfig()) -> Results:
         ids = trace.step(s).to(cfg.device)  # [T, L, K]
         T = ids.shape[0]
         owners = token_owners(T, G, trace.step_src_rank(s)) if cfg.mode == "a2a" else None
-        drift_before_step(gens, [T * K] * G if owners is None
-                          else torch.bincount(owners, minlength=G).mul(K).tolist())
+        draws = [T * K] * G if owners is None else (torch.bincount(owners, minlength=G) * K)
+        drifted[s] = torch.tensor(drift_before_step(gens, list(map(int, draws))))
         if moe is not None:
             x, gates = token_inputs(moe, s, T, K)
         for layer in range(L):
@@ -124,25 +146,21 @@ def replay(trace: Trace, config: ReplayConfig = ReplayConfig()) -> Results:
             if cfg.mode == "none":
                 choices = dispatch_none(layer_ids, views, policy, ctxs)  # [G, T, K]
                 out = execute_none(choices, layer_ids, placement)
-                agreed += out.agreed
-                e2, x2 = output_error_terms(pair_outputs(moe, layer, layer_ids, x, gates),
-                                            out.multiplicity)
-                err_sq, exact_sq = err_sq + e2, exact_sq + x2
+                agreed[s, layer] = out.agreed
+                error[s, layer] = torch.tensor(output_error_terms(
+                    pair_outputs(moe, layer, layer_ids, x, gates), out.multiplicity))
             else:
                 phys = dispatch_a2a(layer_ids, owners, views, policy, ctxs)  # [T, K]
                 out = execute_a2a(phys, layer_ids, placement)
             slot_load[s, layer] = out.slot_load
-            valid += out.valid
-            mult = [a + b for a, b in zip(mult, M.multiplicity_counts(
-                out.multiplicity, layer_ids >= 0))]
+            valid[s, layer] = out.valid
+            mult[s, layer] = torch.tensor(M.multiplicity_counts(out.multiplicity,
+                                                                layer_ids >= 0))
 
+    counters = Counters(agreed, valid, mult, error, drifted)
     summary = summarize(slot_load, true_load, epochs, topo.num_gpus)
-    none_mode = cfg.mode == "none"
-    summary["rank_agreement"] = (agreed / valid if valid else None) if none_mode else None
-    summary["multiplicity"] = M.multiplicity_fractions(mult)
-    summary["output_rel_error"] = (math.sqrt(err_sq / exact_sq) if exact_sq > 0 else None
-                                   ) if none_mode else None
-    return Results(cfg, summary, slot_load, true_load, tuple(epochs))
+    summary.update(summarize_ranks(counters, cfg.mode))
+    return Results(cfg, summary, slot_load, true_load, tuple(epochs), counters)
 
 
 def _placement_schedule(trace: Trace, cfg: ReplayConfig, topo: Topology,
@@ -209,6 +227,19 @@ def summarize(slot_load: torch.Tensor, true_load: torch.Tensor,
         "replica_skew_cumulative": M.nanmax_or_none(torch.cat(cumulative)),
         "idle_replica_frac": idle / eligible if eligible else None,
         "placement_imbalance": M.nanmean_or_none(torch.cat(promised)),
+    }
+
+
+def summarize_ranks(counters: Counters, mode: str) -> dict[str, Any]:
+    """rank_agreement, multiplicity and output_rel_error over all steps and layers; the first
+    and last are None in "a2a", where each pair is dispatched once by construction."""
+    valid = int(counters.valid.sum())
+    err_sq, exact_sq = counters.error.sum((0, 1)).tolist()
+    none_mode = mode == "none"
+    return {
+        "rank_agreement": int(counters.agreed.sum()) / valid if none_mode and valid else None,
+        "multiplicity": M.multiplicity_fractions(counters.mult.sum((0, 1)).tolist()),
+        "output_rel_error": math.sqrt(err_sq / exact_sq) if none_mode and exact_sq > 0 else None,
     }
 
 

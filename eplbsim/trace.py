@@ -192,7 +192,11 @@ def load_trace(path: str | Path) -> Trace:
     """Read an `.npz` trace without unpickling; InputError naming the file on any problem."""
     path = Path(path)
     try:
-        with np.load(path, allow_pickle=False) as npz:
+        loaded = np.load(path, allow_pickle=False)
+        if not isinstance(loaded, np.lib.npyio.NpzFile):  # a bare .npy array, not an archive
+            raise InputError(f"{path}: not an eplbsim trace (a single .npy array, "
+                             f"not an .npz archive)")
+        with loaded as npz:
             missing = [k for k in _REQUIRED if k not in npz.files]
             if missing:
                 raise InputError(f"{path}: not an eplbsim trace (missing {', '.join(missing)}; "

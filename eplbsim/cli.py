@@ -1,0 +1,297 @@
+"""The `eplbsim` command: run, trace info, trace synth, solve.
+
+Errors in the user's input end with one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from . import metrics as M
+from .dispatch import resolve_policy
+from .errors import InputError
+from .placement import VIEWS
+from .ranks import MODES, RNG_RELATIONS
+from .replay import ReplayConfig, compare
+from .results import format_table, to_json, write_results
+from .solvers import SOLVERS, solve
+from .synth import DEFAULT_SCENARIO, SCENARIOS, synthesize
+from .topology import Topology
+from .trace import Trace, load_trace, save_trace
+
+DEFAULT_POLICIES = "static,random,row,ordinal"
+# The embedded default scenario of `eplbsim run` (sizes chosen to run in seconds on 2 cores).
+RUN_SIZES = {"steps": 32, "tokens": 512, "layers": 4, "experts": 64, "top_k": 8}
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _nonnegative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+def _option(text: str) -> tuple[str, Any]:
+    """`KEY=VALUE` with VALUE parsed as JSON when it can be (numbers, true/false), else text."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key, json.loads(value)
+    except ValueError:
+        return key, value
+
+
+def _add_sizes(p: argparse.ArgumentParser, defaults: dict[str, int]) -> None:
+    p.add_argument("--steps", type=_positive, default=defaults["steps"])
+    p.add_argument("--tokens", type=_positive, default=defaults["tokens"],
+                   help="tokens per step")
+    p.add_argument("--layers", type=_positive, default=defaults["layers"])
+    p.add_argument("--experts", type=_positive, default=defaults["experts"])
+    p.add_argument("--top-k", type=_positive, default=defaults["top_k"])
+    p.add_argument("-o", "--option", type=_option, action="append", default=[],
+                   metavar="KEY=VALUE", help="scenario option, e.g. sigma=2 or noise=0.1")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="eplbsim", description="Replay MoE routing traces through expert placement "
+        "solvers and dispatch policies; measure load skew and rank agreement.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="compare dispatch policies on a trace or scenario")
+    src = run.add_mutually_exclusive_group()
+    src.add_argument("--trace", type=Path, help="an .npz trace (DESIGN.md §5)")
+    src.add_argument("--scenario", choices=sorted(SCENARIOS),
+                     help=f"a synthetic scenario (default {DEFAULT_SCENARIO})")
+    _add_sizes(run, RUN_SIZES)
+    run.add_argument("--solver", default="deepseek", choices=sorted(SOLVERS))
+    run.add_argument("--policies", default=DEFAULT_POLICIES,
+                     help=f"comma-separated policies (default {DEFAULT_POLICIES})")
+    run.add_argument("--mode", default="none,a2a",
+                     help="none, a2a, or both comma-separated (default none,a2a)")
+    run.add_argument("--view", default="full", choices=sorted(VIEWS))
+    run.add_argument("--rng", default="independent", choices=RNG_RELATIONS,
+                     help="how the ranks' generators relate (random policy)")
+    run.add_argument("--drift-p", type=float, default=0.05,
+                     help="per-step drift probability for --rng drift")
+    run.add_argument("--gpus", type=_positive, default=8)
+    run.add_argument("--gpus-per-node", type=_positive, default=4)
+    run.add_argument("--redundant", type=_nonnegative, default=16,
+                     help="redundant physical slots (P = E + redundant)")
+    run.add_argument("--groups", type=_positive, default=None,
+                     help="expert groups (default: the trace's, else 1)")
+    run.add_argument("--rebalance-every", type=_positive, default=None,
+                     help="re-solve every N steps from the last N steps' loads")
+    run.add_argument("--rank-offset", action="store_true",
+                     help="in a2a mode, ordinal adds the rank to its offset")
+    run.add_argument("--seed", type=_nonnegative, default=0)
+    run.add_argument("--device", default="cpu", help="cpu, cuda, or auto")
+    run.add_argument("--json", action="store_true", help="print only a JSON array of rows")
+    run.add_argument("--out", type=Path, help="write results.json, results.csv and a figure")
+
+    trace = sub.add_parser("trace", help="inspect or generate traces")
+    tsub = trace.add_subparsers(dest="trace_command", required=True)
+    info = tsub.add_parser("info", help="summarise a trace file")
+    info.add_argument("file", type=Path)
+    info.add_argument("--json", action="store_true")
+    syn = tsub.add_parser("synth", help="generate a synthetic trace")
+    syn.add_argument("scenario", choices=sorted(SCENARIOS))
+    syn.add_argument("--out", type=Path, required=True)
+    _add_sizes(syn, {"steps": 32, "tokens": 256, "layers": 4, "experts": 64, "top_k": 8})
+    syn.add_argument("--seed", type=_nonnegative, default=0)
+
+    sol = sub.add_parser("solve", help="solve a placement for a JSON [L][E] load matrix")
+    sol.add_argument("--load", type=Path, required=True)
+    sol.add_argument("--slots", type=_positive, required=True)
+    sol.add_argument("--gpus", type=_positive, required=True)
+    sol.add_argument("--gpus-per-node", type=_positive, default=None)
+    sol.add_argument("--groups", type=_positive, default=1)
+    sol.add_argument("--solver", default="deepseek", choices=sorted(SOLVERS))
+    sol.add_argument("--json", action="store_true")
+    return parser
+
+
+def _split(text: str, what: str) -> list[str]:
+    items = [s.strip() for s in text.split(",") if s.strip()]
+    if not items:
+        raise InputError(f"--{what} needs at least one name")
+    return items
+
+
+def _device(name: str) -> str:
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise InputError(f"--device {name} asked for CUDA, but torch sees no CUDA device")
+    try:
+        torch.device(name)
+    except RuntimeError:
+        raise InputError(f"unknown device {name!r}; use cpu, cuda or auto") from None
+    return name
+
+
+def _scenario_trace(args: argparse.Namespace, scenario: str) -> Trace:
+    return synthesize(scenario, steps=args.steps, tokens=args.tokens, layers=args.layers,
+                      experts=args.experts, top_k=args.top_k, seed=args.seed,
+                      **dict(args.option))
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    trace = load_trace(args.trace) if args.trace else \
+        _scenario_trace(args, args.scenario or DEFAULT_SCENARIO)
+    modes = _split(args.mode, "mode")
+    for m in modes:
+        if m not in MODES:
+            raise InputError(f"unknown mode {m!r}; choose from {', '.join(MODES)}")
+    policies = _split(args.policies, "policies")
+    for p in policies:
+        resolve_policy(p)
+    config = ReplayConfig(solver=args.solver, view=args.view, rng=args.rng,
+                          drift_p=args.drift_p, num_gpus=args.gpus,
+                          gpus_per_node=args.gpus_per_node, num_redundant=args.redundant,
+                          num_groups=args.groups, rebalance_every=args.rebalance_every,
+                          seed=args.seed, device=_device(args.device),
+                          rank_offset=args.rank_offset)
+    results = compare(trace, policies, modes, config)
+    rows = [r.row() for r in results]
+    if args.json:
+        print(to_json(rows))
+    else:
+        print(_run_header(trace, config))
+        print(format_table(rows))
+    if args.out:
+        from .plots import policy_comparison, save_figure
+        paths = write_results(rows, args.out)
+        figure = args.out / "policies.png"
+        save_figure(policy_comparison(results), figure)
+        if not args.json:
+            print("wrote " + ", ".join(str(p) for p in paths + [figure]))
+    return 0
+
+
+def _run_header(trace: Trace, cfg: ReplayConfig) -> str:
+    source = trace.meta.get("scenario") or trace.meta.get("source") or "trace"
+    P = trace.num_experts + cfg.num_redundant
+    return (f"{source}: {trace.num_steps} steps, {trace.num_tokens} tokens, "
+            f"{trace.num_layers} layers, E={trace.num_experts}, K={trace.top_k} | "
+            f"{cfg.num_gpus} GPUs ({cfg.gpus_per_node or cfg.num_gpus}/node), P={P} slots, "
+            f"solver {cfg.solver}, view {cfg.view}, rng {cfg.rng}, seed {cfg.seed}")
+
+
+def trace_summary(trace: Trace) -> dict[str, Any]:
+    """Sizes and the expert-load skew (max / mean expert load) per layer."""
+    counts = trace.counts().to(torch.float64)  # [S, L, E]
+    whole_skew = M.max_over_mean(counts.sum(0))  # [L]
+    step_skew = M.max_over_mean(counts)  # [S, L]
+    tps = trace.tokens_per_step
+    padding = int((trace.topk_ids < 0).sum())
+    return {
+        "steps": trace.num_steps, "tokens": trace.num_tokens,
+        "tokens_per_step": {"min": int(tps.min()), "mean": float(tps.double().mean()),
+                            "max": int(tps.max())},
+        "layers": trace.num_layers, "experts": trace.num_experts, "top_k": trace.top_k,
+        "groups": trace.num_groups, "src_rank": trace.src_rank is not None,
+        "padding_frac": padding / max(trace.topk_ids.numel(), 1),
+        "layer_skew": [{"layer": layer,
+                        "max_over_mean": M.nanmean_or_none(whole_skew[layer:layer + 1]),
+                        "per_step_max_over_mean": M.nanmean_or_none(step_skew[:, layer]),
+                        "hottest_expert": int(counts[:, layer].sum(0).argmax())}
+                       for layer in range(trace.num_layers)],
+        "meta": trace.meta,
+    }
+
+
+def cmd_trace_info(args: argparse.Namespace) -> int:
+    info = trace_summary(load_trace(args.file))
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    tps = info["tokens_per_step"]
+    print(f"{args.file}")
+    print(f"  steps {info['steps']}, tokens {info['tokens']} (per step {tps['min']}.."
+          f"{tps['max']}, mean {tps['mean']:.1f}), layers {info['layers']}, "
+          f"experts {info['experts']}, top-k {info['top_k']}")
+    print(f"  groups {info['groups'] or '-'}, src_rank {'yes' if info['src_rank'] else 'no'}, "
+          f"padding {info['padding_frac']:.2%}, source {info['meta'].get('source', '-')}")
+    print("  layer  max/mean load (whole trace)  mean per-step max/mean  hottest expert")
+    for row in info["layer_skew"]:
+        whole, step = row["max_over_mean"], row["per_step_max_over_mean"]
+        print(f"  {row['layer']:>5}  {'-' if whole is None else f'{whole:.3f}':>27}  "
+              f"{'-' if step is None else f'{step:.3f}':>22}  {row['hottest_expert']:>14}")
+    return 0
+
+
+def cmd_trace_synth(args: argparse.Namespace) -> int:
+    trace = _scenario_trace(args, args.scenario)
+    try:
+        save_trace(trace, args.out)
+    except OSError as exc:
+        raise InputError(f"cannot write {args.out}: {exc.strerror or exc}") from None
+    print(f"wrote {args.out}: {trace.num_steps} steps x {args.tokens} tokens, "
+          f"{trace.num_layers} layers, {trace.num_experts} experts, top-{trace.top_k}")
+    return 0
+
+
+def cmd_solve(args: argparse.Namespace) -> int:
+    try:
+        load = json.loads(args.load.read_text())
+    except FileNotFoundError:
+        raise InputError(f"{args.load}: no such file") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise InputError(f"{args.load}: not a JSON [layers][experts] load matrix ({exc})") \
+            from None
+    topo = Topology(args.gpus, args.gpus_per_node)
+    placement = solve(args.solver, load, args.slots, topo, args.groups)
+    promised = M.gpu_loads(placement.expected_load(torch.tensor(load, dtype=torch.float64)),
+                           args.gpus)
+    result = {"phy2log": placement.phy2log.tolist(), "logcnt": placement.logcnt.tolist(),
+              "placement_imbalance": M.nanmean_or_none(M.gpu_imbalance(promised))}
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    print(f"solver {args.solver}: {placement.num_layers} layers, {placement.num_experts} "
+          f"experts, {args.slots} slots on {args.gpus} GPUs; placement_imbalance "
+          f"{result['placement_imbalance']}")
+    for layer, row in enumerate(result["phy2log"]):
+        print(f"  layer {layer}: {row}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the exit status (2 for bad input)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handlers = {"run": cmd_run, "solve": cmd_solve}
+    if args.command == "trace":
+        handler = cmd_trace_info if args.trace_command == "info" else cmd_trace_synth
+    else:
+        handler = handlers[args.command]
+    try:
+        return handler(args)
+    except InputError as exc:
+        print(f"eplbsim: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,172 @@
+"""The `eplbsim` command: outputs, JSON shapes, and bad input -> one line, status 2."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from eplbsim.cli import main
+from eplbsim.metrics import METRIC_KEYS
+from eplbsim.synth import synthesize
+from eplbsim.trace import load_trace, save_trace
+
+SMALL = ["--steps", "3", "--tokens", "64", "--layers", "2", "--experts", "16", "--top-k", "4",
+         "--gpus", "4", "--gpus-per-node", "2", "--redundant", "8"]
+
+
+def run(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_input_error(capsys, *argv, match):
+    code, out, err = run(capsys, *argv)
+    assert code == 2, (out, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("eplbsim: error:"), err
+    assert match in lines[0], lines[0]
+
+
+def test_run_json_rows_carry_every_metric_key(capsys):
+    code, out, _ = run(capsys, "run", *SMALL, "--json")
+    assert code == 0
+    rows = json.loads(out)
+    assert [(r["policy"], r["mode"]) for r in rows] == [
+        (p, m) for m in ("none", "a2a") for p in ("static", "random", "row", "ordinal")]
+    for row in rows:
+        assert set(METRIC_KEYS) <= set(row) and row["solver"] == "deepseek"
+        assert set(row["multiplicity"]) == {"0", "1", "2+"}
+
+
+def test_run_table_and_out_dir(capsys, tmp_path):
+    code, out, _ = run(capsys, "run", *SMALL, "--scenario", "template", "--policies",
+                       "row,ordinal", "--mode", "none", "--out", tmp_path / "res")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[1].split()[:2] == ["policy", "mode"]
+    assert [ln.split()[0] for ln in lines[2:4]] == ["row", "ordinal"]
+    rows = json.loads((tmp_path / "res" / "results.json").read_text())
+    assert len(rows) == 2
+    csv = (tmp_path / "res" / "results.csv").read_text().splitlines()
+    assert "multiplicity_2+" in csv[0] and len(csv) == 3
+    assert (tmp_path / "res" / "policies.png").stat().st_size > 1000
+
+
+def test_run_on_a_trace_file_matches_the_scenario(capsys, tmp_path):
+    path = tmp_path / "t.npz"
+    code, _, _ = run(capsys, "trace", "synth", "uniform", "--out", path, "--steps", "3",
+                     "--tokens", "64", "--layers", "2", "--experts", "16", "--top-k", "4")
+    assert code == 0
+    from_file = run(capsys, "run", "--trace", path, "--gpus", "4", "--redundant", "8",
+                    "--policies", "ordinal", "--json")[1]
+    from_scenario = run(capsys, "run", *SMALL, "--scenario", "uniform", "--gpus-per-node", "4",
+                        "--policies", "ordinal", "--json")[1]
+    assert json.loads(from_file) == json.loads(from_scenario)
+
+
+def test_trace_synth_and_info(capsys, tmp_path):
+    path = tmp_path / "s.npz"
+    code, out, _ = run(capsys, "trace", "synth", "template", "--out", path, "--steps", "2",
+                       "--tokens", "32", "--experts", "32", "-o", "noise=0.1", "--seed", "4")
+    assert code == 0 and path.exists()
+    trace = load_trace(path)
+    assert trace.meta["params"]["noise"] == 0.1 and trace.meta["params"]["seed"] == 4
+    code, out, _ = run(capsys, "trace", "info", path)
+    assert code == 0 and "steps 2, tokens 64" in out and "top-k 8" in out
+    info = json.loads(run(capsys, "trace", "info", path, "--json")[1])
+    assert info["experts"] == 32 and len(info["layer_skew"]) == 4
+    counts = trace.counts().sum(0).double()
+    assert info["layer_skew"][1]["max_over_mean"] == pytest.approx(
+        float(counts[1].max() / counts[1].mean()))
+
+
+EXAMPLE = [[90, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183, 86],
+           [20, 107, 104, 64, 19, 197, 187, 157, 172, 86, 16, 27]]
+
+
+def test_solve_reproduces_the_published_example(capsys, tmp_path):
+    load = tmp_path / "load.json"
+    load.write_text(json.dumps(EXAMPLE))
+    code, out, _ = run(capsys, "solve", "--load", load, "--slots", 16, "--gpus", 8,
+                       "--gpus-per-node", 4, "--groups", 4, "--json")
+    assert code == 0
+    result = json.loads(out)
+    assert result["phy2log"] == [[5, 6, 5, 7, 8, 4, 3, 4, 10, 9, 10, 2, 0, 1, 11, 1],
+                                 [7, 10, 6, 8, 6, 11, 8, 9, 2, 4, 5, 1, 5, 0, 3, 1]]
+    assert sum(result["logcnt"][0]) == 16
+    assert result["placement_imbalance"] >= 1.0
+
+
+def test_bad_trace_ids_are_reported(capsys, tmp_path):
+    trace = synthesize("uniform", steps=1, tokens=4, layers=1, experts=8, top_k=2)
+    path = tmp_path / "bad.npz"
+    save_trace(trace, path)
+    with np.load(path) as npz:
+        arrays = dict(npz)
+    arrays["topk_ids"][0, 0, 0] = 300
+    np.savez(path, **arrays)
+    assert_input_error(capsys, "run", "--trace", path, match="expert id 300 but the trace "
+                       "declares 8 experts")
+    arrays["topk_ids"][0, 0, 0] = -2
+    np.savez(path, **arrays)
+    assert_input_error(capsys, "trace", "info", path, match="expert id -2")
+
+
+def test_truncated_and_foreign_files_are_reported(capsys, tmp_path):
+    good = tmp_path / "good.npz"
+    save_trace(synthesize("uniform", steps=2, tokens=16, layers=1, experts=8, top_k=2), good)
+    cut = tmp_path / "cut.npz"
+    cut.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    assert_input_error(capsys, "run", "--trace", cut, match=str(cut))
+    foreign = tmp_path / "foreign.npz"
+    np.savez(foreign, weights=np.zeros(3))
+    assert_input_error(capsys, "trace", "info", foreign, match="not an eplbsim trace")
+    assert_input_error(capsys, "run", "--trace", tmp_path / "nope.npz", match="no such file")
+
+
+@pytest.mark.parametrize("args,match", [
+    (["--redundant", "7"], "23 slots are not divisible by 4 GPUs"),
+    (["--gpus-per-node", "3"], "4 GPUs cannot be split into nodes of 3"),
+    (["--mode", "sideways"], "unknown mode 'sideways'"),
+    (["--policies", "row,nope"], "unknown policy 'nope'"),
+    (["-o", "sigma=-1"], "sigma"),
+])
+def test_bad_run_options(capsys, args, match):
+    assert_input_error(capsys, "run", *SMALL, *args, match=match)
+
+
+def test_solve_bad_inputs(capsys, tmp_path):
+    load = tmp_path / "load.json"
+    load.write_text(json.dumps(EXAMPLE))
+    assert_input_error(capsys, "solve", "--load", load, "--slots", 8, "--gpus", 4,
+                       match="fewer")
+    load.write_text("[[1, 2], [3")
+    assert_input_error(capsys, "solve", "--load", load, "--slots", 4, "--gpus", 2,
+                       match="not a JSON")
+    load.write_text(json.dumps([[1, float("nan")]]))
+    assert_input_error(capsys, "solve", "--load", load, "--slots", 2, "--gpus", 2,
+                       match="NaN")
+    load.write_text(json.dumps([[1, -3]]))
+    assert_input_error(capsys, "solve", "--load", load, "--slots", 2, "--gpus", 2,
+                       match="negative")
+
+
+def test_cuda_device_without_cuda_is_an_input_error(capsys):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    assert_input_error(capsys, "run", *SMALL, "--device", "cuda", match="no CUDA device")
+
+
+def test_console_script_is_installed():
+    import shutil
+    import subprocess
+    import sys
+    exe = shutil.which("eplbsim", path=str(Path(sys.executable).parent))
+    assert exe, "the eplbsim console script is not installed next to this python"
+    done = subprocess.run([exe, "run", *SMALL, "--policies", "row", "--mode", "a2a",
+                           "--json"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)[0]["policy"] == "row"

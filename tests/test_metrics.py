@@ -1,0 +1,205 @@
+"""Tests of eplbsim.metrics on hand-computed examples (DESIGN.md §4).
+
+Dimensions: `S` steps, `L` layers, `E` experts, `P` slots, `G` GPUs, `R` max replicas.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from eplbsim.metrics import (METRIC_KEYS, balancedness, gpu_imbalance, gpu_loads, idle_replicas,
+                             multiplicity_counts, multiplicity_fractions, nanmax_or_none,
+                             nanmean_or_none, replica_loads, replica_skew)
+from eplbsim.placement import Placement
+from eplbsim.topology import Topology
+
+NAN = math.nan
+
+
+def _same(actual: torch.Tensor, expected) -> None:
+    torch.testing.assert_close(actual, torch.tensor(expected, dtype=torch.float64),
+                               equal_nan=True)
+
+
+def test_metric_keys_match_design():
+    assert METRIC_KEYS == ("gpu_imbalance", "balancedness", "replica_skew_mean",
+                           "replica_skew_max", "replica_skew_cumulative", "idle_replica_frac",
+                           "placement_imbalance", "rank_agreement", "multiplicity",
+                           "output_rel_error")
+
+
+# ---------------------------------------------------------------- GPU loads and balance
+
+
+def test_gpu_loads_hand_example():
+    slot = torch.tensor([1, 2, 3, 4, 5, 6])
+    out = gpu_loads(slot, 3)
+    assert out.dtype == torch.float64
+    _same(out, [3, 7, 11])
+    _same(gpu_loads(slot, 2), [6, 15])
+    _same(gpu_loads(slot, 1), [21])
+    _same(gpu_loads(slot, 6), [1, 2, 3, 4, 5, 6])
+
+
+def test_gpu_loads_leading_axes():
+    slot = torch.arange(2 * 3 * 4).reshape(2, 3, 4)  # [S, L, P]
+    out = gpu_loads(slot, 2)
+    assert out.shape == (2, 3, 2)
+    _same(out, slot.reshape(2, 3, 2, 2).sum(-1).double().tolist())
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 4), st.integers(0, 2**31 - 1))
+def test_gpu_loads_conserve_total(G, per_gpu, seed):
+    slot = torch.from_numpy(np.random.default_rng(seed).integers(0, 100, size=(3, G * per_gpu)))
+    out = gpu_loads(slot, G)
+    torch.testing.assert_close(out.sum(-1), slot.sum(-1).double())
+    for g in range(G):
+        torch.testing.assert_close(out[:, g], slot[:, g * per_gpu:(g + 1) * per_gpu].sum(-1).double())
+
+
+def test_gpu_imbalance_and_balancedness():
+    load = torch.tensor([[2.0, 4.0, 6.0], [5.0, 5.0, 5.0], [0.0, 0.0, 0.0], [0.0, 0.0, 9.0]],
+                        dtype=torch.float64)
+    _same(gpu_imbalance(load), [1.5, 1.0, NAN, 3.0])
+    _same(balancedness(load), [4 / 6, 1.0, NAN, 1 / 3])
+
+
+def test_max_over_mean():
+    from eplbsim.metrics import max_over_mean
+    _same(max_over_mean(torch.tensor([[1.0, 3.0], [0.0, 0.0]], dtype=torch.float64)), [1.5, NAN])
+
+
+def test_imbalance_zero_load_is_nan_without_warning_values():
+    out = gpu_imbalance(torch.zeros(2, 3, 4, dtype=torch.float64))
+    assert out.shape == (2, 3) and out.isnan().all()
+    assert balancedness(torch.zeros(4, dtype=torch.float64)).isnan()
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(0, 50), min_size=1, max_size=8))
+def test_balancedness_is_inverse_of_imbalance(values):
+    load = torch.tensor(values, dtype=torch.float64)
+    imb, bal = gpu_imbalance(load), balancedness(load)
+    if sum(values) == 0:
+        assert imb.isnan() and bal.isnan()
+    else:
+        assert float(imb) >= 1.0 - 1e-12 and 0 < float(bal) <= 1.0 + 1e-12
+        assert math.isclose(float(imb) * float(bal), 1.0, rel_tol=1e-12)
+        assert math.isclose(float(imb), max(values) / (sum(values) / len(values)), rel_tol=1e-12)
+
+
+# ---------------------------------------------------------------- replica loads and skew
+
+# L = 1, E = 3, P = 6 on 2 GPUs: e0 on slots 0, 1, 2; e1 on 3, 4; e2 on 5.
+PL = Placement([[0, 0, 0, 1, 1, 2]], 3, Topology(2))
+
+
+def test_replica_loads_hand_example():
+    slot = torch.tensor([[3, 0, 0, 2, 2, 7]])  # [L, P]
+    _same(replica_loads(slot, PL), [[[3, 0, 0], [2, 2, NAN], [7, NAN, NAN]]])
+
+
+def test_replica_loads_follow_log2phy_not_slot_order():
+    pl = Placement([[2, 0, 1, 0]], 3, Topology(2))  # e0 on 1, 3; e1 on 2; e2 on 0
+    slot = torch.tensor([[10, 20, 30, 40]])
+    _same(replica_loads(slot, pl), [[[20, 40], [30, NAN], [10, NAN]]])
+
+
+def test_replica_skew_hand_example():
+    slot = torch.tensor([
+        [[3, 0, 0, 2, 2, 7]],   # e0: max 3 / mean 1 = 3; e1: 2/2 = 1; e2 single -> NaN
+        [[1, 1, 4, 0, 0, 5]],   # e0: 4 / 2 = 2; e1 zero load -> NaN; e2 single -> NaN
+        [[0, 0, 0, 0, 6, 0]],   # e0 zero load -> NaN; e1: 6 / 3 = 2
+    ])  # [S, L, P]
+    out = replica_skew(slot, PL)
+    assert out.shape == (3, 1, 3)
+    _same(out, [[[3.0, 1.0, NAN]], [[2.0, NAN, NAN]], [[NAN, 2.0, NAN]]])
+
+
+def test_replica_skew_multi_layer_uses_each_layers_placement():
+    pl = Placement([[0, 0, 1, 1], [0, 1, 1, 1]], 2, Topology(2))
+    slot = torch.tensor([[4, 0, 1, 1], [9, 0, 3, 6]])  # [L, P]
+    # layer 0: e0 {0,1}: 4/2 = 2; e1 {2,3}: 1. layer 1: e0 single; e1 {1,2,3}: 6/3 = 2
+    _same(replica_skew(slot, pl), [[2.0, 1.0], [NAN, 2.0]])
+
+
+# ---------------------------------------------------------------- idle replicas
+
+
+def test_idle_replicas_hand_example():
+    slot = torch.tensor([[3, 0, 0, 2, 0, 7]])
+    # e0 eligible (3 replicas, 3 pairs >= 3): 3 eligible, 2 idle; e1 eligible (2 >= 2): 1 idle;
+    # e2 has one replica: never eligible
+    assert idle_replicas(slot, torch.tensor([[3, 2, 7]]), PL) == (3, 5)
+    # e0 has fewer pairs (2) than replicas (3): not eligible
+    assert idle_replicas(slot, torch.tensor([[2, 2, 7]]), PL) == (1, 2)
+    # nothing eligible
+    assert idle_replicas(slot, torch.tensor([[0, 1, 9]]), PL) == (0, 0)
+
+
+def test_idle_replicas_leading_axes():
+    slot = torch.tensor([[[3, 0, 0, 2, 0, 7]], [[1, 1, 1, 0, 4, 0]]])  # [S, L, P]
+    true = torch.tensor([[[3, 2, 7]], [[3, 4, 0]]])  # [S, L, E]
+    # step 0: 3 idle of 5 eligible (as above); step 1: e0 none idle of 3, e1 one idle of 2
+    assert idle_replicas(slot, true, PL) == (4, 10)
+
+
+# ---------------------------------------------------------------- multiplicity and summaries
+
+
+def test_multiplicity_counts():
+    m = torch.tensor([[0, 1, 2], [3, 1, 0], [1, 1, 5]])
+    valid = torch.tensor([[True, True, True], [True, True, False], [False, True, True]])
+    assert multiplicity_counts(m, valid) == [1, 3, 3]
+    assert multiplicity_counts(m, torch.zeros_like(valid)) == [0, 0, 0]
+
+
+def test_multiplicity_fractions():
+    assert multiplicity_fractions([1, 2, 1]) == {"0": 0.25, "1": 0.5, "2+": 0.25}
+    assert multiplicity_fractions([0, 7, 0]) == {"0": 0.0, "1": 1.0, "2+": 0.0}
+    assert multiplicity_fractions([0, 0, 0]) == {"0": None, "1": None, "2+": None}
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(0, 4), min_size=1, max_size=20), st.data())
+def test_multiplicity_counts_partition_valid_pairs(values, data):
+    valid_list = data.draw(st.lists(st.booleans(), min_size=len(values), max_size=len(values)))
+    m, valid = torch.tensor(values), torch.tensor(valid_list)
+    counts = multiplicity_counts(m, valid)
+    kept = [v for v, ok in zip(values, valid_list) if ok]
+    assert counts == [kept.count(0), kept.count(1), sum(1 for v in kept if v >= 2)]
+    fr = multiplicity_fractions(counts)
+    if kept:
+        assert math.isclose(sum(fr.values()), 1.0)
+
+
+def test_nanmean_and_nanmax_or_none():
+    t = torch.tensor([[NAN, 1.0], [3.0, NAN]], dtype=torch.float64)
+    assert nanmean_or_none(t) == 2.0
+    assert nanmax_or_none(t) == 3.0
+    assert isinstance(nanmean_or_none(t), float) and isinstance(nanmax_or_none(t), float)
+    for empty in (torch.full((2, 3), NAN), torch.empty(0, dtype=torch.float64)):
+        assert nanmean_or_none(empty) is None
+        assert nanmax_or_none(empty) is None
+
+
+def test_summaries_of_skew_ignore_undefined_entries():
+    slot = torch.tensor([[[3, 0, 0, 2, 2, 7]], [[0, 0, 0, 0, 0, 0]]])
+    skew = replica_skew(slot, PL)
+    assert nanmean_or_none(skew) == 2.0  # mean of 3 and 1
+    assert nanmax_or_none(skew) == 3.0
+    assert nanmean_or_none(replica_skew(torch.zeros(1, 6, dtype=torch.int64), PL)) is None
+
+
+@pytest.mark.parametrize("fn", [gpu_imbalance, balancedness])
+def test_balance_metrics_do_not_mutate_input(fn):
+    load = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
+    fn(load)
+    assert load.tolist() == [1.0, 2.0, 3.0]
