@@ -20,6 +20,7 @@ import torch
 
 from .errors import InputError
 from .placement import View
+from .registry import lookup
 
 HASH_MULTIPLIER = 2654435769  # Knuth's multiplicative hash constant, floor(2**32 / phi)
 RANDOM_RANGE = 65536  # the serving engine's randint(0, 65536) draw
@@ -202,11 +203,7 @@ POLICIES: dict[str, Policy] = {
 
 def resolve_policy(policy: str | Policy) -> Policy:
     """A policy by registry name, or the callable itself."""
-    if callable(policy):
-        return policy
-    if policy not in POLICIES:
-        raise InputError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
-    return POLICIES[policy]
+    return lookup(POLICIES, policy, "policy")
 
 
 def policy_name(policy: str | Policy) -> str:

@@ -17,6 +17,7 @@ from typing import Any, Callable
 import torch
 
 from .errors import InputError
+from .registry import lookup
 from .topology import Topology
 
 
@@ -177,11 +178,7 @@ VIEWS: dict[str, Callable[[Placement, int], View]] = {
 def rank_view(view: str | Callable[[Placement, int], View], placement: Placement,
               rank: int) -> View:
     """The view of `rank`, by registry name or callable."""
-    if callable(view):
-        return view(placement, rank)
-    if view not in VIEWS:
-        raise InputError(f"unknown view {view!r}; choose one of {', '.join(VIEWS)}")
-    return VIEWS[view](placement, rank)
+    return lookup(VIEWS, view, "view")(placement, rank)
 
 
 def as_placement(obj: Any, num_experts: int, topology: Topology) -> Placement:

@@ -22,8 +22,16 @@ from .dispatch import DispatchContext, Policy, policy_name, resolve_policy
 from .errors import InputError
 from .moe import make_toy_moe, output_error_terms, pair_outputs, token_inputs
 from .placement import Placement, View, rank_view, trivial_placement
-from .ranks import (MODES, dispatch_a2a, dispatch_none, drift_before_step, execute_a2a,
-                    execute_none, make_rank_generators, token_owners)
+from .ranks import (
+    MODES,
+    dispatch_a2a,
+    dispatch_none,
+    drift_before_step,
+    execute_a2a,
+    execute_none,
+    make_rank_generators,
+    token_owners,
+)
 from .solvers import Solver, solve
 from .topology import Topology
 from .trace import Trace

@@ -22,6 +22,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .errors import InputError
+from .registry import lookup
 from .trace import Trace
 
 Generator = Callable[..., Trace]
@@ -224,14 +225,8 @@ def synthesize(scenario: str | Generator = DEFAULT_SCENARIO, *, steps: int = 32,
     are passed through. InputError on an unknown scenario name (listing the choices), an
     unknown option, or a bad value.
     """
-    if callable(scenario):
-        gen = scenario
-        name = getattr(scenario, "__name__", repr(scenario))
-    elif isinstance(scenario, str) and scenario in SCENARIOS:
-        gen, name = SCENARIOS[scenario], scenario
-    else:
-        raise InputError(f"unknown scenario {scenario!r}; choose one of: "
-                         f"{', '.join(sorted(SCENARIOS))}")
+    gen = lookup(SCENARIOS, scenario, "scenario")
+    name = scenario if isinstance(scenario, str) else getattr(scenario, "__name__", repr(scenario))
     check_sizes(steps=steps, tokens=tokens, layers=layers, experts=experts, top_k=top_k,
                 seed=seed)
     try:

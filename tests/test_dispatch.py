@@ -5,10 +5,17 @@ Dimensions: `T` tokens, `K` top-k, `L` layers, `E` experts, `P` slots, `G` GPUs.
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from eplbsim.dispatch import (POLICIES, DispatchContext, occurrence_index, ordinal_offset,
-                              resolve_policy, static_table)
+from eplbsim.dispatch import (
+    POLICIES,
+    DispatchContext,
+    occurrence_index,
+    ordinal_offset,
+    resolve_policy,
+    static_table,
+)
 from eplbsim.errors import InputError
 from eplbsim.placement import VIEWS, Placement, full_view, nearest_view, rank_view
 from eplbsim.topology import Topology

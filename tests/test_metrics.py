@@ -13,9 +13,19 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eplbsim.metrics import (METRIC_KEYS, balancedness, gpu_imbalance, gpu_loads, idle_replicas,
-                             multiplicity_counts, multiplicity_fractions, nanmax_or_none,
-                             nanmean_or_none, replica_loads, replica_skew)
+from eplbsim.metrics import (
+    METRIC_KEYS,
+    balancedness,
+    gpu_imbalance,
+    gpu_loads,
+    idle_replicas,
+    multiplicity_counts,
+    multiplicity_fractions,
+    nanmax_or_none,
+    nanmean_or_none,
+    replica_loads,
+    replica_skew,
+)
 from eplbsim.placement import Placement
 from eplbsim.topology import Topology
 

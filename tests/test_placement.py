@@ -12,10 +12,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from eplbsim.errors import InputError
-from eplbsim.placement import (VIEWS, Placement, View, as_placement, full_view, nearest_view,
-                               rank_view, trivial_placement)
+from eplbsim.placement import (
+    VIEWS,
+    Placement,
+    View,
+    as_placement,
+    full_view,
+    nearest_view,
+    rank_view,
+    trivial_placement,
+)
 from eplbsim.topology import Topology
-
 
 # ---------------------------------------------------------------- reference implementations
 
@@ -284,7 +291,7 @@ def test_nearest_view_matches_reference_and_picks_replicas(case):
 @given(st.integers(1, 4), st.integers(1, 3), st.integers(1, 3), st.data())
 def test_zero_redundancy_nearest_equals_full(G, per_gpu, L, data):
     gpn = data.draw(st.sampled_from([d for d in range(1, G + 1) if G % d == 0]))
-    P = E = G * per_gpu
+    E = G * per_gpu  # P == E: no redundancy
     rows = [data.draw(st.permutations(list(range(E)))) for _ in range(L)]
     pl = Placement(rows, E, Topology(G, gpn))
     for rank in range(G):

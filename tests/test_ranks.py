@@ -9,8 +9,16 @@ import torch
 from eplbsim.dispatch import POLICIES, DispatchContext
 from eplbsim.errors import InputError
 from eplbsim.placement import Placement, full_view
-from eplbsim.ranks import (check_choices, dispatch_a2a, dispatch_none, drift_before_step,
-                           execute_a2a, execute_none, make_rank_generators, token_owners)
+from eplbsim.ranks import (
+    check_choices,
+    dispatch_a2a,
+    dispatch_none,
+    drift_before_step,
+    execute_a2a,
+    execute_none,
+    make_rank_generators,
+    token_owners,
+)
 from eplbsim.topology import Topology
 
 # Expert 0 on slots 0 (GPU 0) and 2 (GPU 1); expert 1 on slots 1 (GPU 0) and 3 (GPU 1).

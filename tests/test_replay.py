@@ -7,6 +7,7 @@ Dimensions: `S` steps, `L` layers, `E` experts, `P` slots, `G` GPUs.
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings, strategies as st
 import torch
 
 from eplbsim.dispatch import POLICIES
@@ -170,3 +171,39 @@ def test_device_replay_matches_cpu(device):
         cpu = replay(tr, replace(CFG, policy=policy)).row()
         dev = replay(tr, replace(CFG, policy=policy, device=device)).row()
         assert cpu == dev
+
+
+@st.composite
+def tiny_setups(draw):
+    """Random ragged traces with -1 padding on tiny or odd topologies."""
+    G = draw(st.sampled_from([1, 2, 3, 4]))
+    gpn = draw(st.sampled_from([d for d in (1, 2, 4) if G % d == 0]))
+    E = draw(st.integers(1, 9))
+    per_gpu = draw(st.integers(-(-E // G), -(-E // G) + 2))
+    L, K = draw(st.integers(1, 2)), draw(st.integers(1, 3))
+    sizes = draw(st.lists(st.integers(0, 12), min_size=1, max_size=4))
+    seed = draw(st.integers(0, 1000))
+    gen = torch.Generator().manual_seed(seed)
+    steps = [torch.where(torch.rand(T, L, K, generator=gen) < 0.25, -1,
+                         torch.randint(0, E, (T, L, K), generator=gen)) for T in sizes]
+    cfg = ReplayConfig(num_gpus=G, gpus_per_node=gpn, num_redundant=G * per_gpu - E, seed=seed)
+    return Trace.from_steps(steps, num_experts=E), cfg
+
+
+@settings(max_examples=30, deadline=None)
+@given(tiny_setups())
+def test_replay_invariants_on_random_tiny_setups(setup):
+    trace, cfg = setup
+    valid = int((trace.topk_ids >= 0).sum())
+    for policy in sorted(POLICIES):
+        a2a = replay(trace, replace(cfg, policy=policy, mode="a2a"))
+        assert int(a2a.slot_load.sum()) == valid
+        assert torch.equal(a2a.slot_load.sum(-1), a2a.true_load.sum(-1))
+        none = replay(trace, replace(cfg, policy=policy)).metrics
+        if valid == 0:
+            assert none["rank_agreement"] is None
+            continue
+        assert sum(none["multiplicity"].values()) == pytest.approx(1.0)
+        if policy in ("row", "ordinal", "flat", "hash") or cfg.num_redundant == 0:
+            assert none["rank_agreement"] == 1.0 and none["multiplicity"]["1"] == 1.0
+            assert none["output_rel_error"] is None or none["output_rel_error"] < 1e-6

@@ -5,6 +5,8 @@ Dimensions: `P` physical slots, `G` GPUs, `N` nodes.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -81,5 +83,5 @@ def test_input_error_is_value_error():
 
 def test_frozen():
     topo = Topology(2)
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         topo.num_gpus = 3  # type: ignore[misc]

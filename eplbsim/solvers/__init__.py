@@ -21,6 +21,7 @@ import torch
 
 from ..errors import InputError
 from ..placement import Placement
+from ..registry import lookup
 from ..topology import Topology
 from .deepseek import deepseek
 from .trivial import trivial
@@ -40,7 +41,7 @@ def solve(solver: str | Solver, load: Any, num_slots: int, topology: Topology,
     load: `[L, E]` pairs per logical expert (numpy, torch or nested lists; never modified)
     -> Placement over `E` experts with `phy2log [L, P]`. Raises InputError on bad input.
     """
-    fn = _lookup(solver)
+    fn = lookup(SOLVERS, solver, "solver")
     array = _as_load(load)  # [L, E] private float64 copy
     num_layers, num_experts = array.shape
     _check_shape(num_experts, num_slots, topology, num_groups)
@@ -50,15 +51,6 @@ def solve(solver: str | Solver, load: Any, num_slots: int, topology: Topology,
         raise InputError(f"solver {name} returned shape {phy2log.shape}, "
                          f"expected [layers, slots] = {(num_layers, num_slots)}")
     return Placement(torch.from_numpy(np.array(phy2log, dtype=np.int64)), num_experts, topology)
-
-
-def _lookup(solver: str | Solver) -> Solver:
-    """The solver function for a registry name or callable."""
-    if callable(solver):
-        return solver
-    if solver not in SOLVERS:
-        raise InputError(f"unknown solver {solver!r}; choose one of {', '.join(SOLVERS)}")
-    return SOLVERS[solver]
 
 
 def _as_load(load: Any) -> np.ndarray:
