@@ -188,7 +188,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _run_header(trace: Trace, cfg: ReplayConfig) -> str:
     source = trace.meta.get("scenario") or trace.meta.get("source") or "trace"
     P = trace.num_experts + cfg.num_redundant
-    return (f"{source}: {trace.num_steps} steps, {trace.num_tokens} tokens, "
+    per_step = trace.num_tokens / trace.num_steps
+    return (f"{source}: {trace.num_steps} steps x {per_step:g} tokens, "
             f"{trace.num_layers} layers, E={trace.num_experts}, K={trace.top_k} | "
             f"{cfg.num_gpus} GPUs ({cfg.gpus_per_node or cfg.num_gpus}/node), P={P} slots, "
             f"solver {cfg.solver}, view {cfg.view}, rng {cfg.rng}, seed {cfg.seed}")

@@ -204,8 +204,3 @@ POLICIES: dict[str, Policy] = {
 def resolve_policy(policy: str | Policy) -> Policy:
     """A policy by registry name, or the callable itself."""
     return lookup(POLICIES, policy, "policy")
-
-
-def policy_name(policy: str | Policy) -> str:
-    """The name to report for a policy given by name or callable."""
-    return policy if isinstance(policy, str) else getattr(policy, "__name__", repr(policy))

@@ -255,11 +255,16 @@ def _grouped_ratio_bars(ax: Any, results: list[Results], labels: list[str], grou
         for x in missing:
             _na(ax, x, 1.0)
     ax.axhline(1.0, color="0.2", linewidth=0.8)
-    ax.set_xlim(-0.5, len(groups) - 0.5)
+    _policy_axis(ax, groups)
     ax.set_ylim(1.0 - 0.02 * max(top - 1.0, 0.05), 1.0 + 1.15 * max(top - 1.0, 0.05))
-    ax.set_xticks(range(len(groups)), groups, fontsize="small")
-    ax.set_xlabel("policy")
     ax.grid(True, axis="y", alpha=0.3)
+
+
+def _policy_axis(ax: Any, labels: list[str]) -> None:
+    """One tick per policy label along x."""
+    ax.set_xlim(-0.5, len(labels) - 0.5)
+    ax.set_xticks(range(len(labels)), labels, fontsize="small")
+    ax.set_xlabel("policy")
 
 
 def _agreement_bars(ax: Any, results: list[Results], labels: list[str]) -> None:
@@ -275,10 +280,8 @@ def _agreement_bars(ax: Any, results: list[Results], labels: list[str]) -> None:
     bars = ax.bar(xs, vals, width=0.6, color=OKABE_ITO[0])
     ax.bar_label(bars, labels=texts, fontsize="x-small", padding=2)
     ax.axhline(1.0, color="0.2", linewidth=0.8, linestyle=":")
-    ax.set_xlim(-0.5, len(labels) - 0.5)
+    _policy_axis(ax, labels)
     ax.set_ylim(0, 1.12)
-    ax.set_xticks(range(len(labels)), labels, fontsize="small")
-    ax.set_xlabel("policy")
     ax.set_ylabel("fraction of pairs all ranks agree on")
     ax.set_title('Rank agreement (none mode)')
     ax.grid(True, axis="y", alpha=0.3)
@@ -302,10 +305,8 @@ def _multiplicity_bars(ax: Any, results: list[Results], labels: list[str]) -> No
         mult = r.metrics.get("multiplicity") or {}
         if any(mult.get(k) is None for k in ("0", "1", "2+")):
             _na(ax, x)
-    ax.set_xlim(-0.5, len(labels) - 0.5)
+    _policy_axis(ax, labels)
     ax.set_ylim(0, 1.0)
-    ax.set_xticks(range(len(labels)), labels, fontsize="small")
-    ax.set_xlabel("policy")
     ax.set_ylabel("fraction of pairs")
     ax.set_title('Pair multiplicity c (none mode)')
 

@@ -16,9 +16,10 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from .dispatch import DispatchContext, Policy, policy_name
+from .dispatch import DispatchContext, Policy
 from .errors import InputError
 from .placement import Placement, View
+from .registry import name_of
 
 MODES = ("none", "a2a")
 RNG_RELATIONS = ("independent", "shared", "drift")
@@ -93,7 +94,7 @@ def check_choices(phys: torch.Tensor, topk_ids: torch.Tensor, placement: Placeme
     """InputError unless `phys [T, K]` holds, for every pair, a slot of its routed expert
     (and -1 exactly at padding): a wrong policy must not become a silently wrong number."""
     if phys.shape != topk_ids.shape or phys.dtype not in (torch.int32, torch.int64):
-        raise InputError(f"policy {policy_name(policy)} returned {phys.dtype} "
+        raise InputError(f"policy {name_of(policy)} returned {phys.dtype} "
                          f"{tuple(phys.shape)}, expected integer slots {tuple(topk_ids.shape)}")
     ids = topk_ids.long()
     valid = ids >= 0
@@ -103,7 +104,7 @@ def check_choices(phys: torch.Tensor, topk_ids: torch.Tensor, placement: Placeme
     bad = torch.where(valid, ~inside | (held != ids), phys != -1)
     if bool(bad.any()):
         t, k = bad.nonzero()[0].tolist()
-        raise InputError(f"policy {policy_name(policy)} sent pair (token {t}, slot {k}) of "
+        raise InputError(f"policy {name_of(policy)} sent pair (token {t}, slot {k}) of "
                          f"expert {int(ids[t, k])} in layer {layer} to slot {int(phys[t, k])}, "
                          f"which does not hold that expert")
 

@@ -17,3 +17,8 @@ def lookup(registry: dict[str, F], key: str | F, kind: str) -> F:
     if key not in registry:
         raise InputError(f"unknown {kind} {key!r}; choose one of {', '.join(registry)}")
     return registry[key]
+
+
+def name_of(entry: str | Callable) -> str:
+    """The name to report for a registry entry given by name or as a callable."""
+    return entry if isinstance(entry, str) else getattr(entry, "__name__", repr(entry))

@@ -18,7 +18,7 @@ from typing import Any, Callable
 import torch
 
 from . import metrics as M
-from .dispatch import DispatchContext, Policy, policy_name, resolve_policy
+from .dispatch import DispatchContext, Policy, resolve_policy
 from .errors import InputError
 from .moe import make_toy_moe, output_error_terms, pair_outputs, token_inputs
 from .placement import Placement, View, rank_view, trivial_placement
@@ -32,6 +32,7 @@ from .ranks import (
     make_rank_generators,
     token_owners,
 )
+from .registry import name_of
 from .solvers import Solver, solve
 from .topology import Topology
 from .trace import Trace
@@ -98,19 +99,19 @@ class Results:
 
     @property
     def policy(self) -> str:
-        return policy_name(self.config.policy)
+        return name_of(self.config.policy)
 
     @property
     def solver(self) -> str:
         if self.config.placement is not None:
             return "given"
-        return policy_name(self.config.solver)
+        return name_of(self.config.solver)
 
     def row(self) -> dict[str, Any]:
         """The metrics with `policy`, `solver`, `mode`, `view` and `rng`: one table row."""
         cfg = self.config
         return {"policy": self.policy, "solver": self.solver, "mode": cfg.mode,
-                "view": policy_name(cfg.view), "rng": cfg.rng, **self.metrics}
+                "view": name_of(cfg.view), "rng": cfg.rng, **self.metrics}
 
 
 def replay(trace: Trace, config: ReplayConfig = ReplayConfig()) -> Results:

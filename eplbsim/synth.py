@@ -22,7 +22,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .errors import InputError
-from .registry import lookup
+from .registry import lookup, name_of
 from .trace import Trace
 
 Generator = Callable[..., Trace]
@@ -226,7 +226,7 @@ def synthesize(scenario: str | Generator = DEFAULT_SCENARIO, *, steps: int = 32,
     unknown option, or a bad value.
     """
     gen = lookup(SCENARIOS, scenario, "scenario")
-    name = scenario if isinstance(scenario, str) else getattr(scenario, "__name__", repr(scenario))
+    name = name_of(scenario)
     check_sizes(steps=steps, tokens=tokens, layers=layers, experts=experts, top_k=top_k,
                 seed=seed)
     try:

@@ -7,8 +7,9 @@ Dimensions: `S` steps, `L` layers, `E` experts, `P` slots, `G` GPUs.
 from dataclasses import replace
 
 import pytest
-from hypothesis import given, settings, strategies as st
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from eplbsim.dispatch import POLICIES
 from eplbsim.errors import InputError

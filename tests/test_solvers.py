@@ -5,6 +5,8 @@ Dimensions: `L` layers, `E` experts, `P` slots, `G` GPUs, `N` nodes.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -191,3 +193,31 @@ def test_solve_accepts_callable_and_checks_its_shape():
     assert solve(first_e, np.ones((2, 4)), 8, Topology(4), 1).phy2log.shape == (2, 8)
     with pytest.raises(InputError, match="returned shape"):
         solve(lambda *a: np.zeros((1, 8), dtype=np.int64), np.ones((2, 4)), 8, Topology(4))
+
+
+REAL_COUNTS = Path(__file__).resolve().parents[2] / "shared" / "data" / "olmoe-routing-counts" \
+    / "expert_counts.csv"
+
+
+@pytest.mark.skipif(not REAL_COUNTS.exists(), reason="../shared/data is absent")
+@pytest.mark.parametrize("domain", ["arxiv", "github"])
+def test_deepseek_beats_trivial_on_real_olmoe_counts(domain):
+    """Real popularity (OLMoE, 64 experts, 3 recorded layers) on 8 GPUs with 8 spare slots."""
+    import csv
+    rows = [r for r in csv.DictReader(REAL_COUNTS.open())
+            if r["model"] == "olmoe" and r["domain"] == domain]
+    layers = sorted({int(r["layer"]) for r in rows})
+    load = np.zeros((len(layers), 64))
+    for r in rows:
+        load[layers.index(int(r["layer"])), int(r["expert"])] = float(r["count"])
+    assert (load.sum(1) > 0).all()
+    topo = Topology(8)
+
+    def promised_peak(name):
+        placement = solve(name, load, 72, topo)
+        gpu = placement.expected_load(torch.from_numpy(load)).view(len(layers), 8, 9).sum(-1)
+        return gpu.amax(-1) / gpu.mean(-1)  # [L]
+
+    trivial, deepseek = promised_peak("trivial"), promised_peak("deepseek")
+    assert (deepseek >= 1).all() and (deepseek < trivial).all()
+    assert float(deepseek.max()) < 1.2

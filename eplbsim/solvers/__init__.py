@@ -21,7 +21,7 @@ import torch
 
 from ..errors import InputError
 from ..placement import Placement
-from ..registry import lookup
+from ..registry import lookup, name_of
 from ..topology import Topology
 from .deepseek import deepseek
 from .trivial import trivial
@@ -47,8 +47,7 @@ def solve(solver: str | Solver, load: Any, num_slots: int, topology: Topology,
     _check_shape(num_experts, num_slots, topology, num_groups)
     phy2log = np.asarray(fn(array, num_slots, topology, num_groups))  # [L, P]
     if phy2log.shape != (num_layers, num_slots):
-        name = getattr(fn, "__name__", repr(fn))
-        raise InputError(f"solver {name} returned shape {phy2log.shape}, "
+        raise InputError(f"solver {name_of(fn)} returned shape {phy2log.shape}, "
                          f"expected [layers, slots] = {(num_layers, num_slots)}")
     return Placement(torch.from_numpy(np.array(phy2log, dtype=np.int64)), num_experts, topology)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..placement import trivial_placement
 from ..topology import Topology
 
 
@@ -18,5 +19,4 @@ def trivial(load: np.ndarray, num_slots: int, topology: Topology,
     load: float64 `[L, E]` pairs per logical expert -> phy2log int64 `[L, P]`.
     """
     num_layers, num_experts = np.shape(load)
-    row = np.arange(num_slots, dtype=np.int64) % num_experts  # [P]
-    return np.tile(row, (num_layers, 1))  # [L, P]
+    return trivial_placement(num_layers, num_experts, num_slots, topology).phy2log.numpy()
