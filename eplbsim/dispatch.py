@@ -12,7 +12,7 @@ the same signature works wherever a policy name does.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Callable
 
@@ -93,16 +93,26 @@ def hash_policy(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> tor
     return replica_slots(topk_ids, view, ctx.layer, hashed % n)
 
 
+def layer_draws(ctx: DispatchContext, num_pairs: int, num_layers: int,
+                device: torch.device | str) -> torch.Tensor:
+    """random's draws for every layer of a step, int64 `[L, T*K]`: one `randint(0, 65536)` batch
+    of `T*K` per layer from the rank's generator, in layer order, as the reference draws."""
+    if ctx.generator is None:
+        raise InputError("the random policy needs a generator in its dispatch context")
+    out = torch.empty(num_layers, num_pairs, dtype=torch.int64, device=device)
+    for layer in range(num_layers):
+        out[layer] = torch.randint(0, RANDOM_RANGE, (num_pairs,), generator=ctx.generator,
+                                   device=device)
+    return out
+
+
 def random_policy(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> torch.Tensor:
     """`randint(0, 65536) % n_e` from the rank's generator, one draw per pair of `[T, K]`.
 
     Draws are taken for the whole flattened batch, padding and single-replica experts included,
     as the serving engine does, so the generator advances by `T * K` draws per call.
     """
-    if ctx.generator is None:
-        raise InputError("the random policy needs a generator in its dispatch context")
-    draws = torch.randint(0, RANDOM_RANGE, (topk_ids.numel(),), generator=ctx.generator,
-                          device=topk_ids.device).view(topk_ids.shape)
+    draws = layer_draws(ctx, topk_ids.numel(), 1, topk_ids.device).view(topk_ids.shape)
     n = candidate_counts(topk_ids, view, ctx.layer)
     return replica_slots(topk_ids, view, ctx.layer, draws % n)
 
@@ -129,6 +139,12 @@ def ordinal_offset(ctx: DispatchContext) -> int:
     if ctx.mode == "a2a" and ctx.rank_offset:
         offset += ctx.rank
     return offset
+
+
+def layer_offsets(ctx: DispatchContext, num_layers: int) -> torch.Tensor:
+    """ordinal's offset of every layer of a step, int64 `[L]` on the CPU."""
+    return torch.tensor([ordinal_offset(replace(ctx, layer=layer))
+                         for layer in range(num_layers)], dtype=torch.int64)
 
 
 def ordinal_policy(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> torch.Tensor:
@@ -199,6 +215,12 @@ POLICIES: dict[str, Policy] = {
     "flat": flat_policy,
     "hash": hash_policy,
 }
+
+
+# Policies whose choice reads nothing of the rank but its view ("none" mode never adds the rank
+# to ordinal's offset): ranks with equal views choose identically and may share one computation.
+RANK_INDEPENDENT: frozenset[Policy] = frozenset({row_policy, ordinal_policy, flat_policy,
+                                                hash_policy})
 
 
 def resolve_policy(policy: str | Policy) -> Policy:

@@ -91,7 +91,9 @@ def multiplicity_fractions(counts: Sequence[int]) -> dict[str, float | None]:
     return {k: (c / total if total else None) for k, c in zip(keys, counts)}
 
 
-def multiplicity_counts(multiplicity: torch.Tensor, valid: torch.Tensor) -> list[int]:
-    """Pair counts with c = 0, 1, >= 2 among `valid` pairs of `multiplicity [T, K]`."""
-    m = multiplicity[valid]
-    return [int((m == 0).sum()), int((m == 1).sum()), int((m >= 2).sum())]
+def multiplicity_counts(multiplicity: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Pair counts with c = 0, 1, >= 2 per layer among `valid` pairs of `multiplicity
+    [T, L, K]`: int64 `[L, 3]`."""
+    m = multiplicity.masked_fill(~valid, -1)
+    return torch.stack([(m == 0).sum((0, 2)), (m == 1).sum((0, 2)), (m >= 2).sum((0, 2))],
+                       1).cpu()

@@ -16,8 +16,9 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from .dispatch import DispatchContext, Policy
+from .dispatch import RANK_INDEPENDENT, DispatchContext, Policy
 from .errors import InputError
+from .kernels import dispatch_step
 from .placement import Placement, View
 from .registry import name_of
 
@@ -74,64 +75,101 @@ def drift_before_step(gens: RankGenerators, draws_per_rank: Sequence[int]) -> li
 
 
 @dataclass(frozen=True)
-class LayerOutcome:
-    """What the GPUs executed for one (step, layer).
+class StepOutcome:
+    """What the GPUs executed for one step, every layer.
 
-    slot_load:    int64 `[P]` pairs executed on each slot
-    multiplicity: int64 `[T, K]` times each pair was executed (0 at padding)
-    agreed:       pairs on which every rank chose the same slot (None in "a2a")
-    valid:        non-padding pairs
+    slot_load:    int64 `[L, P]` pairs executed on each slot
+    multiplicity: int64 `[T, L, K]` times each pair was executed (0 at padding)
+    agreed:       int64 `[L]` pairs on which every rank chose the same slot (None in "a2a")
+    valid:        int64 `[L]` non-padding pairs
     """
 
     slot_load: torch.Tensor
     multiplicity: torch.Tensor
-    agreed: int | None
-    valid: int
+    agreed: torch.Tensor | None
+    valid: torch.Tensor
 
 
 def check_choices(phys: torch.Tensor, topk_ids: torch.Tensor, placement: Placement,
-                  layer: int, policy: Policy) -> None:
-    """InputError unless `phys [T, K]` holds, for every pair, a slot of its routed expert
+                  policy: Policy) -> None:
+    """InputError unless `phys [T, L, K]` holds, for every pair, a slot of its routed expert
     (and -1 exactly at padding): a wrong policy must not become a silently wrong number."""
     if phys.shape != topk_ids.shape or phys.dtype not in (torch.int32, torch.int64):
         raise InputError(f"policy {name_of(policy)} returned {phys.dtype} "
                          f"{tuple(phys.shape)}, expected integer slots {tuple(topk_ids.shape)}")
     ids = topk_ids.long()
     valid = ids >= 0
-    inside = (phys >= 0) & (phys < placement.num_slots)
-    p2l = placement.phy2log[layer].to(phys.device)
-    held = p2l[phys.long().clamp(0, placement.num_slots - 1)]
+    P = placement.num_slots
+    inside = (phys >= 0) & (phys < P)
+    layer = torch.arange(ids.shape[1], device=ids.device).view(1, -1, 1)
+    p2l = placement.phy2log.to(phys.device).reshape(-1)  # [L*P]
+    held = p2l[layer * P + phys.long().clamp(0, P - 1)]
     bad = torch.where(valid, ~inside | (held != ids), phys != -1)
     if bool(bad.any()):
-        t, k = bad.nonzero()[0].tolist()
+        t, lay, k = bad.nonzero()[0].tolist()
         raise InputError(f"policy {name_of(policy)} sent pair (token {t}, slot {k}) of "
-                         f"expert {int(ids[t, k])} in layer {layer} to slot {int(phys[t, k])}, "
-                         f"which does not hold that expert")
+                         f"expert {int(ids[t, lay, k])} in layer {lay} to slot "
+                         f"{int(phys[t, lay, k])}, which does not hold that expert")
 
 
-def dispatch_none(topk_ids: torch.Tensor, views: Sequence[View], policy: Policy,
-                  contexts: Sequence[DispatchContext]) -> torch.Tensor:
-    """Every rank's choices for the whole batch: int64 `[G, T, K]`."""
+def rank_groups(views: Sequence[View], policy: Policy) -> list[list[int]]:
+    """Ranks whose choices are provably identical, in rank order: for a policy in
+    `RANK_INDEPENDENT` (its choice reads only the ids, the view, step and layer), ranks with
+    equal views; every other policy (rank-variant, or an unknown callable) one rank a group."""
+    if policy not in RANK_INDEPENDENT:
+        return [[r] for r in range(len(views))]
+    groups: list[list[int]] = []
+    for r, view in enumerate(views):
+        for group in groups:
+            first = views[group[0]]
+            if torch.equal(first.log2phy, view.log2phy) and torch.equal(first.logcnt,
+                                                                        view.logcnt):
+                group.append(r)
+                break
+        else:
+            groups.append([r])
+    return groups
+
+
+def _slot_index(phys: torch.Tensor, num_slots: int) -> torch.Tensor:
+    """`layer * P + slot` of every pair `[T, L, K]` (for one bincount over all layers)."""
+    layer = torch.arange(phys.shape[1], device=phys.device).view(1, -1, 1)
+    return layer * num_slots + phys
+
+
+def execute_none(topk_ids: torch.Tensor, views: Sequence[View], policy: Policy,
+                 contexts: Sequence[DispatchContext],
+                 groups: Sequence[Sequence[int]]) -> StepOutcome:
+    """"none" mode for one step `topk_ids [T, L, K]`: every rank dispatches every token with its
+    own view and context, and rank `r` executes the pairs it chose onto GPU `r`.
+
+    One computation serves each group of `groups` (ranks with provably identical choices);
+    every rank of the group still counts on its own: a pair is executed by each member whose
+    GPU holds the group's choice, and agreement compares every group's choices with rank 0's.
+    """
     placement = views[0].placement
-    out = []
-    for view, ctx in zip(views, contexts):
-        phys = policy(topk_ids, view, ctx)
-        check_choices(phys, topk_ids, placement, ctx.layer, policy)
-        out.append(phys.long())
-    return torch.stack(out)
-
-
-def execute_none(choices: torch.Tensor, topk_ids: torch.Tensor,
-                 placement: Placement) -> LayerOutcome:
-    """Rank `r` executes the pairs of `choices [G, T, K]` that it chose onto its own GPU."""
-    G = choices.shape[0]
+    G, P, L = len(views), placement.num_slots, topk_ids.shape[1]
+    device = topk_ids.device
     valid = topk_ids >= 0
-    slot_gpu = placement.slot_gpu.to(choices.device)
-    ranks = torch.arange(G, device=choices.device).view(G, 1, 1)
-    executed = (slot_gpu[choices.clamp(min=0)] == ranks) & valid  # [G, T, K]
-    slot_load = torch.bincount(choices[executed], minlength=placement.num_slots)
-    agreed = ((choices == choices[:1]).all(0) & valid).sum()
-    return LayerOutcome(slot_load.cpu(), executed.sum(0), int(agreed), int(valid.sum()))
+    slot_gpu = placement.slot_gpu.to(device)
+    multiplicity = torch.zeros(topk_ids.shape, dtype=torch.int64, device=device)
+    slot_load = torch.zeros(L * P, dtype=torch.int64, device=device)
+    agree = valid.clone()
+    first = None
+    for group in groups:
+        phys = dispatch_step(policy, topk_ids, views[group[0]], contexts[group[0]])
+        check_choices(phys, topk_ids, placement, policy)
+        member = torch.zeros(G, dtype=torch.bool, device=device)
+        member[list(group)] = True
+        executed = member[slot_gpu[phys.clamp(min=0)]] & valid  # [T, L, K]
+        multiplicity += executed
+        slot_load += torch.bincount(_slot_index(phys, P)[executed], minlength=L * P)
+        if first is None:
+            first = phys
+        else:
+            agree &= phys == first
+    return StepOutcome(slot_load.view(L, P).cpu(), multiplicity, agree.sum((0, 2)).cpu(),
+                       valid.sum((0, 2)).cpu())
 
 
 def token_owners(num_tokens: int, num_ranks: int,
@@ -149,24 +187,21 @@ def token_owners(num_tokens: int, num_ranks: int,
     return torch.repeat_interleave(torch.arange(num_ranks), sizes)
 
 
-def dispatch_a2a(topk_ids: torch.Tensor, owners: torch.Tensor, views: Sequence[View],
-                 policy: Policy, contexts: Sequence[DispatchContext]) -> torch.Tensor:
-    """Each rank dispatches only its own tokens (rows counted within its share): `[T, K]`."""
+def execute_a2a(topk_ids: torch.Tensor, owners: torch.Tensor, views: Sequence[View],
+                policy: Policy, contexts: Sequence[DispatchContext]) -> StepOutcome:
+    """"a2a" mode for one step `topk_ids [T, L, K]`: each rank dispatches only its own tokens
+    (rows counted within its share); every non-padding pair is executed once."""
     placement = views[0].placement
+    P, L = placement.num_slots, topk_ids.shape[1]
     phys = torch.full(topk_ids.shape, -1, dtype=torch.int64, device=topk_ids.device)
     owners = owners.to(topk_ids.device)
     for view, ctx in zip(views, contexts):
         rows = (owners == ctx.rank).nonzero().squeeze(1)
         own = topk_ids[rows]
-        chosen = policy(own, view, ctx)
-        check_choices(chosen, own, placement, ctx.layer, policy)
+        chosen = dispatch_step(policy, own, view, ctx)
+        check_choices(chosen, own, placement, policy)
         phys[rows] = chosen.long()
-    return phys
-
-
-def execute_a2a(phys: torch.Tensor, topk_ids: torch.Tensor,
-                placement: Placement) -> LayerOutcome:
-    """Every non-padding pair is executed once, on the slot its owner chose."""
     valid = topk_ids >= 0
-    slot_load = torch.bincount(phys[valid], minlength=placement.num_slots)
-    return LayerOutcome(slot_load.cpu(), valid.long(), None, int(valid.sum()))
+    slot_load = torch.bincount(_slot_index(phys, P)[valid], minlength=L * P)
+    return StepOutcome(slot_load.view(L, P).cpu(), valid.long(), None,
+                       valid.sum((0, 2)).cpu())

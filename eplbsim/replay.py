@@ -22,16 +22,8 @@ from .dispatch import DispatchContext, Policy, resolve_policy
 from .errors import InputError
 from .moe import make_toy_moe, output_error_terms, pair_outputs, token_inputs
 from .placement import Placement, View, rank_view, trivial_placement
-from .ranks import (
-    MODES,
-    dispatch_a2a,
-    dispatch_none,
-    drift_before_step,
-    execute_a2a,
-    execute_none,
-    make_rank_generators,
-    token_owners,
-)
+from .ranks import (MODES, drift_before_step, execute_a2a, execute_none, make_rank_generators,
+                    rank_groups, token_owners)
 from .registry import name_of
 from .solvers import Solver, solve
 from .topology import Topology
@@ -139,6 +131,7 @@ def replay(trace: Trace, config: ReplayConfig = ReplayConfig()) -> Results:
         if not epochs or placement is not epochs[-1][1]:
             epochs.append((s, placement))
             views = [rank_view(cfg.view, placement, r).to(cfg.device) for r in range(G)]
+            groups = rank_groups(views, policy)
             if slot_load is None:
                 slot_load = torch.zeros(S, L, placement.num_slots, dtype=torch.int64)
         ids = trace.step(s).to(cfg.device)  # [T, L, K]
@@ -146,25 +139,20 @@ def replay(trace: Trace, config: ReplayConfig = ReplayConfig()) -> Results:
         owners = token_owners(T, G, trace.step_src_rank(s)) if cfg.mode == "a2a" else None
         draws = [T * K] * G if owners is None else (torch.bincount(owners, minlength=G) * K)
         drifted[s] = torch.tensor(drift_before_step(gens, list(map(int, draws))))
-        if moe is not None:
+        ctxs = [DispatchContext(s, 0, r, cfg.seed, gens.generators[r], cfg.mode,
+                                cfg.rank_offset) for r in range(G)]
+        if cfg.mode == "none":
+            out = execute_none(ids, views, policy, ctxs, groups)
+            agreed[s] = out.agreed
             x, gates = token_inputs(moe, s, T, K)
-        for layer in range(L):
-            layer_ids = ids[:, layer]  # [T, K]
-            ctxs = [DispatchContext(s, layer, r, cfg.seed, gens.generators[r], cfg.mode,
-                                    cfg.rank_offset) for r in range(G)]
-            if cfg.mode == "none":
-                choices = dispatch_none(layer_ids, views, policy, ctxs)  # [G, T, K]
-                out = execute_none(choices, layer_ids, placement)
-                agreed[s, layer] = out.agreed
+            for layer in range(L):
                 error[s, layer] = torch.tensor(output_error_terms(
-                    pair_outputs(moe, layer, layer_ids, x, gates), out.multiplicity))
-            else:
-                phys = dispatch_a2a(layer_ids, owners, views, policy, ctxs)  # [T, K]
-                out = execute_a2a(phys, layer_ids, placement)
-            slot_load[s, layer] = out.slot_load
-            valid[s, layer] = out.valid
-            mult[s, layer] = torch.tensor(M.multiplicity_counts(out.multiplicity,
-                                                                layer_ids >= 0))
+                    pair_outputs(moe, layer, ids[:, layer], x, gates), out.multiplicity[:, layer]))
+        else:
+            out = execute_a2a(ids, owners, views, policy, ctxs)
+        slot_load[s] = out.slot_load
+        valid[s] = out.valid
+        mult[s] = M.multiplicity_counts(out.multiplicity, ids >= 0)
 
     counters = Counters(agreed, valid, mult, error, drifted)
     summary = summarize(slot_load, true_load, epochs, topo.num_gpus)

@@ -165,10 +165,14 @@ def test_idle_replicas_leading_axes():
 
 
 def test_multiplicity_counts():
-    m = torch.tensor([[0, 1, 2], [3, 1, 0], [1, 1, 5]])
+    m = torch.tensor([[0, 1, 2], [3, 1, 0], [1, 1, 5]])  # [T, K], one layer
     valid = torch.tensor([[True, True, True], [True, True, False], [False, True, True]])
-    assert multiplicity_counts(m, valid) == [1, 3, 3]
-    assert multiplicity_counts(m, torch.zeros_like(valid)) == [0, 0, 0]
+    assert multiplicity_counts(m.unsqueeze(1), valid.unsqueeze(1)).tolist() == [[1, 3, 3]]
+    none = torch.zeros_like(valid).unsqueeze(1)
+    assert multiplicity_counts(m.unsqueeze(1), none).tolist() == [[0, 0, 0]]
+    two_layers = torch.stack([m, 2 * m], 1)  # [T, L, K]: layer 1 has no c = 1
+    assert multiplicity_counts(two_layers, torch.stack([valid, valid], 1)).tolist() == [
+        [1, 3, 3], [1, 0, 6]]
 
 
 def test_multiplicity_fractions():
@@ -181,8 +185,8 @@ def test_multiplicity_fractions():
 @given(st.lists(st.integers(0, 4), min_size=1, max_size=20), st.data())
 def test_multiplicity_counts_partition_valid_pairs(values, data):
     valid_list = data.draw(st.lists(st.booleans(), min_size=len(values), max_size=len(values)))
-    m, valid = torch.tensor(values), torch.tensor(valid_list)
-    counts = multiplicity_counts(m, valid)
+    m, valid = torch.tensor(values).view(-1, 1, 1), torch.tensor(valid_list).view(-1, 1, 1)
+    counts = multiplicity_counts(m, valid)[0].tolist()
     kept = [v for v, ok in zip(values, valid_list) if ok]
     assert counts == [kept.count(0), kept.count(1), sum(1 for v in kept if v >= 2)]
     fr = multiplicity_fractions(counts)

@@ -1,0 +1,121 @@
+"""CPU step kernels compiled with numba: one pass over a step's pairs, every layer at once.
+
+Dimensions: `T` tokens, `L` layers, `K` top-k, `E` logical experts, `R` max candidates.
+
+Torch has no running-count primitive, so on the CPU `ordinal` would need a general sort (an
+O(N log N) stable argsort, ~10x a gather); a compiled loop counts occurrences in one pass.
+`ordinal` splits each layer's pairs into blocks: a per-block expert histogram, an exclusive scan
+over blocks, then each block counts on from its base, so blocks run in parallel and the result
+does not depend on the number of threads.
+Every kernel writes int64 `[T, L, K]`, -1 where the id is -1.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import torch
+
+from ..dispatch import DispatchContext, layer_draws, layer_offsets, static_table
+from ..placement import View
+
+_JIT = dict(nopython=True, nogil=True, cache=True)
+
+
+@numba.jit(parallel=True, **_JIT)
+def _row(ids, log2phy, logcnt, out):  # pragma: no cover - compiled
+    T, L, K = ids.shape
+    for t in numba.prange(T):
+        for layer in range(L):
+            for k in range(K):
+                e = ids[t, layer, k]
+                out[t, layer, k] = -1 if e < 0 else log2phy[layer, e, t % logcnt[layer, e]]
+
+
+@numba.jit(parallel=True, **_JIT)
+def _ordinal(ids, log2phy, logcnt, offsets, out, num_blocks):  # pragma: no cover - compiled
+    T, L, K = ids.shape
+    E = logcnt.shape[1]
+    rows = (T + num_blocks - 1) // num_blocks
+    base = np.zeros((L, num_blocks + 1, E), np.int64)  # [L, B + 1, E] counts before block b
+    for job in numba.prange(L * num_blocks):
+        layer, b = job // num_blocks, job % num_blocks
+        for t in range(b * rows, min(T, (b + 1) * rows)):
+            for k in range(K):
+                e = ids[t, layer, k]
+                if e >= 0:
+                    base[layer, b + 1, e] += 1
+    for layer in numba.prange(L):
+        for b in range(1, num_blocks + 1):
+            for e in range(E):
+                base[layer, b, e] += base[layer, b - 1, e]
+    for job in numba.prange(L * num_blocks):
+        layer, b = job // num_blocks, job % num_blocks
+        seen = base[layer, b].copy()  # [E] occurrences before this block
+        off = offsets[layer]
+        for t in range(b * rows, min(T, (b + 1) * rows)):
+            for k in range(K):
+                e = ids[t, layer, k]
+                if e < 0:
+                    out[t, layer, k] = -1
+                else:
+                    out[t, layer, k] = log2phy[layer, e, (seen[e] + off) % logcnt[layer, e]]
+                    seen[e] += 1
+
+
+@numba.jit(parallel=True, **_JIT)
+def _table(ids, table, out):  # pragma: no cover - compiled
+    T, L, K = ids.shape
+    for t in numba.prange(T):
+        for layer in range(L):
+            for k in range(K):
+                e = ids[t, layer, k]
+                out[t, layer, k] = -1 if e < 0 else table[layer, e]
+
+
+@numba.jit(parallel=True, **_JIT)
+def _drawn(ids, log2phy, logcnt, draws, out):  # pragma: no cover - compiled
+    T, L, K = ids.shape
+    for t in numba.prange(T):
+        for layer in range(L):
+            for k in range(K):
+                e = ids[t, layer, k]
+                d = draws[layer, t * K + k]
+                out[t, layer, k] = -1 if e < 0 else log2phy[layer, e, d % logcnt[layer, e]]
+
+
+def _arrays(topk_ids: torch.Tensor, view: View) -> tuple[np.ndarray, ...]:
+    ids = np.ascontiguousarray(topk_ids.numpy(), dtype=np.int32)  # one compiled signature
+    return ids, view.log2phy.numpy(), view.logcnt.numpy(), np.empty(ids.shape, np.int64)
+
+
+def row_step(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> torch.Tensor:
+    """`row` for `[T, L, K]` ids in one pass."""
+    ids, log2phy, logcnt, out = _arrays(topk_ids, view)
+    _row(ids, log2phy, logcnt, out)
+    return torch.from_numpy(out)
+
+
+def ordinal_step(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> torch.Tensor:
+    """`ordinal` for `[T, L, K]` ids: per-layer offsets from (step, layer[, rank])."""
+    ids, log2phy, logcnt, out = _arrays(topk_ids, view)
+    L = ids.shape[1]
+    offsets = layer_offsets(ctx, L).numpy()
+    blocks = max(1, min(numba.get_num_threads() * 2 // L, ids.shape[0] // 4096))
+    _ordinal(ids, log2phy, logcnt, offsets, out, blocks)
+    return torch.from_numpy(out)
+
+
+def static_step(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> torch.Tensor:
+    """`static`: the rank's fixed table `[L, E]`, looked up for every pair."""
+    ids, _, _, out = _arrays(topk_ids, view)
+    _table(ids, static_table(view, ctx.rank, ctx.seed).numpy(), out)
+    return torch.from_numpy(out)
+
+
+def random_step(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> torch.Tensor:
+    """`random`: one `randint(0, 65536)` batch of `T * K` draws per layer, in layer order."""
+    ids, log2phy, logcnt, out = _arrays(topk_ids, view)
+    T, L, K = ids.shape
+    _drawn(ids, log2phy, logcnt, layer_draws(ctx, T * K, L, "cpu").numpy(), out)
+    return torch.from_numpy(out)

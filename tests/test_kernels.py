@@ -1,0 +1,108 @@
+"""Step kernels equal the reference policies bit for bit (CPU numba, plain torch, and CUDA
+when present), on random traces with padding, duplicates and odd sizes.
+
+Dimensions: `T` tokens, `L` layers, `K` top-k, `E` experts, `P` slots, `G` GPUs.
+"""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from eplbsim.dispatch import POLICIES, DispatchContext, layer_offsets
+from eplbsim.kernels import cpu, dispatch_step, reference_step, step_kernel, torch_step
+from eplbsim.placement import Placement, full_view, nearest_view
+from eplbsim.topology import Topology
+
+KERNEL_POLICIES = ("row", "ordinal", "static", "random")
+
+
+@st.composite
+def steps(draw):
+    G = draw(st.sampled_from([1, 2, 4]))
+    E = draw(st.integers(1, 13))
+    per_gpu = draw(st.integers(-(-E // G), -(-E // G) + 3))
+    L, T, K = draw(st.integers(1, 3)), draw(st.integers(0, 50)), draw(st.integers(1, 4))
+    seed = draw(st.integers(0, 2**20))
+    gen = torch.Generator().manual_seed(seed)
+    P = G * per_gpu
+    p2l = torch.stack([torch.cat([torch.arange(E), torch.randint(0, E, (P - E,), generator=gen)])
+                       [torch.randperm(P, generator=gen)] for _ in range(L)])
+    placement = Placement(p2l, E, Topology(G, 2 if G % 2 == 0 else 1))
+    ids = torch.randint(0, E, (T, L, K), generator=gen)  # duplicates within a row allowed
+    ids = torch.where(torch.rand(T, L, K, generator=gen) < 0.2, -1, ids)
+    dtype = draw(st.sampled_from([torch.int32, torch.int64]))
+    return placement, ids.to(dtype), draw(st.integers(0, G - 1)), draw(st.integers(0, 9))
+
+
+def ctx(rank, step, seed=3):
+    return DispatchContext(step=step, rank=rank, seed=seed,
+                           generator=torch.Generator().manual_seed(11 + rank))
+
+
+@pytest.mark.parametrize("name", KERNEL_POLICIES)
+@pytest.mark.parametrize("view_fn", [full_view, nearest_view])
+@settings(max_examples=30, deadline=None)
+@given(case=steps())
+def test_step_kernels_equal_the_reference(name, view_fn, case):
+    placement, ids, rank, step = case
+    view = view_fn(placement, rank)
+    policy = POLICIES[name]
+    want = reference_step(policy, ids, view, ctx(rank, step))
+    kernels = [step_kernel(policy, "cpu"), getattr(torch_step, f"{name}_step", None)]
+    for kernel in filter(None, kernels):
+        got = kernel(ids, view, ctx(rank, step))
+        assert got.dtype == torch.int64 and torch.equal(got, want), kernel
+
+
+@pytest.mark.parametrize("blocks", [1, 2, 3, 7])
+def test_cpu_ordinal_blocks_scan_across_block_boundaries(blocks):
+    gen = torch.Generator().manual_seed(blocks)
+    placement = Placement(torch.tensor([[0, 1, 2, 0, 0, 1, 3, 2]] * 2), 4, Topology(2))
+    view = full_view(placement)
+    ids = torch.randint(-1, 4, (37, 2, 3), generator=gen).to(torch.int32)
+    c = ctx(0, 5)
+    want = reference_step(POLICIES["ordinal"], ids, view, c)
+    out = np.full(ids.shape, 12345, np.int64)  # poisoned: every entry must be written
+    cpu._ordinal(ids.numpy(), view.log2phy.numpy(), view.logcnt.numpy(),
+                 layer_offsets(c, 2).numpy(), out, blocks)
+    assert torch.equal(torch.from_numpy(out), want)
+
+
+def test_random_kernels_consume_the_generator_like_the_reference():
+    placement = Placement(torch.tensor([[0, 1, 0, 1]] * 3), 2, Topology(2))
+    ids = torch.randint(0, 2, (9, 3, 2), generator=torch.Generator().manual_seed(0))
+    refs, fast = ctx(0, 0), ctx(0, 0)
+    for _ in range(2):  # two steps in a row stay in lockstep
+        want = reference_step(POLICIES["random"], ids, full_view(placement), refs)
+        got = dispatch_step(POLICIES["random"], ids, full_view(placement), fast)
+        assert torch.equal(got, want)
+    assert torch.equal(refs.generator.get_state(), fast.generator.get_state())
+
+
+def test_dispatch_step_falls_back_to_the_reference_for_other_policies():
+    placement = Placement(torch.tensor([[0, 1, 0, 1]]), 2, Topology(2))
+    ids = torch.tensor([[[0, 1]], [[1, 0]], [[0, -1]]])
+    for name in ("flat", "hash"):
+        assert step_kernel(POLICIES[name], "cpu") is None
+        got = dispatch_step(POLICIES[name], ids, full_view(placement), ctx(0, 0))
+        assert torch.equal(got, reference_step(POLICIES[name], ids, full_view(placement),
+                                               ctx(0, 0)))
+
+
+@pytest.mark.parametrize("name", KERNEL_POLICIES)
+def test_dispatch_step_on_device_equals_cpu_reference(name, device):
+    gen = torch.Generator().manual_seed(1)
+    p2l = torch.cat([torch.arange(10), torch.randint(0, 10, (6,), generator=gen)])
+    placement = Placement(torch.stack([p2l, p2l.flip(0)]), 10, Topology(4, 2))
+    ids = torch.where(torch.rand(300, 2, 4, generator=gen) < 0.1, -1,
+                      torch.randint(0, 10, (300, 2, 4), generator=gen)).to(torch.int32)
+    view = full_view(placement, 2)
+    dev_ctx = DispatchContext(step=4, rank=2, seed=3,
+                              generator=torch.Generator(device=device).manual_seed(11))
+    got = dispatch_step(POLICIES[name], ids.to(device), view.to(device), dev_ctx)
+    dev_ref = DispatchContext(step=4, rank=2, seed=3,
+                              generator=torch.Generator(device=device).manual_seed(11))
+    want = reference_step(POLICIES[name], ids.to(device), view.to(device), dev_ref)
+    assert got.device.type == torch.device(device).type
+    assert torch.equal(got.cpu(), want.cpu())
