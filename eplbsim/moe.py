@@ -17,17 +17,18 @@ import torch
 
 @dataclass(frozen=True)
 class ToyMoE:
-    """weights: float64 `[L, E, D, D]`; seed also drives the per-step token inputs."""
+    """weights: float32 `[L, E, D, D]`; seed also drives the per-step token inputs."""
 
     weights: torch.Tensor
     seed: int
 
 
-def make_toy_moe(num_layers: int, num_experts: int, hidden: int = 16, seed: int = 0,
+def make_toy_moe(num_layers: int, num_experts: int, hidden: int = 8, seed: int = 0,
                  device: torch.device | str = "cpu") -> ToyMoE:
-    """Expert matrices with entries N(0, 1/D), seeded."""
+    """Expert matrices with entries N(0, 1/D), seeded. float32 is ample: an exactly executed
+    pair contributes exactly 0 to the error, and norms are summed in float64."""
     gen = torch.Generator().manual_seed(seed)
-    w = torch.randn(num_layers, num_experts, hidden, hidden, generator=gen, dtype=torch.float64)
+    w = torch.randn(num_layers, num_experts, hidden, hidden, generator=gen, dtype=torch.float32)
     return ToyMoE((w / hidden ** 0.5).to(device), seed)
 
 
@@ -36,8 +37,8 @@ def token_inputs(moe: ToyMoE, step: int, num_tokens: int,
     """Hidden vectors `x [T, D]` and gates `w [T, K]` of step `step`, seeded by (seed, step)."""
     gen = torch.Generator().manual_seed(moe.seed * 1_000_003 + step + 1)
     hidden = moe.weights.shape[-1]
-    x = torch.randn(num_tokens, hidden, generator=gen, dtype=torch.float64)
-    gates = torch.rand(num_tokens, top_k, generator=gen, dtype=torch.float64) + 0.1
+    x = torch.randn(num_tokens, hidden, generator=gen)
+    gates = torch.rand(num_tokens, top_k, generator=gen) + 0.1
     gates = gates / gates.sum(-1, keepdim=True)
     device = moe.weights.device
     return x.to(device), gates.to(device)
@@ -45,16 +46,20 @@ def token_inputs(moe: ToyMoE, step: int, num_tokens: int,
 
 def pair_outputs(moe: ToyMoE, layer: int, topk_ids: torch.Tensor, x: torch.Tensor,
                  gates: torch.Tensor) -> torch.Tensor:
-    """`w_tk W_{e_tk} x_t` of every pair, float64 `[T, K, D]`; zero for padding."""
+    """`w_tk W_{e_tk} x_t` of every pair, float32 `[T, K, D]`; zero for padding."""
     ids = topk_ids.long()
     w = moe.weights[layer][ids.clamp(min=0)]  # [T, K, D, D]
-    out = torch.einsum("tkij,tj->tki", w, x) * gates.unsqueeze(-1)
-    return out * (ids >= 0).unsqueeze(-1)
+    weight = (gates * (ids >= 0)).unsqueeze(-1)  # [T, K, 1]
+    return torch.einsum("tkij,tj->tki", w, x) * weight
 
 
-def output_error_terms(pairs: torch.Tensor, multiplicity: torch.Tensor) -> tuple[float, float]:
+def output_error_terms(pairs: torch.Tensor, multiplicity: torch.Tensor,
+                       valid: torch.Tensor) -> tuple[float, float]:
     """`(||Y - Y_exact||^2, ||Y_exact||^2)` of one layer for pair outputs `[T, K, D]` executed
-    `multiplicity [T, K]` times."""
-    exact = pairs.sum(1)  # [T, D]
-    diff = ((multiplicity.to(pairs.dtype) - 1).unsqueeze(-1) * pairs).sum(1)
+    `multiplicity [T, K]` times; only tokens with a `valid [T, K]` pair not executed exactly
+    once add error."""
+    exact = pairs.sum(1).double()  # [T, D]
+    extra = torch.where(valid, multiplicity - 1, 0).to(pairs.dtype)  # [T, K]
+    rows = (extra != 0).any(1).nonzero().squeeze(1)
+    diff = (extra[rows].unsqueeze(-1) * pairs[rows]).sum(1).double()  # [rows, D]
     return float((diff * diff).sum()), float((exact * exact).sum())

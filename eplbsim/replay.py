@@ -48,7 +48,7 @@ class ReplayConfig:
     rebalance_every: int | None = None
     seed: int = 0
     device: str = "cpu"
-    hidden: int = 16
+    hidden: int = 8
     rank_offset: bool = False
     placement: Placement | None = None
 
@@ -147,7 +147,8 @@ def replay(trace: Trace, config: ReplayConfig = ReplayConfig()) -> Results:
             x, gates = token_inputs(moe, s, T, K)
             for layer in range(L):
                 error[s, layer] = torch.tensor(output_error_terms(
-                    pair_outputs(moe, layer, ids[:, layer], x, gates), out.multiplicity[:, layer]))
+                    pair_outputs(moe, layer, ids[:, layer], x, gates),
+                    out.multiplicity[:, layer], ids[:, layer] >= 0))
         else:
             out = execute_a2a(ids, owners, views, policy, ctxs)
         slot_load[s] = out.slot_load

@@ -8,7 +8,7 @@ from eplbsim.moe import make_toy_moe, output_error_terms, pair_outputs, token_in
 def test_pair_outputs_match_the_definition_and_zero_padding():
     moe = make_toy_moe(2, 5, hidden=4, seed=1)
     x, gates = token_inputs(moe, step=3, num_tokens=6, top_k=2)
-    assert torch.allclose(gates.sum(-1), torch.ones(6, dtype=torch.float64)) and (gates > 0).all()
+    assert torch.allclose(gates.sum(-1), torch.ones(6)) and (gates > 0).all()
     ids = torch.tensor([[0, 4], [1, -1], [2, 3], [4, 4], [-1, -1], [3, 0]])
     out = pair_outputs(moe, 1, ids, x, gates)
     t, k = 2, 1
@@ -23,10 +23,15 @@ def test_output_error_is_zero_at_multiplicity_one_and_one_when_doubled_or_droppe
     ids = torch.randint(0, 3, (10, 2), generator=torch.Generator().manual_seed(0))
     pairs = pair_outputs(moe, 0, ids, x, gates)
     ones = torch.ones(10, 2, dtype=torch.long)
-    err, exact = output_error_terms(pairs, ones)
+    valid = ones.bool()
+    err, exact = output_error_terms(pairs, ones, valid)
     assert err == 0.0 and exact > 0
-    assert abs(output_error_terms(pairs, 2 * ones)[0] / exact - 1) < 1e-12
-    assert abs(output_error_terms(pairs, 0 * ones)[0] / exact - 1) < 1e-12
+    assert abs(output_error_terms(pairs, 2 * ones, valid)[0] / exact - 1) < 1e-12
+    assert abs(output_error_terms(pairs, 0 * ones, valid)[0] / exact - 1) < 1e-12
+    # a padding pair (executed 0 times by definition) adds nothing
+    padded = valid.clone()
+    padded[3, 1] = False
+    assert output_error_terms(pairs, ones.masked_fill(~padded, 0), padded)[0] == 0.0
 
 
 def test_inputs_are_seeded():
