@@ -1,0 +1,179 @@
+#!/usr/bin/env bash
+# One prepared check for a CUDA machine, run from anywhere in the checkout:
+#   bash benchmarks/gpu_check.sh
+# 1. sets up .venv if it is missing (pip install -e '.[dev]', no CPU constraints, so pip takes a
+#    CUDA torch; --system-site-packages reuses a CUDA torch/triton the machine already has);
+# 2. prints the GPU; 3. runs the CUDA and Triton tests (Triton kernels vs the reference policies
+#    on random inputs, poisoned outputs, -1 padding, E not a power of two); 4. times the Triton
+#    step kernels directly at N = 1e8 pairs against a device copy of the same bytes; 5. runs
+#    `eplbsim bench --device cuda --json`; 6. prints a short summary table.
+# Every step has a timeout; the whole script stays well under 10 minutes. Logs and JSON go to
+# $OUT (when set, e.g. by a device runner) or to a fresh temporary folder. Exit status 0 only if
+# every step passed. Timeouts can be overridden: SETUP_TIMEOUT, TEST_TIMEOUT, KERNEL_TIMEOUT,
+# BENCH_TIMEOUT (seconds).
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+OUTDIR="${OUT:-$(mktemp -d -t eplbsim-gpu-check.XXXXXX)}"
+mkdir -p "$OUTDIR"
+PY=.venv/bin/python
+export OUTDIR PY
+export TRITON_DEFAULT_FP_FUSION="${TRITON_DEFAULT_FP_FUSION:-1}"  # silence Triton 3.9's warning
+unset TRITON_INTERPRET  # compile the kernels for the GPU
+declare -A STATUS
+SECONDS=0
+
+step() {  # step NAME TIMEOUT CMD...: run with a timeout, log to $OUTDIR/NAME.log, record status
+    local name=$1 limit=$2 rc=0 t0=$SECONDS
+    shift 2
+    echo "=== $name (timeout ${limit}s) ==="
+    timeout --kill-after=10 "$limit" "$@" < /dev/null 2>&1 | tee "$OUTDIR/$name.log" || rc=$?
+    if [ "$rc" -eq 0 ]; then STATUS[$name]="ok"
+    elif [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then STATUS[$name]="TIMEOUT"
+    else STATUS[$name]="FAIL($rc)"; fi
+    STATUS[$name]="${STATUS[$name]} $((SECONDS - t0))s"
+    echo "=== $name: ${STATUS[$name]} ==="
+}
+
+setup_venv() {
+    set -euo pipefail
+    python3 -m venv --system-site-packages .venv
+    .venv/bin/pip install -q -e '.[dev]' \
+        || .venv/bin/pip install -q --no-build-isolation -e '.[dev]'
+}
+
+if [ ! -x "$PY" ]; then
+    export -f setup_venv
+    step setup "${SETUP_TIMEOUT:-240}" bash -c setup_venv
+else
+    STATUS[setup]="ok (existing .venv)"
+fi
+
+echo "=== gpu ==="
+nvidia-smi --query-gpu=name,memory.total --format=csv || true
+"$PY" - <<'EOF' || { echo "torch in .venv sees no CUDA device: nothing to check"; exit 1; }
+import torch
+assert torch.cuda.is_available(), "no CUDA"
+import triton
+print(f"torch {torch.__version__} (CUDA {torch.version.cuda}), triton {triton.__version__}, "
+      f"device {torch.cuda.get_device_name()}")
+EOF
+
+step tests "${TEST_TIMEOUT:-240}" "$PY" -m pytest -q -p no:cacheprovider \
+    tests/test_kernels_triton.py tests/test_dispatch.py tests/test_replay.py -k "cuda or triton"
+
+kernel_bench() {
+    "$PY" - "$OUTDIR/triton_kernels.json" <<'EOF'
+"""Triton step kernels at N = 1e8 pairs (DeepSeek-V3 shape: L=58, K=8, E=256, P=288) against
+a device copy moving the same bytes (4 B id read + 8 B slot write a pair)."""
+import json, os, sys, time
+import torch
+from eplbsim.kernels.triton_dispatch import ordinal_step_triton, row_step_triton
+from eplbsim.placement import Placement, full_view
+from eplbsim.topology import Topology
+
+DEV = os.environ.get("KERNEL_DEVICE", "cuda")  # cpu only for a dry run under TRITON_INTERPRET=1
+L, K, E, P, N = 58, 8, 256, 288, int(float(os.environ.get("KERNEL_N", "1e8")))
+T = max(1, N // (L * K))
+gen = torch.Generator().manual_seed(0)
+p2l = torch.stack([torch.cat([torch.arange(E), torch.randint(0, E, (P - E,), generator=gen)])
+                   for _ in range(L)])
+view = full_view(Placement(p2l, E, Topology(32))).to(DEV)
+dev = torch.Generator(device=DEV).manual_seed(0)
+hot = torch.randint(0, 16, (T, L, K), device=DEV, generator=dev, dtype=torch.int32)
+ids = torch.randint(0, E, (T, L, K), device=DEV, generator=dev, dtype=torch.int32)
+ids = torch.where(torch.rand(T, L, K, device=DEV, generator=dev) < 0.3, hot, ids)
+del hot
+offsets = 5 + torch.arange(L, device=DEV)
+out = torch.empty(T, L, K, dtype=torch.int64, device=DEV)
+n = ids.numel()
+src = torch.empty(n * 12 // 2, dtype=torch.uint8, device=DEV)  # copy: 6N read + 6N written
+dst = torch.empty_like(src)
+sync = torch.cuda.synchronize if DEV == "cuda" else (lambda: None)
+
+def best(fn, repeats=5):
+    fn(); sync()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter(); fn(); sync()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+copy = best(lambda: dst.copy_(src))
+rows = []
+for name, fn in [("row", lambda: row_step_triton(ids, view.log2phy, view.logcnt, out=out)),
+                 ("ordinal", lambda: ordinal_step_triton(ids, view.log2phy, view.logcnt,
+                                                         offsets, out=out))]:
+    s = best(fn)
+    rows.append({"kernel": f"{name}_step_triton", "n": n, "ns_per_pair": s / n * 1e9,
+                 "gbps": 12 * n / s / 1e9, "copy_gbps": 12 * n / copy / 1e9,
+                 "frac_of_copy": copy / s})
+from eplbsim.dispatch import DispatchContext, ordinal_policy, row_policy
+first = ordinal_step_triton(ids, view.log2phy, view.logcnt, offsets).clone()
+again = ordinal_step_triton(ids, view.log2phy, view.logcnt, offsets)
+assert torch.equal(first, again), "ordinal kernel is not deterministic"
+rows_out = row_step_triton(ids, view.log2phy, view.logcnt)
+for l in (0, L // 2, L - 1):  # the reference policies on the same device, at full size
+    ctx = DispatchContext(step=5, layer=l)
+    assert torch.equal(first[:, l], ordinal_policy(ids[:, l], view, ctx)), f"ordinal layer {l}"
+    assert torch.equal(rows_out[:, l], row_policy(ids[:, l], view, ctx)), f"row layer {l}"
+print("full-size check against the reference policies (3 layers): ok")
+for r in rows:
+    print(f"{r['kernel']:22s} n={r['n']:.0e} {r['ns_per_pair']:.4f} ns/pair "
+          f"{r['gbps']:.0f} GB/s = {r['frac_of_copy']:.0%} of copy ({r['copy_gbps']:.0f} GB/s)")
+json.dump(rows, open(sys.argv[1], "w"), indent=1)
+EOF
+}
+export -f kernel_bench
+step kernels "${KERNEL_TIMEOUT:-120}" bash -c kernel_bench
+
+bench_json() {
+    set -euo pipefail
+    .venv/bin/eplbsim bench --device cuda --json > "$OUTDIR/bench.json"
+}
+export -f bench_json
+step bench "${BENCH_TIMEOUT:-240}" bash -c bench_json
+
+echo
+echo "=== summary (logs and JSON in $OUTDIR) ==="
+for name in setup tests kernels bench; do
+    printf '%-8s %s\n' "$name" "${STATUS[$name]:-skipped}"
+done
+grep -hE '^[0-9]+ passed|passed|failed|error' "$OUTDIR/tests.log" 2>/dev/null | tail -1 || true
+"$PY" - "$OUTDIR" <<'EOF' || true
+import json, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+def load(name):
+    try:
+        return json.loads((out / name).read_text())
+    except (OSError, ValueError):
+        return []
+kern = load("triton_kernels.json")
+if kern:
+    print(f"\n{'triton kernel':22s} {'N':>6s} {'ns/pair':>8s} {'GB/s':>6s} {'of copy':>8s}")
+    for r in kern:
+        print(f"{r['kernel']:22s} {r['n']:6.0e} {r['ns_per_pair']:8.4f} {r['gbps']:6.0f} "
+              f"{r['frac_of_copy']:8.0%}")
+rows = load("bench.json")
+rows = rows.get("rows", []) if isinstance(rows, dict) else rows
+disp = [r for r in rows if "ns_per_pair_ours" in r]
+if disp:
+    print(f"\n{'policy':8s} {'N':>6s} {'ours':>8s} {'torch':>8s} {'roof':>8s} "
+          f"{'speedup':>8s} {'ours/roof':>9s}   (ns per pair)")
+    for r in disp:
+        o, s, f = r["ns_per_pair_ours"], r["ns_per_pair_straightforward"], r["ns_per_pair_roofline"]
+        print(f"{r['policy']:8s} {r['n']:6.0e} {o:8.4f} {s:8.4f} {f:8.4f} {s / o:7.1f}x "
+              f"{o / f:8.2f}x")
+rep = [r for r in rows if r.get("kind") == "replay"]
+if rep:
+    print(f"\n{'replay':8s} {'ranks':>5s} {'S':>3s} {'T':>5s} {'L':>3s} {'seconds':>8s} "
+          f"{'pairs/s/rank':>13s}")
+    for r in rep:
+        print(f"{r['policy']:8s} {r['ranks']:5d} {r['steps']:3d} {r['tokens']:5d} "
+              f"{r['layers']:3d} {r['seconds']:8.2f} {r['pairs_per_s_per_rank']:13.3e}")
+EOF
+echo "total ${SECONDS}s"
+for name in setup tests kernels bench; do
+    case "${STATUS[$name]:-ok}" in ok*) ;; *) exit 1 ;; esac
+done
