@@ -1,22 +1,27 @@
 #!/usr/bin/env bash
 # One prepared check for a CUDA machine, run from anywhere in the checkout:
 #   bash benchmarks/gpu_check.sh
-# 1. sets up .venv if it is missing (pip install -e '.[dev]', no CPU constraints, so pip takes a
-#    CUDA torch; --system-site-packages reuses a CUDA torch/triton the machine already has);
+# 1. picks the Python: $PYTHON if set, else .venv/bin/python when its torch sees CUDA, else the
+#    machine's python3 (a lent GPU machine has torch, triton, numba, scipy, matplotlib, pytest and
+#    hypothesis there, and nothing can be installed); the checkout goes on PYTHONPATH;
 # 2. prints the GPU; 3. runs the CUDA and Triton tests (Triton kernels vs the reference policies
 #    on random inputs, poisoned outputs, -1 padding, E not a power of two); 4. times the Triton
 #    step kernels directly at N = 1e8 pairs against a device copy of the same bytes; 5. runs
 #    `eplbsim bench --device cuda --json`; 6. prints a short summary table.
 # Every step has a timeout; the whole script stays well under 10 minutes. Logs and JSON go to
 # $OUT (when set, e.g. by a device runner) or to a fresh temporary folder. Exit status 0 only if
-# every step passed. Timeouts can be overridden: SETUP_TIMEOUT, TEST_TIMEOUT, KERNEL_TIMEOUT,
-# BENCH_TIMEOUT (seconds).
+# every step passed. Timeouts can be overridden: TEST_TIMEOUT, KERNEL_TIMEOUT, BENCH_TIMEOUT
+# (seconds).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
 OUTDIR="${OUT:-$(mktemp -d -t eplbsim-gpu-check.XXXXXX)}"
 mkdir -p "$OUTDIR"
-PY=.venv/bin/python
+if [ -n "${PYTHON:-}" ]; then PY=$PYTHON
+elif [ -x .venv/bin/python ] && .venv/bin/python -c \
+    "import sys, torch; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then PY=.venv/bin/python
+else PY=python3; fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export OUTDIR PY
 export TRITON_DEFAULT_FP_FUSION="${TRITON_DEFAULT_FP_FUSION:-1}"  # silence Triton 3.9's warning
 unset TRITON_INTERPRET  # compile the kernels for the GPU
@@ -35,23 +40,10 @@ step() {  # step NAME TIMEOUT CMD...: run with a timeout, log to $OUTDIR/NAME.lo
     echo "=== $name: ${STATUS[$name]} ==="
 }
 
-setup_venv() {
-    set -euo pipefail
-    python3 -m venv --system-site-packages .venv
-    .venv/bin/pip install -q -e '.[dev]' \
-        || .venv/bin/pip install -q --no-build-isolation -e '.[dev]'
-}
-
-if [ ! -x "$PY" ]; then
-    export -f setup_venv
-    step setup "${SETUP_TIMEOUT:-240}" bash -c setup_venv
-else
-    STATUS[setup]="ok (existing .venv)"
-fi
-
 echo "=== gpu ==="
 nvidia-smi --query-gpu=name,memory.total --format=csv || true
-"$PY" - <<'EOF' || { echo "torch in .venv sees no CUDA device: nothing to check"; exit 1; }
+echo "python: $PY"
+"$PY" - <<'EOF' || { echo "torch ($PY) sees no CUDA device: nothing to check"; exit 1; }
 import torch
 assert torch.cuda.is_available(), "no CUDA"
 import triton
@@ -129,14 +121,14 @@ step kernels "${KERNEL_TIMEOUT:-120}" bash -c kernel_bench
 
 bench_json() {
     set -euo pipefail
-    .venv/bin/eplbsim bench --device cuda --json > "$OUTDIR/bench.json"
+    "$PY" -m eplbsim.cli bench --device cuda --json > "$OUTDIR/bench.json"
 }
 export -f bench_json
 step bench "${BENCH_TIMEOUT:-240}" bash -c bench_json
 
 echo
 echo "=== summary (logs and JSON in $OUTDIR) ==="
-for name in setup tests kernels bench; do
+for name in tests kernels bench; do
     printf '%-8s %s\n' "$name" "${STATUS[$name]:-skipped}"
 done
 grep -hE '^[0-9]+ passed|passed|failed|error' "$OUTDIR/tests.log" 2>/dev/null | tail -1 || true
@@ -174,6 +166,6 @@ if rep:
               f"{r['layers']:3d} {r['seconds']:8.2f} {r['pairs_per_s_per_rank']:13.3e}")
 EOF
 echo "total ${SECONDS}s"
-for name in setup tests kernels bench; do
+for name in tests kernels bench; do
     case "${STATUS[$name]:-ok}" in ok*) ;; *) exit 1 ;; esac
 done

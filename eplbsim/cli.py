@@ -1,4 +1,4 @@
-"""The `eplbsim` command: run, trace info, trace synth, solve.
+"""The `eplbsim` command: run, trace info, trace synth, solve, bench.
 
 Errors in the user's input end with one line on stderr and exit status 2.
 """
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -124,6 +125,26 @@ def build_parser() -> argparse.ArgumentParser:
     sol.add_argument("--groups", type=_positive, default=1)
     sol.add_argument("--solver", default="deepseek", choices=sorted(SOLVERS))
     sol.add_argument("--json", action="store_true")
+
+    bench = sub.add_parser("bench", help="time the dispatch hot path against the torch "
+                           "expression and the roofline (DeepSeek-V3 shape), and a replay")
+    bench.add_argument("--device", default="auto", help="cpu, cuda, or auto (default)")
+    bench.add_argument("--n", default=None, help="comma-separated pair counts N, e.g. 1e6,1e7 "
+                       "(default 1e6,1e7 on CPU, 1e8 on CUDA)")
+    bench.add_argument("--policies", default="row,ordinal,static,random",
+                       help="comma-separated, from row, ordinal, static, random")
+    bench.add_argument("--repeats", type=_positive, default=5,
+                       help="timed runs after warm-up; the best is reported (default 5)")
+    bench.add_argument("--replay", action=argparse.BooleanOptionalAction, default=True,
+                       help="also time a full none-mode replay of 32 ranks (default on)")
+    bench.add_argument("--replay-steps", type=_positive, default=None,
+                       help="replay steps (default 16)")
+    bench.add_argument("--replay-tokens", type=_positive, default=None,
+                       help="replay tokens per step (default 4096)")
+    bench.add_argument("--replay-layers", type=_positive, default=None,
+                       help="replay layers (default 58)")
+    bench.add_argument("--seed", type=_nonnegative, default=0)
+    bench.add_argument("--json", action="store_true", help="print only a JSON array of rows")
     return parser
 
 
@@ -274,11 +295,47 @@ def cmd_solve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pair_counts(text: str) -> list[int]:
+    """`--n 1e6,1e7` -> [1000000, 10000000]: positive whole numbers, plain or in e-notation."""
+    counts = []
+    for item in _split(text, "n"):
+        try:
+            value = float(item)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or value < 1 or value != int(value):
+            raise InputError(f"--n takes positive whole numbers such as 1e6, got {item!r}")
+        counts.append(int(value))
+    return counts
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from . import bench as B
+    device = _device(args.device)
+    policies = _split(args.policies, "policies")
+    for p in policies:
+        if p not in B.BENCH_POLICIES:
+            raise InputError(f"unknown bench policy {p!r}; choose from "
+                             f"{', '.join(B.BENCH_POLICIES)}")
+    ns = _pair_counts(args.n) if args.n is not None else None
+    rows = B.bench_dispatch(ns, policies, device, args.repeats, args.seed)
+    replay_rows = B.replay_throughput(device, args.replay_steps, args.replay_tokens,
+                                      args.replay_layers, seed=args.seed) if args.replay else []
+    if args.json:
+        print(to_json(rows + replay_rows))
+        return 0
+    print(B.format_dispatch_table(rows))
+    if replay_rows:
+        print()
+        print(B.format_replay_table(replay_rows))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status (2 for bad input)."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    handlers = {"run": cmd_run, "solve": cmd_solve}
+    handlers = {"run": cmd_run, "solve": cmd_solve, "bench": cmd_bench}
     if args.command == "trace":
         handler = cmd_trace_info if args.trace_command == "info" else cmd_trace_synth
     else:

@@ -1,0 +1,409 @@
+"""Benchmarks of the dispatch hot path: ours against a serving engine's torch expression and
+against the device's roofline, plus the throughput of a full "none"-mode replay.
+
+Dimensions: `N` (token, top-k slot) pairs, `T = N / K` tokens, `L` layers, `E` logical experts,
+`K` top-k, `P` physical slots, `G` GPUs = EP ranks, `R` max replicas of one expert, `S` steps.
+
+The shape is DeepSeek-V3's: `E = 256`, `K = 8`, `P = 288` slots on `G = 32` GPUs (4 nodes of 8),
+one layer. For each policy and `N`, three things are timed on the same device and ids:
+
+- **straightforward**: the torch expression a serving engine writes, each step a separate op
+  (`row = arange(N) // K`, then `log2phy[ids, row % logcnt[ids]]`; a stable argsort for
+  `ordinal`; a table gather for `static`; `randint(0, 65536) % logcnt[ids]` for `random`);
+- **ours**: `eplbsim.kernels.dispatch_step` on the `[T, 1, K]` ids;
+- **roofline**: on CPU one gather of the same sizes (an int64 table of `E * R` entries indexed
+  by `N` int64 indices); on CUDA a device copy moving the same bytes as dispatch must (a copy
+  of `6N` bytes: `6N` read + `6N` written = the `4N` id bytes read + `8N` output bytes written).
+
+Each is warmed up first (numba compiles there, Triton too), then timed as the best of
+`repeats` runs (`time.perf_counter` on CPU, CUDA events on CUDA). Bytes are `12` per pair
+(int32 id read, int64 slot written) for all three, so GB/s compare directly; the ratios are
+time ratios (ours / straightforward, ours / roofline): lower is better, below 1 ours is faster.
+Before timing, ours and the straightforward expression are checked equal to the reference
+policy (`reference_step`) once per `(policy, N)`; `BenchMismatch` is raised otherwise.
+
+Everything here returns rows (dicts); `format_dispatch_table` and `format_replay_table` turn them
+into text. Nothing prints.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from .dispatch import POLICIES, RANDOM_RANGE, DispatchContext, ordinal_offset, static_table
+from .kernels import dispatch_step, reference_step
+from .placement import View, full_view
+from .registry import name_of
+from .replay import ReplayConfig, replay
+from .solvers import solve
+from .topology import Topology
+from .trace import Trace
+
+# DeepSeek-V3's MoE shape: experts, top-k, physical slots, GPUs, GPUs per node.
+EXPERTS, TOP_K, SLOTS, GPUS, GPUS_PER_NODE = 256, 8, 288, 32, 8
+REDUNDANT = SLOTS - EXPERTS
+BENCH_POLICIES = ("row", "ordinal", "static", "random")
+REPLAY_POLICIES = ("row", "ordinal")
+BYTES_PER_PAIR = 12  # int32 id read + int64 slot written
+DEFAULT_N = {"cpu": (10**6, 10**7), "cuda": (10**8,)}
+DEFAULT_REPEATS = 5
+# The issue's replay size (58 layers, 4096 tokens a step, 16 steps) on every device (~6 s a
+# policy on 2 CPU cores); `replay_throughput` takes smaller sizes and prints the size it ran.
+REPLAY_SIZE = {"steps": 16, "tokens": 4096, "layers": 58}
+BENCH_STEP = 1  # the step in the dispatch context: ordinal's offset is step + layer = 1
+DISPATCH_KEYS = ("policy", "n", "device", "ns_per_pair_ours", "ns_per_pair_straightforward",
+                 "ns_per_pair_roofline", "gbps_ours", "gbps_straightforward", "gbps_roofline",
+                 "ours_over_straightforward", "ours_over_roofline")
+
+
+class BenchMismatch(AssertionError):
+    """A benchmarked implementation disagreed with the reference policy."""
+
+
+# ----------------------------------------------------------------------------- inputs
+
+def skewed_ids(tokens: int, layers: int = 1, *, experts: int = EXPERTS, top_k: int = TOP_K,
+               seed: int = 0, sigma: float = 1.0) -> torch.Tensor:
+    """Routing ids int32 `[T, L, K]` from a seeded skewed popularity, fast enough for `N = 1e8`.
+
+    The same model as `synth.skewed` without drift: each layer has a log-normal popularity
+    (`log w ~ N(0, sigma^2)`), and a token's `K` distinct experts are drawn without replacement
+    with probability proportional to `w` (Plackett-Luce), in draw order. Sampled as `K`
+    sequential inverse-CDF draws, each redrawn where it repeats an earlier slot of its token
+    (exactly the conditional distribution), so the cost is `O(T K log E)`, not `O(T E)`.
+    """
+    rng = np.random.default_rng(seed)
+    ids = np.empty((tokens, layers, top_k), dtype=np.int32)
+    for layer in range(layers):
+        w = np.exp(sigma * rng.standard_normal(experts))  # [E]
+        cdf = np.cumsum(w) / w.sum()
+        out = ids[:, layer]  # [T, K] view
+        for k in range(top_k):
+            todo = np.arange(tokens)
+            while todo.size:
+                pick = np.minimum(np.searchsorted(cdf, rng.random(todo.size), side="right"),
+                                  experts - 1).astype(np.int32)
+                out[todo, k] = pick
+                repeat = (out[todo, :k] == pick[:, None]).any(1) if k else \
+                    np.zeros(todo.size, bool)
+                todo = todo[repeat]
+    return torch.from_numpy(ids)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One benchmark input on its device.
+
+    ids:     int32 `[T, 1, K]` routing ids (no padding); `flat` is the same memory as `[N]`
+    view:    the full view of the deepseek placement solved for these ids' counts
+    log2phy: int64 `[E, R]` and logcnt int64 `[E]`: the layer's maps; table int64 `[E]` static's
+    """
+
+    ids: torch.Tensor
+    flat: torch.Tensor
+    view: View
+    log2phy: torch.Tensor
+    logcnt: torch.Tensor
+    table: torch.Tensor
+    seed: int
+
+    @property
+    def n(self) -> int:
+        return self.flat.numel()
+
+    @property
+    def device(self) -> torch.device:
+        return self.flat.device
+
+    def context(self, generator: torch.Generator | None = None) -> DispatchContext:
+        return DispatchContext(step=BENCH_STEP, layer=0, rank=0, seed=self.seed,
+                               generator=generator, mode="none")
+
+    def generator(self) -> torch.Generator:
+        """A fresh generator on the problem's device, seeded the same every time."""
+        return torch.Generator(device=self.device).manual_seed(self.seed)
+
+
+def make_problem(n: int, device: str | torch.device = "cpu", seed: int = 0) -> Problem:
+    """`N` pairs (`T = ceil(N / K)` tokens) of the DeepSeek-V3 shape, placement solved by
+    deepseek from the ids' own counts, everything on `device`."""
+    tokens = max(1, math.ceil(n / TOP_K))
+    ids = skewed_ids(tokens, seed=seed)  # [T, 1, K]
+    counts = np.bincount(ids.numpy().reshape(-1), minlength=EXPERTS)[None]  # [1, E]
+    placement = solve("deepseek", counts, SLOTS, Topology(GPUS, GPUS_PER_NODE))
+    view = full_view(placement, 0).to(device)
+    table = static_table(view, 0, seed)[0]  # [E] rank 0's table
+    ids = ids.to(device)
+    return Problem(ids, ids.view(-1), view, view.log2phy[0], view.logcnt[0], table, seed)
+
+
+# ----------------------------------------------------------------------------- the contenders
+
+def straightforward(policy: str, prob: Problem,
+                    generator: torch.Generator | None = None) -> torch.Tensor:
+    """The serving engine's torch expression for `policy`, each step a separate op:
+    phys int64 `[N]` (the ids carry no padding, so no masking)."""
+    ids, log2phy, logcnt = prob.flat, prob.log2phy, prob.logcnt
+    n, device = ids.numel(), ids.device
+    if policy == "row":
+        row = torch.arange(n, device=device) // TOP_K
+        return log2phy[ids, row % logcnt[ids]]
+    if policy == "ordinal":
+        order = torch.argsort(ids, stable=True)
+        ordered = ids[order]
+        position = torch.arange(n, device=device)
+        new_run = torch.ones(n, dtype=torch.bool, device=device)
+        new_run[1:] = ordered[1:] != ordered[:-1]
+        run_start = torch.cummax(torch.where(new_run, position, 0), 0).values
+        occ = torch.empty(n, dtype=torch.int64, device=device)
+        occ[order] = position - run_start
+        return log2phy[ids, (occ + ordinal_offset(prob.context())) % logcnt[ids]]
+    if policy == "static":
+        return prob.table[ids]
+    if policy == "random":
+        draws = torch.randint(0, RANDOM_RANGE, (n,), generator=generator, device=device)
+        return log2phy[ids, draws % logcnt[ids]]
+    raise ValueError(f"no straightforward expression for policy {policy!r}")
+
+
+def ours(policy: str, prob: Problem, generator: torch.Generator | None = None) -> torch.Tensor:
+    """`dispatch_step` on the `[T, 1, K]` ids: phys int64 `[T, 1, K]`."""
+    return dispatch_step(POLICIES[policy], prob.ids, prob.view, prob.context(generator))
+
+
+def roofline(prob: Problem) -> list[Callable[[], Any]]:
+    """The roofline operations for `prob`'s sizes on its device (the benchmark keeps the
+    fastest): CPU, one gather of `N` int64 indices from an int64 table of `E * R` entries
+    (`table[idx]` and `torch.take`); CUDA, a device copy moving `12 N` bytes (`6N` read,
+    `6N` written)."""
+    n, device = prob.n, prob.device
+    if device.type == "cuda":
+        src = torch.empty(n * BYTES_PER_PAIR // 2, dtype=torch.uint8, device=device)
+        dst = torch.empty_like(src)
+        return [lambda: dst.copy_(src)]
+    size = prob.log2phy.numel()
+    table = torch.arange(size, dtype=torch.int64, device=device)
+    gen = torch.Generator(device=device).manual_seed(prob.seed)
+    idx = torch.randint(0, size, (n,), generator=gen, device=device)
+    return [lambda: table[idx], lambda: torch.take(table, idx)]
+
+
+def check_against_reference(policy: str, prob: Problem) -> None:
+    """Raise BenchMismatch unless ours and the straightforward expression both equal the
+    reference policy on `prob` (random: every generator seeded identically)."""
+    fn = POLICIES[policy]
+    expected = reference_step(fn, prob.ids, prob.view, prob.context(prob.generator())).reshape(-1)
+    got = {"ours": ours(policy, prob, prob.generator()).reshape(-1),
+           "straightforward": straightforward(policy, prob, prob.generator())}
+    for who, phys in got.items():
+        if phys.shape != expected.shape or not torch.equal(phys.long(), expected):
+            bad = (phys.long() != expected).sum() if phys.shape == expected.shape else "shape"
+            raise BenchMismatch(f"{who} {name_of(fn)} differs from the reference policy at "
+                                f"N={prob.n} on {prob.device} ({bad} pairs)")
+
+
+# ----------------------------------------------------------------------------- timing
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def best_time(fn: Callable[[], Any], device: str | torch.device, repeats: int = DEFAULT_REPEATS,
+              warmup: int = 2) -> float:
+    """Seconds of the fastest of `repeats` calls of `fn`, after `warmup` untimed calls (which
+    absorb JIT compilation and allocator growth). CUDA: measured with events around each call,
+    after a synchronize, so queued work never leaks into a measurement."""
+    device = torch.device(device)
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    best = math.inf
+    for _ in range(max(1, repeats)):
+        if device.type == "cuda":
+            with torch.cuda.device(device):  # events on the current stream of this device
+                start = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                end.synchronize()
+            seconds = start.elapsed_time(end) / 1e3
+        else:
+            t0 = time.perf_counter()
+            fn()
+            seconds = time.perf_counter() - t0
+        best = min(best, seconds)
+    return best
+
+
+def _rate(seconds: float, n: int) -> tuple[float, float]:
+    """(ns per pair, effective GB/s at `BYTES_PER_PAIR` bytes a pair)."""
+    return seconds * 1e9 / n, BYTES_PER_PAIR * n / seconds / 1e9
+
+
+def resolve_device(name: str = "auto") -> str:
+    """`auto` -> cuda where torch sees a device, else cpu."""
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
+def warm_up_kernels(device: str, policies: Sequence[str] = BENCH_POLICIES) -> None:
+    """Compile every policy's kernel on a tiny problem (numba's JIT, Triton's autotune) so no
+    compile time lands in a measurement."""
+    prob = make_problem(4096, device)
+    for policy in policies:
+        ours(policy, prob, prob.generator())
+    _sync(torch.device(device))
+
+
+def bench_dispatch(ns: Sequence[int] | None = None, policies: Sequence[str] = BENCH_POLICIES,
+                   device: str = "auto", repeats: int = DEFAULT_REPEATS,
+                   seed: int = 0) -> list[dict[str, Any]]:
+    """One row per `(N, policy)` with the `DISPATCH_KEYS`: ns per pair and GB/s of ours, the
+    straightforward expression and the roofline, and the time ratios ours / straightforward
+    and ours / roofline (lower is better). Ours is checked against the reference first."""
+    device = resolve_device(device)
+    ns = [int(n) for n in (ns or DEFAULT_N.get(torch.device(device).type, DEFAULT_N["cpu"]))]
+    for policy in policies:
+        if policy not in BENCH_POLICIES:
+            raise ValueError(f"unknown bench policy {policy!r}; choose from "
+                             f"{', '.join(BENCH_POLICIES)}")
+    warm_up_kernels(device, policies)
+    return [row for n in ns for row in _bench_n(make_problem(n, device, seed), policies, repeats)]
+
+
+def _bench_n(prob: Problem, policies: Sequence[str], repeats: int) -> list[dict[str, Any]]:
+    """The rows of one problem (one `N`): the roofline once, then each policy."""
+    device = str(prob.device)
+    roof = min(best_time(fn, device, repeats) for fn in roofline(prob))
+    rows = []
+    for policy in policies:
+        check_against_reference(policy, prob)
+        gen = prob.generator() if policy == "random" else None
+        t_ours = best_time(partial(ours, policy, prob, gen), device, repeats)
+        t_str = best_time(partial(straightforward, policy, prob, gen), device, repeats)
+        (ns_o, gb_o), (ns_s, gb_s), (ns_r, gb_r) = (_rate(t, prob.n)
+                                                    for t in (t_ours, t_str, roof))
+        rows.append({"policy": policy, "n": prob.n, "device": device.split(":")[0],
+                     "ns_per_pair_ours": ns_o, "ns_per_pair_straightforward": ns_s,
+                     "ns_per_pair_roofline": ns_r, "gbps_ours": gb_o,
+                     "gbps_straightforward": gb_s, "gbps_roofline": gb_r,
+                     "ours_over_straightforward": t_ours / t_str,
+                     "ours_over_roofline": t_ours / roof})
+    return rows
+
+
+# ----------------------------------------------------------------------------- replay
+
+def skewed_trace(steps: int, tokens: int, layers: int, seed: int = 0) -> Trace:
+    """A DeepSeek-V3-shaped trace of `steps` equal steps from `skewed_ids`."""
+    ids = skewed_ids(steps * tokens, layers, seed=seed)  # [S*T, L, K]
+    offsets = torch.arange(steps + 1, dtype=torch.int64) * tokens  # [S + 1]
+    meta = {"source": "eplbsim.bench", "scenario": "skewed_ids", "seed": seed}
+    return Trace(ids, offsets, EXPERTS, None, meta)
+
+
+def _replay_config(policy: str, device: str, seed: int) -> ReplayConfig:
+    return ReplayConfig(policy=policy, mode="none", num_gpus=GPUS, gpus_per_node=GPUS_PER_NODE,
+                        num_redundant=REDUNDANT, seed=seed, device=device)
+
+
+def replay_throughput(device: str = "auto", steps: int | None = None, tokens: int | None = None,
+                      layers: int | None = None, policies: Sequence[str] = REPLAY_POLICIES,
+                      seed: int = 0) -> list[dict[str, Any]]:
+    """Wall time of a full "none"-mode replay of `G = 32` ranks (8 a node) on the DeepSeek-V3
+    shape (`E = 256`, `K = 8`, 32 redundant slots), per policy, after a warm-up replay of a
+    tiny trace (JIT compile excluded). Sizes default to `REPLAY_SIZE`.
+
+    Each simulated rank dispatches `S * T * L * K` pairs (`pairs_per_rank`);
+    `pairs_per_s_per_rank = pairs_per_rank / seconds`, and `rank_pairs_per_s` is `G` times
+    that (all ranks' dispatched pairs per wall second). Rows carry `kind: "replay"`.
+    """
+    device = resolve_device(device)
+    sizes = dict(REPLAY_SIZE)
+    for key, value in (("steps", steps), ("tokens", tokens), ("layers", layers)):
+        if value is not None:
+            sizes[key] = int(value)
+    S, T, L = sizes["steps"], sizes["tokens"], sizes["layers"]
+    tiny = skewed_trace(2, 64, 2, seed)
+    trace = skewed_trace(S, T, L, seed)
+    pairs = S * T * L * TOP_K
+    rows = []
+    for policy in policies:
+        replay(tiny, _replay_config(policy, device, seed))
+        _sync(torch.device(device))
+        t0 = time.perf_counter()
+        replay(trace, _replay_config(policy, device, seed))
+        _sync(torch.device(device))
+        seconds = time.perf_counter() - t0
+        rows.append({"kind": "replay", "policy": policy, "device": device, "mode": "none",
+                     "ranks": GPUS, "steps": S, "tokens": T, "layers": L, "experts": EXPERTS,
+                     "top_k": TOP_K, "slots": SLOTS, "pairs_per_rank": pairs,
+                     "seconds": seconds, "pairs_per_s_per_rank": pairs / seconds,
+                     "rank_pairs_per_s": pairs * GPUS / seconds})
+    return rows
+
+
+# ----------------------------------------------------------------------------- text
+
+def _num(x: float) -> str:
+    return f"{x:.3g}" if x < 100 else f"{x:.0f}"
+
+
+def _count(n: int) -> str:
+    """1000000 -> '1e6', 25000000 -> '2.5e7', 4096 -> '4096'."""
+    mantissa, _, exponent = f"{n:e}".partition("e")
+    short = f"{float(mantissa):g}e{int(exponent)}"
+    return short if n >= 10**4 and float(short) == n else str(n)
+
+
+def format_dispatch_table(rows: Sequence[dict[str, Any]]) -> str:
+    """The dispatch rows as a text table, one line per `(policy, N)`, ratios last."""
+    if not rows:
+        return "(no dispatch rows)"
+    device = rows[0]["device"]
+    roof = ("one int64 gather of the same sizes" if not device.startswith("cuda")
+            else "a device copy moving the same bytes")
+    head = [(f"dispatch on {device}: DeepSeek-V3 shape E={EXPERTS}, K={TOP_K}, P={SLOTS}, "
+             f"G={GPUS} ({GPUS // GPUS_PER_NODE} nodes of {GPUS_PER_NODE}), one layer, "
+             f"T = N/{TOP_K} tokens"),
+            (f"str = straightforward torch expression, ours = eplbsim.kernels.dispatch_step, "
+             f"roof = roofline ({roof})"),
+            (f"GB/s at {BYTES_PER_PAIR} bytes/pair (int32 id in, int64 slot out); ratios are "
+             f"time ratios: lower is better, < 1 means ours is faster")]
+    cols = ("policy", "N", "ns/pair str", "ns/pair ours", "ns/pair roof", "GB/s str",
+            "GB/s ours", "GB/s roof", "ours/str", "ours/roof")
+    body = [(r["policy"], _count(r["n"]), _num(r["ns_per_pair_straightforward"]),
+             _num(r["ns_per_pair_ours"]), _num(r["ns_per_pair_roofline"]),
+             _num(r["gbps_straightforward"]), _num(r["gbps_ours"]), _num(r["gbps_roofline"]),
+             f"{r['ours_over_straightforward']:.2f}", f"{r['ours_over_roofline']:.2f}")
+            for r in rows]
+    widths = [max(len(c), *(len(b[i]) for b in body)) for i, c in enumerate(cols)]
+
+    def line(cells: Sequence[str]) -> str:  # policy left-aligned, numbers right-aligned
+        return "  ".join(c.rjust(w) if i else c.ljust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths)))
+
+    return "\n".join(head + [line(cols)] + [line(b) for b in body])
+
+
+def format_replay_table(rows: Sequence[dict[str, Any]]) -> str:
+    """The replay rows, one line per policy, with the size they ran at."""
+    lines = []
+    for r in rows:
+        lines.append(f"replay {r['policy']:<8} on {r['device']}: {r['mode']} mode, {r['ranks']} "
+                     f"ranks, {r['steps']} steps x {r['tokens']} tokens x {r['layers']} layers, "
+                     f"K={r['top_k']}, E={r['experts']}, P={r['slots']}: {r['seconds']:.2f} s, "
+                     f"{r['pairs_per_s_per_rank'] / 1e6:.2f} M pairs/s per simulated rank "
+                     f"({r['pairs_per_rank']} pairs each; {r['rank_pairs_per_s'] / 1e6:.1f} M "
+                     f"rank-pairs/s over all {r['ranks']})")
+    return "\n".join(lines)

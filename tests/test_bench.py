@@ -1,0 +1,115 @@
+"""The benchmark: row keys and positive numbers, the correctness guard, the CLI's JSON."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from eplbsim import bench
+from eplbsim.cli import main
+
+N = 4096
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return bench.bench_dispatch([N], device="cpu", repeats=1)
+
+
+def test_rows_have_the_keys_and_positive_numbers(rows):
+    assert [r["policy"] for r in rows] == list(bench.BENCH_POLICIES)
+    for row in rows:
+        assert set(row) == set(bench.DISPATCH_KEYS)
+        assert row["n"] == N and row["device"] == "cpu"
+        for key in bench.DISPATCH_KEYS[3:]:
+            assert isinstance(row[key], float) and math.isfinite(row[key]) and row[key] > 0, key
+        assert row["ours_over_roofline"] == pytest.approx(
+            row["ns_per_pair_ours"] / row["ns_per_pair_roofline"])
+        assert row["gbps_ours"] == pytest.approx(
+            bench.BYTES_PER_PAIR / row["ns_per_pair_ours"])
+    assert "lower is better" in bench.format_dispatch_table(rows)
+
+
+def test_skewed_ids_are_distinct_per_token_seeded_and_skewed():
+    ids = bench.skewed_ids(2000, 2, seed=3)
+    assert ids.dtype == torch.int32 and ids.shape == (2000, 2, bench.TOP_K)
+    assert int(ids.min()) >= 0 and int(ids.max()) < bench.EXPERTS
+    sorted_ids = ids.sort(-1).values
+    assert bool((sorted_ids[..., 1:] != sorted_ids[..., :-1]).all())  # top-k w/o replacement
+    assert torch.equal(ids, bench.skewed_ids(2000, 2, seed=3))
+    counts = np.bincount(ids[:, 0].reshape(-1).numpy(), minlength=bench.EXPERTS)
+    assert counts.max() > 3 * counts.mean()  # log-normal popularity, not uniform
+
+
+@pytest.mark.parametrize("policy", bench.BENCH_POLICIES)
+def test_guard_passes_for_the_real_kernels(policy):
+    bench.check_against_reference(policy, bench.make_problem(N, "cpu"))
+
+
+@pytest.mark.parametrize("policy", ["row", "random"])
+def test_guard_catches_a_wrong_ours(monkeypatch, policy):
+    real = bench.dispatch_step
+
+    def off_by_one_replica(pol, ids, view, ctx):
+        phys = real(pol, ids, view, ctx).clone()
+        phys.view(-1)[7] = (phys.view(-1)[7] + 1) % bench.SLOTS  # one pair on a wrong slot
+        return phys
+
+    monkeypatch.setattr(bench, "dispatch_step", off_by_one_replica)
+    with pytest.raises(bench.BenchMismatch, match="ours"):
+        bench.bench_dispatch([N], [policy], device="cpu", repeats=1)
+
+
+def test_guard_catches_a_wrong_straightforward(monkeypatch):
+    real = bench.straightforward
+    monkeypatch.setattr(bench, "straightforward",
+                        lambda policy, prob, gen=None: real(policy, prob, gen).flip(0))
+    with pytest.raises(bench.BenchMismatch, match="straightforward"):
+        bench.check_against_reference("ordinal", bench.make_problem(N, "cpu"))
+
+
+def test_best_time_is_the_minimum_after_warmup():
+    calls = []
+    assert bench.best_time(lambda: calls.append(1), "cpu", repeats=3, warmup=2) >= 0
+    assert len(calls) == 5
+
+
+def test_replay_throughput_rows():
+    rows = bench.replay_throughput("cpu", steps=1, tokens=32, layers=2)
+    assert [r["policy"] for r in rows] == list(bench.REPLAY_POLICIES)
+    for row in rows:
+        assert row["kind"] == "replay" and row["ranks"] == bench.GPUS
+        assert row["pairs_per_rank"] == 1 * 32 * 2 * bench.TOP_K
+        assert row["seconds"] > 0
+        assert row["pairs_per_s_per_rank"] == pytest.approx(row["pairs_per_rank"] / row["seconds"])
+    assert "per simulated rank" in bench.format_replay_table(rows)
+
+
+def test_cli_bench_json(capsys):
+    code = main(["bench", "--n", "4096", "--no-replay", "--json", "--device", "cpu",
+                 "--repeats", "1", "--policies", "row,ordinal"])
+    out, _ = capsys.readouterr()
+    assert code == 0
+    rows = json.loads(out)
+    assert [(r["policy"], r["n"]) for r in rows] == [("row", 4096), ("ordinal", 4096)]
+    assert all(set(r) == set(bench.DISPATCH_KEYS) for r in rows)
+
+
+def test_cli_bench_table(capsys):
+    code = main(["bench", "--n", "4096", "--device", "cpu", "--repeats", "1", "--policies",
+                 "static", "--replay-steps", "1", "--replay-tokens", "16", "--replay-layers", "1"])
+    out, _ = capsys.readouterr()
+    assert code == 0
+    assert "ours/roof" in out and "static" in out and "replay row" in out
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--n", "1e6x"], "--n"), (["--n", "0"], "--n"), (["--n", "1.5"], "--n"),
+    (["--policies", "flat"], "bench policy"),
+])
+def test_cli_bench_bad_input(capsys, argv, match):
+    code = main(["bench", "--no-replay", "--device", "cpu", *argv])
+    _, err = capsys.readouterr()
+    assert code == 2 and match in err and err.startswith("eplbsim: error:")
