@@ -53,6 +53,17 @@ def pair_outputs(moe: ToyMoE, layer: int, topk_ids: torch.Tensor, x: torch.Tenso
     return torch.einsum("tkij,tj->tki", w, x) * weight
 
 
+def step_error_terms(moe: ToyMoE, step: int, topk_ids: torch.Tensor,
+                     multiplicity: torch.Tensor) -> torch.Tensor:
+    """`(||Y - Y_exact||^2, ||Y_exact||^2)` of every layer of a step, float64 `[L, 2]`, for ids
+    `[T, L, K]` whose pairs were executed `multiplicity [T, L, K]` times."""
+    T, L, K = topk_ids.shape
+    x, gates = token_inputs(moe, step, T, K)
+    return torch.tensor([output_error_terms(pair_outputs(moe, layer, topk_ids[:, layer], x, gates),
+                                            multiplicity[:, layer], topk_ids[:, layer] >= 0)
+                         for layer in range(L)], dtype=torch.float64).view(L, 2)
+
+
 def output_error_terms(pairs: torch.Tensor, multiplicity: torch.Tensor,
                        valid: torch.Tensor) -> tuple[float, float]:
     """`(||Y - Y_exact||^2, ||Y_exact||^2)` of one layer for pair outputs `[T, K, D]` executed

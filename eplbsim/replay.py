@@ -20,7 +20,7 @@ import torch
 from . import metrics as M
 from .dispatch import DispatchContext, Policy, resolve_policy
 from .errors import InputError
-from .moe import make_toy_moe, output_error_terms, pair_outputs, token_inputs
+from .moe import make_toy_moe, step_error_terms
 from .placement import Placement, View, rank_view, trivial_placement
 from .ranks import (MODES, drift_before_step, execute_a2a, execute_none, make_rank_generators,
                     rank_groups, token_owners)
@@ -144,11 +144,7 @@ def replay(trace: Trace, config: ReplayConfig = ReplayConfig()) -> Results:
         if cfg.mode == "none":
             out = execute_none(ids, views, policy, ctxs, groups)
             agreed[s] = out.agreed
-            x, gates = token_inputs(moe, s, T, K)
-            for layer in range(L):
-                error[s, layer] = torch.tensor(output_error_terms(
-                    pair_outputs(moe, layer, ids[:, layer], x, gates),
-                    out.multiplicity[:, layer], ids[:, layer] >= 0))
+            error[s] = step_error_terms(moe, s, ids, out.multiplicity)
         else:
             out = execute_a2a(ids, owners, views, policy, ctxs)
         slot_load[s] = out.slot_load
@@ -175,6 +171,9 @@ def _placement_schedule(trace: Trace, cfg: ReplayConfig, topo: Topology,
             raise InputError(f"the given placement is for {given.num_layers} layers and "
                              f"{given.num_experts} experts; the trace has {trace.num_layers} "
                              f"layers and {E} experts")
+        if given.topology != topo:
+            raise InputError(f"the given placement is laid out on {given.topology}, but the "
+                             f"configuration asks for {topo}")
         return lambda s: given
     if cfg.rebalance_every is None:
         whole = solve(cfg.solver, true_load.sum(0), num_slots, topo, groups)

@@ -87,17 +87,17 @@ def test_a2a_executes_every_pair_once(trace, policy):
     assert torch.equal(res.slot_load.sum(-1), res.true_load.sum(-1))
 
 
-def hot_pairs_placement(trace: Trace, G: int, extra: int) -> Placement:
+def hot_pairs_placement(trace: Trace, topology: Topology, extra: int) -> Placement:
     """Every expert once plus a second replica for the `extra` most-loaded experts."""
     load = trace.counts().sum(0)  # [L, E]
     hot = load.argsort(-1, descending=True)[:, :extra]
     p2l = torch.cat([torch.arange(trace.num_experts).expand(trace.num_layers, -1), hot], 1)
-    return Placement(p2l, trace.num_experts, Topology(G))
+    return Placement(p2l, trace.num_experts, topology)
 
 
 def test_template_row_starves_a_twin_while_ordinal_balances():
     tr = synthesize("template", steps=16, tokens=512, layers=2, experts=32, top_k=4, seed=3)
-    placement = hot_pairs_placement(tr, G=8, extra=8)
+    placement = hot_pairs_placement(tr, Topology(8, 4), extra=8)
     assert int(placement.logcnt.max()) == 2
     cfg = replace(CFG, num_gpus=8, gpus_per_node=4, num_redundant=8, placement=placement)
     row = replay(tr, replace(cfg, policy="row")).metrics
@@ -164,6 +164,9 @@ def test_bad_configurations_are_input_errors(trace):
     with pytest.raises(InputError, match="the given placement is for"):
         replay(trace, replace(CFG, placement=Placement(torch.zeros(1, 4, dtype=torch.long), 1,
                                                        Topology(4))))
+    wrong_topology = Placement(torch.arange(24).remainder(16).expand(2, 24), 16, Topology(4))
+    with pytest.raises(InputError, match="laid out on"):
+        replay(trace, replace(CFG, placement=wrong_topology))
 
 
 def test_device_replay_matches_cpu(device):
