@@ -18,6 +18,7 @@ from typing import Callable
 
 import torch
 
+from . import batch_lp
 from .errors import InputError
 from .placement import View
 from .registry import lookup
@@ -207,6 +208,74 @@ def static_policy(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> t
     return torch.where(ids >= 0, table[ids.clamp(min=0)], -1)
 
 
+def batch_counts(topk_ids: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """Pairs routed to each expert in the batch, int64 `[E]` on the CPU (padding not counted):
+    what every rank knows after an all-reduce of its counts in "none" mode."""
+    ids = topk_ids.reshape(-1).long()
+    return torch.bincount(ids[ids >= 0], minlength=num_experts).cpu()
+
+
+def _lp_inputs(topk_ids: torch.Tensor, view: View, layer: int) -> tuple:
+    """`(counts [E], log2phy [E, R], logcnt [E], slot_gpu [P], G)` of one layer, on the CPU."""
+    placement = view.placement
+    return (batch_counts(topk_ids, view.logcnt.shape[1]), view.log2phy[layer].cpu(),
+            view.logcnt[layer].cpu(), placement.slot_gpu, placement.topology.num_gpus)
+
+
+def lp_fractions(topk_ids: torch.Tensor, view: View, layer: int) -> torch.Tensor:
+    """The batch's LP-optimal replica fractions of every expert, float64 `[E, R]` on the ids'
+    device (`batch_lp.optimal_fractions`, solved on the CPU from the batch's counts)."""
+    return batch_lp.optimal_fractions(*_lp_inputs(topk_ids, view, layer)).to(topk_ids.device)
+
+
+def lp_quotas(topk_ids: torch.Tensor, view: View, layer: int) -> torch.Tensor:
+    """The batch's optimal integer quotas per replica, int64 `[E, R]` on the ids' device
+    (`batch_lp.optimal_quotas`: max GPU load = ceil of the LP optimum, the best possible)."""
+    return batch_lp.optimal_quotas(*_lp_inputs(topk_ids, view, layer)).to(topk_ids.device)
+
+
+def lp_policy(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> torch.Tensor:
+    """Sample each pair's replica from the batch's LP-optimal fractions (`lp_fractions`) with
+    the rank's generator: one `torch.rand` float64 draw per pair of the flattened `[T, K]`
+    batch, padding included, so the generator advances by `T * K` draws per call.
+
+    The pair takes candidate `j` with probability `fractions[e, j]` (candidates with fraction 0
+    never). The expected split is load-optimal for the batch; the draws are the rank's own, so
+    with independent generators ranks disagree (rank-variant, like the serving engine's).
+    """
+    if ctx.generator is None:
+        raise InputError("the lp policy needs a generator in its dispatch context")
+    u = torch.rand(topk_ids.numel(), generator=ctx.generator, device=topk_ids.device,
+                   dtype=torch.float64).view(topk_ids.shape)
+    frac = lp_fractions(topk_ids, view, ctx.layer)  # [E, R]
+    R = frac.shape[1]
+    cum = frac.cumsum(-1)
+    index = torch.arange(R, device=frac.device)
+    # the last candidate with a positive fraction closes the interval at 1 (float cumsums may
+    # stop just short of it)
+    last = R - 1 - torch.argmax(torch.flip(frac > 0, [-1]).to(torch.int8), -1, keepdim=True)
+    cum = torch.where(index >= last, 2.0, cum)
+    expert = topk_ids.long().clamp(min=0)
+    replica = (u.unsqueeze(-1) >= cum[expert]).sum(-1)  # [T, K]
+    return replica_slots(topk_ids, view, ctx.layer, replica)
+
+
+def quota_policy(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> torch.Tensor:
+    """The batch's optimal integer quotas (`lp_quotas`) filled in occurrence order: the i-th
+    occurrence of expert `e` (row-major over `[T, K]`, `occurrence_index`) goes to the
+    candidate whose cumulative quota range `[q_0 + .. + q_{j-1}, q_0 + .. + q_j)` holds `i`.
+
+    Load-optimal for the batch (max GPU load = ceil of the LP optimum) and rank-invariant: it
+    reads the ids, the view (candidates, and its placement's slot -> GPU map) and `ctx.layer`,
+    nothing of the rank, and the LP is deterministic.
+    """
+    quotas = lp_quotas(topk_ids, view, ctx.layer)  # [E, R]
+    cum = quotas.cumsum(-1)
+    expert = topk_ids.long().clamp(min=0)
+    replica = (occurrence_index(topk_ids).unsqueeze(-1) >= cum[expert]).sum(-1)  # [T, K]
+    return replica_slots(topk_ids, view, ctx.layer, replica)
+
+
 POLICIES: dict[str, Policy] = {
     "static": static_policy,
     "random": random_policy,
@@ -214,13 +283,17 @@ POLICIES: dict[str, Policy] = {
     "ordinal": ordinal_policy,
     "flat": flat_policy,
     "hash": hash_policy,
+    "lp": lp_policy,
+    "quota": quota_policy,
 }
 
 
 # Policies whose choice reads nothing of the rank but its view ("none" mode never adds the rank
-# to ordinal's offset): ranks with equal views choose identically and may share one computation.
+# to ordinal's offset; quota's LP reads the view's candidates and its placement's slot -> GPU
+# map, which the ranks of one replay share): ranks with equal views choose identically and may
+# share one computation.
 RANK_INDEPENDENT: frozenset[Policy] = frozenset({row_policy, ordinal_policy, flat_policy,
-                                                hash_policy})
+                                                hash_policy, quota_policy})
 
 
 def resolve_policy(policy: str | Policy) -> Policy:

@@ -90,7 +90,7 @@ def test_policy_runs_on_device_and_matches_cpu(name, device):
     got = POLICIES[name](ids.to(device), view.to(device), ctx_for(1, 3, 1, device=device))
     assert got.device.type == torch.device(device).type
     assert_contract(got.cpu(), ids, view, 1)
-    if name != "random":  # draws differ between CPU and CUDA generators
+    if name not in ("random", "lp"):  # draws differ between CPU and CUDA generators
         want = POLICIES[name](ids, view, ctx_for(1, 3, 1))
         assert torch.equal(got.cpu(), want)
 
