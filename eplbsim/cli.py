@@ -15,13 +15,14 @@ from typing import Any, Callable, Sequence
 import torch
 
 from . import metrics as M
+from .counts import load_counts_csv, parse_where
 from .dispatch import resolve_policy
 from .errors import InputError
 from .placement import VIEWS
 from .ranks import MODES, RNG_RELATIONS
 from .replay import ReplayConfig, compare
 from .results import format_table, to_json, write_results
-from .solvers import SOLVERS, solve
+from .solvers import SOLVERS, as_load, solve_with_info
 from .synth import DEFAULT_SCENARIO, SCENARIOS, synthesize
 from .topology import Topology
 from .trace import Trace, load_trace, save_trace
@@ -117,13 +118,32 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sizes(syn, {"steps": 32, "tokens": 256, "layers": 4, "experts": 64, "top_k": 8})
     syn.add_argument("--seed", type=_nonnegative, default=0)
 
-    sol = sub.add_parser("solve", help="solve a placement for a JSON [L][E] load matrix")
-    sol.add_argument("--load", type=Path, required=True)
-    sol.add_argument("--slots", type=_positive, required=True)
+    sol = sub.add_parser("solve", help="solve a placement for expert loads (a JSON [L][E] "
+                         "matrix or a counts CSV)")
+    loads = sol.add_mutually_exclusive_group(required=True)
+    loads.add_argument("--load", type=Path, help="a JSON [layers][experts] load matrix")
+    loads.add_argument("--counts", type=Path,
+                       help="a CSV with columns layer,expert,count (others can be filtered on)")
+    sol.add_argument("--where", default=None,
+                     help="filters for --counts, e.g. model=olmoe,domain=arxiv")
+    sol.add_argument("--experts", type=_positive, default=None,
+                     help="experts in --counts (default: the largest id + 1)")
+    slots = sol.add_mutually_exclusive_group()
+    slots.add_argument("--slots", type=_positive, default=None,
+                       help="physical slots P (default: experts + --redundant)")
+    slots.add_argument("--redundant", type=_nonnegative, default=0,
+                       help="redundant slots, P = E + redundant (default 0)")
     sol.add_argument("--gpus", type=_positive, required=True)
     sol.add_argument("--gpus-per-node", type=_positive, default=None)
     sol.add_argument("--groups", type=_positive, default=1)
     sol.add_argument("--solver", default="deepseek", choices=sorted(SOLVERS))
+    sol.add_argument("--anti-colocation", action="store_true",
+                     help="no two replicas of one expert on one GPU")
+    sol.add_argument("--previous", type=Path, default=None,
+                     help="the placement in service (JSON phy2log [L][P], or a previous "
+                     "`solve --json` output): change as few slots as possible")
+    sol.add_argument("-o", "--option", type=_option, action="append", default=[],
+                     metavar="KEY=VALUE", help="solver option, e.g. time_limit=10")
     sol.add_argument("--json", action="store_true")
 
     bench = sub.add_parser("bench", help="time the dispatch hot path against the torch "
@@ -270,29 +290,59 @@ def cmd_trace_synth(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_solve(args: argparse.Namespace) -> int:
+def _read_json(path: Path, what: str) -> Any:
     try:
-        load = json.loads(args.load.read_text())
+        return json.loads(path.read_text())
     except FileNotFoundError:
-        raise InputError(f"{args.load}: no such file") from None
+        raise InputError(f"{path}: no such file") from None
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise InputError(f"{args.load}: not a JSON [layers][experts] load matrix ({exc})") \
-            from None
+        raise InputError(f"{path}: not {what} ({exc})") from None
+
+
+def cmd_solve(args: argparse.Namespace) -> int:
+    if args.counts is not None:
+        counts = load_counts_csv(args.counts, parse_where(args.where), args.experts)
+        load, layers = counts.load, list(counts.layers)
+    else:
+        if args.where or args.experts:
+            raise InputError("--where and --experts apply to --counts only")
+        load = _read_json(args.load, "a JSON [layers][experts] load matrix")
+        layers = None
+    options = dict(args.option)
+    if args.anti_colocation:
+        options["anti_colocation"] = True
+    if args.previous is not None:
+        previous = _read_json(args.previous, "a JSON phy2log [layers][slots]")
+        options["previous"] = previous["phy2log"] if isinstance(previous, dict) else previous
     topo = Topology(args.gpus, args.gpus_per_node)
-    placement = solve(args.solver, load, args.slots, topo, args.groups)
-    promised = M.gpu_loads(placement.expected_load(torch.tensor(load, dtype=torch.float64)),
-                           args.gpus)
+    load = as_load(load)  # [L, E] validated
+    slots = args.slots or load.shape[1] + args.redundant
+    placement, info = solve_with_info(args.solver, load, slots, topo, args.groups, **options)
+    routed = torch.from_numpy(load)  # [L, E]
+    promised = M.gpu_loads(placement.expected_load(routed), args.gpus)
+    gap = M.placement_gap(placement, routed)
     result = {"phy2log": placement.phy2log.tolist(), "logcnt": placement.logcnt.tolist(),
-              "placement_imbalance": M.nanmean_or_none(M.gpu_imbalance(promised))}
+              "placement_imbalance": M.nanmean_or_none(M.gpu_imbalance(promised)),
+              "placement_gap": M.nanmean_or_none(gap), "placement_gap_per_layer": gap.tolist(),
+              **({"layers": layers} if layers is not None else {}), **info}
     if args.json:
-        print(json.dumps(result))
+        print(json.dumps(result, default=_plain))
         return 0
     print(f"solver {args.solver}: {placement.num_layers} layers, {placement.num_experts} "
-          f"experts, {args.slots} slots on {args.gpus} GPUs; placement_imbalance "
-          f"{result['placement_imbalance']}")
+          f"experts, {slots} slots on {args.gpus} GPUs; placement_imbalance "
+          f"{result['placement_imbalance']:.4f}, placement_gap {result['placement_gap']:.4f}"
+          + (f", moved_slots {info['moved_slots']}" if "moved_slots" in info else ""))
     for layer, row in enumerate(result["phy2log"]):
-        print(f"  layer {layer}: {row}")
+        name = layers[layer] if layers is not None else layer
+        print(f"  layer {name}: {row}")
     return 0
+
+
+def _plain(value: Any) -> Any:
+    """JSON for numpy scalars and arrays in a solver's report."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
 def _pair_counts(text: str) -> list[int]:

@@ -10,12 +10,15 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from .placement import Placement
+from .solvers.bounds import lower_bound
 
 METRIC_KEYS = ("gpu_imbalance", "balancedness", "replica_skew_mean", "replica_skew_max",
                "replica_skew_cumulative", "idle_replica_frac", "placement_imbalance",
+               "placement_gap",
                "rank_agreement", "multiplicity", "output_rel_error")
 
 
@@ -97,3 +100,18 @@ def multiplicity_counts(multiplicity: torch.Tensor, valid: torch.Tensor) -> torc
     m = multiplicity.masked_fill(~valid, -1)
     return torch.stack([(m == 0).sum((0, 2)), (m == 1).sum((0, 2)), (m >= 2).sum((0, 2))],
                        1).cpu()
+
+
+def placement_gap(placement: Placement, load: torch.Tensor | np.ndarray) -> torch.Tensor:
+    """How far a placement is from the best possible one on `load`: float64 `[..., L]`.
+
+    load: `[..., L, E]` pairs per logical expert (torch or numpy). The placement's max GPU load under
+    an even split (`Placement.expected_load`, summed per GPU) over `solvers.bounds.lower_bound`
+    for the same slots and GPUs; 1.0 is optimal, NaN where the bound is 0 (no load).
+    """
+    load = torch.as_tensor(load).detach().cpu().to(torch.float64)  # [..., L, E]
+    peak = gpu_loads(placement.expected_load(load), placement.topology.num_gpus).amax(-1)
+    bound = torch.from_numpy(lower_bound(load.reshape(-1, load.shape[-1]).numpy(),
+                                         placement.num_slots, placement.topology.num_gpus))
+    bound = bound.view(load.shape[:-1])  # [..., L]
+    return torch.where(bound > 0, peak / torch.where(bound > 0, bound, 1.0), math.nan)

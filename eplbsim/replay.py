@@ -204,7 +204,7 @@ def summarize(slot_load: torch.Tensor, true_load: torch.Tensor,
     """
     S = slot_load.shape[0]
     executed_gpu = M.gpu_loads(slot_load, num_gpus)  # [S, L, G]
-    skews, promised, cumulative = [], [], []
+    skews, promised, gaps, cumulative = [], [], [], []
     idle = eligible = 0
     bounds = [start for start, _ in epochs] + [S]
     for (start, placement), stop in zip(epochs, bounds[1:]):
@@ -213,6 +213,7 @@ def summarize(slot_load: torch.Tensor, true_load: torch.Tensor,
         cumulative.append(M.replica_skew(executed.sum(0), placement).flatten())
         promised.append(M.gpu_imbalance(M.gpu_loads(placement.expected_load(routed),
                                                      num_gpus)).flatten())
+        gaps.append(M.placement_gap(placement, routed).flatten())
         i, e = M.idle_replicas(executed, routed, placement)
         idle, eligible = idle + i, eligible + e
     skew = torch.cat(skews)
@@ -224,6 +225,7 @@ def summarize(slot_load: torch.Tensor, true_load: torch.Tensor,
         "replica_skew_cumulative": M.nanmax_or_none(torch.cat(cumulative)),
         "idle_replica_frac": idle / eligible if eligible else None,
         "placement_imbalance": M.nanmean_or_none(torch.cat(promised)),
+        "placement_gap": M.nanmean_or_none(torch.cat(gaps)),
     }
 
 

@@ -25,6 +25,7 @@ _TABLE_COLUMNS = (
     ("skew_cum", "replica_skew_cumulative", None),
     ("idle", "idle_replica_frac", None),
     ("promise", "placement_imbalance", None),
+    ("gap", "placement_gap", None),
     ("agree", "rank_agreement", None),
     ("c=0", "multiplicity", "0"),
     ("c=1", "multiplicity", "1"),

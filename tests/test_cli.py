@@ -170,3 +170,51 @@ def test_console_script_is_installed():
                            "--json"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)[0]["policy"] == "row"
+
+
+def test_solve_counts_csv_with_filters_and_redundancy(capsys, tmp_path):
+    csv = tmp_path / "c.csv"
+    rows = ["model,domain,layer,expert,count"]
+    rows += [f"m,{d},{layer},{e},{(e + 1) * (3 if d == 'x' else 1)}"
+             for d in ("x", "y") for layer in (3, 9) for e in range(8)]
+    csv.write_text("\n".join(rows) + "\n")
+    code, out, _ = run(capsys, "solve", "--counts", csv, "--where", "domain=x", "--redundant", 8,
+                       "--gpus", 4, "--solver", "lpt", "--json")
+    assert code == 0
+    result = json.loads(out)
+    assert result["layers"] == [3, 9] and len(result["phy2log"][0]) == 16
+    assert 1.0 <= result["placement_gap"] < 1.2 and len(result["placement_gap_per_layer"]) == 2
+    assert_input_error(capsys, "solve", "--counts", csv, "--gpus", 4,
+                       match="filter with --where on model, domain")
+
+
+def test_solve_previous_reports_moved_slots(capsys, tmp_path):
+    load = tmp_path / "load.json"
+    load.write_text(json.dumps(EXAMPLE))
+    first = tmp_path / "first.json"
+    first.write_text(run(capsys, "solve", "--load", load, "--slots", 16, "--gpus", 8,
+                         "--json")[1])
+    changed = [[v + (3 if i % 4 == 0 else 0) for i, v in enumerate(row)] for row in EXAMPLE]
+    load.write_text(json.dumps(changed))
+    code, out, _ = run(capsys, "solve", "--load", load, "--slots", 16, "--gpus", 8,
+                       "--previous", first, "--json")
+    assert code == 0
+    result = json.loads(out)
+    previous = json.loads(first.read_text())["phy2log"]
+    moved = sum(a != b for r0, r1 in zip(previous, result["phy2log"]) for a, b in zip(r0, r1))
+    assert result["moved_slots"] == moved <= result["fresh_moved_slots"]
+
+
+def test_solve_exact_with_options_and_anti_colocation(capsys, tmp_path):
+    load = tmp_path / "load.json"
+    load.write_text(json.dumps([[600, 560, 120, 120, 20, 10, 10, 10]]))
+    code, out, _ = run(capsys, "solve", "--load", load, "--slots", 16, "--gpus", 8,
+                       "--solver", "exact", "--anti-colocation", "-o", "time_limit=20", "--json")
+    assert code == 0
+    result = json.loads(out)
+    assert result["objective"][0] == pytest.approx(590 / 3)
+    for gpu in range(8):
+        pair = result["phy2log"][0][2 * gpu: 2 * gpu + 2]
+        assert pair[0] != pair[1]
+    assert_input_error(capsys, "solve", "--load", load, "--slots", 16, "--gpus", 8,
+                       "-o", "time_limit=3", match="solver deepseek has no option time_limit")

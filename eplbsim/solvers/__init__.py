@@ -2,18 +2,22 @@
 
 Dimensions: `L` layers, `E` logical experts, `P` physical slots, `G` GPUs, `N` nodes.
 
-A solver is `solver(load, num_slots, topology, num_groups=1) -> phy2log`:
+A solver is `solver(load, num_slots, topology, num_groups=1, **options) -> phy2log`, or
+`-> (phy2log, info)` with a dict reporting on the solve (e.g. a proven bound):
   load:       float64 numpy `[L, E]` pairs per logical expert (non-negative, finite)
   num_slots:  `P`, a multiple of `G`, at least `E`
   topology:   a Topology; slot `p` lives on GPU `p // (P // G)`, GPU `g` on node
               `g // gpus_per_node`
   num_groups: expert groups for group-limited routing (contiguous blocks of `E / num_groups`)
+  options:    keyword-only extras a solver may take, e.g. `anti_colocation` (no two replicas of
+              one expert on one GPU) or `time_limit`; `solve` rejects options a solver lacks
   returns     int64 numpy `[L, P]`, the logical expert held by each physical slot.
 Add one with one function and one line in `SOLVERS`; `solve` also takes any such callable.
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable
 
 import numpy as np
@@ -23,7 +27,10 @@ from ..errors import InputError
 from ..placement import Placement
 from ..registry import lookup, name_of
 from ..topology import Topology
+from .migration import align_to_previous, moved_slots, warm_start
 from .deepseek import deepseek
+from .exact import exact
+from .lpt import lpt, lpt_hier
 from .trivial import trivial
 
 Solver = Callable[[np.ndarray, int, Topology, int], np.ndarray]
@@ -31,28 +38,119 @@ Solver = Callable[[np.ndarray, int, Topology, int], np.ndarray]
 SOLVERS: dict[str, Solver] = {
     "trivial": trivial,
     "deepseek": deepseek,
+    "exact": exact,
+    "lpt": lpt,
+    "lpt-hier": lpt_hier,
 }
 
 
-def solve(solver: str | Solver, load: Any, num_slots: int, topology: Topology,
-          num_groups: int = 1) -> Placement:
+def solve_with_info(solver: str | Solver, load: Any, num_slots: int, topology: Topology,
+                    num_groups: int = 1, *, previous: Any = None,
+                    migration_tolerance: float = 0.005,
+                    **options: Any) -> tuple[Placement, dict[str, Any]]:
     """Validate the inputs, run `solver` (a registry name or a callable) and wrap its result.
 
     load: `[L, E]` pairs per logical expert (numpy, torch or nested lists; never modified)
-    -> Placement over `E` experts with `phy2log [L, P]`. Raises InputError on bad input.
+    previous: a Placement or `[L, P]` phy2log now in service; then, per layer, the result is
+      the one of two candidates that changes fewer slots: the solver's placement laid out over
+      the previous one (`align_to_previous`: same GPU loads), or the previous placement repaired
+      for the new loads and replica counts (`warm_start`) when its max GPU load is within
+      `migration_tolerance` (relative) of the solver's. `info["moved_slots"]` reports it.
+    options: keyword options the solver takes (e.g. `anti_colocation`, `time_limit`); an option
+      it does not take is an InputError naming the ones it does
+    -> (Placement over `E` experts with `phy2log [L, P]`, the solver's report: a dict, empty
+    unless the solver returned `(phy2log, info)` or `previous` was given). InputError on bad
+    input.
     """
     fn = lookup(SOLVERS, solver, "solver")
-    array = _as_load(load)  # [L, E] private float64 copy
+    array = as_load(load)  # [L, E] private float64 copy
     num_layers, num_experts = array.shape
     _check_shape(num_experts, num_slots, topology, num_groups)
-    phy2log = np.asarray(fn(array, num_slots, topology, num_groups))  # [L, P]
+    _check_options(fn, options)
+    result = fn(array, num_slots, topology, num_groups, **options)
+    phy2log, info = result if isinstance(result, tuple) else (result, {})
+    phy2log = np.asarray(phy2log)  # [L, P]
     if phy2log.shape != (num_layers, num_slots):
         raise InputError(f"solver {name_of(fn)} returned shape {phy2log.shape}, "
                          f"expected [layers, slots] = {(num_layers, num_slots)}")
-    return Placement(torch.from_numpy(np.array(phy2log, dtype=np.int64)), num_experts, topology)
+    info = dict(info)
+    if previous is not None:
+        phy2log = _migrate(array, np.asarray(phy2log), previous, topology, num_groups,
+                           migration_tolerance, bool(options.get("anti_colocation")), info)
+    placement = Placement(torch.from_numpy(np.array(phy2log, dtype=np.int64)), num_experts,
+                          topology)
+    return placement, info
 
 
-def _as_load(load: Any) -> np.ndarray:
+def _migrate(load: np.ndarray, phy2log: np.ndarray, previous: Any, topology: Topology,
+             num_groups: int, tolerance: float, anti_colocation: bool,
+             info: dict[str, Any]) -> np.ndarray:
+    """The fewer-moves choice between the aligned fresh solve and the warm start, per layer;
+    records `moved_slots` (total), `moved_slots_per_layer` and `fresh_moved_slots` in info."""
+    L, E = load.shape
+    prev = previous.phy2log.numpy() if isinstance(previous, Placement) else np.asarray(previous)
+    if prev.shape != phy2log.shape:
+        raise InputError(f"the previous placement has shape {prev.shape}; expected "
+                         f"[layers, slots] = {phy2log.shape}")
+    Placement(torch.as_tensor(prev), E, topology)  # validates ids and coverage
+    if not 0 <= tolerance < 1:
+        raise InputError(f"migration_tolerance must lie in [0, 1), got {tolerance}")
+    fresh = align_to_previous(phy2log, prev, topology, E)
+    counts = np.stack([np.bincount(row, minlength=E) for row in fresh])  # [L, E]
+    peak = _peak_load(load, fresh, counts, topology)
+    within_node = num_groups > 1 and num_groups % topology.num_nodes == 0
+    warm = warm_start(load, prev, counts, topology, peak * (1 + tolerance), within_node)
+    ok = _peak_load(load, warm, counts, topology) <= peak * (1 + tolerance) + 1e-9
+    if anti_colocation:
+        ok &= _colocation_free(warm, topology)
+    use_warm = ok & (moved_slots(prev, warm) < moved_slots(prev, fresh))
+    out = np.where(use_warm[:, None], warm, fresh)
+    per_layer = moved_slots(prev, out)
+    info.update(moved_slots=int(per_layer.sum()), moved_slots_per_layer=per_layer.tolist(),
+                fresh_moved_slots=int(moved_slots(prev, fresh).sum()))
+    return out
+
+
+def _peak_load(load: np.ndarray, phy2log: np.ndarray, counts: np.ndarray,
+               topology: Topology) -> np.ndarray:
+    """Max GPU load under the even split, `[L]`."""
+    L, P = phy2log.shape
+    per_slot = np.take_along_axis(load / counts, phy2log, 1)  # [L, P]
+    return per_slot.reshape(L, topology.num_gpus, -1).sum(-1).max(-1)
+
+
+def _colocation_free(phy2log: np.ndarray, topology: Topology) -> np.ndarray:
+    """Per layer: no GPU holds two replicas of one expert, bool `[L]`."""
+    L, P = phy2log.shape
+    per_gpu = np.sort(phy2log.reshape(L, topology.num_gpus, -1), -1)
+    return ~(np.diff(per_gpu, axis=-1) == 0).any((1, 2))
+
+
+def solve(solver: str | Solver, load: Any, num_slots: int, topology: Topology,
+          num_groups: int = 1, **options: Any) -> Placement:
+    """`solve_with_info` without the report: load `[L, E]` -> Placement `[L, P]`."""
+    return solve_with_info(solver, load, num_slots, topology, num_groups, **options)[0]
+
+
+def solver_options(fn: Solver) -> list[str]:
+    """The keyword options a solver takes beyond `(load, num_slots, topology, num_groups)`."""
+    params = list(inspect.signature(fn).parameters.values())[4:]
+    return [p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+def _check_options(fn: Solver, options: dict[str, Any]) -> None:
+    """InputError for an option `fn` does not take."""
+    params = inspect.signature(fn).parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return
+    known = solver_options(fn)
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise InputError(f"solver {name_of(fn)} has no option {', '.join(unknown)}; its options "
+                         f"are: {', '.join(known) or 'none'}")
+
+
+def as_load(load: Any) -> np.ndarray:
     """A fresh float64 `[L, E]` copy of `load`, checked to be non-negative and finite."""
     if isinstance(load, torch.Tensor):
         load = load.detach().cpu().numpy()

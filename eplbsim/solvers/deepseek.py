@@ -16,22 +16,43 @@ item index (stable sort); an item goes to the least-loaded pack that still has r
 loads to the lowest pack index; a new replica goes to the expert with the highest load per
 replica, equal ratios to the lowest expert index; when each pack takes one item, item `i` goes to
 pack `i`.
+
+Option `anti_colocation` (no GPU holds two replicas of one expert): step 2 gives no expert more
+replicas than its node has GPUs (the next replica goes to the highest load per replica among
+the experts below that cap), and in step 3 an item may only go to a pack with room that holds no
+replica of the same expert. InputError when that is impossible (a GPU has more slots than its
+node has experts) or when the greedy packing gets stuck. Without the option the results are
+exactly those of the published algorithm.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from ..errors import InputError
 from ..topology import Topology
+from .bounds import replicate
 
 
-def balanced_packing(weight: np.ndarray, num_packs: int) -> tuple[np.ndarray, np.ndarray]:
+class PackingStuck(InputError):
+    """`balanced_packing` with labels found no open pack for an item: row `row`, label `label`."""
+
+    def __init__(self, row: int, label: int) -> None:
+        super().__init__(f"anti-colocation packing is stuck in row {row}: no pack with room "
+                         f"holds no item labelled {label}")
+        self.row, self.label = row, label
+
+
+def balanced_packing(weight: np.ndarray, num_packs: int,
+                     label: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Pack `X` weighted items into `num_packs` packs of exactly `X / num_packs` items each.
 
     weight: float64 `[L, X]` -> (pack int64 `[L, X]`, rank_in_pack int64 `[L, X]`), where
     `rank_in_pack` is the order in which the item was added to its pack (0 first).
     Greedy: items by descending weight (stable), each to the lightest pack with room (lowest
     index on ties). With one item per pack, item `i` goes to pack `i`.
+    label: optional non-negative int64 `[L, X]`; an item may then only go to a pack that holds
+    no item with its label (PackingStuck, an InputError, when no pack with room qualifies).
     """
     num_layers, num_items = weight.shape
     per_pack = num_items // num_packs
@@ -44,33 +65,28 @@ def balanced_packing(weight: np.ndarray, num_packs: int) -> tuple[np.ndarray, np
     pack_count = np.zeros((num_layers, num_packs), dtype=np.int64)  # [L, packs]
     pack = np.empty((num_layers, num_items), dtype=np.int64)  # [L, X]
     rank = np.empty((num_layers, num_items), dtype=np.int64)  # [L, X]
+    if label is not None:
+        # [L, packs, labels]: does the pack hold an item with the label
+        holds = np.zeros((num_layers, num_packs, int(label.max()) + 1), dtype=bool)
     for step in range(num_items):
         item = order[:, step]  # [L]
-        open_weight = np.where(pack_count < per_pack, pack_weight, np.inf)  # [L, packs]
+        is_open = pack_count < per_pack  # [L, packs]
+        if label is not None:
+            item_label = label[layers, item]  # [L]
+            is_open &= ~holds[layers, :, item_label]
+            stuck = ~is_open.any(axis=1)
+            if stuck.any():
+                row = int(np.argmax(stuck))
+                raise PackingStuck(row, int(item_label[row]))
+        open_weight = np.where(is_open, pack_weight, np.inf)  # [L, packs]
         chosen = np.argmin(open_weight, axis=1)  # [L], first minimum = lowest pack index
         pack[layers, item] = chosen
         rank[layers, item] = pack_count[layers, chosen]
         pack_weight[layers, chosen] += weight[layers, item]
         pack_count[layers, chosen] += 1
+        if label is not None:
+            holds[layers, chosen, item_label] = True
     return pack, rank
-
-
-def replicate_experts(weight: np.ndarray, num_phy: int) -> tuple[np.ndarray, np.ndarray]:
-    """Replicate `X` experts into `num_phy >= X` physical replicas, minimising load per replica.
-
-    weight: float64 `[L, X]` -> (phy2log int64 `[L, num_phy]`, logcnt int64 `[L, X]`).
-    Replica `i < X` is expert `i`; replica `i >= X` is a new replica of the expert with the
-    highest `weight / logcnt` at that point (lowest index on ties).
-    """
-    num_layers, num_log = weight.shape
-    layers = np.arange(num_layers)
-    phy2log = np.tile(np.arange(num_phy, dtype=np.int64), (num_layers, 1))  # [L, num_phy]
-    logcnt = np.ones((num_layers, num_log), dtype=np.int64)  # [L, X]
-    for slot in range(num_log, num_phy):
-        hottest = np.argmax(weight / logcnt, axis=1)  # [L], first maximum = lowest index
-        phy2log[:, slot] = hottest
-        logcnt[layers, hottest] += 1
-    return phy2log, logcnt
 
 
 def _inverse(perm: np.ndarray) -> np.ndarray:
@@ -81,11 +97,12 @@ def _inverse(perm: np.ndarray) -> np.ndarray:
 
 
 def hierarchical(load: np.ndarray, num_slots: int, num_groups: int, num_nodes: int,
-                 num_gpus: int) -> np.ndarray:
+                 num_gpus: int, anti_colocation: bool = False) -> np.ndarray:
     """Hierarchical EPLB; requires `num_groups % num_nodes == 0` and the divisibilities of
     `E` by `num_groups`, `P` by `num_gpus`, `num_gpus` by `num_nodes`.
 
     load: float64 `[L, E]` pairs per logical expert -> phy2log int64 `[L, P]`.
+    anti_colocation: see the module docstring; InputError when it cannot be honoured.
     """
     num_layers, num_experts = load.shape
     group_size = num_experts // num_groups
@@ -93,6 +110,11 @@ def hierarchical(load: np.ndarray, num_slots: int, num_groups: int, num_nodes: i
     log_per_node = num_experts // num_nodes
     phy_per_node = num_slots // num_nodes
     slots_per_gpu = num_slots // num_gpus
+    gpus_per_node = num_gpus // num_nodes
+    if anti_colocation and slots_per_gpu > log_per_node:
+        raise InputError(f"anti_colocation is impossible: each GPU holds {slots_per_gpu} slots "
+                         f"but only {log_per_node} experts may be placed on it (those of its "
+                         f"node), so some GPU would hold two replicas of one expert")
 
     # 1. groups onto nodes
     group_load = load.reshape(num_layers, num_groups, group_size).sum(-1)  # [L, groups]
@@ -104,11 +126,21 @@ def hierarchical(load: np.ndarray, num_slots: int, num_groups: int, num_nodes: i
 
     # 2. replicate within each node; rows are (layer, node)
     mlog_load = np.take_along_axis(load, mlog2log, axis=1).reshape(-1, log_per_node)  # [L*N, E/N]
-    phy2mlog, mlogcnt = replicate_experts(mlog_load, phy_per_node)  # [L*N, P/N], [L*N, E/N]
+    phy2mlog, mlogcnt = replicate(  # [L*N, P/N], [L*N, E/N]
+        mlog_load, phy_per_node, gpus_per_node if anti_colocation else None)
 
     # 3. replicas onto the node's GPUs
     phy_load = np.take_along_axis(mlog_load / mlogcnt, phy2mlog, axis=1)  # [L*N, P/N]
-    gpu, gpu_rank = balanced_packing(phy_load, num_gpus // num_nodes)  # [L*N, P/N]
+    try:
+        gpu, gpu_rank = balanced_packing(phy_load, gpus_per_node,  # [L*N, P/N]
+                                         phy2mlog if anti_colocation else None)
+    except PackingStuck as stuck:
+        layer, node = divmod(stuck.row, num_nodes)
+        expert = int(mlog2log[layer, node * log_per_node + stuck.label])
+        raise InputError(f"deepseek cannot honour anti_colocation: in layer {layer}, its greedy "
+                         f"packing left a replica of expert {expert} with no GPU (of node {node}) "
+                         f"that has a free slot and holds no replica of it; try the exact "
+                         f"solver or fewer slots") from None
     phy2pphy = gpu * slots_per_gpu + gpu_rank  # [L*N, P/N] node-local slot of each replica
     pphy2mlog = np.take_along_axis(phy2mlog, _inverse(phy2pphy), axis=1)  # [L*N, P/N]
 
@@ -119,14 +151,17 @@ def hierarchical(load: np.ndarray, num_slots: int, num_groups: int, num_nodes: i
     return np.take_along_axis(mlog2log, pphy2mlog, axis=1)  # [L, P]
 
 
-def deepseek(load: np.ndarray, num_slots: int, topology: Topology,
-             num_groups: int = 1) -> np.ndarray:
+def deepseek(load: np.ndarray, num_slots: int, topology: Topology, num_groups: int = 1, *,
+             anti_colocation: bool = False) -> np.ndarray:
     """DeepSeek EPLB: hierarchical when `num_groups % N == 0`, else global (one group, one node).
 
     load: float64 `[L, E]` pairs per logical expert, `num_slots` = `P` -> phy2log int64 `[L, P]`.
+    anti_colocation: no GPU holds two replicas of one expert (module docstring); InputError
+    when it cannot be honoured.
     """
     load = np.asarray(load, dtype=np.float64)
     num_nodes, num_gpus = topology.num_nodes, topology.num_gpus
+    anti = bool(anti_colocation)
     if num_groups % num_nodes == 0:
-        return hierarchical(load, num_slots, num_groups, num_nodes, num_gpus)
-    return hierarchical(load, num_slots, 1, 1, num_gpus)
+        return hierarchical(load, num_slots, num_groups, num_nodes, num_gpus, anti)
+    return hierarchical(load, num_slots, 1, 1, num_gpus, anti)

@@ -1,0 +1,147 @@
+"""Migration-aware placement: lay a new placement out so that as few slots as possible change.
+
+Dimensions: `L` layers, `E` logical experts, `P` physical slots, `G` GPUs, `N` nodes,
+`S = P / G` slots per GPU.
+
+Permuting whole nodes, GPUs within a node, or slots within a GPU changes no GPU's load (every
+GPU has `S` slots) and keeps every expert group on one node, so `align_to_previous` searches
+exactly those permutations: nodes to previous nodes and then GPUs to previous GPUs by
+maximum overlap (`scipy.optimize.linear_sum_assignment`), then every expert that already sat in a
+slot of its GPU keeps that slot.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.optimize import linear_sum_assignment
+
+from ..errors import InputError
+from ..topology import Topology
+
+
+def moved_slots(previous: np.ndarray, phy2log: np.ndarray) -> np.ndarray:
+    """Slots whose expert changes between `previous [L, P]` and `phy2log [L, P]`: int64 `[L]`."""
+    return (np.asarray(previous) != np.asarray(phy2log)).sum(-1)
+
+
+def _overlap(new: np.ndarray, old: np.ndarray, num_experts: int) -> np.ndarray:
+    """`[A, B]` replicas in common between groups of slots `new [A, X]` and `old [B, X]`."""
+    def counts(groups: np.ndarray) -> np.ndarray:  # [A, E]
+        out = np.zeros((groups.shape[0], num_experts), dtype=np.int64)
+        np.add.at(out, (np.arange(groups.shape[0])[:, None], groups), 1)
+        return out
+    return np.minimum(counts(new)[:, None, :], counts(old)[None, :, :]).sum(-1)
+
+
+def _match(new: np.ndarray, old: np.ndarray, num_experts: int) -> np.ndarray:
+    """For groups `new [A, X]`, `old [A, X]`: order[i] = the new group placed at old position i,
+    maximising the replicas left in place."""
+    rows, cols = linear_sum_assignment(_overlap(new, old, num_experts), maximize=True)
+    order = np.empty(len(rows), dtype=np.int64)
+    order[cols] = rows
+    return order
+
+
+def _keep_slots(new_gpu: np.ndarray, old_gpu: np.ndarray) -> np.ndarray:
+    """The experts of `new_gpu [S]`, reordered so each one that `old_gpu [S]` already had at a
+    slot stays at that slot; the rest fill the remaining slots in their order."""
+    out = np.full_like(new_gpu, -1)
+    left = list(new_gpu)
+    for i, e in enumerate(old_gpu):
+        if e in left:
+            left.remove(e)
+            out[i] = e
+    out[out < 0] = left
+    return out
+
+
+def align_to_previous(phy2log: np.ndarray, previous: np.ndarray, topology: Topology,
+                      num_experts: int) -> np.ndarray:
+    """`phy2log [L, P]` laid out to change as few slots of `previous [L, P]` as possible, by
+    permuting nodes, GPUs within nodes and slots within GPUs (every GPU's load unchanged)."""
+    phy2log, previous = np.asarray(phy2log), np.asarray(previous)
+    if previous.shape != phy2log.shape:
+        raise InputError(f"the previous placement has shape {previous.shape}; the new one is "
+                         f"{phy2log.shape}: both must be [layers, slots]")
+    L, P = phy2log.shape
+    G, N = topology.num_gpus, topology.num_nodes
+    S, per_node = P // G, G // N
+    out = np.empty_like(phy2log)
+    for layer in range(L):
+        new = phy2log[layer].reshape(N, per_node, S)
+        old = previous[layer].reshape(N, per_node, S)
+        node_order = _match(new.reshape(N, -1), old.reshape(N, -1), num_experts)
+        for n_old, n_new in enumerate(node_order):
+            gpu_order = _match(new[n_new], old[n_old], num_experts)
+            for g_old, g_new in enumerate(gpu_order):
+                slot = (n_old * per_node + g_old) * S
+                out[layer, slot:slot + S] = _keep_slots(new[n_new, g_new], old[n_old, g_old])
+    return out
+
+
+def warm_start(load: np.ndarray, previous: np.ndarray, counts: np.ndarray, topology: Topology,
+               target: np.ndarray, within_node: bool = False) -> np.ndarray:
+    """Repair `previous [L, P]` for new loads `[L, E]` and replica `counts [L, E]`, changing
+    few slots: drop surplus replicas from the most-loaded GPUs, put missing ones into the freed
+    slots on the least-loaded GPUs (largest first), then swap replicas between the most-loaded
+    GPU and another while that lowers the maximum, until it is at most `target [L]` (the max GPU
+    load the caller will accept). `within_node`: swaps and new replicas stay on the node that
+    already holds the expert (groups stay on their node). Returns phy2log int64 `[L, P]`."""
+    L, P = previous.shape
+    G = topology.num_gpus
+    S = P // G
+    gpu_of = np.arange(P) // S  # [P]
+    node_of = gpu_of // topology.gpus_per_node  # [P]
+    out = np.array(previous, dtype=np.int64)
+    for layer in range(L):
+        slots = out[layer]  # [P] view
+        weight = load[layer] / counts[layer]  # [E] load of one replica
+        have = np.bincount(slots, minlength=load.shape[1])
+        gpu_load = np.bincount(gpu_of, weight[slots], minlength=G)
+        free = []
+        for e in np.nonzero(have > counts[layer])[0]:  # surplus: drop from the busiest GPUs
+            mine = np.nonzero(slots == e)[0]
+            drop = mine[np.argsort(-gpu_load[gpu_of[mine]], kind="stable")]
+            drop = drop[:have[e] - counts[layer, e]]
+            free.extend(drop.tolist())
+        for p in free:
+            gpu_load[gpu_of[p]] -= weight[slots[p]]
+            slots[p] = -1
+        need = np.repeat(np.arange(load.shape[1]), np.maximum(counts[layer] - have, 0))
+        for e in need[np.argsort(-weight[need], kind="stable")]:  # largest replicas first
+            open_slots = np.array([p for p in free if slots[p] < 0])
+            if within_node:
+                home = np.isin(node_of[open_slots], node_of[slots == e])
+                open_slots = open_slots[home] if home.any() else open_slots
+            p = open_slots[np.argmin(gpu_load[gpu_of[open_slots]])]
+            slots[p] = e
+            gpu_load[gpu_of[p]] += weight[e]
+        _swap_down(slots, weight, gpu_load, gpu_of, node_of if within_node else None,
+                   target[layer])
+    return out
+
+
+def _swap_down(slots: np.ndarray, weight: np.ndarray, gpu_load: np.ndarray, gpu_of: np.ndarray,
+               node_of: np.ndarray | None, target: float) -> None:
+    """In place: swap a replica of the most-loaded GPU with one elsewhere, the swap that lowers
+    the pair's larger load the most, while the maximum exceeds `target` and a swap lowers it."""
+    while True:
+        top = int(np.argmax(gpu_load))
+        peak = gpu_load[top]
+        if peak <= target:
+            return
+        mine = np.nonzero(gpu_of == top)[0]  # [S]
+        other = np.nonzero(gpu_of != top)[0]
+        if node_of is not None:
+            other = other[node_of[other] == node_of[mine[0]]]
+        w_mine, w_other = weight[slots[mine]], weight[slots[other]]
+        delta = w_mine[:, None] - w_other[None, :]  # [S, X] load leaving `top`
+        after = np.maximum(peak - delta, gpu_load[gpu_of[other]][None, :] + delta)
+        after[slots[mine][:, None] == slots[other][None, :]] = np.inf
+        i, j = np.unravel_index(np.argmin(after), after.shape)
+        if not after[i, j] < peak - 1e-12 * max(peak, 1.0):
+            return
+        a, b = mine[i], other[j]
+        gpu_load[top] -= delta[i, j]
+        gpu_load[gpu_of[b]] += delta[i, j]
+        slots[a], slots[b] = slots[b], slots[a]
