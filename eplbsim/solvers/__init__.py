@@ -27,7 +27,7 @@ from ..errors import InputError
 from ..placement import Placement
 from ..registry import lookup, name_of
 from ..topology import Topology
-from .migration import align_to_previous, moved_slots, warm_start
+from .migration import migrate
 from .deepseek import deepseek
 from .exact import exact
 from .lpt import lpt, lpt_hier
@@ -75,55 +75,12 @@ def solve_with_info(solver: str | Solver, load: Any, num_slots: int, topology: T
                          f"expected [layers, slots] = {(num_layers, num_slots)}")
     info = dict(info)
     if previous is not None:
-        phy2log = _migrate(array, np.asarray(phy2log), previous, topology, num_groups,
-                           migration_tolerance, bool(options.get("anti_colocation")), info)
+        prev = previous.phy2log.numpy() if isinstance(previous, Placement) else previous
+        phy2log = migrate(array, np.asarray(phy2log), np.asarray(prev), topology, num_groups,
+                          migration_tolerance, bool(options.get("anti_colocation")), info)
     placement = Placement(torch.from_numpy(np.array(phy2log, dtype=np.int64)), num_experts,
                           topology)
     return placement, info
-
-
-def _migrate(load: np.ndarray, phy2log: np.ndarray, previous: Any, topology: Topology,
-             num_groups: int, tolerance: float, anti_colocation: bool,
-             info: dict[str, Any]) -> np.ndarray:
-    """The fewer-moves choice between the aligned fresh solve and the warm start, per layer;
-    records `moved_slots` (total), `moved_slots_per_layer` and `fresh_moved_slots` in info."""
-    L, E = load.shape
-    prev = previous.phy2log.numpy() if isinstance(previous, Placement) else np.asarray(previous)
-    if prev.shape != phy2log.shape:
-        raise InputError(f"the previous placement has shape {prev.shape}; expected "
-                         f"[layers, slots] = {phy2log.shape}")
-    Placement(torch.as_tensor(prev), E, topology)  # validates ids and coverage
-    if not 0 <= tolerance < 1:
-        raise InputError(f"migration_tolerance must lie in [0, 1), got {tolerance}")
-    fresh = align_to_previous(phy2log, prev, topology, E)
-    counts = np.stack([np.bincount(row, minlength=E) for row in fresh])  # [L, E]
-    peak = _peak_load(load, fresh, counts, topology)
-    within_node = num_groups > 1 and num_groups % topology.num_nodes == 0
-    warm = warm_start(load, prev, counts, topology, peak * (1 + tolerance), within_node)
-    ok = _peak_load(load, warm, counts, topology) <= peak * (1 + tolerance) + 1e-9
-    if anti_colocation:
-        ok &= _colocation_free(warm, topology)
-    use_warm = ok & (moved_slots(prev, warm) < moved_slots(prev, fresh))
-    out = np.where(use_warm[:, None], warm, fresh)
-    per_layer = moved_slots(prev, out)
-    info.update(moved_slots=int(per_layer.sum()), moved_slots_per_layer=per_layer.tolist(),
-                fresh_moved_slots=int(moved_slots(prev, fresh).sum()))
-    return out
-
-
-def _peak_load(load: np.ndarray, phy2log: np.ndarray, counts: np.ndarray,
-               topology: Topology) -> np.ndarray:
-    """Max GPU load under the even split, `[L]`."""
-    L, P = phy2log.shape
-    per_slot = np.take_along_axis(load / counts, phy2log, 1)  # [L, P]
-    return per_slot.reshape(L, topology.num_gpus, -1).sum(-1).max(-1)
-
-
-def _colocation_free(phy2log: np.ndarray, topology: Topology) -> np.ndarray:
-    """Per layer: no GPU holds two replicas of one expert, bool `[L]`."""
-    L, P = phy2log.shape
-    per_gpu = np.sort(phy2log.reshape(L, topology.num_gpus, -1), -1)
-    return ~(np.diff(per_gpu, axis=-1) == 0).any((1, 2))
 
 
 def solve(solver: str | Solver, load: Any, num_slots: int, topology: Topology,

@@ -59,6 +59,16 @@ def replicate(weight: np.ndarray, num_phy: int,
     return phy2log, logcnt
 
 
+def peak_gpu_load(load: np.ndarray, phy2log: np.ndarray, num_gpus: int) -> np.ndarray:
+    """Max GPU load of placements `phy2log [L, P]` under the even split of `load [L, E]`: `[L]`
+    (slot `p` on GPU `p // (P // G)`)."""
+    load = np.asarray(load, dtype=np.float64)
+    phy2log = np.asarray(phy2log)
+    counts = np.stack([np.bincount(row, minlength=load.shape[1]) for row in phy2log])  # [L, E]
+    per_slot = np.take_along_axis(load / np.maximum(counts, 1), phy2log, 1)  # [L, P]
+    return per_slot.reshape(len(phy2log), num_gpus, -1).sum(-1).max(-1)
+
+
 def water_fill_counts(load: np.ndarray, num_slots: int) -> np.ndarray:
     """Replica counts by water-filling: int64 `[L, E]`, each row summing to `num_slots`.
 

@@ -36,6 +36,7 @@ from scipy.sparse import csr_matrix
 
 from ..errors import InputError
 from ..topology import Topology
+from .bounds import peak_gpu_load
 from .deepseek import deepseek
 
 # The largest model built: E * C * G integer variables w (8 experts, 16 slots, 8 GPUs: 576).
@@ -95,13 +96,12 @@ def exact(load: np.ndarray, num_slots: int, topology: Topology, num_groups: int 
                              "seconds": []}
     for layer in range(num_layers):
         start = time.perf_counter()
-        known = np.inf if fallback is None else _max_gpu_load(load[layer], fallback[layer],
-                                                              num_gpus)
+        known = np.inf if fallback is None else _peak(load[layer], fallback[layer], num_gpus)
         row, bound, status = model.solve(load[layer], float(time_limit), known)
         best, objective = None, np.inf
         for candidate in (row, None if fallback is None else fallback[layer]):
             if candidate is not None:
-                value = _max_gpu_load(load[layer], candidate, num_gpus)
+                value = _peak(load[layer], candidate, num_gpus)
                 if value < objective:
                     best, objective = candidate, value
         if best is None:
@@ -232,11 +232,9 @@ class _Model:
         return LinearConstraint(matrix, np.array(lower), np.array(upper))
 
 
-def _max_gpu_load(load: np.ndarray, phy2log: np.ndarray, num_gpus: int) -> float:
+def _peak(load: np.ndarray, phy2log: np.ndarray, num_gpus: int) -> float:
     """Max GPU load of one layer's placement `[P]` under the even split of `load [E]`."""
-    count = np.bincount(phy2log, minlength=load.size)  # [E]
-    slot_load = load[phy2log] / count[phy2log]  # [P]
-    return float(slot_load.reshape(num_gpus, -1).sum(1).max())
+    return float(peak_gpu_load(load[None], phy2log[None], num_gpus)[0])
 
 
 def _simple_bound(load: np.ndarray, num_gpus: int, max_copies: int) -> float:

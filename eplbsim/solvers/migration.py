@@ -12,11 +12,16 @@ slot of its GPU keeps that slot.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+import torch
 from scipy.optimize import linear_sum_assignment
 
 from ..errors import InputError
+from ..placement import Placement
 from ..topology import Topology
+from .bounds import peak_gpu_load
 
 
 def moved_slots(previous: np.ndarray, phy2log: np.ndarray) -> np.ndarray:
@@ -145,3 +150,40 @@ def _swap_down(slots: np.ndarray, weight: np.ndarray, gpu_load: np.ndarray, gpu_
         gpu_load[top] -= delta[i, j]
         gpu_load[gpu_of[b]] += delta[i, j]
         slots[a], slots[b] = slots[b], slots[a]
+
+
+def migrate(load: np.ndarray, phy2log: np.ndarray, prev: np.ndarray, topology: Topology,
+            num_groups: int, tolerance: float, anti_colocation: bool,
+            info: dict[str, Any]) -> np.ndarray:
+    """Per layer, the fewer-moves choice between the fresh solve `phy2log [L, P]` laid out over
+    `prev [L, P]` and `prev` repaired by `warm_start`, when the latter's max GPU load is within
+    `tolerance` of the former's (and it keeps anti-colocation when asked). Records
+    `moved_slots` (total), `moved_slots_per_layer` and `fresh_moved_slots` in `info`."""
+    L, E = load.shape
+    if prev.shape != phy2log.shape:
+        raise InputError(f"the previous placement has shape {prev.shape}; expected "
+                         f"[layers, slots] = {phy2log.shape}")
+    Placement(torch.as_tensor(prev), E, topology)  # validates ids and coverage
+    if not 0 <= tolerance < 1:
+        raise InputError(f"migration_tolerance must lie in [0, 1), got {tolerance}")
+    fresh = align_to_previous(phy2log, prev, topology, E)
+    counts = np.stack([np.bincount(row, minlength=E) for row in fresh])  # [L, E]
+    peak = peak_gpu_load(load, fresh, topology.num_gpus)
+    within_node = num_groups > 1 and num_groups % topology.num_nodes == 0
+    warm = warm_start(load, prev, counts, topology, peak * (1 + tolerance), within_node)
+    ok = peak_gpu_load(load, warm, topology.num_gpus) <= peak * (1 + tolerance) + 1e-9
+    if anti_colocation:
+        ok &= colocation_free(warm, topology)
+    use_warm = ok & (moved_slots(prev, warm) < moved_slots(prev, fresh))
+    out = np.where(use_warm[:, None], warm, fresh)
+    per_layer = moved_slots(prev, out)
+    info.update(moved_slots=int(per_layer.sum()), moved_slots_per_layer=per_layer.tolist(),
+                fresh_moved_slots=int(moved_slots(prev, fresh).sum()))
+    return out
+
+
+def colocation_free(phy2log: np.ndarray, topology: Topology) -> np.ndarray:
+    """Per layer: no GPU holds two replicas of one expert, bool `[L]`."""
+    L, P = phy2log.shape
+    per_gpu = np.sort(phy2log.reshape(L, topology.num_gpus, -1), -1)
+    return ~(np.diff(per_gpu, axis=-1) == 0).any((1, 2))
