@@ -1,6 +1,7 @@
-"""Counts-only input: expert loads `[L, E]` read from CSV (DESIGN.md §5's weaker kind of input).
+"""Counts-only input (DESIGN.md §5's weaker kind): expert loads `[L, E]` read from CSV, and
+counts-only traces `[S, L, E]` saved as `.npz`.
 
-Dimensions: `L` layers, `E` logical experts.
+Dimensions: `S` steps, `L` layers, `E` logical experts.
 
 A counts CSV has a header with at least `layer`, `expert` and `count`; any other columns (e.g.
 `model`, `domain`) describe where the counts came from and can be filtered on. Counts can drive
@@ -10,7 +11,10 @@ placement and the even-split promise, never row-sensitive dispatch.
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass
+import json
+import zipfile
+import zlib
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -91,3 +95,96 @@ def load_counts_csv(path: str | Path, where: dict[str, str] | None = None,
     load = np.zeros((len(layers), E))
     load[row, expert] = count
     return LayerCounts(load, tuple(int(x) for x in layers))
+
+
+@dataclass(frozen=True, eq=False)
+class CountsTrace:
+    """A counts-only trace: pairs per logical expert per step, no token rows.
+
+    counts: int64 `[S, L, E]` (a private copy; non-negative)
+    meta:   provenance (JSON-serialisable); `model_layers`, when present, is the model layer
+            index of each of the `L` layers (MoE layers only, as kept from a dump)
+    """
+
+    counts: np.ndarray
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        try:
+            counts = np.array(self.counts)
+        except (TypeError, ValueError) as exc:
+            raise InputError(f"counts is not a numeric array ({exc})") from None
+        if counts.ndim != 3 or 0 in counts.shape:
+            raise InputError(f"counts must have shape [steps, layers, experts] with none empty, "
+                             f"got {counts.shape}")
+        if not np.issubdtype(counts.dtype, np.number) or np.issubdtype(counts.dtype,
+                                                                        np.complexfloating):
+            raise InputError(f"counts must be numbers, got dtype {counts.dtype}")
+        whole = np.isfinite(counts).all() and (counts == np.round(counts)).all()
+        if not whole or (counts < 0).any():
+            raise InputError("counts must be finite, non-negative whole numbers of pairs")
+        meta = dict(self.meta or {})
+        layers = meta.get("model_layers")
+        if layers is not None and len(layers) != counts.shape[1]:
+            raise InputError(f"meta model_layers names {len(layers)} layers; counts has "
+                             f"{counts.shape[1]}")
+        object.__setattr__(self, "counts", counts.astype(np.int64))
+        object.__setattr__(self, "meta", meta)
+
+    @property
+    def num_steps(self) -> int:
+        return self.counts.shape[0]
+
+    @property
+    def num_layers(self) -> int:
+        return self.counts.shape[1]
+
+    @property
+    def num_experts(self) -> int:
+        return self.counts.shape[2]
+
+    def load(self) -> np.ndarray:
+        """Pairs per expert summed over steps, float64 `[L, E]` (what a solver takes)."""
+        return self.counts.sum(0).astype(np.float64)
+
+
+def save_counts_trace(trace: CountsTrace, path: str | Path) -> None:
+    """Write a counts-only trace as `.npz`: `counts [S, L, E]` and `meta` (JSON, `kind:
+    "counts"`)."""
+    meta = dict(trace.meta, kind="counts", num_experts=trace.num_experts,
+                num_layers=trace.num_layers)
+    with open(path, "wb") as f:
+        np.savez_compressed(f, counts=trace.counts, meta=np.array(json.dumps(meta, sort_keys=True)))
+
+
+def is_counts_file(path: str | Path) -> bool:
+    """Whether an `.npz` holds a counts-only trace (no pickle; False for anything else)."""
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            return "counts" in npz.files and "topk_ids" not in npz.files
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error, AttributeError):
+        return False
+
+
+def load_counts_trace(path: str | Path) -> CountsTrace:
+    """Read a counts-only `.npz` without unpickling; InputError naming the file otherwise."""
+    path = Path(path)
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            if "counts" not in getattr(npz, "files", ()):
+                raise InputError(f"{path}: not a counts-only trace (no `counts` array)")
+            counts = npz["counts"]
+            meta = json.loads(str(npz["meta"][()])) if "meta" in npz.files else {}
+    except InputError:
+        raise
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as exc:
+        raise InputError(f"{path}: not a readable counts trace (truncated or corrupt?): "
+                         f"{exc}") from None
+    if not isinstance(meta, dict):
+        raise InputError(f"{path}: meta must be a JSON object")
+    try:
+        return CountsTrace(counts, meta)
+    except InputError as exc:
+        raise InputError(f"{path}: {exc}") from None
