@@ -15,12 +15,13 @@ from typing import Any, Callable, Sequence
 import torch
 
 from . import metrics as M
-from .counts import load_counts_csv, parse_where
+from .counts import (CountsTrace, is_counts_file, load_counts_csv, load_counts_trace,
+                     load_layer_counts, parse_where)
 from .dispatch import resolve_policy
 from .errors import InputError
 from .placement import VIEWS
 from .ranks import MODES, RNG_RELATIONS
-from .replay import ReplayConfig, compare
+from .replay import ReplayConfig, compare, promise_only
 from .results import format_table, to_json, write_results
 from .solvers import SOLVERS, as_load, solve_with_info
 from .synth import DEFAULT_SCENARIO, SCENARIOS, synthesize
@@ -78,12 +79,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="compare dispatch policies on a trace or scenario")
     src = run.add_mutually_exclusive_group()
-    src.add_argument("--trace", type=Path, help="an .npz trace (DESIGN.md §5)")
+    src.add_argument("--trace", type=Path, help="an .npz trace (DESIGN.md §5), a counts-only "
+                     ".npz, or a counts CSV (layer,expert,count; see --where): counts give the "
+                     "placement's even-split promise only")
     src.add_argument("--scenario", choices=sorted(SCENARIOS),
                      help=f"a synthetic scenario (default {DEFAULT_SCENARIO})")
     _add_sizes(run, RUN_SIZES)
     run.add_argument("--solver", default="deepseek", choices=sorted(SOLVERS))
-    run.add_argument("--policies", default=DEFAULT_POLICIES,
+    run.add_argument("--where", default=None, help="filters for a counts CSV --trace")
+    run.add_argument("--policies", default=None,
                      help=f"comma-separated policies (default {DEFAULT_POLICIES})")
     run.add_argument("--mode", default="none,a2a",
                      help="none, a2a, or both comma-separated (default none,a2a)")
@@ -117,13 +121,23 @@ def build_parser() -> argparse.ArgumentParser:
     syn.add_argument("--out", type=Path, required=True)
     _add_sizes(syn, {"steps": 32, "tokens": 256, "layers": 4, "experts": 64, "top_k": 8})
     syn.add_argument("--seed", type=_nonnegative, default=0)
+    imp = tsub.add_parser("import-sglang", help="import SGLang expert-distribution recorder "
+                          "dumps (per_token -> trace, per_pass/stat -> counts-only trace)")
+    imp.add_argument("paths", type=Path, nargs="+", metavar="PATH",
+                     help="dump files written by torch.save (one per rank; stat: rank 0's)")
+    imp.add_argument("--out", type=Path, required=True, help="the .npz to write")
+    imp.add_argument("--experts", type=_positive, default=None,
+                     help="logical experts E (default: the largest logical id + 1)")
+    imp.add_argument("--top-k", type=_positive, default=None,
+                     help="the model's top-k: keep that many id columns (default: all)")
 
     sol = sub.add_parser("solve", help="solve a placement for expert loads (a JSON [L][E] "
                          "matrix or a counts CSV)")
     loads = sol.add_mutually_exclusive_group(required=True)
     loads.add_argument("--load", type=Path, help="a JSON [layers][experts] load matrix")
     loads.add_argument("--counts", type=Path,
-                       help="a CSV with columns layer,expert,count (others can be filtered on)")
+                       help="a CSV with columns layer,expert,count (others can be filtered on), "
+                       "a counts-only .npz, or a trace .npz (summed over steps)")
     sol.add_argument("--where", default=None,
                      help="filters for --counts, e.g. model=olmoe,domain=arxiv")
     sol.add_argument("--experts", type=_positive, default=None,
@@ -165,6 +179,25 @@ def build_parser() -> argparse.ArgumentParser:
                        help="replay layers (default 58)")
     bench.add_argument("--seed", type=_nonnegative, default=0)
     bench.add_argument("--json", action="store_true", help="print only a JSON array of rows")
+
+    exp = sub.add_parser("export", help="write a placement (or expert loads) in a form a "
+                         "serving engine loads")
+    exp.add_argument("--format", required=True, choices=["sglang"],
+                     help="sglang: the JSON of --init-expert-location")
+    what = exp.add_mutually_exclusive_group(required=True)
+    what.add_argument("--placement", type=Path, help="a `solve --json` output or a bare JSON "
+                      "phy2log [L][P]; writes physical_to_logical_map")
+    what.add_argument("--counts", type=Path, help="a counts-only or trace .npz; writes "
+                      "logical_count (the engine runs its own solver)")
+    exp.add_argument("--num-model-layers", type=_positive, default=None,
+                     help="layers of the model, dense ones included (default: the trace's "
+                     "num_model_layers)")
+    exp.add_argument("--moe-layers", default=None,
+                     help="model layer of each MoE layer, e.g. 1,2,3 (default: the file's "
+                     "layers / model_layers, else 0..L-1)")
+    exp.add_argument("--experts", type=_positive, default=None,
+                     help="logical experts E (default: from the file)")
+    exp.add_argument("--out", type=Path, required=True, help="the JSON file to write")
     return parser
 
 
@@ -193,14 +226,28 @@ def _scenario_trace(args: argparse.Namespace, scenario: str) -> Trace:
                       **dict(args.option))
 
 
+def _counts_input(path: Path, where: str | None) -> CountsTrace | None:
+    """The counts-only trace at `path` (a counts CSV or counts `.npz`), or None for a trace."""
+    if path.suffix.lower() == ".csv":
+        counts = load_counts_csv(path, parse_where(where))
+        return CountsTrace(counts.load[None], {"source": str(path),
+                                              "model_layers": list(counts.layers)})
+    if where:
+        raise InputError("--where filters a counts CSV only")
+    return load_counts_trace(path) if is_counts_file(path) else None
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    counts = _counts_input(args.trace, args.where) if args.trace else None
+    if counts is not None:
+        return _run_counts(args, counts)
     trace = load_trace(args.trace) if args.trace else \
         _scenario_trace(args, args.scenario or DEFAULT_SCENARIO)
     modes = _split(args.mode, "mode")
     for m in modes:
         if m not in MODES:
             raise InputError(f"unknown mode {m!r}; choose from {', '.join(MODES)}")
-    policies = _split(args.policies, "policies")
+    policies = _split(args.policies or DEFAULT_POLICIES, "policies")
     for p in policies:
         resolve_policy(p)
     config = ReplayConfig(solver=args.solver, view=args.view, rng=args.rng,
@@ -223,6 +270,30 @@ def cmd_run(args: argparse.Namespace) -> int:
         save_figure(policy_comparison(results), figure)
         if not args.json:
             print("wrote " + ", ".join(str(p) for p in paths + [figure]))
+    return 0
+
+
+def _run_counts(args: argparse.Namespace, counts: CountsTrace) -> int:
+    """`run` on counts only: the placement's even-split promise; no policy can run."""
+    if args.policies:
+        raise InputError(f"{args.trace} holds expert counts, not token rows: dispatch policies "
+                         f"choose a replica per (token, slot), so none can run on it; without "
+                         f"--policies, run reports the placement's even-split promise")
+    config = ReplayConfig(solver=args.solver, num_gpus=args.gpus,
+                          gpus_per_node=args.gpus_per_node, num_redundant=args.redundant,
+                          num_groups=args.groups, rebalance_every=args.rebalance_every,
+                          seed=args.seed)
+    rows = [promise_only(counts, config)]
+    if args.json:
+        print(to_json(rows))
+        return 0
+    print(f"{args.trace}: counts only, {counts.num_steps} steps, {counts.num_layers} layers, "
+          f"E={counts.num_experts} | {args.gpus} GPUs, P={counts.num_experts + args.redundant} "
+          f"slots, solver {args.solver}: the placement's even-split promise (no token rows, "
+          f"so no dispatch)")
+    print(format_table(rows))
+    if args.out:
+        print("wrote " + ", ".join(str(p) for p in write_results(rows, args.out)))
     return 0
 
 
@@ -290,6 +361,22 @@ def cmd_trace_synth(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_trace_import(args: argparse.Namespace) -> int:
+    from .counts import CountsTrace, save_counts_trace
+    from .sglang import import_sglang
+    trace = import_sglang(args.paths, args.experts, args.top_k)
+    counts_only = isinstance(trace, CountsTrace)
+    try:
+        (save_counts_trace if counts_only else save_trace)(trace, args.out)
+    except OSError as exc:
+        raise InputError(f"cannot write {args.out}: {exc.strerror or exc}") from None
+    kind = "counts-only trace" if counts_only else f"trace (top-{trace.top_k}, src_rank)"
+    print(f"wrote {args.out}: {kind} from SGLang {trace.meta['mode']} dump, "
+          f"{trace.num_steps} steps, {trace.num_layers} layers (of "
+          f"{trace.meta['num_model_layers']} model layers), {trace.num_experts} experts")
+    return 0
+
+
 def _read_json(path: Path, what: str) -> Any:
     try:
         return json.loads(path.read_text())
@@ -301,7 +388,7 @@ def _read_json(path: Path, what: str) -> Any:
 
 def cmd_solve(args: argparse.Namespace) -> int:
     if args.counts is not None:
-        counts = load_counts_csv(args.counts, parse_where(args.where), args.experts)
+        counts = load_layer_counts(args.counts, parse_where(args.where), args.experts)
         load, layers = counts.load, list(counts.layers)
     else:
         if args.where or args.experts:
@@ -381,13 +468,75 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _moe_layers_arg(text: str) -> list[int]:
+    try:
+        return [int(s) for s in _split(text, "moe-layers")]
+    except ValueError:
+        raise InputError(f"--moe-layers takes comma-separated integers, got {text!r}") from None
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from .counts import is_counts_file, load_counts_trace
+    from .export import sglang_logical_count, sglang_placement
+    meta: dict[str, Any] = {}
+    if args.placement is not None:
+        data = _read_json(args.placement, "a JSON placement")
+        phy2log = data.get("phy2log") if isinstance(data, dict) else data
+        if phy2log is None:
+            raise InputError(f"{args.placement}: a JSON object placement needs a phy2log key")
+        if isinstance(data, dict) and data.get("layers") is not None:
+            meta["model_layers"] = data["layers"]
+        experts = args.experts
+        if experts is None:
+            logcnt = data.get("logcnt") if isinstance(data, dict) else None
+            try:
+                experts = len(logcnt[0]) if logcnt else max(max(r) for r in phy2log) + 1
+            except (TypeError, ValueError, IndexError):
+                raise InputError(f"{args.placement}: phy2log is not a [layers][slots] list of "
+                                 f"integers") from None
+        num_layers = len(phy2log) if isinstance(phy2log, list) else 0
+    else:
+        if is_counts_file(args.counts):
+            ct = load_counts_trace(args.counts)
+            counts, meta = ct.counts, ct.meta  # [S, L, E]
+        else:
+            trace = load_trace(args.counts)
+            counts, meta = trace.counts().numpy(), trace.meta  # [S, L, E]
+        if args.experts is not None and args.experts != counts.shape[2]:
+            raise InputError(f"{args.counts}: holds {counts.shape[2]} experts, --experts says "
+                             f"{args.experts}")
+        num_layers = counts.shape[1]
+    model_layers = args.num_model_layers or meta.get("num_model_layers")
+    if model_layers is None:
+        raise InputError("--num-model-layers is required (the file does not record the "
+                         "model's layer count)")
+    if args.moe_layers is not None:
+        moe = _moe_layers_arg(args.moe_layers)
+    else:
+        moe = meta.get("model_layers") or list(range(num_layers))
+    if args.placement is not None:
+        obj = sglang_placement(phy2log, experts, model_layers, moe)
+        shape = f"physical_to_logical_map [{model_layers}, {len(obj['physical_to_logical_map'][0])}]"
+    else:
+        obj = sglang_logical_count(counts, model_layers, moe)
+        shape = f"logical_count [{model_layers}, {counts.shape[2]}]"
+    try:
+        args.out.write_text(json.dumps(obj))
+    except OSError as exc:
+        raise InputError(f"cannot write {args.out}: {exc.strerror or exc}") from None
+    print(f"wrote {args.out}: sglang {shape}, MoE layers {moe}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status (2 for bad input)."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    handlers = {"run": cmd_run, "solve": cmd_solve, "bench": cmd_bench}
+    handlers = {"run": cmd_run, "solve": cmd_solve, "bench": cmd_bench,
+                "export": cmd_export}
     if args.command == "trace":
-        handler = cmd_trace_info if args.trace_command == "info" else cmd_trace_synth
+        handler = {"info": cmd_trace_info, "synth": cmd_trace_synth,
+                   "import-sglang": cmd_trace_import}[args.trace_command]
     else:
         handler = handlers[args.command]
     try:

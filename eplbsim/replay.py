@@ -18,6 +18,7 @@ from typing import Any, Callable
 import torch
 
 from . import metrics as M
+from .counts import CountsTrace
 from .dispatch import DispatchContext, Policy, resolve_policy
 from .errors import InputError
 from .moe import make_toy_moe, step_error_terms
@@ -157,7 +158,30 @@ def replay(trace: Trace, config: ReplayConfig = ReplayConfig()) -> Results:
     return Results(cfg, summary, slot_load, true_load, tuple(epochs), counters)
 
 
-def _placement_schedule(trace: Trace, cfg: ReplayConfig, topo: Topology,
+def promise_only(trace: CountsTrace, config: ReplayConfig = ReplayConfig()) -> dict[str, Any]:
+    """A counts-only trace has no token rows, so nothing can be dispatched: the placement's
+    even-split promise under `config`'s solver and schedule is all there is to report.
+    Returns a table row with `placement_imbalance` and `placement_gap`; every dispatch metric
+    is None, `policy` is "(even split)" and `mode` "-"."""
+    topo = Topology(config.num_gpus, config.gpus_per_node)
+    true_load = torch.from_numpy(trace.counts)  # [S, L, E]
+    place_for = _placement_schedule(trace, config, topo, true_load)
+    epochs: list[tuple[int, Placement]] = []
+    for s in range(trace.num_steps):
+        placement = place_for(s)
+        if not epochs or placement is not epochs[-1][1]:
+            epochs.append((s, placement))
+    idle = torch.zeros(*true_load.shape[:2], epochs[0][1].num_slots)  # nothing executed
+    promised = summarize(idle, true_load, epochs, topo.num_gpus)
+    metrics = {key: None for key in M.METRIC_KEYS}
+    metrics.update(placement_imbalance=promised["placement_imbalance"],
+                   placement_gap=promised["placement_gap"])
+    solver = "given" if config.placement is not None else name_of(config.solver)
+    return {"policy": "(even split)", "solver": solver, "mode": "-", "view": "-", "rng": "-",
+            **metrics}
+
+
+def _placement_schedule(trace: Trace | CountsTrace, cfg: ReplayConfig, topo: Topology,
                         true_load: torch.Tensor) -> Callable[[int], Placement]:
     """`step -> placement` for the configured schedule (solving lazily, once per epoch)."""
     E = trace.num_experts

@@ -218,3 +218,18 @@ def test_solve_exact_with_options_and_anti_colocation(capsys, tmp_path):
         assert pair[0] != pair[1]
     assert_input_error(capsys, "solve", "--load", load, "--slots", 16, "--gpus", 8,
                        "-o", "time_limit=3", match="solver deepseek has no option time_limit")
+
+
+def test_run_on_counts_reports_the_promise_and_refuses_policies(capsys, tmp_path):
+    from eplbsim.counts import CountsTrace, save_counts_trace
+    path = tmp_path / "c.npz"
+    counts = np.random.default_rng(0).integers(0, 50, (4, 2, 16))
+    save_counts_trace(CountsTrace(counts), path)
+    code, out, _ = run(capsys, "run", "--trace", path, "--gpus", 4, "--redundant", 4, "--json")
+    assert code == 0
+    (row,) = json.loads(out)
+    assert row["policy"] == "(even split)" and row["rank_agreement"] is None
+    assert row["gpu_imbalance"] is None and row["placement_imbalance"] >= 1.0
+    assert row["placement_gap"] >= 1.0
+    assert_input_error(capsys, "run", "--trace", path, "--policies", "row",
+                       match="holds expert counts, not token rows")

@@ -55,3 +55,44 @@ def test_real_olmoe_counts_load():
     assert np.all(got.load.sum(1) == got.load.sum(1)[0])  # every layer routed the same tokens
     mixtral = load_counts_csv(REAL, parse_where("model=mistral,domain=c4"))
     assert mixtral.load.shape == (3, 8)
+
+
+def test_counts_trace_validates_and_round_trips(tmp_path):
+    from eplbsim.counts import CountsTrace, is_counts_file, load_counts_trace, save_counts_trace
+    raw = np.array([[[1, 2, 0], [0, 0, 5]]])  # [S, L, E]
+    trace = CountsTrace(raw, {"model_layers": [3, 5]})
+    raw[0, 0, 0] = 99
+    assert trace.counts[0, 0, 0] == 1, "a private copy"
+    path = tmp_path / "c.npz"
+    save_counts_trace(trace, path)
+    back = load_counts_trace(path)
+    assert is_counts_file(path) and np.array_equal(back.counts, trace.counts)
+    assert back.meta["model_layers"] == [3, 5] and back.meta["kind"] == "counts"
+    for bad, match in ((np.ones((2, 3)), r"\[steps, layers, experts\]"),
+                       (-np.ones((1, 1, 2)), "non-negative"), (np.full((1, 1, 2), 0.5), "whole"),
+                       (np.full((1, 1, 2), np.nan), "finite")):
+        with pytest.raises(InputError, match=match):
+            CountsTrace(bad)
+    with pytest.raises(InputError, match="model_layers names 1 layers"):
+        CountsTrace(np.ones((1, 2, 2)), {"model_layers": [0]})
+    cut = tmp_path / "cut.npz"
+    cut.write_bytes(path.read_bytes()[:40])
+    assert not is_counts_file(cut)
+    with pytest.raises(InputError, match=str(cut)):
+        load_counts_trace(cut)
+
+
+def test_layer_counts_from_every_kind_of_file(tmp_path):
+    from eplbsim.counts import CountsTrace, load_layer_counts, save_counts_trace
+    from eplbsim.synth import synthesize
+    from eplbsim.trace import save_trace
+    trace = synthesize("uniform", steps=3, tokens=8, layers=2, experts=6, top_k=2)
+    save_trace(trace, tmp_path / "t.npz")
+    got = load_layer_counts(tmp_path / "t.npz")
+    assert np.array_equal(got.load, trace.counts().sum(0).numpy()) and got.layers == (0, 1)
+    save_counts_trace(CountsTrace(trace.counts().numpy(), {"model_layers": [1, 4]}),
+                      tmp_path / "c.npz")
+    got = load_layer_counts(tmp_path / "c.npz")
+    assert np.array_equal(got.load, trace.counts().sum(0).numpy()) and got.layers == (1, 4)
+    with pytest.raises(InputError, match="CSV only"):
+        load_layer_counts(tmp_path / "c.npz", {"model": "x"})
