@@ -27,6 +27,7 @@ from .solvers import SOLVERS, as_load, solve_with_info
 from .synth import DEFAULT_SCENARIO, SCENARIOS, synthesize
 from .topology import Topology
 from .trace import Trace, load_trace, save_trace
+from .trace_dir import open_trace
 
 DEFAULT_POLICIES = "static,random,row,ordinal"
 # The embedded default scenario of `eplbsim run` (sizes chosen to run in seconds on 2 cores).
@@ -79,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="compare dispatch policies on a trace or scenario")
     src = run.add_mutually_exclusive_group()
-    src.add_argument("--trace", type=Path, help="an .npz trace (DESIGN.md §5), a counts-only "
+    src.add_argument("--trace", type=Path, help="an .npz trace (DESIGN.md §5), a trace "
+                     "directory (see trace convert), a counts-only "
                      ".npz, or a counts CSV (layer,expert,count; see --where): counts give the "
                      "placement's even-split promise only")
     src.add_argument("--scenario", choices=sorted(SCENARIOS),
@@ -121,6 +123,15 @@ def build_parser() -> argparse.ArgumentParser:
     syn.add_argument("--out", type=Path, required=True)
     _add_sizes(syn, {"steps": 32, "tokens": 256, "layers": 4, "experts": 64, "top_k": 8})
     syn.add_argument("--seed", type=_nonnegative, default=0)
+    conv = tsub.add_parser("convert", help="convert a trace between .npz and the directory "
+                           "form (memory-mapped, for traces larger than memory)")
+    conv.add_argument("src", type=Path, help="an .npz trace, a trace directory or a .jsonl "
+                      "router log ({step, layer, topk_ids} per line)")
+    conv.add_argument("--out", type=Path, required=True,
+                      help="DST: ending in .npz writes .npz, in .jsonl a router log, anything "
+                      "else a directory (a .jsonl source is streamed into it)")
+    conv.add_argument("--experts", type=_positive, default=None,
+                      help="logical experts E of a .jsonl source (default: largest id + 1)")
     imp = tsub.add_parser("import-sglang", help="import SGLang expert-distribution recorder "
                           "dumps (per_token -> trace, per_pass/stat -> counts-only trace)")
     imp.add_argument("paths", type=Path, nargs="+", metavar="PATH",
@@ -241,7 +252,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     counts = _counts_input(args.trace, args.where) if args.trace else None
     if counts is not None:
         return _run_counts(args, counts)
-    trace = load_trace(args.trace) if args.trace else \
+    trace = open_trace(args.trace) if args.trace else \
         _scenario_trace(args, args.scenario or DEFAULT_SCENARIO)
     modes = _split(args.mode, "mode")
     for m in modes:
@@ -313,14 +324,16 @@ def trace_summary(trace: Trace) -> dict[str, Any]:
     whole_skew = M.max_over_mean(counts.sum(0))  # [L]
     step_skew = M.max_over_mean(counts)  # [S, L]
     tps = trace.tokens_per_step
-    padding = int((trace.topk_ids < 0).sum())
+    pairs = trace.num_tokens * trace.num_layers * trace.top_k
+    padding = pairs - int(counts.sum())
+    has_src = trace.num_steps > 0 and trace.step_src_rank(0) is not None
     return {
         "steps": trace.num_steps, "tokens": trace.num_tokens,
         "tokens_per_step": {"min": int(tps.min()), "mean": float(tps.double().mean()),
                             "max": int(tps.max())},
         "layers": trace.num_layers, "experts": trace.num_experts, "top_k": trace.top_k,
-        "groups": trace.num_groups, "src_rank": trace.src_rank is not None,
-        "padding_frac": padding / max(trace.topk_ids.numel(), 1),
+        "groups": trace.num_groups, "src_rank": has_src,
+        "padding_frac": padding / max(pairs, 1),
         "layer_skew": [{"layer": layer,
                         "max_over_mean": M.nanmean_or_none(whole_skew[layer:layer + 1]),
                         "per_step_max_over_mean": M.nanmean_or_none(step_skew[:, layer]),
@@ -331,7 +344,7 @@ def trace_summary(trace: Trace) -> dict[str, Any]:
 
 
 def cmd_trace_info(args: argparse.Namespace) -> int:
-    info = trace_summary(load_trace(args.file))
+    info = trace_summary(open_trace(args.file))
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
@@ -357,6 +370,35 @@ def cmd_trace_synth(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise InputError(f"cannot write {args.out}: {exc.strerror or exc}") from None
     print(f"wrote {args.out}: {trace.num_steps} steps x {args.tokens} tokens, "
+          f"{trace.num_layers} layers, {trace.num_experts} experts, top-{trace.top_k}")
+    return 0
+
+
+def cmd_trace_convert(args: argparse.Namespace) -> int:
+    from .jsonl import read_jsonl, write_jsonl
+    from .trace_dir import save_trace_dir, to_memory
+    out_kind = args.out.suffix.lower()
+    if args.src.suffix.lower() == ".jsonl":
+        trace = read_jsonl(args.src, args.experts, None if out_kind in (".npz", ".jsonl")
+                           else args.out)
+    elif args.experts is not None:
+        raise InputError("--experts applies to a .jsonl source only")
+    else:
+        trace = open_trace(args.src)
+    if out_kind == ".jsonl":
+        write_jsonl(trace, args.out)
+        kind = "JSONL router log"
+    elif out_kind == ".npz":
+        try:
+            save_trace(to_memory(trace), args.out)
+        except OSError as exc:
+            raise InputError(f"cannot write {args.out}: {exc.strerror or exc}") from None
+        kind = ".npz"
+    else:
+        if args.src.suffix.lower() != ".jsonl":  # a .jsonl source was streamed there already
+            save_trace_dir(trace, args.out)
+        kind = "trace directory"
+    print(f"wrote {args.out} ({kind}): {trace.num_steps} steps, {trace.num_tokens} tokens, "
           f"{trace.num_layers} layers, {trace.num_experts} experts, top-{trace.top_k}")
     return 0
 
@@ -536,7 +578,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "export": cmd_export}
     if args.command == "trace":
         handler = {"info": cmd_trace_info, "synth": cmd_trace_synth,
-                   "import-sglang": cmd_trace_import}[args.trace_command]
+                   "import-sglang": cmd_trace_import,
+                   "convert": cmd_trace_convert}[args.trace_command]
     else:
         handler = handlers[args.command]
     try:

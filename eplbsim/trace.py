@@ -23,8 +23,45 @@ import torch
 from .errors import InputError
 
 
+class TraceShape:
+    """Sizes shared by every trace form, from `step_offsets [S + 1]`, `meta` and `ids_shape`
+    (`(sum T_s, L, K)`)."""
+
+    step_offsets: torch.Tensor
+    meta: dict[str, Any]
+
+    @property
+    def ids_shape(self) -> tuple[int, int, int]:
+        raise NotImplementedError
+
+    @property
+    def num_steps(self) -> int:
+        return self.step_offsets.numel() - 1
+
+    @property
+    def num_tokens(self) -> int:
+        return self.ids_shape[0]
+
+    @property
+    def num_layers(self) -> int:
+        return self.ids_shape[1]
+
+    @property
+    def top_k(self) -> int:
+        return self.ids_shape[2]
+
+    @property
+    def num_groups(self) -> int | None:
+        return self.meta.get("num_groups")
+
+    @property
+    def tokens_per_step(self) -> torch.Tensor:
+        """int64 `[S]`."""
+        return self.step_offsets.diff()
+
+
 @dataclass(frozen=True, eq=False)
-class Trace:
+class Trace(TraceShape):
     """A validated routing trace. Tensors are private copies of what the caller passed.
 
     topk_ids:     int32 `[sum T_s, L, K]` logical expert ids in `[-1, E)`
@@ -105,30 +142,10 @@ class Trace:
             [_as_int_tensor(r, "src_rank") for r in src_rank])
         return cls(torch.cat(parts), sizes.cumsum(0), num_experts, src, meta or {})
 
-    @property
-    def num_steps(self) -> int:
-        return self.step_offsets.numel() - 1
 
     @property
-    def num_tokens(self) -> int:
-        return self.topk_ids.shape[0]
-
-    @property
-    def num_layers(self) -> int:
-        return self.topk_ids.shape[1]
-
-    @property
-    def top_k(self) -> int:
-        return self.topk_ids.shape[2]
-
-    @property
-    def num_groups(self) -> int | None:
-        return self.meta.get("num_groups")
-
-    @property
-    def tokens_per_step(self) -> torch.Tensor:
-        """int64 `[S]`."""
-        return self.step_offsets.diff()
+    def ids_shape(self) -> tuple[int, int, int]:
+        return tuple(self.topk_ids.shape)
 
     def step(self, s: int) -> torch.Tensor:
         """Logical ids of step `s`, int32 `[T_s, L, K]` (a view: do not modify)."""

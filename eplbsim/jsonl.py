@@ -1,0 +1,168 @@
+"""Generic JSONL router logs, the layout per-layer router tracers write, read as a stream.
+
+Dimensions: `S` steps, `T_s` tokens of step `s`, `L` MoE layers, `E` logical experts, `K` top-k.
+
+One JSON object per line: `{"step": s, "layer": l, "topk_ids": [[...], ...]}`, the `[T_s, K]`
+logical ids layer `l` chose for the tokens of step `s` (-1 for padding). Blank lines are skipped.
+Rules (anything else is an InputError naming `file:line`):
+
+- a step's lines are contiguous and steps come in strictly ascending order (gaps in the step
+  numbers are allowed; steps are renumbered 0..S-1 and the first and last ids go to `meta`);
+- within a step the layers may come in any order, but every layer `0..L-1` appears exactly once
+  (`L` is fixed by the first step) and all with the same `T_s`;
+- every row has the same `K`; ids are integers in `[-1, E)`.
+
+Only one step is held in memory at a time, so a log larger than memory can be written straight
+into the directory form (:func:`eplbsim.trace_dir.write_steps`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import InputError
+from .trace import Trace
+from .trace_dir import DirTrace, write_steps
+
+
+class _Steps:
+    """Iterate over a log's steps as (int32 `[T_s, L, K]`, None) pairs; `meta` (first and last
+    step ids), `L`, `K` and `top` (the largest id) are filled in as it goes."""
+
+    def __init__(self, path: Path, num_experts: int | None) -> None:
+        self.path, self.E = path, num_experts
+        self.L: int | None = None
+        self.K: int | None = None
+        self.top = -1
+        self.meta: dict[str, Any] = {"source": str(path), "format": "jsonl"}
+
+    def __iter__(self) -> Iterator[tuple[np.ndarray, None]]:
+        current, layers, start = None, {}, 0
+        try:
+            f = open(self.path, encoding="utf-8")  # noqa: SIM115 (closed by `with f` below)
+        except FileNotFoundError:
+            raise InputError(f"{self.path}: no such file") from None
+        except OSError as exc:
+            raise InputError(f"{self.path}: cannot read ({exc.strerror or exc})") from None
+        with f:
+            try:
+                for n, line in enumerate(f, 1):
+                    if not line.strip():
+                        continue
+                    step, layer, ids = self._parse(line, n)
+                    if step != current:
+                        if current is not None and step < current:
+                            raise self._error(n, f"step {step} after step {current}: steps "
+                                                 f"must be contiguous and ascending")
+                        if current is not None:
+                            yield self._finish(current, layers, start), None
+                        current, layers, start = step, {}, n
+                        self.meta.setdefault("first_step", step)
+                    if layer in layers:
+                        raise self._error(n, f"layer {layer} of step {step} appears twice")
+                    if layers and ids.shape[0] != next(iter(layers.values())).shape[0]:
+                        raise self._error(n, f"layer {layer} of step {step} has {ids.shape[0]} "
+                                             f"tokens, other layers of the step "
+                                             f"{next(iter(layers.values())).shape[0]}")
+                    layers[layer] = ids
+            except UnicodeDecodeError as exc:
+                raise InputError(f"{self.path}: not UTF-8 text ({exc})") from None
+        if current is None:
+            raise InputError(f"{self.path}: no records (a router log has one JSON object "
+                             f"per line)")
+        yield self._finish(current, layers, start), None
+
+    def _error(self, n: int, text: str) -> InputError:
+        return InputError(f"{self.path}:{n}: {text}")
+
+    def _parse(self, line: str, n: int) -> tuple[int, int, np.ndarray]:
+        try:
+            rec = json.loads(line)
+        except ValueError as exc:
+            raise self._error(n, f"not valid JSON ({exc})") from None
+        if not isinstance(rec, dict):
+            raise self._error(n, "a record must be a JSON object")
+        missing = [k for k in ("step", "layer", "topk_ids") if k not in rec]
+        if missing:
+            raise self._error(n, f"missing key(s) {', '.join(missing)}")
+        step, layer, rows = rec["step"], rec["layer"], rec["topk_ids"]
+        for name, v in (("step", step), ("layer", layer)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise self._error(n, f"{name} must be a non-negative integer, got {v!r}")
+        if not isinstance(rows, list) or not all(isinstance(r, list) for r in rows):
+            raise self._error(n, "topk_ids must be a list of rows (lists of ids)")
+        widths = {len(r) for r in rows}
+        if len(widths) > 1:
+            raise self._error(n, f"ragged topk_ids: rows of lengths {sorted(widths)}")
+        if rows and not all(isinstance(x, int) and not isinstance(x, bool)
+                            for r in rows for x in r):
+            raise self._error(n, "topk_ids must hold integers")
+        if widths:
+            K = widths.pop()
+            if self.K is None:
+                self.K = K
+            elif K != self.K:
+                raise self._error(n, f"rows of {K} ids, earlier rows have {self.K}")
+        ids = np.asarray(rows, dtype=np.int64).reshape(len(rows), self.K or 0)
+        if ids.size:
+            lo, hi = int(ids.min()), int(ids.max())
+            if lo < -1 or (self.E is not None and hi >= self.E):
+                bad = lo if lo < -1 else hi
+                bound = "" if self.E is None else f", {self.E}"
+                raise self._error(n, f"expert id {bad} outside [-1{bound})")
+            if hi >= np.iinfo(np.int32).max:
+                raise self._error(n, f"expert id {hi} too large")
+            self.top = max(self.top, hi)
+        return step, layer, ids
+
+    def _finish(self, step: int, layers: dict[int, np.ndarray], line: int) -> np.ndarray:
+        if self.L is None:
+            self.L = max(layers) + 1
+        missing = sorted(set(range(self.L)) - set(layers))
+        extra = sorted(set(layers) - set(range(self.L)))
+        if missing or extra:
+            what = f"lacks layer(s) {missing}" if missing else f"has layer(s) {extra} beyond"
+            raise self._error(line, f"step {step} (starting here) {what} of layers "
+                                    f"0..{self.L - 1}")
+        T = next(iter(layers.values())).shape[0]
+        K = self.K or 0
+        out = np.empty((T, self.L, K), dtype=np.int32)
+        for layer, ids in layers.items():
+            out[:, layer] = ids.reshape(T, K)
+        self.meta["last_step"] = step
+        return out
+
+
+def read_jsonl(path: str | Path, num_experts: int | None = None,
+               out: str | Path | None = None) -> Trace | DirTrace:
+    """Read a JSONL router log. With `out`, stream it into that trace directory and return
+    the :class:`DirTrace`; without, build an in-memory :class:`Trace`. `num_experts=None`
+    takes the largest id + 1."""
+    path = Path(path)
+    steps = _Steps(path, num_experts)
+    if out is not None:
+        return write_steps(out, steps, num_experts, steps.meta)  # meta is complete by then
+    arrays = [ids for ids, _ in steps]
+    if steps.K is None:
+        raise InputError(f"{path}: no token rows, so top-k is unknown")
+    E = num_experts if num_experts is not None else max(steps.top + 1, 1)
+    return Trace.from_steps(arrays, E, None, steps.meta)
+
+
+def write_jsonl(trace: Any, path: str | Path) -> None:
+    """Write a trace-like object as a JSONL router log, one line per (step, layer)."""
+    path = Path(path)
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            for s in range(trace.num_steps):
+                ids = trace.step(s).numpy()  # [T_s, L, K]
+                for layer in range(trace.num_layers):
+                    f.write(json.dumps({"step": s, "layer": layer,
+                                        "topk_ids": ids[:, layer].tolist()}) + "\n")
+    except OSError as exc:
+        raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
