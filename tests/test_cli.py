@@ -6,27 +6,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from eplbsim.cli import main
 from eplbsim.metrics import METRIC_KEYS
 from eplbsim.synth import synthesize
 from eplbsim.trace import load_trace, save_trace
 
+from cli_helpers import assert_input_error, run
+
 SMALL = ["--steps", "3", "--tokens", "64", "--layers", "2", "--experts", "16", "--top-k", "4",
          "--gpus", "4", "--gpus-per-node", "2", "--redundant", "8"]
-
-
-def run(capsys, *argv):
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def assert_input_error(capsys, *argv, match):
-    code, out, err = run(capsys, *argv)
-    assert code == 2, (out, err)
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("eplbsim: error:"), err
-    assert match in lines[0], lines[0]
 
 
 def test_run_json_rows_carry_every_metric_key(capsys):

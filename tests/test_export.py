@@ -6,13 +6,14 @@ import json
 import numpy as np
 import pytest
 
-from eplbsim.cli import main
 from eplbsim.counts import CountsTrace, save_counts_trace
 from eplbsim.errors import InputError
 from eplbsim.export import (check_sglang_placement, read_sglang_placement,
                             sglang_logical_count, sglang_placement)
 from eplbsim.synth import synthesize
 from eplbsim.trace import save_trace
+
+from cli_helpers import assert_input_error, run
 
 E, P = 8, 12
 
@@ -22,20 +23,6 @@ def random_phy2log(L, rng):
     rows = [rng.permutation(np.concatenate([np.arange(E), rng.integers(0, E, P - E)]))
             for _ in range(L)]
     return np.stack(rows)
-
-
-def run(capsys, *argv):
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def assert_input_error(capsys, *argv, match):
-    code, out, err = run(capsys, *argv)
-    assert code == 2, (out, err)
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("eplbsim: error:"), err
-    assert match in lines[0], lines[0]
 
 
 def test_round_trip_with_dense_layers_interleaved():
