@@ -1,0 +1,93 @@
+"""A trace larger than memory: write a DeepSeek-V3-shaped trace in the directory form, then
+replay it with `row` in "none" mode for 4 ranks in a child process; report throughput and the
+child's peak RSS (issue 5's target: under 2 GB for a trace of at least 8 GB).
+
+    python benchmarks/bench_big_trace.py --gigabytes 8 --dir /tmp/big_trace [--keep]
+
+Dimensions: `S` steps, `T` tokens a step, `L = 58` layers, `K = 8`, `E = 256`.
+The ids are `--pool` synthesized skewed steps, reused with a per-step random relabelling of the
+experts (a permutation drawn from a seeded generator), so writing is limited by the disk, not by
+sampling. int16 ids: one step of 4096 tokens is 3.8 MB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from eplbsim.bench import skewed_ids
+from eplbsim.trace_dir import write_steps
+
+L, K, E = 58, 8, 256
+CHILD = """
+import json, sys, time, resource
+from eplbsim.replay import ReplayConfig, replay
+from eplbsim.trace_dir import DirTrace
+t0 = time.perf_counter()
+trace = DirTrace(sys.argv[1])
+opened = time.perf_counter() - t0
+res = replay(trace, ReplayConfig(policy="row", mode="none", num_gpus=4, num_redundant=32))
+print(json.dumps({"open_seconds": opened, "seconds": time.perf_counter() - t0,
+                  "steps": trace.num_steps, "tokens": trace.num_tokens,
+                  "gpu_imbalance": res.metrics["gpu_imbalance"],
+                  "rank_agreement": res.metrics["rank_agreement"]}))
+"""
+
+
+def write(path: Path, gigabytes: float, tokens: int, pool: int, seed: int) -> dict:
+    """Write about `gigabytes` of ids; returns sizes and seconds."""
+    step_bytes = tokens * L * K * 2
+    steps = max(1, int(gigabytes * 2**30 // step_bytes))
+    rng = np.random.default_rng(seed)
+    base = [skewed_ids(tokens, L, seed=seed + i).numpy() for i in range(pool)]  # [T, L, K]
+
+    def generate():
+        for s in range(steps):
+            relabel = rng.permutation(E).astype(np.int16)
+            yield relabel[base[s % pool]], None
+
+    t0 = time.perf_counter()
+    write_steps(path, generate(), E, {"source": "bench_big_trace", "seed": seed},
+                num_layers=L, top_k=K)
+    seconds = time.perf_counter() - t0
+    size = sum(f.stat().st_size for f in path.iterdir())
+    return {"steps": steps, "bytes": size, "write_seconds": seconds}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gigabytes", type=float, default=8.0)
+    parser.add_argument("--tokens", type=int, default=4096)
+    parser.add_argument("--pool", type=int, default=4)
+    parser.add_argument("--dir", type=Path, default=Path("/tmp/eplbsim_big_trace"))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--keep", action="store_true", help="keep the trace directory")
+    args = parser.parse_args(argv)
+    if args.dir.exists():
+        shutil.rmtree(args.dir)
+    written = write(args.dir, args.gigabytes, args.tokens, args.pool, args.seed)
+    try:
+        done = subprocess.run([sys.executable, "-c", CHILD, str(args.dir)], check=True,
+                              capture_output=True, text=True)
+    finally:
+        if not args.keep:
+            shutil.rmtree(args.dir, ignore_errors=True)
+    child = json.loads(done.stdout)
+    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # KiB on Linux
+    pairs = child["tokens"] * L * K
+    report = {**written, **child, "peak_rss_mib": peak_kib / 1024,
+              "pairs_per_second_per_rank": pairs / child["seconds"]}
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
