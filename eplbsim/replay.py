@@ -31,6 +31,9 @@ from .topology import Topology
 from .trace import Trace
 
 
+SUMMARY_CHUNK = 128  # steps summarized at a time
+
+
 @dataclass(frozen=True)
 class ReplayConfig:
     """One simulated configuration. `placement`, when given, is used for every step instead
@@ -222,7 +225,8 @@ def _placement_schedule(trace: Trace | CountsTrace, cfg: ReplayConfig, topo: Top
 
 def summarize(slot_load: torch.Tensor, true_load: torch.Tensor,
               epochs: list[tuple[int, Placement]], num_gpus: int) -> dict[str, Any]:
-    """Load metrics over all steps and layers; each epoch judged with its own placement.
+    """Load metrics over all steps and layers; each epoch judged with its own placement, in
+    chunks of `SUMMARY_CHUNK` steps so the per-replica intermediates stay small on long runs.
 
     slot_load: `[S, L, P]` executed; true_load: `[S, L, E]` routed.
     """
@@ -232,14 +236,17 @@ def summarize(slot_load: torch.Tensor, true_load: torch.Tensor,
     idle = eligible = 0
     bounds = [start for start, _ in epochs] + [S]
     for (start, placement), stop in zip(epochs, bounds[1:]):
-        executed, routed = slot_load[start:stop], true_load[start:stop]
-        skews.append(M.replica_skew(executed, placement).flatten())
-        cumulative.append(M.replica_skew(executed.sum(0), placement).flatten())
-        promised.append(M.gpu_imbalance(M.gpu_loads(placement.expected_load(routed),
-                                                     num_gpus)).flatten())
-        gaps.append(M.placement_gap(placement, routed).flatten())
-        i, e = M.idle_replicas(executed, routed, placement)
-        idle, eligible = idle + i, eligible + e
+        cumulative.append(M.replica_skew(slot_load[start:stop].sum(0), placement).flatten())
+        for lo in range(start, stop, SUMMARY_CHUNK):
+            executed = slot_load[lo:min(stop, lo + SUMMARY_CHUNK)]  # [chunk, L, P]
+            routed = true_load[lo:min(stop, lo + SUMMARY_CHUNK)]  # [chunk, L, E]
+            skew = M.replica_skew(executed, placement).flatten()
+            skews.append(skew[~skew.isnan()])
+            promised.append(M.gpu_imbalance(M.gpu_loads(placement.expected_load(routed),
+                                                         num_gpus)).flatten())
+            gaps.append(M.placement_gap(placement, routed).flatten())
+            i, e = M.idle_replicas(executed, routed, placement)
+            idle, eligible = idle + i, eligible + e
     skew = torch.cat(skews)
     return {
         "gpu_imbalance": M.nanmean_or_none(M.gpu_imbalance(executed_gpu)),

@@ -211,3 +211,14 @@ def test_replay_invariants_on_random_tiny_setups(setup):
         if policy in ("row", "ordinal", "flat", "hash") or cfg.num_redundant == 0:
             assert none["rank_agreement"] == 1.0 and none["multiplicity"]["1"] == 1.0
             assert none["output_rel_error"] is None or none["output_rel_error"] < 1e-6
+
+
+def test_summary_in_chunks_equals_the_whole(monkeypatch, trace):
+    import eplbsim.replay as R
+    cfg = replace(CFG, policy="random", rebalance_every=4)
+    whole = replay(trace, cfg).metrics
+    monkeypatch.setattr(R, "SUMMARY_CHUNK", 1)
+    chunked = replay(trace, cfg).metrics
+    assert chunked.keys() == whole.keys()
+    for key, value in whole.items():
+        assert chunked[key] == (pytest.approx(value) if isinstance(value, float) else value)
