@@ -51,8 +51,9 @@ def max_load(split, inst):
     return float(gpu_load(split, *inst[1:]).max())
 
 
-def reference_lp(counts, log2phy, logcnt, slot_gpu, G):
-    """The LP in another formulation: one variable per (expert, candidate), interior point."""
+def split_model(counts, log2phy, logcnt, slot_gpu, G):
+    """One variable per (expert, candidate) plus the max load z: (V, a_eq [E, V+1] rows = each
+    expert's pairs, a_ub [G, V+1] rows = GPU load - z)."""
     E = len(counts)
     cand = [(e, j) for e in range(E) for j in range(int(logcnt[e]))]
     V = len(cand)
@@ -62,6 +63,12 @@ def reference_lp(counts, log2phy, logcnt, slot_gpu, G):
     for i, (e, j) in enumerate(cand):
         a_eq[e, i] = 1
         a_ub[int(slot_gpu[log2phy[e, j]]), i] = 1
+    return V, a_eq, a_ub
+
+
+def reference_lp(counts, log2phy, logcnt, slot_gpu, G):
+    """The LP in another formulation: one variable per (expert, candidate), interior point."""
+    V, a_eq, a_ub = split_model(counts, log2phy, logcnt, slot_gpu, G)
     res = linprog(np.eye(V + 1)[V], A_ub=a_ub, b_ub=np.zeros(G), A_eq=a_eq,
                   b_eq=counts.numpy().astype(float), bounds=[(0, None)] * (V + 1),
                   method="highs-ipm")
@@ -71,15 +78,7 @@ def reference_lp(counts, log2phy, logcnt, slot_gpu, G):
 
 def integer_optimum(counts, log2phy, logcnt, slot_gpu, G):
     """The least max GPU load of any integer split (scipy milp)."""
-    E = len(counts)
-    cand = [(e, j) for e in range(E) for j in range(int(logcnt[e]))]
-    V = len(cand)
-    a_eq = np.zeros((E, V + 1))
-    a_ub = np.zeros((G, V + 1))
-    a_ub[:, V] = -1
-    for i, (e, j) in enumerate(cand):
-        a_eq[e, i] = 1
-        a_ub[int(slot_gpu[log2phy[e, j]]), i] = 1
+    V, a_eq, a_ub = split_model(counts, log2phy, logcnt, slot_gpu, G)
     c = counts.numpy().astype(float)
     res = milp(np.eye(V + 1)[V], integrality=np.ones(V + 1),
                constraints=[LinearConstraint(a_eq, c, c), LinearConstraint(a_ub, -np.inf, 0)],
