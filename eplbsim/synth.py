@@ -1,6 +1,7 @@
 """Synthetic routing traces: seeded scenario generators in the `SCENARIOS` registry.
 
-Dimensions: `S` steps, `T` tokens per step, `L` MoE layers, `E` logical experts, `K` top-k.
+Dimensions: `S` steps, `T` tokens per step (`T_s` for step `s` where steps differ), `L` MoE
+layers, `E` logical experts, `K` top-k.
 
 Every generator is a pure function
 
@@ -9,7 +10,15 @@ Every generator is a pure function
 that draws from `numpy.random.default_rng(seed)` only, so the same arguments give an identical
 trace. Each token's `K` ids are distinct experts in `[0, E)` (top-k without replacement, no
 padding), and `meta` records `source: "synth"`, `scenario` and every parameter (`params`,
-defaults included) so that `synthesize(meta["scenario"], **meta["params"])` rebuilds the trace.
+defaults resolved) so that `synthesize(meta["scenario"], **meta["params"])` rebuilds the trace;
+a scenario may add entries of its own beside `params` (`burst`: `hot_experts`). Every step has
+`T = tokens` rows except in `phases`, whose decode steps have `decode_tokens` rows.
+
+Scenarios: `skewed` (log-normal popularity, random-walk drift; the default), `uniform`,
+`template` (residue classes of packed prompts), and three that make a placement solved from past
+counts go stale: `drift` (popularity rotating steadily with a period), `burst` (a cold expert
+suddenly hot for a stretch of steps) and `phases` (alternating prefill/decode blocks of different
+batch sizes and routing).
 A new scenario is one function and one line in `SCENARIOS`; `synthesize` also takes a callable.
 """
 
@@ -100,11 +109,16 @@ def _add_noise(rng: np.random.Generator, ids: np.ndarray, E: int, noise: float) 
     return np.where(noisy, np.take_along_axis(cand, rank, axis=-1), ids)
 
 
-def _trace(ids: np.ndarray, steps: int, tokens: int, experts: int, scenario: str,
-           params: dict[str, Any]) -> Trace:
-    """Wrap `[S*T, L, K]` ids as a Trace with equal steps and provenance meta."""
-    offsets = np.arange(steps + 1, dtype=np.int64) * tokens  # [S + 1]
-    meta = {"source": "synth", "scenario": scenario, "params": params}
+def _trace(ids: np.ndarray, steps: int, tokens: int | np.ndarray, experts: int, scenario: str,
+           params: dict[str, Any], **extra: Any) -> Trace:
+    """Wrap `[sum T_s, L, K]` ids as a Trace with provenance meta.
+
+    tokens: `T`, the rows of every step (equal steps), or int `[S]` per-step row counts `T_s`.
+    extra:  scenario-specific meta entries (JSON-serialisable), stored beside `params`.
+    """
+    sizes = np.broadcast_to(np.asarray(tokens, dtype=np.int64), (steps,))  # [S]
+    offsets = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)  # [S + 1]
+    meta = {"source": "synth", "scenario": scenario, "params": params, **extra}
     return Trace(ids.astype(np.int32, copy=False), offsets, experts, None, meta)
 
 
@@ -206,10 +220,134 @@ def template(*, steps: int, tokens: int, layers: int, experts: int, top_k: int, 
     return _trace(ids.reshape(S * T, L, K), S, T, E, "template", params)
 
 
+def drift(*, steps: int, tokens: int, layers: int, experts: int, top_k: int, seed: int,
+          sigma: float = 1.0, period: float = 200) -> Trace:
+    """Expert popularity rotating steadily (deterministically, not a random walk).
+
+    Two independent log-popularity vectors `a, b [L, E]`, each `N(0, sigma^2)`, are drawn once;
+    at step `s` the log-popularity is `log w_s = cos(theta_s) a + sin(theta_s) b` with
+    `theta_s = 2 pi s / period`. Its marginal distribution is `N(0, sigma^2)` at every step
+    (the skew never changes), while which experts are hot changes steadily: `log w` at step
+    `period / 2` is the negation of step 0's, and the pattern repeats every `period` steps.
+    A token's top-k are drawn without replacement proportional to `w_s` (Plackett-Luce), in
+    descending score order. `period` is in steps, `>= 1`, finite, int or float (stored as float).
+
+    Returns a Trace with `S = steps` steps of `T = tokens` rows, ids `[S*T, L, K]`.
+    """
+    S, T, L, E, K, seed = check_sizes(steps=steps, tokens=tokens, layers=layers,
+                                      experts=experts, top_k=top_k, seed=seed)
+    sigma = _check_float("sigma", sigma, 0.0)
+    period = _check_float("period", period, 1.0)
+    if math.isinf(period):
+        raise InputError(f"period must be finite, got {period}")
+    rng = np.random.default_rng(seed)
+    a = sigma * rng.standard_normal((L, E))  # [L, E] log-popularity at theta = 0
+    b = sigma * rng.standard_normal((L, E))  # [L, E] log-popularity at theta = pi / 2
+    ids = np.empty((S, T, L, K), dtype=np.int32)
+    for s in range(S):  # one [T, L, E] score block per step keeps memory bounded
+        theta = 2.0 * math.pi * s / period
+        logw = (math.cos(theta) * a + math.sin(theta) * b).astype(np.float32)  # [L, E]
+        ids[s] = _topk_desc(logw[None] + _gumbel(rng, (T, L, E)), K)  # [T, L, K]
+    params = dict(steps=S, tokens=T, layers=L, experts=E, top_k=K, seed=seed,
+                  sigma=sigma, period=period)
+    return _trace(ids.reshape(S * T, L, K), S, T, E, "drift", params)
+
+
+def burst(*, steps: int, tokens: int, layers: int, experts: int, top_k: int, seed: int,
+          sigma: float = 1.0, start: int | None = None, length: int | None = None,
+          share: float = 0.5) -> Trace:
+    """A cold expert suddenly turning hot for a stretch of steps.
+
+    Each layer has a stationary log-normal expert popularity `w [L, E]`, `log w ~ N(0, sigma^2)`.
+    Per layer, the hot expert `h_l` is the least popular one under `w` (so a placement solved
+    before the burst gave it one replica). For steps `start <= s < start + length` (clipped at
+    the end of the trace) its weight is raised to `w_h = share / (1 - share) * sum_{e != h} w_e`,
+    so that it is a token's first pick (slot `k = 0`) with probability `share`; the other
+    experts keep their weights. Outside the burst, routing uses `w` unchanged. Top-k are drawn
+    without replacement proportional to the step's weights (Plackett-Luce), in descending score.
+
+    Defaults: `start = (2 * steps) // 5`, `length = max(1, steps // 4)`; requires
+    `0 <= start < steps`, `length >= 1`, `0 <= share < 1`. `meta["params"]` holds the resolved
+    `start` and `length`; `meta["hot_experts"]` is the hot expert of each layer, a list of `L`
+    ints. Returns a Trace with `S = steps` steps of `T = tokens` rows, ids `[S*T, L, K]`.
+    """
+    S, T, L, E, K, seed = check_sizes(steps=steps, tokens=tokens, layers=layers,
+                                      experts=experts, top_k=top_k, seed=seed)
+    sigma = _check_float("sigma", sigma, 0.0)
+    start = (2 * S) // 5 if start is None else _check_int("start", start, 0)
+    if start >= S:
+        raise InputError(f"burst: start={start} must be < steps={S}")
+    length = max(1, S // 4) if length is None else _check_int("length", length, 1)
+    share = _check_float("share", share, 0.0, 1.0)
+    if share >= 1.0:
+        raise InputError(f"share must be in [0, 1), got {share}")
+    rng = np.random.default_rng(seed)
+    logw = sigma * rng.standard_normal((L, E))  # [L, E] base log-popularity, float64
+    hot = np.argmin(logw, axis=-1)  # [L] least popular expert of each layer
+    top = logw.max(axis=-1)  # [L]
+    rel = np.exp(logw - top[:, None])  # [L, E] weights relative to each layer's largest
+    rest = rel.sum(-1) - rel[np.arange(L), hot]  # [L] sum of the other experts' weights
+    logw_b = logw.copy()  # [L, E] log-popularity during the burst
+    with np.errstate(divide="ignore"):  # share == 0 or E == 1: the hot weight is 0, log -inf
+        logw_b[np.arange(L), hot] = np.log(share / (1.0 - share) * rest) + top
+    base, hotw = logw.astype(np.float32), logw_b.astype(np.float32)
+    ids = np.empty((S, T, L, K), dtype=np.int32)
+    for s in range(S):  # one [T, L, E] score block per step keeps memory bounded
+        w = hotw if start <= s < start + length else base  # [L, E]
+        ids[s] = _topk_desc(w[None] + _gumbel(rng, (T, L, E)), K)  # [T, L, K]
+    params = dict(steps=S, tokens=T, layers=L, experts=E, top_k=K, seed=seed,
+                  sigma=sigma, start=start, length=length, share=share)
+    return _trace(ids.reshape(S * T, L, K), S, T, E, "burst", params,
+                  hot_experts=[int(h) for h in hot])
+
+
+def phases(*, steps: int, tokens: int, layers: int, experts: int, top_k: int, seed: int,
+           sigma: float = 1.0, phase_len: int = 8, decode_tokens: int | None = None,
+           rho: float = 0.5) -> Trace:
+    """Alternating prefill-like and decode-like batches of different sizes and routing.
+
+    Steps come in blocks of `phase_len`, starting with prefill: step `s` is prefill when
+    `(s // phase_len) % 2 == 0`, else decode. Prefill steps have `tokens` rows, decode steps
+    `decode_tokens` rows (default `max(1, tokens // 16)`), so the trace is ragged. Prefill routes
+    with log-popularity `a [L, E] ~ N(0, sigma^2)`, decode with `rho a + sqrt(1 - rho^2) c`, `c`
+    an independent `N(0, sigma^2)` draw (`rho` in `[-1, 1]`: the two phases' log-popularities
+    have correlation `rho` and the same marginal skew). Top-k are drawn without replacement
+    proportional to the phase's weights (Plackett-Luce), in descending score order.
+
+    Returns a Trace with `S = steps` steps, `T_s` = `tokens` or `decode_tokens` rows (see
+    `tokens_per_step`), ids `[sum T_s, L, K]`.
+    """
+    S, T, L, E, K, seed = check_sizes(steps=steps, tokens=tokens, layers=layers,
+                                      experts=experts, top_k=top_k, seed=seed)
+    sigma = _check_float("sigma", sigma, 0.0)
+    J = _check_int("phase_len", phase_len, 1)
+    Td = max(1, T // 16) if decode_tokens is None else _check_int("decode_tokens",
+                                                                   decode_tokens, 1)
+    rho = _check_float("rho", rho, -1.0, 1.0)
+    rng = np.random.default_rng(seed)
+    a = sigma * rng.standard_normal((L, E))  # [L, E] prefill log-popularity
+    c = sigma * rng.standard_normal((L, E))  # [L, E] independent part of decode's
+    logw = np.stack([a, rho * a + math.sqrt(1.0 - rho * rho) * c]).astype(np.float32)  # [2, L, E]
+    phase = (np.arange(S) // J) % 2  # [S] 0 prefill, 1 decode
+    sizes = np.where(phase == 0, T, Td).astype(np.int64)  # [S] rows T_s of each step
+    ids = np.empty((int(sizes.sum()), L, K), dtype=np.int32)  # [sum T_s, L, K]
+    row = 0
+    for s in range(S):  # one [T_s, L, E] score block per step keeps memory bounded
+        n = int(sizes[s])
+        ids[row:row + n] = _topk_desc(logw[phase[s]][None] + _gumbel(rng, (n, L, E)), K)
+        row += n
+    params = dict(steps=S, tokens=T, layers=L, experts=E, top_k=K, seed=seed,
+                  sigma=sigma, phase_len=J, decode_tokens=Td, rho=rho)
+    return _trace(ids, S, sizes, E, "phases", params)
+
+
 SCENARIOS: dict[str, Generator] = {
     "skewed": skewed,
     "uniform": uniform,
     "template": template,
+    "drift": drift,
+    "burst": burst,
+    "phases": phases,
 }
 
 DEFAULT_SCENARIO = "skewed"
@@ -221,9 +359,9 @@ def synthesize(scenario: str | Generator = DEFAULT_SCENARIO, *, steps: int = 32,
     """Generate a synthetic trace from a registered scenario name or a generator callable.
 
     Sizes are validated first (steps/tokens/layers/experts >= 1, 1 <= top_k <= experts,
-    seed >= 0); scenario options (e.g. `sigma`, `drift`, `template_len`, `period`, `noise`)
-    are passed through. InputError on an unknown scenario name (listing the choices), an
-    unknown option, or a bad value.
+    seed >= 0); scenario options (e.g. `sigma`, `drift`, `template_len`, `period`, `noise`,
+    `share`, `rho`) are passed through. InputError on an unknown scenario name (listing the
+    choices), an unknown option, or a bad value.
     """
     gen = lookup(SCENARIOS, scenario, "scenario")
     name = name_of(scenario)

@@ -185,3 +185,127 @@ def test_speed():
         t0 = time.perf_counter()
         synthesize(key, steps=64, tokens=512, layers=4, experts=64, top_k=8, seed=0)
         assert time.perf_counter() - t0 < 2.0, key  # typically ~0.1 s
+
+
+# ----------------------------------------------------------------------------- drift, burst, phases
+
+def _layer_corr(x: np.ndarray, y: np.ndarray) -> float:
+    """Mean over layers of the Pearson correlation of two `[L, E]` load matrices."""
+    return float(np.mean([np.corrcoef(x[l], y[l])[0, 1] for l in range(x.shape[0])]))
+
+
+def test_drift_rotates_popularity():
+    """Loads at step period/2 anti-correlate with step 0 (log w flips sign), consecutive steps
+    stay close, and the pattern repeats after a full period."""
+    tr = synthesize("drift", steps=17, tokens=256, layers=2, experts=32, top_k=4, seed=0,
+                    sigma=1.5, period=16)
+    c = tr.counts().double().numpy()  # [S, L, E]
+    consecutive = [_layer_corr(c[s], c[s + 1]) for s in range(16)]
+    assert min(consecutive) > 0.6 and np.mean(consecutive) > 0.8
+    assert _layer_corr(c[0], c[8]) < -0.2  # half a period: hot and cold experts swap
+    assert _layer_corr(c[0], c[16]) > 0.9  # a full period: back where it started
+    # With a very long period nothing moves within the trace: the same check comes out high.
+    still = synthesize("drift", steps=9, tokens=256, layers=2, experts=32, top_k=4, seed=0,
+                       sigma=1.5, period=1e6).counts().double().numpy()
+    assert _layer_corr(still[0], still[8]) > 0.8
+
+
+def test_drift_float_period_rebuilds():
+    tr = synthesize("drift", seed=4, period=12.5, **SIZES)
+    assert tr.meta["params"]["period"] == 12.5 and tr.meta["params"]["sigma"] == 1.0
+    assert torch.equal(synthesize("drift", **tr.meta["params"]).topk_ids, tr.topk_ids)
+
+
+@pytest.mark.parametrize("share", [0.2, 0.5, 0.8])
+def test_burst_hot_expert_share(share):
+    S, T, L, E, K = 10, 400, 2, 32, 4
+    tr = synthesize("burst", steps=S, tokens=T, layers=L, experts=E, top_k=K, seed=0,
+                    share=share)
+    params, hot = tr.meta["params"], np.array(tr.meta["hot_experts"])  # hot: [L]
+    assert params["start"] == (2 * S) // 5 and params["length"] == max(1, S // 4)
+    assert hot.shape == (L,) and ((0 <= hot) & (hot < E)).all()
+    ids = _ids(tr).reshape(S, T, L, K)
+    first = ids[..., 0] == hot  # [S, T, L] the hot expert is the token's first pick
+    inside = np.zeros(S, dtype=bool)
+    inside[params["start"]:params["start"] + params["length"]] = True
+    assert abs(first[inside].mean() - share) < 0.05
+    assert first[~inside].mean() < 0.03  # cold before and after the burst
+    assert (ids == hot[:, None]).any(-1)[~inside].mean() < 0.05  # rarely picked at all
+
+
+def test_burst_clipped_at_end_and_rebuilds():
+    S = 6
+    tr = synthesize("burst", seed=1, start=S - 1, length=100, share=0.9, **SIZES)
+    hot = np.array(tr.meta["hot_experts"])
+    first = (_ids(tr).reshape(S, SIZES["tokens"], SIZES["layers"], -1)[..., 0] == hot)  # [S, T, L]
+    assert first[-1].mean() > 0.75 and first[:-1].mean() < 0.1
+    again = synthesize("burst", **tr.meta["params"])
+    assert torch.equal(again.topk_ids, tr.topk_ids) and again.meta == tr.meta
+
+
+def test_phases_ragged_contract(tmp_path):
+    """Ragged steps keep the generic contract: sizes, distinct ids, conserved load, rebuild."""
+    kw = dict(SIZES, phase_len=2)  # steps 6, tokens 40 -> decode_tokens 40 // 16 = 2
+    tr = synthesize("phases", seed=3, **kw)
+    sizes = tr.tokens_per_step.tolist()
+    assert sizes == [40, 40, 2, 2, 40, 40] and tr.meta["params"]["decode_tokens"] == 2
+    assert tuple(tr.topk_ids.shape) == (sum(sizes), SIZES["layers"], SIZES["top_k"])
+    ids = _ids(tr)
+    assert ids.min() >= 0 and ids.max() < SIZES["experts"]
+    assert (np.diff(np.sort(ids, axis=-1), axis=-1) != 0).all()
+    assert int(tr.counts().sum()) == sum(sizes) * SIZES["layers"] * SIZES["top_k"]
+    again = synthesize("phases", **tr.meta["params"])
+    assert torch.equal(again.topk_ids, tr.topk_ids)
+    assert torch.equal(again.step_offsets, tr.step_offsets)
+    assert not torch.equal(synthesize("phases", seed=4, **kw).topk_ids, tr.topk_ids)
+    save_trace(tr, tmp_path / "phases.npz")
+    assert torch.equal(load_trace(tmp_path / "phases.npz").step_offsets, tr.step_offsets)
+
+
+@pytest.mark.parametrize("phase_len", [1, 3])
+def test_phases_step_sizes_alternate(phase_len):
+    S = 10
+    tr = synthesize("phases", steps=S, tokens=64, layers=1, experts=16, top_k=2, seed=0,
+                    phase_len=phase_len, decode_tokens=5)
+    expected = [64 if (s // phase_len) % 2 == 0 else 5 for s in range(S)]
+    assert tr.tokens_per_step.tolist() == expected
+
+
+@pytest.mark.parametrize("rho", [0.5, 1.0])
+def test_phases_route_differently(rho):
+    """Prefill and decode loads correlate less than prefill with prefill, unless rho = 1."""
+    S = 16
+    tr = synthesize("phases", steps=S, tokens=256, layers=2, experts=32, top_k=4, seed=0,
+                    sigma=1.5, phase_len=2, decode_tokens=64, rho=rho)
+    c = tr.counts().double().numpy()  # [S, L, E]
+    pre = np.flatnonzero((np.arange(S) // 2) % 2 == 0)  # prefill steps
+    dec = np.flatnonzero((np.arange(S) // 2) % 2 == 1)  # decode steps
+    early, late, decode = c[pre[:4]].sum(0), c[pre[4:]].sum(0), c[dec].sum(0)  # [L, E]
+    same, cross = _layer_corr(early, late), _layer_corr(early, decode)
+    assert same > 0.9
+    if rho < 1.0:
+        assert cross < same - 0.3
+    else:
+        assert cross > same - 0.05
+
+
+@pytest.mark.parametrize("scenario, opts, msg", [
+    ("drift", dict(period=0.5), "period"),
+    ("drift", dict(period="long"), "period"),
+    ("drift", dict(period=float("inf")), "period"),
+    ("drift", dict(sigma=-1.0), "sigma"),
+    ("burst", dict(share=1.0), "share"),
+    ("burst", dict(share=-0.1), "share"),
+    ("burst", dict(start=6), "start"),  # steps = 6
+    ("burst", dict(start=-1), "start"),
+    ("burst", dict(start=1.5), "start"),
+    ("burst", dict(length=0), "length"),
+    ("phases", dict(phase_len=0), "phase_len"),
+    ("phases", dict(decode_tokens=0), "decode_tokens"),
+    ("phases", dict(decode_tokens=2.0), "decode_tokens"),
+    ("phases", dict(rho=1.5), "rho"),
+    ("phases", dict(rho=-1.01), "rho"),
+])
+def test_new_scenarios_bad_options(scenario, opts, msg):
+    with pytest.raises(InputError, match=msg):
+        synthesize(scenario, **{**SIZES, **opts})
