@@ -66,14 +66,14 @@ def replica_skew(slot_load: torch.Tensor, placement: Placement) -> torch.Tensor:
 
 
 def idle_replicas(slot_load: torch.Tensor, true_load: torch.Tensor,
-                  placement: Placement) -> tuple[int, int]:
-    """(idle, eligible) replica counts over `[..., L, P]` executed and `[..., L, E]` routed
-    loads: eligible replicas belong to experts with >= 2 replicas and at least `n_e` pairs;
-    idle ones among them executed nothing."""
+                  placement: Placement) -> tuple[torch.Tensor, torch.Tensor]:
+    """(idle, eligible) replica counts, int64 `[..., L]`, for `[..., L, P]` executed and
+    `[..., L, E]` routed loads: eligible replicas belong to experts with >= 2 replicas and at
+    least `n_e` pairs; idle ones among them executed nothing."""
     loads = replica_loads(slot_load, placement)  # [..., L, E, R]
     eligible_expert = (placement.logcnt >= 2) & (true_load >= placement.logcnt)  # [..., L, E]
     eligible = eligible_expert.unsqueeze(-1) & ~loads.isnan()
-    return int((eligible & (loads == 0)).sum()), int(eligible.sum())
+    return (eligible & (loads == 0)).sum((-2, -1)), eligible.sum((-2, -1))
 
 
 def nanmean_or_none(values: torch.Tensor) -> float | None:

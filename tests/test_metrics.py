@@ -149,22 +149,28 @@ def test_replica_skew_multi_layer_uses_each_layers_placement():
 # ---------------------------------------------------------------- idle replicas
 
 
+def _idle(slot, true, placement):
+    idle, eligible = idle_replicas(slot, true, placement)
+    assert idle.shape == eligible.shape == true.shape[:-1]
+    return int(idle.sum()), int(eligible.sum())
+
+
 def test_idle_replicas_hand_example():
     slot = torch.tensor([[3, 0, 0, 2, 0, 7]])
     # e0 eligible (3 replicas, 3 pairs >= 3): 3 eligible, 2 idle; e1 eligible (2 >= 2): 1 idle;
     # e2 has one replica: never eligible
-    assert idle_replicas(slot, torch.tensor([[3, 2, 7]]), PL) == (3, 5)
+    assert _idle(slot, torch.tensor([[3, 2, 7]]), PL) == (3, 5)
     # e0 has fewer pairs (2) than replicas (3): not eligible
-    assert idle_replicas(slot, torch.tensor([[2, 2, 7]]), PL) == (1, 2)
+    assert _idle(slot, torch.tensor([[2, 2, 7]]), PL) == (1, 2)
     # nothing eligible
-    assert idle_replicas(slot, torch.tensor([[0, 1, 9]]), PL) == (0, 0)
+    assert _idle(slot, torch.tensor([[0, 1, 9]]), PL) == (0, 0)
 
 
 def test_idle_replicas_leading_axes():
     slot = torch.tensor([[[3, 0, 0, 2, 0, 7]], [[1, 1, 1, 0, 4, 0]]])  # [S, L, P]
     true = torch.tensor([[[3, 2, 7]], [[3, 4, 0]]])  # [S, L, E]
     # step 0: 3 idle of 5 eligible (as above); step 1: e0 none idle of 3, e1 one idle of 2
-    assert idle_replicas(slot, true, PL) == (4, 10)
+    assert _idle(slot, true, PL) == (4, 10)
 
 
 # ---------------------------------------------------------------- multiplicity and summaries

@@ -214,10 +214,10 @@ def test_replay_invariants_on_random_tiny_setups(setup):
 
 
 def test_summary_in_chunks_equals_the_whole(monkeypatch, trace):
-    import eplbsim.replay as R
+    import eplbsim.timeseries as TS
     cfg = replace(CFG, policy="random", rebalance_every=4)
     whole = replay(trace, cfg).metrics
-    monkeypatch.setattr(R, "SUMMARY_CHUNK", 1)
+    monkeypatch.setattr(TS, "SUMMARY_CHUNK", 1)
     chunked = replay(trace, cfg).metrics
     assert chunked.keys() == whole.keys()
     for key, value in whole.items():
