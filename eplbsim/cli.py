@@ -19,10 +19,14 @@ from .counts import (CountsTrace, is_counts_file, load_counts_csv, load_counts_t
                      load_layer_counts, parse_where)
 from .dispatch import resolve_policy
 from .errors import InputError
-from .placement import VIEWS
+from .placement import VIEWS, Placement
+from .predictors import PREDICTORS
 from .ranks import MODES, RNG_RELATIONS
-from .replay import ReplayConfig, compare, promise_only
-from .results import format_table, to_json, write_results
+from .rebalance import DEEPSEEK_V3_EXPERT_BYTES
+from .registry import name_of
+from .replay import ReplayConfig, Results, compare, promise_only
+from .results import (DECOMPOSITION_COLUMNS, MIGRATION_COLUMNS, format_table, series_rows,
+                      to_json, write_csv, write_results)
 from .solvers import SOLVERS, as_load, solve_with_info
 from .synth import DEFAULT_SCENARIO, SCENARIOS, synthesize
 from .topology import Topology
@@ -32,6 +36,7 @@ from .trace_dir import open_trace
 DEFAULT_POLICIES = "static,random,row,ordinal"
 # The embedded default scenario of `eplbsim run` (sizes chosen to run in seconds on 2 cores).
 RUN_SIZES = {"steps": 32, "tokens": 512, "layers": 4, "experts": 64, "top_k": 8}
+REBALANCE_STEPS_HELP = "32; with --rebalance-every N: max(32, window + 4N), for four rebalances"
 
 
 def _int_at_least(lo: int) -> Callable[[str], int]:
@@ -61,8 +66,9 @@ def _option(text: str) -> tuple[str, Any]:
         return key, value
 
 
-def _add_sizes(p: argparse.ArgumentParser, defaults: dict[str, int]) -> None:
-    p.add_argument("--steps", type=_positive, default=defaults["steps"])
+def _add_sizes(p: argparse.ArgumentParser, defaults: dict[str, int | None]) -> None:
+    p.add_argument("--steps", type=_positive, default=defaults["steps"],
+                   help=f"steps (default {defaults['steps'] or REBALANCE_STEPS_HELP})")
     p.add_argument("--tokens", type=_positive, default=defaults["tokens"],
                    help="tokens per step")
     p.add_argument("--layers", type=_positive, default=defaults["layers"])
@@ -86,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "placement's even-split promise only")
     src.add_argument("--scenario", choices=sorted(SCENARIOS),
                      help=f"a synthetic scenario (default {DEFAULT_SCENARIO})")
-    _add_sizes(run, RUN_SIZES)
+    _add_sizes(run, {**RUN_SIZES, "steps": None})
     run.add_argument("--solver", default="deepseek", choices=sorted(SOLVERS))
     run.add_argument("--where", default=None, help="filters for a counts CSV --trace")
     run.add_argument("--policies", default=None,
@@ -104,14 +110,39 @@ def build_parser() -> argparse.ArgumentParser:
                      help="redundant physical slots (P = E + redundant)")
     run.add_argument("--groups", type=_positive, default=None,
                      help="expert groups (default: the trace's, else 1)")
-    run.add_argument("--rebalance-every", type=_positive, default=None,
-                     help="re-solve every N steps from the last N steps' loads")
+    run.add_argument("--rebalance-every", type=_positive, default=None, metavar="N",
+                     help="re-solve the placement every N steps from predicted loads, the "
+                     "first time after the first window (default: once, from the whole trace)")
+    run.add_argument("--window", type=_positive, default=None, metavar="W",
+                     help="steps of history the predictor reads (default N)")
+    run.add_argument("--predictor", default="window", choices=sorted(PREDICTORS),
+                     help="window: sum of the last W steps (default); ema: decayed sum; "
+                     "oracle: the loads of the steps about to run")
+    run.add_argument("--decay", type=float, default=None,
+                     help="ema's per-step factor in [0, 1] (default 1 - 1/W)")
+    run.add_argument("--initial", default="trivial", metavar="trivial|FILE",
+                     help="the placement before the first rebalance: trivial (default) or a "
+                     "JSON placement (a `solve --json` output, a bare phy2log [L][P], or an "
+                     "SGLang physical_to_logical_map)")
+    run.add_argument("--skip-above", type=float, default=None, metavar="B",
+                     help="skip a rebalance when the placement in service has a balancedness "
+                     "(mean / max GPU load, mean over layers) above B on the forecast")
+    run.add_argument("--migration-aware", action=argparse.BooleanOptionalAction, default=True,
+                     help="lay each new placement out over the one in service to move fewer "
+                     "experts (default on)")
+    run.add_argument("--expert-bytes", type=_nonnegative, default=DEEPSEEK_V3_EXPERT_BYTES,
+                     help="bytes of one expert's weights, to price migrations (default "
+                     f"{DEEPSEEK_V3_EXPERT_BYTES}: a DeepSeek-V3 expert in bf16)")
+    run.add_argument("--per-layer", action="store_true",
+                     help="with --out, the time series per step and layer")
     run.add_argument("--rank-offset", action="store_true",
                      help="in a2a mode, ordinal adds the rank to its offset")
     run.add_argument("--seed", type=_nonnegative, default=0)
     run.add_argument("--device", default="cpu", help="cpu, cuda, or auto")
     run.add_argument("--json", action="store_true", help="print only a JSON array of rows")
-    run.add_argument("--out", type=Path, help="write results.json, results.csv and a figure")
+    run.add_argument("--out", type=Path, help="write results.json, results.csv, "
+                     "timeseries.csv, migrations.csv and the figures policies.png and "
+                     "timeseries.png (with PDFs)")
 
     trace = sub.add_parser("trace", help="inspect or generate traces")
     tsub = trace.add_subparsers(dest="trace_command", required=True)
@@ -249,6 +280,10 @@ def _counts_input(path: Path, where: str | None) -> CountsTrace | None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    if args.steps is None:
+        every = args.rebalance_every
+        args.steps = (RUN_SIZES["steps"] if every is None else
+                      max(RUN_SIZES["steps"], (args.window or every) + 4 * every))
     counts = _counts_input(args.trace, args.where) if args.trace else None
     if counts is not None:
         return _run_counts(args, counts)
@@ -262,11 +297,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     for p in policies:
         resolve_policy(p)
     config = ReplayConfig(solver=args.solver, view=args.view, rng=args.rng,
-                          drift_p=args.drift_p, num_gpus=args.gpus,
-                          gpus_per_node=args.gpus_per_node, num_redundant=args.redundant,
-                          num_groups=args.groups, rebalance_every=args.rebalance_every,
-                          seed=args.seed, device=_device(args.device),
-                          rank_offset=args.rank_offset)
+                          drift_p=args.drift_p, seed=args.seed, device=_device(args.device),
+                          rank_offset=args.rank_offset, **_placement_options(args, trace))
     results = compare(trace, policies, modes, config)
     rows = [r.row() for r in results]
     if args.json:
@@ -274,14 +306,82 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         print(_run_header(trace, config))
         print(format_table(rows))
+        if args.rebalance_every is not None:
+            print()
+            print(_rebalance_report(results[0], rows))
     if args.out:
-        from .plots import policy_comparison, save_figure
+        from .plots import policy_comparison, save_figure, time_series_figure
         paths = write_results(rows, args.out)
-        figure = args.out / "policies.png"
-        save_figure(policy_comparison(results), figure)
+        paths.append(write_csv([row for r in results for row in series_rows(
+            {"policy": r.policy, "mode": r.config.mode}, r.time_series(args.per_layer))],
+            args.out / "timeseries.csv"))
+        paths.append(write_csv(results[0].migrations(), args.out / "migrations.csv"))
+        paths += save_figure(policy_comparison(results), args.out / "policies.pdf")
+        paths += save_figure(time_series_figure(results), args.out / "timeseries.pdf")
         if not args.json:
-            print("wrote " + ", ".join(str(p) for p in paths + [figure]))
+            print("wrote " + ", ".join(str(p) for p in paths))
     return 0
+
+
+def _placement_options(args: argparse.Namespace, trace: Trace | CountsTrace) -> dict[str, Any]:
+    """The ReplayConfig fields for topology, solver schedule and migration pricing."""
+    topo = Topology(args.gpus, args.gpus_per_node)
+    initial = None
+    if args.initial != "trivial":
+        initial = _placement_file(Path(args.initial), trace, topo)
+    return dict(num_gpus=args.gpus, gpus_per_node=args.gpus_per_node,
+                num_redundant=args.redundant, num_groups=args.groups,
+                rebalance_every=args.rebalance_every, window=args.window,
+                predictor=args.predictor, decay=args.decay, initial=initial,
+                skip_above=args.skip_above, migration_aware=args.migration_aware,
+                expert_bytes=args.expert_bytes)
+
+
+def _placement_file(path: Path, trace: Trace | CountsTrace, topology: Topology) -> Placement:
+    """The placement in a JSON file for `trace` on `topology`: a `solve --json` output, a bare
+    phy2log `[L][P]`, or an SGLang `physical_to_logical_map` (`[L_model][P]`, its rows picked
+    by the trace's `model_layers` when the counts differ)."""
+    from .export import PLACEMENT_KEY, read_sglang_placement
+    data = _read_json(path, "a JSON placement")
+    E = trace.num_experts
+    if isinstance(data, dict) and PLACEMENT_KEY in data:
+        moe = trace.meta.get("model_layers")
+        rows = data[PLACEMENT_KEY]
+        picked = moe if isinstance(rows, list) and len(rows) != trace.num_layers else None
+        phy2log = read_sglang_placement(data, E, picked)
+    else:
+        phy2log = _phy2log_of(data, path)
+    try:
+        tensor = torch.tensor(phy2log, dtype=torch.int64)
+    except (TypeError, ValueError, RuntimeError, OverflowError):
+        raise InputError(f"{path}: phy2log is not a [layers][slots] list of integers") from None
+    placement = Placement(tensor, E, topology)
+    if placement.num_layers != trace.num_layers:
+        raise InputError(f"{path}: the placement has {placement.num_layers} layers; the trace "
+                         f"has {trace.num_layers}")
+    return placement
+
+
+def _phy2log_of(data: Any, path: Path) -> Any:
+    """The phy2log of a JSON placement: a `solve --json` object's key, or the bare list."""
+    if not isinstance(data, dict):
+        return data
+    if data.get("phy2log") is None:
+        raise InputError(f"{path}: a JSON object placement needs a phy2log key")
+    return data["phy2log"]
+
+
+def _rebalance_report(result: Results, rows: list[dict[str, Any]]) -> str:
+    """The decomposition of every row and the migration table of the (shared) schedule."""
+    cfg = result.config
+    migrations = result.migrations()
+    lines = ["executed imbalance = solver x prediction x dispatch (means over steps and "
+             "layers):", format_table(rows, DECOMPOSITION_COLUMNS), "",
+             f"rebalances (predictor {name_of(cfg.predictor)}, every {cfg.rebalance_every}, "
+             f"window {cfg.window or cfg.rebalance_every}, expert {cfg.expert_bytes} bytes):"]
+    lines.append(format_table(migrations, MIGRATION_COLUMNS, labels=0) if migrations else
+                 "  none: the trace ends before the first window does")
+    return "\n".join(lines)
 
 
 def _run_counts(args: argparse.Namespace, counts: CountsTrace) -> int:
@@ -290,10 +390,8 @@ def _run_counts(args: argparse.Namespace, counts: CountsTrace) -> int:
         raise InputError(f"{args.trace} holds expert counts, not token rows: dispatch policies "
                          f"choose a replica per (token, slot), so none can run on it; without "
                          f"--policies, run reports the placement's even-split promise")
-    config = ReplayConfig(solver=args.solver, num_gpus=args.gpus,
-                          gpus_per_node=args.gpus_per_node, num_redundant=args.redundant,
-                          num_groups=args.groups, rebalance_every=args.rebalance_every,
-                          seed=args.seed)
+    config = ReplayConfig(solver=args.solver, seed=args.seed,
+                          **_placement_options(args, counts))
     rows = [promise_only(counts, config)]
     if args.json:
         print(to_json(rows))
@@ -369,7 +467,8 @@ def cmd_trace_synth(args: argparse.Namespace) -> int:
         save_trace(trace, args.out)
     except OSError as exc:
         raise InputError(f"cannot write {args.out}: {exc.strerror or exc}") from None
-    print(f"wrote {args.out}: {trace.num_steps} steps x {args.tokens} tokens, "
+    per_step = trace.num_tokens / trace.num_steps
+    print(f"wrote {args.out}: {trace.num_steps} steps x {per_step:g} tokens (mean), "
           f"{trace.num_layers} layers, {trace.num_experts} experts, top-{trace.top_k}")
     return 0
 
@@ -441,8 +540,8 @@ def cmd_solve(args: argparse.Namespace) -> int:
     if args.anti_colocation:
         options["anti_colocation"] = True
     if args.previous is not None:
-        previous = _read_json(args.previous, "a JSON phy2log [layers][slots]")
-        options["previous"] = previous["phy2log"] if isinstance(previous, dict) else previous
+        options["previous"] = _phy2log_of(_read_json(args.previous, "a JSON phy2log "
+                                                     "[layers][slots]"), args.previous)
     topo = Topology(args.gpus, args.gpus_per_node)
     load = as_load(load)  # [L, E] validated
     slots = args.slots or load.shape[1] + args.redundant
@@ -523,9 +622,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     meta: dict[str, Any] = {}
     if args.placement is not None:
         data = _read_json(args.placement, "a JSON placement")
-        phy2log = data.get("phy2log") if isinstance(data, dict) else data
-        if phy2log is None:
-            raise InputError(f"{args.placement}: a JSON object placement needs a phy2log key")
+        phy2log = _phy2log_of(data, args.placement)
         if isinstance(data, dict) and data.get("layers") is not None:
             meta["model_layers"] = data["layers"]
         experts = args.experts

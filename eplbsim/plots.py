@@ -20,6 +20,7 @@ from typing import Any, Sequence
 from matplotlib.figure import Figure
 
 from .errors import InputError
+from .registry import name_of
 from .replay import ReplayConfig, Results
 
 # Okabe & Ito (2008), "Color Universal Design": safe for the common colour-vision deficiencies.
@@ -27,6 +28,7 @@ OKABE_ITO = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "
              "#000000")
 # Multiplicity c per (token, slot) pair: dropped, correct, duplicated.
 _MULT_COLORS = {"0": "#E69F00", "1": "#009E73", "2+": "#D55E00"}
+_MODE_LINES = {"none": "-", "a2a": "-."}  # line style per mode in time series
 _MULT_LABELS = {"0": "c = 0 (dropped)", "1": "c = 1 (correct)", "2+": "c ≥ 2 (duplicated)"}
 
 _LOAD_PANELS = (
@@ -164,6 +166,75 @@ def replica_loads_over_time(result: Results, layer: int = 0, experts: int = 4) -
     for ax in axes[max(0, n - ncols):n]:
         ax.set_xlabel("step")
     fig.suptitle(title)
+    return fig
+
+
+def time_series_figure(results: Sequence[Results]) -> Figure:
+    """Imbalance over time across rebalances: three panels sharing the step axis.
+
+    1. executed GPU imbalance per step (mean over layers), one line per result (colour per
+       policy label, solid for "none", dash-dotted for "a2a"), with the even-split promise of
+       the placement in service (thick grey) and of the segment's best placement (dotted),
+       both from the first result;
+    2. the worst replica skew of each step, one line per result (same key as panel 1);
+    3. expert copies at each rebalance of the first result's schedule, stacked by source (same
+       GPU, same node, other node); a skipped rebalance is marked with a cross.
+    Dotted vertical lines mark the rebalance steps in every panel.
+
+    results: at least one `Results` (e.g. from `replay.compare`). Returns a new Figure.
+    """
+    results = list(results)
+    if not results:
+        raise InputError("time_series_figure needs at least one result")
+    first = results[0]
+    series = [r.time_series() for r in results]
+    steps = series[0]["step"]
+    fig = Figure(figsize=(11.5, 9.0), layout="constrained")
+    ax_imb, ax_skew, ax_move = fig.subplots(3, 1, sharex=True)
+    labels = [label.replace("\n", ", ") for label in _labels(results)]
+    colors = {lb: OKABE_ITO[i % len(OKABE_ITO)] for i, lb in enumerate(dict.fromkeys(labels))}
+    for cols, label, r in zip(series, labels, results):
+        style = dict(color=colors[label], linestyle=_MODE_LINES.get(r.config.mode, "-"),
+                     linewidth=1.3, label=f"{label} ({r.config.mode})")
+        ax_imb.plot(steps, cols["gpu_imbalance"], **style)
+        ax_skew.plot(steps, cols["replica_skew_max"], **style)
+    ax_imb.plot(steps, series[0]["placement_imbalance"], color="0.55", linewidth=2.5,
+                alpha=0.5, zorder=0, label="promise of the placement in service")
+    ax_imb.plot(steps, series[0]["factor_solver"], color="0.2", linestyle=":", linewidth=1.2,
+                label="promise of the best placement\n(solved on the true loads)")
+    ax_imb.set_ylabel("GPU imbalance\n(max / mean GPU load)")
+    ax_skew.set_ylabel("replica skew, worst expert\n(max / mean replica load)")
+    rows = first.migrations()
+    bottom = [0] * len(rows)
+    xs = [row["step"] for row in rows]
+    width = max(1.0, 0.25 * (min(b - a for a, b in zip(xs, xs[1:])) if len(xs) > 1 else 4))
+    for kind, color, text in (("same_gpu", OKABE_ITO[2], "same GPU"),
+                              ("same_node", OKABE_ITO[0], "same node"),
+                              ("cross_node", OKABE_ITO[5], "other node")):
+        heights = [row[kind] for row in rows]
+        ax_move.bar(xs, heights, width=width, bottom=bottom, color=color,
+                    label=f"copied from {text}")
+        bottom = [b + h for b, h in zip(bottom, heights)]
+    skipped = [row["step"] for row in rows if row["skipped"]]
+    if skipped:
+        ax_move.plot(skipped, [0] * len(skipped), "x", color="0.2", markersize=8,
+                     label="rebalance skipped")
+    if not rows:
+        ax_move.text(0.5, 0.5, "no rebalance in this run", ha="center", va="center",
+                     transform=ax_move.transAxes, color="0.35")
+    ax_move.set_ylabel("experts moved\n(slots changed)")
+    ax_move.set_xlabel("step")
+    for ax in (ax_imb, ax_skew, ax_move):
+        for x in xs:
+            ax.axvline(x, color="0.6", linestyle=":", linewidth=0.8, zorder=0)
+        ax.grid(True, axis="y", alpha=0.3)
+        if ax.get_legend_handles_labels()[0] and ax is not ax_skew:  # skew shares imb's key
+            ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    cfg = first.config
+    schedule = ("one placement from the whole trace" if cfg.rebalance_every is None else
+                f"rebalance every {cfg.rebalance_every} steps, predictor "
+                f"{name_of(cfg.predictor)}, window {cfg.window or cfg.rebalance_every}")
+    fig.suptitle(f"Imbalance over time: solver {first.solver}, {schedule}")
     return fig
 
 

@@ -1,7 +1,9 @@
 """Results as tables, JSON and CSV (no computation, no plotting).
 
 A row is `Results.row()`: `policy`, `solver`, `mode`, `view`, `rng` and the DESIGN.md §4 metric
-keys, with `multiplicity` as `{"0": f0, "1": f1, "2+": f2}` and None where a metric is undefined.
+keys, with `multiplicity` as `{"0": f0, "1": f1, "2+": f2}` and None where a metric is undefined,
+then the decomposition factors and migration totals. Time series are columns of equal length
+(`Results.time_series()`); migration rows come from `Results.migrations()`.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any, Iterable
 LABELS = ("policy", "solver", "mode", "view", "rng")
 
 # (column header, row key, multiplicity sub-key or None)
-_TABLE_COLUMNS = (
+TABLE_COLUMNS = (
     ("policy", "policy", None),
     ("mode", "mode", None),
     ("gpu_imb", "gpu_imbalance", None),
@@ -32,6 +34,20 @@ _TABLE_COLUMNS = (
     ("c>=2", "multiplicity", "2+"),
     ("out_err", "output_rel_error", None),
 )
+# The executed imbalance and its three factors (timeseries module doc), and migration totals.
+DECOMPOSITION_COLUMNS = (
+    ("policy", "policy", None),
+    ("mode", "mode", None),
+    ("gpu_imb", "gpu_imbalance", None),
+    ("solver", "factor_solver", None),
+    ("prediction", "factor_prediction", None),
+    ("dispatch", "factor_dispatch", None),
+    ("rebalances", "rebalances", None),
+    ("moved_slots", "moved_slots", None),
+)
+MIGRATION_COLUMNS = tuple((key, key, None) for key in (
+    "step", "skipped", "balancedness", "moved_slots", "same_gpu", "same_node", "cross_node",
+    "bytes"))
 
 
 def _cell(value: Any) -> str:
@@ -44,14 +60,18 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-def format_table(rows: Iterable[dict[str, Any]]) -> str:
-    """A fixed-width text table, one line per row; `-` where a metric is undefined."""
+def format_table(rows: Iterable[dict[str, Any]], columns: tuple = TABLE_COLUMNS,
+                 labels: int = 2) -> str:
+    """A fixed-width text table, one line per row; `-` where a value is undefined.
+
+    columns: `(header, row key, sub-key or None)` triples; the first `labels` columns are
+    left-aligned, the rest right-aligned."""
     rows = list(rows)
-    header = [h for h, _, _ in _TABLE_COLUMNS]
+    header = [h for h, _, _ in columns]
     body = [[_cell(row[key] if sub is None else (row[key] or {}).get(sub))
-             for _, key, sub in _TABLE_COLUMNS] for row in rows]
+             for _, key, sub in columns] for row in rows]
     widths = [max(len(c) for c in col) for col in zip(header, *body)]
-    lines = ["  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in
+    lines = ["  ".join(c.ljust(w) if i < labels else c.rjust(w) for i, (c, w) in
                        enumerate(zip(line, widths))) for line in [header] + body]
     return "\n".join(lines)
 
@@ -82,12 +102,26 @@ def write_results(rows: list[dict[str, Any]], out_dir: str | Path) -> list[Path]
     """Write `results.json` and `results.csv` into `out_dir` (created); returns the paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    json_path, csv_path = out / "results.json", out / "results.csv"
+    json_path = out / "results.json"
     json_path.write_text(to_json(rows) + "\n")
-    flat = [flat_row(r) for r in rows]
-    fields = list(dict.fromkeys(k for r in flat for k in r))
-    with open(csv_path, "w", newline="") as f:
+    return [json_path, write_csv([flat_row(r) for r in rows], out / "results.csv")]
+
+
+def write_csv(rows: list[dict[str, Any]], path: str | Path) -> Path:
+    """Rows of plain values as a CSV (columns in first-seen order, None and NaN empty)."""
+    path = Path(path)
+    fields = list(dict.fromkeys(k for r in rows for k in r))
+    with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=fields)
         writer.writeheader()
-        writer.writerows({k: ("" if v is None else v) for k, v in r.items()} for r in flat)
-    return [json_path, csv_path]
+        writer.writerows({k: ("" if v is None or (isinstance(v, float) and math.isnan(v))
+                              else v) for k, v in r.items()} for r in rows)
+    return path
+
+
+def series_rows(labels: dict[str, Any], columns: dict[str, Any]) -> list[dict[str, Any]]:
+    """Time-series columns of equal length (numpy arrays) as rows, each prefixed by `labels`
+    (e.g. policy and mode)."""
+    names = list(columns)
+    values = zip(*(columns[n].tolist() for n in names))
+    return [{**labels, **dict(zip(names, v))} for v in values]

@@ -1,5 +1,6 @@
 """The `eplbsim` command: outputs, JSON shapes, and bad input -> one line, status 2."""
 
+import csv
 import json
 from pathlib import Path
 
@@ -220,3 +221,70 @@ def test_run_on_counts_reports_the_promise_and_refuses_policies(capsys, tmp_path
     assert row["placement_gap"] >= 1.0
     assert_input_error(capsys, "run", "--trace", path, "--policies", "row",
                        match="holds expert counts, not token rows")
+
+
+REBALANCE = ["--tokens", "48", "--layers", "2", "--experts", "16", "--top-k", "4", "--gpus",
+             "4", "--gpus-per-node", "2", "--redundant", "8"]
+
+
+def test_run_rebalancing_writes_time_series_and_migrations(capsys, tmp_path):
+    out_dir = tmp_path / "res"
+    code, out, _ = run(capsys, "run", *REBALANCE, "--scenario", "burst", "--rebalance-every",
+                       "5", "--window", "4", "--policies", "row,ordinal", "--mode", "a2a",
+                       "--expert-bytes", "10", "--out", out_dir)
+    assert code == 0
+    assert "solver x prediction x dispatch" in out and "cross_node" in out
+    # no --steps: max(32, W + 4N) = 32 steps; rebalances at 4, 9, .., 29
+    migrations = list(csv.DictReader(open(out_dir / "migrations.csv")))
+    assert [int(r["step"]) for r in migrations] == [4, 9, 14, 19, 24, 29]
+    for r in migrations:
+        assert int(r["bytes"]) == 10 * int(r["moved_slots"])
+    series = list(csv.DictReader(open(out_dir / "timeseries.csv")))
+    assert len(series) == 2 * 32 and {r["policy"] for r in series} == {"row", "ordinal"}
+    moved = sum(int(r["moved_slots"]) for r in series if r["policy"] == "row")
+    assert moved == sum(int(r["moved_slots"]) for r in migrations) > 0
+    for name in ("timeseries.png", "timeseries.pdf", "policies.png", "policies.pdf"):
+        assert (out_dir / name).stat().st_size > 1000
+    rows = json.loads((out_dir / "results.json").read_text())
+    for row in rows:
+        product = row["factor_solver"] * row["factor_prediction"] * row["factor_dispatch"]
+        assert product == pytest.approx(row["gpu_imbalance"], rel=0.05)
+        assert row["rebalances"] == 6
+
+
+def test_run_per_layer_time_series_and_initial_placement(capsys, tmp_path):
+    code, out, _ = run(capsys, "solve", "--load", _write_json(tmp_path / "load.json",
+                       [[1.0] * 16, [2.0] * 16]), "--redundant", "8", "--gpus", "4",
+                       "--gpus-per-node", "2", "--json")
+    (tmp_path / "initial.json").write_text(out)
+    code, out, _ = run(capsys, "run", *REBALANCE, "--steps", "12", "--rebalance-every", "6",
+                       "--initial", tmp_path / "initial.json", "--predictor", "ema",
+                       "--policies", "ordinal", "--mode", "none", "--per-layer", "--out",
+                       tmp_path / "res")
+    assert code == 0
+    series = list(csv.DictReader(open(tmp_path / "res" / "timeseries.csv")))
+    assert [(r["step"], r["layer"]) for r in series[:3]] == [("0", "0"), ("0", "1"), ("1", "0")]
+    assert len(series) == 12 * 2
+
+
+def _write_json(path, obj):
+    path.write_text(json.dumps(obj))
+    return path
+
+
+@pytest.mark.parametrize("args,match", [
+    (["--rebalance-every", "4", "--initial", "missing.json"], "missing.json: no such file"),
+    (["--rebalance-every", "4", "--decay", "2"], "decay must be in [0, 1]"),
+    (["--rebalance-every", "4", "--skip-above", "-1"], "skip_above"),
+])
+def test_bad_rebalance_options(capsys, args, match):
+    assert_input_error(capsys, "run", *SMALL, *args, match=match)
+
+
+def test_initial_placement_file_must_fit(capsys, tmp_path):
+    wrong = _write_json(tmp_path / "wrong.json", {"phy2log": [[0, 1, 2, 3]]})
+    assert_input_error(capsys, "run", *SMALL, "--rebalance-every", "2", "--initial", wrong,
+                       match="4 physical slots are fewer than the 16 logical experts")
+    ragged = _write_json(tmp_path / "ragged.json", [[0, 1], [2]])
+    assert_input_error(capsys, "run", *SMALL, "--rebalance-every", "2", "--initial", ragged,
+                       match="not a [layers][slots] list of integers")

@@ -148,3 +148,26 @@ def test_plots_leave_pyplot_alone(results):
     plots.replica_loads_over_time(results[0])
     # figures are built without pyplot: no global figure registry is touched, no backend chosen
     assert open_figures() == before
+
+
+def test_time_series_figure_marks_rebalances(tmp_path):
+    tr = synthesize("burst", steps=16, tokens=64, layers=2, experts=16, top_k=2, seed=0)
+    res = compare(tr, ["row", "ordinal"], ["none", "a2a"],
+                  ReplayConfig(num_gpus=4, num_redundant=4, rebalance_every=4))
+    fig = plots.time_series_figure(res)
+    imb, skew, moves = fig.axes[:3]
+    assert len([ln for ln in imb.get_lines() if ln.get_label() in ("row (none)", "row (a2a)",
+                "ordinal (none)", "ordinal (a2a)")]) == 4
+    assert len(moves.patches) == 3 * 3  # three rebalances, three kinds of copy
+    assert moves.get_xlabel() == "step" and "GPU imbalance" in imb.get_ylabel()
+    written = plots.save_figure(fig, tmp_path / "ts.pdf", dpi=60)
+    assert [p.suffix for p in written] == [".pdf", ".png"]
+    _assert_png(written[1])
+
+
+def test_time_series_figure_without_rebalancing(results, tmp_path):
+    fig = plots.time_series_figure(results[:1])
+    assert "no rebalance" in " ".join(t.get_text() for t in fig.axes[2].texts)
+    _assert_png(plots.save_figure(fig, tmp_path / "flat.png", dpi=60)[0])
+    with pytest.raises(InputError, match="at least one"):
+        plots.time_series_figure([])
