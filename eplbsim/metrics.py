@@ -20,6 +20,10 @@ METRIC_KEYS = ("gpu_imbalance", "balancedness", "replica_skew_mean", "replica_sk
                "replica_skew_cumulative", "idle_replica_frac", "placement_imbalance",
                "placement_gap",
                "rank_agreement", "multiplicity", "output_rel_error")
+# Reported after METRIC_KEYS: the decomposition of gpu_imbalance (timeseries.factors) and the
+# migration totals of the rebalance schedule.
+OVER_TIME_KEYS = ("factor_solver", "factor_prediction", "factor_dispatch", "rebalances",
+                  "moved_slots", "moved_bytes")
 
 
 def gpu_loads(slot_load: torch.Tensor, num_gpus: int) -> torch.Tensor:

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from eplbsim.metrics import (
     METRIC_KEYS,
+    OVER_TIME_KEYS,
     balancedness,
     gpu_imbalance,
     gpu_loads,
@@ -47,7 +48,7 @@ def test_metric_keys_cover_the_design_and_every_replay_reports_exactly_them():
     trace = synthesize("uniform", steps=2, tokens=16, layers=1, experts=8, top_k=2)
     for mode in ("none", "a2a"):
         metrics = replay(trace, ReplayConfig(num_gpus=2, num_redundant=2, mode=mode)).metrics
-        assert list(metrics) == list(METRIC_KEYS)
+        assert list(metrics) == list(METRIC_KEYS + OVER_TIME_KEYS)
 
 
 # ---------------------------------------------------------------- GPU loads and balance
