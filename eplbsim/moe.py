@@ -6,13 +6,22 @@ Expert `e` of layer `l` is a fixed random matrix `W[l, e]` (all replicas share i
 a step has a random hidden vector `x_t` and positive gate weights `w_tk` summing to 1. The exact
 output is `y_t = sum_k w_tk W_{e_tk} x_t`; when pair `(t, k)` is executed `c_tk` times (summed
 over ranks by the all-reduce) the simulated output is `sum_k c_tk w_tk W_{e_tk} x_t`.
+
+Pair outputs are float64 values on the grid of multiples of `2**-GRID_BITS` (rounded once from
+the float32 product), far from float64's limits, so every sum of them is exact in any order:
+the in-process simulation and an all-reduce over real processes get bit-identical outputs, and
+an exactly executed pair adds exactly 0 error.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import math
+
 import torch
+
+GRID_BITS = 24  # pair outputs are multiples of 2**-GRID_BITS
 
 
 @dataclass(frozen=True)
@@ -25,8 +34,8 @@ class ToyMoE:
 
 def make_toy_moe(num_layers: int, num_experts: int, hidden: int = 8, seed: int = 0,
                  device: torch.device | str = "cpu") -> ToyMoE:
-    """Expert matrices with entries N(0, 1/D), seeded. float32 is ample: an exactly executed
-    pair contributes exactly 0 to the error, and norms are summed in float64."""
+    """Expert matrices with entries N(0, 1/D), seeded (float32 is ample: outputs are rounded to
+    the module's grid anyway)."""
     gen = torch.Generator().manual_seed(seed)
     w = torch.randn(num_layers, num_experts, hidden, hidden, generator=gen, dtype=torch.float32)
     return ToyMoE((w / hidden ** 0.5).to(device), seed)
@@ -46,11 +55,12 @@ def token_inputs(moe: ToyMoE, step: int, num_tokens: int,
 
 def pair_outputs(moe: ToyMoE, layer: int, topk_ids: torch.Tensor, x: torch.Tensor,
                  gates: torch.Tensor) -> torch.Tensor:
-    """`w_tk W_{e_tk} x_t` of every pair, float32 `[T, K, D]`; zero for padding."""
+    """`w_tk W_{e_tk} x_t` of every pair on the grid, float64 `[T, K, D]`; zero for padding."""
     ids = topk_ids.long()
     w = moe.weights[layer][ids.clamp(min=0)]  # [T, K, D, D]
     weight = (gates * (ids >= 0)).unsqueeze(-1)  # [T, K, 1]
-    return torch.einsum("tkij,tj->tki", w, x) * weight
+    out = (torch.einsum("tkij,tj->tki", w, x) * weight).double()
+    return torch.round(out * 2.0 ** GRID_BITS) / 2.0 ** GRID_BITS
 
 
 def step_error_terms(moe: ToyMoE, step: int, topk_ids: torch.Tensor,
@@ -69,8 +79,15 @@ def output_error_terms(pairs: torch.Tensor, multiplicity: torch.Tensor,
     """`(||Y - Y_exact||^2, ||Y_exact||^2)` of one layer for pair outputs `[T, K, D]` executed
     `multiplicity [T, K]` times; only tokens with a `valid [T, K]` pair not executed exactly
     once add error."""
-    exact = pairs.sum(1).double()  # [T, D]
+    exact = pairs.sum(1)  # [T, D]
     extra = torch.where(valid, multiplicity - 1, 0).to(pairs.dtype)  # [T, K]
     rows = (extra != 0).any(1).nonzero().squeeze(1)
-    diff = (extra[rows].unsqueeze(-1) * pairs[rows]).sum(1).double()  # [rows, D]
-    return float((diff * diff).sum()), float((exact * exact).sum())
+    return error_terms((extra[rows].unsqueeze(-1) * pairs[rows]).sum(1), exact)
+
+
+def error_terms(diff: torch.Tensor, exact: torch.Tensor) -> tuple[float, float]:
+    """`(||diff||^2, ||exact||^2)` for `diff [R, D]` (any rows of `Y - Y_exact`; zero rows may
+    be left out) and `exact [T, D]`. The first is summed exactly rounded (`math.fsum`), so it
+    does not depend on which zero rows are included or in what order."""
+    squares = (diff * diff).flatten()
+    return math.fsum(squares[squares != 0].tolist()), float((exact * exact).sum())

@@ -2,7 +2,8 @@
 
 import torch
 
-from eplbsim.moe import make_toy_moe, output_error_terms, pair_outputs, token_inputs
+from eplbsim.moe import (GRID_BITS, error_terms, make_toy_moe, output_error_terms, pair_outputs,
+                         token_inputs)
 
 
 def test_pair_outputs_match_the_definition_and_zero_padding():
@@ -13,8 +14,32 @@ def test_pair_outputs_match_the_definition_and_zero_padding():
     out = pair_outputs(moe, 1, ids, x, gates)
     t, k = 2, 1
     want = gates[t, k] * moe.weights[1, ids[t, k]] @ x[t]
-    assert torch.allclose(out[t, k], want)
+    assert out.dtype == torch.float64
+    assert torch.allclose(out[t, k], want.double(), rtol=0, atol=2.0 ** -GRID_BITS)
     assert (out[1, 1] == 0).all() and (out[4] == 0).all()
+    scaled = out * 2.0 ** GRID_BITS
+    assert torch.equal(scaled, scaled.round())  # on the grid
+
+
+def test_sums_of_pair_outputs_do_not_depend_on_the_order():
+    """What an all-reduce over ranks relies on: any order of summation gives the same bits."""
+    moe = make_toy_moe(1, 8, seed=2)
+    x, gates = token_inputs(moe, 0, 64, 4)
+    ids = torch.randint(0, 8, (64, 4), generator=torch.Generator().manual_seed(1))
+    pairs = pair_outputs(moe, 0, ids, x, gates)  # [T, K, D]
+    flat = pairs.reshape(-1, pairs.shape[-1])  # [T*K, D]
+    forward = flat.sum(0)
+    backward = torch.zeros_like(forward)
+    for row in flat.flip(0):
+        backward += row
+    assert torch.equal(forward, backward)
+
+
+def test_error_terms_ignore_zero_rows():
+    diff = torch.tensor([[0.5, -0.25], [0.0, 0.0], [1e-3, 3.0]], dtype=torch.float64)
+    exact = torch.ones(4, 2, dtype=torch.float64)
+    assert error_terms(diff, exact) == error_terms(diff[[2, 0]], exact)
+    assert error_terms(diff, exact)[1] == 8.0
 
 
 def test_output_error_is_zero_at_multiplicity_one_and_one_when_doubled_or_dropped():
