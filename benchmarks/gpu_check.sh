@@ -7,11 +7,13 @@
 # 2. prints the GPU; 3. runs the CUDA and Triton tests (Triton kernels vs the reference policies
 #    on random inputs, poisoned outputs, -1 padding, E not a power of two); 4. times the Triton
 #    step kernels directly at N = 1e8 pairs against a device copy of the same bytes; 5. runs
-#    `eplbsim bench --device cuda --json`; 6. prints a short summary table.
+#    `eplbsim bench --device cuda --json`; 6. runs `eplbsim ranks` on NCCL with one rank per
+#    GPU (world size 1 when there is one GPU) and checks it against the simulation; 7. prints a
+#    short summary table.
 # Every step has a timeout; the whole script stays well under 10 minutes. Logs and JSON go to
 # $OUT (when set, e.g. by a device runner) or to a fresh temporary folder. Exit status 0 only if
 # every step passed. Timeouts can be overridden: TEST_TIMEOUT, KERNEL_TIMEOUT, BENCH_TIMEOUT
-# (seconds).
+# (seconds), RANKS_TIMEOUT.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -126,12 +128,23 @@ bench_json() {
 export -f bench_json
 step bench "${BENCH_TIMEOUT:-240}" bash -c bench_json
 
+ranks_nccl() {
+    set -euo pipefail
+    local world
+    world=$("$PY" -c "import torch; print(max(1, min(torch.cuda.device_count(), 8)))")
+    "$PY" -m eplbsim.cli ranks --world-size "$world" --device cuda --scenario skewed \
+        --steps 8 --tokens 1024 --layers 4 --redundant 16 --policies static,random,row,ordinal
+}
+export -f ranks_nccl
+step ranks "${RANKS_TIMEOUT:-180}" bash -c ranks_nccl
+
 echo
 echo "=== summary (logs and JSON in $OUTDIR) ==="
-for name in tests kernels bench; do
+for name in tests kernels bench ranks; do
     printf '%-8s %s\n' "$name" "${STATUS[$name]:-skipped}"
 done
 grep -hE '^[0-9]+ passed|passed|failed|error' "$OUTDIR/tests.log" 2>/dev/null | tail -1 || true
+grep -h "configurations: every metric" "$OUTDIR/ranks.log" 2>/dev/null || true
 "$PY" - "$OUTDIR" <<'EOF' || true
 import json, sys
 from pathlib import Path
@@ -166,6 +179,6 @@ if rep:
               f"{r['layers']:3d} {r['seconds']:8.2f} {r['pairs_per_s_per_rank']:13.3e}")
 EOF
 echo "total ${SECONDS}s"
-for name in tests kernels bench; do
+for name in tests kernels bench ranks; do
     case "${STATUS[$name]:-ok}" in ok*) ;; *) exit 1 ;; esac
 done

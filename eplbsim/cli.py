@@ -8,7 +8,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -78,6 +80,66 @@ def _add_sizes(p: argparse.ArgumentParser, defaults: dict[str, int | None]) -> N
                    metavar="KEY=VALUE", help="scenario option, e.g. sigma=2 or noise=0.1")
 
 
+def _add_replay_options(p: argparse.ArgumentParser, counts: bool) -> None:
+    """The options `run` and `ranks` share: trace or scenario, solver and schedule, policies,
+    modes, views, generators, topology (but the GPU count) and `--json`."""
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--trace", type=Path, help="an .npz trace (DESIGN.md §5) or a trace "
+                     "directory (see trace convert)" + (
+                         ", a counts-only .npz, or a counts CSV (layer,expert,count; see "
+                         "--where): counts give the placement's even-split promise only"
+                         if counts else ""))
+    src.add_argument("--scenario", choices=sorted(SCENARIOS),
+                     help=f"a synthetic scenario (default {DEFAULT_SCENARIO})")
+    _add_sizes(p, {**RUN_SIZES, "steps": None})
+    p.add_argument("--solver", default="deepseek", choices=sorted(SOLVERS))
+    if counts:
+        p.add_argument("--where", default=None, help="filters for a counts CSV --trace")
+    p.add_argument("--policies", default=None,
+                   help=f"comma-separated policies (default {DEFAULT_POLICIES})")
+    p.add_argument("--mode", default="none,a2a",
+                   help="none, a2a, or both comma-separated (default none,a2a)")
+    p.add_argument("--view", default="full", choices=sorted(VIEWS))
+    p.add_argument("--rng", default="independent", choices=RNG_RELATIONS,
+                   help="how the ranks' generators relate (random policy)")
+    p.add_argument("--drift-p", type=float, default=0.05,
+                   help="per-step drift probability for --rng drift")
+    p.add_argument("--gpus-per-node", type=_positive, default=None,
+                   help="GPUs per node (default 4 for run; for ranks, torchrun's "
+                   "LOCAL_WORLD_SIZE, else all on one node)")
+    p.add_argument("--redundant", type=_nonnegative, default=16,
+                   help="redundant physical slots (P = E + redundant)")
+    p.add_argument("--groups", type=_positive, default=None,
+                   help="expert groups (default: the trace's, else 1)")
+    p.add_argument("--rebalance-every", type=_positive, default=None, metavar="N",
+                   help="re-solve the placement every N steps from predicted loads, the "
+                   "first time after the first window (default: once, from the whole trace)")
+    p.add_argument("--window", type=_positive, default=None, metavar="W",
+                   help="steps of history the predictor reads (default N)")
+    p.add_argument("--predictor", default="window", choices=sorted(PREDICTORS),
+                   help="window: sum of the last W steps (default); ema: decayed sum; "
+                   "oracle: the loads of the steps about to run")
+    p.add_argument("--decay", type=float, default=None,
+                   help="ema's per-step factor in [0, 1] (default 1 - 1/W)")
+    p.add_argument("--initial", default="trivial", metavar="trivial|FILE",
+                   help="the placement before the first rebalance: trivial (default) or a "
+                   "JSON placement (a `solve --json` output, a bare phy2log [L][P], or an "
+                   "SGLang physical_to_logical_map)")
+    p.add_argument("--skip-above", type=float, default=None, metavar="B",
+                   help="skip a rebalance when the placement in service has a balancedness "
+                   "(mean / max GPU load, mean over layers) above B on the forecast")
+    p.add_argument("--migration-aware", action=argparse.BooleanOptionalAction, default=True,
+                   help="lay each new placement out over the one in service to move fewer "
+                   "experts (default on)")
+    p.add_argument("--expert-bytes", type=_nonnegative, default=DEEPSEEK_V3_EXPERT_BYTES,
+                   help="bytes of one expert's weights, to price migrations (default "
+                   f"{DEEPSEEK_V3_EXPERT_BYTES}: a DeepSeek-V3 expert in bf16)")
+    p.add_argument("--rank-offset", action="store_true",
+                   help="in a2a mode, ordinal adds the rank to its offset")
+    p.add_argument("--seed", type=_nonnegative, default=0)
+    p.add_argument("--json", action="store_true", help="print only JSON")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="eplbsim", description="Replay MoE routing traces through expert placement "
@@ -85,64 +147,30 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="compare dispatch policies on a trace or scenario")
-    src = run.add_mutually_exclusive_group()
-    src.add_argument("--trace", type=Path, help="an .npz trace (DESIGN.md §5), a trace "
-                     "directory (see trace convert), a counts-only "
-                     ".npz, or a counts CSV (layer,expert,count; see --where): counts give the "
-                     "placement's even-split promise only")
-    src.add_argument("--scenario", choices=sorted(SCENARIOS),
-                     help=f"a synthetic scenario (default {DEFAULT_SCENARIO})")
-    _add_sizes(run, {**RUN_SIZES, "steps": None})
-    run.add_argument("--solver", default="deepseek", choices=sorted(SOLVERS))
-    run.add_argument("--where", default=None, help="filters for a counts CSV --trace")
-    run.add_argument("--policies", default=None,
-                     help=f"comma-separated policies (default {DEFAULT_POLICIES})")
-    run.add_argument("--mode", default="none,a2a",
-                     help="none, a2a, or both comma-separated (default none,a2a)")
-    run.add_argument("--view", default="full", choices=sorted(VIEWS))
-    run.add_argument("--rng", default="independent", choices=RNG_RELATIONS,
-                     help="how the ranks' generators relate (random policy)")
-    run.add_argument("--drift-p", type=float, default=0.05,
-                     help="per-step drift probability for --rng drift")
+    _add_replay_options(run, counts=True)
     run.add_argument("--gpus", type=_positive, default=8)
-    run.add_argument("--gpus-per-node", type=_positive, default=4)
-    run.add_argument("--redundant", type=_nonnegative, default=16,
-                     help="redundant physical slots (P = E + redundant)")
-    run.add_argument("--groups", type=_positive, default=None,
-                     help="expert groups (default: the trace's, else 1)")
-    run.add_argument("--rebalance-every", type=_positive, default=None, metavar="N",
-                     help="re-solve the placement every N steps from predicted loads, the "
-                     "first time after the first window (default: once, from the whole trace)")
-    run.add_argument("--window", type=_positive, default=None, metavar="W",
-                     help="steps of history the predictor reads (default N)")
-    run.add_argument("--predictor", default="window", choices=sorted(PREDICTORS),
-                     help="window: sum of the last W steps (default); ema: decayed sum; "
-                     "oracle: the loads of the steps about to run")
-    run.add_argument("--decay", type=float, default=None,
-                     help="ema's per-step factor in [0, 1] (default 1 - 1/W)")
-    run.add_argument("--initial", default="trivial", metavar="trivial|FILE",
-                     help="the placement before the first rebalance: trivial (default) or a "
-                     "JSON placement (a `solve --json` output, a bare phy2log [L][P], or an "
-                     "SGLang physical_to_logical_map)")
-    run.add_argument("--skip-above", type=float, default=None, metavar="B",
-                     help="skip a rebalance when the placement in service has a balancedness "
-                     "(mean / max GPU load, mean over layers) above B on the forecast")
-    run.add_argument("--migration-aware", action=argparse.BooleanOptionalAction, default=True,
-                     help="lay each new placement out over the one in service to move fewer "
-                     "experts (default on)")
-    run.add_argument("--expert-bytes", type=_nonnegative, default=DEEPSEEK_V3_EXPERT_BYTES,
-                     help="bytes of one expert's weights, to price migrations (default "
-                     f"{DEEPSEEK_V3_EXPERT_BYTES}: a DeepSeek-V3 expert in bf16)")
+    run.set_defaults(gpus_per_node=4)
     run.add_argument("--per-layer", action="store_true",
                      help="with --out, the time series per step and layer")
-    run.add_argument("--rank-offset", action="store_true",
-                     help="in a2a mode, ordinal adds the rank to its offset")
-    run.add_argument("--seed", type=_nonnegative, default=0)
     run.add_argument("--device", default="cpu", help="cpu, cuda, or auto")
-    run.add_argument("--json", action="store_true", help="print only a JSON array of rows")
     run.add_argument("--out", type=Path, help="write results.json, results.csv, "
                      "timeseries.csv, migrations.csv and the figures policies.png and "
                      "timeseries.png (with PDFs)")
+
+    ranks = sub.add_parser("ranks", help="run the dispatch on real torch.distributed "
+                           "processes (gloo on CPU, NCCL on CUDA) and check every metric "
+                           "against the in-process simulation")
+    ranks.add_argument("--world-size", type=_positive, default=None,
+                       help="ranks = GPUs to spawn locally (under torchrun: the launched "
+                       "group's, which this must match if given)")
+    _add_replay_options(ranks, counts=False)
+    ranks.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                       help="cpu (gloo, default) or cuda (NCCL, one GPU per rank)")
+    ranks.add_argument("--port", type=_nonnegative, default=0,
+                       help="rendezvous port on 127.0.0.1 when spawning (default: a free one)")
+    ranks.add_argument("--timeout", type=float, default=60.0,
+                       help="seconds any one collective may wait before the group is "
+                       "stopped (default 60)")
 
     trace = sub.add_parser("trace", help="inspect or generate traces")
     tsub = trace.add_subparsers(dest="trace_command", required=True)
@@ -280,22 +308,13 @@ def _counts_input(path: Path, where: str | None) -> CountsTrace | None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    if args.steps is None:
-        every = args.rebalance_every
-        args.steps = (RUN_SIZES["steps"] if every is None else
-                      max(RUN_SIZES["steps"], (args.window or every) + 4 * every))
+    _default_steps(args)
     counts = _counts_input(args.trace, args.where) if args.trace else None
     if counts is not None:
         return _run_counts(args, counts)
     trace = open_trace(args.trace) if args.trace else \
         _scenario_trace(args, args.scenario or DEFAULT_SCENARIO)
-    modes = _split(args.mode, "mode")
-    for m in modes:
-        if m not in MODES:
-            raise InputError(f"unknown mode {m!r}; choose from {', '.join(MODES)}")
-    policies = _split(args.policies or DEFAULT_POLICIES, "policies")
-    for p in policies:
-        resolve_policy(p)
+    policies, modes = _policies_and_modes(args)
     config = ReplayConfig(solver=args.solver, view=args.view, rng=args.rng,
                           drift_p=args.drift_p, seed=args.seed, device=_device(args.device),
                           rank_offset=args.rank_offset, **_placement_options(args, trace))
@@ -321,6 +340,97 @@ def cmd_run(args: argparse.Namespace) -> int:
         if not args.json:
             print("wrote " + ", ".join(str(p) for p in paths))
     return 0
+
+
+def _default_steps(args: argparse.Namespace) -> None:
+    """`--steps` left out: RUN_SIZES's, or with `--rebalance-every N` enough for four
+    rebalances after the first window (REBALANCE_STEPS_HELP)."""
+    if args.steps is None:
+        every = args.rebalance_every
+        args.steps = (RUN_SIZES["steps"] if every is None else
+                      max(RUN_SIZES["steps"], (args.window or every) + 4 * every))
+
+
+def _policies_and_modes(args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """The validated `--policies` and `--mode` lists."""
+    modes = _split(args.mode, "mode")
+    for m in modes:
+        if m not in MODES:
+            raise InputError(f"unknown mode {m!r}; choose from {', '.join(MODES)}")
+    policies = _split(args.policies or DEFAULT_POLICIES, "policies")
+    for p in policies:
+        resolve_policy(p)
+    return policies, modes
+
+
+def cmd_ranks(args: argparse.Namespace) -> int:
+    from .distributed import (GroupFailure, TraceSource, join_launched, launch,
+                              launched_by_torchrun)
+    torchrun = launched_by_torchrun()
+    world = int(os.environ["WORLD_SIZE"]) if torchrun else args.world_size
+    if world is None:
+        raise InputError("--world-size is required (or start the command under torchrun)")
+    if torchrun and args.world_size not in (None, world):
+        raise InputError(f"--world-size {args.world_size} differs from torchrun's group of "
+                         f"{world}")
+    if args.gpus_per_node is None and torchrun:
+        args.gpus_per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    args.gpus = world
+    _default_steps(args)
+    if args.trace is not None:
+        if _counts_input(args.trace, None) is not None:
+            raise InputError(f"{args.trace} holds expert counts, not token rows: ranks need "
+                             f"tokens to dispatch")
+        source = TraceSource(path=str(args.trace))
+    else:
+        source = TraceSource(scenario=args.scenario or DEFAULT_SCENARIO, options=dict(
+            steps=args.steps, tokens=args.tokens, layers=args.layers, experts=args.experts,
+            top_k=args.top_k, seed=args.seed, **dict(args.option)))
+    trace = source.load()  # bad input fails here, before any process starts
+    policies, modes = _policies_and_modes(args)
+    base = ReplayConfig(solver=args.solver, view=args.view, rng=args.rng, drift_p=args.drift_p,
+                        seed=args.seed, rank_offset=args.rank_offset,
+                        **_placement_options(args, trace))
+    Topology(base.num_gpus, base.gpus_per_node)
+    configs = [replace(base, policy=p, mode=m) for m in modes for p in policies]
+    try:
+        rows = (join_launched(source, configs, device=args.device, timeout=args.timeout)
+                if torchrun else launch(source, configs, world, device=args.device,
+                                        port=args.port, timeout=args.timeout))
+    except GroupFailure as exc:
+        print(f"eplbsim: error: {exc}", file=sys.stderr)
+        return 1
+    if not rows:  # a torchrun rank other than 0
+        return 0
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        print(f"{world} ranks ({rows[0]['backend']}, {args.device}) | "
+              + _run_header(trace, base))
+        print(format_table([_ranks_cells(r) for r in rows], RANKS_COLUMNS, labels=3))
+        matched = sum(r["match"] for r in rows)
+        print(f"{matched} of {len(rows)} configurations: every metric of the real processes "
+              f"equals the in-process simulation's")
+    return 0 if all(r["match"] for r in rows) else 1
+
+
+RANKS_COLUMNS = tuple((h, h, None) for h in (
+    "policy", "mode", "rng", "agree", "agree_sim", "c=0", "c=1", "c>=2", "out_err",
+    "out_err_sim", "gpu_imb", "gpu_imb_sim", "match"))
+
+
+def _ranks_cells(row: dict[str, Any]) -> dict[str, Any]:
+    """A `ranks` report row as table cells: real and simulated side by side."""
+    m = row["metrics"]
+    mult = m["multiplicity"]["real"] or {}
+    wrong = [k for k, v in m.items() if not v["match"]]
+    return {"policy": row["policy"], "mode": row["mode"], "rng": row["rng"],
+            "agree": m["rank_agreement"]["real"], "agree_sim": m["rank_agreement"]["sim"],
+            "c=0": mult.get("0"), "c=1": mult.get("1"), "c>=2": mult.get("2+"),
+            "out_err": m["output_rel_error"]["real"],
+            "out_err_sim": m["output_rel_error"]["sim"],
+            "gpu_imb": m["gpu_imbalance"]["real"], "gpu_imb_sim": m["gpu_imbalance"]["sim"],
+            "match": "yes" if not wrong else "NO: " + ",".join(wrong)}
 
 
 def _placement_options(args: argparse.Namespace, trace: Trace | CountsTrace) -> dict[str, Any]:
@@ -671,7 +781,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status (2 for bad input)."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    handlers = {"run": cmd_run, "solve": cmd_solve, "bench": cmd_bench,
+    handlers = {"run": cmd_run, "ranks": cmd_ranks, "solve": cmd_solve, "bench": cmd_bench,
                 "export": cmd_export}
     if args.command == "trace":
         handler = {"info": cmd_trace_info, "synth": cmd_trace_synth,

@@ -42,21 +42,23 @@ def _seed(*parts: int) -> int:
 
 
 def make_rank_generators(relation: str, seed: int, num_ranks: int,
-                         device: torch.device | str = "cpu",
-                         drift_p: float = 0.05) -> RankGenerators:
+                         device: torch.device | str = "cpu", drift_p: float = 0.05,
+                         ranks: Sequence[int] | None = None) -> RankGenerators:
     """Generators for `num_ranks` ranks related as `independent` (rank `r` seeded from
-    `(seed, r)`), `shared` (all seeded from `seed`) or `drift` (as shared, plus coins)."""
+    `(seed, r)`), `shared` (all seeded from `seed`) or `drift` (as shared, plus coins).
+    `ranks` (default all) picks whose to make: a real rank makes only its own, and gets the
+    same generator as the simulation's rank of that id."""
     if relation not in RNG_RELATIONS:
         raise InputError(f"unknown rng relation {relation!r}; choose one of "
                          f"{', '.join(RNG_RELATIONS)}")
     if not 0.0 <= drift_p <= 1.0:
         raise InputError(f"drift_p must lie in [0, 1], got {drift_p}")
-    seeds = [_seed(seed, r) if relation == "independent" else _seed(seed)
-             for r in range(num_ranks)]
+    ranks = range(num_ranks) if ranks is None else ranks
+    seeds = [_seed(seed, r) if relation == "independent" else _seed(seed) for r in ranks]
     gens = tuple(torch.Generator(device=device).manual_seed(s) for s in seeds)
     if relation != "drift":
         return RankGenerators(gens)
-    coins = tuple(torch.Generator().manual_seed(_seed(seed, r, 1)) for r in range(num_ranks))
+    coins = tuple(torch.Generator().manual_seed(_seed(seed, r, 1)) for r in ranks)
     return RankGenerators(gens, coins, drift_p)
 
 

@@ -166,11 +166,20 @@ def replay(trace: Trace, config: ReplayConfig = ReplayConfig()) -> Results:
             mult[s] = M.multiplicity_counts(out.multiplicity, ids >= 0)
 
     counters = Counters(agreed, valid, mult, error, drifted)
-    series = layer_series(slot_load, true_load, segments, G)
+    return measured(cfg, slot_load, true_load, segments, counters)
+
+
+def measured(cfg: ReplayConfig, slot_load: torch.Tensor, true_load: torch.Tensor,
+             segments: tuple[Segment, ...], counters: Counters) -> Results:
+    """Results from what a run counted: executed `slot_load [S, L, P]`, routed
+    `true_load [S, L, E]`, the schedule's segments and the rank counters (the in-process
+    replay's, or those gathered from real processes)."""
+    series = layer_series(slot_load, true_load, segments, cfg.num_gpus)
     summary = summarize(series, slot_load, segments)
     summary.update(summarize_ranks(counters, cfg.mode))
     summary.update(migration_summary(segments, cfg.expert_bytes))
-    return Results(cfg, summary, slot_load, true_load, segments, series, counters)
+    metrics = {key: summary[key] for key in M.METRIC_KEYS + M.OVER_TIME_KEYS}
+    return Results(cfg, metrics, slot_load, true_load, segments, series, counters)
 
 
 def promise_only(trace: CountsTrace, config: ReplayConfig = ReplayConfig()) -> dict[str, Any]:

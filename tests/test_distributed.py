@@ -1,0 +1,142 @@
+"""Real ranks on torch.distributed (gloo, 127.0.0.1): every metric of the real processes equals
+the in-process simulation's, and a group that cannot finish stops cleanly with one message.
+
+Each launch costs seconds (process start-up), so the configurations share launches.
+Dimensions: `S` steps, `T` tokens, `L` layers, `E` experts, `K` top-k, `G` ranks.
+"""
+
+import multiprocessing
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from eplbsim.distributed import Fault, GroupFailure, TraceSource, compare_metrics, launch
+from eplbsim.replay import ReplayConfig, replay
+
+from cli_helpers import run
+
+SOURCE = TraceSource(scenario="template", options=dict(steps=4, tokens=40, layers=2,
+                                                       experts=16, top_k=4, seed=1))
+POLICIES = [("static", "independent"), ("random", "independent"), ("random", "shared"),
+            ("random", "drift"), ("row", "independent"), ("ordinal", "independent")]
+
+
+def _configs(world_size, **extra):
+    base = ReplayConfig(num_gpus=world_size, num_redundant=8, drift_p=0.5, **extra)
+    return [replace(base, policy=p, rng=r, mode=m) for m in ("none", "a2a") for p, r in POLICIES]
+
+
+def _check_rows(rows, configs):
+    assert [(r["policy"], r["mode"], r["rng"]) for r in rows] == [
+        (c.policy, c.mode, c.rng) for c in configs]
+    for row in rows:
+        wrong = {k: v for k, v in row["metrics"].items() if not v["match"]}
+        assert row["match"] and not wrong, (row["policy"], row["mode"], row["rng"], wrong)
+
+
+def _no_children_left():
+    deadline = time.time() + 5
+    while multiprocessing.active_children() and time.time() < deadline:
+        time.sleep(0.1)
+    assert multiprocessing.active_children() == []
+
+
+def test_two_ranks_equal_the_simulation_for_every_policy_and_mode():
+    configs = _configs(2)
+    rows = launch(SOURCE, configs, 2, timeout=60)
+    _check_rows(rows, configs)
+    by = {(r["policy"], r["mode"], r["rng"]): r["metrics"] for r in rows}
+    # the comparison has teeth: rank-variant dispatch really disagrees on real processes
+    for key in [("static", "none", "independent"), ("random", "none", "independent")]:
+        assert by[key]["rank_agreement"]["real"] < 1
+        assert by[key]["output_rel_error"]["real"] > 1e-3
+    assert by[("row", "none", "independent")]["output_rel_error"]["real"] == 0.0
+    trace = SOURCE.load()
+    drift = replay(trace, replace(configs[3], device="cpu")).counters.drift
+    assert drift.any() and not drift.all()  # drift happened on some ranks and steps
+
+
+def test_four_ranks_with_rebalancing_nodes_and_the_nearest_view():
+    configs = _configs(4, gpus_per_node=2, rebalance_every=2)
+    configs += [replace(configs[4], view="nearest"), replace(configs[5], predictor="oracle")]
+    rows = launch(SOURCE, configs, 4, timeout=60)
+    _check_rows(rows, configs)
+    nearest = rows[-2]["metrics"]
+    assert nearest["rank_agreement"]["real"] < 1  # per-rank views break even `row`
+    assert rows[-1]["metrics"]["rebalances"]["real"] == 1
+
+
+def test_compare_metrics_flags_a_difference():
+    out = compare_metrics({"a": 1.0, "m": {"0": 0.5}}, {"a": 1.0, "m": {"0": 0.25}})
+    assert out["a"]["match"] and not out["m"]["match"]
+
+
+@pytest.mark.parametrize("kind, match", [
+    ("raise", "rank 1 failed: RuntimeError: injected fault on rank 1 at step 1"),
+    ("die", "rank 1 was killed by signal SIGKILL; the group was stopped"),
+    ("hang", "rank 1 stopped responding: rank 0's collective timed out after 3 s"),
+])
+def test_a_failing_rank_stops_the_group_with_one_message(kind, match):
+    configs = _configs(2)[4:5]
+    start = time.time()
+    with pytest.raises(GroupFailure) as info:
+        launch(SOURCE, configs, 2, timeout=3, fault=Fault(rank=1, kind=kind, step=1))
+    message = str(info.value)
+    assert match in message and "\n" not in message, message
+    assert time.time() - start < 120
+    _no_children_left()
+
+
+def test_a_port_in_use_is_reported_before_anything_starts(capsys):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(GroupFailure, match=f"port {port} on 127.0.0.1 is in use"):
+            launch(SOURCE, _configs(2)[:1], 2, port=port)
+        code, out, err = run(capsys, "ranks", "--world-size", "2", "--port", port,
+                             "--steps", "2", "--tokens", "8")
+    assert code == 1 and err.strip().startswith("eplbsim: error: port") and out == ""
+    _no_children_left()
+
+
+def test_ranks_command_reports_every_configuration(capsys):
+    code, out, err = run(capsys, "ranks", "--world-size", "2", "--scenario", "skewed",
+                         "--steps", "3", "--tokens", "24", "--layers", "2", "--experts", "16",
+                         "--top-k", "4", "--redundant", "4", "--policies", "static,ordinal",
+                         "--mode", "none")
+    assert code == 0, err
+    assert "2 of 2 configurations" in out and "gloo" in out
+
+
+def test_ranks_bad_input_fails_before_spawning(capsys):
+    code, _, err = run(capsys, "ranks", "--steps", "2")
+    assert code == 2 and "--world-size is required" in err
+    code, _, err = run(capsys, "ranks", "--world-size", "2", "--policies", "nope")
+    assert code == 2 and "unknown policy 'nope'" in err
+
+
+@pytest.mark.skipif(shutil.which("torchrun", path=str(Path(sys.executable).parent)) is None,
+                    reason="torchrun is not installed beside this Python")
+def test_torchrun_joins_the_launched_group(tmp_path):
+    """The multi-host form, on one host: torchrun starts the ranks, each joins via env://."""
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [torchrun, "--nnodes", "1", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+         "--master-port", str(port), "-m", "eplbsim.cli", "ranks", "--steps", "2", "--tokens",
+         "16", "--layers", "1", "--experts", "8", "--top-k", "2", "--redundant", "2",
+         "--policies", "random,row", "--mode", "none", "--json"],
+        capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.count('"match": true') >= 2 and '"world_size": 2' in done.stdout
