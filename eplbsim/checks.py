@@ -1,0 +1,113 @@
+"""Checkers for a dispatch policy before it ships: its contract, and its rank invariance.
+
+Dimensions: `T` tokens, `L` layers, `K` top-k, `E` logical experts, `P` physical slots,
+`G` ranks = GPUs.
+
+A policy written in a notebook is a plain function `(topk_ids [T, K], view, ctx) -> phys
+[T, K]` (DESIGN.md §3). `check_policy` runs it as every rank would and raises InputError at the
+first broken promise; `rank_invariance` measures whether every rank would choose the same slot
+for every pair, which "none" mode needs (DESIGN.md §1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .dispatch import DispatchContext, Policy, resolve_policy
+from .errors import InputError
+from .kernels import dispatch_step
+from .placement import Placement, View, rank_view
+from .ranks import check_choices, make_rank_generators
+from .registry import name_of
+
+
+def _as_step(topk_ids: torch.Tensor) -> torch.Tensor:
+    """`[T, K]` (one layer) or `[T, L, K]` ids as `[T, L, K]`."""
+    ids = torch.as_tensor(topk_ids)
+    if ids.dim() == 2:
+        ids = ids.unsqueeze(1)
+    if ids.dim() != 3 or ids.is_floating_point():
+        raise InputError(f"topk_ids must be integer [tokens, top_k] or [tokens, layers, top_k], "
+                         f"got {ids.dtype} {tuple(ids.shape)}")
+    return ids
+
+
+def _rank_choices(policy: Policy, ids: torch.Tensor, placement: Placement, view: str,
+                  rng: str, seed: int, step: int, mode: str) -> list[torch.Tensor]:
+    """Every rank's choices `[T, L, K]` for one step, each from its own view and generator."""
+    G = placement.topology.num_gpus
+    if ids.shape[1] != placement.num_layers:
+        raise InputError(f"topk_ids have {ids.shape[1]} layers; the placement has "
+                         f"{placement.num_layers}")
+    if ids.numel() and (int(ids.min()) < -1 or int(ids.max()) >= placement.num_experts):
+        raise InputError(f"topk_ids hold ids outside [-1, {placement.num_experts})")
+    gens = make_rank_generators(rng, seed, G)
+    out = []
+    for r in range(G):
+        known: View = rank_view(view, placement, r)
+        ctx = DispatchContext(step, 0, r, seed, gens.generators[r], mode)
+        kept = ids.clone()
+        try:
+            phys = dispatch_step(policy, ids, known, ctx)
+        except InputError:
+            raise
+        except Exception as exc:  # a notebook prototype's bug, said as such
+            raise InputError(f"policy {name_of(policy)} raised {type(exc).__name__} on rank "
+                             f"{r}: {exc}") from exc
+        if not torch.equal(ids, kept):
+            raise InputError(f"policy {name_of(policy)} modified the topk_ids it was given")
+        check_choices(phys, ids, placement, policy)
+        out.append(phys.long())
+    return out
+
+
+def check_policy(policy: str | Policy, topk_ids: torch.Tensor, placement: Placement, *,
+                 view: str = "full", seed: int = 0, steps: int = 2, mode: str = "none") -> None:
+    """Run `policy` on `topk_ids` (`[T, K]` for a one-layer placement, or `[T, L, K]`) as every
+    rank of `placement`'s topology would, for `steps` consecutive steps, and raise InputError
+    at the first broken promise: not an integer `[T, K]` result, a slot that does not hold the
+    routed expert, anything but -1 at padding, an exception, or a modified input. Returns None
+    when the policy keeps its contract."""
+    fn = resolve_policy(policy)
+    ids = _as_step(topk_ids)
+    for step in range(steps):
+        _rank_choices(fn, ids, placement, view, "independent", seed, step, mode)
+
+
+@dataclass(frozen=True)
+class RankInvariance:
+    """Whether every rank chose the same slot for every (token, layer, top-k slot) pair.
+
+    agreement: fraction of non-padding pairs on which all ranks agree (1.0 when none exist)
+    invariant: agreement == 1
+    first:     the first disagreeing pair `(token, layer, k)` and every rank's slot for it, or
+               None
+    """
+
+    agreement: float
+    invariant: bool
+    first: tuple[tuple[int, int, int], tuple[int, ...]] | None
+
+
+def rank_invariance(policy: str | Policy, topk_ids: torch.Tensor, placement: Placement, *,
+                    view: str = "full", rng: str = "independent", seed: int = 0,
+                    step: int = 0) -> RankInvariance:
+    """Dispatch one step of `topk_ids` (`[T, K]` or `[T, L, K]`) on every rank of `placement`'s
+    topology, each with its own view (`full` or `nearest`) and generator (related as `rng`),
+    in "none" mode, and compare the choices. A rank-invariant policy agrees everywhere whatever
+    the ranks' generators; InputError if it breaks its contract (`check_policy`)."""
+    fn = resolve_policy(policy)
+    ids = _as_step(topk_ids)
+    choices = torch.stack(_rank_choices(fn, ids, placement, view, rng, seed, step, "none"))
+    valid = ids >= 0
+    agree = (choices == choices[0]).all(0) & valid  # [T, L, K]
+    total = int(valid.sum())
+    agreement = int(agree.sum()) / total if total else 1.0
+    wrong = (valid & ~agree).nonzero()
+    first = None
+    if len(wrong):
+        t, lay, k = wrong[0].tolist()
+        first = ((t, lay, k), tuple(int(c[t, lay, k]) for c in choices))
+    return RankInvariance(agreement, first is None, first)
