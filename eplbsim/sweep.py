@@ -1,0 +1,569 @@
+"""`eplbsim sweep`: a grid of replays described by a TOML spec, run in parallel into one table.
+
+A spec (paths in it are relative to the spec file):
+
+    out = "sweep_out"                  # optional: the output directory when --out is not given
+    [grid]                             # each value a non-empty list of distinct scalars
+    scenario = ["skewed", "template"]  # or: trace = ["traces/x.npz", ...]
+    policy = ["row", "ordinal"]
+    seed = [0, 1]
+    [fixed]                            # scalars shared by every cell
+    steps = 16
+    gpus = 4
+
+The cells are the cartesian product of the grid's lists in key order (the first key varies
+slowest), each completed by `fixed` and the defaults. Each key is in `grid` or `fixed`, not both:
+- the source, exactly one of `scenario` (a `SCENARIOS` name) or `trace` (an `.npz` or a trace
+  directory, opened with `open_trace`);
+- with `scenario`: the sizes `steps`, `tokens`, `layers`, `experts`, `top_k` (default: those of
+  `synthesize`) and scenario options as `option.NAME` (`option.sigma = [1.0, 2.0]`), which
+  every scenario of the spec must take;
+- `ReplayConfig` fields under the CLI's names (`REPLAY_FIELDS`; default: ReplayConfig's):
+  solver, policy, mode, view, rng, drift_p, gpus, gpus_per_node, redundant, groups,
+  rebalance_every, window, predictor, seed, device (cpu or cuda). `seed` seeds both the
+  synthetic trace and the replay.
+Names are checked against the registries, and every cell's topology, before anything runs.
+
+The output directory holds `spec.toml` (a copy of the spec; a directory holding a different
+spec is refused), `results.csv` and, when pyarrow imports, `results.parquet`: one row per cell,
+`cell` (a stable id of the cell's configuration), every configuration column (`Cell.config`),
+then the metrics of `Results.row()` with `multiplicity` spread by `flat_row`. Rows are appended
+as cells finish, so an interrupted sweep keeps the cells it finished and a rerun skips them;
+once every cell is in, the table is rewritten in grid order. It holds no timings: for one spec
+it is the same, byte for byte, whichever executor ran it and however often it was interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import functools
+import hashlib
+import inspect
+import io
+import itertools
+import json
+import math
+import multiprocessing
+import os
+import sys
+import threading
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+from tqdm import tqdm
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+from .dispatch import POLICIES
+from .errors import InputError
+from .placement import VIEWS
+from .predictors import PREDICTORS
+from .ranks import MODES, RNG_RELATIONS
+from .replay import ReplayConfig, replay
+from .results import flat_row, write_csv
+from .solvers import SOLVERS
+from .synth import SCENARIOS, check_sizes, synthesize
+from .topology import Topology
+from .trace_dir import open_trace
+
+SOURCES = ("scenario", "trace")
+SIZES = ("steps", "tokens", "layers", "experts", "top_k")
+OPTION = "option."  # prefix of scenario option keys
+# spec key -> ReplayConfig field
+REPLAY_FIELDS = {"solver": "solver", "policy": "policy", "mode": "mode", "view": "view",
+                 "rng": "rng", "drift_p": "drift_p", "gpus": "num_gpus",
+                 "gpus_per_node": "gpus_per_node", "redundant": "num_redundant",
+                 "groups": "num_groups", "rebalance_every": "rebalance_every",
+                 "window": "window", "predictor": "predictor", "seed": "seed",
+                 "device": "device"}
+DEVICES = ("cpu", "cuda")
+EXECUTORS = ("local", "ray")
+SPEC, CSV, PARQUET = "spec.toml", "results.csv", "results.parquet"
+
+_CHOICES = {"scenario": SCENARIOS, "solver": SOLVERS, "policy": POLICIES, "mode": MODES,
+            "view": VIEWS, "rng": RNG_RELATIONS, "predictor": PREDICTORS, "device": DEVICES}
+_LEAST = {"steps": 1, "tokens": 1, "layers": 1, "experts": 1, "top_k": 1, "gpus": 1,
+          "gpus_per_node": 1, "redundant": 0, "groups": 1, "rebalance_every": 1, "window": 1,
+          "seed": 0}  # the integer keys and their least values
+_SYNTH = inspect.signature(synthesize).parameters
+_REPLAY = {f.name: f.default for f in dataclasses.fields(ReplayConfig)}
+DEFAULTS = {**{k: _SYNTH[k].default for k in SIZES},
+            **{k: _REPLAY[field] for k, field in REPLAY_FIELDS.items()}}
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One configuration of a sweep.
+
+    index:  the cell's position in grid order
+    id:     `cell_id(config)`
+    config: column -> value, in column order: the source (`scenario` or `trace`, as the spec
+            writes it), for scenarios the sizes and `option.NAME` values, then every
+            `REPLAY_FIELDS` key; defaults resolved
+    path:   a trace cell's file, resolved against the spec's folder; None for scenarios
+    """
+
+    index: int
+    id: str
+    config: dict[str, Any]
+    path: str | None = None
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A parsed spec: the file, its text (copied into the output), the parsed TOML, the cells in
+    grid order and the spec's `out` resolved against its folder (None when it has none)."""
+
+    path: Path
+    text: str
+    doc: dict[str, Any]
+    cells: tuple[Cell, ...]
+    out: Path | None
+
+
+@dataclass(frozen=True)
+class SweepRun:
+    """What `run_sweep` did: the table files written, and how many cells ran now."""
+
+    paths: tuple[Path, ...]
+    ran: int
+
+
+# ----------------------------------------------------------------------------- the spec
+
+def cell_id(config: dict[str, Any]) -> str:
+    """12 hex digits of the SHA-1 of the configuration's canonical JSON (sorted keys)."""
+    text = json.dumps(config, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+
+def _label(config: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in config.items())
+
+
+def _check_value(key: str, value: Any, where: str) -> Any:
+    """`value` as a cell holds it (drift_p as a float); InputError naming `where` and `key`."""
+    bad = f"{where} {key}"
+    if key in _CHOICES:
+        if not isinstance(value, str) or value not in _CHOICES[key]:
+            raise InputError(f"{bad}: unknown {key} {value!r}; choose one of "
+                             f"{', '.join(_CHOICES[key])}")
+    elif key in _LEAST:
+        if isinstance(value, bool) or not isinstance(value, int) or value < _LEAST[key]:
+            raise InputError(f"{bad}: expected an integer >= {_LEAST[key]}, got {value!r}")
+    elif key == "drift_p":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+            raise InputError(f"{bad}: expected a probability in [0, 1], got {value!r}")
+        return float(value)
+    elif key == "trace":
+        if not isinstance(value, str):
+            raise InputError(f"{bad}: expected a path, got {value!r}")
+    elif not isinstance(value, (str, int, float, bool)):
+        raise InputError(f"{bad}: expected a number, string or boolean, got {value!r}")
+    return value
+
+
+def _table(doc: dict[str, Any], name: str, where: str) -> dict[str, Any]:
+    """The `[name]` table of the spec with a nested `option` table spread into `option.NAME`
+    keys; InputError for an unknown key."""
+    table = doc.get(name, {})
+    if not isinstance(table, dict):
+        raise InputError(f"{where}: {name} must be a table ([{name}])")
+    flat: dict[str, Any] = {}
+    for key, value in table.items():
+        if key == "option" and isinstance(value, dict):
+            flat.update({OPTION + k: v for k, v in value.items()})
+        elif key in SOURCES or key in DEFAULTS or key.startswith(OPTION):
+            flat[key] = value
+        else:
+            raise InputError(f"{where}: [{name}] unknown key {key!r}; the keys are "
+                             f"{', '.join(SOURCES + tuple(DEFAULTS))} and option.NAME")
+    return flat
+
+
+def _check_cell(config: dict[str, Any], where: str) -> None:
+    """InputError for a cell whose sizes or topology cannot work, before anything runs."""
+    try:
+        topology = Topology(config["gpus"], config["gpus_per_node"])
+        if "experts" in config:
+            check_sizes(**{k: config[k] for k in SIZES}, seed=config["seed"])
+            topology.slots_per_gpu(config["experts"] + config["redundant"])
+            if config["experts"] % (config["groups"] or 1):
+                raise InputError(f"{config['groups']} groups do not divide the "
+                                 f"{config['experts']} experts")
+    except InputError as exc:
+        raise InputError(f"{where}: cell {_label(config)}: {exc}") from None
+
+
+def parse_spec(doc: dict[str, Any], base: Path, where: str = "spec") -> tuple[Cell, ...]:
+    """The cells of a parsed spec, in grid order (module doc). `base`: the folder that trace
+    paths are relative to; `where` names the spec in messages. InputError for anything the
+    module doc does not allow."""
+    unknown = sorted(set(doc) - {"out", "grid", "fixed"})
+    if unknown:
+        raise InputError(f"{where}: unknown key {', '.join(unknown)}; a spec holds out, "
+                         f"[grid] and [fixed]")
+    grid, fixed = _table(doc, "grid", where), _table(doc, "fixed", where)
+    both = sorted(set(grid) & set(fixed))
+    if both:
+        raise InputError(f"{where}: {', '.join(both)} in both [grid] and [fixed]")
+    for key, values in grid.items():
+        if not isinstance(values, list) or not values:
+            raise InputError(f"{where}: [grid] {key} must be a non-empty list, got {values!r}")
+        grid[key] = [_check_value(key, v, f"{where}: [grid]") for v in values]
+        if len({json.dumps(v) for v in grid[key]}) < len(values):
+            raise InputError(f"{where}: [grid] {key} lists a value twice: {values!r}")
+    for key, value in fixed.items():
+        if isinstance(value, list):
+            raise InputError(f"{where}: [fixed] {key} must be one value; lists go in [grid]")
+        fixed[key] = _check_value(key, value, f"{where}: [fixed]")
+    keys = {**grid, **fixed}
+    source = [k for k in SOURCES if k in keys]
+    if len(source) != 1:
+        raise InputError(f"{where}: give exactly one of scenario or trace (in [grid] or "
+                         f"[fixed]), got {len(source)}")
+    options = [k for k in keys if k.startswith(OPTION)]
+    if source == ["trace"]:
+        extra = [k for k in keys if k in SIZES] + options
+        if extra:
+            raise InputError(f"{where}: {', '.join(extra)} apply to scenarios only, not to "
+                             f"a trace")
+        paths = {t: base / t for t in grid.get("trace", [fixed.get("trace")])}
+        for text, path in paths.items():
+            if not path.exists():
+                raise InputError(f"{where}: trace {text!r}: no such file {path}")
+        columns = ["trace"]
+    else:
+        for name in grid.get("scenario", [fixed.get("scenario")]):
+            takes = [p for p in inspect.signature(SCENARIOS[name]).parameters
+                     if p not in SIZES + ("seed",)]
+            for key in options:
+                if key[len(OPTION):] not in takes:
+                    raise InputError(f"{where}: {key}: scenario {name!r} has no option "
+                                     f"{key[len(OPTION):]!r}; its options are: "
+                                     f"{', '.join(takes) or 'none'}")
+        columns = ["scenario", *SIZES, *options]
+    columns += list(REPLAY_FIELDS)
+    cells = []
+    for index, combo in enumerate(itertools.product(*grid.values())):
+        values = {**DEFAULTS, **fixed, **dict(zip(grid, combo))}
+        config = {c: values[c] for c in columns}
+        _check_cell(config, where)
+        path = str(paths[config["trace"]].resolve()) if "trace" in config else None
+        cells.append(Cell(index, cell_id(config), config, path))
+    return tuple(cells)
+
+
+def read_spec(path: str | Path) -> Sweep:
+    """Read and check a spec file (module doc); InputError naming the file when it is missing,
+    not TOML, or not a valid spec."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+        doc = tomllib.loads(text)
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise InputError(f"{path}: not a TOML sweep spec ({exc})") from None
+    out = doc.get("out")
+    if out is not None and not isinstance(out, str):
+        raise InputError(f"{path}: out must be a path, got {out!r}")
+    cells = parse_spec(doc, path.parent, str(path))
+    return Sweep(path, text, doc, cells, None if out is None else path.parent / out)
+
+
+# ----------------------------------------------------------------------------- one cell
+
+@functools.lru_cache(maxsize=4)
+def _trace(kind: str, source: str, args: tuple[tuple[str, Any], ...]) -> Any:
+    """A cell's trace, kept for the next cells of this worker that use the same one."""
+    return open_trace(source) if kind == "trace" else synthesize(source, **dict(args))
+
+
+def cell_trace(cell: Cell) -> Any:
+    """The trace a cell replays: its file opened, or its scenario synthesized with the cell's
+    sizes, options and seed."""
+    cfg = cell.config
+    if cell.path is not None:
+        return _trace("trace", cell.path, ())
+    args = {**{k: cfg[k] for k in SIZES}, "seed": cfg["seed"],
+            **{k[len(OPTION):]: v for k, v in cfg.items() if k.startswith(OPTION)}}
+    return _trace("scenario", cfg["scenario"], tuple(args.items()))
+
+
+def cell_row(cell: Cell) -> dict[str, Any]:
+    """Replay one cell -> its table row: `cell` (the id), the configuration, then
+    `flat_row(Results.row())` (whose policy, solver, mode, view and rng equal the config's)."""
+    config = ReplayConfig(**{field: cell.config[key] for key, field in REPLAY_FIELDS.items()})
+    result = replay(cell_trace(cell), config)
+    return {"cell": cell.id, **cell.config, **flat_row(result.row())}
+
+
+def _run_cell(cell: Cell) -> dict[str, Any]:
+    """A worker's task: one torch thread (results independent of threading; cores not
+    oversubscribed), then `cell_row`."""
+    torch.set_num_threads(1)
+    return cell_row(cell)
+
+
+def _failure(cell: Cell, exc: BaseException) -> InputError:
+    """One line naming the cell that failed and why."""
+    what = str(exc) if isinstance(exc, InputError) else f"{type(exc).__name__}: {exc}"
+    return InputError(f"cell {cell.id} ({_label(cell.config)}) failed: "
+                      f"{what.splitlines()[0] if what else ''}")
+
+
+# ----------------------------------------------------------------------------- executors
+
+Emit = Callable[[Cell, dict[str, Any]], None]
+
+
+def _exit_with_parent() -> None:
+    """Pool initializer: end the worker when the sweep's process dies (a killed sweep leaves
+    no worker waiting for tasks forever)."""
+    parent = multiprocessing.parent_process()
+    threading.Thread(target=lambda: (parent.join(), os._exit(1)), daemon=True).start()
+
+
+def _run_local(cells: list[Cell], workers: int, emit: Emit) -> None:
+    """Run `cells` on `workers` spawned processes, emitting each row as its cell finishes."""
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_exit_with_parent)
+    try:
+        futures = {pool.submit(_run_cell, cell): cell for cell in cells}
+        for future in as_completed(futures):
+            try:
+                row = future.result()
+            except Exception as exc:
+                raise _failure(futures[future], exc) from None
+            emit(futures[future], row)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _run_ray(cells: list[Cell], workers: int, address: str | None, emit: Emit) -> None:
+    """Run each cell as a Ray task (one CPU; one GPU for device cuda) on the cluster at
+    `address`, or on a local instance of `workers` CPUs; emit rows as cells finish."""
+    try:
+        import ray
+    except ImportError:
+        raise InputError("--executor ray needs Ray: install the ray extra: "
+                         "pip install 'eplbsim[ray]'") from None
+    started = not ray.is_initialized()
+    if started and address is not None:
+        ray.init(address=address, logging_level="warning", log_to_driver=False)
+    elif started:
+        ray.init(num_cpus=workers, include_dashboard=False, _node_ip_address="127.0.0.1",
+                 logging_level="warning", log_to_driver=False)
+    pending: list[Any] = []
+    try:
+        task = ray.remote(num_cpus=1)(_run_cell)
+        refs = {task.options(num_gpus=int(cell.config["device"] == "cuda")).remote(cell): cell
+                for cell in cells}
+        pending = list(refs)
+        while pending:
+            (ref,), pending = ray.wait(pending, num_returns=1)
+            try:
+                row = ray.get(ref)
+            except ray.exceptions.RayError as exc:
+                raise _failure(refs[ref], getattr(exc, "cause", None) or exc) from None
+            emit(refs[ref], row)
+    finally:
+        for ref in pending:
+            ray.cancel(ref)
+        if started:
+            ray.shutdown()
+
+
+# ----------------------------------------------------------------------------- the table
+
+def _plain(value: Any) -> Any:
+    """A CSV field: None and NaN empty (as `results.write_csv` writes them)."""
+    return "" if value is None or (isinstance(value, float) and math.isnan(value)) else value
+
+
+def _read_table(path: Path) -> tuple[list[str] | None, list[dict[str, str]]]:
+    """The header and rows of a results CSV (None, [] when there is none). A torn last line,
+    left by a killed sweep, is cut from the file."""
+    try:
+        with open(path, newline="") as f:
+            text = f.read()
+    except FileNotFoundError:
+        return None, []
+    complete = text[:text.rfind("\n") + 1]
+    if complete != text:
+        with open(path, "w", newline="") as f:
+            f.write(complete)
+    reader = csv.reader(io.StringIO(complete))
+    header = next(reader, None)
+    return header, [dict(zip(header, r)) for r in reader if len(r) == len(header)]
+
+
+def _claim(sweep: Sweep, out: Path) -> None:
+    """Make `out` this sweep's directory: write spec.toml, or refuse a directory that holds
+    another sweep's (specs compared as parsed, without `out`)."""
+    copy = out / SPEC
+    if not copy.exists():
+        if (out / CSV).exists():
+            raise InputError(f"{out} has a {CSV} but no {SPEC}, so it is not a sweep's "
+                             f"directory; use another --out")
+        copy.write_text(sweep.text)
+        return
+    try:
+        theirs = tomllib.loads(copy.read_text())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise InputError(f"{copy}: not a TOML sweep spec ({exc})") from None
+    if ({k: v for k, v in theirs.items() if k != "out"} !=
+            {k: v for k, v in sweep.doc.items() if k != "out"}):
+        raise InputError(f"{out} holds another sweep: its {SPEC} differs from {sweep.path}; "
+                         f"use another --out")
+
+
+def _write_parquet(csv_path: Path, path: Path, text_columns: list[str]) -> Path | None:
+    """`path` as the CSV's table with inferred column types (`text_columns` kept as text), or
+    None without pyarrow."""
+    try:
+        import pyarrow as pa
+        from pyarrow import csv as pa_csv, parquet as pq
+    except ImportError:
+        return None
+    types = dict.fromkeys(text_columns, pa.string())
+    pq.write_table(pa_csv.read_csv(csv_path, convert_options=pa_csv.ConvertOptions(
+        column_types=types)), path)
+    return path
+
+
+def run_sweep(sweep: Sweep, out: str | Path, executor: str = "local",
+              workers: int | None = None, address: str | None = None,
+              progress: bool = True) -> SweepRun:
+    """Run the cells of `sweep` that `out/results.csv` lacks, appending each row as its cell
+    finishes; then rewrite the table in grid order and write the parquet copy.
+
+    executor: "local" (spawned processes) or "ray" (tasks on the cluster at `address`, else on
+    a local instance); workers: processes, or the local Ray instance's CPUs (default: every
+    core); progress: a tqdm bar on stderr. InputError for bad arguments, a directory holding
+    another sweep, or a failed cell (the rows written so far stay).
+    """
+    if executor not in EXECUTORS:
+        raise InputError(f"unknown executor {executor!r}; choose one of {', '.join(EXECUTORS)}")
+    if address is not None and (executor != "ray" or workers is not None):
+        raise InputError("--address is for --executor ray, and then the cluster's CPUs are "
+                         "the workers (no --workers)")
+    if address is None and any(c.config["device"] == "cuda" for c in sweep.cells) \
+            and not torch.cuda.is_available():
+        raise InputError(f"{sweep.path}: device cuda, but torch sees no CUDA device here")
+    workers = workers or os.cpu_count() or 1
+    out = Path(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"cannot create {out}: {exc.strerror or exc}") from None
+    _claim(sweep, out)
+    csv_path = out / CSV
+    header, rows = _read_table(csv_path)
+    done = {row["cell"] for row in rows}
+    pending = [cell for cell in sweep.cells if cell.id not in done]
+    with open(csv_path, "a", newline="") as f, tqdm(
+            total=len(sweep.cells), initial=len(sweep.cells) - len(pending), desc="sweep",
+            unit="cell", file=sys.stderr, disable=not progress) as bar:
+        writer = csv.writer(f)
+
+        def emit(cell: Cell, row: dict[str, Any]) -> None:
+            nonlocal header
+            if header is None:
+                header = list(row)
+                writer.writerow(header)
+            elif list(row) != header:
+                raise InputError(f"{csv_path} has other columns than this version writes; "
+                                 f"use another --out")
+            writer.writerow(_plain(row[k]) for k in header)
+            f.flush()
+            bar.update()
+
+        if pending and executor == "local":
+            _run_local(pending, min(workers, len(pending)), emit)
+        elif pending:
+            _run_ray(pending, workers, address, emit)
+    rows = {row["cell"]: row for row in reversed(_read_table(csv_path)[1])}
+    tmp = out / (CSV + ".tmp")
+    write_csv([rows[cell.id] for cell in sweep.cells], tmp)
+    os.replace(tmp, csv_path)
+    text = ["cell"] + [k for k in sweep.cells[0].config if k in _CHOICES or k == "trace"]
+    parquet = _write_parquet(csv_path, out / PARQUET, text)
+    return SweepRun((csv_path,) + ((parquet,) if parquet else ()), len(pending))
+
+
+# ----------------------------------------------------------------------------- command line
+
+def _positive(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+def _add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("spec", type=Path, help="the sweep spec, TOML (format: eplbsim.sweep's doc)")
+    p.add_argument("--out", type=Path, default=None, metavar="DIR",
+                   help="output directory (default: the spec's out); a rerun resumes it")
+    p.add_argument("--executor", choices=EXECUTORS, default="local",
+                   help="local processes (default) or Ray tasks (the ray extra)")
+    p.add_argument("--workers", type=_positive, default=None, metavar="N",
+                   help="local processes, or the CPUs of a local Ray instance (default: all "
+                   "cores)")
+    p.add_argument("--address", default=None, metavar="RAY_ADDRESS",
+                   help="the Ray cluster to run on (default: start a local instance)")
+
+
+def add_sweep_parser(sub: Any) -> argparse.ArgumentParser:
+    """Add the `sweep` command to an argparse subparsers object; returns its parser."""
+    p = sub.add_parser("sweep", help="run a grid of replays from a TOML spec into one table",
+                       description="Run the cells of a sweep spec (scenarios or traces x "
+                       "solvers x policies x modes x topologies x seeds) into DIR/results.csv "
+                       "(and .parquet with pyarrow), resuming what DIR already holds.")
+    _add_arguments(p)
+    return p
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    sweep = read_spec(args.spec)
+    out = args.out or sweep.out
+    if out is None:
+        raise InputError(f"{args.spec}: no output directory; give --out DIR or out in the spec")
+    run = run_sweep(sweep, out, args.executor, args.workers, args.address)
+    n = len(sweep.cells)
+    print(f"{n} cells ({run.ran} run now, {n - run.ran} done before); wrote "
+          f"{', '.join(str(p) for p in run.paths)}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`eplbsim sweep ...` on its own (`python -m eplbsim.sweep SPEC ...`); returns the exit
+    status (2 for bad input, with one line on stderr)."""
+    parser = argparse.ArgumentParser(prog="eplbsim sweep")
+    _add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return cmd_sweep(args)
+    except InputError as exc:
+        print(f"eplbsim: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    # Run the imported module, not this __main__ copy, so that workers unpickle its functions
+    # and cells by their module name.
+    from eplbsim.sweep import main as _main
+    sys.exit(_main())
