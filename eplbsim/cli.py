@@ -250,6 +250,16 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--seed", type=_nonnegative, default=0)
     bench.add_argument("--json", action="store_true", help="print only a JSON array of rows")
 
+    from .sweep import add_sweep_parser
+    add_sweep_parser(sub)
+    figs = sub.add_parser("figures", help="rebuild the paper figures (PDF and PNG), "
+                          "deterministically")
+    figs.add_argument("--out", type=Path, default=Path("figures"),
+                      help="folder to write NAME.pdf and NAME.png into (default figures/)")
+    figs.add_argument("--only", default=None,
+                      help="comma-separated figure names (default all; see --list)")
+    figs.add_argument("--list", action="store_true", help="print the figure names and exit")
+
     exp = sub.add_parser("export", help="write a placement (or expert loads) in a form a "
                          "serving engine loads")
     exp.add_argument("--format", required=True, choices=["sglang"],
@@ -719,6 +729,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_figures(args: argparse.Namespace) -> int:
+    from .figures import FIGURES, build
+    if args.list:
+        for name, fn in FIGURES.items():
+            print(f"{name:22s} {(fn.__doc__ or '').split(chr(10))[0]}")
+        return 0
+    names = _split(args.only, "only") if args.only else None
+    paths = build(args.out, names)
+    print(f"wrote {len(paths)} files to {args.out}: " + ", ".join(p.name for p in paths))
+    return 0
+
+
 def _moe_layers_arg(text: str) -> list[int]:
     try:
         return [int(s) for s in _split(text, "moe-layers")]
@@ -781,8 +803,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status (2 for bad input)."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    from .sweep import cmd_sweep
     handlers = {"run": cmd_run, "ranks": cmd_ranks, "solve": cmd_solve, "bench": cmd_bench,
-                "export": cmd_export}
+                "export": cmd_export, "sweep": cmd_sweep, "figures": cmd_figures}
     if args.command == "trace":
         handler = {"info": cmd_trace_info, "synth": cmd_trace_synth,
                    "import-sglang": cmd_trace_import,

@@ -38,6 +38,27 @@ def max_over_mean(load: torch.Tensor) -> torch.Tensor:
     return torch.where(mean > 0, load.amax(-1) / mean, math.nan)
 
 
+def top_share(load: torch.Tensor, k: int) -> torch.Tensor:
+    """Fraction of the load carried by the `k` most loaded experts: `[..., E] -> float64
+    [...]` (k/E when all are equal); NaN where there is no load."""
+    load = load.to(torch.float64)
+    total = load.sum(-1)
+    top = load.topk(min(k, load.shape[-1]), dim=-1).values.sum(-1)
+    return torch.where(total > 0, top / torch.where(total > 0, total, 1.0), math.nan)
+
+
+def gini(load: torch.Tensor) -> torch.Tensor:
+    """Gini coefficient of expert loads `[..., E] -> float64 [...]`: 0 when every expert is
+    equally loaded, `1 - 1/E` when one carries everything; NaN where there is no load.
+    (Mean absolute difference over all pairs of experts, over twice the mean.)"""
+    x = load.to(torch.float64).sort(-1).values
+    E = x.shape[-1]
+    rank = torch.arange(1, E + 1, dtype=torch.float64)
+    total = x.sum(-1)
+    g = (2 * (rank * x).sum(-1) / torch.where(total > 0, total, 1.0) - (E + 1)) / E
+    return torch.where(total > 0, g, math.nan)
+
+
 def gpu_imbalance(gpu_load: torch.Tensor) -> torch.Tensor:
     """max / mean GPU load `[..., G] -> [...]` (1.0 is perfect); NaN where nothing ran."""
     return max_over_mean(gpu_load)

@@ -242,7 +242,8 @@ def save_figure(fig: Figure, path: str | Path, dpi: int = 150) -> tuple[Path, ..
     """Write `fig` as PNG; for a `.pdf` path, the PDF there and a PNG beside it.
 
     path: ending `.png` or `.pdf` (no suffix means `.png`); parent folders are created.
-    Returns the paths written. Raises InputError for any other suffix.
+    Returns the paths written (without dates or versions inside, so an unchanged figure
+    gives unchanged files). Raises InputError for any other suffix.
     """
     path = Path(path)
     suffix = path.suffix.lower()
@@ -252,13 +253,202 @@ def save_figure(fig: Figure, path: str | Path, dpi: int = 150) -> tuple[Path, ..
         raise InputError(f"save_figure writes .png or .pdf, got {str(path)!r}")
     path.parent.mkdir(parents=True, exist_ok=True)
     written = []
-    if suffix == ".pdf":
-        fig.savefig(path, format="pdf")
+    if suffix == ".pdf":  # no creation date: the same figure gives the same bytes
+        fig.savefig(path, format="pdf", metadata={"CreationDate": None})
         written.append(path)
     png = path.with_suffix(".png")
-    fig.savefig(png, format="png", dpi=dpi)
+    fig.savefig(png, format="png", dpi=dpi, metadata={"Software": None})
     written.append(png)
     return tuple(written)
+
+
+# ----------------------------------------------------------------------------- paper figures
+
+# One style for every publication figure: small serif-free text, the Okabe-Ito cycle, no top or
+# right spines, TrueType fonts in PDFs (editable text). Applied with `paper_style()`.
+PAPER_STYLE = {
+    "font.size": 9, "axes.titlesize": 9, "axes.labelsize": 9, "legend.fontsize": 8,
+    "xtick.labelsize": 8, "ytick.labelsize": 8, "axes.spines.top": False,
+    "axes.spines.right": False, "axes.grid": True, "grid.alpha": 0.3, "pdf.fonttype": 42,
+    "lines.linewidth": 1.4, "legend.frameon": False,
+}
+_MODE_COLORS = {"none": OKABE_ITO[0], "a2a": OKABE_ITO[1]}
+
+
+def paper_style() -> Any:
+    """A context manager applying `PAPER_STYLE` (and the Okabe-Ito colour cycle) to the
+    figures built and saved inside it; nothing global changes."""
+    import matplotlib
+    from cycler import cycler
+    return matplotlib.rc_context({**PAPER_STYLE, "axes.prop_cycle": cycler(color=OKABE_ITO)})
+
+
+def expert_load_heatmap(counts: Any, layer: int = 0) -> Figure:
+    """Where the load goes: each layer's share of pairs per expert over the whole trace, and
+    `layer`'s share per expert at every step.
+
+    counts: `[S, L, E]` routed pairs (numpy or torch). Returns a new Figure (two heatmaps,
+    viridis, shares in percent of the layer's or the step's pairs)."""
+    import numpy as np
+    c = np.asarray(counts, dtype=np.float64)  # [S, L, E]
+    S, L, E = c.shape
+    if not 0 <= layer < L:
+        raise InputError(f"layer must be in [0, {L}), got {layer}")
+    whole = c.sum(0)  # [L, E]
+    share = 100 * whole / np.maximum(whole.sum(-1, keepdims=True), 1)
+    steps = 100 * c[:, layer] / np.maximum(c[:, layer].sum(-1, keepdims=True), 1)  # [S, E]
+    fig = Figure(figsize=(7.0, 3.4), layout="constrained")
+    ax_all, ax_time = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1, 1.4]})
+    for ax, data, ylabel, title in (
+            (ax_all, share, "MoE layer", "whole trace, every layer"),
+            (ax_time, steps, "step", f"layer {layer}, every step")):
+        image = ax.imshow(data, aspect="auto", interpolation="nearest", cmap="viridis",
+                          origin="lower")
+        ax.set_xlabel("logical expert")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.grid(False)
+        fig.colorbar(image, ax=ax, label="share of the pairs (%)")
+    ax_all.set_yticks(range(L))
+    fig.suptitle(f"Expert load ({S} steps, {L} layers, {E} experts)")
+    return fig
+
+
+def policy_mode_bars(results: Sequence[Results]) -> Figure:
+    """GPU imbalance and worst-step replica skew of every (policy, mode): grouped bars rising
+    from the ideal 1.0, one colour per mode. results: e.g. `replay.compare` output."""
+    results = list(results)
+    if not results:
+        raise InputError("policy_mode_bars needs at least one result")
+    labels = _labels(results)
+    groups = list(dict.fromkeys(labels))
+    modes = list(dict.fromkeys(r.config.mode for r in results))
+    fig = Figure(figsize=(7.0, 2.8), layout="constrained")
+    for ax, key, ylabel in zip(fig.subplots(1, 2), ("gpu_imbalance", "replica_skew_max"), (
+            "GPU imbalance (max / mean GPU load)",
+            "replica skew, worst step\n(max / mean replica load)")):
+        _grouped_ratio_bars(ax, results, labels, groups, modes, key)
+        ax.set_ylabel(ylabel)
+        ax.grid(True, axis="y")
+        ax.grid(False, axis="x")
+    fig.axes[0].legend(title="mode", loc="upper left")
+    return fig
+
+
+def redundancy_curves(rows: Sequence[dict[str, Any]]) -> Figure:
+    """Rank agreement, multiplicity and output error against the number of redundant experts,
+    one line per policy ("none" mode).
+
+    rows: table rows (`Results.row()` plus `redundant`), several policies and redundancies."""
+    rows = list(rows)
+    if not rows:
+        raise InputError("redundancy_curves needs at least one row")
+    fig = Figure(figsize=(7.2, 2.6), layout="constrained")
+    ax_agree, ax_mult, ax_err = fig.subplots(1, 3, sharex=True)
+    for i, policy in enumerate(dict.fromkeys(r["policy"] for r in rows)):
+        mine = sorted((r for r in rows if r["policy"] == policy), key=lambda r: r["redundant"])
+        xs = [r["redundant"] for r in mine]
+        # later policies drawn thinner on top, so coinciding lines (at 1 or 0) stay visible
+        style = dict(color=OKABE_ITO[i % len(OKABE_ITO)], marker="os^Dv"[i % 5], ms=3.5,
+                     linewidth=max(0.8, 2.8 - 0.6 * i))
+        ax_agree.plot(xs, [r["rank_agreement"] for r in mine], label=policy, **style)
+        ax_mult.plot(xs, [r["multiplicity"]["2+"] for r in mine], **style)
+        ax_mult.plot(xs, [r["multiplicity"]["0"] for r in mine], linestyle="--", **style)
+        ax_err.plot(xs, [r["output_rel_error"] for r in mine], **style)
+    ax_agree.set_ylabel("rank agreement (fraction of pairs)")
+    ax_mult.set_ylabel("fraction of pairs")
+    ax_mult.plot([], [], "k-", label="c ≥ 2 (duplicated)")
+    ax_mult.plot([], [], "k--", label="c = 0 (dropped)")
+    ax_mult.legend(loc="upper left")
+    ax_err.set_ylabel("output error ||Y − Y*|| / ||Y*||")
+    for ax in (ax_agree, ax_mult, ax_err):
+        ax.set_xlabel("redundant experts (slots)")
+    ax_agree.legend(title="policy", loc="center right")
+    fig.suptitle('"none" mode: what disagreeing ranks do as redundancy grows')
+    return fig
+
+
+def replica_loads_pair(results: Sequence[Results], layer: int, expert: int) -> Figure:
+    """One expert's replicas over time under each result's policy (e.g. `row` and `ordinal`
+    on the template scenario), one panel per result sharing the y axis; dashed: the even
+    split. All results must use one placement with >= 2 replicas of `expert` in `layer`."""
+    results = list(results)
+    if not results:
+        raise InputError("replica_loads_pair needs at least one result")
+    fig = Figure(figsize=(3.5 * len(results), 2.6), layout="constrained")
+    axes = fig.subplots(1, len(results), sharey=True, squeeze=False)[0]
+    for ax, result in zip(axes, results):
+        (_, placement), = result.epochs[:1]
+        n = int(placement.logcnt[layer, expert])
+        if n < 2:
+            raise InputError(f"expert {expert} has {n} replica in layer {layer}")
+        steps = range(result.slot_load.shape[0])
+        for j in range(n):
+            gpu = int(placement.slot_gpu[placement.log2phy[layer, expert, j]])
+            ax.plot(steps, [_replica_load(result, placement, s, layer, expert, j)
+                            for s in steps], color=OKABE_ITO[j % len(OKABE_ITO)],
+                    label=f"replica {j} (GPU {gpu})")
+        even = result.true_load[:, layer, expert].double() / n
+        ax.plot(steps, even.tolist(), "k--", linewidth=1, label="even split")
+        ax.set_title(f"{result.policy}")
+        ax.set_xlabel("step")
+        ax.legend(loc="lower right", fontsize=7)
+    axes[0].set_ylabel("pairs executed per step")
+    fig.suptitle(f"One hot expert's replicas (layer {layer}, expert {expert})")
+    return fig
+
+
+def solver_gap_lines(rows: Sequence[dict[str, Any]]) -> Figure:
+    """Each solver's placement gap (max GPU load over the lower bound, 1 = provably optimal)
+    against the number of redundant slots. rows: dicts with `solver`, `redundant`, `gap`."""
+    rows = list(rows)
+    if not rows:
+        raise InputError("solver_gap_lines needs at least one row")
+    fig = Figure(figsize=(3.6, 2.8), layout="constrained")
+    ax = fig.subplots()
+    markers = "os^Dv"
+    for i, solver in enumerate(dict.fromkeys(r["solver"] for r in rows)):
+        mine = sorted((r for r in rows if r["solver"] == solver), key=lambda r: r["redundant"])
+        ax.plot([r["redundant"] for r in mine], [r["gap"] for r in mine],
+                marker=markers[i % len(markers)], ms=4, color=OKABE_ITO[i % len(OKABE_ITO)],
+                label=solver)
+    ax.axhline(1.0, color="0.2", linewidth=0.8)
+    ax.set_xlabel("redundant experts (slots)")
+    ax.set_ylabel("max GPU load / lower bound")
+    ax.legend(title="solver")
+    return fig
+
+
+def predictor_time_series(results: Sequence[Results], highlight: tuple[int, int] | None = None
+                          ) -> Figure:
+    """GPU imbalance per step under each result's predictor (same trace and schedule), and
+    the experts each one moved at every rebalance. `highlight`: a `[start, stop)` span of
+    steps to shade (e.g. a burst)."""
+    results = list(results)
+    if not results:
+        raise InputError("predictor_time_series needs at least one result")
+    fig = Figure(figsize=(7.0, 3.8), layout="constrained")
+    ax_imb, ax_move = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [2, 1]})
+    width = 0.8 * (results[0].config.rebalance_every or 1) / (len(results) + 1)
+    for i, result in enumerate(results):
+        name = name_of(result.config.predictor)
+        color = OKABE_ITO[i % len(OKABE_ITO)]
+        series = result.time_series()
+        ax_imb.plot(series["step"], series["gpu_imbalance"], color=color, label=name)
+        moves = result.migrations()
+        ax_move.bar([m["step"] + (i - (len(results) - 1) / 2) * width for m in moves],
+                    [m["moved_slots"] for m in moves], width=width, color=color, label=name)
+    for ax in (ax_imb, ax_move):
+        if highlight is not None:
+            ax.axvspan(*highlight, color="0.85", zorder=0, linewidth=0)
+        for m in results[0].migrations():
+            ax.axvline(m["step"], color="0.5", linestyle=":", linewidth=0.8, zorder=1)
+    ax_imb.set_ylabel("GPU imbalance\n(max / mean GPU load)")
+    ax_imb.legend(title="predictor", loc="lower left", bbox_to_anchor=(0.0, 1.0),
+                  ncol=len(results), title_fontsize=8, alignment="left")
+    ax_move.set_ylabel("experts moved\n(slots)")
+    ax_move.set_xlabel("step")
+    return fig
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -399,4 +589,7 @@ def _max_replicas(result: Results, layer: int) -> list[int]:
     return [int(v) for v in cnt]
 
 
-__all__ = ["OKABE_ITO", "policy_comparison", "replica_loads_over_time", "save_figure"]
+__all__ = ["OKABE_ITO", "PAPER_STYLE", "expert_load_heatmap", "paper_style", "policy_comparison",
+           "policy_mode_bars", "predictor_time_series", "redundancy_curves",
+           "replica_loads_over_time", "replica_loads_pair", "save_figure", "solver_gap_lines",
+           "time_series_figure"]

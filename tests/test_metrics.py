@@ -17,6 +17,7 @@ from eplbsim.metrics import (
     METRIC_KEYS,
     OVER_TIME_KEYS,
     balancedness,
+    gini,
     gpu_imbalance,
     gpu_loads,
     idle_replicas,
@@ -26,6 +27,7 @@ from eplbsim.metrics import (
     nanmean_or_none,
     replica_loads,
     replica_skew,
+    top_share,
 )
 from eplbsim.placement import Placement
 from eplbsim.topology import Topology
@@ -230,3 +232,23 @@ def test_balance_metrics_do_not_mutate_input(fn):
     load = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
     fn(load)
     assert load.tolist() == [1.0, 2.0, 3.0]
+
+
+# ---------------------------------------------------------------- concentration
+
+
+def test_top_share_and_gini_hand_examples():
+    load = torch.tensor([[1, 1, 1, 1], [0, 0, 0, 8], [4, 2, 1, 1], [0, 0, 0, 0]])
+    _same(top_share(load, 1), [0.25, 1.0, 0.5, NAN])
+    _same(top_share(load, 2), [0.5, 1.0, 0.75, NAN])
+    # Gini = sum_ij |x_i - x_j| / (2 E^2 mean): [4,2,1,1]: pairs sum 2*(2+3+3+1+1+0) = 20,
+    # over 2 * 16 * 2 = 64 -> 0.3125
+    _same(gini(load), [0.0, 0.75, 0.3125, NAN])
+
+
+def test_gini_brute_force_on_random_loads():
+    gen = torch.Generator().manual_seed(0)
+    load = torch.randint(0, 50, (5, 7), generator=gen).double()
+    diffs = (load.unsqueeze(-1) - load.unsqueeze(-2)).abs().sum((-1, -2))
+    want = diffs / (2 * 7 * load.sum(-1))
+    assert torch.allclose(gini(load), want)

@@ -171,3 +171,31 @@ def test_time_series_figure_without_rebalancing(results, tmp_path):
     _assert_png(plots.save_figure(fig, tmp_path / "flat.png", dpi=60)[0])
     with pytest.raises(InputError, match="at least one"):
         plots.time_series_figure([])
+
+
+@pytest.mark.parametrize("fn", [plots.policy_mode_bars, plots.redundancy_curves,
+                                plots.replica_loads_pair, plots.solver_gap_lines,
+                                plots.predictor_time_series])
+def test_paper_plots_reject_empty_input(fn):
+    args = (0, 0) if fn is plots.replica_loads_pair else ()
+    with pytest.raises(InputError, match="at least one"):
+        fn([], *args)
+
+
+def test_paper_style_leaves_rcparams_alone(results):
+    import matplotlib
+    before = dict(matplotlib.rcParams)
+    with plots.paper_style():
+        fig = plots.policy_mode_bars(results)
+        assert matplotlib.rcParams["font.size"] == plots.PAPER_STYLE["font.size"]
+    assert dict(matplotlib.rcParams) == before
+    assert len(fig.axes) == 2 and "GPU imbalance" in fig.axes[0].get_ylabel()
+
+
+def test_heatmap_and_replica_pair_check_their_arguments(trace, results):
+    with pytest.raises(InputError, match="layer must be in"):
+        plots.expert_load_heatmap(trace.counts(), layer=9)
+    row = results[2]
+    single = int((row.epochs[0][1].logcnt[0] == 1).nonzero()[0])
+    with pytest.raises(InputError, match="1 replica"):
+        plots.replica_loads_pair([row], layer=0, expert=single)

@@ -1,0 +1,126 @@
+"""The paper figures: a named, deterministic set, each rebuilt from seeded scenarios by one
+function, in the `FIGURES` registry; `build` writes them as PDF and PNG.
+
+Dimensions: `S` steps, `L` layers, `E` logical experts, `G` GPUs.
+
+Every figure runs small synthetic scenarios with fixed seeds (no files needed, so they rebuild
+the same anywhere) on one shared setup, `SETUP`: 64 experts, top-8, 8 GPUs in 2 nodes,
+16 redundant slots, the `deepseek` solver. Drawing lives in `plots` (one style, `paper_style`,
+Okabe-Ito colours); this module only decides what each figure shows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable, Sequence
+
+from matplotlib.figure import Figure
+
+from . import plots
+from .errors import InputError
+from .metrics import placement_gap
+from .registry import lookup
+from .replay import ReplayConfig, compare, replay
+from .solvers import solve
+from .synth import synthesize
+from .topology import Topology
+
+SIZES = dict(layers=4, experts=64, top_k=8)
+SETUP = ReplayConfig(num_gpus=8, gpus_per_node=4, num_redundant=16)
+POLICIES = ["static", "random", "row", "ordinal"]
+
+
+def expert_load_heatmap() -> Figure:
+    """Which experts are hot: the skewed scenario's load per layer and over time."""
+    trace = synthesize("skewed", steps=48, tokens=512, seed=0, **SIZES)
+    return plots.expert_load_heatmap(trace.counts(), layer=0)
+
+
+def policies_by_mode() -> Figure:
+    """GPU imbalance and replica skew of the four policies in both modes, on the template
+    scenario (packed templated prompts: where `row` leaves replicas idle)."""
+    trace = synthesize("template", steps=32, tokens=512, seed=0, **SIZES)
+    return plots.policy_mode_bars(compare(trace, POLICIES, ["none", "a2a"], SETUP))
+
+
+def redundancy_sweep() -> Figure:
+    """Rank agreement, multiplicity and output error against 0..64 redundant experts in
+    "none" mode: with none, every policy is exact; with any, per-rank choices corrupt."""
+    trace = synthesize("skewed", steps=4, tokens=256, seed=0, **SIZES)
+    rows = []
+    for redundant in (0, 8, 16, 24, 32, 48, 64):
+        for result in compare(trace, POLICIES, ["none"], replace(SETUP,
+                                                                  num_redundant=redundant)):
+            rows.append({**result.row(), "redundant": redundant})
+    return plots.redundancy_curves(rows)
+
+
+def template_replicas() -> Figure:
+    """The balance trap over time: the hottest expert of layer 0 with two replicas on the
+    template scenario (prompts of period 2), `row` (one replica does all the work) against
+    `ordinal` (even)."""
+    trace = synthesize("template", steps=32, tokens=256, seed=0, **SIZES)
+    results = compare(trace, ["row", "ordinal"], ["none"], SETUP)
+    placement = results[0].epochs[0][1]
+    load = trace.counts()[:, 0].sum(0)  # [E]
+    twins = (placement.logcnt[0] == 2).nonzero().flatten().tolist()
+    if not twins:
+        raise InputError("the template placement has no expert with two replicas in layer 0")
+    expert = max(twins, key=lambda e: (int(load[e]), -e))
+    return plots.replica_loads_pair(results, layer=0, expert=expert)
+
+
+def solver_gap() -> Figure:
+    """Each solver's max GPU load over the lower bound on a skewed load (sigma 1.5), mean over
+    layers, as redundancy grows; groups of 16 experts for the hierarchical solvers."""
+    trace = synthesize("skewed", steps=16, tokens=512, seed=0, sigma=1.5, **SIZES)
+    load = trace.counts().sum(0)  # [L, E]
+    topo = Topology(SETUP.num_gpus, SETUP.gpus_per_node)
+    rows = []
+    for solver, groups in (("deepseek", 1), ("deepseek", 4), ("lpt", 1), ("lpt-hier", 4)):
+        label = solver + (" (groups on nodes)" if solver == "deepseek" and groups > 1 else "")
+        for redundant in (0, 8, 16, 32, 64):
+            placement = solve(solver, load, SIZES["experts"] + redundant, topo, groups)
+            rows.append({"solver": label, "redundant": redundant,
+                         "gap": float(placement_gap(placement, load).mean())})
+    return plots.solver_gap_lines(rows)
+
+
+def rebalance_over_time() -> Figure:
+    """Imbalance over time across rebalances: the burst scenario (a cold expert hot for steps
+    80..159), re-solved every 40 steps from `window`, `ema` and `oracle` forecasts (`ordinal`,
+    "a2a")."""
+    trace = synthesize("burst", steps=200, tokens=256, seed=0, start=80, length=80, layers=2,
+                       experts=64, top_k=8)
+    cfg = replace(SETUP, policy="ordinal", mode="a2a", rebalance_every=40)
+    results = [replay(trace, replace(cfg, predictor=p)) for p in ("window", "ema", "oracle")]
+    return plots.predictor_time_series(results, highlight=(80, 160))
+
+
+FIGURES: dict[str, Callable[[], Figure]] = {
+    "expert_load_heatmap": expert_load_heatmap,
+    "policies_by_mode": policies_by_mode,
+    "redundancy_sweep": redundancy_sweep,
+    "template_replicas": template_replicas,
+    "solver_gap": solver_gap,
+    "rebalance_over_time": rebalance_over_time,
+}
+
+
+def build(out_dir: str | Path = "figures", names: Sequence[str] | None = None,
+          dpi: int = 200) -> list[Path]:
+    """Rebuild the named figures (default all, in `FIGURES` order) into `out_dir` as
+    `NAME.pdf` and `NAME.png`, in the paper style; returns the paths written. The same call
+    writes the same files. InputError on an unknown name."""
+    chosen = list(FIGURES) if names is None else list(names)
+    for name in chosen:
+        lookup(FIGURES, name, "figure")
+    if not chosen:
+        raise InputError("no figure named")
+    written: list[Path] = []
+    for name in chosen:
+        with plots.paper_style():
+            fig = FIGURES[name]()
+            written += plots.save_figure(fig, Path(out_dir) / f"{name}.pdf", dpi=dpi)
+    return written

@@ -1,0 +1,69 @@
+"""The paper figures: every one in the registry rebuilds, is not blank, is the same on every
+build, and matches the committed set in `figures/`.
+
+Dimensions: `H` x `W` pixels of a PNG.
+"""
+
+from pathlib import Path
+
+import matplotlib.image
+import numpy as np
+import pytest
+
+from eplbsim.errors import InputError
+from eplbsim.figures import FIGURES, build
+
+from cli_helpers import assert_input_error, run
+
+COMMITTED = Path(__file__).resolve().parents[1] / "figures"
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    out = tmp_path_factory.mktemp("figures")
+    return out, build(out)
+
+
+def test_build_writes_a_pdf_and_a_png_per_figure(built):
+    out, paths = built
+    assert sorted(p.name for p in paths) == sorted(f"{n}.{ext}" for n in FIGURES
+                                                   for ext in ("pdf", "png"))
+    for path in paths:
+        assert path.parent == out and path.stat().st_size > 5000
+
+
+@pytest.mark.parametrize("name", list(FIGURES))
+def test_figure_is_not_blank_and_matches_the_committed_one(built, name):
+    out, _ = built
+    assert (out / f"{name}.pdf").read_bytes().startswith(b"%PDF")
+    pixels = matplotlib.image.imread(out / f"{name}.png")  # [H, W, 4] floats in [0, 1]
+    assert pixels.shape[0] > 300 and pixels.shape[1] > 300
+    rgb = pixels[..., :3]
+    assert float(rgb.var()) > 1e-3  # ink on the page
+    assert float((rgb.mean(-1) < 0.5).mean()) > 0.005  # and not just a frame
+    committed = COMMITTED / f"{name}.png"
+    assert committed.exists(), f"figures/{name}.png is not committed: run `eplbsim figures`"
+    want = matplotlib.image.imread(committed)[..., :3]
+    assert want.shape == rgb.shape, "figure size changed: rerun `eplbsim figures`"
+    assert float(np.abs(want - rgb).mean()) < 2e-3, "figure changed: rerun `eplbsim figures`"
+
+
+def test_the_same_build_gives_the_same_bytes(built, tmp_path):
+    out, _ = built
+    again = build(tmp_path, ["solver_gap"])
+    for path in again:
+        assert path.read_bytes() == (out / path.name).read_bytes()
+
+
+def test_figures_command(capsys, tmp_path):
+    code, out, _ = run(capsys, "figures", "--list")
+    assert code == 0 and all(name in out for name in FIGURES)
+    code, out, _ = run(capsys, "figures", "--only", "solver_gap", "--out", tmp_path)
+    assert code == 0 and (tmp_path / "solver_gap.png").exists()
+    assert_input_error(capsys, "figures", "--only", "nope", "--out", tmp_path,
+                       match="unknown figure 'nope'")
+
+
+def test_build_rejects_an_empty_selection(tmp_path):
+    with pytest.raises(InputError):
+        build(tmp_path, [])
