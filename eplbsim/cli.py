@@ -250,8 +250,23 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--seed", type=_nonnegative, default=0)
     bench.add_argument("--json", action="store_true", help="print only a JSON array of rows")
 
-    from .sweep import add_sweep_parser
-    add_sweep_parser(sub)
+    from .sweep import EXECUTORS
+    swp = sub.add_parser("sweep", help="run a grid of replays from a TOML spec into one table",
+                         description="Run the cells of a sweep spec (scenarios or traces x "
+                         "solvers x policies x modes x topologies x seeds) into "
+                         "DIR/results.csv (and .parquet with pyarrow), resuming what DIR "
+                         "already holds.")
+    swp.add_argument("spec", type=Path, help="the sweep spec, TOML (format: eplbsim.sweep's "
+                     "doc)")
+    swp.add_argument("--out", type=Path, default=None, metavar="DIR",
+                     help="output directory (default: the spec's out); a rerun resumes it")
+    swp.add_argument("--executor", choices=EXECUTORS, default="local",
+                     help="local processes (default) or Ray tasks (the ray extra)")
+    swp.add_argument("--workers", type=_positive, default=None, metavar="N",
+                     help="local processes, or the CPUs of a local Ray instance (default: "
+                     "all cores)")
+    swp.add_argument("--address", default=None, metavar="RAY_ADDRESS",
+                     help="the Ray cluster to run on (default: start a local instance)")
     figs = sub.add_parser("figures", help="rebuild the paper figures (PDF and PNG), "
                           "deterministically")
     figs.add_argument("--out", type=Path, default=Path("figures"),
@@ -729,6 +744,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from .sweep import read_spec, run_sweep
+    sweep = read_spec(args.spec)
+    out = args.out or sweep.out
+    if out is None:
+        raise InputError(f"{args.spec}: no output directory; give --out DIR or out in the spec")
+    run = run_sweep(sweep, out, args.executor, args.workers, args.address)
+    n = len(sweep.cells)
+    print(f"{n} cells ({run.ran} run now, {n - run.ran} done before); wrote "
+          f"{', '.join(str(p) for p in run.paths)}")
+    return 0
+
+
 def cmd_figures(args: argparse.Namespace) -> int:
     from .figures import FIGURES, build
     if args.list:
@@ -803,7 +831,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status (2 for bad input)."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    from .sweep import cmd_sweep
     handlers = {"run": cmd_run, "ranks": cmd_ranks, "solve": cmd_solve, "bench": cmd_bench,
                 "export": cmd_export, "sweep": cmd_sweep, "figures": cmd_figures}
     if args.command == "trace":

@@ -129,11 +129,9 @@ def run_rank(trace: Trace, cfg: ReplayConfig, rank: int, device: torch.device,
     moe = make_toy_moe(L, E, cfg.hidden, cfg.seed, device) if not a2a else None
     P = segments[0].placement.num_slots
     slot_load = torch.zeros(S, L, P, dtype=torch.int64)
-    agreed = torch.zeros(S, L, dtype=torch.int64)
-    valid = torch.zeros(S, L, dtype=torch.int64)
-    mult = torch.zeros(S, L, 3, dtype=torch.int64)
-    error = torch.zeros(S, L, 2, dtype=torch.float64)
-    drifted = torch.zeros(S, G, dtype=torch.bool)
+    counters = Counters.zeros(S, L, G)
+    agreed, valid, mult, error, drifted = (counters.agreed, counters.valid, counters.mult,
+                                           counters.error, counters.drift)
     for start, stop, placement in placement_epochs(segments):
         view = rank_view(cfg.view, placement, rank).to(device)
         slot_gpu = placement.slot_gpu.to(device)
@@ -167,7 +165,6 @@ def run_rank(trace: Trace, cfg: ReplayConfig, rank: int, device: torch.device,
             c = _all_reduce(executed_by_me.long(), device, group)  # [T, L, K] multiplicity
             mult[s] = M.multiplicity_counts(c, ids >= 0)
             error[s] = _all_reduced_error(moe, s, ids, executed_by_me, device, group)
-    counters = Counters(agreed, valid, mult, error, drifted)
     if rank != 0:
         return None
     return measured(cfg, slot_load, true_load.cpu(), segments, counters)

@@ -139,11 +139,9 @@ def replay(trace: Trace, config: ReplayConfig = ReplayConfig()) -> Results:
     moe = make_toy_moe(L, E, cfg.hidden, cfg.seed, cfg.device) if cfg.mode == "none" else None
 
     slot_load = torch.zeros(S, L, segments[0].placement.num_slots, dtype=torch.int64)
-    agreed = torch.zeros(S, L, dtype=torch.int64)
-    valid = torch.zeros(S, L, dtype=torch.int64)
-    mult = torch.zeros(S, L, 3, dtype=torch.int64)
-    error = torch.zeros(S, L, 2, dtype=torch.float64)
-    drifted = torch.zeros(S, G, dtype=torch.bool)
+    counters = Counters.zeros(S, L, G)
+    agreed, valid, mult, error, drifted = (counters.agreed, counters.valid, counters.mult,
+                                           counters.error, counters.drift)
     for start, stop, placement in placement_epochs(segments):
         views = [rank_view(cfg.view, placement, r).to(cfg.device) for r in range(G)]
         groups = rank_groups(views, policy)
@@ -165,7 +163,6 @@ def replay(trace: Trace, config: ReplayConfig = ReplayConfig()) -> Results:
             valid[s] = out.valid
             mult[s] = M.multiplicity_counts(out.multiplicity, ids >= 0)
 
-    counters = Counters(agreed, valid, mult, error, drifted)
     return measured(cfg, slot_load, true_load, segments, counters)
 
 

@@ -35,7 +35,6 @@ it is the same, byte for byte, whichever executor ran it and however often it wa
 
 from __future__ import annotations
 
-import argparse
 import csv
 import dataclasses
 import functools
@@ -52,7 +51,7 @@ import threading
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import torch
 from tqdm import tqdm
@@ -499,71 +498,3 @@ def run_sweep(sweep: Sweep, out: str | Path, executor: str = "local",
     text = ["cell"] + [k for k in sweep.cells[0].config if k in _CHOICES or k == "trace"]
     parquet = _write_parquet(csv_path, out / PARQUET, text)
     return SweepRun((csv_path,) + ((parquet,) if parquet else ()), len(pending))
-
-
-# ----------------------------------------------------------------------------- command line
-
-def _positive(text: str) -> int:
-    """An argparse type: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
-    return value
-
-
-def _add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("spec", type=Path, help="the sweep spec, TOML (format: eplbsim.sweep's doc)")
-    p.add_argument("--out", type=Path, default=None, metavar="DIR",
-                   help="output directory (default: the spec's out); a rerun resumes it")
-    p.add_argument("--executor", choices=EXECUTORS, default="local",
-                   help="local processes (default) or Ray tasks (the ray extra)")
-    p.add_argument("--workers", type=_positive, default=None, metavar="N",
-                   help="local processes, or the CPUs of a local Ray instance (default: all "
-                   "cores)")
-    p.add_argument("--address", default=None, metavar="RAY_ADDRESS",
-                   help="the Ray cluster to run on (default: start a local instance)")
-
-
-def add_sweep_parser(sub: Any) -> argparse.ArgumentParser:
-    """Add the `sweep` command to an argparse subparsers object; returns its parser."""
-    p = sub.add_parser("sweep", help="run a grid of replays from a TOML spec into one table",
-                       description="Run the cells of a sweep spec (scenarios or traces x "
-                       "solvers x policies x modes x topologies x seeds) into DIR/results.csv "
-                       "(and .parquet with pyarrow), resuming what DIR already holds.")
-    _add_arguments(p)
-    return p
-
-
-def cmd_sweep(args: argparse.Namespace) -> int:
-    sweep = read_spec(args.spec)
-    out = args.out or sweep.out
-    if out is None:
-        raise InputError(f"{args.spec}: no output directory; give --out DIR or out in the spec")
-    run = run_sweep(sweep, out, args.executor, args.workers, args.address)
-    n = len(sweep.cells)
-    print(f"{n} cells ({run.ran} run now, {n - run.ran} done before); wrote "
-          f"{', '.join(str(p) for p in run.paths)}")
-    return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """`eplbsim sweep ...` on its own (`python -m eplbsim.sweep SPEC ...`); returns the exit
-    status (2 for bad input, with one line on stderr)."""
-    parser = argparse.ArgumentParser(prog="eplbsim sweep")
-    _add_arguments(parser)
-    args = parser.parse_args(argv)
-    try:
-        return cmd_sweep(args)
-    except InputError as exc:
-        print(f"eplbsim: error: {exc}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    # Run the imported module, not this __main__ copy, so that workers unpickle its functions
-    # and cells by their module name.
-    from eplbsim.sweep import main as _main
-    sys.exit(_main())

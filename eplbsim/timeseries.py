@@ -46,6 +46,15 @@ class Counters:
     error: torch.Tensor
     drift: torch.Tensor
 
+    @classmethod
+    def zeros(cls, num_steps: int, num_layers: int, num_ranks: int) -> "Counters":
+        """All-zero counters for `S` steps, `L` layers and `G` ranks, filled step by step."""
+        S, L = num_steps, num_layers
+        return cls(torch.zeros(S, L, dtype=torch.int64), torch.zeros(S, L, dtype=torch.int64),
+                   torch.zeros(S, L, 3, dtype=torch.int64),
+                   torch.zeros(S, L, 2, dtype=torch.float64),
+                   torch.zeros(S, num_ranks, dtype=torch.bool))
+
 
 @dataclass(frozen=True)
 class Series:

@@ -11,7 +11,8 @@ from eplbsim.errors import InputError
 from eplbsim.metrics import METRIC_KEYS, OVER_TIME_KEYS
 from eplbsim.replay import ReplayConfig, replay
 from eplbsim.results import flat_row
-from eplbsim.sweep import (REPLAY_FIELDS, SIZES, cell_row, main, parse_spec, read_spec,
+from eplbsim.cli import main
+from eplbsim.sweep import (REPLAY_FIELDS, SIZES, cell_row, parse_spec, read_spec,
                            run_sweep)
 from eplbsim.synth import synthesize
 from eplbsim.trace import load_trace, save_trace
@@ -213,7 +214,7 @@ def test_a_failed_cell_stops_the_sweep_with_one_line_and_keeps_rows(tmp_path, ca
     # period 8 leaves 16 // 8 = 2 experts per class, fewer than top_k = 4: synthesize refuses
     spec = write_spec(tmp_path, "[grid]\n'option.period' = [2, 8]\nseed = [0, 1]\n[fixed]\n"
                       "scenario = 'template'\n" + SIZES_TOML + "gpus = 4\nredundant = 8\n")
-    code = main([str(spec), "--out", str(tmp_path / "out"), "--workers", "1"])
+    code = main(["sweep", str(spec), "--out", str(tmp_path / "out"), "--workers", "1"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2
     assert err[-1].startswith("eplbsim: error: cell ")
@@ -224,13 +225,13 @@ def test_a_failed_cell_stops_the_sweep_with_one_line_and_keeps_rows(tmp_path, ca
 
 def test_command_line_runs_and_reports_bad_input(reference, tmp_path, capsys):
     spec, out = reference
-    assert main([str(spec), "--out", str(out)]) == 0
+    assert main(["sweep", str(spec), "--out", str(out)]) == 0
     assert capsys.readouterr().out.startswith("8 cells (0 run now, 8 done before); wrote ")
     for argv, match in [([str(tmp_path / "none.toml"), "--out", str(tmp_path)], "no such file"),
                         ([str(spec)], "no output directory"),
                         ([str(spec), "--out", str(out), "--address", "auto"],
                          "--address is for --executor ray")]:
-        assert main(argv) == 2
+        assert main(["sweep", *argv]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("eplbsim: error:") and match in err[0], err
 
