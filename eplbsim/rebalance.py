@@ -127,6 +127,14 @@ def plan(true_load: torch.Tensor, cfg: "ReplayConfig", topology: Topology,
         given = _check_given(cfg.placement, L, E, topology, "given placement")
         return (Segment(0, S, given, solve_for(whole, None), None),)
     if cfg.rebalance_every is None:
+        unused = [name for name, value, default in (
+            ("window", cfg.window, None), ("predictor", cfg.predictor, "window"),
+            ("decay", cfg.decay, None), ("initial", cfg.initial, None),
+            ("skip_above", cfg.skip_above, None)) if value is not default and value != default]
+        if unused:
+            raise InputError(f"{', '.join(unused)} only apply with rebalance_every (a "
+                             f"rebalance schedule); without it one placement is solved from "
+                             f"the whole trace")
         solved = solve_for(whole, None)
         return (Segment(0, S, solved, solved, None),)
 

@@ -131,6 +131,11 @@ def _negative(past, future, window, decay):
     return -past.sum(0).double()
 
 
+def test_schedule_settings_without_a_schedule_are_input_errors(loads):
+    with pytest.raises(InputError, match="window, predictor only apply with rebalance_every"):
+        plan(loads, replace(CFG, window=5, predictor="oracle"), TOPO, 1)
+
+
 @pytest.mark.parametrize("change, match", [
     (dict(rebalance_every=0), "rebalance_every"),
     (dict(rebalance_every=5, window=0), "window"),
