@@ -51,8 +51,8 @@ from .errors import InputError
 from .kernels import dispatch_step
 from .moe import error_terms, make_toy_moe, pair_outputs, token_inputs
 from .placement import Placement, rank_view
-from .ranks import (MODES, check_choices, drift_before_step, make_rank_generators,
-                    token_owners)
+from .ranks import (MODES, check_choices, drift_before_step, flat_index,
+                    make_rank_generators, token_owners)
 from .rebalance import Segment, plan
 from .replay import ReplayConfig, Results, measured, replay
 from .timeseries import Counters, placement_epochs
@@ -117,12 +117,13 @@ def run_rank(trace: Trace, cfg: ReplayConfig, rank: int, device: torch.device,
     S, L, E, K = trace.num_steps, trace.num_layers, trace.num_experts, trace.top_k
     a2a = cfg.mode == "a2a"
 
-    # routed counts: all tokens in "none"; each rank's own in "a2a", all-reduced
+    # routed counts: all tokens in "none"; in "a2a" each rank's own, all-reduced
     own = [_own_rows(trace, s, G, rank) if a2a else None for s in range(S)]
-    true_load = torch.stack([_counts(trace.step(s) if r is None else trace.step(s)[r], L, E)
-                             for s, r in enumerate(own)])  # [S, L, E]
     if a2a:
-        true_load = _all_reduce(true_load, device, group)
+        true_load = _all_reduce(torch.stack([_counts(trace.step(s)[rows], E)
+                                             for s, rows in enumerate(own)]), device, group)
+    else:
+        true_load = trace.counts()  # [S, L, E]
     segments = _broadcast_plan(true_load, cfg, trace, rank, group)
 
     gens = make_rank_generators(cfg.rng, cfg.seed, G, device, cfg.drift_p, ranks=[rank])
@@ -147,15 +148,15 @@ def run_rank(trace: Trace, cfg: ReplayConfig, rank: int, device: torch.device,
             phys = dispatch_step(policy, mine, view, ctx).long()  # [T_r, L, K]
             check_choices(phys, mine, placement, policy)
             if a2a:
-                chosen = phys[mine >= 0]  # this rank's pairs, each executed once where sent
                 executed_by_me = None
+                counted_pairs = mine >= 0  # this rank's pairs, each executed once where sent
             else:
                 chosen_all = _all_gather(phys, group)  # [G, T, L, K]
                 executed_by_me = (slot_gpu[phys.clamp(min=0)] == rank) & (ids >= 0)
-                chosen = phys[executed_by_me]
+                counted_pairs = executed_by_me
                 agreed[s] = ((chosen_all == chosen_all[0]).all(0) & (ids >= 0)).sum((0, 2)).cpu()
-            layer_of = _layer_index(phys, mine >= 0 if a2a else executed_by_me)
-            counted = torch.bincount(layer_of * P + chosen, minlength=L * P).view(L, P)
+            counted = torch.bincount(flat_index(phys, P)[counted_pairs],
+                                     minlength=L * P).view(L, P)
             slot_load[s] = _all_reduce(counted, device, group).cpu()
             valid_pairs = (mine >= 0).sum((0, 2))  # [L]
             valid[s] = (_all_reduce(valid_pairs, device, group) if a2a else valid_pairs).cpu()
@@ -177,19 +178,11 @@ def _own_rows(trace: Trace, s: int, num_ranks: int, rank: int) -> torch.Tensor:
     return (owners == rank).nonzero().squeeze(1)
 
 
-def _counts(ids: torch.Tensor, num_layers: int, num_experts: int) -> torch.Tensor:
+def _counts(ids: torch.Tensor, num_experts: int) -> torch.Tensor:
     """Routed pairs per (layer, expert) of ids `[T, L, K]`: int64 `[L, E]`."""
-    ids = ids.long()
-    layer = torch.arange(num_layers).view(1, -1, 1).expand_as(ids)
-    index = (layer * num_experts + ids)[ids >= 0]
-    return torch.bincount(index, minlength=num_layers * num_experts).view(num_layers,
-                                                                          num_experts)
-
-
-def _layer_index(phys: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """The layer of every pair of `phys [T, L, K]` selected by `mask`, in `phys[mask]` order."""
-    layer = torch.arange(phys.shape[1], device=phys.device).view(1, -1, 1).expand_as(phys)
-    return layer[mask]
+    L = ids.shape[1]
+    return torch.bincount(flat_index(ids, num_experts)[ids >= 0],
+                          minlength=L * num_experts).view(L, num_experts)
 
 
 def _all_reduced_error(moe: Any, step: int, ids: torch.Tensor, executed_by_me: torch.Tensor,

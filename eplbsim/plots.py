@@ -272,7 +272,6 @@ PAPER_STYLE = {
     "axes.spines.right": False, "axes.grid": True, "grid.alpha": 0.3, "pdf.fonttype": 42,
     "lines.linewidth": 1.4, "legend.frameon": False,
 }
-_MODE_COLORS = {"none": OKABE_ITO[0], "a2a": OKABE_ITO[1]}
 
 
 def paper_style() -> Any:

@@ -133,10 +133,11 @@ def rank_groups(views: Sequence[View], policy: Policy) -> list[list[int]]:
     return groups
 
 
-def _slot_index(phys: torch.Tensor, num_slots: int) -> torch.Tensor:
-    """`layer * P + slot` of every pair `[T, L, K]` (for one bincount over all layers)."""
-    layer = torch.arange(phys.shape[1], device=phys.device).view(1, -1, 1)
-    return layer * num_slots + phys
+def flat_index(index: torch.Tensor, width: int) -> torch.Tensor:
+    """`layer * width + index` of every pair of `index [T, L, K]` (a slot, width `P`, or an
+    expert, width `E`): one bincount then counts every layer at once."""
+    layer = torch.arange(index.shape[1], device=index.device).view(1, -1, 1)
+    return layer * width + index.long()
 
 
 def execute_none(topk_ids: torch.Tensor, views: Sequence[View], policy: Policy,
@@ -165,7 +166,7 @@ def execute_none(topk_ids: torch.Tensor, views: Sequence[View], policy: Policy,
         member[list(group)] = True
         executed = member[slot_gpu[phys.clamp(min=0)]] & valid  # [T, L, K]
         multiplicity += executed
-        slot_load += torch.bincount(_slot_index(phys, P)[executed], minlength=L * P)
+        slot_load += torch.bincount(flat_index(phys, P)[executed], minlength=L * P)
         if first is None:
             first = phys
         else:
@@ -204,6 +205,6 @@ def execute_a2a(topk_ids: torch.Tensor, owners: torch.Tensor, views: Sequence[Vi
         check_choices(chosen, own, placement, policy)
         phys[rows] = chosen.long()
     valid = topk_ids >= 0
-    slot_load = torch.bincount(_slot_index(phys, P)[valid], minlength=L * P)
+    slot_load = torch.bincount(flat_index(phys, P)[valid], minlength=L * P)
     return StepOutcome(slot_load.view(L, P).cpu(), valid.long(), None,
                        valid.sum((0, 2)).cpu())

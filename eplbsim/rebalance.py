@@ -130,7 +130,7 @@ def plan(true_load: torch.Tensor, cfg: "ReplayConfig", topology: Topology,
         unused = [name for name, value, default in (
             ("window", cfg.window, None), ("predictor", cfg.predictor, "window"),
             ("decay", cfg.decay, None), ("initial", cfg.initial, None),
-            ("skip_above", cfg.skip_above, None)) if value is not default and value != default]
+            ("skip_above", cfg.skip_above, None)) if value != default]
         if unused:
             raise InputError(f"{', '.join(unused)} only apply with rebalance_every (a "
                              f"rebalance schedule); without it one placement is solved from "

@@ -107,15 +107,19 @@ def write_results(rows: list[dict[str, Any]], out_dir: str | Path) -> list[Path]
     return [json_path, write_csv([flat_row(r) for r in rows], out / "results.csv")]
 
 
+def csv_value(value: Any) -> Any:
+    """A CSV field: None and NaN are written empty."""
+    return "" if value is None or (isinstance(value, float) and math.isnan(value)) else value
+
+
 def write_csv(rows: list[dict[str, Any]], path: str | Path) -> Path:
-    """Rows of plain values as a CSV (columns in first-seen order, None and NaN empty)."""
+    """Rows of plain values as a CSV (columns in first-seen order, `csv_value` fields)."""
     path = Path(path)
     fields = list(dict.fromkeys(k for r in rows for k in r))
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=fields)
         writer.writeheader()
-        writer.writerows({k: ("" if v is None or (isinstance(v, float) and math.isnan(v))
-                              else v) for k, v in r.items()} for r in rows)
+        writer.writerows({k: csv_value(v) for k, v in r.items()} for r in rows)
     return path
 
 

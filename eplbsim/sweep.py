@@ -43,7 +43,6 @@ import inspect
 import io
 import itertools
 import json
-import math
 import multiprocessing
 import os
 import sys
@@ -67,7 +66,7 @@ from .placement import VIEWS
 from .predictors import PREDICTORS
 from .ranks import MODES, RNG_RELATIONS
 from .replay import ReplayConfig, replay
-from .results import flat_row, write_csv
+from .results import csv_value, flat_row, write_csv
 from .solvers import SOLVERS
 from .synth import SCENARIOS, check_sizes, synthesize
 from .topology import Topology
@@ -384,11 +383,6 @@ def _run_ray(cells: list[Cell], workers: int, address: str | None, emit: Emit) -
 
 # ----------------------------------------------------------------------------- the table
 
-def _plain(value: Any) -> Any:
-    """A CSV field: None and NaN empty (as `results.write_csv` writes them)."""
-    return "" if value is None or (isinstance(value, float) and math.isnan(value)) else value
-
-
 def _read_table(path: Path) -> tuple[list[str] | None, list[dict[str, str]]]:
     """The header and rows of a results CSV (None, [] when there is none). A torn last line,
     left by a killed sweep, is cut from the file."""
@@ -483,7 +477,7 @@ def run_sweep(sweep: Sweep, out: str | Path, executor: str = "local",
             elif list(row) != header:
                 raise InputError(f"{csv_path} has other columns than this version writes; "
                                  f"use another --out")
-            writer.writerow(_plain(row[k]) for k in header)
+            writer.writerow(csv_value(row[k]) for k in header)
             f.flush()
             bar.update()
 
