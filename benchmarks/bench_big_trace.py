@@ -24,13 +24,13 @@ from pathlib import Path
 import numpy as np
 
 from eplbsim.bench import skewed_ids
-from eplbsim.trace_dir import write_steps
+from eplbsim.traces.directory import write_steps
 
 L, K, E = 58, 8, 256
 CHILD = """
 import json, sys, time, resource
 from eplbsim.replay import ReplayConfig, replay
-from eplbsim.trace_dir import DirTrace
+from eplbsim.traces.directory import DirTrace
 t0 = time.perf_counter()
 trace = DirTrace(sys.argv[1])
 opened = time.perf_counter() - t0

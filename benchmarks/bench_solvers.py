@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from eplbsim.counts import load_counts_csv
+from eplbsim.traces.counts import load_counts_csv
 from eplbsim.errors import InputError
 from eplbsim.metrics import gpu_loads
 from eplbsim.solvers import SOLVERS, solve, solve_with_info, solver_options

@@ -37,14 +37,14 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from .dispatch import POLICIES, RANDOM_RANGE, DispatchContext, ordinal_offset, static_table
-from .kernels import dispatch_step, reference_step
+from .dispatch.policies import POLICIES, RANDOM_RANGE, DispatchContext, ordinal_offset, static_table
+from .dispatch.kernels import dispatch_step, reference_step
 from .placement import View, full_view
 from .registry import name_of
 from .replay import ReplayConfig, replay
 from .solvers import solve
 from .topology import Topology
-from .trace import Trace
+from .traces.trace import Trace
 
 # DeepSeek-V3's MoE shape: experts, top-k, physical slots, GPUs, GPUs per node.
 EXPERTS, TOP_K, SLOTS, GPUS, GPUS_PER_NODE = 256, 8, 288, 32, 8

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .dispatch import DispatchContext, Policy, resolve_policy
+from .dispatch.policies import DispatchContext, Policy, resolve_policy
 from .errors import InputError
-from .kernels import dispatch_step
+from .dispatch.kernels import dispatch_step
 from .placement import Placement, View, rank_view
 from .ranks import check_choices, make_rank_generators
 from .registry import name_of

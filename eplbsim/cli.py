@@ -17,23 +17,23 @@ from typing import Any, Callable, Sequence
 import torch
 
 from . import metrics as M
-from .counts import (CountsTrace, is_counts_file, load_counts_csv, load_counts_trace,
+from .traces.counts import (CountsTrace, is_counts_file, load_counts_csv, load_counts_trace,
                      load_layer_counts, parse_where)
-from .dispatch import resolve_policy
+from .dispatch.policies import resolve_policy
 from .errors import InputError
 from .placement import VIEWS, Placement
-from .predictors import PREDICTORS
+from .schedule.predictors import PREDICTORS
 from .ranks import MODES, RNG_RELATIONS
-from .rebalance import DEEPSEEK_V3_EXPERT_BYTES
+from .schedule.plan import DEEPSEEK_V3_EXPERT_BYTES
 from .registry import name_of
 from .replay import ReplayConfig, Results, compare, promise_only
 from .results import (DECOMPOSITION_COLUMNS, MIGRATION_COLUMNS, format_table, series_rows,
                       to_json, write_csv, write_results)
 from .solvers import SOLVERS, as_load, solve_with_info
-from .synth import DEFAULT_SCENARIO, SCENARIOS, synthesize
+from .traces.synth import DEFAULT_SCENARIO, SCENARIOS, synthesize
 from .topology import Topology
-from .trace import Trace, load_trace, save_trace
-from .trace_dir import open_trace
+from .traces.trace import Trace, load_trace, save_trace
+from .traces.directory import open_trace
 
 DEFAULT_POLICIES = "static,random,row,ordinal"
 # The embedded default scenario of `eplbsim run` (sizes chosen to run in seconds on 2 cores).
@@ -476,7 +476,7 @@ def _placement_file(path: Path, trace: Trace | CountsTrace, topology: Topology) 
     """The placement in a JSON file for `trace` on `topology`: a `solve --json` output, a bare
     phy2log `[L][P]`, or an SGLang `physical_to_logical_map` (`[L_model][P]`, its rows picked
     by the trace's `model_layers` when the counts differ)."""
-    from .export import PLACEMENT_KEY, read_sglang_placement
+    from .placement_io import PLACEMENT_KEY, read_sglang_placement
     data = _read_json(path, "a JSON placement")
     E = trace.num_experts
     if isinstance(data, dict) and PLACEMENT_KEY in data:
@@ -609,8 +609,8 @@ def cmd_trace_synth(args: argparse.Namespace) -> int:
 
 
 def cmd_trace_convert(args: argparse.Namespace) -> int:
-    from .jsonl import read_jsonl, write_jsonl
-    from .trace_dir import save_trace_dir, to_memory
+    from .traces.formats.jsonl import read_jsonl, write_jsonl
+    from .traces.directory import save_trace_dir, to_memory
     out_kind = args.out.suffix.lower()
     if args.src.suffix.lower() == ".jsonl":
         trace = read_jsonl(args.src, args.experts, None if out_kind in (".npz", ".jsonl")
@@ -638,8 +638,8 @@ def cmd_trace_convert(args: argparse.Namespace) -> int:
 
 
 def cmd_trace_import(args: argparse.Namespace) -> int:
-    from .counts import CountsTrace, save_counts_trace
-    from .sglang import import_sglang
+    from .traces.counts import CountsTrace, save_counts_trace
+    from .traces.formats.sglang import import_sglang
     trace = import_sglang(args.paths, args.experts, args.top_k)
     counts_only = isinstance(trace, CountsTrace)
     try:
@@ -777,8 +777,8 @@ def _moe_layers_arg(text: str) -> list[int]:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from .counts import is_counts_file, load_counts_trace
-    from .export import sglang_logical_count, sglang_placement
+    from .traces.counts import is_counts_file, load_counts_trace
+    from .placement_io import sglang_logical_count, sglang_placement
     meta: dict[str, Any] = {}
     if args.placement is not None:
         data = _read_json(args.placement, "a JSON placement")

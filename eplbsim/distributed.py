@@ -46,19 +46,19 @@ import torch
 import torch.distributed as dist
 
 from . import metrics as M
-from .dispatch import DispatchContext, resolve_policy
+from .dispatch.policies import DispatchContext, resolve_policy
 from .errors import InputError
-from .kernels import dispatch_step
+from .dispatch.kernels import dispatch_step
 from .moe import error_terms, make_toy_moe, pair_outputs, token_inputs
 from .placement import Placement, rank_view
 from .ranks import (MODES, check_choices, drift_before_step, flat_index,
                     make_rank_generators, token_owners)
-from .rebalance import Segment, plan
+from .schedule.plan import Segment, plan
 from .replay import ReplayConfig, Results, measured, replay
 from .timeseries import Counters, placement_epochs
 from .topology import Topology
-from .trace import Trace
-from .trace_dir import open_trace
+from .traces.trace import Trace
+from .traces.directory import open_trace
 
 STARTUP_SECONDS = 300  # how long ranks may take to start and meet (imports are slow)
 
@@ -80,7 +80,7 @@ class TraceSource:
     def load(self) -> Trace:
         if self.path is not None:
             return open_trace(self.path)
-        from .synth import synthesize
+        from .traces.synth import synthesize
         return synthesize(self.scenario, **self.options)
 
 

@@ -23,7 +23,7 @@ from .metrics import placement_gap
 from .registry import lookup
 from .replay import ReplayConfig, compare, replay
 from .solvers import solve
-from .synth import synthesize
+from .traces.synth import synthesize
 from .topology import Topology
 
 SIZES = dict(layers=4, experts=64, top_k=8)

@@ -16,9 +16,9 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from .dispatch import RANK_INDEPENDENT, DispatchContext, Policy
+from .dispatch.policies import RANK_INDEPENDENT, DispatchContext, Policy
 from .errors import InputError
-from .kernels import dispatch_step
+from .dispatch.kernels import dispatch_step
 from .placement import Placement, View
 from .registry import name_of
 

@@ -17,21 +17,21 @@ from typing import Any, Callable
 import torch
 
 from . import metrics as M
-from .counts import CountsTrace
-from .dispatch import DispatchContext, Policy, resolve_policy
+from .traces.counts import CountsTrace
+from .dispatch.policies import DispatchContext, Policy, resolve_policy
 from .errors import InputError
 from .moe import make_toy_moe, step_error_terms
 from .placement import Placement, View, rank_view
-from .predictors import Predictor
+from .schedule.predictors import Predictor
 from .ranks import (MODES, drift_before_step, execute_a2a, execute_none, make_rank_generators,
                     rank_groups, token_owners)
-from .rebalance import DEEPSEEK_V3_EXPERT_BYTES, Segment, plan
+from .schedule.plan import DEEPSEEK_V3_EXPERT_BYTES, Segment, plan
 from .registry import name_of
 from .solvers import Solver
 from .timeseries import (Counters, Series, layer_series, migration_rows, migration_summary,
                          placement_epochs, summarize, summarize_ranks, time_series)
 from .topology import Topology
-from .trace import Trace
+from .traces.trace import Trace
 
 
 @dataclass(frozen=True)

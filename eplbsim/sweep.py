@@ -60,17 +60,17 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from .dispatch import POLICIES
+from .dispatch.policies import POLICIES
 from .errors import InputError
 from .placement import VIEWS
-from .predictors import PREDICTORS
+from .schedule.predictors import PREDICTORS
 from .ranks import MODES, RNG_RELATIONS
 from .replay import ReplayConfig, replay
 from .results import csv_value, flat_row, write_csv
 from .solvers import SOLVERS
-from .synth import SCENARIOS, check_sizes, synthesize
+from .traces.synth import SCENARIOS, check_sizes, synthesize
 from .topology import Topology
-from .trace_dir import open_trace
+from .traces.directory import open_trace
 
 SOURCES = ("scenario", "trace")
 SIZES = ("steps", "tokens", "layers", "experts", "top_k")

@@ -23,7 +23,7 @@ import torch
 
 from . import metrics as M
 from .placement import Placement
-from .rebalance import TRANSFER_KINDS, Segment
+from .schedule.plan import TRANSFER_KINDS, Segment
 
 SUMMARY_CHUNK = 128  # steps summarized at a time: per-replica intermediates stay small
 FACTORS = ("solver", "prediction", "dispatch")

@@ -12,9 +12,9 @@ import pytest
 import torch
 from scipy.optimize import Bounds, LinearConstraint, linprog, milp
 
-from eplbsim import batch_lp
-from eplbsim.batch_lp import gpu_load, integer_quotas, optimal_fractions, optimal_quotas
-from eplbsim.dispatch import (
+from eplbsim.dispatch import batch_lp
+from eplbsim.dispatch.batch_lp import gpu_load, integer_quotas, optimal_fractions, optimal_quotas
+from eplbsim.dispatch.policies import (
     POLICIES,
     RANK_INDEPENDENT,
     DispatchContext,
@@ -26,7 +26,7 @@ from eplbsim.errors import InputError
 from eplbsim.placement import Placement, full_view
 from eplbsim.ranks import execute_none, rank_groups
 from eplbsim.replay import ReplayConfig, replay
-from eplbsim.synth import synthesize
+from eplbsim.traces.synth import synthesize
 from eplbsim.topology import Topology
 
 

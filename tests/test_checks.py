@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from eplbsim.checks import check_policy, rank_invariance
-from eplbsim.dispatch import POLICIES, RANK_INDEPENDENT, replica_slots
+from eplbsim.dispatch.policies import POLICIES, RANK_INDEPENDENT, replica_slots
 from eplbsim.errors import InputError
 from eplbsim.replay import ReplayConfig, replay
 from eplbsim.solvers import solve
-from eplbsim.synth import synthesize
+from eplbsim.traces.synth import synthesize
 from eplbsim.topology import Topology
 
 TRACE = synthesize("skewed", steps=2, tokens=48, layers=2, experts=16, top_k=4, seed=3)

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from eplbsim.metrics import METRIC_KEYS
-from eplbsim.synth import synthesize
-from eplbsim.trace import load_trace, save_trace
+from eplbsim.traces.synth import synthesize
+from eplbsim.traces.trace import load_trace, save_trace
 
 from cli_helpers import assert_input_error, run
 
@@ -209,7 +209,7 @@ def test_solve_exact_with_options_and_anti_colocation(capsys, tmp_path):
 
 
 def test_run_on_counts_reports_the_promise_and_refuses_policies(capsys, tmp_path):
-    from eplbsim.counts import CountsTrace, save_counts_trace
+    from eplbsim.traces.counts import CountsTrace, save_counts_trace
     path = tmp_path / "c.npz"
     counts = np.random.default_rng(0).integers(0, 50, (4, 2, 16))
     save_counts_trace(CountsTrace(counts), path)

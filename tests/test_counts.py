@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from eplbsim.counts import load_counts_csv, parse_where
+from eplbsim.traces.counts import load_counts_csv, parse_where
 from eplbsim.errors import InputError
 
 REAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "olmoe-routing-counts" \
@@ -58,7 +58,7 @@ def test_real_olmoe_counts_load():
 
 
 def test_counts_trace_validates_and_round_trips(tmp_path):
-    from eplbsim.counts import CountsTrace, is_counts_file, load_counts_trace, save_counts_trace
+    from eplbsim.traces.counts import CountsTrace, is_counts_file, load_counts_trace, save_counts_trace
     raw = np.array([[[1, 2, 0], [0, 0, 5]]])  # [S, L, E]
     trace = CountsTrace(raw, {"model_layers": [3, 5]})
     raw[0, 0, 0] = 99
@@ -83,9 +83,9 @@ def test_counts_trace_validates_and_round_trips(tmp_path):
 
 
 def test_layer_counts_from_every_kind_of_file(tmp_path):
-    from eplbsim.counts import CountsTrace, load_layer_counts, save_counts_trace
-    from eplbsim.synth import synthesize
-    from eplbsim.trace import save_trace
+    from eplbsim.traces.counts import CountsTrace, load_layer_counts, save_counts_trace
+    from eplbsim.traces.synth import synthesize
+    from eplbsim.traces.trace import save_trace
     trace = synthesize("uniform", steps=3, tokens=8, layers=2, experts=6, top_k=2)
     save_trace(trace, tmp_path / "t.npz")
     got = load_layer_counts(tmp_path / "t.npz")

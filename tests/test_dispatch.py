@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eplbsim.dispatch import (
+from eplbsim.dispatch.policies import (
     POLICIES,
     DispatchContext,
     occurrence_index,

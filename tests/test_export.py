@@ -6,12 +6,12 @@ import json
 import numpy as np
 import pytest
 
-from eplbsim.counts import CountsTrace, save_counts_trace
+from eplbsim.traces.counts import CountsTrace, save_counts_trace
 from eplbsim.errors import InputError
-from eplbsim.export import (check_sglang_placement, read_sglang_placement,
+from eplbsim.placement_io import (check_sglang_placement, read_sglang_placement,
                             sglang_logical_count, sglang_placement)
-from eplbsim.synth import synthesize
-from eplbsim.trace import save_trace
+from eplbsim.traces.synth import synthesize
+from eplbsim.traces.trace import save_trace
 
 from cli_helpers import assert_input_error, run
 

@@ -1,4 +1,4 @@
-"""Tests of eplbsim.jsonl: JSONL router logs read (in memory and streamed into the directory
+"""Tests of eplbsim.traces.formats.jsonl: JSONL router logs read (in memory and streamed into the directory
 form), written back, converted by the CLI, and every malformed line named as `file:line`.
 
 Dimensions: `S` steps, `T_s` tokens of step `s`, `L` layers, `E` experts, `K` top-k.
@@ -14,9 +14,9 @@ import torch
 
 from eplbsim.cli import main
 from eplbsim.errors import InputError
-from eplbsim.jsonl import read_jsonl, write_jsonl
-from eplbsim.trace import Trace, load_trace
-from eplbsim.trace_dir import DirTrace, load_trace_dir
+from eplbsim.traces.formats.jsonl import read_jsonl, write_jsonl
+from eplbsim.traces.trace import Trace, load_trace
+from eplbsim.traces.directory import DirTrace, load_trace_dir
 
 
 def _trace(steps=(3, 0, 4), L=3, K=2, E=8, seed=0):

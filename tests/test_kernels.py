@@ -9,8 +9,8 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from eplbsim.dispatch import POLICIES, DispatchContext, layer_offsets
-from eplbsim.kernels import cpu, dispatch_step, reference_step, step_kernel, torch_step
+from eplbsim.dispatch.policies import POLICIES, DispatchContext, layer_offsets
+from eplbsim.dispatch.kernels import cpu, dispatch_step, reference_step, step_kernel, torch_step
 from eplbsim.placement import Placement, full_view, nearest_view
 from eplbsim.topology import Topology
 

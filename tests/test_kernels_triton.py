@@ -1,4 +1,4 @@
-"""The Triton step kernels (`eplbsim.kernels.triton_dispatch`) against the reference policies.
+"""The Triton step kernels (`eplbsim.dispatch.kernels.triton_dispatch`) against the reference policies.
 
 Dimensions: `T` tokens, `L` layers, `K` top-k, `E` experts, `P` slots, `G` GPUs.
 
@@ -21,13 +21,13 @@ from hypothesis import strategies as st  # noqa: E402
 
 triton = pytest.importorskip("triton")
 
-from eplbsim.dispatch import DispatchContext, ordinal_policy, row_policy  # noqa: E402
+from eplbsim.dispatch.policies import DispatchContext, ordinal_policy, row_policy  # noqa: E402
 from eplbsim.placement import Placement, full_view  # noqa: E402
 from eplbsim.topology import Topology  # noqa: E402
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 
-from eplbsim.kernels import triton_dispatch as td  # noqa: E402
+from eplbsim.dispatch.kernels import triton_dispatch as td  # noqa: E402
 
 if INTERPRET != type(td._row_kernel).__name__.startswith("Interpreted"):
     td = importlib.reload(td)  # imported earlier under the other mode: redefine the kernels

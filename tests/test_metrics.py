@@ -46,7 +46,7 @@ def test_metric_keys_cover_the_design_and_every_replay_reports_exactly_them():
               "rank_agreement", "multiplicity", "output_rel_error"}  # DESIGN.md §4
     assert design | {"placement_gap"} == set(METRIC_KEYS)
     from eplbsim.replay import ReplayConfig, replay
-    from eplbsim.synth import synthesize
+    from eplbsim.traces.synth import synthesize
     trace = synthesize("uniform", steps=2, tokens=16, layers=1, experts=8, top_k=2)
     for mode in ("none", "a2a"):
         metrics = replay(trace, ReplayConfig(num_gpus=2, num_redundant=2, mode=mode)).metrics

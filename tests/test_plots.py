@@ -11,7 +11,7 @@ from matplotlib.figure import Figure
 from eplbsim import plots
 from eplbsim.errors import InputError
 from eplbsim.replay import ReplayConfig, compare, replay
-from eplbsim.synth import synthesize
+from eplbsim.traces.synth import synthesize
 
 CONFIG = ReplayConfig(num_gpus=4, num_redundant=4)
 POLICIES = ["static", "random", "row", "ordinal"]

@@ -9,9 +9,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from eplbsim.predictors import PREDICTORS
+from eplbsim.schedule.predictors import PREDICTORS
 from eplbsim.replay import ReplayConfig, replay
-from eplbsim.synth import synthesize
+from eplbsim.traces.synth import synthesize
 
 
 def _loads(S=12, L=3, E=5, seed=0):

@@ -6,7 +6,7 @@ Dimensions: `T` tokens, `K` top-k, `P` slots, `G` GPUs = ranks.
 import pytest
 import torch
 
-from eplbsim.dispatch import POLICIES, DispatchContext
+from eplbsim.dispatch.policies import POLICIES, DispatchContext
 from eplbsim.errors import InputError
 from eplbsim import ranks
 from eplbsim.placement import Placement, full_view, nearest_view

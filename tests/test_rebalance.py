@@ -12,10 +12,10 @@ import torch
 
 from eplbsim.errors import InputError
 from eplbsim.placement import Placement, trivial_placement
-from eplbsim.rebalance import plan, transfer_counts
+from eplbsim.schedule.plan import plan, transfer_counts
 from eplbsim.replay import ReplayConfig, replay
 from eplbsim.solvers import solve
-from eplbsim.synth import synthesize
+from eplbsim.traces.synth import synthesize
 from eplbsim.topology import Topology
 
 TOPO = Topology(4, 2)

@@ -11,13 +11,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eplbsim.dispatch import POLICIES
+from eplbsim.dispatch.policies import POLICIES
 from eplbsim.errors import InputError
 from eplbsim.placement import Placement
 from eplbsim.replay import ReplayConfig, compare, replay
-from eplbsim.synth import synthesize
+from eplbsim.traces.synth import synthesize
 from eplbsim.topology import Topology
-from eplbsim.trace import Trace
+from eplbsim.traces.trace import Trace
 
 SIZES = dict(steps=6, tokens=96, layers=2, experts=16, top_k=4)
 CFG = ReplayConfig(num_gpus=4, gpus_per_node=2, num_redundant=8)

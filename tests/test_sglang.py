@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from eplbsim.cli import main
-from eplbsim.counts import CountsTrace, load_counts_trace
+from eplbsim.traces.counts import CountsTrace, load_counts_trace
 from eplbsim.errors import InputError
 from eplbsim.replay import ReplayConfig, replay
-from eplbsim.sglang import import_sglang
-from eplbsim.trace import Trace, load_trace
+from eplbsim.traces.formats.sglang import import_sglang
+from eplbsim.traces.trace import Trace, load_trace
 
 L, E, P, WIDTH, K = 3, 4, 6, 8, 2  # layer 0 is dense; 2 redundant slots
 # physical -> logical, redundant slots 4 and 5 (different per layer)

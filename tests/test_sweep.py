@@ -14,8 +14,8 @@ from eplbsim.results import flat_row
 from eplbsim.cli import main
 from eplbsim.sweep import (REPLAY_FIELDS, SIZES, cell_row, parse_spec, read_spec,
                            run_sweep)
-from eplbsim.synth import synthesize
-from eplbsim.trace import load_trace, save_trace
+from eplbsim.traces.synth import synthesize
+from eplbsim.traces.trace import load_trace, save_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 SIZES_TOML = """steps = 3

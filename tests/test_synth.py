@@ -1,4 +1,4 @@
-"""Contract tests for eplbsim.synth: every SCENARIOS entry, then scenario-specific properties.
+"""Contract tests for eplbsim.traces.synth: every SCENARIOS entry, then scenario-specific properties.
 
 Dimensions: `S` steps, `T` tokens per step, `L` layers, `E` experts, `K` top-k.
 """
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from eplbsim.errors import InputError
-from eplbsim.synth import SCENARIOS, synthesize
-from eplbsim.trace import Trace, load_trace, save_trace
+from eplbsim.traces.synth import SCENARIOS, synthesize
+from eplbsim.traces.trace import Trace, load_trace, save_trace
 
 SIZES = dict(steps=6, tokens=40, layers=3, experts=32, top_k=4)
 

@@ -13,10 +13,10 @@ import torch
 
 from eplbsim.placement import Placement
 from eplbsim.replay import ReplayConfig, replay
-from eplbsim.synth import synthesize
+from eplbsim.traces.synth import synthesize
 from eplbsim.timeseries import factors
 from eplbsim.topology import Topology
-from eplbsim.trace import Trace
+from eplbsim.traces.trace import Trace
 
 CFG = ReplayConfig(num_gpus=4, gpus_per_node=2, num_redundant=8, rebalance_every=6)
 

@@ -1,4 +1,4 @@
-"""Tests of eplbsim.trace: validation messages, no aliasing, counts/window/from_steps, and the
+"""Tests of eplbsim.traces.trace: validation messages, no aliasing, counts/window/from_steps, and the
 `.npz` format (round trip and every way a file can be unusable).
 
 Dimensions: `S` steps, `T_s` tokens of step `s`, `L` layers, `E` experts, `K` top-k.
@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from eplbsim.errors import InputError
-from eplbsim.trace import Trace, load_trace, save_trace
+from eplbsim.traces.trace import Trace, load_trace, save_trace
 
 
 def _ids(T=4, L=2, K=2, E=8, seed=0):

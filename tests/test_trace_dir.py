@@ -1,4 +1,4 @@
-"""Tests of eplbsim.trace_dir: the directory form round-trips, replays exactly like the
+"""Tests of eplbsim.traces.directory: the directory form round-trips, replays exactly like the
 in-memory trace, rejects every broken file with the file's name, and replays in bounded memory.
 
 Dimensions: `S` steps, `T_s` tokens of step `s`, `L` layers, `E` experts, `K` top-k.
@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 import torch
 
-from eplbsim import trace_dir as TD
+from eplbsim.traces import directory as TD
 from eplbsim.cli import main
 from eplbsim.errors import InputError
 from eplbsim.replay import ReplayConfig, replay
-from eplbsim.trace import Trace, load_trace, save_trace
-from eplbsim.trace_dir import DirTrace, load_trace_dir, open_trace, save_trace_dir
+from eplbsim.traces.trace import Trace, load_trace, save_trace
+from eplbsim.traces.directory import DirTrace, load_trace_dir, open_trace, save_trace_dir
 
 
 def _trace(steps=(5, 0, 3, 7, 4), L=2, K=2, E=8, src=True, seed=0):
@@ -187,7 +187,7 @@ def test_int32_ids_for_many_experts(tmp_path):
 # held the ids (or their pages) in memory would need at least the file size more.
 _SCRIPT = textwrap.dedent("""
     import resource, sys, numpy as np, torch
-    from eplbsim.trace_dir import save_trace_dir, load_trace_dir
+    from eplbsim.traces.directory import save_trace_dir, load_trace_dir
     from eplbsim.replay import ReplayConfig, replay
 
     class Steps:  # a trace-like source that makes each step on demand

@@ -1,13 +1,13 @@
 """Regenerate the shipped synthetic traces in this folder, deterministically.
 
 Run from the repository root:  python traces/make_traces.py
-Only calls eplbsim.synth.synthesize and eplbsim.trace.save_trace; same output on every run.
+Only calls eplbsim.traces.synth.synthesize and eplbsim.traces.trace.save_trace; same output on every run.
 """
 
 from pathlib import Path
 
-from eplbsim.synth import synthesize
-from eplbsim.trace import save_trace
+from eplbsim.traces.synth import synthesize
+from eplbsim.traces.trace import save_trace
 
 HERE = Path(__file__).resolve().parent
 SIZES = dict(steps=32, tokens=256, layers=4, experts=64, top_k=8, seed=0)

@@ -28,16 +28,16 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from . import metrics as M
-from .errors import InputError
-from .placement import Placement, trivial_placement
+from .. import metrics as M
+from ..errors import InputError
+from ..placement import Placement, trivial_placement
 from .predictors import PREDICTORS
-from .registry import lookup, name_of
-from .solvers import solve
-from .topology import Topology
+from ..registry import lookup, name_of
+from ..solvers import solve
+from ..topology import Topology
 
 if TYPE_CHECKING:
-    from .replay import ReplayConfig
+    from ..replay import ReplayConfig
 
 # One DeepSeek-V3 routed expert in bf16: gate, up and down projections of 7168 x 2048, 2 bytes.
 DEEPSEEK_V3_EXPERT_BYTES = 3 * 7168 * 2048 * 2

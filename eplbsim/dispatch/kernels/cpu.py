@@ -16,8 +16,8 @@ import numba
 import numpy as np
 import torch
 
-from ..dispatch import DispatchContext, layer_draws, layer_offsets, static_table
-from ..placement import View
+from ..policies import DispatchContext, layer_draws, layer_offsets, static_table
+from ...placement import View
 
 _JIT = dict(nopython=True, nogil=True, cache=True)
 

@@ -35,9 +35,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from .counts import CountsTrace
-from .errors import InputError
-from .trace import Trace
+from ..counts import CountsTrace
+from ...errors import InputError
+from ..trace import Trace
 
 MODES = ("per_token", "per_pass", "stat")
 _MAP = "last_physical_to_logical_map"

@@ -19,9 +19,9 @@ from typing import Callable
 import torch
 
 from . import batch_lp
-from .errors import InputError
-from .placement import View
-from .registry import lookup
+from ..errors import InputError
+from ..placement import View
+from ..registry import lookup
 
 HASH_MULTIPLIER = 2654435769  # Knuth's multiplicative hash constant, floor(2**32 / phi)
 RANDOM_RANGE = 65536  # the serving engine's randint(0, 65536) draw

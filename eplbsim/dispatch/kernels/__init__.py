@@ -18,7 +18,7 @@ from typing import Callable
 
 import torch
 
-from ..dispatch import (
+from ..policies import (
     DispatchContext,
     Policy,
     layer_offsets,
@@ -27,7 +27,7 @@ from ..dispatch import (
     row_policy,
     static_policy,
 )
-from ..placement import View
+from ...placement import View
 
 StepKernel = Callable[[torch.Tensor, View, DispatchContext], torch.Tensor]
 

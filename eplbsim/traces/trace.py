@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from .errors import InputError
+from ..errors import InputError
 
 
 class TraceShape:

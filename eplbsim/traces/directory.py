@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .errors import InputError
+from ..errors import InputError
 from .trace import Trace, TraceShape, load_trace
 
 IDS, OFFSETS, SRC, META = "topk_ids.npy", "step_offsets.npy", "src_rank.npy", "meta.json"

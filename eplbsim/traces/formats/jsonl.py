@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from .errors import InputError
-from .trace import Trace
-from .trace_dir import DirTrace, write_steps
+from ...errors import InputError
+from ..trace import Trace
+from ..directory import DirTrace, write_steps
 
 
 class _Steps:

@@ -30,8 +30,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .errors import InputError
-from .registry import lookup, name_of
+from ..errors import InputError
+from ..registry import lookup, name_of
 from .trace import Trace
 
 Generator = Callable[..., Trace]
