@@ -1,1 +1,25 @@
-"""eplbsim."""
+"""eplbsim: a trace-driven simulator for MoE expert placement, load balance and rank-invariant
+dispatch.
+
+What a notebook reaches for, importable from here: `replay`, `compare` and their settings
+`RunSpec`; traces (`open_trace`, `load_trace`, `synthesize`); the registries `POLICIES`,
+`SOLVERS`, `SCENARIOS`, `VIEWS`, `PREDICTORS`, `MODES` and `METRICS`. The modules hold the rest
+(DESIGN.md §6).
+"""
+
+from .dispatch import POLICIES, DispatchPolicy
+from .errors import InputError
+from .metrics import METRICS, Metric
+from .placement import VIEWS, Placement
+from .ranks import MODES
+from .replay import compare, replay
+from .results import Results
+from .schedule.predictors import PREDICTORS
+from .solvers import SOLVERS, solve
+from .spec import RunSpec
+from .topology import Topology
+from .traces import SCENARIOS, load_trace, open_trace, synthesize
+
+__all__ = ["METRICS", "MODES", "POLICIES", "PREDICTORS", "SCENARIOS", "SOLVERS", "VIEWS",
+           "DispatchPolicy", "InputError", "Metric", "Placement", "Results", "RunSpec",
+           "Topology", "compare", "load_trace", "open_trace", "replay", "solve", "synthesize"]

@@ -10,7 +10,7 @@ one layer. For each policy and `N`, three things are timed on the same device an
 - **straightforward**: the torch expression a serving engine writes, each step a separate op
   (`row = arange(N) // K`, then `log2phy[ids, row % logcnt[ids]]`; a stable argsort for
   `ordinal`; a table gather for `static`; `randint(0, 65536) % logcnt[ids]` for `random`);
-- **ours**: `eplbsim.kernels.dispatch_step` on the `[T, 1, K]` ids;
+- **ours**: `eplbsim.dispatch.kernels.dispatch_step` on the `[T, 1, K]` ids;
 - **roofline**: on CPU one gather of the same sizes (an int64 table of `E * R` entries indexed
   by `N` int64 indices); on CUDA a device copy moving the same bytes as dispatch must (a copy
   of `6N` bytes: `6N` read + `6N` written = the `4N` id bytes read + `8N` output bytes written).
@@ -37,11 +37,12 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from .dispatch.policies import POLICIES, RANDOM_RANGE, DispatchContext, ordinal_offset, static_table
+from .dispatch import POLICIES
 from .dispatch.kernels import dispatch_step, reference_step
+from .dispatch.policies import RANDOM_RANGE, DispatchContext, ordinal_offset, static_table
 from .placement import View, full_view
-from .registry import name_of
-from .replay import ReplayConfig, replay
+from .replay import replay, resolve_device
+from .spec import RunSpec
 from .solvers import solve
 from .topology import Topology
 from .traces.trace import Trace
@@ -198,14 +199,14 @@ def roofline(prob: Problem) -> list[Callable[[], Any]]:
 def check_against_reference(policy: str, prob: Problem) -> None:
     """Raise BenchMismatch unless ours and the straightforward expression both equal the
     reference policy on `prob` (random: every generator seeded identically)."""
-    fn = POLICIES[policy]
-    expected = reference_step(fn, prob.ids, prob.view, prob.context(prob.generator())).reshape(-1)
+    expected = reference_step(POLICIES[policy], prob.ids, prob.view,
+                              prob.context(prob.generator())).reshape(-1)
     got = {"ours": ours(policy, prob, prob.generator()).reshape(-1),
            "straightforward": straightforward(policy, prob, prob.generator())}
     for who, phys in got.items():
         if phys.shape != expected.shape or not torch.equal(phys.long(), expected):
             bad = (phys.long() != expected).sum() if phys.shape == expected.shape else "shape"
-            raise BenchMismatch(f"{who} {name_of(fn)} differs from the reference policy at "
+            raise BenchMismatch(f"{who} {policy} differs from the reference policy at "
                                 f"N={prob.n} on {prob.device} ({bad} pairs)")
 
 
@@ -247,13 +248,6 @@ def best_time(fn: Callable[[], Any], device: str | torch.device, repeats: int = 
 def _rate(seconds: float, n: int) -> tuple[float, float]:
     """(ns per pair, effective GB/s at `BYTES_PER_PAIR` bytes a pair)."""
     return seconds * 1e9 / n, BYTES_PER_PAIR * n / seconds / 1e9
-
-
-def resolve_device(name: str = "auto") -> str:
-    """`auto` -> cuda where torch sees a device, else cpu."""
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return name
 
 
 def warm_up_kernels(device: str, policies: Sequence[str] = BENCH_POLICIES) -> None:
@@ -312,9 +306,9 @@ def skewed_trace(steps: int, tokens: int, layers: int, seed: int = 0) -> Trace:
     return Trace(ids, offsets, EXPERTS, None, meta)
 
 
-def _replay_config(policy: str, device: str, seed: int) -> ReplayConfig:
-    return ReplayConfig(policy=policy, mode="none", num_gpus=GPUS, gpus_per_node=GPUS_PER_NODE,
-                        num_redundant=REDUNDANT, seed=seed, device=device)
+def _replay_spec(policy: str, device: str, seed: int) -> RunSpec:
+    return RunSpec.of(policy=policy, mode="none", gpus=GPUS, gpus_per_node=GPUS_PER_NODE,
+                      redundant=REDUNDANT, seed=seed, device=device)
 
 
 def replay_throughput(device: str = "auto", steps: int | None = None, tokens: int | None = None,
@@ -339,10 +333,10 @@ def replay_throughput(device: str = "auto", steps: int | None = None, tokens: in
     pairs = S * T * L * TOP_K
     rows = []
     for policy in policies:
-        replay(tiny, _replay_config(policy, device, seed))
+        replay(tiny, _replay_spec(policy, device, seed))
         _sync(torch.device(device))
         t0 = time.perf_counter()
-        replay(trace, _replay_config(policy, device, seed))
+        replay(trace, _replay_spec(policy, device, seed))
         _sync(torch.device(device))
         seconds = time.perf_counter() - t0
         rows.append({"kind": "replay", "policy": policy, "device": device, "mode": "none",
@@ -376,7 +370,7 @@ def format_dispatch_table(rows: Sequence[dict[str, Any]]) -> str:
     head = [(f"dispatch on {device}: DeepSeek-V3 shape E={EXPERTS}, K={TOP_K}, P={SLOTS}, "
              f"G={GPUS} ({GPUS // GPUS_PER_NODE} nodes of {GPUS_PER_NODE}), one layer, "
              f"T = N/{TOP_K} tokens"),
-            (f"str = straightforward torch expression, ours = eplbsim.kernels.dispatch_step, "
+            (f"str = straightforward torch expression, ours = eplbsim.dispatch.kernels.dispatch_step, "
              f"roof = roofline ({roof})"),
             (f"GB/s at {BYTES_PER_PAIR} bytes/pair (int32 id in, int64 slot out); ratios are "
              f"time ratios: lower is better, < 1 means ours is faster")]

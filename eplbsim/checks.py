@@ -15,12 +15,10 @@ from dataclasses import dataclass
 
 import torch
 
-from .dispatch.policies import DispatchContext, Policy, resolve_policy
+from .dispatch import Policy, resolve_policy
 from .errors import InputError
-from .dispatch.kernels import dispatch_step
-from .placement import Placement, View, rank_view
-from .ranks import check_choices, make_rank_generators
-from .registry import name_of
+from .placement import Placement, rank_view
+from .ranks import MODES, Epoch, make_ranks, rank_groups
 
 
 def _as_step(topk_ids: torch.Tensor) -> torch.Tensor:
@@ -34,33 +32,23 @@ def _as_step(topk_ids: torch.Tensor) -> torch.Tensor:
     return ids
 
 
-def _rank_choices(policy: Policy, ids: torch.Tensor, placement: Placement, view: str,
-                  rng: str, seed: int, step: int, mode: str) -> list[torch.Tensor]:
-    """Every rank's choices `[T, L, K]` for one step, each from its own view and generator."""
+def _rank_choices(policy: str | Policy, ids: torch.Tensor, placement: Placement, view: str,
+                  rng: str, seed: int, steps: range, mode: str) -> torch.Tensor:
+    """Every rank's choices for the same ids dispatched as each step of `steps` in turn, each
+    rank with its own view and generator, through the mode's rank step: int64
+    `[len(steps), G, T, L, K]` (-1 outside a rank's own rows in "a2a")."""
     G = placement.topology.num_gpus
     if ids.shape[1] != placement.num_layers:
         raise InputError(f"topk_ids have {ids.shape[1]} layers; the placement has "
                          f"{placement.num_layers}")
     if ids.numel() and (int(ids.min()) < -1 or int(ids.max()) >= placement.num_experts):
         raise InputError(f"topk_ids hold ids outside [-1, {placement.num_experts})")
-    gens = make_rank_generators(rng, seed, G)
-    out = []
-    for r in range(G):
-        known: View = rank_view(view, placement, r)
-        ctx = DispatchContext(step, 0, r, seed, gens.generators[r], mode)
-        kept = ids.clone()
-        try:
-            phys = dispatch_step(policy, ids, known, ctx)
-        except InputError:
-            raise
-        except Exception as exc:  # a notebook prototype's bug, said as such
-            raise InputError(f"policy {name_of(policy)} raised {type(exc).__name__} on rank "
-                             f"{r}: {exc}") from exc
-        if not torch.equal(ids, kept):
-            raise InputError(f"policy {name_of(policy)} modified the topk_ids it was given")
-        check_choices(phys, ids, placement, policy)
-        out.append(phys.long())
-    return out
+    name, entry = resolve_policy(policy)
+    ranks = make_ranks(rng, seed, G)
+    views = tuple(rank_view(view, placement, r) for r in range(G))
+    epoch = Epoch(name, entry, placement, ranks, views, rank_groups(views, entry), G, mode,
+                  seed, keep_choices=True)
+    return torch.stack([MODES[mode](epoch, step, ids).choices for step in steps])
 
 
 def check_policy(policy: str | Policy, topk_ids: torch.Tensor, placement: Placement, *,
@@ -70,10 +58,8 @@ def check_policy(policy: str | Policy, topk_ids: torch.Tensor, placement: Placem
     at the first broken promise: not an integer `[T, K]` result, a slot that does not hold the
     routed expert, anything but -1 at padding, an exception, or a modified input. Returns None
     when the policy keeps its contract."""
-    fn = resolve_policy(policy)
-    ids = _as_step(topk_ids)
-    for step in range(steps):
-        _rank_choices(fn, ids, placement, view, "independent", seed, step, mode)
+    _rank_choices(policy, _as_step(topk_ids), placement, view, "independent", seed,
+                  range(steps), mode)
 
 
 @dataclass(frozen=True)
@@ -98,9 +84,9 @@ def rank_invariance(policy: str | Policy, topk_ids: torch.Tensor, placement: Pla
     topology, each with its own view (`full` or `nearest`) and generator (related as `rng`),
     in "none" mode, and compare the choices. A rank-invariant policy agrees everywhere whatever
     the ranks' generators; InputError if it breaks its contract (`check_policy`)."""
-    fn = resolve_policy(policy)
     ids = _as_step(topk_ids)
-    choices = torch.stack(_rank_choices(fn, ids, placement, view, rng, seed, step, "none"))
+    choices = _rank_choices(policy, ids, placement, view, rng, seed, range(step, step + 1),
+                            "none")[0]
     valid = ids >= 0
     agree = (choices == choices[0]).all(0) & valid  # [T, L, K]
     total = int(valid.sum())

@@ -5,94 +5,63 @@ Dimensions: `S` steps, `T` tokens in a step, `L` layers, `E` logical experts, `K
 
 Each rank is one process holding only what an EP rank of a serving engine holds: its rank id,
 its view of the placement, its own random generator (related to the others' as `independent`,
-`shared` or `drift`, exactly as in the simulation), and in "a2a" only its own tokens (it reads
-the trace and keeps its rows). It runs the simulation's policy functions
-(`kernels.dispatch_step`) on its device. Per step (all layers at once):
-  - "none": every rank dispatches every token; the choices are all-gathered (agreement); each
-    rank executes the pairs it sent to itself with the toy MoE layer and the partial outputs
-    `[L, T, D]` are all-reduced, exactly the mechanism that corrupts outputs when ranks
-    disagree; the executed masks are all-reduced into the multiplicity `c` of every pair;
-  - "a2a": each rank dispatches its own tokens; the choices are all-gathered (each pair goes
-    to one GPU, `c = 1`); agreement and output error are undefined, as in the simulation;
+`shared` or `drift`, exactly as in the simulation), and in "a2a" only its own tokens (it
+dispatches its rows alone). It runs the very step the simulation runs (`ranks.MODES`, through
+`replay.run_steps`) with the group's all-reduce and all-gather as its `Collectives`, so per
+step (all layers at once):
+  - "none": every rank dispatches every token; the ranks' choices are all-gathered
+    (agreement); each rank executes the pairs it sent to itself with the toy MoE layer and the
+    partial outputs `[L, T, D]` are all-reduced, exactly the mechanism that corrupts outputs
+    when ranks disagree; the executed masks are all-reduced into the multiplicity `c`;
+  - "a2a": each rank dispatches its own tokens (each pair goes to one GPU, `c = 1`);
+    agreement and output error are undefined, as in the simulation;
   - the executed slot loads are all-reduced.
-The routed counts are all-reduced before the run and rank 0 solves the schedule and broadcasts
-every placement, as an engine's rebalancer does. Rank 0 turns what it gathered into the same
-metrics as `replay` (`replay.measured`), runs the in-process simulation of the same
-configuration, and reports both side by side. Toy-MoE pair outputs lie on a dyadic grid
-(`moe.GRID_BITS`) so the all-reduce sums exactly and every metric is expected to match bit for
-bit.
+The routed counts are all-reduced before the run (each rank counts the tokens it owns) and
+rank 0 solves the schedule and broadcasts every placement, as an engine's rebalancer does.
+Rank 0 turns what it gathered into `Results`, runs the in-process simulation of the same spec,
+and reports both side by side. Toy-MoE pair outputs lie on a dyadic grid (`moe.GRID_BITS`) so
+the all-reduce sums exactly and every metric is expected to match bit for bit.
 
 Backends: gloo on CPU, NCCL on CUDA. `launch` spawns `G` local processes (127.0.0.1, a free
 port); `join_launched` joins a group started by `torchrun` (environment `RANK`, `WORLD_SIZE`,
 `MASTER_ADDR`, `MASTER_PORT`), so one command runs across hosts. A rank that dies or raises, a
 port in use, or a collective that hangs past `timeout` ends the whole group with one
-`GroupFailure` message; `launch` leaves no process behind.
+`GroupFailure` message; `launch` leaves no process behind. `EPLBSIM_RANK_HOOK=module:function`
+(`RANK_HOOK`) is called with the rank id in every spawned rank before it joins the group: a
+place for instrumentation (the tests inject their faults through it).
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import signal
 import socket
 import tempfile
 import time
-from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 
-from . import metrics as M
-from .dispatch.policies import DispatchContext, resolve_policy
 from .errors import InputError
-from .dispatch.kernels import dispatch_step
-from .moe import error_terms, make_toy_moe, pair_outputs, token_inputs
-from .placement import Placement, rank_view
-from .ranks import (MODES, check_choices, drift_before_step, flat_index,
-                    make_rank_generators, token_owners)
-from .schedule.plan import Segment, plan
-from .replay import ReplayConfig, Results, measured, replay
-from .timeseries import Counters, placement_epochs
-from .topology import Topology
-from .traces.trace import Trace
-from .traces.directory import open_trace
+from .placement import Placement
+from .ranks import Collectives, flat_index, token_owners
+from .replay import replay, run_steps, schedule_of
+from .results import Results
+from .schedule.plan import Segment
+from .spec import RunSpec
 
 STARTUP_SECONDS = 300  # how long ranks may take to start and meet (imports are slow)
+RANK_HOOK = "EPLBSIM_RANK_HOOK"  # "module:function", called with the rank id in each spawned rank
 
 
 class GroupFailure(Exception):
     """The process group could not finish: a rank died or raised, a port was taken, or a
     collective timed out. The message says which and why, in one line."""
-
-
-@dataclass(frozen=True)
-class TraceSource:
-    """How every rank gets the trace: a file (`path`) or a seeded scenario (`scenario` with
-    `options`: sizes, seed and scenario options for `synth.synthesize`)."""
-
-    path: str | None = None
-    scenario: str | None = None
-    options: dict[str, Any] = field(default_factory=dict)
-
-    def load(self) -> Trace:
-        if self.path is not None:
-            return open_trace(self.path)
-        from .traces.synth import synthesize
-        return synthesize(self.scenario, **self.options)
-
-
-@dataclass(frozen=True)
-class Fault:
-    """A fault to inject (for tests of clean failure): at `step` of the first configuration,
-    rank `rank` dies (`"die"`: killed by SIGKILL), hangs (`"hang"`: sleeps, never joining the
-    next collective) or raises (`"raise"`)."""
-
-    rank: int
-    kind: str
-    step: int = 0
 
 
 def compare_metrics(real: dict[str, Any], sim: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -102,115 +71,65 @@ def compare_metrics(real: dict[str, Any], sim: dict[str, Any]) -> dict[str, dict
             for key, value in real.items()}
 
 
+def torch_collectives(group: Any, device: torch.device) -> Collectives:
+    """The group's all-reduce (sum) and all-gather, on `device` (NCCL needs CUDA tensors)."""
+    def all_reduce(tensor: torch.Tensor) -> torch.Tensor:
+        out = tensor.to(device).clone()
+        dist.all_reduce(out, group=group)
+        return out
+
+    def all_gather(tensor: torch.Tensor) -> torch.Tensor:
+        tensor = tensor.to(device).contiguous()
+        parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(parts, tensor, group=group)
+        return torch.stack(parts)
+
+    return Collectives(all_reduce, all_gather)
+
+
 # ----------------------------------------------------------------------------- one rank
 
-def run_rank(trace: Trace, cfg: ReplayConfig, rank: int, device: torch.device,
-             group: Any = None, fault: Fault | None = None) -> Results | None:
-    """Run `cfg` as rank `rank` of the initialised default process group (`G` = its size,
-    which must equal `cfg.num_gpus`). Returns rank 0's measured Results, None elsewhere."""
+def run_rank(trace: Any, spec: RunSpec, rank: int, device: torch.device,
+             group: Any = None) -> Results | None:
+    """Run `spec` as rank `rank` of the initialised process group (`G` = its size, which must
+    equal the spec's GPUs). Returns rank 0's Results, None elsewhere."""
     G = dist.get_world_size(group)
-    if cfg.num_gpus != G:
-        raise InputError(f"the configuration has {cfg.num_gpus} GPUs; the group has {G} ranks")
-    if cfg.mode not in MODES:
-        raise InputError(f"unknown mode {cfg.mode!r}; choose one of {', '.join(MODES)}")
-    policy = resolve_policy(cfg.policy)
-    S, L, E, K = trace.num_steps, trace.num_layers, trace.num_experts, trace.top_k
-    a2a = cfg.mode == "a2a"
-
-    # routed counts: all tokens in "none"; in "a2a" each rank's own, all-reduced
-    own = [_own_rows(trace, s, G, rank) if a2a else None for s in range(S)]
-    if a2a:
-        true_load = _all_reduce(torch.stack([_counts(trace.step(s)[rows], E)
-                                             for s, rows in enumerate(own)]), device, group)
-    else:
-        true_load = trace.counts()  # [S, L, E]
-    segments = _broadcast_plan(true_load, cfg, trace, rank, group)
-
-    gens = make_rank_generators(cfg.rng, cfg.seed, G, device, cfg.drift_p, ranks=[rank])
-    moe = make_toy_moe(L, E, cfg.hidden, cfg.seed, device) if not a2a else None
-    P = segments[0].placement.num_slots
-    slot_load = torch.zeros(S, L, P, dtype=torch.int64)
-    counters = Counters.zeros(S, L, G)
-    agreed, valid, mult, error, drifted = (counters.agreed, counters.valid, counters.mult,
-                                           counters.error, counters.drift)
-    for start, stop, placement in placement_epochs(segments):
-        view = rank_view(cfg.view, placement, rank).to(device)
-        slot_gpu = placement.slot_gpu.to(device)
-        for s in range(start, stop):
-            if fault is not None and fault.rank == rank and fault.step == s:
-                _inject(fault)
-            ids = trace.step(s).to(device)  # [T, L, K] every token
-            mine = ids if own[s] is None else ids[own[s].to(device)]  # [T_r, L, K]
-            hit = drift_before_step(gens, [mine.shape[0] * K])[0]
-            drifted[s] = _all_gather(torch.tensor([int(hit)], device=device), group).view(G).bool()
-            ctx = DispatchContext(s, 0, rank, cfg.seed, gens.generators[0], cfg.mode,
-                                  cfg.rank_offset)
-            phys = dispatch_step(policy, mine, view, ctx).long()  # [T_r, L, K]
-            check_choices(phys, mine, placement, policy)
-            if a2a:
-                executed_by_me = None
-                counted_pairs = mine >= 0  # this rank's pairs, each executed once where sent
-            else:
-                chosen_all = _all_gather(phys, group)  # [G, T, L, K]
-                executed_by_me = (slot_gpu[phys.clamp(min=0)] == rank) & (ids >= 0)
-                counted_pairs = executed_by_me
-                agreed[s] = ((chosen_all == chosen_all[0]).all(0) & (ids >= 0)).sum((0, 2)).cpu()
-            counted = torch.bincount(flat_index(phys, P)[counted_pairs],
-                                     minlength=L * P).view(L, P)
-            slot_load[s] = _all_reduce(counted, device, group).cpu()
-            valid_pairs = (mine >= 0).sum((0, 2))  # [L]
-            valid[s] = (_all_reduce(valid_pairs, device, group) if a2a else valid_pairs).cpu()
-            if a2a:
-                mult[s, :, 1] = valid[s]
-                continue
-            c = _all_reduce(executed_by_me.long(), device, group)  # [T, L, K] multiplicity
-            mult[s] = M.multiplicity_counts(c, ids >= 0)
-            error[s] = _all_reduced_error(moe, s, ids, executed_by_me, device, group)
-    if rank != 0:
-        return None
-    return measured(cfg, slot_load, true_load.cpu(), segments, counters)
+    if spec.topology.gpus != G:
+        raise InputError(f"the configuration has {spec.topology.gpus} GPUs; the group has "
+                         f"{G} ranks")
+    comm = torch_collectives(group, device)
+    true_load = comm.all_reduce(_own_counts(trace, rank, G)).cpu()  # [S, L, E]
+    segments = _broadcast_plan(trace, spec, true_load, rank, group)
+    slot_load, counters = run_steps(trace, spec, segments, held=[rank], comm=comm,
+                                    device=str(device))
+    return Results(spec, slot_load, true_load, segments, counters) if rank == 0 else None
 
 
-def _own_rows(trace: Trace, s: int, num_ranks: int, rank: int) -> torch.Tensor:
-    """Rows of step `s` owned by `rank` in "a2a" (`ranks.token_owners`)."""
-    owners = token_owners(int(trace.step_offsets[s + 1] - trace.step_offsets[s]), num_ranks,
-                          trace.step_src_rank(s))
-    return (owners == rank).nonzero().squeeze(1)
+def _own_counts(trace: Any, rank: int, num_ranks: int) -> torch.Tensor:
+    """Routed pairs per (step, layer, expert) of the tokens `rank` owns (`token_owners`):
+    int64 `[S, L, E]`; summed over the ranks, every token counts once."""
+    E = trace.num_experts
+    out = []
+    for s in range(trace.num_steps):
+        ids = trace.step(s)  # [T, L, K]
+        mine = ids[token_owners(ids.shape[0], num_ranks, trace.step_src_rank(s)) == rank]
+        L = ids.shape[1]
+        out.append(torch.bincount(flat_index(mine, E)[mine >= 0],
+                                  minlength=L * E).view(L, E))
+    return torch.stack(out)
 
 
-def _counts(ids: torch.Tensor, num_experts: int) -> torch.Tensor:
-    """Routed pairs per (layer, expert) of ids `[T, L, K]`: int64 `[L, E]`."""
-    L = ids.shape[1]
-    return torch.bincount(flat_index(ids, num_experts)[ids >= 0],
-                          minlength=L * num_experts).view(L, num_experts)
-
-
-def _all_reduced_error(moe: Any, step: int, ids: torch.Tensor, executed_by_me: torch.Tensor,
-                       device: torch.device, group: Any) -> torch.Tensor:
-    """This rank's partial toy-MoE outputs (the pairs it executes), all-reduced over the group,
-    against the exact output: `(||Y - Y_exact||^2, ||Y_exact||^2)` per layer, float64 `[L, 2]`."""
-    T, L, K = ids.shape
-    x, gates = token_inputs(moe, step, T, K)
-    pairs = [pair_outputs(moe, layer, ids[:, layer], x, gates) for layer in range(L)]
-    partial = torch.stack([(p * executed_by_me[:, layer].unsqueeze(-1)).sum(1)
-                           for layer, p in enumerate(pairs)])  # [L, T, D]
-    summed = _all_reduce(partial, device, group)
-    out = [error_terms(summed[layer] - p.sum(1), p.sum(1)) for layer, p in enumerate(pairs)]
-    return torch.tensor(out, dtype=torch.float64).view(L, 2)
-
-
-def _broadcast_plan(true_load: torch.Tensor, cfg: ReplayConfig, trace: Trace, rank: int,
+def _broadcast_plan(trace: Any, spec: RunSpec, true_load: torch.Tensor, rank: int,
                     group: Any) -> tuple[Segment, ...]:
     """Rank 0 solves the schedule; every rank receives the placements (`phy2log`) and the
     segment bounds. Rank 0 keeps its full segments (best placements, rebalance records)."""
-    topo = Topology(cfg.num_gpus, cfg.gpus_per_node)
-    segments = plan(true_load.cpu(), cfg, topo, cfg.num_groups or trace.num_groups or 1) \
-        if rank == 0 else None
+    segments = schedule_of(trace, spec, true_load) if rank == 0 else None
     box = [None if segments is None else
            [(s.start, s.stop, s.placement.phy2log.tolist()) for s in segments]]
     dist.broadcast_object_list(box, src=0, group=group)
     if rank == 0:
         return segments
+    topo = spec.topology.topology()
     placements: dict[str, Placement] = {}
     out = []
     for start, stop, phy2log in box[0]:
@@ -221,46 +140,24 @@ def _broadcast_plan(true_load: torch.Tensor, cfg: ReplayConfig, trace: Trace, ra
     return tuple(out)
 
 
-def _all_reduce(tensor: torch.Tensor, device: torch.device, group: Any) -> torch.Tensor:
-    out = tensor.to(device).clone()
-    dist.all_reduce(out, group=group)
-    return out
-
-
-def _all_gather(tensor: torch.Tensor, group: Any) -> torch.Tensor:
-    """`[...]` from every rank -> `[G, ...]` in rank order."""
-    parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(parts, tensor.contiguous(), group=group)
-    return torch.stack(parts)
-
-
-def _inject(fault: Fault) -> None:
-    if fault.kind == "die":
-        os.kill(os.getpid(), signal.SIGKILL)
-    if fault.kind == "hang":
-        time.sleep(3600)
-    raise RuntimeError(f"injected fault on rank {fault.rank} at step {fault.step}")
-
-
 # ----------------------------------------------------------------------------- a group
 
-def rank_main(rank: int, world_size: int, source: TraceSource, configs: list[ReplayConfig],
-              timeout: float, device_kind: str, fault: Fault | None = None) -> list[dict]:
+def rank_main(rank: int, world_size: int, load: Callable[[], Any], specs: list[RunSpec],
+              timeout: float, device_kind: str) -> list[dict]:
     """Everything one rank does once the default group is initialised: run every
     configuration; then rank 0, alone, runs the in-process simulation of each and returns the
     report rows (`report_row`); [] elsewhere."""
-    device = _device(device_kind, rank)
-    trace = source.load()
+    device = _rank_device(device_kind, rank)
+    trace = load()
     group = dist.new_group(list(range(world_size)), timeout=timedelta(seconds=timeout))
     backend = dist.get_backend(group)
-    configs = [replace(cfg, device=str(device)) for cfg in configs]
-    measured_here = [run_rank(trace, cfg, rank, device, group, fault if i == 0 else None)
-                     for i, cfg in enumerate(configs)]
+    specs = [spec.replace(device=str(device)) for spec in specs]
+    real = [run_rank(trace, spec, rank, device, group) for spec in specs]
     dist.barrier(group)
     if rank != 0:
         return []
-    return [report_row(real, replay(trace, cfg), world_size, backend)
-            for real, cfg in zip(measured_here, configs)]
+    return [report_row(mine, replay(trace, spec), world_size, backend)
+            for mine, spec in zip(real, specs)]
 
 
 def report_row(real: Results, sim: Results, world_size: int, backend: str) -> dict[str, Any]:
@@ -272,7 +169,27 @@ def report_row(real: Results, sim: Results, world_size: int, backend: str) -> di
             "match": all(m["match"] for m in metrics.values())}
 
 
-def _device(kind: str, rank: int) -> torch.device:
+REPORT_COLUMNS = tuple((h, h, None) for h in (
+    "policy", "mode", "rng", "agree", "agree_sim", "c=0", "c=1", "c>=2", "out_err",
+    "out_err_sim", "gpu_imb", "gpu_imb_sim", "match"))
+
+
+def report_cells(row: dict[str, Any]) -> dict[str, Any]:
+    """A report row as the cells of `REPORT_COLUMNS`: real and simulated side by side."""
+    m = row["metrics"]
+    mult = m["multiplicity"]["real"] or {}
+    wrong = [k for k, v in m.items() if not v["match"]]
+    return {"policy": row["policy"], "mode": row["mode"], "rng": row["rng"],
+            "agree": m["rank_agreement"]["real"], "agree_sim": m["rank_agreement"]["sim"],
+            "c=0": mult.get("0"), "c=1": mult.get("1"), "c>=2": mult.get("2+"),
+            "out_err": m["output_rel_error"]["real"],
+            "out_err_sim": m["output_rel_error"]["sim"],
+            "gpu_imb": m["gpu_imbalance"]["real"], "gpu_imb_sim": m["gpu_imbalance"]["sim"],
+            "match": "yes" if not wrong else "NO: " + ",".join(wrong)}
+
+
+def _rank_device(kind: str, rank: int) -> torch.device:
+    """This rank's device: its local GPU for `cuda` (LOCAL_RANK under torchrun), else CPU."""
     if kind == "cuda":
         local = int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count()
         torch.cuda.set_device(local)
@@ -280,19 +197,27 @@ def _device(kind: str, rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def _spawned(rank: int, world_size: int, init_method: str, source: TraceSource,
-             configs: list[ReplayConfig], timeout: float, device_kind: str, out_dir: str,
-             fault: Fault | None) -> None:
+def _run_hook(rank: int) -> None:
+    """Call the `RANK_HOOK` environment variable's `module:function` with the rank, if set."""
+    hook = os.environ.get(RANK_HOOK)
+    if hook:
+        module, _, function = hook.partition(":")
+        getattr(importlib.import_module(module), function)(rank)
+
+
+def _spawned(rank: int, world_size: int, init_method: str, load: Callable[[], Any],
+             specs: list[RunSpec], timeout: float, device_kind: str, out_dir: str) -> None:
     """The body of one spawned process: join the group and run; rank 0 writes the report to
     `out_dir/report.json`; a rank that fails writes `rankN.error` (one line) first."""
     torch.set_num_threads(1)
     backend = "nccl" if device_kind == "cuda" else "gloo"
     try:
+        _run_hook(rank)
         dist.init_process_group(backend, init_method=init_method, rank=rank,
                                 world_size=world_size,
                                 timeout=timedelta(seconds=STARTUP_SECONDS))
         try:
-            rows = rank_main(rank, world_size, source, configs, timeout, device_kind, fault)
+            rows = rank_main(rank, world_size, load, specs, timeout, device_kind)
         finally:
             dist.destroy_process_group()
     except Exception as exc:
@@ -303,13 +228,13 @@ def _spawned(rank: int, world_size: int, init_method: str, source: TraceSource,
         Path(out_dir, "report.json").write_text(json.dumps(rows))
 
 
-def launch(source: TraceSource, configs: list[ReplayConfig], world_size: int, *,
-           device: str = "cpu", port: int = 0, timeout: float = 60.0,
-           fault: Fault | None = None) -> list[dict]:
-    """Spawn `world_size` local processes on 127.0.0.1 (`port`, 0: a free one), run every
-    configuration on them, and return rank 0's report rows. GroupFailure when the group cannot
-    finish, naming the rank at fault; every process is gone when this returns or raises.
-    `timeout` bounds each collective (seconds)."""
+def launch(load: Callable[[], Any], specs: list[RunSpec], world_size: int, *,
+           device: str = "cpu", port: int = 0, timeout: float = 60.0) -> list[dict]:
+    """Spawn `world_size` local processes on 127.0.0.1 (`port`, 0: a free one), each opening
+    the trace with `load` (a picklable callable, e.g. a `functools.partial` of `synthesize`
+    or of `Source.open`), run every spec on them, and return rank 0's report rows.
+    GroupFailure when the group cannot finish, naming the rank at fault; every process is gone
+    when this returns or raises. `timeout` bounds each collective (seconds)."""
     import torch.multiprocessing as mp
     if world_size < 1:
         raise InputError(f"the world size must be a positive integer, got {world_size}")
@@ -318,8 +243,7 @@ def launch(source: TraceSource, configs: list[ReplayConfig], world_size: int, *,
     port = port or _free_port()
     _check_port(port)
     with tempfile.TemporaryDirectory(prefix="eplbsim-ranks-") as tmp:
-        args = (world_size, f"tcp://127.0.0.1:{port}", source, configs, timeout, device, tmp,
-                fault)
+        args = (world_size, f"tcp://127.0.0.1:{port}", load, specs, timeout, device, tmp)
         processes = mp.start_processes(_spawned, args=args, nprocs=world_size, join=False,
                                        start_method="spawn").processes
         try:
@@ -330,7 +254,7 @@ def launch(source: TraceSource, configs: list[ReplayConfig], world_size: int, *,
                     process.kill()
                 process.join()
         if stopped is not None:
-            raise GroupFailure(_failure(processes, stopped, Path(tmp), port, timeout))
+            raise GroupFailure(_group_failure(processes, stopped, Path(tmp), port, timeout))
         return json.loads(Path(tmp, "report.json").read_text())
 
 
@@ -360,7 +284,7 @@ _CONSEQUENCES = ("connection closed by peer", "connection reset by peer", "timed
                  "timeout")
 
 
-def _failure(processes: list, stopped: list[int], tmp: Path, port: int,
+def _group_failure(processes: list, stopped: list[int], tmp: Path, port: int,
              timeout: float) -> str:
     """One line naming the rank at fault: a rank's own error first, then a rank that died,
     then ranks that stopped responding; a port taken while starting is said as such."""
@@ -389,16 +313,16 @@ def _failure(processes: list, stopped: list[int], tmp: Path, port: int,
     return f"rank {first}: {detail}; the group was stopped"
 
 
-def join_launched(source: TraceSource, configs: list[ReplayConfig], *, device: str = "cpu",
+def join_launched(load: Callable[[], Any], specs: list[RunSpec], *, device: str = "cpu",
                   timeout: float = 60.0) -> list[dict]:
     """Join the group `torchrun` launched (one process per rank; `env://` rendezvous) and run
-    every configuration; rank 0 returns the report rows, the others []."""
+    every spec; rank 0 returns the report rows, the others []."""
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     backend = "nccl" if device == "cuda" else "gloo"
     dist.init_process_group(backend, init_method="env://",
                             timeout=timedelta(seconds=STARTUP_SECONDS))
     try:
-        return rank_main(rank, world_size, source, configs, timeout, device)
+        return rank_main(rank, world_size, load, specs, timeout, device)
     except RuntimeError as exc:
         raise GroupFailure(f"rank {rank}: {' '.join(str(exc).split())}") from None
     finally:

@@ -11,23 +11,21 @@ Okabe-Ito colours); this module only decides what each figure shows.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Sequence
-
-from matplotlib.figure import Figure
 
 from . import plots
 from .errors import InputError
 from .metrics import placement_gap
+from .plots import Figure
 from .registry import lookup
-from .replay import ReplayConfig, compare, replay
+from .replay import compare, replay
 from .solvers import solve
+from .spec import RunSpec
 from .traces.synth import synthesize
-from .topology import Topology
 
 SIZES = dict(layers=4, experts=64, top_k=8)
-SETUP = ReplayConfig(num_gpus=8, gpus_per_node=4, num_redundant=16)
+SETUP = RunSpec.of(gpus=8, gpus_per_node=4, redundant=16)
 POLICIES = ["static", "random", "row", "ordinal"]
 
 
@@ -50,8 +48,7 @@ def redundancy_sweep() -> Figure:
     trace = synthesize("skewed", steps=4, tokens=256, seed=0, **SIZES)
     rows = []
     for redundant in (0, 8, 16, 24, 32, 48, 64):
-        for result in compare(trace, POLICIES, ["none"], replace(SETUP,
-                                                                  num_redundant=redundant)):
+        for result in compare(trace, POLICIES, ["none"], SETUP.replace(redundant=redundant)):
             rows.append({**result.row(), "redundant": redundant})
     return plots.redundancy_curves(rows)
 
@@ -62,7 +59,7 @@ def template_replicas() -> Figure:
     `ordinal` (even)."""
     trace = synthesize("template", steps=32, tokens=256, seed=0, **SIZES)
     results = compare(trace, ["row", "ordinal"], ["none"], SETUP)
-    placement = results[0].epochs[0][1]
+    placement = results[0].epochs[0][2]
     load = trace.counts()[:, 0].sum(0)  # [E]
     twins = (placement.logcnt[0] == 2).nonzero().flatten().tolist()
     if not twins:
@@ -76,7 +73,7 @@ def solver_gap() -> Figure:
     layers, as redundancy grows; groups of 16 experts for the hierarchical solvers."""
     trace = synthesize("skewed", steps=16, tokens=512, seed=0, sigma=1.5, **SIZES)
     load = trace.counts().sum(0)  # [L, E]
-    topo = Topology(SETUP.num_gpus, SETUP.gpus_per_node)
+    topo = SETUP.topology.topology()
     rows = []
     for solver, groups in (("deepseek", 1), ("deepseek", 4), ("lpt", 1), ("lpt-hier", 4)):
         label = solver + (" (groups on nodes)" if solver == "deepseek" and groups > 1 else "")
@@ -93,8 +90,8 @@ def rebalance_over_time() -> Figure:
     "a2a")."""
     trace = synthesize("burst", steps=200, tokens=256, seed=0, start=80, length=80, layers=2,
                        experts=64, top_k=8)
-    cfg = replace(SETUP, policy="ordinal", mode="a2a", rebalance_every=40)
-    results = [replay(trace, replace(cfg, predictor=p)) for p in ("window", "ema", "oracle")]
+    spec = SETUP.replace(policy="ordinal", mode="a2a", rebalance_every=40)
+    results = [replay(trace, spec.replace(predictor=p)) for p in ("window", "ema", "oracle")]
     return plots.predictor_time_series(results, highlight=(80, 160))
 
 

@@ -1,14 +1,33 @@
-"""Pure metric functions on executed and promised loads (JSON keys of DESIGN.md §4).
+"""Metrics, each declared once in `METRICS`, and the pure functions they are built from.
 
 Dimensions: `S` steps, `L` layers, `E` logical experts, `P` physical slots, `G` GPUs,
-`R` max replicas. Loads are counts of (token, slot) pairs; undefined values are NaN (per
-(step, layer)) or None (in summaries).
+`R` max replicas, `c` steps of a chunk. Loads are counts of (token, slot) pairs; undefined
+values are NaN (per step and layer) or None (in summaries).
+
+A :class:`Metric` is either
+- per-(step, layer) components, a function of a :class:`Chunk` (a stretch of steps on one
+  placement: executed and routed loads, the rank counters) returning `[c, L]` tensors, and a
+  reduction over any of the two axes (`mean`, `peak`, `total`, `ratio`, `root_ratio`,
+  `shares`), so the same entry gives the run's figure, one per step, or one per (step, layer);
+- or a figure only the whole run defines (`whole`, a function of the `Results`).
+The summary (`Results.metrics`), rows, JSON, CSV, text tables and time series all iterate
+`METRICS` in order: adding a metric is one function and one entry. Keys are DESIGN.md §4's,
+then the decomposition of the executed imbalance (`factor_*`, below) and the migration totals.
+
+Decomposition, per (step, layer), of the executed `gpu_imbalance` into three factors whose
+product it is:
+  solver     = the segment's best placement's promise on the true loads (`Segment.best`)
+  prediction = the promise of the placement in service / the best one's (1 when they agree)
+  dispatch   = the executed imbalance / the promise of the placement in service (1 when the
+               policy splits every expert's pairs evenly over its replicas)
 """
 
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from dataclasses import dataclass, fields
+from functools import cached_property
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -16,14 +35,8 @@ import torch
 from .placement import Placement
 from .solvers.bounds import lower_bound
 
-METRIC_KEYS = ("gpu_imbalance", "balancedness", "replica_skew_mean", "replica_skew_max",
-               "replica_skew_cumulative", "idle_replica_frac", "placement_imbalance",
-               "placement_gap",
-               "rank_agreement", "multiplicity", "output_rel_error")
-# Reported after METRIC_KEYS: the decomposition of gpu_imbalance (timeseries.factors) and the
-# migration totals of the rebalance schedule.
-OVER_TIME_KEYS = ("factor_solver", "factor_prediction", "factor_dispatch", "rebalances",
-                  "moved_slots", "moved_bytes")
+SUMMARY_CHUNK = 128  # steps per chunk: per-replica intermediates stay small
+WHOLE, PER_STEP, PER_LAYER = (0, 1), (1,), ()  # the axes of `[S, L]` a reduction sums over
 
 
 def gpu_loads(slot_load: torch.Tensor, num_gpus: int) -> torch.Tensor:
@@ -112,13 +125,6 @@ def nanmax_or_none(values: torch.Tensor) -> float | None:
     return float(values.max()) if values.numel() else None
 
 
-def multiplicity_fractions(counts: Sequence[int]) -> dict[str, float | None]:
-    """`{"0": f0, "1": f1, "2+": f2}` from pair counts with c = 0, 1, >= 2."""
-    total = sum(counts)
-    keys = ("0", "1", "2+")
-    return {k: (c / total if total else None) for k, c in zip(keys, counts)}
-
-
 def multiplicity_counts(multiplicity: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """Pair counts with c = 0, 1, >= 2 per layer among `valid` pairs of `multiplicity
     [T, L, K]`: int64 `[L, 3]`."""
@@ -140,3 +146,354 @@ def placement_gap(placement: Placement, load: torch.Tensor | np.ndarray) -> torc
                                          placement.num_slots, placement.topology.num_gpus))
     bound = bound.view(load.shape[:-1])  # [..., L]
     return torch.where(bound > 0, peak / torch.where(bound > 0, bound, 1.0), math.nan)
+
+
+def placement_report(placement: Placement, load: torch.Tensor) -> dict[str, Any]:
+    """What a placement promises on `load [L, E]`: `placement_imbalance` (mean over layers of
+    the even split's max / mean GPU load), `placement_gap` (mean over layers) and
+    `placement_gap_per_layer` (`[L]`)."""
+    promised = gpu_loads(placement.expected_load(load), placement.topology.num_gpus)
+    gap = placement_gap(placement, load)
+    return {"placement_imbalance": nanmean_or_none(gpu_imbalance(promised)),
+            "placement_gap": nanmean_or_none(gap), "placement_gap_per_layer": gap.tolist()}
+
+
+# ----------------------------------------------------------------------------- what ranks count
+
+@dataclass(frozen=True)
+class Counters:
+    """Per-(step, layer) counts of the rank model.
+
+    agreed:       int64 `[S, L]` pairs on which all ranks chose the same slot (0 in "a2a")
+    valid:        int64 `[S, L]` non-padding pairs
+    multiplicity: int64 `[S, L, 3]` valid pairs executed 0, 1, >= 2 times
+    error:        float64 `[S, L, 2]` (||Y - Y_exact||^2, ||Y_exact||^2) of the toy layer
+    drift:        bool `[S, G]` ranks that consumed an extra batch of draws before the step
+    """
+
+    agreed: torch.Tensor
+    valid: torch.Tensor
+    multiplicity: torch.Tensor
+    error: torch.Tensor
+    drift: torch.Tensor
+
+    @classmethod
+    def zeros(cls, num_steps: int, num_layers: int, num_ranks: int) -> "Counters":
+        """All-zero counters for `S` steps, `L` layers and `G` ranks, filled step by step."""
+        S, L = num_steps, num_layers
+        return cls(torch.zeros(S, L, dtype=torch.int64), torch.zeros(S, L, dtype=torch.int64),
+                   torch.zeros(S, L, 3, dtype=torch.int64),
+                   torch.zeros(S, L, 2, dtype=torch.float64),
+                   torch.zeros(S, num_ranks, dtype=torch.bool))
+
+    def steps(self, lo: int, hi: int) -> "Counters":
+        """The counters of steps `[lo, hi)` (views)."""
+        return Counters(**{f.name: getattr(self, f.name)[lo:hi] for f in fields(self)})
+
+
+# ----------------------------------------------------------------------------- chunks
+
+@dataclass(frozen=True, eq=False)
+class Chunk:
+    """Steps `[lo, hi)` on one placement: what every metric's components read.
+
+    routed:    int64 `[c, L, E]` routed pairs per logical expert
+    executed:  int64 `[c, L, P]` executed pairs per slot, or None (counts only)
+    counters:  the rank counters of these steps, or None (counts only)
+    placement: the placement in service; best: the segment's best placement
+    moved:     int64 `[c, L]` slots whose expert changed at each step (a rebalance)
+    num_gpus:  `G`
+    """
+
+    lo: int
+    hi: int
+    routed: torch.Tensor
+    executed: torch.Tensor | None
+    counters: Counters | None
+    placement: Placement
+    best: Placement
+    moved: torch.Tensor
+    num_gpus: int
+
+    @cached_property
+    def gpu_load(self) -> torch.Tensor:
+        """Executed pairs per GPU, float64 `[c, L, G]`."""
+        return gpu_loads(self.executed, self.num_gpus)
+
+    @cached_property
+    def imbalance(self) -> torch.Tensor:
+        """Executed max / mean GPU load, `[c, L]`."""
+        return gpu_imbalance(self.gpu_load)
+
+    @cached_property
+    def promise(self) -> torch.Tensor:
+        """The placement in service's even-split GPU imbalance on the routed loads, `[c, L]`."""
+        return _promise(self.placement, self.routed, self.num_gpus)
+
+    @cached_property
+    def best_promise(self) -> torch.Tensor:
+        """The best placement's even-split GPU imbalance, `[c, L]`."""
+        return (self.promise if self.best is self.placement
+                else _promise(self.best, self.routed, self.num_gpus))
+
+    @cached_property
+    def skew(self) -> torch.Tensor:
+        """Replica skew of every expert, `[c, L, E]`, NaN where undefined."""
+        return replica_skew(self.executed, self.placement)
+
+
+def _promise(placement: Placement, routed: torch.Tensor, num_gpus: int) -> torch.Tensor:
+    """GPU imbalance of `placement`'s even split of `routed [..., L, E]`: `[..., L]`."""
+    return gpu_imbalance(gpu_loads(placement.expected_load(routed), num_gpus))
+
+
+def chunks(slot_load: torch.Tensor | None, true_load: torch.Tensor,
+           counters: Counters | None, segments: Sequence[Any],
+           num_gpus: int) -> list[Chunk]:
+    """The run cut into chunks of at most `SUMMARY_CHUNK` steps within each segment
+    (`schedule.Segment`: `start`, `stop`, `placement`, `best`, `rebalance`)."""
+    S, L, _ = true_load.shape
+    out = []
+    for seg in segments:
+        for lo in range(seg.start, seg.stop, SUMMARY_CHUNK):
+            hi = min(seg.stop, lo + SUMMARY_CHUNK)
+            moved = torch.zeros(hi - lo, L, dtype=torch.int64)
+            if lo == seg.start and seg.rebalance is not None:
+                moved[0] = torch.from_numpy(seg.rebalance.transfers.sum(1))
+            out.append(Chunk(lo, hi, true_load[lo:hi],
+                             None if slot_load is None else slot_load[lo:hi],
+                             None if counters is None else counters.steps(lo, hi),
+                             seg.placement, seg.best, moved, num_gpus))
+    return out
+
+
+# ----------------------------------------------------------------------------- reductions
+# Each takes components `[S, L]` and `dims`, the axes to reduce: WHOLE, PER_STEP or PER_LAYER.
+
+def mean(x: torch.Tensor, *, dims: tuple[int, ...]) -> torch.Tensor:
+    """Mean of the defined (non-NaN) entries; NaN where there are none."""
+    if not dims:
+        return x.to(torch.float64)
+    if dims == WHOLE:
+        values = x[~x.isnan()]
+        return values.mean() if values.numel() else torch.tensor(math.nan, dtype=torch.float64)
+    return x.nanmean(dims)
+
+
+def peak(x: torch.Tensor, *, dims: tuple[int, ...]) -> torch.Tensor:
+    """Max of the defined entries; NaN where there are none."""
+    if not dims:
+        return x
+    defined = (~x.isnan()).sum(dims) > 0
+    return torch.where(defined, x.nan_to_num(-math.inf).amax(dims), math.nan)
+
+
+def total(x: torch.Tensor, *, dims: tuple[int, ...]) -> torch.Tensor:
+    """Plain sum (integers stay integers)."""
+    return x.sum(dims) if dims else x
+
+
+def _divide(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
+    """num / den as float64, NaN where den is 0."""
+    num, den = num.to(torch.float64), den.to(torch.float64)
+    return torch.where(den > 0, num / torch.where(den > 0, den, 1.0), math.nan)
+
+
+def ratio(num: torch.Tensor, den: torch.Tensor, *, dims: tuple[int, ...]) -> torch.Tensor:
+    """sum(num) / sum(den): a pooled ratio of counts; NaN where the denominator is 0."""
+    return _divide(total(num, dims=dims), total(den, dims=dims))
+
+
+def root_ratio(num: torch.Tensor, den: torch.Tensor, *, dims: tuple[int, ...]) -> torch.Tensor:
+    """sqrt(sum(num) / sum(den)): a relative norm from squared norms."""
+    return ratio(num, den, dims=dims).sqrt()
+
+
+def shares(*counts: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
+    """Each count's share of their sum, float64 `[..., n]`; NaN where the sum is 0."""
+    sums = [total(c, dims=dims) for c in counts]
+    whole = sum(sums)
+    return torch.stack([_divide(part, whole) for part in sums], -1)
+
+
+# ----------------------------------------------------------------------------- the registry
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric (module doc).
+
+    header:  its column header in text tables (a tuple, one per sub-key, for `subkeys`)
+    parts:   `Chunk -> tuple of [c, L] tensors`, the per-(step, layer) components; or None
+    reduce:  `(*components, dims) -> tensor`, over the axes `dims` of `[S, L]`
+    whole:   `Results -> value`, for a figure only the whole run defines (then no parts)
+    needs:   what the components read besides routed loads and placements: "executed" (a
+             dispatch ran) or "counters" (the rank counters); None when absent (counts only)
+    modes:   the modes it is defined in (None: every mode)
+    tables:  the text tables showing it ("main", "decomposition")
+    subkeys: for a metric whose value is a dict (`multiplicity`), its keys; flat columns
+             (CSV, time series) are `KEY_SUB`
+    """
+
+    header: str | tuple[str, ...]
+    parts: Callable[[Chunk], tuple[torch.Tensor, ...]] | None = None
+    reduce: Callable[..., torch.Tensor] = mean
+    whole: Callable[[Any], Any] | None = None
+    needs: str | None = None
+    modes: tuple[str, ...] | None = None
+    tables: frozenset[str] = frozenset({"main"})
+    subkeys: tuple[str, ...] | None = None
+
+    def columns(self, key: str) -> list[tuple[str, str, str | None]]:
+        """`(header, row key, sub-key)` of its columns in a text table."""
+        if self.subkeys is None:
+            return [(self.header, key, None)]
+        return [(h, key, sub) for h, sub in zip(self.header, self.subkeys)]
+
+    def flat_keys(self, key: str) -> list[str]:
+        """Its column names in flat tables (CSV, time series)."""
+        return [key] if self.subkeys is None else [f"{key}_{sub}" for sub in self.subkeys]
+
+
+def _skew_parts(chunk: Chunk) -> tuple[torch.Tensor, torch.Tensor]:
+    skew = chunk.skew
+    return skew.nan_to_num(0.0).sum(-1), (~skew.isnan()).sum(-1)
+
+
+def _skew_peak(chunk: Chunk) -> tuple[torch.Tensor]:
+    skew = chunk.skew
+    top = skew.nan_to_num(-math.inf).amax(-1)
+    return (torch.where((~skew.isnan()).any(-1), top, math.nan),)
+
+
+def _skew_cumulative(results: Any) -> float | None:
+    """Max replica skew over (layer, expert) on executed loads summed over each stretch of
+    steps on one placement (exposes slow bias that per-step figures hide)."""
+    skews = [replica_skew(results.slot_load[start:stop].sum(0), placement).flatten()
+             for start, stop, placement in results.epochs]
+    return nanmax_or_none(torch.cat(skews))
+
+
+def _rebalances(results: Any) -> int:
+    """Placements re-solved on the schedule (skipped rebalances excluded)."""
+    return sum(s.rebalance is not None and not s.rebalance.skipped for s in results.segments)
+
+
+def _moved_bytes(results: Any) -> int:
+    """Bytes copied by every rebalance: moved slots x the run's `expert_bytes`."""
+    return int(results.components["moved_slots"][0].sum()) * results.spec.schedule.expert_bytes
+
+
+EXECUTED, COUNTERS = "executed", "counters"
+DECOMPOSITION = frozenset({"decomposition"})
+
+METRICS: dict[str, Metric] = {
+    "gpu_imbalance": Metric("gpu_imb", lambda c: (c.imbalance,), needs=EXECUTED,
+                            tables=frozenset({"main", "decomposition"})),
+    "balancedness": Metric("balanced", lambda c: (balancedness(c.gpu_load),), needs=EXECUTED),
+    "replica_skew_mean": Metric("skew_mean", _skew_parts, ratio, needs=EXECUTED),
+    "replica_skew_max": Metric("skew_max", _skew_peak, peak, needs=EXECUTED),
+    "replica_skew_cumulative": Metric("skew_cum", whole=_skew_cumulative, needs=EXECUTED),
+    "idle_replica_frac": Metric(
+        "idle", lambda c: idle_replicas(c.executed, c.routed, c.placement), ratio,
+        needs=EXECUTED),
+    "placement_imbalance": Metric("promise", lambda c: (c.promise,)),
+    "placement_gap": Metric("gap", lambda c: (placement_gap(c.placement, c.routed),)),
+    "rank_agreement": Metric("agree", lambda c: (c.counters.agreed, c.counters.valid), ratio,
+                             needs=COUNTERS, modes=("none",)),
+    "multiplicity": Metric(("c=0", "c=1", "c>=2"), lambda c: c.counters.multiplicity.unbind(-1),
+                           shares, needs=COUNTERS, subkeys=("0", "1", "2+")),
+    "output_rel_error": Metric("out_err", lambda c: c.counters.error.unbind(-1), root_ratio,
+                               needs=COUNTERS, modes=("none",)),
+    "factor_solver": Metric("solver", lambda c: (c.best_promise,), tables=DECOMPOSITION),
+    "factor_prediction": Metric("prediction", lambda c: (c.promise / c.best_promise,),
+                                tables=DECOMPOSITION),
+    "factor_dispatch": Metric("dispatch", lambda c: (c.imbalance / c.promise,),
+                              needs=EXECUTED, tables=DECOMPOSITION),
+    "rebalances": Metric("rebalances", whole=_rebalances, tables=DECOMPOSITION),
+    "moved_slots": Metric("moved_slots", lambda c: (c.moved,), total, tables=DECOMPOSITION),
+    "moved_bytes": Metric("moved_bytes", whole=_moved_bytes, tables=frozenset()),
+}
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+def components(chunked: Sequence[Chunk], num_steps: int, num_layers: int, present: set[str],
+               metrics: dict[str, Metric] | None = None
+               ) -> dict[str, tuple[torch.Tensor, ...] | None]:
+    """Every per-(step, layer) metric's components over the run, `[S, L]` each, assembled from
+    the chunks in order; None for a metric that needs what the run lacks (`present` holds
+    "executed" and "counters" when the run has them)."""
+    out: dict[str, tuple[torch.Tensor, ...] | None] = {}
+    for key, metric in (METRICS if metrics is None else metrics).items():
+        if metric.parts is None:
+            continue
+        if metric.needs is not None and metric.needs not in present:
+            out[key] = None
+            continue
+        full = None
+        for chunk in chunked:
+            values = metric.parts(chunk)
+            if full is None:
+                full = tuple(torch.empty((num_steps, num_layers), dtype=v.dtype)
+                             for v in values)
+            for dst, v in zip(full, values):
+                dst[chunk.lo:chunk.hi] = v
+        out[key] = full
+    return out
+
+
+def _plain(value: torch.Tensor) -> float | int | None:
+    """A 0-d tensor as a Python number, None for NaN."""
+    if value.is_floating_point():
+        number = float(value)
+        return None if math.isnan(number) else number
+    return int(value)
+
+
+def _defined(metric: Metric, results: Any) -> bool:
+    """Whether `metric` is defined for `results`: its mode ran and what it needs is there."""
+    return ((metric.modes is None or results.spec.dispatch.mode in metric.modes)
+            and (metric.needs is None or metric.needs in results.present))
+
+
+def summary(results: Any, metrics: dict[str, Metric] | None = None) -> dict[str, Any]:
+    """The value of every metric over the whole run of `results` (a `Results`), in order:
+    None where undefined (another mode, or what it needs is absent); a `subkeys` metric as a
+    dict."""
+    out: dict[str, Any] = {}
+    for key, metric in (METRICS if metrics is None else metrics).items():
+        if not _defined(metric, results):
+            out[key] = None
+        elif metric.whole is not None:
+            out[key] = metric.whole(results)
+        else:
+            value = metric.reduce(*results.components[key], dims=WHOLE)
+            out[key] = (_plain(value) if metric.subkeys is None else
+                        {sub: _plain(v) for sub, v in zip(metric.subkeys, value)})
+    return out
+
+
+def time_series(results: Any, per_layer: bool = False,
+                metrics: dict[str, Metric] | None = None) -> dict[str, np.ndarray]:
+    """Every per-(step, layer) metric per step (`per_layer`: per step and layer), as columns of
+    equal length: `step` (and `layer`), `pairs` (routed non-padding pairs), then each metric's
+    flat columns; NaN where undefined. Per step, pooled ratios sum counts over layers first;
+    means average the layers' values, maxima maximise them."""
+    S, L, _ = results.true_load.shape
+    dims = PER_LAYER if per_layer else PER_STEP
+    rows = S * L if per_layer else S
+    columns = ({"step": torch.arange(S)} if not per_layer else
+               {"step": torch.arange(S).repeat_interleave(L), "layer": torch.arange(L).repeat(S)})
+    columns["pairs"] = total(results.true_load.sum(-1), dims=dims)
+    for key, metric in (METRICS if metrics is None else metrics).items():
+        if metric.parts is None:
+            continue
+        names = metric.flat_keys(key)
+        if _defined(metric, results):
+            value = metric.reduce(*results.components[key], dims=dims)
+        else:
+            value = torch.full((rows, len(names)), math.nan, dtype=torch.float64)
+        value = value.reshape(rows, len(names))
+        for i, name in enumerate(names):
+            columns[name] = value[:, i]
+    return {k: v.flatten().numpy() for k, v in columns.items()}

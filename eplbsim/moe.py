@@ -15,9 +15,9 @@ an exactly executed pair adds exactly 0 error.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import math
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -63,26 +63,26 @@ def pair_outputs(moe: ToyMoE, layer: int, topk_ids: torch.Tensor, x: torch.Tenso
     return torch.round(out * 2.0 ** GRID_BITS) / 2.0 ** GRID_BITS
 
 
-def step_error_terms(moe: ToyMoE, step: int, topk_ids: torch.Tensor,
-                     multiplicity: torch.Tensor) -> torch.Tensor:
-    """`(||Y - Y_exact||^2, ||Y_exact||^2)` of every layer of a step, float64 `[L, 2]`, for ids
-    `[T, L, K]` whose pairs were executed `multiplicity [T, L, K]` times."""
+def all_reduced_error_terms(moe: ToyMoE, step: int, topk_ids: torch.Tensor,
+                            executed: torch.Tensor,
+                            all_reduce: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """The toy layer's output error for one step, every layer: float64 `[L, 2]` of
+    `(||Y - Y_exact||^2, ||Y_exact||^2)`.
+
+    topk_ids: `[T, L, K]` the step's ids (every token; -1 padding)
+    executed: int `[T, L, K]` times the ranks of this process executed each pair
+    all_reduce: sums a tensor over the processes of the group (identity in one process)
+    Each process sums the pair outputs of the pairs it executed, `[L, T, D]`; the all-reduce
+    of those partial outputs is `Y`, as a serving engine's all-reduce forms it.
+    """
     T, L, K = topk_ids.shape
     x, gates = token_inputs(moe, step, T, K)
-    return torch.tensor([output_error_terms(pair_outputs(moe, layer, topk_ids[:, layer], x, gates),
-                                            multiplicity[:, layer], topk_ids[:, layer] >= 0)
-                         for layer in range(L)], dtype=torch.float64).view(L, 2)
-
-
-def output_error_terms(pairs: torch.Tensor, multiplicity: torch.Tensor,
-                       valid: torch.Tensor) -> tuple[float, float]:
-    """`(||Y - Y_exact||^2, ||Y_exact||^2)` of one layer for pair outputs `[T, K, D]` executed
-    `multiplicity [T, K]` times; only tokens with a `valid [T, K]` pair not executed exactly
-    once add error."""
-    exact = pairs.sum(1)  # [T, D]
-    extra = torch.where(valid, multiplicity - 1, 0).to(pairs.dtype)  # [T, K]
-    rows = (extra != 0).any(1).nonzero().squeeze(1)
-    return error_terms((extra[rows].unsqueeze(-1) * pairs[rows]).sum(1), exact)
+    pairs = [pair_outputs(moe, layer, topk_ids[:, layer], x, gates) for layer in range(L)]
+    partial = torch.stack([(p * executed[:, layer].unsqueeze(-1)).sum(1)
+                           for layer, p in enumerate(pairs)])  # [L, T, D]
+    summed = all_reduce(partial)
+    terms = [error_terms(summed[layer] - p.sum(1), p.sum(1)) for layer, p in enumerate(pairs)]
+    return torch.tensor(terms, dtype=torch.float64).view(L, 2)
 
 
 def error_terms(diff: torch.Tensor, exact: torch.Tensor) -> tuple[float, float]:

@@ -1,7 +1,13 @@
-"""Placements and loads in the forms a serving engine loads (SGLang's `--init-expert-location`).
+"""Placement files in and out: every JSON form a placement comes in, read by one function
+(`read_phy2log`, `load_placement`), and the forms a serving engine loads (SGLang's
+`--init-expert-location`).
 
 Dimensions: `L` MoE layers (the rows eplbsim solves), `L_model` layers of the model (MoE and
 dense), `E` logical experts, `P` physical slots, `S` steps.
+
+A placement file is JSON in one of three forms: a `solve --json` output (an object with
+`phy2log [L][P]`, and `layers`, the model layer of each row, when solved from real counts), a
+bare `phy2log [L][P]` list, or SGLang's `physical_to_logical_map` object (below).
 
 SGLang reads a JSON object with one of two keys:
 
@@ -21,8 +27,11 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
+import torch
 
 from .errors import InputError
+from .placement import Placement
+from .topology import Topology
 
 PLACEMENT_KEY = "physical_to_logical_map"
 COUNT_KEY = "logical_count"
@@ -168,19 +177,82 @@ def read_sglang_placement(obj_or_path: Any, num_experts: int,
     obj_or_path: the JSON object or a path to its file. The object must pass
     :func:`check_sglang_placement`; `moe_layers` (default: every model layer) selects the rows.
     """
-    if isinstance(obj_or_path, (str, Path)):
-        path = Path(obj_or_path)
-        try:
-            obj = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise InputError(f"{path}: no such file") from None
-        except (OSError, UnicodeDecodeError, ValueError) as exc:
-            raise InputError(f"{path}: not a JSON placement ({exc})") from None
-    else:
-        obj = obj_or_path
+    obj = (read_json(obj_or_path, "a JSON placement") if isinstance(obj_or_path, (str, Path))
+           else obj_or_path)
     check_sglang_placement(obj, num_experts)
     full = np.asarray(obj[PLACEMENT_KEY], dtype=np.int64)  # [L_model, P]
     if moe_layers is None:
         moe_layers = range(full.shape[0])
     layers = check_moe_layers(moe_layers, len(moe_layers), full.shape[0])
     return full[layers]
+
+
+def read_json(path: str | Path, what: str) -> Any:
+    """The JSON document at `path`; InputError naming the file when missing or not JSON."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise InputError(f"{path}: not {what} ({exc})") from None
+
+
+def read_phy2log(data: Any, path: str | Path, num_experts: int,
+                 model_layers: Sequence[int] | None = None,
+                 num_layers: int | None = None) -> np.ndarray:
+    """The `phy2log` int64 `[L, P]` of a placement file's JSON `data` in any of the three forms
+    (module doc). An SGLang map (checked by the engine's rules) with more rows than
+    `num_layers` keeps the rows of `model_layers` (the model layer of each MoE layer); the
+    other forms are checked to be integer rows here and as a placement where they are used
+    (`Placement`, `sglang_placement`). InputError naming `path` otherwise."""
+    if isinstance(data, dict) and PLACEMENT_KEY in data:
+        rows = data[PLACEMENT_KEY]
+        picked = (model_layers if isinstance(rows, list) and num_layers is not None
+                  and len(rows) != num_layers else None)
+        return read_sglang_placement(data, num_experts, picked)
+    if isinstance(data, dict):
+        if data.get("phy2log") is None:
+            raise InputError(f"{path}: a JSON object placement needs a phy2log key")
+        data = data["phy2log"]
+    try:
+        arr = np.asarray(data)
+    except (TypeError, ValueError):
+        arr = None
+    if arr is None or arr.ndim != 2 or not np.issubdtype(arr.dtype, np.integer):
+        raise InputError(f"{path}: phy2log is not a [layers][slots] list of integers")
+    return arr.astype(np.int64)
+
+
+def placement_experts(data: Any, path: str | Path) -> int:
+    """The logical experts of a placement file's JSON `data`: its `logcnt`'s width when it has
+    one (a `solve --json` output), else the largest id in its map + 1."""
+    rows = data
+    if isinstance(data, dict):
+        if data.get("logcnt"):
+            rows = data["logcnt"]
+            return len(rows[0]) if isinstance(rows, list) and rows else 0
+        rows = data.get("phy2log", data.get(PLACEMENT_KEY))
+    try:
+        return max(max(r) for r in rows) + 1
+    except (TypeError, ValueError):
+        raise InputError(f"{path}: phy2log is not a [layers][slots] list of integers") from None
+
+
+def load_placement(value: Any, num_experts: int, topology: Topology, num_layers: int,
+                   model_layers: Sequence[int] | None = None) -> Placement | None:
+    """The Placement a run setting names: None and Placement objects as they are, a path read
+    as a placement file (`read_phy2log`) for `num_layers` layers of `num_experts` experts on
+    `topology`."""
+    if value is None or isinstance(value, Placement):
+        return value  # a Placement object is checked against the run by `schedule.plan`
+    phy2log = read_phy2log(read_json(value, "a JSON placement"), value, num_experts,
+                           model_layers, num_layers)
+    try:
+        placement = Placement(torch.from_numpy(phy2log), num_experts, topology)
+    except InputError as exc:
+        raise InputError(f"{value}: {exc}") from None
+    if placement.num_layers != num_layers:
+        raise InputError(f"{value}: the placement has {placement.num_layers} layers; the trace "
+                         f"has {num_layers}")
+    return placement

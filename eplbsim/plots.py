@@ -13,7 +13,6 @@ metrics `replay` already measured. Colours are the Okabe-Ito palette (colour-bli
 
 from __future__ import annotations
 
-from dataclasses import fields
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -21,7 +20,7 @@ from matplotlib.figure import Figure
 
 from .errors import InputError
 from .registry import name_of
-from .replay import ReplayConfig, Results
+from .results import Results
 
 # Okabe & Ito (2008), "Color Universal Design": safe for the common colour-vision deficiencies.
 OKABE_ITO = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442",
@@ -56,8 +55,8 @@ def policy_comparison(results: Sequence[Results]) -> Figure:
         raise InputError("policy_comparison needs at least one result")
     labels = _labels(results)
     groups = list(dict.fromkeys(labels))  # x positions, in first-seen order
-    modes = list(dict.fromkeys(r.config.mode for r in results))
-    none_idx = [i for i, r in enumerate(results) if r.config.mode == "none"]
+    modes = list(dict.fromkeys(r.spec.dispatch.mode for r in results))
+    none_idx = [i for i, r in enumerate(results) if r.spec.dispatch.mode == "none"]
 
     nrows, ncols = (2 if none_idx else 1), 3
     width = ncols * max(4.6, 0.5 * len(groups) * len(modes) + 1.4)
@@ -114,15 +113,14 @@ def replica_loads_over_time(result: Results, layer: int = 0, experts: int = 4) -
         raise InputError("the result has no placement epochs (was it produced by replay?)")
 
     # placement of every step, from the epoch list
-    starts = [start for start, _ in result.epochs] + [S]
-    step_place = [placement for (start, placement), stop in zip(result.epochs, starts[1:])
+    step_place = [placement for start, stop, placement in result.epochs
                   for _ in range(start, stop)]
     max_cnt = _max_replicas(result, layer)  # [E]
     routed = result.true_load[:, layer].sum(0)  # [E]
     candidates = [e for e in sorted(range(routed.numel()), key=lambda e: (-int(routed[e]), e))
                   if max_cnt[e] >= 2][:experts]
 
-    title = f"{result.policy} dispatch ({result.config.mode} mode): executed load per replica, " \
+    title = f"{result.policy} dispatch ({result.spec.dispatch.mode} mode): executed load per replica, " \
             f"layer {layer}"
     if not candidates:
         fig = Figure(figsize=(7, 2.5), layout="constrained")
@@ -146,7 +144,7 @@ def replica_loads_over_time(result: Results, layer: int = 0, experts: int = 4) -
                   for s, placement in enumerate(step_place)]
             label = f"replica {j}"
             if single_epoch:
-                placement = result.epochs[0][1]
+                placement = result.epochs[0][2]
                 slot = int(placement.log2phy[layer, e, j])
                 label += f" (slot {slot}, GPU {int(placement.slot_gpu[slot])})"
             ax.plot(steps, ys, marker="o", markersize=3, linewidth=1.5,
@@ -194,8 +192,8 @@ def time_series_figure(results: Sequence[Results]) -> Figure:
     labels = [label.replace("\n", ", ") for label in _labels(results)]
     colors = {lb: OKABE_ITO[i % len(OKABE_ITO)] for i, lb in enumerate(dict.fromkeys(labels))}
     for cols, label, r in zip(series, labels, results):
-        style = dict(color=colors[label], linestyle=_MODE_LINES.get(r.config.mode, "-"),
-                     linewidth=1.3, label=f"{label} ({r.config.mode})")
+        style = dict(color=colors[label], linestyle=_MODE_LINES.get(r.spec.dispatch.mode, "-"),
+                     linewidth=1.3, label=f"{label} ({r.spec.dispatch.mode})")
         ax_imb.plot(steps, cols["gpu_imbalance"], **style)
         ax_skew.plot(steps, cols["replica_skew_max"], **style)
     ax_imb.plot(steps, series[0]["placement_imbalance"], color="0.55", linewidth=2.5,
@@ -230,10 +228,10 @@ def time_series_figure(results: Sequence[Results]) -> Figure:
         ax.grid(True, axis="y", alpha=0.3)
         if ax.get_legend_handles_labels()[0] and ax is not ax_skew:  # skew shares imb's key
             ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    cfg = first.config
-    schedule = ("one placement from the whole trace" if cfg.rebalance_every is None else
-                f"rebalance every {cfg.rebalance_every} steps, predictor "
-                f"{name_of(cfg.predictor)}, window {cfg.window or cfg.rebalance_every}")
+    plan = first.spec.schedule
+    schedule = ("one placement from the whole trace" if plan.rebalance_every is None else
+                f"rebalance every {plan.rebalance_every} steps, predictor "
+                f"{name_of(plan.predictor)}, window {plan.window or plan.rebalance_every}")
     fig.suptitle(f"Imbalance over time: solver {first.solver}, {schedule}")
     return fig
 
@@ -321,7 +319,7 @@ def policy_mode_bars(results: Sequence[Results]) -> Figure:
         raise InputError("policy_mode_bars needs at least one result")
     labels = _labels(results)
     groups = list(dict.fromkeys(labels))
-    modes = list(dict.fromkeys(r.config.mode for r in results))
+    modes = list(dict.fromkeys(r.spec.dispatch.mode for r in results))
     fig = Figure(figsize=(7.0, 2.8), layout="constrained")
     for ax, key, ylabel in zip(fig.subplots(1, 2), ("gpu_imbalance", "replica_skew_max"), (
             "GPU imbalance (max / mean GPU load)",
@@ -377,7 +375,7 @@ def replica_loads_pair(results: Sequence[Results], layer: int, expert: int) -> F
     fig = Figure(figsize=(3.5 * len(results), 2.6), layout="constrained")
     axes = fig.subplots(1, len(results), sharey=True, squeeze=False)[0]
     for ax, result in zip(axes, results):
-        (_, placement), = result.epochs[:1]
+        (_, _, placement), = result.epochs[:1]
         n = int(placement.logcnt[layer, expert])
         if n < 2:
             raise InputError(f"expert {expert} has {n} replica in layer {layer}")
@@ -428,9 +426,9 @@ def predictor_time_series(results: Sequence[Results], highlight: tuple[int, int]
         raise InputError("predictor_time_series needs at least one result")
     fig = Figure(figsize=(7.0, 3.8), layout="constrained")
     ax_imb, ax_move = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [2, 1]})
-    width = 0.8 * (results[0].config.rebalance_every or 1) / (len(results) + 1)
+    width = 0.8 * (results[0].spec.schedule.rebalance_every or 1) / (len(results) + 1)
     for i, result in enumerate(results):
-        name = name_of(result.config.predictor)
+        name = name_of(result.spec.schedule.predictor)
         color = OKABE_ITO[i % len(OKABE_ITO)]
         series = result.time_series()
         ax_imb.plot(series["step"], series["gpu_imbalance"], color=color, label=name)
@@ -453,33 +451,31 @@ def predictor_time_series(results: Sequence[Results], highlight: tuple[int, int]
 # ----------------------------------------------------------------------------- helpers
 
 def _labels(results: list[Results]) -> list[str]:
-    """Policy name, plus each setting (solver, view, rng, config field) that differs between
-    results; `rng` and `drift_p` are shown only for `random`, the one policy they affect."""
+    """Policy name, plus each setting (`RunSpec.labels`) that differs between results; `rng`
+    and `drift_p` are shown only for `random`, the one policy they affect."""
     rows = [r.row() for r in results]
-    extra = [k for k in ("solver", "view") if len({row[k] for row in rows}) > 1]
-    fixed = {"policy", "mode", "solver", "view", "placement", "device"}
-    extra += [f.name for f in fields(ReplayConfig) if f.name not in fixed
-              and len({repr(getattr(r.config, f.name)) for r in results}) > 1]
+    fixed = {"policy", "mode", "placement", "device"}
+    extra = [k for k in results[0].spec.labels() if k not in fixed
+             and len({repr(row[k]) for row in rows}) > 1]
     out = []
-    for r, row in zip(results, rows):
+    for row in rows:
         parts = [row["policy"]]
         for k in extra:
             if k in ("rng", "drift_p") and row["policy"] != "random":
                 continue
-            parts.append(f"{k}={row[k] if k in row else getattr(r.config, k)}")
+            parts.append(f"{k}={row[k]}")
         out.append("\n".join(parts))
     return out
 
 
 def _common_title(results: list[Results]) -> str:
-    cfgs = [r.config for r in results]
     bits = ["Policy comparison"]
     solvers = {r.solver for r in results}
     if len(solvers) == 1:
         bits.append(f"solver {solvers.pop()}")
-    for attr, fmt in (("mode", "{} mode"), ("num_gpus", "{} GPUs"),
-                      ("num_redundant", "{} redundant slots")):
-        vals = {getattr(c, attr) for c in cfgs}
+    for name, fmt in (("mode", "{} mode"), ("gpus", "{} GPUs"),
+                      ("redundant", "{} redundant slots")):
+        vals = {r.spec.get(name) for r in results}
         if len(vals) == 1:
             bits.append(fmt.format(vals.pop()))
     return bits[0] + (": " + ", ".join(bits[1:]) if len(bits) > 1 else "")
@@ -498,7 +494,7 @@ def _grouped_ratio_bars(ax: Any, results: list[Results], labels: list[str], grou
     for m_i, mode in enumerate(modes):
         xs, heights, texts, missing = [], [], [], []
         for r, lb in zip(results, labels):
-            if r.config.mode != mode:
+            if r.spec.dispatch.mode != mode:
                 continue
             x = groups.index(lb) + (m_i - (len(modes) - 1) / 2) * width
             v = r.metrics.get(key)
@@ -582,7 +578,7 @@ def _replica_load(result: Results, placement: Any, s: int, layer: int, e: int,
 def _max_replicas(result: Results, layer: int) -> list[int]:
     """Most replicas each expert of `layer` has in any epoch: `[E]` ints."""
     cnt = None
-    for _, placement in result.epochs:
+    for _, _, placement in result.epochs:
         c = placement.logcnt[layer]  # [E]
         cnt = c if cnt is None else cnt.maximum(c)
     return [int(v) for v in cnt]

@@ -1,39 +1,63 @@
-"""The rank model: how `G` EP ranks dispatch a batch, and what each GPU then executes.
+"""The rank model: how `G` EP ranks dispatch one step, and what each GPU then executes.
 
-Dimensions: `T` tokens, `K` top-k, `P` physical slots, `G` GPUs = EP ranks.
+Dimensions: `T` tokens, `L` layers, `K` top-k, `P` physical slots, `G` GPUs = EP ranks,
+`W` processes of a group, `D` hidden size of the toy MoE layer.
 
-- "none" mode: every rank dispatches all `T` tokens with its own view and context; rank `r`
-  executes the pairs whose chosen slot lives on GPU `r`. Pair `(t, k)` is executed
-  `c = #{r : gpu(choice_r) == r}` times; the output is right only if `c == 1` everywhere.
-- "a2a" mode: each token belongs to one source rank, which alone dispatches it; `c == 1`.
+`MODES` holds one step function per mode, and every caller runs the same one: the in-process
+replay (all `G` ranks in one process, `LOCAL` collectives), the policy checkers, and real
+torch.distributed ranks (one rank per process, all-reduce and all-gather passed in as
+`Collectives`). A step function takes an `Epoch` (what the steps on one placement share, for
+the ranks this process holds), the step index, its ids `[T, L, K]` and the trace's source rank
+of each token (`[T]` or None), and returns the `StepOutcome` summed over every process:
+
+- "none": every rank dispatches all `T` tokens with its own view and context; rank `r` executes
+  the pairs whose chosen slot lives on GPU `r`. Pair `(t, k)` is executed
+  `c = #{r : gpu(choice_r) == r}` times; the output is right only if `c == 1` everywhere. The
+  toy MoE layer's partial outputs are all-reduced, the mechanism that corrupts real outputs.
+- "a2a": each token belongs to one source rank, which alone dispatches it (rows counted within
+  its share); every non-padding pair is executed once, where it was sent.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
 
-from .dispatch.policies import RANK_INDEPENDENT, DispatchContext, Policy
-from .errors import InputError
+from .dispatch import DispatchContext, DispatchPolicy
 from .dispatch.kernels import dispatch_step
+from .errors import InputError
+from .metrics import multiplicity_counts
+from .moe import ToyMoE, all_reduced_error_terms
 from .placement import Placement, View
-from .registry import name_of
 
-MODES = ("none", "a2a")
 RNG_RELATIONS = ("independent", "shared", "drift")
 
 
 @dataclass(frozen=True)
-class RankGenerators:
-    """Each rank's random generator, and for "drift" the separate coin that decides, before
-    each step, whether the rank consumes one extra batch of draws."""
+class Collectives:
+    """How the processes of a group combine tensors: `all_reduce` sums a tensor over them,
+    `all_gather` stacks one from each, `[...] -> [W, ...]` in rank order."""
 
-    generators: tuple[torch.Generator, ...]
-    coins: tuple[torch.Generator, ...] | None = None
-    drift_p: float = 0.0
+    all_reduce: Callable[[torch.Tensor], torch.Tensor]
+    all_gather: Callable[[torch.Tensor], torch.Tensor]
+
+
+# One process holding every rank: nothing to combine.
+LOCAL = Collectives(all_reduce=lambda t: t, all_gather=lambda t: t.unsqueeze(0))
+
+
+@dataclass(frozen=True, eq=False)
+class Rank:
+    """One EP rank's own state across the run: its id, its generator (random and lp draw from
+    it) and, for the rng relation "drift", the separate coin that decides before each step
+    whether it consumes one extra batch of draws."""
+
+    rank: int
+    generator: torch.Generator
+    coin: torch.Generator | None = None
 
 
 def _seed(*parts: int) -> int:
@@ -41,96 +65,135 @@ def _seed(*parts: int) -> int:
     return int(np.random.SeedSequence(list(parts)).generate_state(1)[0])
 
 
-def make_rank_generators(relation: str, seed: int, num_ranks: int,
-                         device: torch.device | str = "cpu", drift_p: float = 0.05,
-                         ranks: Sequence[int] | None = None) -> RankGenerators:
-    """Generators for `num_ranks` ranks related as `independent` (rank `r` seeded from
-    `(seed, r)`), `shared` (all seeded from `seed`) or `drift` (as shared, plus coins).
-    `ranks` (default all) picks whose to make: a real rank makes only its own, and gets the
-    same generator as the simulation's rank of that id."""
+def make_ranks(relation: str, seed: int, num_ranks: int, device: torch.device | str = "cpu",
+               ranks: Sequence[int] | None = None) -> tuple[Rank, ...]:
+    """Ranks whose generators are related as `independent` (rank `r` seeded from `(seed, r)`),
+    `shared` (all seeded from `seed`) or `drift` (as shared, plus coins). `ranks` (default all)
+    picks whose to make: a real rank makes only its own, equal to the simulation's rank."""
     if relation not in RNG_RELATIONS:
         raise InputError(f"unknown rng relation {relation!r}; choose one of "
                          f"{', '.join(RNG_RELATIONS)}")
-    if not 0.0 <= drift_p <= 1.0:
-        raise InputError(f"drift_p must lie in [0, 1], got {drift_p}")
-    ranks = range(num_ranks) if ranks is None else ranks
-    seeds = [_seed(seed, r) if relation == "independent" else _seed(seed) for r in ranks]
-    gens = tuple(torch.Generator(device=device).manual_seed(s) for s in seeds)
-    if relation != "drift":
-        return RankGenerators(gens)
-    coins = tuple(torch.Generator().manual_seed(_seed(seed, r, 1)) for r in ranks)
-    return RankGenerators(gens, coins, drift_p)
+    out = []
+    for r in range(num_ranks) if ranks is None else ranks:
+        gen = torch.Generator(device=device).manual_seed(
+            _seed(seed, r) if relation == "independent" else _seed(seed))
+        coin = torch.Generator().manual_seed(_seed(seed, r, 1)) if relation == "drift" else None
+        out.append(Rank(r, gen, coin))
+    return tuple(out)
 
 
-def drift_before_step(gens: RankGenerators, draws_per_rank: Sequence[int]) -> list[bool]:
-    """For "drift": each rank flips its coin and, on heads, consumes `draws_per_rank[r]` extra
-    draws (one batch), as when only some ranks sample. Returns which ranks drifted."""
-    if gens.coins is None:
-        return [False] * len(gens.generators)
+def drift_before_step(ranks: Sequence[Rank], draws_per_rank: Sequence[int],
+                      drift_p: float) -> list[bool]:
+    """For "drift": each rank flips its coin and, on heads (probability `drift_p`), consumes
+    `draws_per_rank[i]` extra draws (one batch), as when only some ranks sample. Returns which
+    ranks drifted (all False for the other relations)."""
     drifted = []
-    for gen, coin, n in zip(gens.generators, gens.coins, draws_per_rank):
-        hit = bool(torch.rand(1, generator=coin) < gens.drift_p)
+    for rank, n in zip(ranks, draws_per_rank):
+        hit = rank.coin is not None and bool(torch.rand(1, generator=rank.coin) < drift_p)
         if hit:
-            torch.randint(0, 65536, (n,), generator=gen, device=gen.device)
+            torch.randint(0, 65536, (n,), generator=rank.generator, device=rank.generator.device)
         drifted.append(hit)
     return drifted
 
 
-@dataclass(frozen=True)
-class StepOutcome:
-    """What the GPUs executed for one step, every layer.
-
-    slot_load:    int64 `[L, P]` pairs executed on each slot
-    multiplicity: int64 `[T, L, K]` times each pair was executed (0 at padding)
-    agreed:       int64 `[L]` pairs on which every rank chose the same slot (None in "a2a")
-    valid:        int64 `[L]` non-padding pairs
-    """
-
-    slot_load: torch.Tensor
-    multiplicity: torch.Tensor
-    agreed: torch.Tensor | None
-    valid: torch.Tensor
+def rank_context(step: int, rank: Rank, mode: str, seed: int,
+                 rank_offset: bool) -> DispatchContext:
+    """The context `rank` dispatches step `step` with (layer 0; step kernels set the layer)."""
+    return DispatchContext(step=step, layer=0, rank=rank.rank, seed=seed,
+                           generator=rank.generator, mode=mode, rank_offset=rank_offset)
 
 
-def check_choices(phys: torch.Tensor, topk_ids: torch.Tensor, placement: Placement,
-                  policy: Policy) -> None:
-    """InputError unless `phys [T, L, K]` holds, for every pair, a slot of its routed expert
-    (and -1 exactly at padding): a wrong policy must not become a silently wrong number."""
-    if phys.shape != topk_ids.shape or phys.dtype not in (torch.int32, torch.int64):
-        raise InputError(f"policy {name_of(policy)} returned {phys.dtype} "
-                         f"{tuple(phys.shape)}, expected integer slots {tuple(topk_ids.shape)}")
-    ids = topk_ids.long()
-    valid = ids >= 0
-    P = placement.num_slots
-    inside = (phys >= 0) & (phys < P)
-    layer = torch.arange(ids.shape[1], device=ids.device).view(1, -1, 1)
-    p2l = placement.phy2log.to(phys.device).reshape(-1)  # [L*P]
-    held = p2l[layer * P + phys.long().clamp(0, P - 1)]
-    bad = torch.where(valid, ~inside | (held != ids), phys != -1)
-    if bool(bad.any()):
-        t, lay, k = bad.nonzero()[0].tolist()
-        raise InputError(f"policy {name_of(policy)} sent pair (token {t}, slot {k}) of "
-                         f"expert {int(ids[t, lay, k])} in layer {lay} to slot "
-                         f"{int(phys[t, lay, k])}, which does not hold that expert")
-
-
-def rank_groups(views: Sequence[View], policy: Policy) -> list[list[int]]:
-    """Ranks whose choices are provably identical, in rank order: for a policy in
-    `RANK_INDEPENDENT` (its choice reads only the ids, the view, step and layer), ranks with
-    equal views; every other policy (rank-variant, or an unknown callable) one rank a group."""
-    if policy not in RANK_INDEPENDENT:
-        return [[r] for r in range(len(views))]
+def rank_groups(views: Sequence[View], policy: DispatchPolicy) -> tuple[tuple[int, ...], ...]:
+    """Positions of `views` whose choices are provably identical, in order: for a rank-invariant
+    policy, ranks with equal views; for every other one, one rank a group."""
+    if not policy.rank_invariant:
+        return tuple((i,) for i in range(len(views)))
     groups: list[list[int]] = []
-    for r, view in enumerate(views):
+    for i, view in enumerate(views):
         for group in groups:
             first = views[group[0]]
             if torch.equal(first.log2phy, view.log2phy) and torch.equal(first.logcnt,
                                                                         view.logcnt):
-                group.append(r)
+                group.append(i)
                 break
         else:
-            groups.append([r])
-    return groups
+            groups.append([i])
+    return tuple(map(tuple, groups))
+
+
+@dataclass(frozen=True, eq=False)
+class Epoch:
+    """What the steps served by one placement share, for the ranks this process holds.
+
+    name, policy: the policy's reported name and its registry entry
+    placement:    the placement in service; `views[i]` is what `ranks[i]` knows of it
+    groups:       positions in `ranks` with provably identical choices (`rank_groups`)
+    num_ranks:    `G`, the group's ranks over every process
+    mode, seed, rank_offset, drift_p: the run's dispatch settings
+    moe:          the toy MoE layer whose output error "none" measures (None: not measured)
+    comm:         how this process's counts combine with the others'
+    keep_choices: return every held rank's choices (the checkers read them)
+    """
+
+    name: str
+    policy: DispatchPolicy
+    placement: Placement
+    ranks: tuple[Rank, ...]
+    views: tuple[View, ...]
+    groups: tuple[tuple[int, ...], ...]
+    num_ranks: int
+    mode: str
+    seed: int = 0
+    rank_offset: bool = False
+    drift_p: float = 0.0
+    moe: ToyMoE | None = None
+    comm: Collectives = LOCAL
+    keep_choices: bool = False
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What the GPUs executed for one step, every layer, summed over the group.
+
+    slot_load:    int64 `[L, P]` pairs executed on each slot (CPU)
+    multiplicity: int64 `[T, L, K]` times each pair was executed (0 at padding)
+    counts:       int64 `[L, 3]` valid pairs executed 0, 1 and >= 2 times (CPU)
+    valid:        int64 `[L]` non-padding pairs (CPU)
+    drifted:      bool `[G]` ranks that consumed an extra batch of draws before the step
+    agreed:       int64 `[L]` pairs on which every rank chose the same slot; None in "a2a"
+    error:        float64 `[L, 2]` the toy layer's `(||Y - Y_exact||^2, ||Y_exact||^2)`; None
+                  in "a2a" or without a toy layer
+    choices:      int64 `[len(ranks), T, L, K]` each held rank's slots, when kept; else None
+    """
+
+    slot_load: torch.Tensor
+    multiplicity: torch.Tensor
+    counts: torch.Tensor
+    valid: torch.Tensor
+    drifted: torch.Tensor
+    agreed: torch.Tensor | None = None
+    error: torch.Tensor | None = None
+    choices: torch.Tensor | None = None
+
+
+def check_choices(phys: torch.Tensor, topk_ids: torch.Tensor, placement: Placement,
+                  name: str) -> None:
+    """InputError unless `phys [T, L, K]` holds, for every pair, a slot of its routed expert
+    (and -1 exactly at padding): a wrong policy must not become a silently wrong number."""
+    if phys.shape != topk_ids.shape or phys.dtype not in (torch.int32, torch.int64):
+        raise InputError(f"policy {name} returned {phys.dtype} {tuple(phys.shape)}, expected "
+                         f"integer slots {tuple(topk_ids.shape)}")
+    ids = topk_ids.long()
+    valid = ids >= 0
+    P = placement.num_slots
+    inside = (phys >= 0) & (phys < P)
+    held = placement.phy2log.to(phys.device).reshape(-1)[flat_index(phys.clamp(0, P - 1), P)]
+    bad = torch.where(valid, ~inside | (held != ids), phys != -1)
+    if bool(bad.any()):
+        t, lay, k = bad.nonzero()[0].tolist()
+        raise InputError(f"policy {name} sent pair (token {t}, slot {k}) of expert "
+                         f"{int(ids[t, lay, k])} in layer {lay} to slot {int(phys[t, lay, k])}, "
+                         f"which does not hold that expert")
 
 
 def flat_index(index: torch.Tensor, width: int) -> torch.Tensor:
@@ -140,39 +203,105 @@ def flat_index(index: torch.Tensor, width: int) -> torch.Tensor:
     return layer * width + index.long()
 
 
-def execute_none(topk_ids: torch.Tensor, views: Sequence[View], policy: Policy,
-                 contexts: Sequence[DispatchContext],
-                 groups: Sequence[Sequence[int]]) -> StepOutcome:
-    """"none" mode for one step `topk_ids [T, L, K]`: every rank dispatches every token with its
-    own view and context, and rank `r` executes the pairs it chose onto GPU `r`.
+def _dispatch(epoch: Epoch, i: int, step: int, topk_ids: torch.Tensor) -> torch.Tensor:
+    """Held rank `i`'s checked choices for `topk_ids [T, L, K]`: int64 `[T, L, K]`."""
+    ctx = rank_context(step, epoch.ranks[i], epoch.mode, epoch.seed, epoch.rank_offset)
+    phys = dispatch_step(epoch.policy, topk_ids, epoch.views[i], ctx, epoch.name)
+    check_choices(phys, topk_ids, epoch.placement, epoch.name)
+    return phys.long()
 
-    One computation serves each group of `groups` (ranks with provably identical choices);
-    every rank of the group still counts on its own: a pair is executed by each member whose
-    GPU holds the group's choice, and agreement compares every group's choices with rank 0's.
-    """
-    placement = views[0].placement
-    G, P, L = len(views), placement.num_slots, topk_ids.shape[1]
-    device = topk_ids.device
+
+def _drift(epoch: Epoch, draws: Sequence[int]) -> torch.Tensor:
+    """Every rank's drift flag for this step, bool `[G]` (held ranks flip, the group gathers)."""
+    hits = torch.tensor(drift_before_step(epoch.ranks, draws, epoch.drift_p), dtype=torch.int64)
+    device = epoch.ranks[0].generator.device
+    return epoch.comm.all_gather(hits.to(device)).reshape(-1).bool().cpu()
+
+
+def _slot_counts(phys: torch.Tensor, executed: torch.Tensor, num_slots: int) -> torch.Tensor:
+    """Pairs of `phys [T, L, K]` executed (where `executed`) on each slot, int64 `[L * P]`."""
+    return torch.bincount(flat_index(phys, num_slots)[executed],
+                          minlength=phys.shape[1] * num_slots)
+
+
+def none_step(epoch: Epoch, step: int, topk_ids: torch.Tensor,
+              src_rank: torch.Tensor | None = None) -> StepOutcome:
+    """"none" mode (module doc) for one step `topk_ids [T, L, K]`; `src_rank` is not used
+    (every rank sees every token).
+
+    One computation serves each group of `epoch.groups`; every rank of the group still counts
+    on its own: a pair is executed by each member whose GPU holds the group's choice. Agreement
+    compares every rank's choices with rank 0's, across processes."""
+    T, L, K = topk_ids.shape
+    device, P = topk_ids.device, epoch.placement.num_slots
+    drifted = _drift(epoch, [T * K] * len(epoch.ranks))
     valid = topk_ids >= 0
-    slot_gpu = placement.slot_gpu.to(device)
-    multiplicity = torch.zeros(topk_ids.shape, dtype=torch.int64, device=device)
+    slot_gpu = epoch.placement.slot_gpu.to(device)
+    executed_here = torch.zeros(topk_ids.shape, dtype=torch.int64, device=device)
     slot_load = torch.zeros(L * P, dtype=torch.int64, device=device)
     agree = valid.clone()
     first = None
-    for group in groups:
-        phys = dispatch_step(policy, topk_ids, views[group[0]], contexts[group[0]])
-        check_choices(phys, topk_ids, placement, policy)
-        member = torch.zeros(G, dtype=torch.bool, device=device)
-        member[list(group)] = True
+    choices: list[torch.Tensor | None] = [None] * len(epoch.ranks)
+    for group in epoch.groups:
+        phys = _dispatch(epoch, group[0], step, topk_ids)
+        member = torch.zeros(epoch.num_ranks, dtype=torch.bool, device=device)
+        member[[epoch.ranks[i].rank for i in group]] = True
         executed = member[slot_gpu[phys.clamp(min=0)]] & valid  # [T, L, K]
-        multiplicity += executed
-        slot_load += torch.bincount(flat_index(phys, P)[executed], minlength=L * P)
+        executed_here += executed
+        slot_load += _slot_counts(phys, executed, P)
         if first is None:
             first = phys
         else:
             agree &= phys == first
-    return StepOutcome(slot_load.view(L, P).cpu(), multiplicity, agree.sum((0, 2)).cpu(),
-                       valid.sum((0, 2)).cpu())
+        for i in group:
+            choices[i] = phys
+    comm = epoch.comm
+    leads = comm.all_gather(first)  # [W, T, L, K] the first held rank of every process
+    split = comm.all_reduce((valid & ~agree).to(torch.int32))  # pairs held ranks split on
+    agree = valid & (split == 0) & (leads == leads[0]).all(0)
+    multiplicity = comm.all_reduce(executed_here)
+    error = (None if epoch.moe is None else
+             all_reduced_error_terms(epoch.moe, step, topk_ids, executed_here, comm.all_reduce))
+    return StepOutcome(comm.all_reduce(slot_load).view(L, P).cpu(), multiplicity,
+                       multiplicity_counts(multiplicity, valid), valid.sum((0, 2)).cpu(),
+                       drifted, agree.sum((0, 2)).cpu(), error,
+                       torch.stack(choices) if epoch.keep_choices else None)
+
+
+def a2a_step(epoch: Epoch, step: int, topk_ids: torch.Tensor,
+             src_rank: torch.Tensor | None = None) -> StepOutcome:
+    """"a2a" mode (module doc) for one step `topk_ids [T, L, K]`: each token's owner is its
+    `src_rank [T]`, else a contiguous share (`token_owners`); each held rank dispatches its own
+    rows (the others' may hold anything: a real rank holds only its own tokens)."""
+    T, L, K = topk_ids.shape
+    device = topk_ids.device
+    owners = token_owners(T, epoch.num_ranks, src_rank).to(device)
+    rows = [(owners == rank.rank).nonzero().squeeze(1) for rank in epoch.ranks]
+    drifted = _drift(epoch, [len(r) * K for r in rows])
+    phys = torch.full(topk_ids.shape, -1, dtype=torch.int64, device=device)
+    mine = torch.zeros(T, dtype=torch.bool, device=device)
+    choices = []
+    for i, own in enumerate(rows):
+        chosen = _dispatch(epoch, i, step, topk_ids[own])
+        phys[own] = chosen
+        mine[own] = True
+        if epoch.keep_choices:  # this rank's pairs only, -1 elsewhere
+            choices.append(torch.full_like(phys, -1).index_copy_(0, own, chosen))
+    sent = (topk_ids >= 0) & mine.view(T, 1, 1)  # [T, L, K] the pairs held ranks sent
+    comm = epoch.comm
+    multiplicity = comm.all_reduce(sent.long())
+    # every pair is dispatched by its owner alone: a valid pair is one that some rank sent
+    slot_load = comm.all_reduce(_slot_counts(phys, sent, epoch.placement.num_slots))
+    return StepOutcome(slot_load.view(L, -1).cpu(), multiplicity,
+                       multiplicity_counts(multiplicity, multiplicity > 0),
+                       comm.all_reduce(sent.sum((0, 2))).cpu(), drifted,
+                       choices=torch.stack(choices) if epoch.keep_choices else None)
+
+
+MODES: dict[str, Callable[..., StepOutcome]] = {
+    "none": none_step,
+    "a2a": a2a_step,
+}
 
 
 def token_owners(num_tokens: int, num_ranks: int,
@@ -188,23 +317,3 @@ def token_owners(num_tokens: int, num_ranks: int,
     sizes = torch.full((num_ranks,), base, dtype=torch.int64)
     sizes[:extra] += 1
     return torch.repeat_interleave(torch.arange(num_ranks), sizes)
-
-
-def execute_a2a(topk_ids: torch.Tensor, owners: torch.Tensor, views: Sequence[View],
-                policy: Policy, contexts: Sequence[DispatchContext]) -> StepOutcome:
-    """"a2a" mode for one step `topk_ids [T, L, K]`: each rank dispatches only its own tokens
-    (rows counted within its share); every non-padding pair is executed once."""
-    placement = views[0].placement
-    P, L = placement.num_slots, topk_ids.shape[1]
-    phys = torch.full(topk_ids.shape, -1, dtype=torch.int64, device=topk_ids.device)
-    owners = owners.to(topk_ids.device)
-    for view, ctx in zip(views, contexts):
-        rows = (owners == ctx.rank).nonzero().squeeze(1)
-        own = topk_ids[rows]
-        chosen = dispatch_step(policy, own, view, ctx)
-        check_choices(chosen, own, placement, policy)
-        phys[rows] = chosen.long()
-    valid = topk_ids >= 0
-    slot_load = torch.bincount(flat_index(phys, P)[valid], minlength=L * P)
-    return StepOutcome(slot_load.view(L, P).cpu(), valid.long(), None,
-                       valid.sum((0, 2)).cpu())

@@ -1,24 +1,32 @@
-"""Lookup in the plain-dict registries (`SOLVERS`, `POLICIES`, `SCENARIOS`, `VIEWS`)."""
+"""Lookup in the plain-dict registries (`SOLVERS`, `POLICIES`, `SCENARIOS`, `VIEWS`, ...)."""
 
 from __future__ import annotations
 
-from typing import Callable, TypeVar
+from typing import Any, Mapping, TypeVar
 
 from .errors import InputError
 
-F = TypeVar("F", bound=Callable)
+F = TypeVar("F")
 
 
-def lookup(registry: dict[str, F], key: str | F, kind: str) -> F:
+def lookup(registry: Mapping[str, F], key: Any, kind: str) -> F:
     """The entry named `key`, or `key` itself when it is a callable (an unregistered
     prototype); InputError listing the choices for an unknown name."""
     if callable(key):
         return key
-    if key not in registry:
+    if not isinstance(key, str) or key not in registry:
         raise InputError(f"unknown {kind} {key!r}; choose one of {', '.join(registry)}")
     return registry[key]
 
 
-def name_of(entry: str | Callable) -> str:
-    """The name to report for a registry entry given by name or as a callable."""
-    return entry if isinstance(entry, str) else getattr(entry, "__name__", repr(entry))
+def name_of(entry: Any, registry: Mapping[str, Any] | None = None) -> str:
+    """The name to report for a registry entry given by name, as an entry object (its key in
+    `registry` when registered there) or as a callable (its `__name__`; an entry with a
+    function `fn`, that function's)."""
+    if isinstance(entry, str):
+        return entry
+    for key, value in (registry or {}).items():
+        if value is entry:
+            return key
+    fn = getattr(entry, "fn", entry)
+    return getattr(fn, "__name__", repr(entry))

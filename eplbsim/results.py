@@ -1,9 +1,13 @@
-"""Results as tables, JSON and CSV (no computation, no plotting).
+"""Results of a run, and their forms: rows, text tables, JSON, CSV (no plotting).
 
-A row is `Results.row()`: `policy`, `solver`, `mode`, `view`, `rng` and the DESIGN.md §4 metric
-keys, with `multiplicity` as `{"0": f0, "1": f1, "2+": f2}` and None where a metric is undefined,
-then the decomposition factors and migration totals. Time series are columns of equal length
-(`Results.time_series()`); migration rows come from `Results.migrations()`.
+Dimensions: `S` steps, `L` layers, `E` logical experts, `P` physical slots, `G` GPUs.
+
+A row is `Results.row()`: every setting of the run (`RunSpec.labels`: policy, mode, view, rng,
+..., solver, ..., gpus, ...) and then every metric of `metrics.METRICS`, with `multiplicity` as
+`{"0": f0, "1": f1, "2+": f2}` and None where a metric is undefined. Flat rows (CSV, sweep
+tables) spread a dict-valued metric into `KEY_SUB` columns and options into `PREFIX.NAME`
+columns. Time series are columns of equal length (`Results.time_series()`); migration rows come
+from `Results.migrations()`.
 """
 
 from __future__ import annotations
@@ -11,40 +15,100 @@ from __future__ import annotations
 import csv
 import json
 import math
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
-LABELS = ("policy", "solver", "mode", "view", "rng")
+import numpy as np
+import torch
 
-# (column header, row key, multiplicity sub-key or None)
-TABLE_COLUMNS = (
-    ("policy", "policy", None),
-    ("mode", "mode", None),
-    ("gpu_imb", "gpu_imbalance", None),
-    ("balanced", "balancedness", None),
-    ("skew_mean", "replica_skew_mean", None),
-    ("skew_max", "replica_skew_max", None),
-    ("skew_cum", "replica_skew_cumulative", None),
-    ("idle", "idle_replica_frac", None),
-    ("promise", "placement_imbalance", None),
-    ("gap", "placement_gap", None),
-    ("agree", "rank_agreement", None),
-    ("c=0", "multiplicity", "0"),
-    ("c=1", "multiplicity", "1"),
-    ("c>=2", "multiplicity", "2+"),
-    ("out_err", "output_rel_error", None),
-)
-# The executed imbalance and its three factors (timeseries module doc), and migration totals.
-DECOMPOSITION_COLUMNS = (
-    ("policy", "policy", None),
-    ("mode", "mode", None),
-    ("gpu_imb", "gpu_imbalance", None),
-    ("solver", "factor_solver", None),
-    ("prediction", "factor_prediction", None),
-    ("dispatch", "factor_dispatch", None),
-    ("rebalances", "rebalances", None),
-    ("moved_slots", "moved_slots", None),
-)
+from . import metrics as M
+from .metrics import METRICS, Counters
+from .placement import Placement
+from .registry import name_of
+from .schedule.migration import migration_rows
+from .schedule.plan import Segment, epochs
+from .spec import Options, RunSpec, knobs
+
+COUNTS_ONLY_POLICY = "(even split)"  # the policy a counts-only run reports: no dispatch ran
+
+
+@dataclass(frozen=True, eq=False)
+class Results:
+    """What one run counted, and everything derived from it.
+
+    spec:      the run's settings
+    slot_load: int64 `[S, L, P]` executed pairs per slot; None for counts only (no dispatch)
+    true_load: int64 `[S, L, E]` routed pairs per logical expert
+    segments:  the schedule's segments in step order (`schedule.Segment`)
+    counters:  the per-(step, layer) rank counts (`metrics.Counters`); None for counts only
+    Derived on first use: `components` (every metric per step and layer), `metrics` (their
+    values over the run, in `METRICS` order).
+    """
+
+    spec: RunSpec
+    slot_load: torch.Tensor | None
+    true_load: torch.Tensor
+    segments: tuple[Segment, ...]
+    counters: Counters | None
+
+    @property
+    def present(self) -> set[str]:
+        """What the run has beyond routed loads: "executed", "counters"."""
+        return {k for k, v in ((M.EXECUTED, self.slot_load), (M.COUNTERS, self.counters))
+                if v is not None}
+
+    @property
+    def epochs(self) -> list[tuple[int, int, Placement]]:
+        """`(start, stop, placement)` of each stretch of steps on one placement."""
+        return epochs(self.segments)
+
+    @cached_property
+    def components(self) -> dict[str, tuple[torch.Tensor, ...] | None]:
+        """Every per-(step, layer) metric's components, `[S, L]` each (`metrics.components`)."""
+        S, L, _ = self.true_load.shape
+        chunked = M.chunks(self.slot_load, self.true_load, self.counters, self.segments,
+                           self.spec.topology.gpus)
+        return M.components(chunked, S, L, self.present)
+
+    @cached_property
+    def metrics(self) -> dict[str, Any]:
+        """Every metric over the whole run (`metrics.summary`)."""
+        return M.summary(self)
+
+    @property
+    def policy(self) -> str:
+        return COUNTS_ONLY_POLICY if self.slot_load is None else self.spec.labels()["policy"]
+
+    @property
+    def solver(self) -> str:
+        """The solver's name, or "given" when a placement served every step."""
+        if self.spec.solver.placement is not None:
+            return "given"
+        return name_of(self.spec.solver.solver)
+
+    def row(self) -> dict[str, Any]:
+        """The run's settings, then its metrics: one table row. A counts-only run reports the
+        policy "(even split)" and "-" for every other dispatch setting."""
+        labels = self.spec.labels()
+        if self.slot_load is None:
+            labels.update({name: "-" for _, name, _ in knobs(("dispatch",))},
+                          policy=COUNTS_ONLY_POLICY)
+        return {**labels, **self.metrics}
+
+    def time_series(self, per_layer: bool = False) -> dict[str, np.ndarray]:
+        """Every per-(step, layer) metric per step (or per step and layer):
+        `metrics.time_series` columns."""
+        return M.time_series(self, per_layer)
+
+    def migrations(self) -> list[dict[str, Any]]:
+        """One row per rebalance point: `schedule.migration.migration_rows`."""
+        return migration_rows(self.segments, self.spec.schedule.expert_bytes)
+
+
+# ----------------------------------------------------------------------------- text tables
+
 MIGRATION_COLUMNS = tuple((key, key, None) for key in (
     "step", "skipped", "balancedness", "moved_slots", "same_gpu", "same_node", "cross_node",
     "bytes"))
@@ -60,21 +124,70 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-def format_table(rows: Iterable[dict[str, Any]], columns: tuple = TABLE_COLUMNS,
-                 labels: int = 2) -> str:
+def table_columns(rows: Sequence[dict[str, Any]], table: str = "main") -> tuple[tuple, int]:
+    """`(columns, labels)` for `format_table`: `policy`, `mode` and every other setting whose
+    value differs between the rows, then the columns of every metric shown in `table`
+    ("main" or "decomposition")."""
+    settings = [k for k in (rows[0] if rows else {}) if k not in METRICS]
+    shown = [k for k in settings if k in ("policy", "mode") or len(
+        {json.dumps(r.get(k), sort_keys=True, default=str) for r in rows}) > 1]
+    columns = [(k, k, None) for k in shown]
+    for key, metric in METRICS.items():
+        if table in metric.tables:
+            columns += metric.columns(key)
+    return tuple(columns), len(shown)
+
+
+def format_table(rows: Iterable[dict[str, Any]], columns: tuple | None = None,
+                 labels: int | None = None) -> str:
     """A fixed-width text table, one line per row; `-` where a value is undefined.
 
-    columns: `(header, row key, sub-key or None)` triples; the first `labels` columns are
-    left-aligned, the rest right-aligned."""
+    columns: `(header, row key, sub-key or None)` triples, default `table_columns(rows)`; the
+    first `labels` columns are left-aligned, the rest right-aligned."""
     rows = list(rows)
+    if columns is None:
+        columns, shown = table_columns(rows)
+        labels = shown if labels is None else labels
+    labels = 2 if labels is None else labels
     header = [h for h, _, _ in columns]
-    body = [[_cell(row[key] if sub is None else (row[key] or {}).get(sub))
+    body = [[_cell(row.get(key) if sub is None else (row.get(key) or {}).get(sub))
              for _, key, sub in columns] for row in rows]
     widths = [max(len(c) for c in col) for col in zip(header, *body)]
     lines = ["  ".join(c.ljust(w) if i < labels else c.rjust(w) for i, (c, w) in
                        enumerate(zip(line, widths))) for line in [header] + body]
     return "\n".join(lines)
 
+
+def describe(trace: Any, spec: RunSpec) -> str:
+    """One line: the trace's sizes and the run's topology, solver, view, rng and seed."""
+    source = trace.meta.get("scenario") or trace.meta.get("source") or "trace"
+    topo = spec.topology
+    P = trace.num_experts + topo.redundant
+    per_step = trace.num_tokens / max(trace.num_steps, 1)
+    d = spec.dispatch
+    return (f"{source}: {trace.num_steps} steps x {per_step:g} tokens, "
+            f"{trace.num_layers} layers, E={trace.num_experts}, K={trace.top_k} | "
+            f"{topo.gpus} GPUs ({topo.gpus_per_node or topo.gpus}/node), P={P} slots, "
+            f"solver {name_of(spec.solver.solver)}, view {name_of(d.view)}, rng {d.rng}, "
+            f"seed {d.seed}")
+
+
+def rebalance_report(result: Results, rows: Sequence[dict[str, Any]]) -> str:
+    """The decomposition of every row and the migration table of `result`'s schedule (shared
+    by the rows of one comparison)."""
+    s = result.spec.schedule
+    migrations = result.migrations()
+    columns, labels = table_columns(rows, "decomposition")
+    lines = ["executed imbalance = solver x prediction x dispatch (means over steps and "
+             "layers):", format_table(rows, columns, labels), "",
+             f"rebalances (predictor {name_of(s.predictor)}, every {s.rebalance_every}, "
+             f"window {s.window or s.rebalance_every}, expert {s.expert_bytes} bytes):"]
+    lines.append(format_table(migrations, MIGRATION_COLUMNS, labels=0) if migrations else
+                 "  none: the trace ends before the first window does")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- files
 
 def to_json(rows: Iterable[dict[str, Any]]) -> str:
     """The rows as a JSON array (NaN written as null)."""
@@ -90,11 +203,19 @@ def _jsonable(value: Any) -> Any:
 
 
 def flat_row(row: dict[str, Any]) -> dict[str, Any]:
-    """A row with `multiplicity` spread into `multiplicity_0`, `multiplicity_1`,
-    `multiplicity_2+` columns (for CSV)."""
-    out = {k: v for k, v in row.items() if k != "multiplicity"}
-    for key, frac in (row.get("multiplicity") or {}).items():
-        out[f"multiplicity_{key}"] = frac
+    """A row with every dict value spread into columns (for CSV): a metric's sub-keys as
+    `KEY_SUB` (`multiplicity_0`, `multiplicity_1`, `multiplicity_2+`), options as
+    `PREFIX.NAME` (`solver_option.time_limit`)."""
+    prefixes = {name: knob.type.prefix for _, name, knob in knobs()
+                if isinstance(knob.type, Options)}
+    out: dict[str, Any] = {}
+    for key, value in row.items():
+        if not isinstance(value, dict):
+            out[key] = value
+        elif key in prefixes:
+            out.update({f"{prefixes[key]}.{sub}": v for sub, v in value.items()})
+        else:
+            out.update({f"{key}_{sub}": v for sub, v in value.items()})
     return out
 
 

@@ -12,34 +12,33 @@ A spec (paths in it are relative to the spec file):
     gpus = 4
 
 The cells are the cartesian product of the grid's lists in key order (the first key varies
-slowest), each completed by `fixed` and the defaults. Each key is in `grid` or `fixed`, not both:
-- the source, exactly one of `scenario` (a `SCENARIOS` name) or `trace` (an `.npz` or a trace
-  directory, opened with `open_trace`);
-- with `scenario`: the sizes `steps`, `tokens`, `layers`, `experts`, `top_k` (default: those of
-  `synthesize`) and scenario options as `option.NAME` (`option.sigma = [1.0, 2.0]`), which
-  every scenario of the spec must take;
-- `ReplayConfig` fields under the CLI's names (`REPLAY_FIELDS`; default: ReplayConfig's):
-  solver, policy, mode, view, rng, drift_p, gpus, gpus_per_node, redundant, groups,
-  rebalance_every, window, predictor, seed, device (cpu or cuda). `seed` seeds both the
-  synthetic trace and the replay.
+slowest), each completed by `fixed` and the defaults. The keys are the run schema's
+(`spec.sweep_keys`: every field settable from a sweep, under its name, with the same checks and
+messages as the command line), each in `grid` or `fixed`, not both:
+- the source, exactly one of `scenario` (a `SCENARIOS` name) or `trace` (any form
+  `open_trace` reads; `where` filters a counts CSV);
+- with `scenario`: the sizes `steps`, `tokens`, `layers`, `experts`, `top_k` and scenario
+  options as `option.NAME` (`option.sigma = [1.0, 2.0]`), which every scenario of the spec must
+  take;
+- every RunSpec field (policy, mode, view, rng, ..., solver, `solver_option.NAME`, placement,
+  rebalance_every, ..., gpus, redundant, ...). `seed` seeds both the synthetic trace and the
+  replay.
 Names are checked against the registries, and every cell's topology, before anything runs.
 
 The output directory holds `spec.toml` (a copy of the spec; a directory holding a different
 spec is refused), `results.csv` and, when pyarrow imports, `results.parquet`: one row per cell,
-`cell` (a stable id of the cell's configuration), every configuration column (`Cell.config`),
-then the metrics of `Results.row()` with `multiplicity` spread by `flat_row`. Rows are appended
-as cells finish, so an interrupted sweep keeps the cells it finished and a rerun skips them;
-once every cell is in, the table is rewritten in grid order. It holds no timings: for one spec
-it is the same, byte for byte, whichever executor ran it and however often it was interrupted.
+`cell` (a stable id of the cell's configuration), every configuration column (`Cell.config`:
+the source's, then every setting as `Results.row()` labels it, paths as the spec writes them),
+then the metrics of `Results.row()` spread by `flat_row`. Rows are appended as cells finish, so
+an interrupted sweep keeps the cells it finished and a rerun skips them; once every cell is in,
+the table is rewritten in grid order. It holds no timings: for one spec it is the same, byte
+for byte, whichever executor ran it and however often it was interrupted.
 """
 
 from __future__ import annotations
 
 import csv
-import dataclasses
-import functools
 import hashlib
-import inspect
 import io
 import itertools
 import json
@@ -60,41 +59,17 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from .dispatch.policies import POLICIES
 from .errors import InputError
-from .placement import VIEWS
-from .schedule.predictors import PREDICTORS
-from .ranks import MODES, RNG_RELATIONS
-from .replay import ReplayConfig, replay
+from .replay import replay
 from .results import csv_value, flat_row, write_csv
-from .solvers import SOLVERS
-from .traces.synth import SCENARIOS, check_sizes, synthesize
-from .topology import Topology
-from .traces.directory import open_trace
+from .spec import (RUN_PARTS, Device, File, Filter, Name, Options, build, knobs, sweep_keys,
+                   sweep_value)
 
 SOURCES = ("scenario", "trace")
 SIZES = ("steps", "tokens", "layers", "experts", "top_k")
-OPTION = "option."  # prefix of scenario option keys
-# spec key -> ReplayConfig field
-REPLAY_FIELDS = {"solver": "solver", "policy": "policy", "mode": "mode", "view": "view",
-                 "rng": "rng", "drift_p": "drift_p", "gpus": "num_gpus",
-                 "gpus_per_node": "gpus_per_node", "redundant": "num_redundant",
-                 "groups": "num_groups", "rebalance_every": "rebalance_every",
-                 "window": "window", "predictor": "predictor", "seed": "seed",
-                 "device": "device"}
-DEVICES = ("cpu", "cuda")
 EXECUTORS = ("local", "ray")
 SPEC, CSV, PARQUET = "spec.toml", "results.csv", "results.parquet"
-
-_CHOICES = {"scenario": SCENARIOS, "solver": SOLVERS, "policy": POLICIES, "mode": MODES,
-            "view": VIEWS, "rng": RNG_RELATIONS, "predictor": PREDICTORS, "device": DEVICES}
-_LEAST = {"steps": 1, "tokens": 1, "layers": 1, "experts": 1, "top_k": 1, "gpus": 1,
-          "gpus_per_node": 1, "redundant": 0, "groups": 1, "rebalance_every": 1, "window": 1,
-          "seed": 0}  # the integer keys and their least values
-_SYNTH = inspect.signature(synthesize).parameters
-_REPLAY = {f.name: f.default for f in dataclasses.fields(ReplayConfig)}
-DEFAULTS = {**{k: _SYNTH[k].default for k in SIZES},
-            **{k: _REPLAY[field] for k, field in REPLAY_FIELDS.items()}}
+_TRACES_KEPT = 4  # traces a worker keeps for its next cells
 
 
 @dataclass(frozen=True)
@@ -103,16 +78,17 @@ class Cell:
 
     index:  the cell's position in grid order
     id:     `cell_id(config)`
-    config: column -> value, in column order: the source (`scenario` or `trace`, as the spec
-            writes it), for scenarios the sizes and `option.NAME` values, then every
-            `REPLAY_FIELDS` key; defaults resolved
-    path:   a trace cell's file, resolved against the spec's folder; None for scenarios
+    config: column -> value, in column order: the source (`scenario` with the sizes and
+            `option.NAME` values, or `trace` and `where`, as the spec writes them), then every
+            setting as `RunSpec.labels` gives it (options spread as `solver_option.NAME`),
+            defaults resolved
+    values: field name -> value to run with (paths resolved against the spec's folder)
     """
 
     index: int
     id: str
     config: dict[str, Any]
-    path: str | None = None
+    values: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -147,64 +123,66 @@ def _label(config: dict[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in config.items())
 
 
-def _check_value(key: str, value: Any, where: str) -> Any:
-    """`value` as a cell holds it (drift_p as a float); InputError naming `where` and `key`."""
-    bad = f"{where} {key}"
-    if key in _CHOICES:
-        if not isinstance(value, str) or value not in _CHOICES[key]:
-            raise InputError(f"{bad}: unknown {key} {value!r}; choose one of "
-                             f"{', '.join(_CHOICES[key])}")
-    elif key in _LEAST:
-        if isinstance(value, bool) or not isinstance(value, int) or value < _LEAST[key]:
-            raise InputError(f"{bad}: expected an integer >= {_LEAST[key]}, got {value!r}")
-    elif key == "drift_p":
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-            raise InputError(f"{bad}: expected a probability in [0, 1], got {value!r}")
-        return float(value)
-    elif key == "trace":
-        if not isinstance(value, str):
-            raise InputError(f"{bad}: expected a path, got {value!r}")
-    elif not isinstance(value, (str, int, float, bool)):
-        raise InputError(f"{bad}: expected a number, string or boolean, got {value!r}")
-    return value
-
-
 def _table(doc: dict[str, Any], name: str, where: str) -> dict[str, Any]:
-    """The `[name]` table of the spec with a nested `option` table spread into `option.NAME`
+    """The `[name]` table of the spec with nested option tables spread into `PREFIX.NAME`
     keys; InputError for an unknown key."""
     table = doc.get(name, {})
     if not isinstance(table, dict):
         raise InputError(f"{where}: {name} must be a table ([{name}])")
+    keys = sweep_keys()
     flat: dict[str, Any] = {}
     for key, value in table.items():
-        if key == "option" and isinstance(value, dict):
-            flat.update({OPTION + k: v for k, v in value.items()})
-        elif key in SOURCES or key in DEFAULTS or key.startswith(OPTION):
-            flat[key] = value
+        if isinstance(value, dict) and key in keys and isinstance(keys[key][2].type, Options):
+            flat.update({f"{key}.{k}": v for k, v in value.items()})
         else:
-            raise InputError(f"{where}: [{name}] unknown key {key!r}; the keys are "
-                             f"{', '.join(SOURCES + tuple(DEFAULTS))} and option.NAME")
+            flat[key] = value
     return flat
 
 
-def _check_cell(config: dict[str, Any], where: str) -> None:
-    """InputError for a cell whose sizes or topology cannot work, before anything runs."""
+def _columns(keys: dict[str, Any]) -> list[str]:
+    """The source columns of the cells: the trace's or the scenario's with its sizes and
+    options, in order."""
+    if "trace" in keys:
+        return ["trace", "where"]
+    return ["scenario", *SIZES, *[k for k in keys if k.startswith("option.")]]
+
+
+def _cell(index: int, given: dict[str, Any], where: str, base: Path) -> Cell:
+    """The cell of one combination of `given` spec values (the rest default)."""
+    values: dict[str, Any] = {}
+    for key, value in given.items():
+        name, checked = sweep_value(key, value, where, base)
+        if isinstance(checked, tuple):  # an option: (NAME, value)
+            values.setdefault(name, {})[checked[0]] = checked[1]
+        else:
+            values[name] = checked
     try:
-        topology = Topology(config["gpus"], config["gpus_per_node"])
-        if "experts" in config:
-            check_sizes(**{k: config[k] for k in SIZES}, seed=config["seed"])
-            topology.slots_per_gpu(config["experts"] + config["redundant"])
-            if config["experts"] % (config["groups"] or 1):
-                raise InputError(f"{config['groups']} groups do not divide the "
-                                 f"{config['experts']} experts")
+        source, spec = build(values)
+        if source.trace is None:
+            experts = source.experts
+            spec.topology.topology().slots_per_gpu(experts + spec.topology.redundant)
+            if experts % (spec.topology.groups or 1):
+                raise InputError(f"{spec.topology.groups} groups do not divide the {experts} "
+                                 f"experts")
     except InputError as exc:
-        raise InputError(f"{where}: cell {_label(config)}: {exc}") from None
+        raise InputError(f"{where}: cell {_label(given)}: {exc}") from None
+    shown = {**{k: getattr(source, k) for k in ("scenario", *SIZES, "trace", "where")},
+             **{f"option.{k}": v for k, v in source.scenario_options.items()}}
+    shown["steps"] = source.steps or spec.schedule.steps()
+    config = {c: given.get(c, shown[c]) for c in _columns(given)}
+    config.update(flat_row(spec.labels()))
+    for _, name, knob in knobs(RUN_PARTS, "sweep"):  # files as the spec writes them
+        if isinstance(knob.type, File) and name in given:
+            config[name] = given[name]
+    if source.trace is None:
+        values["steps"] = shown["steps"]
+    return Cell(index, cell_id(config), config, values)
 
 
 def parse_spec(doc: dict[str, Any], base: Path, where: str = "spec") -> tuple[Cell, ...]:
-    """The cells of a parsed spec, in grid order (module doc). `base`: the folder that trace
-    paths are relative to; `where` names the spec in messages. InputError for anything the
-    module doc does not allow."""
+    """The cells of a parsed spec, in grid order (module doc). `base`: the folder that paths
+    are relative to; `where` names the spec in messages. InputError for anything the module doc
+    does not allow."""
     unknown = sorted(set(doc) - {"out", "grid", "fixed"})
     if unknown:
         raise InputError(f"{where}: unknown key {', '.join(unknown)}; a spec holds out, "
@@ -216,48 +194,26 @@ def parse_spec(doc: dict[str, Any], base: Path, where: str = "spec") -> tuple[Ce
     for key, values in grid.items():
         if not isinstance(values, list) or not values:
             raise InputError(f"{where}: [grid] {key} must be a non-empty list, got {values!r}")
-        grid[key] = [_check_value(key, v, f"{where}: [grid]") for v in values]
-        if len({json.dumps(v) for v in grid[key]}) < len(values):
+        for value in values:
+            sweep_value(key, value, f"{where}: [grid]", base)
+        if len({json.dumps(v) for v in values}) < len(values):
             raise InputError(f"{where}: [grid] {key} lists a value twice: {values!r}")
     for key, value in fixed.items():
         if isinstance(value, list):
             raise InputError(f"{where}: [fixed] {key} must be one value; lists go in [grid]")
-        fixed[key] = _check_value(key, value, f"{where}: [fixed]")
+        sweep_value(key, value, f"{where}: [fixed]", base)
     keys = {**grid, **fixed}
     source = [k for k in SOURCES if k in keys]
     if len(source) != 1:
         raise InputError(f"{where}: give exactly one of scenario or trace (in [grid] or "
                          f"[fixed]), got {len(source)}")
-    options = [k for k in keys if k.startswith(OPTION)]
     if source == ["trace"]:
-        extra = [k for k in keys if k in SIZES] + options
+        extra = [k for k in keys if k in SIZES or k.startswith("option.")]
         if extra:
             raise InputError(f"{where}: {', '.join(extra)} apply to scenarios only, not to "
                              f"a trace")
-        paths = {t: base / t for t in grid.get("trace", [fixed.get("trace")])}
-        for text, path in paths.items():
-            if not path.exists():
-                raise InputError(f"{where}: trace {text!r}: no such file {path}")
-        columns = ["trace"]
-    else:
-        for name in grid.get("scenario", [fixed.get("scenario")]):
-            takes = [p for p in inspect.signature(SCENARIOS[name]).parameters
-                     if p not in SIZES + ("seed",)]
-            for key in options:
-                if key[len(OPTION):] not in takes:
-                    raise InputError(f"{where}: {key}: scenario {name!r} has no option "
-                                     f"{key[len(OPTION):]!r}; its options are: "
-                                     f"{', '.join(takes) or 'none'}")
-        columns = ["scenario", *SIZES, *options]
-    columns += list(REPLAY_FIELDS)
-    cells = []
-    for index, combo in enumerate(itertools.product(*grid.values())):
-        values = {**DEFAULTS, **fixed, **dict(zip(grid, combo))}
-        config = {c: values[c] for c in columns}
-        _check_cell(config, where)
-        path = str(paths[config["trace"]].resolve()) if "trace" in config else None
-        cells.append(Cell(index, cell_id(config), config, path))
-    return tuple(cells)
+    return tuple(_cell(index, {**fixed, **dict(zip(grid, combo))}, where, base)
+                 for index, combo in enumerate(itertools.product(*grid.values())))
 
 
 def read_spec(path: str | Path) -> Sweep:
@@ -280,29 +236,28 @@ def read_spec(path: str | Path) -> Sweep:
 
 # ----------------------------------------------------------------------------- one cell
 
-@functools.lru_cache(maxsize=4)
-def _trace(kind: str, source: str, args: tuple[tuple[str, Any], ...]) -> Any:
-    """A cell's trace, kept for the next cells of this worker that use the same one."""
-    return open_trace(source) if kind == "trace" else synthesize(source, **dict(args))
+_TRACES: dict[str, Any] = {}  # a worker's recent traces, by their source and seed
 
 
 def cell_trace(cell: Cell) -> Any:
     """The trace a cell replays: its file opened, or its scenario synthesized with the cell's
-    sizes, options and seed."""
-    cfg = cell.config
-    if cell.path is not None:
-        return _trace("trace", cell.path, ())
-    args = {**{k: cfg[k] for k in SIZES}, "seed": cfg["seed"],
-            **{k[len(OPTION):]: v for k, v in cfg.items() if k.startswith(OPTION)}}
-    return _trace("scenario", cfg["scenario"], tuple(args.items()))
+    sizes, options and seed (kept for the worker's next cells that use the same one)."""
+    source, spec = build(cell.values)
+    key = json.dumps([repr(source), spec.dispatch.seed])
+    if key not in _TRACES:
+        if len(_TRACES) >= _TRACES_KEPT:
+            _TRACES.pop(next(iter(_TRACES)))
+        _TRACES[key] = source.open(spec.dispatch.seed, spec.schedule)
+    return _TRACES[key]
 
 
 def cell_row(cell: Cell) -> dict[str, Any]:
-    """Replay one cell -> its table row: `cell` (the id), the configuration, then
-    `flat_row(Results.row())` (whose policy, solver, mode, view and rng equal the config's)."""
-    config = ReplayConfig(**{field: cell.config[key] for key, field in REPLAY_FIELDS.items()})
-    result = replay(cell_trace(cell), config)
-    return {"cell": cell.id, **cell.config, **flat_row(result.row())}
+    """Replay one cell -> its table row: `cell` (the id), the configuration, then the metrics
+    of `flat_row(Results.row())`."""
+    _, spec = build(cell.values)
+    row = flat_row(replay(cell_trace(cell), spec).row())
+    return {"cell": cell.id, **cell.config,
+            **{k: v for k, v in row.items() if k not in cell.config}}
 
 
 def _run_cell(cell: Cell) -> dict[str, Any]:
@@ -312,7 +267,7 @@ def _run_cell(cell: Cell) -> dict[str, Any]:
     return cell_row(cell)
 
 
-def _failure(cell: Cell, exc: BaseException) -> InputError:
+def _cell_failure(cell: Cell, exc: BaseException) -> InputError:
     """One line naming the cell that failed and why."""
     what = str(exc) if isinstance(exc, InputError) else f"{type(exc).__name__}: {exc}"
     return InputError(f"cell {cell.id} ({_label(cell.config)}) failed: "
@@ -331,6 +286,11 @@ def _exit_with_parent() -> None:
     threading.Thread(target=lambda: (parent.join(), os._exit(1)), daemon=True).start()
 
 
+def _on_cuda(cell: Cell) -> bool:
+    """Whether a cell runs on a CUDA device (a Ray task then asks for a GPU)."""
+    return str(cell.values.get("device", "cpu")).startswith("cuda")
+
+
 def _run_local(cells: list[Cell], workers: int, emit: Emit) -> None:
     """Run `cells` on `workers` spawned processes, emitting each row as its cell finishes."""
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
@@ -341,7 +301,7 @@ def _run_local(cells: list[Cell], workers: int, emit: Emit) -> None:
             try:
                 row = future.result()
             except Exception as exc:
-                raise _failure(futures[future], exc) from None
+                raise _cell_failure(futures[future], exc) from None
             emit(futures[future], row)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
@@ -364,15 +324,14 @@ def _run_ray(cells: list[Cell], workers: int, address: str | None, emit: Emit) -
     pending: list[Any] = []
     try:
         task = ray.remote(num_cpus=1)(_run_cell)
-        refs = {task.options(num_gpus=int(cell.config["device"] == "cuda")).remote(cell): cell
-                for cell in cells}
+        refs = {task.options(num_gpus=int(_on_cuda(cell))).remote(cell): cell for cell in cells}
         pending = list(refs)
         while pending:
             (ref,), pending = ray.wait(pending, num_returns=1)
             try:
                 row = ray.get(ref)
             except ray.exceptions.RayError as exc:
-                raise _failure(refs[ref], getattr(exc, "cause", None) or exc) from None
+                raise _cell_failure(refs[ref], getattr(exc, "cause", None) or exc) from None
             emit(refs[ref], row)
     finally:
         for ref in pending:
@@ -434,6 +393,12 @@ def _write_parquet(csv_path: Path, path: Path, text_columns: list[str]) -> Path 
     return path
 
 
+def _is_text(column: str) -> bool:
+    """Whether a table column holds names or paths (kept as text in the parquet copy)."""
+    field = {name: knob for _, name, knob in knobs()}.get(column)
+    return field is not None and isinstance(field.type, (Name, File, Device, Filter))
+
+
 def run_sweep(sweep: Sweep, out: str | Path, executor: str = "local",
               workers: int | None = None, address: str | None = None,
               progress: bool = True) -> SweepRun:
@@ -450,8 +415,7 @@ def run_sweep(sweep: Sweep, out: str | Path, executor: str = "local",
     if address is not None and (executor != "ray" or workers is not None):
         raise InputError("--address is for --executor ray, and then the cluster's CPUs are "
                          "the workers (no --workers)")
-    if address is None and any(c.config["device"] == "cuda" for c in sweep.cells) \
-            and not torch.cuda.is_available():
+    if address is None and any(map(_on_cuda, sweep.cells)) and not torch.cuda.is_available():
         raise InputError(f"{sweep.path}: device cuda, but torch sees no CUDA device here")
     workers = workers or os.cpu_count() or 1
     out = Path(out)
@@ -489,6 +453,6 @@ def run_sweep(sweep: Sweep, out: str | Path, executor: str = "local",
     tmp = out / (CSV + ".tmp")
     write_csv([rows[cell.id] for cell in sweep.cells], tmp)
     os.replace(tmp, csv_path)
-    text = ["cell"] + [k for k in sweep.cells[0].config if k in _CHOICES or k == "trace"]
+    text = ["cell"] + [k for k in sweep.cells[0].config if _is_text(k)]
     parquet = _write_parquet(csv_path, out / PARQUET, text)
     return SweepRun((csv_path,) + ((parquet,) if parquet else ()), len(pending))

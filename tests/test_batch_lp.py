@@ -5,7 +5,6 @@ Dimensions: `T` tokens, `K` top-k, `E` experts, `R` max candidates, `P` slots, `
 """
 
 import math
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -14,20 +13,17 @@ from scipy.optimize import Bounds, LinearConstraint, linprog, milp
 
 from eplbsim.dispatch import batch_lp
 from eplbsim.dispatch.batch_lp import gpu_load, integer_quotas, optimal_fractions, optimal_quotas
-from eplbsim.dispatch.policies import (
-    POLICIES,
-    RANK_INDEPENDENT,
-    DispatchContext,
-    lp_fractions,
-    lp_quotas,
-    occurrence_index,
-)
+from eplbsim.dispatch import POLICIES
+from eplbsim.dispatch.policies import DispatchContext, lp_fractions, lp_quotas, occurrence_index
 from eplbsim.errors import InputError
 from eplbsim.placement import Placement, full_view
-from eplbsim.ranks import execute_none, rank_groups
-from eplbsim.replay import ReplayConfig, replay
+from eplbsim.ranks import rank_groups
+from eplbsim.replay import replay
+from eplbsim.spec import RunSpec
 from eplbsim.traces.synth import synthesize
 from eplbsim.topology import Topology
+
+from rank_helpers import step
 
 
 def random_instance(seed, G=None, E=None, extra=None):
@@ -297,15 +293,13 @@ def test_quota_is_rank_invariant_and_shares_one_computation():
                                                       generator=torch.Generator().manual_seed(r)))
             for r, v in enumerate(views)]
     assert all(torch.equal(o, outs[0]) for o in outs)
-    assert POLICIES["quota"] in RANK_INDEPENDENT and POLICIES["lp"] not in RANK_INDEPENDENT
-    assert rank_groups(views, POLICIES["quota"]) == [[0, 1, 2, 3]]
-    assert rank_groups(views, POLICIES["lp"]) == [[0], [1], [2], [3]]
+    assert POLICIES["quota"].rank_invariant and not POLICIES["lp"].rank_invariant
+    assert rank_groups(views, POLICIES["quota"]) == ((0, 1, 2, 3),)
+    assert rank_groups(views, POLICIES["lp"]) == ((0,), (1,), (2,), (3,))
     # one computation for the group counts exactly as four would
-    step = skewed_ids(50, 2, 3).unsqueeze(1)  # [T, L=1, K]
-    ctxs = [DispatchContext(rank=r, generator=torch.Generator().manual_seed(r))
-            for r in range(4)]
-    shared = execute_none(step, views, POLICIES["quota"], ctxs, [[0, 1, 2, 3]])
-    single = execute_none(step, views, POLICIES["quota"], ctxs, [[0], [1], [2], [3]])
+    ids = skewed_ids(50, 2, 3).unsqueeze(1)  # [T, L=1, K]
+    shared = step(ids, views, "quota", groups=[[0, 1, 2, 3]])
+    single = step(ids, views, "quota", groups=[[0], [1], [2], [3]])
     assert torch.equal(shared.slot_load, single.slot_load)
     assert torch.equal(shared.multiplicity, single.multiplicity)
     assert torch.equal(shared.agreed, single.agreed)
@@ -316,8 +310,8 @@ def test_quota_is_rank_invariant_and_shares_one_computation():
 @pytest.fixture(scope="module")
 def skewed_runs():
     tr = synthesize("skewed", steps=4, tokens=96, layers=2, experts=16, top_k=4, seed=0)
-    cfg = ReplayConfig(num_gpus=4, gpus_per_node=2, num_redundant=8)
-    return {p: replay(tr, replace(cfg, policy=p)).metrics for p in ("lp", "quota", "ordinal")}
+    cfg = RunSpec.of(gpus=4, gpus_per_node=2, redundant=8)
+    return {p: replay(tr, cfg.replace(policy=p)).metrics for p in ("lp", "quota", "ordinal")}
 
 
 def test_lp_with_independent_generators_corrupts_none_mode(skewed_runs):

@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from eplbsim.checks import check_policy, rank_invariance
-from eplbsim.dispatch.policies import POLICIES, RANK_INDEPENDENT, replica_slots
+from eplbsim.dispatch import POLICIES, replica_slots
 from eplbsim.errors import InputError
-from eplbsim.replay import ReplayConfig, replay
+from eplbsim.replay import replay
+from eplbsim.spec import RunSpec
 from eplbsim.solvers import solve
 from eplbsim.traces.synth import synthesize
 from eplbsim.topology import Topology
@@ -28,11 +29,11 @@ def test_every_registered_policy_keeps_its_contract(name):
 def test_rank_invariance_matches_the_replay(name):
     ids = TRACE.step(0)
     got = rank_invariance(name, ids, PLACEMENT)
-    cfg = ReplayConfig(policy=name, num_gpus=4, gpus_per_node=2, num_redundant=8,
+    cfg = RunSpec.of(policy=name, gpus=4, gpus_per_node=2, redundant=8,
                        placement=PLACEMENT)
     one_step = type(TRACE).from_steps([ids], num_experts=16)
     assert got.agreement == replay(one_step, cfg).metrics["rank_agreement"]
-    if POLICIES[name] in RANK_INDEPENDENT:
+    if POLICIES[name].rank_invariant:
         assert got.invariant and got.first is None
     if name in ("static", "random"):
         assert not got.invariant

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from eplbsim.metrics import METRIC_KEYS
+from eplbsim.metrics import METRICS
 from eplbsim.traces.synth import synthesize
 from eplbsim.traces.trace import load_trace, save_trace
 
@@ -24,7 +24,7 @@ def test_run_json_rows_carry_every_metric_key(capsys):
     assert [(r["policy"], r["mode"]) for r in rows] == [
         (p, m) for m in ("none", "a2a") for p in ("static", "random", "row", "ordinal")]
     for row in rows:
-        assert set(METRIC_KEYS) <= set(row) and row["solver"] == "deepseek"
+        assert set(METRICS) <= set(row) and row["solver"] == "deepseek"
         assert set(row["multiplicity"]) == {"0", "1", "2+"}
 
 
@@ -274,8 +274,8 @@ def _write_json(path, obj):
 
 @pytest.mark.parametrize("args,match", [
     (["--rebalance-every", "4", "--initial", "missing.json"], "missing.json: no such file"),
-    (["--rebalance-every", "4", "--decay", "2"], "decay must be in [0, 1]"),
-    (["--rebalance-every", "4", "--skip-above", "-1"], "skip_above"),
+    (["--rebalance-every", "4", "--decay", "2"], "--decay: must be a number in [0, 1]"),
+    (["--rebalance-every", "4", "--skip-above", "-1"], "--skip-above: must be a number in"),
 ])
 def test_bad_rebalance_options(capsys, args, match):
     assert_input_error(capsys, "run", *SMALL, *args, match=match)

@@ -8,19 +8,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eplbsim.dispatch.policies import (
-    POLICIES,
-    DispatchContext,
-    occurrence_index,
-    ordinal_offset,
-    resolve_policy,
-    static_table,
-)
+from eplbsim.dispatch import POLICIES, DispatchPolicy, resolve_policy
+from eplbsim.dispatch.policies import DispatchContext, occurrence_index, ordinal_offset, static_table
 from eplbsim.errors import InputError
 from eplbsim.placement import VIEWS, Placement, full_view, nearest_view, rank_view
 from eplbsim.topology import Topology
 
-RANK_INVARIANT = ("row", "ordinal", "flat", "hash")
+RANK_INVARIANT = sorted(name for name, entry in POLICIES.items() if entry.rank_invariant)
 
 
 def random_placement(gen, L, E, P, topo):
@@ -206,9 +200,14 @@ def test_static_is_rank_variant_with_redundancy():
     assert not torch.equal(outs[0], outs[1])
 
 
-def test_resolve_policy_by_name_and_callable():
-    assert resolve_policy("row") is POLICIES["row"]
+def test_resolve_policy_by_name_entry_and_callable():
+    assert resolve_policy("row") == ("row", POLICIES["row"])
+    assert resolve_policy(POLICIES["quota"]) == ("quota", POLICIES["quota"])
     custom = lambda ids, view, ctx: ids  # noqa: E731
-    assert resolve_policy(custom) is custom
+    name, entry = resolve_policy(custom)
+    assert name == "<lambda>" and entry.fn is custom and not entry.rank_invariant
+    assert not entry.kernels, "an unregistered callable has no kernel"
+    mine = DispatchPolicy(custom, rank_invariant=True)
+    assert resolve_policy(mine) == ("<lambda>", mine)
     with pytest.raises(InputError, match="unknown policy 'nope'.*ordinal"):
         resolve_policy("nope")

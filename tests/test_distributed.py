@@ -5,6 +5,7 @@ Each launch costs seconds (process start-up), so the configurations share launch
 Dimensions: `S` steps, `T` tokens, `L` layers, `E` experts, `K` top-k, `G` ranks.
 """
 
+import functools
 import multiprocessing
 import os
 import shutil
@@ -12,30 +13,33 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from eplbsim.distributed import Fault, GroupFailure, TraceSource, compare_metrics, launch
-from eplbsim.replay import ReplayConfig, replay
+
+from eplbsim.distributed import RANK_HOOK, GroupFailure, compare_metrics, launch
+from eplbsim.replay import replay
+from eplbsim.spec import RunSpec
+from eplbsim.traces.synth import synthesize
 
 from cli_helpers import run
+from faults import FAULT
 
-SOURCE = TraceSource(scenario="template", options=dict(steps=4, tokens=40, layers=2,
-                                                       experts=16, top_k=4, seed=1))
+SOURCE = functools.partial(synthesize, "template", steps=4, tokens=40, layers=2, experts=16,
+                           top_k=4, seed=1)
 POLICIES = [("static", "independent"), ("random", "independent"), ("random", "shared"),
             ("random", "drift"), ("row", "independent"), ("ordinal", "independent")]
 
 
 def _configs(world_size, **extra):
-    base = ReplayConfig(num_gpus=world_size, num_redundant=8, drift_p=0.5, **extra)
-    return [replace(base, policy=p, rng=r, mode=m) for m in ("none", "a2a") for p, r in POLICIES]
+    base = RunSpec.of(gpus=world_size, redundant=8, drift_p=0.5, **extra)
+    return [base.replace(policy=p, rng=r, mode=m) for m in ("none", "a2a") for p, r in POLICIES]
 
 
 def _check_rows(rows, configs):
     assert [(r["policy"], r["mode"], r["rng"]) for r in rows] == [
-        (c.policy, c.mode, c.rng) for c in configs]
+        (c.dispatch.policy, c.dispatch.mode, c.dispatch.rng) for c in configs]
     for row in rows:
         wrong = {k: v for k, v in row["metrics"].items() if not v["match"]}
         assert row["match"] and not wrong, (row["policy"], row["mode"], row["rng"], wrong)
@@ -58,14 +62,14 @@ def test_two_ranks_equal_the_simulation_for_every_policy_and_mode():
         assert by[key]["rank_agreement"]["real"] < 1
         assert by[key]["output_rel_error"]["real"] > 1e-3
     assert by[("row", "none", "independent")]["output_rel_error"]["real"] == 0.0
-    trace = SOURCE.load()
-    drift = replay(trace, replace(configs[3], device="cpu")).counters.drift
+    trace = SOURCE()
+    drift = replay(trace, configs[3].replace(device="cpu")).counters.drift
     assert drift.any() and not drift.all()  # drift happened on some ranks and steps
 
 
 def test_four_ranks_with_rebalancing_nodes_and_the_nearest_view():
     configs = _configs(4, gpus_per_node=2, rebalance_every=2)
-    configs += [replace(configs[4], view="nearest"), replace(configs[5], predictor="oracle")]
+    configs += [configs[4].replace(view="nearest"), configs[5].replace(predictor="oracle")]
     rows = launch(SOURCE, configs, 4, timeout=60)
     _check_rows(rows, configs)
     nearest = rows[-2]["metrics"]
@@ -83,11 +87,13 @@ def test_compare_metrics_flags_a_difference():
     ("die", "rank 1 was killed by signal SIGKILL; the group was stopped"),
     ("hang", "rank 1 stopped responding: rank 0's collective timed out after 3 s"),
 ])
-def test_a_failing_rank_stops_the_group_with_one_message(kind, match):
+def test_a_failing_rank_stops_the_group_with_one_message(kind, match, monkeypatch):
     configs = _configs(2)[4:5]
+    monkeypatch.setenv(RANK_HOOK, "faults:install")
+    monkeypatch.setenv(FAULT, f"1:{kind}:1")
     start = time.time()
     with pytest.raises(GroupFailure) as info:
-        launch(SOURCE, configs, 2, timeout=3, fault=Fault(rank=1, kind=kind, step=1))
+        launch(SOURCE, configs, 2, timeout=3)
     message = str(info.value)
     assert match in message and "\n" not in message, message
     assert time.time() - start < 120

@@ -14,21 +14,31 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from eplbsim.metrics import (
-    METRIC_KEYS,
-    OVER_TIME_KEYS,
+    METRICS,
+    PER_LAYER,
+    PER_STEP,
+    WHOLE,
     balancedness,
     gini,
     gpu_imbalance,
     gpu_loads,
     idle_replicas,
+    mean,
     multiplicity_counts,
-    multiplicity_fractions,
     nanmax_or_none,
     nanmean_or_none,
+    peak,
+    ratio,
     replica_loads,
     replica_skew,
+    root_ratio,
+    shares,
     top_share,
+    total,
 )
+from eplbsim.replay import replay
+from eplbsim.spec import RunSpec
+from eplbsim.traces.synth import synthesize
 from eplbsim.placement import Placement
 from eplbsim.topology import Topology
 
@@ -41,16 +51,50 @@ def _same(actual: torch.Tensor, expected) -> None:
 
 
 def test_metric_keys_cover_the_design_and_every_replay_reports_exactly_them():
-    design = {"gpu_imbalance", "balancedness", "replica_skew_mean", "replica_skew_max",
+    design = ["gpu_imbalance", "balancedness", "replica_skew_mean", "replica_skew_max",
               "replica_skew_cumulative", "idle_replica_frac", "placement_imbalance",
-              "rank_agreement", "multiplicity", "output_rel_error"}  # DESIGN.md §4
-    assert design | {"placement_gap"} == set(METRIC_KEYS)
-    from eplbsim.replay import ReplayConfig, replay
-    from eplbsim.traces.synth import synthesize
+              "placement_gap", "rank_agreement", "multiplicity", "output_rel_error"]  # §4
+    assert list(METRICS)[:len(design)] == design
     trace = synthesize("uniform", steps=2, tokens=16, layers=1, experts=8, top_k=2)
     for mode in ("none", "a2a"):
-        metrics = replay(trace, ReplayConfig(num_gpus=2, num_redundant=2, mode=mode)).metrics
-        assert list(metrics) == list(METRIC_KEYS + OVER_TIME_KEYS)
+        metrics = replay(trace, RunSpec.of(gpus=2, redundant=2, mode=mode)).metrics
+        assert list(metrics) == list(METRICS)
+
+
+@pytest.mark.parametrize("key", sorted(METRICS))
+def test_every_metric_declares_a_way_to_its_value_and_its_columns(key):
+    metric = METRICS[key]
+    assert (metric.parts is None) != (metric.whole is None), "components or a whole-run value"
+    headers = metric.header if metric.subkeys else (metric.header,)
+    assert len(headers) == len(metric.subkeys or (1,)) and all(headers)
+    assert [h for h, _, _ in metric.columns(key)] == list(headers)
+    assert metric.flat_keys(key)[0].startswith(key)
+    assert metric.tables <= {"main", "decomposition"}
+    assert metric.needs in (None, "executed", "counters")
+
+
+def test_reductions_over_the_run_per_step_and_per_layer():
+    x = torch.tensor([[1.0, NAN, 3.0], [NAN, NAN, NAN]], dtype=torch.float64)  # [S, L]
+    _same(mean(x, dims=WHOLE), 2.0)
+    _same(mean(x, dims=PER_STEP), [2.0, NAN])
+    _same(mean(x, dims=PER_LAYER), [[1.0, NAN, 3.0], [NAN, NAN, NAN]])
+    _same(peak(x, dims=WHOLE), 3.0)
+    _same(peak(x, dims=PER_STEP), [3.0, NAN])
+    counts = torch.tensor([[1, 2, 0], [0, 0, 0]])
+    assert total(counts, dims=WHOLE).item() == 3 and total(counts, dims=WHOLE).dtype == torch.int64
+    num, den = torch.tensor([[1, 0], [3, 0]]), torch.tensor([[2, 0], [2, 0]])
+    _same(ratio(num, den, dims=WHOLE), 1.0)  # pooled: (1 + 3) / (2 + 2)
+    _same(ratio(num, den, dims=PER_STEP), [0.5, 1.5])
+    _same(ratio(num, den, dims=PER_LAYER), [[0.5, NAN], [1.5, NAN]])
+    _same(root_ratio(num, den, dims=WHOLE), 1.0)
+
+
+def test_shares_are_each_count_over_their_sum():
+    c0, c1, c2 = (torch.tensor([[v]]) for v in (1, 2, 1))
+    _same(shares(c0, c1, c2, dims=WHOLE), [0.25, 0.5, 0.25])
+    zero = torch.zeros(1, 1, dtype=torch.int64)
+    _same(shares(zero, zero, zero, dims=WHOLE), [NAN, NAN, NAN])
+    _same(shares(zero, c1, zero, dims=PER_STEP), [[0.0, 1.0, 0.0]])
 
 
 # ---------------------------------------------------------------- GPU loads and balance
@@ -190,12 +234,6 @@ def test_multiplicity_counts():
         [1, 3, 3], [1, 0, 6]]
 
 
-def test_multiplicity_fractions():
-    assert multiplicity_fractions([1, 2, 1]) == {"0": 0.25, "1": 0.5, "2+": 0.25}
-    assert multiplicity_fractions([0, 7, 0]) == {"0": 0.0, "1": 1.0, "2+": 0.0}
-    assert multiplicity_fractions([0, 0, 0]) == {"0": None, "1": None, "2+": None}
-
-
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.integers(0, 4), min_size=1, max_size=20), st.data())
 def test_multiplicity_counts_partition_valid_pairs(values, data):
@@ -204,9 +242,9 @@ def test_multiplicity_counts_partition_valid_pairs(values, data):
     counts = multiplicity_counts(m, valid)[0].tolist()
     kept = [v for v, ok in zip(values, valid_list) if ok]
     assert counts == [kept.count(0), kept.count(1), sum(1 for v in kept if v >= 2)]
-    fr = multiplicity_fractions(counts)
+    fr = shares(*(torch.tensor([[c]]) for c in counts), dims=WHOLE)
     if kept:
-        assert math.isclose(sum(fr.values()), 1.0)
+        assert math.isclose(float(fr.sum()), 1.0)
 
 
 def test_nanmean_and_nanmax_or_none():

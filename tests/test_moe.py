@@ -2,8 +2,8 @@
 
 import torch
 
-from eplbsim.moe import (GRID_BITS, error_terms, make_toy_moe, output_error_terms, pair_outputs,
-                         token_inputs)
+from eplbsim.moe import (GRID_BITS, all_reduced_error_terms, error_terms, make_toy_moe,
+                         pair_outputs, token_inputs)
 
 
 def test_pair_outputs_match_the_definition_and_zero_padding():
@@ -43,20 +43,35 @@ def test_error_terms_ignore_zero_rows():
 
 
 def test_output_error_is_zero_at_multiplicity_one_and_one_when_doubled_or_dropped():
-    moe = make_toy_moe(1, 3, hidden=8, seed=0)
-    x, gates = token_inputs(moe, 0, 10, 2)
-    ids = torch.randint(0, 3, (10, 2), generator=torch.Generator().manual_seed(0))
-    pairs = pair_outputs(moe, 0, ids, x, gates)
-    ones = torch.ones(10, 2, dtype=torch.long)
-    valid = ones.bool()
-    err, exact = output_error_terms(pairs, ones, valid)
-    assert err == 0.0 and exact > 0
-    assert abs(output_error_terms(pairs, 2 * ones, valid)[0] / exact - 1) < 1e-12
-    assert abs(output_error_terms(pairs, 0 * ones, valid)[0] / exact - 1) < 1e-12
-    # a padding pair (executed 0 times by definition) adds nothing
-    padded = valid.clone()
-    padded[3, 1] = False
-    assert output_error_terms(pairs, ones.masked_fill(~padded, 0), padded)[0] == 0.0
+    moe = make_toy_moe(2, 3, hidden=8, seed=0)
+    ids = torch.randint(0, 3, (10, 2, 2), generator=torch.Generator().manual_seed(0))  # [T, L, K]
+    ones = torch.ones(10, 2, 2, dtype=torch.long)
+    one_process = lambda t: t  # noqa: E731
+    terms = all_reduced_error_terms(moe, 0, ids, ones, one_process)  # [L, 2]
+    assert (terms[:, 0] == 0).all() and (terms[:, 1] > 0).all()
+    for wrong in (2 * ones, 0 * ones):
+        err = all_reduced_error_terms(moe, 0, ids, wrong, one_process)
+        assert torch.allclose(err[:, 0] / err[:, 1], torch.ones(2, dtype=torch.float64))
+    # padding pairs (executed 0 times by definition) add nothing
+    padded = ids.clone()
+    padded[3, 1, 1] = -1
+    assert all_reduced_error_terms(moe, 0, padded, ones.masked_fill(padded < 0, 0),
+                                   one_process)[:, 0].eq(0).all()
+
+
+def test_partial_outputs_summed_by_the_all_reduce_give_the_same_bits():
+    """Two processes each executing half the pairs, their partial outputs summed, measure the
+    error exactly as one process executing all of them."""
+    moe = make_toy_moe(1, 4, hidden=4, seed=3)
+    ids = torch.randint(0, 4, (9, 1, 3), generator=torch.Generator().manual_seed(2))
+    executed = torch.randint(0, 3, ids.shape, generator=torch.Generator().manual_seed(3))
+    half = executed // 2
+    whole = all_reduced_error_terms(moe, 1, ids, executed, lambda t: t)
+    partials = []
+    for part in (half, executed - half):
+        all_reduced_error_terms(moe, 1, ids, part, lambda t: partials.append(t) or t)
+    summed = all_reduced_error_terms(moe, 1, ids, half, lambda t: partials[0] + partials[1])
+    assert torch.equal(whole, summed)
 
 
 def test_inputs_are_seeded():

@@ -10,10 +10,11 @@ from matplotlib.figure import Figure
 
 from eplbsim import plots
 from eplbsim.errors import InputError
-from eplbsim.replay import ReplayConfig, compare, replay
+from eplbsim.replay import compare, replay
+from eplbsim.spec import RunSpec
 from eplbsim.traces.synth import synthesize
 
-CONFIG = ReplayConfig(num_gpus=4, num_redundant=4)
+CONFIG = RunSpec.of(gpus=4, redundant=4)
 POLICIES = ["static", "random", "row", "ordinal"]
 
 
@@ -46,7 +47,7 @@ def test_policy_comparison_both_modes(results, tmp_path):
 
 
 def test_policy_comparison_a2a_only(results, tmp_path):
-    a2a = [r for r in results if r.config.mode == "a2a"]
+    a2a = [r for r in results if r.spec.dispatch.mode == "a2a"]
     assert all(r.metrics["rank_agreement"] is None for r in a2a)
     fig = plots.policy_comparison(a2a)
     titles = [ax.get_title() for ax in fig.axes if ax.get_visible()]
@@ -56,7 +57,7 @@ def test_policy_comparison_a2a_only(results, tmp_path):
 
 def test_policy_comparison_marks_missing_metrics(trace, tmp_path):
     # no redundant slots: every expert has one replica, so replica skew is None ("n/a")
-    res = compare(trace, ["row", "ordinal"], ["none"], ReplayConfig(num_gpus=4, num_redundant=0))
+    res = compare(trace, ["row", "ordinal"], ["none"], RunSpec.of(gpus=4, redundant=0))
     assert res[0].metrics["replica_skew_max"] is None
     fig = plots.policy_comparison(res)
     texts = [t.get_text() for ax in fig.axes for t in ax.texts]
@@ -65,7 +66,7 @@ def test_policy_comparison_marks_missing_metrics(trace, tmp_path):
 
 
 def test_policy_comparison_labels_differing_settings(trace):
-    res = [replay(trace, ReplayConfig(policy="random", rng=rng, num_gpus=4, num_redundant=4))
+    res = [replay(trace, RunSpec.of(policy="random", rng=rng, gpus=4, redundant=4))
            for rng in ("independent", "shared")]
     fig = plots.policy_comparison(res)
     ticks = [t.get_text() for t in fig.axes[0].get_xticklabels()]
@@ -79,7 +80,7 @@ def test_policy_comparison_rejects_empty():
 
 @pytest.mark.parametrize("policy", ["row", "ordinal"])
 def test_replica_loads_over_time(results, policy, tmp_path):
-    res = next(r for r in results if r.policy == policy and r.config.mode == "none")
+    res = next(r for r in results if r.policy == policy and r.spec.dispatch.mode == "none")
     fig = plots.replica_loads_over_time(res, layer=1, experts=3)
     panels = [ax for ax in fig.axes if ax.get_visible()]
     assert 1 <= len(panels) <= 3
@@ -93,8 +94,8 @@ def test_replica_loads_over_time(results, policy, tmp_path):
 
 def test_replica_loads_show_row_starving_a_twin(results):
     # the template trace: `row` leaves one replica of a 2-replica expert idle, `ordinal` does not
-    row = next(r for r in results if r.policy == "row" and r.config.mode == "none")
-    ordinal = next(r for r in results if r.policy == "ordinal" and r.config.mode == "none")
+    row = next(r for r in results if r.policy == "row" and r.spec.dispatch.mode == "none")
+    ordinal = next(r for r in results if r.policy == "ordinal" and r.spec.dispatch.mode == "none")
 
     def min_replica_total(res):
         fig = plots.replica_loads_over_time(res, layer=0, experts=16)
@@ -106,14 +107,14 @@ def test_replica_loads_show_row_starving_a_twin(results):
 
 
 def test_replica_loads_over_time_with_rebalancing(trace, tmp_path):
-    res = replay(trace, ReplayConfig(num_gpus=4, num_redundant=4, rebalance_every=2))
+    res = replay(trace, RunSpec.of(gpus=4, redundant=4, rebalance_every=2))
     assert len(res.epochs) == 2
     fig = plots.replica_loads_over_time(res)
     _assert_png(plots.save_figure(fig, tmp_path / "rebalance.png", dpi=60)[0])
 
 
 def test_replica_loads_over_time_without_replicas(trace, tmp_path):
-    res = replay(trace, ReplayConfig(num_gpus=4, num_redundant=0))
+    res = replay(trace, RunSpec.of(gpus=4, redundant=0))
     fig = plots.replica_loads_over_time(res)
     assert any("no replicated expert" in t.get_text() for ax in fig.axes for t in ax.texts)
     _assert_png(plots.save_figure(fig, tmp_path / "none.png", dpi=60)[0])
@@ -153,7 +154,7 @@ def test_plots_leave_pyplot_alone(results):
 def test_time_series_figure_marks_rebalances(tmp_path):
     tr = synthesize("burst", steps=16, tokens=64, layers=2, experts=16, top_k=2, seed=0)
     res = compare(tr, ["row", "ordinal"], ["none", "a2a"],
-                  ReplayConfig(num_gpus=4, num_redundant=4, rebalance_every=4))
+                  RunSpec.of(gpus=4, redundant=4, rebalance_every=4))
     fig = plots.time_series_figure(res)
     imb, skew, moves = fig.axes[:3]
     assert len([ln for ln in imb.get_lines() if ln.get_label() in ("row (none)", "row (a2a)",
@@ -196,6 +197,6 @@ def test_heatmap_and_replica_pair_check_their_arguments(trace, results):
     with pytest.raises(InputError, match="layer must be in"):
         plots.expert_load_heatmap(trace.counts(), layer=9)
     row = results[2]
-    single = int((row.epochs[0][1].logcnt[0] == 1).nonzero()[0])
+    single = int((row.epochs[0][2].logcnt[0] == 1).nonzero()[0])
     with pytest.raises(InputError, match="1 replica"):
         plots.replica_loads_pair([row], layer=0, expert=single)

@@ -4,13 +4,13 @@ stationary trace.
 Dimensions: `S` steps, `L` layers, `E` experts.
 """
 
-from dataclasses import replace
 
 import pytest
 import torch
 
 from eplbsim.schedule.predictors import PREDICTORS
-from eplbsim.replay import ReplayConfig, replay
+from eplbsim.replay import replay
+from eplbsim.spec import RunSpec
 from eplbsim.traces.synth import synthesize
 
 
@@ -68,11 +68,11 @@ def test_predictors_agree_on_a_stationary_trace():
     the imbalance the GPUs suffer after the first rebalance agrees within a few percent."""
     trace = synthesize("skewed", steps=60, tokens=512, layers=2, experts=32, top_k=4, seed=3,
                        drift=0.0)
-    cfg = ReplayConfig(policy="ordinal", mode="a2a", num_gpus=4, num_redundant=8,
+    cfg = RunSpec.of(policy="ordinal", mode="a2a", gpus=4, redundant=8,
                        rebalance_every=10)
     imbalance = {}
     for name in sorted(PREDICTORS):
-        series = replay(trace, replace(cfg, predictor=name)).time_series()
+        series = replay(trace, cfg.replace(predictor=name)).time_series()
         imbalance[name] = float(series["gpu_imbalance"][10:].mean())
     trivial = float(series["gpu_imbalance"][:10].mean())
     assert max(imbalance.values()) / min(imbalance.values()) < 1.03, imbalance

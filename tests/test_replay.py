@@ -4,23 +4,23 @@ traces, determinism, conservation, and the rebalance schedule.
 Dimensions: `S` steps, `L` layers, `E` experts, `P` slots, `G` GPUs.
 """
 
-from dataclasses import replace
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eplbsim.dispatch.policies import POLICIES
+from eplbsim.dispatch import POLICIES
 from eplbsim.errors import InputError
 from eplbsim.placement import Placement
-from eplbsim.replay import ReplayConfig, compare, replay
+from eplbsim.replay import compare, replay
+from eplbsim.spec import RunSpec
 from eplbsim.traces.synth import synthesize
 from eplbsim.topology import Topology
 from eplbsim.traces.trace import Trace
 
 SIZES = dict(steps=6, tokens=96, layers=2, experts=16, top_k=4)
-CFG = ReplayConfig(num_gpus=4, gpus_per_node=2, num_redundant=8)
+CFG = RunSpec.of(gpus=4, gpus_per_node=2, redundant=8)
 
 
 @pytest.fixture(scope="module", params=["skewed", "uniform", "template"])
@@ -30,7 +30,7 @@ def trace(request):
 
 @pytest.mark.parametrize("policy", ["static", "random"])
 def test_rank_variant_policies_corrupt_none_mode(trace, policy):
-    m = replay(trace, replace(CFG, policy=policy)).metrics
+    m = replay(trace, CFG.replace(policy=policy)).metrics
     assert m["rank_agreement"] < 1
     assert m["multiplicity"]["0"] + m["multiplicity"]["2+"] > 0
     assert m["output_rel_error"] > 1e-3
@@ -38,7 +38,7 @@ def test_rank_variant_policies_corrupt_none_mode(trace, policy):
 
 @pytest.mark.parametrize("policy", ["row", "ordinal", "flat", "hash"])
 def test_rank_invariant_policies_are_exact_in_none_mode(trace, policy):
-    m = replay(trace, replace(CFG, policy=policy)).metrics
+    m = replay(trace, CFG.replace(policy=policy)).metrics
     assert m["rank_agreement"] == 1.0
     assert m["multiplicity"] == {"0": 0.0, "1": 1.0, "2+": 0.0}
     assert m["output_rel_error"] < 1e-6
@@ -46,14 +46,14 @@ def test_rank_invariant_policies_are_exact_in_none_mode(trace, policy):
 
 def test_nearest_view_breaks_even_a_rank_invariant_formula(trace):
     """Per-rank candidate lists (the pre-fix view) make `row` rank-variant too."""
-    m = replay(trace, replace(CFG, policy="row", view="nearest")).metrics
+    m = replay(trace, CFG.replace(policy="row", view="nearest")).metrics
     assert m["rank_agreement"] < 1 and m["output_rel_error"] > 1e-3
 
 
 @pytest.mark.parametrize("policy", sorted(POLICIES))
 @pytest.mark.parametrize("view", ["full", "nearest"])
 def test_without_redundancy_every_policy_agrees_and_is_exact(trace, policy, view):
-    m = replay(trace, replace(CFG, policy=policy, view=view, num_redundant=0)).metrics
+    m = replay(trace, CFG.replace(policy=policy, view=view, redundant=0)).metrics
     assert m["rank_agreement"] == 1.0
     assert m["multiplicity"]["1"] == 1.0
     assert m["output_rel_error"] < 1e-6
@@ -61,13 +61,13 @@ def test_without_redundancy_every_policy_agrees_and_is_exact(trace, policy, view
 
 
 def test_random_with_shared_generators_agrees(trace):
-    m = replay(trace, replace(CFG, policy="random", rng="shared")).metrics
+    m = replay(trace, CFG.replace(policy="random", rng="shared")).metrics
     assert m["rank_agreement"] == 1.0 and m["output_rel_error"] < 1e-6
 
 
 def test_random_with_drift_agrees_until_the_first_drift():
     tr = synthesize("skewed", seed=0, **dict(SIZES, steps=12))
-    res = replay(tr, replace(CFG, policy="random", rng="drift", drift_p=0.1))
+    res = replay(tr, CFG.replace(policy="random", rng="drift", drift_p=0.1))
     c = res.counters
     per_step = c.agreed.sum(1) / c.valid.sum(1)  # [S]
     drifted = c.drift.any(1)
@@ -80,7 +80,7 @@ def test_random_with_drift_agrees_until_the_first_drift():
 
 @pytest.mark.parametrize("policy", sorted(POLICIES))
 def test_a2a_executes_every_pair_once(trace, policy):
-    res = replay(trace, replace(CFG, policy=policy, mode="a2a"))
+    res = replay(trace, CFG.replace(policy=policy, mode="a2a"))
     m = res.metrics
     assert m["multiplicity"] == {"0": 0.0, "1": 1.0, "2+": 0.0}
     assert m["rank_agreement"] is None and m["output_rel_error"] is None
@@ -99,9 +99,9 @@ def test_template_row_starves_a_twin_while_ordinal_balances():
     tr = synthesize("template", steps=16, tokens=512, layers=2, experts=32, top_k=4, seed=3)
     placement = hot_pairs_placement(tr, Topology(8, 4), extra=8)
     assert int(placement.logcnt.max()) == 2
-    cfg = replace(CFG, num_gpus=8, gpus_per_node=4, num_redundant=8, placement=placement)
-    row = replay(tr, replace(cfg, policy="row")).metrics
-    ordinal = replay(tr, replace(cfg, policy="ordinal")).metrics
+    cfg = CFG.replace(gpus=8, gpus_per_node=4, redundant=8, placement=placement)
+    row = replay(tr, cfg.replace(policy="row")).metrics
+    ordinal = replay(tr, cfg.replace(policy="ordinal")).metrics
     assert row["replica_skew_max"] >= 1.9
     assert row["idle_replica_frac"] >= 0.45  # 0.5: one of every twin never runs
     assert ordinal["replica_skew_mean"] <= 1.05
@@ -119,18 +119,18 @@ def test_replay_is_deterministic_and_leaves_the_trace_alone(trace):
 
 def test_executed_load_follows_multiplicity(trace):
     """With 2 ranks c is 0, 1 or 2, so executed pairs = #(c = 1) + 2 #(c = 2)."""
-    res = replay(trace, ReplayConfig(num_gpus=2, num_redundant=4, policy="random"))
-    c0, c1, c2 = res.counters.mult.sum((0, 1)).tolist()
+    res = replay(trace, RunSpec.of(gpus=2, redundant=4, policy="random"))
+    c0, c1, c2 = res.counters.multiplicity.sum((0, 1)).tolist()
     assert c0 > 0 and c2 > 0
     assert int(res.slot_load.sum()) == c1 + 2 * c2
     assert c0 + c1 + c2 == int(res.true_load.sum())
-    ordinal = replay(trace, replace(CFG, policy="ordinal"))
+    ordinal = replay(trace, CFG.replace(policy="ordinal"))
     assert torch.equal(ordinal.slot_load.sum(-1), ordinal.true_load.sum(-1))
 
 
 def test_placement_imbalance_is_the_even_split_promise(trace):
-    res = replay(trace, replace(CFG, policy="ordinal"))
-    (_, placement), = res.epochs
+    res = replay(trace, CFG.replace(policy="ordinal"))
+    (_, _, placement), = res.epochs
     promised = placement.expected_load(res.true_load)  # [S, L, P]
     gpu = promised.view(*promised.shape[:-1], 4, -1).sum(-1)
     want = (gpu.amax(-1) / gpu.mean(-1)).mean()
@@ -138,42 +138,42 @@ def test_placement_imbalance_is_the_even_split_promise(trace):
 
 
 def test_rebalance_schedule_starts_trivial_and_resolves_every_n_steps(trace):
-    res = replay(trace, replace(CFG, rebalance_every=4))
-    starts = [s for s, _ in res.epochs]
+    res = replay(trace, CFG.replace(rebalance_every=4))
+    starts = [start for start, _, _ in res.epochs]
     assert starts == [0, 4]
-    first = res.epochs[0][1]
+    first = res.epochs[0][2]
     assert torch.equal(first.phy2log[0], torch.arange(24) % 16)
-    assert res.epochs[1][1] is not first
+    assert res.epochs[1][2] is not first
 
 
 def test_padding_is_never_load():
     steps = [torch.tensor([[[0, -1]], [[1, 1]]]), torch.tensor([[[-1, -1]]])]
     tr = Trace.from_steps(steps, num_experts=2)
-    res = replay(tr, ReplayConfig(num_gpus=2, num_redundant=2, policy="row"))
+    res = replay(tr, RunSpec.of(gpus=2, redundant=2, policy="row"))
     assert int(res.slot_load.sum()) == 3
     assert res.metrics["multiplicity"]["1"] == 1.0
 
 
 def test_bad_configurations_are_input_errors(trace):
     with pytest.raises(InputError, match="23 slots.*4 GPUs"):
-        replay(trace, replace(CFG, num_redundant=7))
+        replay(trace, CFG.replace(redundant=7))
     with pytest.raises(InputError, match="divisible by GPUs per node"):
-        replay(trace, replace(CFG, gpus_per_node=3))
+        replay(trace, CFG.replace(gpus_per_node=3))
     with pytest.raises(InputError, match="unknown mode"):
-        replay(trace, replace(CFG, mode="both"))
+        replay(trace, CFG.replace(mode="both"))
     with pytest.raises(InputError, match="the given placement is for"):
-        replay(trace, replace(CFG, placement=Placement(torch.zeros(1, 4, dtype=torch.long), 1,
+        replay(trace, CFG.replace(placement=Placement(torch.zeros(1, 4, dtype=torch.long), 1,
                                                        Topology(4))))
     wrong_topology = Placement(torch.arange(24).remainder(16).expand(2, 24), 16, Topology(4))
     with pytest.raises(InputError, match="laid out on"):
-        replay(trace, replace(CFG, placement=wrong_topology))
+        replay(trace, CFG.replace(placement=wrong_topology))
 
 
 def test_device_replay_matches_cpu(device):
     tr = synthesize("skewed", seed=1, **SIZES)
     for policy in ("row", "ordinal", "static"):
-        cpu = replay(tr, replace(CFG, policy=policy)).row()
-        dev = replay(tr, replace(CFG, policy=policy, device=device)).row()
+        cpu = replay(tr, CFG.replace(policy=policy)).row()
+        dev = replay(tr, CFG.replace(policy=policy, device=device)).row()
         assert cpu == dev
 
 
@@ -190,7 +190,7 @@ def tiny_setups(draw):
     gen = torch.Generator().manual_seed(seed)
     steps = [torch.where(torch.rand(T, L, K, generator=gen) < 0.25, -1,
                          torch.randint(0, E, (T, L, K), generator=gen)) for T in sizes]
-    cfg = ReplayConfig(num_gpus=G, gpus_per_node=gpn, num_redundant=G * per_gpu - E, seed=seed)
+    cfg = RunSpec.of(gpus=G, gpus_per_node=gpn, redundant=G * per_gpu - E, seed=seed)
     return Trace.from_steps(steps, num_experts=E), cfg
 
 
@@ -200,24 +200,24 @@ def test_replay_invariants_on_random_tiny_setups(setup):
     trace, cfg = setup
     valid = int((trace.topk_ids >= 0).sum())
     for policy in sorted(POLICIES):
-        a2a = replay(trace, replace(cfg, policy=policy, mode="a2a"))
+        a2a = replay(trace, cfg.replace(policy=policy, mode="a2a"))
         assert int(a2a.slot_load.sum()) == valid
         assert torch.equal(a2a.slot_load.sum(-1), a2a.true_load.sum(-1))
-        none = replay(trace, replace(cfg, policy=policy)).metrics
+        none = replay(trace, cfg.replace(policy=policy)).metrics
         if valid == 0:
             assert none["rank_agreement"] is None
             continue
         assert sum(none["multiplicity"].values()) == pytest.approx(1.0)
-        if policy in ("row", "ordinal", "flat", "hash") or cfg.num_redundant == 0:
+        if policy in ("row", "ordinal", "flat", "hash") or cfg.topology.redundant == 0:
             assert none["rank_agreement"] == 1.0 and none["multiplicity"]["1"] == 1.0
             assert none["output_rel_error"] is None or none["output_rel_error"] < 1e-6
 
 
 def test_summary_in_chunks_equals_the_whole(monkeypatch, trace):
-    import eplbsim.timeseries as TS
-    cfg = replace(CFG, policy="random", rebalance_every=4)
+    import eplbsim.metrics as M
+    cfg = CFG.replace(policy="random", rebalance_every=4)
     whole = replay(trace, cfg).metrics
-    monkeypatch.setattr(TS, "SUMMARY_CHUNK", 1)
+    monkeypatch.setattr(M, "SUMMARY_CHUNK", 1)
     chunked = replay(trace, cfg).metrics
     assert chunked.keys() == whole.keys()
     for key, value in whole.items():

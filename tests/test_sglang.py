@@ -9,7 +9,8 @@ import torch
 from eplbsim.cli import main
 from eplbsim.traces.counts import CountsTrace, load_counts_trace
 from eplbsim.errors import InputError
-from eplbsim.replay import ReplayConfig, replay
+from eplbsim.replay import replay
+from eplbsim.spec import RunSpec
 from eplbsim.traces.formats.sglang import import_sglang
 from eplbsim.traces.trace import Trace, load_trace
 
@@ -103,10 +104,10 @@ def test_per_token_without_top_k_keeps_all_columns(per_token_files):
 
 def test_per_token_replays_with_src_rank(per_token_files):
     trace = import_sglang(per_token_files, top_k=K)
-    res = replay(trace, ReplayConfig(num_gpus=2, num_redundant=2, mode="a2a"))
+    res = replay(trace, RunSpec.of(gpus=2, redundant=2, mode="a2a"))
     assert res is not None
     with pytest.raises(InputError, match="src_rank"):  # rank 1 does not exist on 1 GPU
-        replay(trace, ReplayConfig(num_gpus=1, num_redundant=2, mode="a2a"))
+        replay(trace, RunSpec.of(gpus=1, redundant=2, mode="a2a"))
 
 
 def test_per_pass_counts(tmp_path):

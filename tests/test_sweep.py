@@ -8,12 +8,13 @@ from pathlib import Path
 import pytest
 
 from eplbsim.errors import InputError
-from eplbsim.metrics import METRIC_KEYS, OVER_TIME_KEYS
-from eplbsim.replay import ReplayConfig, replay
+from eplbsim.metrics import METRICS
+from eplbsim.replay import replay
+from eplbsim.spec import RunSpec
 from eplbsim.results import flat_row
 from eplbsim.cli import main
-from eplbsim.sweep import (REPLAY_FIELDS, SIZES, cell_row, parse_spec, read_spec,
-                           run_sweep)
+from eplbsim.spec import RunSpec
+from eplbsim.sweep import SIZES, cell_row, parse_spec, read_spec, run_sweep
 from eplbsim.traces.synth import synthesize
 from eplbsim.traces.trace import load_trace, save_trace
 
@@ -74,16 +75,16 @@ def reference(tmp_path_factory):
      "[grid] policy: unknown policy 'modulo'"),
     ("[fixed]\nscenario = 'skewed'\nsolver = 'greedy'\n", "[fixed] solver: unknown solver"),
     ("[fixed]\nscenario = 'skewed'\nmode = 'both'\n", "[fixed] mode: unknown mode 'both'"),
-    ("[fixed]\nscenario = 'skewed'\ndevice = 'auto'\n", "[fixed] device: unknown device"),
-    ("[fixed]\nscenario = 'skewed'\ngpus = '4'\n", "[fixed] gpus: expected an integer >= 1"),
-    ("[grid]\nscenario = ['skewed']\nredundant = [-8]\n", "redundant: expected an integer >= 0"),
-    ("[fixed]\nscenario = 'skewed'\ndrift_p = 2\n", "drift_p: expected a probability"),
+    ("[fixed]\nscenario = 'skewed'\ndevice = 'tpu'\n", "[fixed] device: unknown device"),
+    ("[fixed]\nscenario = 'skewed'\ngpus = '4'\n", "[fixed] gpus: must be an integer >= 1"),
+    ("[grid]\nscenario = ['skewed']\nredundant = [-8]\n", "redundant: must be an integer >= 0"),
+    ("[fixed]\nscenario = 'skewed'\ndrift_p = 2\n", "drift_p: must be a number in [0, 1]"),
     ("[fixed]\nsolver = 'lpt'\n", "exactly one of scenario or trace"),
     ("[grid]\nscenario = ['skewed']\n[fixed]\nscenario = 'burst'\n",
      "scenario in both [grid] and [fixed]"),
     ("[grid]\nscenario = ['skewed', 'template']\n'option.drift' = [0.1]\n",
-     "option.drift: scenario 'template' has no option 'drift'"),
-    ("[fixed]\ntrace = 'missing.npz'\n", "trace 'missing.npz': no such file"),
+     "scenario 'template' has no option drift"),
+    ("[fixed]\ntrace = 'missing.npz'\n", "[fixed] trace: "),
     ("out = 3\n[fixed]\nscenario = 'skewed'\n", "out must be a path"),
     ("[fixed]\nscenario = 'skewed'\nexperts = 16\nredundant = 2\ngpus = 4\n",
      "18 physical slots cannot be spread evenly over 4 GPUs"),
@@ -111,10 +112,10 @@ def test_cells_are_the_product_in_key_order_with_defaults_resolved():
     assert [(c.config["scenario"], c.config["option.sigma"]) for c in cells] == [
         ("skewed", 1.0), ("skewed", 2), ("burst", 1.0), ("burst", 2)]
     assert [c.index for c in cells] == [0, 1, 2, 3]
-    assert list(cells[0].config) == ["scenario", *SIZES, "option.sigma", *REPLAY_FIELDS]
+    assert list(cells[0].config) == ["scenario", *SIZES, "option.sigma", *flat_row(RunSpec().labels())]
     cfg = cells[0].config
     assert (cfg["steps"], cfg["tokens"], cfg["drift_p"], cfg["policy"], cfg["gpus"],
-            cfg["redundant"], cfg["gpus_per_node"]) == (4, 256, 0.0, "ordinal", 8, 16, None)
+            cfg["redundant"], cfg["gpus_per_node"]) == (4, 512, 0.0, "ordinal", 8, 16, None)
     quoted = parse_spec({**doc, "grid": {"scenario": ["skewed", "burst"],
                                          "option.sigma": [1.0, 2]}}, Path("."))
     assert [c.id for c in quoted] == [c.id for c in cells]
@@ -133,10 +134,10 @@ def test_trace_cells_replay_the_file(tmp_path):
                       "\n[fixed]\ngpus = 4\nredundant = 8\n")
     cells = read_spec(spec).cells
     assert [c.config["trace"] for c in cells] == ["../t.npz"] * 2
-    assert "steps" not in cells[0].config
+    assert "steps" not in cells[0].config and cells[0].config["where"] is None
     row = cell_row(cells[1])
     expected = replay(load_trace(tmp_path / "t.npz"),
-                      ReplayConfig(mode="a2a", num_gpus=4, num_redundant=8))
+                      RunSpec.of(mode="a2a", gpus=4, redundant=8))
     assert {k: row[k] for k in flat_row(expected.row())} == flat_row(expected.row())
 
 
@@ -147,9 +148,8 @@ def test_local_sweep_one_row_per_cell_with_config_and_metrics(reference):
     rows = read_rows(out / "results.csv")
     cells = read_spec(spec).cells
     assert [r["cell"] for r in rows] == [c.id for c in cells]
-    metrics = [k for k in METRIC_KEYS if k != "multiplicity"] + list(OVER_TIME_KEYS) + [
-        "multiplicity_0", "multiplicity_1", "multiplicity_2+"]
-    assert list(rows[0]) == ["cell", "scenario", *SIZES, *REPLAY_FIELDS, *metrics]
+    metrics = [name for key, m in METRICS.items() for name in m.flat_keys(key)]
+    assert list(rows[0]) == ["cell", "scenario", *SIZES, *flat_row(RunSpec().labels()), *metrics]
     assert [(r["scenario"], r["policy"], r["seed"]) for r in rows] == [
         (s, p, str(seed)) for s in ("skewed", "template") for p in ("static", "ordinal")
         for seed in (0, 1)]
@@ -159,8 +159,8 @@ def test_local_sweep_one_row_per_cell_with_config_and_metrics(reference):
 
     row = rows[5]  # template, static, seed 1
     trace = synthesize("template", steps=3, tokens=64, layers=2, experts=16, top_k=4, seed=1)
-    expected = flat_row(replay(trace, ReplayConfig(policy="static", num_gpus=4, gpus_per_node=2,
-                                                   num_redundant=8, seed=1)).row())
+    expected = flat_row(replay(trace, RunSpec.of(policy="static", gpus=4, gpus_per_node=2,
+                                                   redundant=8, seed=1)).row())
     assert {k: row[k] for k in expected} == {k: "" if v is None else str(v)
                                              for k, v in expected.items()}
     assert float(row["multiplicity_1"]) < 1.0  # static disagrees across ranks: a real result

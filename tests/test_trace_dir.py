@@ -10,7 +10,6 @@ import json
 import subprocess
 import sys
 import textwrap
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -19,9 +18,11 @@ import torch
 from eplbsim.traces import directory as TD
 from eplbsim.cli import main
 from eplbsim.errors import InputError
-from eplbsim.replay import ReplayConfig, replay
+from eplbsim.replay import replay
+from eplbsim.spec import RunSpec
 from eplbsim.traces.trace import Trace, load_trace, save_trace
-from eplbsim.traces.directory import DirTrace, load_trace_dir, open_trace, save_trace_dir
+from eplbsim.traces import open_trace
+from eplbsim.traces.directory import DirTrace, load_trace_dir, save_trace_dir
 
 
 def _trace(steps=(5, 0, 3, 7, 4), L=2, K=2, E=8, src=True, seed=0):
@@ -74,9 +75,9 @@ def test_counts_chunked_equal(tmp_path, monkeypatch):
 def test_replay_matches_in_memory(tmp_path, policy, mode):
     tr = _trace(steps=(6, 9, 4, 8), L=3, K=2, E=8)
     d = save_trace_dir(tr, tmp_path / "d")
-    cfg = ReplayConfig(policy=policy, mode=mode, num_gpus=4, gpus_per_node=2,
-                       num_redundant=4, seed=3)
-    for c in (cfg, replace(cfg, rebalance_every=2)):
+    cfg = RunSpec.of(policy=policy, mode=mode, gpus=4, gpus_per_node=2,
+                       redundant=4, seed=3)
+    for c in (cfg, cfg.replace(rebalance_every=2)):
         a, b = replay(tr, c), replay(d, c)
         assert a.metrics == b.metrics
         assert torch.equal(a.slot_load, b.slot_load)
@@ -188,7 +189,8 @@ def test_int32_ids_for_many_experts(tmp_path):
 _SCRIPT = textwrap.dedent("""
     import resource, sys, numpy as np, torch
     from eplbsim.traces.directory import save_trace_dir, load_trace_dir
-    from eplbsim.replay import ReplayConfig, replay
+    from eplbsim.replay import replay
+    from eplbsim.spec import RunSpec
 
     class Steps:  # a trace-like source that makes each step on demand
         num_layers, top_k, num_experts, meta = 2, 8, 64, {"source": "generated"}
@@ -205,8 +207,8 @@ _SCRIPT = textwrap.dedent("""
         save_trace_dir(Steps(steps, tokens), path, chunk_steps=2)
     else:
         t = load_trace_dir(path)
-        r = replay(t, ReplayConfig(policy="row", mode="none", num_gpus=4, gpus_per_node=4,
-                                   num_redundant=4, hidden=4))
+        r = replay(t, RunSpec.of(policy="row", mode="none", gpus=4, gpus_per_node=4,
+                                   redundant=4, hidden=4))
         assert int(r.slot_load.sum()) == int(r.true_load.sum())
     print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)  # KiB on Linux
 """)

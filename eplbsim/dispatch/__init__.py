@@ -1,0 +1,105 @@
+"""Dispatch policies with their properties, in the `POLICIES` registry.
+
+Dimensions: `T` tokens, `L` layers, `K` top-k, `E` logical experts, `R` max candidates.
+
+A registry entry is a :class:`DispatchPolicy`: the reference function (`policies.py`, the
+semantics and the oracle), whether its choice is rank-invariant in "none" mode, the fast step
+kernels to run it with per device (`kernels/`), and where it comes from. A new policy is one
+function and one line in `POLICIES`; every entry point also takes a bare callable with the
+policy signature (an unregistered prototype: rank-variant as far as the simulator knows, no
+kernel) or a `DispatchPolicy` of one's own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+import torch
+
+from ..errors import InputError
+from ..placement import View
+from ..registry import lookup, name_of
+from .policies import (DispatchContext, Policy, candidate_counts, flat_policy, hash_policy,
+                       lp_policy, occurrence_index, ordinal_policy, quota_policy, random_policy,
+                       replica_slots, row_policy, static_policy)
+
+StepKernel = Callable  # (topk_ids [T, L, K], view, ctx) -> phys int64 [T, L, K]
+USER = "a callable given by the user"
+
+
+@dataclass(frozen=True, eq=False)
+class DispatchPolicy:
+    """A policy and the properties the simulator relies on.
+
+    fn:             the reference `(topk_ids [T, K], view, ctx) -> phys [T, K]`
+    rank_invariant: in "none" mode the choice reads nothing of the rank but its view (the ids,
+                    the view, step and layer): ranks with equal views choose alike, so they may
+                    share one computation. False when it reads `ctx.rank` or the rank's
+                    generator, and for anything not known to be invariant.
+    kernels:        device type ("cpu", "cuda") -> step kernels to try in order, each a name
+                    `module.function` under `eplbsim.dispatch.kernels` (imported on first use;
+                    one that cannot import, e.g. without triton, is skipped) or a callable
+                    `(topk_ids [T, L, K], view, ctx) -> phys [T, L, K]` bit-identical to
+                    stacking `fn` over the layers. Without one, `fn` runs layer by layer.
+    source:         where the policy comes from
+    summary:        what it does, in one line
+    """
+
+    fn: Policy
+    rank_invariant: bool = False
+    kernels: Mapping[str, tuple[str | StepKernel, ...]] = field(default_factory=dict)
+    source: str = USER
+    summary: str = ""
+
+    def __call__(self, topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> torch.Tensor:
+        """The reference policy on one layer: `(topk_ids [T, K], view, ctx) -> phys [T, K]`."""
+        return self.fn(topk_ids, view, ctx)
+
+
+_TABLE = {"cpu": ("cpu.static_step",), "cuda": ("torch_step.static_step",)}
+
+POLICIES: dict[str, DispatchPolicy] = {
+    "static": DispatchPolicy(
+        static_policy, False, _TABLE, "SGLang before its fix (per-rank replica tables)",
+        "each rank's own fixed table expert -> one replica"),
+    "random": DispatchPolicy(
+        random_policy, False, {"cpu": ("cpu.random_step",), "cuda": ("torch_step.random_step",)},
+        "SGLang before its fix (per-rank randint)",
+        "randint(0, 65536) % n_e from the rank's own generator"),
+    "row": DispatchPolicy(
+        row_policy, True, {"cpu": ("cpu.row_step",),
+                           "cuda": ("cuda.row_step", "torch_step.row_step")},
+        "SGLang's fix", "the token's row in the batch, row % n_e"),
+    "ordinal": DispatchPolicy(
+        ordinal_policy, True, {"cpu": ("cpu.ordinal_step",), "cuda": ("cuda.ordinal_step",)},
+        "eplbsim", "(occurrence index of the expert in the batch + step + layer) % n_e"),
+    "flat": DispatchPolicy(
+        flat_policy, True, {}, "vLLM, the earlier generation",
+        "the flat pair position, (row * K + k) % n_e"),
+    "hash": DispatchPolicy(
+        hash_policy, True, {}, "vLLM", "Knuth's multiplicative hash of the row, % n_e"),
+    "lp": DispatchPolicy(
+        lp_policy, False, {}, "eplbsim (after SGLang's LP dispatch)",
+        "samples the batch's LP-optimal replica fractions with the rank's generator"),
+    "quota": DispatchPolicy(
+        quota_policy, True, {}, "eplbsim",
+        "the batch's LP-optimal integer quotas, filled in occurrence order"),
+}
+
+
+def resolve_policy(policy: str | Policy | DispatchPolicy) -> tuple[str, DispatchPolicy]:
+    """`(name, entry)` of a registry name, a `DispatchPolicy` or a bare policy callable (wrapped
+    as a rank-variant entry without kernels); InputError for an unknown name."""
+    if isinstance(policy, DispatchPolicy):
+        return name_of(policy, POLICIES), policy
+    entry = lookup(POLICIES, policy, "policy")
+    if isinstance(entry, DispatchPolicy):
+        return name_of(policy), entry
+    if not callable(entry):
+        raise InputError(f"a policy is a name, a DispatchPolicy or a callable, got {policy!r}")
+    return name_of(policy), DispatchPolicy(entry)
+
+
+__all__ = ["POLICIES", "USER", "DispatchContext", "DispatchPolicy", "Policy", "candidate_counts",
+           "occurrence_index", "replica_slots", "resolve_policy"]

@@ -1,4 +1,4 @@
-"""Dispatch policies: which replica serves each (token, top-k slot).
+"""The reference dispatch policies: which replica serves each (token, top-k slot).
 
 Dimensions: `T` tokens in the batch a rank dispatches, `K` top-k, `L` layers, `E` logical
 experts, `R` max candidates of one expert in a view.
@@ -6,8 +6,8 @@ experts, `R` max candidates of one expert in a view.
 A policy is a pure torch function `policy(topk_ids [T, K], view, ctx) -> phys [T, K]` (int64):
 for every pair routed to logical expert `e` it returns one of the candidate slots the rank's
 `view` lists for `e` in layer `ctx.layer`, and -1 where `topk_ids` is -1 (padding). Policies run
-on whatever device `topk_ids` and the view live on. `POLICIES` is the registry; any callable with
-the same signature works wherever a policy name does.
+on whatever device `topk_ids` and the view live on. These functions define the semantics and are
+the oracle of the fast kernels; `eplbsim.dispatch.POLICIES` registers them with their properties.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import torch
 from . import batch_lp
 from ..errors import InputError
 from ..placement import View
-from ..registry import lookup
 
 HASH_MULTIPLIER = 2654435769  # Knuth's multiplicative hash constant, floor(2**32 / phi)
 RANDOM_RANGE = 65536  # the serving engine's randint(0, 65536) draw
@@ -274,28 +273,3 @@ def quota_policy(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> to
     expert = topk_ids.long().clamp(min=0)
     replica = (occurrence_index(topk_ids).unsqueeze(-1) >= cum[expert]).sum(-1)  # [T, K]
     return replica_slots(topk_ids, view, ctx.layer, replica)
-
-
-POLICIES: dict[str, Policy] = {
-    "static": static_policy,
-    "random": random_policy,
-    "row": row_policy,
-    "ordinal": ordinal_policy,
-    "flat": flat_policy,
-    "hash": hash_policy,
-    "lp": lp_policy,
-    "quota": quota_policy,
-}
-
-
-# Policies whose choice reads nothing of the rank but its view ("none" mode never adds the rank
-# to ordinal's offset; quota's LP reads the view's candidates and its placement's slot -> GPU
-# map, which the ranks of one replay share): ranks with equal views choose identically and may
-# share one computation.
-RANK_INDEPENDENT: frozenset[Policy] = frozenset({row_policy, ordinal_policy, flat_policy,
-                                                hash_policy, quota_policy})
-
-
-def resolve_policy(policy: str | Policy) -> Policy:
-    """A policy by registry name, or the callable itself."""
-    return lookup(POLICIES, policy, "policy")

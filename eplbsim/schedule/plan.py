@@ -1,11 +1,11 @@
-"""Rebalance schedules: when the placement is re-solved, from which predicted loads, what each
-move costs, and the best placement each stretch of steps could have had.
+"""Rebalance schedules: when the placement is re-solved, from which predicted loads, and the best
+placement each stretch of steps could have had (what each move costs: `migration`).
 
 Dimensions: `S` steps, `L` layers, `E` logical experts, `P` physical slots, `G` GPUs, `N` nodes.
 
 A schedule cuts the steps into segments at rebalance points:
 - no `rebalance_every`: one segment, on the placement solved from the whole trace's loads (or
-  the given `placement`);
+  the given `placement`, which excludes a schedule);
 - `rebalance_every = n`, `window = W` (default n): steps `[0, W)` run on the initial placement
   (trivial, or `initial`); at each step `r = W + k n < S` the predictor forecasts the next
   `min(n, S - r)` steps from the steps before `r`, and the solver re-solves for that forecast,
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 import torch
@@ -31,17 +31,11 @@ import torch
 from .. import metrics as M
 from ..errors import InputError
 from ..placement import Placement, trivial_placement
-from .predictors import PREDICTORS
 from ..registry import lookup, name_of
 from ..solvers import solve
 from ..topology import Topology
-
-if TYPE_CHECKING:
-    from ..replay import ReplayConfig
-
-# One DeepSeek-V3 routed expert in bf16: gate, up and down projections of 7168 x 2048, 2 bytes.
-DEEPSEEK_V3_EXPERT_BYTES = 3 * 7168 * 2048 * 2
-TRANSFER_KINDS = ("same_gpu", "same_node", "cross_node")
+from .migration import transfer_counts
+from .predictors import PREDICTORS
 
 
 @dataclass(frozen=True, eq=False)
@@ -83,70 +77,46 @@ class Segment:
     rebalance: Rebalance | None
 
 
-def transfer_counts(old: Placement, new: Placement) -> np.ndarray:
-    """Expert copies needed to turn `old` into `new`: int64 `[L, 3]` per layer, by where the
-    nearest old replica of a changed slot's new expert sits: on the slot's GPU, on its node, or
-    only on other nodes (every expert has a replica in `old`, so some source always exists)."""
-    old_p2l, new_p2l = old.phy2log, new.phy2log  # [L, P]
-    if old_p2l.shape != new_p2l.shape or old.topology != new.topology:
-        raise InputError(f"cannot compare placements of shapes {tuple(old_p2l.shape)} on "
-                         f"{old.topology} and {tuple(new_p2l.shape)} on {new.topology}")
-    L, P = old_p2l.shape
-    E, G, N = old.num_experts, old.topology.num_gpus, old.topology.num_nodes
-    gpu, node = old.slot_gpu, old.slot_node  # [P]
-    layer = torch.arange(L).view(L, 1).expand(L, P)
-    held_gpu = torch.zeros(L, G, E, dtype=torch.bool)
-    held_gpu[layer, gpu.expand(L, P), old_p2l] = True  # [L, G, E] expert held on a GPU
-    held_node = held_gpu.view(L, N, G // N, E).any(2)  # [L, N, E]
-    changed = old_p2l != new_p2l  # [L, P]
-    on_gpu = held_gpu[layer, gpu.expand(L, P), new_p2l] & changed
-    on_node = held_node[layer, node.expand(L, P), new_p2l] & changed & ~on_gpu
-    other = changed & ~on_gpu & ~on_node
-    return torch.stack([on_gpu.sum(1), on_node.sum(1), other.sum(1)], 1).numpy()
+def plan(true_load: torch.Tensor, schedule: Any, solver: Any, topology: Topology,
+         num_slots: int, num_groups: int, placement: Placement | None = None,
+         initial: Placement | None = None) -> tuple[Segment, ...]:
+    """The segments of a schedule over routed loads `true_load [S, L, E]` (module doc).
 
-
-def plan(true_load: torch.Tensor, cfg: "ReplayConfig", topology: Topology,
-         num_groups: int) -> tuple[Segment, ...]:
-    """The segments of `cfg`'s schedule over routed loads `true_load [S, L, E]` (module doc).
-
+    schedule:  the run's schedule part (`spec.SchedulePart`: `rebalance_every`, `window`,
+               `predictor`, `decay`, `skip_above`, `migration_aware`), already checked
+    solver:    the run's solver part (`spec.SolverPart`: `solver` and `solver_options`)
+    placement: a placement to serve every step instead of solving; initial: the placement
+               before the first rebalance (default trivial)
     Pure: solves every placement up front; the same inputs give the same segments. InputError
-    on a bad setting or a predictor that returns something other than `[L, E]` finite,
-    non-negative loads.
+    on a placement that does not fit, or a predictor that returns something other than
+    `[L, E]` finite, non-negative loads.
     """
     S, L, E = true_load.shape
-    num_slots = E + cfg.num_redundant
-    if cfg.num_redundant < 0:
-        raise InputError(f"the number of redundant slots must be >= 0, got {cfg.num_redundant}")
 
     def solve_for(load: torch.Tensor, previous: Placement | None) -> Placement:
-        return solve(cfg.solver, load, num_slots, topology, num_groups,
+        return solve(solver.solver, load, num_slots, topology, num_groups,
+                     **solver.solver_options,
                      **({"previous": previous} if previous is not None else {}))
 
     whole = true_load.sum(0)  # [L, E]
-    if cfg.placement is not None:
-        given = _check_given(cfg.placement, L, E, topology, "given placement")
+    if placement is not None:
+        given = _check_given(placement, L, E, topology, "given placement")
         return (Segment(0, S, given, solve_for(whole, None), None),)
-    if cfg.rebalance_every is None:
-        unused = [name for name, value, default in (
-            ("window", cfg.window, None), ("predictor", cfg.predictor, "window"),
-            ("decay", cfg.decay, None), ("initial", cfg.initial, None),
-            ("skip_above", cfg.skip_above, None)) if value != default]
-        if unused:
-            raise InputError(f"{', '.join(unused)} only apply with rebalance_every (a "
-                             f"rebalance schedule); without it one placement is solved from "
-                             f"the whole trace")
+    every = schedule.rebalance_every
+    if every is None:
         solved = solve_for(whole, None)
         return (Segment(0, S, solved, solved, None),)
 
-    every, window, decay = _check_schedule(cfg)
-    predictor = lookup(PREDICTORS, cfg.predictor, "predictor")
-    current = (trivial_placement(L, E, num_slots, topology) if cfg.initial is None
-               else _check_given(cfg.initial, L, E, topology, "initial placement"))
+    window = every if schedule.window is None else schedule.window
+    decay = 1.0 - 1.0 / window if schedule.decay is None else schedule.decay
+    predictor = lookup(PREDICTORS, schedule.predictor, "predictor")
+    current = (trivial_placement(L, E, num_slots, topology) if initial is None
+               else _check_given(initial, L, E, topology, "initial placement"))
     bounds = [0] + list(range(window, S, every)) + [S]
     segments = []
     for lo, hi in zip(bounds, bounds[1:]):
         truth = true_load[lo:hi].sum(0).to(torch.float64)  # [L, E]
-        previous = current if cfg.migration_aware else None
+        previous = current if schedule.migration_aware else None
         if lo == 0:
             segments.append(Segment(lo, hi, current, solve_for(truth, previous), None))
             continue
@@ -155,7 +125,7 @@ def plan(true_load: torch.Tensor, cfg: "ReplayConfig", topology: Topology,
         promised = M.gpu_loads(current.expected_load(forecast), topology.num_gpus)  # [L, G]
         balancedness = M.nanmean_or_none(M.balancedness(promised))
         balancedness = math.nan if balancedness is None else balancedness
-        skipped = cfg.skip_above is not None and balancedness > cfg.skip_above
+        skipped = schedule.skip_above is not None and balancedness > schedule.skip_above
         new = current if skipped else solve_for(forecast, previous)
         best = new if not skipped and torch.equal(forecast, truth) else solve_for(truth, previous)
         rebalance = Rebalance(lo, skipped, balancedness, transfer_counts(current, new))
@@ -164,21 +134,16 @@ def plan(true_load: torch.Tensor, cfg: "ReplayConfig", topology: Topology,
     return tuple(segments)
 
 
-def _check_schedule(cfg: "ReplayConfig") -> tuple[int, int, float]:
-    """(every, window, decay) of a rebalancing config; InputError on a bad value."""
-    every = cfg.rebalance_every
-    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-        raise InputError(f"rebalance_every must be a positive integer, got {every!r}")
-    window = every if cfg.window is None else cfg.window
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise InputError(f"window must be a positive integer, got {window!r}")
-    decay = 1.0 - 1.0 / window if cfg.decay is None else cfg.decay
-    if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0 <= decay <= 1:
-        raise InputError(f"decay must be in [0, 1], got {decay!r}")
-    skip = cfg.skip_above
-    if skip is not None and not (isinstance(skip, (int, float)) and 0.0 <= skip <= 1.0):
-        raise InputError(f"skip_above is a balancedness threshold in [0, 1], got {skip!r}")
-    return every, window, float(decay)
+def epochs(segments: tuple[Segment, ...]) -> list[tuple[int, int, Placement]]:
+    """`(start, stop, placement)` of each stretch of steps on one placement (consecutive
+    segments that kept the placement, as a skipped rebalance does, are merged)."""
+    out: list[tuple[int, int, Placement]] = []
+    for seg in segments:
+        if out and out[-1][2] is seg.placement:
+            out[-1] = (out[-1][0], seg.stop, seg.placement)
+        else:
+            out.append((seg.start, seg.stop, seg.placement))
+    return out
 
 
 def _check_given(placement: Placement, num_layers: int, num_experts: int, topology: Topology,

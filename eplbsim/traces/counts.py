@@ -97,29 +97,6 @@ def load_counts_csv(path: str | Path, where: dict[str, str] | None = None,
     return LayerCounts(load, tuple(int(x) for x in layers))
 
 
-def load_layer_counts(path: str | Path, where: dict[str, str] | None = None,
-                      num_experts: int | None = None) -> LayerCounts:
-    """Loads `[L, E]` from a counts CSV (filtered by `where`), a counts-only `.npz`, or a trace
-    `.npz` (pairs summed over steps); layers are the file's model layer ids when it records
-    them, else `0 .. L-1`."""
-    path = Path(path)
-    if path.suffix.lower() == ".csv":
-        return load_counts_csv(path, where, num_experts)
-    if where:
-        raise InputError("--where filters a counts CSV only")
-    if is_counts_file(path):
-        trace = load_counts_trace(path)
-        load, meta = trace.load(), trace.meta
-    else:
-        from .trace import load_trace
-        routed = load_trace(path)
-        load, meta = routed.counts().sum(0).double().numpy(), routed.meta
-    if num_experts is not None and num_experts != load.shape[1]:
-        raise InputError(f"{path}: holds {load.shape[1]} experts, not {num_experts}")
-    layers = meta.get("model_layers") or list(range(load.shape[0]))
-    return LayerCounts(load, tuple(int(x) for x in layers))
-
-
 @dataclass(frozen=True, eq=False)
 class CountsTrace:
     """A counts-only trace: pairs per logical expert per step, no token rows.

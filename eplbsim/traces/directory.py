@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from ..errors import InputError
-from .trace import Trace, TraceShape, load_trace
+from .trace import Trace, TraceShape
 
 IDS, OFFSETS, SRC, META = "topk_ids.npy", "step_offsets.npy", "src_rank.npy", "meta.json"
 CHUNK_ELEMENTS = 1 << 22  # ids per chunk when validating or counting (<= 32 MiB as int64)
@@ -301,12 +301,6 @@ def _flush(fi: Any, fs: Any, ids_buf: list[np.ndarray], src_buf: list[np.ndarray
 def load_trace_dir(path: str | Path) -> DirTrace:
     """Open (and validate) a trace directory."""
     return DirTrace(Path(path))
-
-
-def open_trace(path: str | Path) -> Trace | DirTrace:
-    """A directory -> :class:`DirTrace`; anything else -> `load_trace` (an `.npz`)."""
-    path = Path(path)
-    return load_trace_dir(path) if path.is_dir() else load_trace(path)
 
 
 def to_memory(trace: Trace | DirTrace) -> Trace:

@@ -351,11 +351,33 @@ SCENARIOS: dict[str, Generator] = {
 }
 
 DEFAULT_SCENARIO = "skewed"
+# The default sizes of a synthetic trace: the scenario `eplbsim run` embeds (seconds on 2 cores).
+DEFAULT_SIZES = {"steps": 32, "tokens": 512, "layers": 4, "experts": 64, "top_k": 8}
 
 
-def synthesize(scenario: str | Generator = DEFAULT_SCENARIO, *, steps: int = 32,
-               tokens: int = 256, layers: int = 4, experts: int = 64, top_k: int = 8,
-               seed: int = 0, **options: Any) -> Trace:
+def scenario_options(scenario: str | Generator, options: dict[str, Any]) -> dict[str, Any]:
+    """`options` if the scenario (a registry name or a generator) takes them all; InputError
+    naming the ones it lacks and listing those it has. A generator taking `**options` takes
+    anything."""
+    gen = lookup(SCENARIOS, scenario, "scenario")
+    try:
+        params = inspect.signature(gen).parameters
+    except (TypeError, ValueError):
+        return options
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return options
+    accepted = [p for p in params if p not in _SIZE_NAMES + ("seed",)]
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise InputError(f"scenario {name_of(scenario)!r} has no option {', '.join(unknown)}; "
+                         f"its options are: {', '.join(accepted) or 'none'}")
+    return options
+
+
+def synthesize(scenario: str | Generator = DEFAULT_SCENARIO, *,
+               steps: int = DEFAULT_SIZES["steps"], tokens: int = DEFAULT_SIZES["tokens"],
+               layers: int = DEFAULT_SIZES["layers"], experts: int = DEFAULT_SIZES["experts"],
+               top_k: int = DEFAULT_SIZES["top_k"], seed: int = 0, **options: Any) -> Trace:
     """Generate a synthetic trace from a registered scenario name or a generator callable.
 
     Sizes are validated first (steps/tokens/layers/experts >= 1, 1 <= top_k <= experts,
@@ -367,16 +389,7 @@ def synthesize(scenario: str | Generator = DEFAULT_SCENARIO, *, steps: int = 32,
     name = name_of(scenario)
     check_sizes(steps=steps, tokens=tokens, layers=layers, experts=experts, top_k=top_k,
                 seed=seed)
-    try:
-        sig = inspect.signature(gen)
-    except (TypeError, ValueError):
-        sig = None
-    if sig is not None and not any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
-        accepted = [p for p in sig.parameters if p not in _SIZE_NAMES + ("seed",)]
-        unknown = sorted(set(options) - set(accepted))
-        if unknown:
-            raise InputError(f"scenario {name!r} has no option {', '.join(unknown)}; its options "
-                             f"are: {', '.join(accepted) or 'none'}")
+    scenario_options(scenario, options)
     trace = gen(steps=steps, tokens=tokens, layers=layers, experts=experts, top_k=top_k,
                 seed=seed, **options)
     if not isinstance(trace, Trace):

@@ -1,87 +1,92 @@
 """Fast step kernels: every layer of a step in one call, bit-identical to the reference
-policies of `eplbsim.dispatch` (which stay as the oracle the tests compare against).
+policies of `eplbsim.dispatch.policies` (which stay as the oracle the tests compare against).
 
 Dimensions: `T` tokens, `L` layers, `K` top-k, `E` logical experts, `R` max candidates.
 
 A step kernel is `kernel(topk_ids [T, L, K], view, ctx) -> phys [T, L, K]` (int64, -1 at
 padding) and must equal `stack([policy(topk_ids[:, l], view, ctx with layer=l) for l])`.
-CPU kernels are compiled with numba (`cpu.py`); on CUDA `row` and `ordinal` are Triton kernels
-(`triton_dispatch.py`, when triton is installed) and `static`, `random` plain torch
-(`torch_step.py`). `dispatch_step` uses the kernel for the policy on the device of `topk_ids`
-when there is one, and otherwise runs the reference policy layer by layer.
+Each `POLICIES` entry names its kernels per device (`DispatchPolicy.kernels`): CPU kernels are
+compiled with numba (`cpu.py`); on CUDA `row` and `ordinal` are Triton kernels (`cuda.py` over
+`triton_dispatch.py`) and `static`, `random` plain torch (`torch_step.py`). `dispatch_step`
+runs the first kernel of the entry that loads on the ids' device, and otherwise the reference
+policy layer by layer (`reference_step`), guarded: a policy that raises, modifies its input or
+returns something other than `[T, K]` integers is an InputError naming it and the rank.
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import replace
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
-from ..policies import (
-    DispatchContext,
-    Policy,
-    layer_offsets,
-    ordinal_policy,
-    random_policy,
-    row_policy,
-    static_policy,
-)
+from ...errors import InputError
 from ...placement import View
+from ..policies import DispatchContext
 
 StepKernel = Callable[[torch.Tensor, View, DispatchContext], torch.Tensor]
+_LOADED: dict[str, StepKernel | None] = {}  # kernel name -> function, None if it cannot load
 
 
-def _cpu_kernels() -> dict[Policy, StepKernel]:
-    from . import cpu
-    return {row_policy: cpu.row_step, ordinal_policy: cpu.ordinal_step,
-            static_policy: cpu.static_step, random_policy: cpu.random_step}
+def _load(kernel: str | StepKernel) -> StepKernel | None:
+    """A kernel given by name (`module.function` in this package) or as a callable; None when
+    its module cannot be imported here (e.g. Triton absent)."""
+    if callable(kernel):
+        return kernel
+    if kernel not in _LOADED:
+        module, _, function = kernel.rpartition(".")
+        try:
+            _LOADED[kernel] = getattr(importlib.import_module(f"{__name__}.{module}"), function)
+        except ImportError:
+            _LOADED[kernel] = None
+    return _LOADED[kernel]
 
 
-def _cuda_kernels() -> dict[Policy, StepKernel]:
-    from . import torch_step
-    kernels = {row_policy: torch_step.row_step, static_policy: torch_step.static_step,
-               random_policy: torch_step.random_step}
-    try:
-        from . import triton_dispatch
-    except ImportError:  # no triton: torch kernels and the reference ordinal run instead
-        return kernels
-
-    def row(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> torch.Tensor:
-        return triton_dispatch.row_step_triton(topk_ids, view.log2phy, view.logcnt)
-
-    def ordinal(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> torch.Tensor:
-        return triton_dispatch.ordinal_step_triton(topk_ids, view.log2phy, view.logcnt,
-                                                   layer_offsets(ctx, topk_ids.shape[1]))
-
-    return {**kernels, row_policy: row, ordinal_policy: ordinal}
+def step_kernel(policy: Any, device: torch.device | str) -> StepKernel | None:
+    """The fast step kernel of the `DispatchPolicy` `policy` on `device`, or None."""
+    for kernel in policy.kernels.get(torch.device(device).type, ()):
+        loaded = _load(kernel)
+        if loaded is not None:
+            return loaded
+    return None
 
 
-_LOADERS = {"cpu": _cpu_kernels, "cuda": _cuda_kernels}
-_LOADED: dict[str, dict[Policy, StepKernel]] = {}
-
-
-def step_kernel(policy: Policy, device: torch.device | str) -> StepKernel | None:
-    """The fast step kernel of `policy` on `device`, or None (kernels load on first use)."""
-    kind = torch.device(device).type
-    if kind not in _LOADED:
-        _LOADED[kind] = _LOADERS.get(kind, dict)()
-    return _LOADED[kind].get(policy)
-
-
-def reference_step(policy: Policy, topk_ids: torch.Tensor, view: View,
-                   ctx: DispatchContext) -> torch.Tensor:
-    """The reference: `policy` layer by layer, stacked to `[T, L, K]`."""
-    layers = [policy(topk_ids[:, layer], view, replace(ctx, layer=layer))
-              for layer in range(topk_ids.shape[1])]
+def reference_step(policy: Any, topk_ids: torch.Tensor, view: View, ctx: DispatchContext,
+                   name: str | None = None) -> torch.Tensor:
+    """The reference: `policy.fn` layer by layer, stacked to `[T, L, K]`. Each layer gets a copy
+    of its ids, so a policy cannot modify the caller's; InputError (naming `name` and the rank)
+    when it raises, modifies them or returns anything but an integer `[T, K]` tensor."""
+    name = name or getattr(policy.fn, "__name__", repr(policy.fn))
+    layers = []
+    for layer in range(topk_ids.shape[1]):
+        ids = topk_ids[:, layer]
+        given = ids.clone()
+        try:
+            phys = policy.fn(given, view, replace(ctx, layer=layer))
+        except InputError:
+            raise
+        except Exception as exc:  # a prototype's bug, said as such
+            raise InputError(f"policy {name} raised {type(exc).__name__} on rank {ctx.rank}: "
+                             f"{exc}") from exc
+        if not torch.equal(given, ids):
+            raise InputError(f"policy {name} modified the topk_ids it was given")
+        if (not isinstance(phys, torch.Tensor) or phys.shape != ids.shape
+                or phys.dtype not in (torch.int32, torch.int64)):
+            got = (f"{phys.dtype} {tuple(phys.shape)}" if isinstance(phys, torch.Tensor)
+                   else type(phys).__name__)
+            raise InputError(f"policy {name} returned {got}, expected integer slots "
+                             f"{tuple(ids.shape)}")
+        layers.append(phys.long())
     return torch.stack(layers, 1) if layers else topk_ids.long().clone()
 
 
-def dispatch_step(policy: Policy, topk_ids: torch.Tensor, view: View,
-                  ctx: DispatchContext) -> torch.Tensor:
-    """Every layer of a step, `topk_ids [T, L, K]` -> phys int64 `[T, L, K]`: the fast kernel
-    where one exists for `policy` on this device, else the reference (ctx.layer is ignored)."""
+def dispatch_step(policy: Any, topk_ids: torch.Tensor, view: View, ctx: DispatchContext,
+                  name: str | None = None) -> torch.Tensor:
+    """Every layer of a step, `topk_ids [T, L, K]` -> phys int64 `[T, L, K]`, for the
+    `DispatchPolicy` `policy`: its fast kernel where one loads on this device, else the guarded
+    reference (`ctx.layer` is ignored; `name` names the policy in errors)."""
     kernel = step_kernel(policy, topk_ids.device)
     if kernel is None:
-        return reference_step(policy, topk_ids, view, ctx)
+        return reference_step(policy, topk_ids, view, ctx, name)
     return kernel(topk_ids, view, ctx)

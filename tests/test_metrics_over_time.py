@@ -1,24 +1,28 @@
-"""Metrics over time: the decomposition multiplies back to the executed imbalance and each factor
+"""Metrics over time (`metrics.components`, `metrics.time_series`): the decomposition multiplies back to the executed imbalance and each factor
 is exactly 1 where it must be; time-series columns agree with the summary; the burst scenario's
 staleness spike shows for `window` and not for `oracle`.
 
 Dimensions: `S` steps, `L` layers, `E` experts, `P` slots, `G` GPUs.
 """
 
-from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
 
 from eplbsim.placement import Placement
-from eplbsim.replay import ReplayConfig, replay
+from eplbsim.replay import replay
+from eplbsim.spec import RunSpec
 from eplbsim.traces.synth import synthesize
-from eplbsim.timeseries import factors
 from eplbsim.topology import Topology
 from eplbsim.traces.trace import Trace
 
-CFG = ReplayConfig(num_gpus=4, gpus_per_node=2, num_redundant=8, rebalance_every=6)
+CFG = RunSpec.of(gpus=4, gpus_per_node=2, redundant=8, rebalance_every=6)
+
+
+def factors(res):
+    """The three factors of the executed imbalance per (step, layer), `[S, L]` each."""
+    return {k: res.components[f"factor_{k}"][0] for k in ("solver", "prediction", "dispatch")}
 
 
 @pytest.fixture(scope="module")
@@ -31,21 +35,21 @@ def burst():
 @pytest.mark.parametrize("mode", ["none", "a2a"])
 @pytest.mark.parametrize("policy", ["static", "random", "row", "ordinal"])
 def test_factors_multiply_back_to_the_executed_imbalance(burst, policy, mode, predictor):
-    res = replay(burst, replace(CFG, policy=policy, mode=mode, predictor=predictor))
-    f = factors(res.series)
+    res = replay(burst, CFG.replace(policy=policy, mode=mode, predictor=predictor))
+    f = factors(res)
     product = f["solver"] * f["prediction"] * f["dispatch"]  # [S, L]
-    executed = res.series.gpu_imbalance
+    executed = res.components["gpu_imbalance"][0]
     assert not executed.isnan().any()
     assert torch.allclose(product, executed, rtol=1e-6, atol=0)
     assert res.metrics["factor_solver"] >= 1.0
 
 
 def test_oracle_prediction_factor_is_exactly_one_after_the_first_solve(burst):
-    res = replay(burst, replace(CFG, predictor="oracle"))
-    prediction = factors(res.series)["prediction"]
+    res = replay(burst, CFG.replace(predictor="oracle"))
+    prediction = factors(res)["prediction"]
     assert (prediction[6:] == 1.0).all()
     assert (prediction[:6] > 1.0).any()  # the trivial start is no prediction at all
-    window = factors(replay(burst, replace(CFG, predictor="window")).series)["prediction"]
+    window = factors(replay(burst, CFG.replace(predictor="window")))["prediction"]
     assert (window[6:] != 1.0).any()
 
 
@@ -59,16 +63,16 @@ def test_dispatch_factor_is_exactly_one_for_an_even_split():
     # expert 0 has replicas on slots 0 (GPU 0) and 2 (GPU 1); in "none" mode ordinal splits an
     # even count of its pairs exactly in half, so executed GPU loads equal the promise
     placement = Placement([[0, 1, 0, 2]], 3, Topology(2))
-    cfg = ReplayConfig(policy="ordinal", mode="none", num_gpus=2, num_redundant=1,
+    cfg = RunSpec.of(policy="ordinal", mode="none", gpus=2, redundant=1,
                        placement=placement)
     even = replay(_even_trace([2, 4, 6, 8]), cfg)
-    assert (factors(even.series)["dispatch"] == 1.0).all()
+    assert (factors(even)["dispatch"] == 1.0).all()
     odd = replay(_even_trace([3, 5, 7, 9]), cfg)  # one pair left over every step
-    assert (factors(odd.series)["dispatch"] != 1.0).all()
+    assert (factors(odd)["dispatch"] != 1.0).all()
 
 
 def test_time_series_columns_match_the_summary(burst):
-    res = replay(burst, replace(CFG, policy="row", mode="none"))
+    res = replay(burst, CFG.replace(policy="row", mode="none"))
     S, L = 24, 2
     per_step = res.time_series()
     per_layer = res.time_series(per_layer=True)
@@ -87,12 +91,12 @@ def test_time_series_columns_match_the_summary(burst):
     assert (per_step["rank_agreement"] == 1.0).all()
     mult = per_step["multiplicity_0"] + per_step["multiplicity_1"] + per_step["multiplicity_2+"]
     assert np.allclose(mult, 1.0)
-    a2a = replay(burst, replace(CFG, policy="row", mode="a2a")).time_series()
+    a2a = replay(burst, CFG.replace(policy="row", mode="a2a")).time_series()
     assert np.isnan(a2a["rank_agreement"]).all() and np.isnan(a2a["output_rel_error"]).all()
 
 
 def test_migration_rows_price_every_copy(burst):
-    res = replay(burst, replace(CFG, expert_bytes=1000))
+    res = replay(burst, CFG.replace(expert_bytes=1000))
     rows = res.migrations()
     assert [r["step"] for r in rows] == [6, 12, 18]
     for r in rows:
@@ -107,11 +111,11 @@ def test_burst_spikes_the_window_predictor_until_the_next_rebalance():
     and suffers until the next rebalance sees the burst; `oracle` saw it coming."""
     trace = synthesize("burst", steps=60, tokens=256, layers=1, experts=32, top_k=4, seed=0,
                        start=20, length=40)
-    cfg = ReplayConfig(policy="ordinal", mode="a2a", num_gpus=4, num_redundant=8,
+    cfg = RunSpec.of(policy="ordinal", mode="a2a", gpus=4, redundant=8,
                        rebalance_every=10)
     mean = {}
     for predictor in ("window", "oracle"):
-        imb = replay(trace, replace(cfg, predictor=predictor)).time_series()["gpu_imbalance"]
+        imb = replay(trace, cfg.replace(predictor=predictor)).time_series()["gpu_imbalance"]
         mean[predictor] = [float(imb[a:a + 10].mean()) for a in range(0, 60, 10)]
     before, during, after = mean["window"][1], mean["window"][2], mean["window"][3]
     assert during > 1.25 * before, mean  # the spike, steps 20..29

@@ -4,7 +4,6 @@ migration-aware solving, and clean errors for bad settings.
 Dimensions: `S` steps, `L` layers, `E` experts, `P` slots, `G` GPUs.
 """
 
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -13,13 +12,20 @@ import torch
 from eplbsim.errors import InputError
 from eplbsim.placement import Placement, trivial_placement
 from eplbsim.schedule.plan import plan, transfer_counts
-from eplbsim.replay import ReplayConfig, replay
+from eplbsim.replay import replay
+from eplbsim.spec import RunSpec
 from eplbsim.solvers import solve
 from eplbsim.traces.synth import synthesize
 from eplbsim.topology import Topology
 
 TOPO = Topology(4, 2)
-CFG = ReplayConfig(num_gpus=4, gpus_per_node=2, num_redundant=8)
+CFG = RunSpec.of(gpus=4, gpus_per_node=2, redundant=8)
+
+
+def plan_of(loads, spec):
+    """`plan` for the spec's schedule and solver on 24 slots of TOPO, one group."""
+    return plan(loads, spec.schedule, spec.solver, TOPO, 24, 1, spec.solver.placement,
+                spec.schedule.initial)
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +60,7 @@ def test_transfer_counts_needs_one_layout():
 
 
 def test_schedule_boundaries_first_solve_after_the_window(loads):
-    segments = plan(loads, replace(CFG, rebalance_every=7, window=10), TOPO, 1)
+    segments = plan_of(loads, CFG.replace(rebalance_every=7, window=10))
     assert [(s.start, s.stop) for s in segments] == [(0, 10), (10, 17), (17, 24), (24, 30)]
     assert segments[0].rebalance is None
     assert torch.equal(segments[0].placement.phy2log, trivial_placement(2, 16, 24, TOPO).phy2log)
@@ -62,12 +68,12 @@ def test_schedule_boundaries_first_solve_after_the_window(loads):
 
 
 def test_window_longer_than_the_trace_never_rebalances(loads):
-    (only,) = plan(loads, replace(CFG, rebalance_every=5, window=40), TOPO, 1)
+    (only,) = plan_of(loads, CFG.replace(rebalance_every=5, window=40))
     assert (only.start, only.stop, only.rebalance) == (0, 30, None)
 
 
 def test_without_a_schedule_one_placement_solved_from_everything(loads):
-    (only,) = plan(loads, CFG, TOPO, 1)
+    (only,) = plan_of(loads, CFG)
     assert only.best is only.placement
     want = solve("deepseek", loads.sum(0), 24, TOPO)
     assert torch.equal(only.placement.phy2log, want.phy2log)
@@ -75,14 +81,14 @@ def test_without_a_schedule_one_placement_solved_from_everything(loads):
 
 def test_initial_placement_serves_until_the_first_rebalance(loads):
     initial = solve("lpt", loads.sum(0), 24, TOPO)
-    segments = plan(loads, replace(CFG, rebalance_every=10, initial=initial), TOPO, 1)
+    segments = plan_of(loads, CFG.replace(rebalance_every=10, initial=initial))
     assert segments[0].placement is initial
 
 
 @pytest.mark.parametrize("skip_above, skipped", [(0.0, True), (1.0, False)])
 def test_skip_threshold(loads, skip_above, skipped):
-    cfg = replace(CFG, rebalance_every=6, skip_above=skip_above)
-    segments = plan(loads, cfg, TOPO, 1)
+    cfg = CFG.replace(rebalance_every=6, skip_above=skip_above)
+    segments = plan_of(loads, cfg)
     decisions = [s.rebalance for s in segments[1:]]
     assert decisions and all(r.skipped == skipped for r in decisions)
     assert all(0 < r.balancedness <= 1 for r in decisions)
@@ -90,29 +96,29 @@ def test_skip_threshold(loads, skip_above, skipped):
         assert all(s.placement is segments[0].placement for s in segments)
         assert all(r.moved_slots == 0 for r in decisions)
     res = replay(synthesize("skewed", steps=12, tokens=64, layers=2, experts=16, top_k=4),
-                 replace(cfg, policy="ordinal"))
+                 cfg.replace(policy="ordinal"))
     assert len(res.epochs) == (1 if skipped else 2)
     assert res.metrics["rebalances"] == (0 if skipped else 1)
 
 
 def test_migration_aware_solving_moves_fewer_experts(loads):
-    cfg = replace(CFG, rebalance_every=5)
-    aware = plan(loads, cfg, TOPO, 1)
-    blind = plan(loads, replace(cfg, migration_aware=False), TOPO, 1)
+    cfg = CFG.replace(rebalance_every=5)
+    aware = plan_of(loads, cfg)
+    blind = plan_of(loads, cfg.replace(migration_aware=False))
     moved = [sum(s.rebalance.moved_slots for s in segs[2:]) for segs in (aware, blind)]
     assert moved[0] < moved[1]
 
 
 def test_oracle_best_is_the_placement_it_solved(loads):
-    segments = plan(loads, replace(CFG, rebalance_every=6, predictor="oracle"), TOPO, 1)
+    segments = plan_of(loads, CFG.replace(rebalance_every=6, predictor="oracle"))
     assert all(s.best is s.placement for s in segments[1:])
-    window = plan(loads, replace(CFG, rebalance_every=6), TOPO, 1)
+    window = plan_of(loads, CFG.replace(rebalance_every=6))
     assert any(s.best is not s.placement for s in window[1:])
 
 
 def test_plan_is_deterministic(loads):
-    cfg = replace(CFG, rebalance_every=4, predictor="ema")
-    a, b = plan(loads, cfg, TOPO, 1), plan(loads, cfg, TOPO, 1)
+    cfg = CFG.replace(rebalance_every=4, predictor="ema")
+    a, b = plan_of(loads, cfg), plan_of(loads, cfg)
     for x, y in zip(a, b):
         assert torch.equal(x.placement.phy2log, y.placement.phy2log)
         assert np.array_equal(getattr(x.rebalance, "transfers", 0),
@@ -133,7 +139,7 @@ def _negative(past, future, window, decay):
 
 def test_schedule_settings_without_a_schedule_are_input_errors(loads):
     with pytest.raises(InputError, match="window, predictor only apply with rebalance_every"):
-        plan(loads, replace(CFG, window=5, predictor="oracle"), TOPO, 1)
+        plan_of(loads, CFG.replace(window=5, predictor="oracle"))
 
 
 @pytest.mark.parametrize("change, match", [
@@ -147,8 +153,9 @@ def test_schedule_settings_without_a_schedule_are_input_errors(loads):
     (dict(rebalance_every=5, predictor=_negative), "_negative returned NaN, infinite or neg"),
     (dict(rebalance_every=5, initial=trivial_placement(3, 16, 24, TOPO)), "initial placement"),
     (dict(rebalance_every=5, initial=trivial_placement(2, 16, 24, Topology(4))), "laid out"),
-    (dict(rebalance_every=5, initial="trivial"), "must be a Placement"),
+    (dict(rebalance_every=5, initial=3), "must be a path to a JSON placement, got 3"),
 ])
 def test_bad_settings_are_input_errors(loads, change, match):
     with pytest.raises(InputError, match=match):
-        plan(loads, replace(CFG, **change), TOPO, 1)
+        plan_of(loads, CFG.replace(**change))
+    assert CFG.replace(rebalance_every=5, initial="trivial").schedule.initial is None

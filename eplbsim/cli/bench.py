@@ -1,0 +1,72 @@
+"""`eplbsim bench`: the dispatch hot path against the torch expression and the roofline, and a
+full replay (`eplbsim.bench`)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from .. import bench as B
+from ..errors import InputError
+from ..replay import resolve_device
+from ..results import to_json
+from ..spec import Device
+from .common import nonnegative, positive, split
+
+HELP = ("time the dispatch hot path against the torch expression and the roofline "
+        "(DeepSeek-V3 shape), and a replay")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default="auto", help="cpu, cuda, or auto (default)")
+    p.add_argument("--n", default=None, help="comma-separated pair counts N, e.g. 1e6,1e7 "
+                   "(default 1e6,1e7 on CPU, 1e8 on CUDA)")
+    p.add_argument("--policies", default="row,ordinal,static,random",
+                   help="comma-separated, from row, ordinal, static, random")
+    p.add_argument("--repeats", type=positive, default=5,
+                   help="timed runs after warm-up; the best is reported (default 5)")
+    p.add_argument("--replay", action=argparse.BooleanOptionalAction, default=True,
+                   help="also time a full none-mode replay of 32 ranks (default on)")
+    p.add_argument("--replay-steps", type=positive, default=None,
+                   help="replay steps (default 16)")
+    p.add_argument("--replay-tokens", type=positive, default=None,
+                   help="replay tokens per step (default 4096)")
+    p.add_argument("--replay-layers", type=positive, default=None,
+                   help="replay layers (default 58)")
+    p.add_argument("--seed", type=nonnegative, default=0)
+    p.add_argument("--json", action="store_true", help="print only a JSON array of rows")
+
+
+def _pair_counts(text: str) -> list[int]:
+    """`--n 1e6,1e7` -> [1000000, 10000000]: positive whole numbers, plain or in e-notation."""
+    counts = []
+    for item in split(text, "n"):
+        try:
+            value = float(item)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or value < 1 or value != int(value):
+            raise InputError(f"--n takes positive whole numbers such as 1e6, got {item!r}")
+        counts.append(int(value))
+    return counts
+
+
+def handle(args: argparse.Namespace) -> int:
+    device = resolve_device(Device().check(args.device))
+    policies = split(args.policies, "policies")
+    for p in policies:
+        if p not in B.BENCH_POLICIES:
+            raise InputError(f"unknown bench policy {p!r}; choose from "
+                             f"{', '.join(B.BENCH_POLICIES)}")
+    ns = _pair_counts(args.n) if args.n is not None else None
+    rows = B.bench_dispatch(ns, policies, device, args.repeats, args.seed)
+    replay_rows = B.replay_throughput(device, args.replay_steps, args.replay_tokens,
+                                      args.replay_layers, seed=args.seed) if args.replay else []
+    if args.json:
+        print(to_json(rows + replay_rows))
+        return 0
+    print(B.format_dispatch_table(rows))
+    if replay_rows:
+        print()
+        print(B.format_replay_table(replay_rows))
+    return 0

@@ -1,0 +1,29 @@
+"""`eplbsim figures`: rebuild the paper figures (`eplbsim.figures`)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .common import split
+
+HELP = "rebuild the paper figures (PDF and PNG), deterministically"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", type=Path, default=Path("figures"),
+                   help="folder to write NAME.pdf and NAME.png into (default figures/)")
+    p.add_argument("--only", default=None,
+                   help="comma-separated figure names (default all; see --list)")
+    p.add_argument("--list", action="store_true", help="print the figure names and exit")
+
+
+def handle(args: argparse.Namespace) -> int:
+    from ..figures import FIGURES, build
+    if args.list:
+        for name, fn in FIGURES.items():
+            print(f"{name:22s} {(fn.__doc__ or '').splitlines()[0]}")
+        return 0
+    paths = build(args.out, split(args.only, "only") if args.only else None)
+    print(f"wrote {len(paths)} files to {args.out}: " + ", ".join(p.name for p in paths))
+    return 0

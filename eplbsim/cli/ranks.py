@@ -1,0 +1,78 @@
+"""`eplbsim ranks`: the dispatch on real torch.distributed processes, checked against the
+simulation (`eplbsim.distributed`)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import os
+import sys
+
+from .. import spec
+from ..distributed import (REPORT_COLUMNS, GroupFailure, join_launched, launch,
+                           launched_by_torchrun, report_cells)
+from ..errors import InputError
+from ..replay import resolve_device
+from ..results import describe, format_table
+from ..traces.counts import CountsTrace
+from .common import nonnegative, positive
+
+HELP = ("run the dispatch on real torch.distributed processes (gloo on CPU, NCCL on CUDA) and "
+        "check every metric against the in-process simulation")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--world-size", type=positive, default=None,
+                   help="ranks = GPUs to spawn locally (under torchrun: the launched group's, "
+                   "which this must match if given)")
+    spec.add_flags(p, "ranks")
+    p.add_argument("--port", type=nonnegative, default=0,
+                   help="rendezvous port on 127.0.0.1 when spawning (default: a free one)")
+    p.add_argument("--timeout", type=float, default=60.0,
+                   help="seconds any one collective may wait before the group is stopped "
+                   "(default 60)")
+    p.add_argument("--json", action="store_true", help="print only JSON")
+
+
+def handle(args: argparse.Namespace) -> int:
+    torchrun = launched_by_torchrun()
+    world = int(os.environ["WORLD_SIZE"]) if torchrun else args.world_size
+    if world is None:
+        raise InputError("--world-size is required (or start the command under torchrun)")
+    if torchrun and args.world_size not in (None, world):
+        raise InputError(f"--world-size {args.world_size} differs from torchrun's group of "
+                         f"{world}")
+    values, lists = spec.from_args(args, "ranks")
+    values["gpus"] = world
+    if torchrun and values.get("gpus_per_node") is None:
+        values["gpus_per_node"] = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    source, base = spec.build(values)
+    if source.trace is None:  # every rank synthesizes the same steps
+        source = dataclasses.replace(source, steps=source.steps or base.schedule.steps())
+    load = functools.partial(source.open, base.dispatch.seed, base.schedule)
+    trace = load()  # bad input fails here, before any process starts
+    if isinstance(trace, CountsTrace):
+        raise InputError(f"{source.trace} holds expert counts, not token rows: ranks need "
+                         f"tokens to dispatch")
+    device = resolve_device(base.dispatch.device).partition(":")[0]
+    specs = [base.replace(policy=p, mode=m) for m in lists["mode"] for p in lists["policy"]]
+    try:
+        rows = (join_launched(load, specs, device=device, timeout=args.timeout) if torchrun
+                else launch(load, specs, world, device=device, port=args.port,
+                            timeout=args.timeout))
+    except GroupFailure as exc:
+        print(f"eplbsim: error: {exc}", file=sys.stderr)
+        return 1
+    if not rows:  # a torchrun rank other than 0
+        return 0
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        print(f"{world} ranks ({rows[0]['backend']}, {device}) | " + describe(trace, base))
+        print(format_table([report_cells(r) for r in rows], REPORT_COLUMNS, labels=3))
+        matched = sum(r["match"] for r in rows)
+        print(f"{matched} of {len(rows)} configurations: every metric of the real processes "
+              f"equals the in-process simulation's")
+    return 0 if all(r["match"] for r in rows) else 1

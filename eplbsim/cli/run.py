@@ -1,0 +1,75 @@
+"""`eplbsim run`: compare dispatch policies (and modes) on a trace or a scenario."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .. import spec
+from ..errors import InputError
+from ..replay import compare, replay
+from ..results import (describe, format_table, rebalance_report, series_rows, to_json,
+                       write_csv, write_results)
+from ..traces.counts import CountsTrace
+
+HELP = "compare dispatch policies on a trace or scenario"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    spec.add_flags(p, "run")
+    p.add_argument("--per-layer", action="store_true",
+                   help="with --out, the time series per step and layer")
+    p.add_argument("--json", action="store_true", help="print only JSON")
+    p.add_argument("--out", type=Path, help="write results.json, results.csv, timeseries.csv, "
+                   "migrations.csv and the figures policies.png and timeseries.png (with PDFs)")
+
+
+def handle(args: argparse.Namespace) -> int:
+    values, lists = spec.from_args(args, "run")
+    source, base = spec.build(values)
+    trace = source.open(base.dispatch.seed, base.schedule)
+    if isinstance(trace, CountsTrace):
+        return _counts_only(args, trace, base)
+    results = compare(trace, lists["policy"], lists["mode"], base)
+    rows = [r.row() for r in results]
+    if args.json:
+        print(to_json(rows))
+    else:
+        print(describe(trace, base))
+        print(format_table(rows))
+        if base.schedule.rebalance_every is not None:
+            print()
+            print(rebalance_report(results[0], rows))
+    if args.out:
+        from ..plots import policy_comparison, save_figure, time_series_figure
+        paths = write_results(rows, args.out)
+        paths.append(write_csv([row for r in results for row in series_rows(
+            {"policy": r.policy, "mode": r.spec.dispatch.mode},
+            r.time_series(args.per_layer))], args.out / "timeseries.csv"))
+        paths.append(write_csv(results[0].migrations(), args.out / "migrations.csv"))
+        paths += save_figure(policy_comparison(results), args.out / "policies.pdf")
+        paths += save_figure(time_series_figure(results), args.out / "timeseries.pdf")
+        if not args.json:
+            print("wrote " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+def _counts_only(args: argparse.Namespace, counts: CountsTrace, base: spec.RunSpec) -> int:
+    """`run` on counts only: the placement's even-split promise; no policy can run."""
+    if args.policy is not None:
+        raise InputError(f"{args.trace} holds expert counts, not token rows: dispatch policies "
+                         f"choose a replica per (token, slot), so none can run on it; without "
+                         f"--policies, run reports the placement's even-split promise")
+    rows = [replay(counts, base).row()]
+    if args.json:
+        print(to_json(rows))
+        return 0
+    topo = base.topology
+    print(f"{args.trace}: counts only, {counts.num_steps} steps, {counts.num_layers} layers, "
+          f"E={counts.num_experts} | {topo.gpus} GPUs, P={counts.num_experts + topo.redundant} "
+          f"slots, solver {rows[0]['solver']}: the placement's even-split promise (no token "
+          f"rows, so no dispatch)")
+    print(format_table(rows))
+    if args.out:
+        print("wrote " + ", ".join(str(p) for p in write_results(rows, args.out)))
+    return 0

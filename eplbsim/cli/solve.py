@@ -1,0 +1,94 @@
+"""`eplbsim solve`: a placement for expert loads (a JSON `[L][E]` matrix or real counts)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .. import spec
+from ..errors import InputError
+from ..metrics import placement_report
+from ..placement_io import read_json, read_phy2log
+from ..solvers import SOLVERS, as_load, solve_with_info
+from ..topology import Topology
+from ..traces.formats import open_loads
+from .common import nonnegative, positive
+
+HELP = "solve a placement for expert loads (a JSON [L][E] matrix or a counts CSV)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    loads = p.add_mutually_exclusive_group(required=True)
+    loads.add_argument("--load", type=Path, help="a JSON [layers][experts] load matrix")
+    loads.add_argument("--counts", type=Path,
+                       help="a CSV with columns layer,expert,count (others can be filtered on), "
+                       "a counts-only .npz, or any routing trace (summed over steps)")
+    p.add_argument("--where", default=None,
+                   help="filters for --counts, e.g. model=olmoe,domain=arxiv")
+    p.add_argument("--experts", type=positive, default=None,
+                   help="experts in --counts (default: the largest id + 1)")
+    slots = p.add_mutually_exclusive_group()
+    slots.add_argument("--slots", type=positive, default=None,
+                       help="physical slots P (default: experts + --redundant)")
+    slots.add_argument("--redundant", type=nonnegative, default=0,
+                       help="redundant slots, P = E + redundant (default 0)")
+    p.add_argument("--gpus", type=positive, required=True)
+    p.add_argument("--gpus-per-node", type=positive, default=None)
+    p.add_argument("--groups", type=positive, default=1)
+    p.add_argument("--solver", default="deepseek", choices=sorted(SOLVERS))
+    p.add_argument("--anti-colocation", action="store_true",
+                   help="no two replicas of one expert on one GPU")
+    p.add_argument("--previous", type=Path, default=None,
+                   help="the placement in service (any placement file: a previous `solve "
+                   "--json` output, a bare phy2log [L][P], an SGLang map): change as few "
+                   "slots as possible")
+    p.add_argument("-o", "--option", "--solver-option", action="append", default=[],
+                   metavar="KEY=VALUE", dest="option",
+                   help="solver option, e.g. time_limit=10")
+    p.add_argument("--json", action="store_true")
+
+
+def handle(args: argparse.Namespace) -> int:
+    topology = Topology(args.gpus, args.gpus_per_node)
+    if args.counts is not None:
+        counts = open_loads(args.counts, args.where, args.experts)
+        load, layers = counts.load, list(counts.layers)
+    else:
+        if args.where or args.experts:
+            raise InputError("--where and --experts apply to --counts only")
+        load = read_json(args.load, "a JSON [layers][experts] load matrix")
+        layers = None
+    load = as_load(load)  # [L, E] validated
+    options = dict(spec.Options("solver_option").parse(item) for item in args.option)
+    if args.anti_colocation:
+        options["anti_colocation"] = True
+    if args.previous is not None:
+        options["previous"] = read_phy2log(read_json(args.previous, "a JSON placement"),
+                                           args.previous, load.shape[1])
+    slots = args.slots or load.shape[1] + args.redundant
+    placement, info = solve_with_info(args.solver, load, slots, topology, args.groups,
+                                      **options)
+    result = {"phy2log": placement.phy2log.tolist(), "logcnt": placement.logcnt.tolist(),
+              **placement_report(placement, torch.from_numpy(load)),
+              **({"layers": layers} if layers is not None else {}), **info}
+    if args.json:
+        print(json.dumps(result, default=_plain))
+        return 0
+    print(f"solver {args.solver}: {placement.num_layers} layers, {placement.num_experts} "
+          f"experts, {slots} slots on {args.gpus} GPUs; placement_imbalance "
+          f"{result['placement_imbalance']:.4f}, placement_gap {result['placement_gap']:.4f}"
+          + (f", moved_slots {info['moved_slots']}" if "moved_slots" in info else ""))
+    for layer, row in enumerate(result["phy2log"]):
+        print(f"  layer {layers[layer] if layers is not None else layer}: {row}")
+    return 0
+
+
+def _plain(value: Any) -> Any:
+    """JSON for numpy scalars and arrays in a solver's report."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")

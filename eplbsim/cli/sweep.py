@@ -1,0 +1,42 @@
+"""`eplbsim sweep`: a grid of replays from a TOML spec into one table (`eplbsim.sweep`)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..errors import InputError
+from .common import positive
+
+HELP = "run a grid of replays from a TOML spec into one table"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from ..sweep import EXECUTORS
+    p.description = ("Run the cells of a sweep spec (scenarios or traces x solvers x policies "
+                     "x modes x topologies x seeds, any setting of the run schema) into "
+                     "DIR/results.csv (and .parquet with pyarrow), resuming what DIR already "
+                     "holds.")
+    p.add_argument("spec", type=Path, help="the sweep spec, TOML (format: eplbsim.sweep's doc)")
+    p.add_argument("--out", type=Path, default=None, metavar="DIR",
+                   help="output directory (default: the spec's out); a rerun resumes it")
+    p.add_argument("--executor", choices=EXECUTORS, default="local",
+                   help="local processes (default) or Ray tasks (the ray extra)")
+    p.add_argument("--workers", type=positive, default=None, metavar="N",
+                   help="local processes, or the CPUs of a local Ray instance (default: all "
+                   "cores)")
+    p.add_argument("--address", default=None, metavar="RAY_ADDRESS",
+                   help="the Ray cluster to run on (default: start a local instance)")
+
+
+def handle(args: argparse.Namespace) -> int:
+    from ..sweep import read_spec, run_sweep
+    sweep = read_spec(args.spec)
+    out = args.out or sweep.out
+    if out is None:
+        raise InputError(f"{args.spec}: no output directory; give --out DIR or out in the spec")
+    run = run_sweep(sweep, out, args.executor, args.workers, args.address)
+    n = len(sweep.cells)
+    print(f"{n} cells ({run.ran} run now, {n - run.ran} done before); wrote "
+          f"{', '.join(str(p) for p in run.paths)}")
+    return 0

@@ -1,0 +1,60 @@
+"""What a rebalance moves: expert copies by where they come from, and their bytes.
+
+Dimensions: `L` layers, `E` logical experts, `P` physical slots, `G` GPUs, `N` nodes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from ..errors import InputError
+from ..placement import Placement
+
+# One DeepSeek-V3 routed expert in bf16: gate, up and down projections of 7168 x 2048, 2 bytes.
+DEEPSEEK_V3_EXPERT_BYTES = 3 * 7168 * 2048 * 2
+TRANSFER_KINDS = ("same_gpu", "same_node", "cross_node")
+
+
+def transfer_counts(old: Placement, new: Placement) -> np.ndarray:
+    """Expert copies needed to turn `old` into `new`: int64 `[L, 3]` per layer, by where the
+    nearest old replica of a changed slot's new expert sits: on the slot's GPU, on its node, or
+    only on other nodes (every expert has a replica in `old`, so some source always exists)."""
+    old_p2l, new_p2l = old.phy2log, new.phy2log  # [L, P]
+    if old_p2l.shape != new_p2l.shape or old.topology != new.topology:
+        raise InputError(f"cannot compare placements of shapes {tuple(old_p2l.shape)} on "
+                         f"{old.topology} and {tuple(new_p2l.shape)} on {new.topology}")
+    L, P = old_p2l.shape
+    E, G, N = old.num_experts, old.topology.num_gpus, old.topology.num_nodes
+    gpu, node = old.slot_gpu, old.slot_node  # [P]
+    layer = torch.arange(L).view(L, 1).expand(L, P)
+    held_gpu = torch.zeros(L, G, E, dtype=torch.bool)
+    held_gpu[layer, gpu.expand(L, P), old_p2l] = True  # [L, G, E] expert held on a GPU
+    held_node = held_gpu.view(L, N, G // N, E).any(2)  # [L, N, E]
+    changed = old_p2l != new_p2l  # [L, P]
+    on_gpu = held_gpu[layer, gpu.expand(L, P), new_p2l] & changed
+    on_node = held_node[layer, node.expand(L, P), new_p2l] & changed & ~on_gpu
+    other = changed & ~on_gpu & ~on_node
+    return torch.stack([on_gpu.sum(1), on_node.sum(1), other.sum(1)], 1).numpy()
+
+
+def migration_rows(segments: Sequence[Any], expert_bytes: int) -> list[dict[str, Any]]:
+    """One row per rebalance point of `segments` (`plan.Segment`): `step`, `skipped`,
+    `balancedness` (of the placement in service on the forecast), `moved_slots`, copies by
+    source (`same_gpu`, `same_node`, `cross_node`), `bytes` (all copies) and
+    `cross_node_bytes`, for experts of `expert_bytes`."""
+    rows = []
+    for seg in segments:
+        r = seg.rebalance
+        if r is None:
+            continue
+        kinds = dict(zip(TRANSFER_KINDS, r.transfers.sum(0).tolist()))
+        rows.append({"step": r.step, "skipped": r.skipped,
+                     "balancedness": None if math.isnan(r.balancedness) else r.balancedness,
+                     "moved_slots": r.moved_slots, **kinds,
+                     "bytes": r.moved_slots * expert_bytes,
+                     "cross_node_bytes": kinds["cross_node"] * expert_bytes})
+    return rows

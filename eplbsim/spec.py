@@ -1,0 +1,647 @@
+"""The run schema: every setting of a run, declared once.
+
+A run is described by small frozen parts (`PARTS`, in order): `source` (which trace a command
+reads: a file, or a scenario with its sizes and options), `dispatch`, `solver`, `schedule` and
+`topology`. :class:`RunSpec` holds the last four (`replay` takes the trace itself). Each field
+is declared with :func:`knob`: its default, help text, value type (which parses command-line
+text and checks any value, with one message wherever the value came from) and the commands it
+can be set from. The flags of `run` and `ranks` (`add_flags`, `from_args`), the keys of a sweep
+spec (`sweep_keys`, `sweep_value`), the labels of every result row (`RunSpec.labels`) and the
+checks are all generated from these declarations, so a new setting is one field, and a new part
+one class and one line in `PARTS`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+from dataclasses import MISSING, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping
+
+from .dispatch import POLICIES, DispatchPolicy
+from .errors import InputError
+from .placement import VIEWS, Placement
+from .ranks import MODES, RNG_RELATIONS
+from .registry import name_of
+from .schedule.migration import DEEPSEEK_V3_EXPERT_BYTES
+from .schedule.predictors import PREDICTORS
+from .solvers import SOLVERS, solver_options
+from .topology import Topology
+from .traces.counts import parse_where
+from .traces.formats import open_trace
+from .traces.synth import (DEFAULT_SCENARIO, DEFAULT_SIZES, SCENARIOS, scenario_options,
+                            synthesize)
+
+KNOB = "eplbsim.knob"  # the metadata key of a declared field
+COMMANDS = frozenset({"run", "ranks", "sweep"})
+SYNTH = COMMANDS | {"synth"}  # what `trace synth` also takes: the scenario's sizes and seed
+
+
+# ----------------------------------------------------------------------------- value types
+# Each parses command-line text (`parse`) and checks a value from anywhere (`check`): it returns
+# the value as stored, or raises InputError whose message says what is wrong (without naming
+# the setting: the caller prefixes the flag, the sweep key or the field).
+
+@dataclass(frozen=True)
+class Integer:
+    """An integer >= `least`; None too when `optional`."""
+
+    least: int = 0
+    optional: bool = False
+
+    def parse(self, text: str) -> int:
+        try:
+            return int(text)
+        except ValueError:
+            raise InputError(f"must be an integer, got {text!r}") from None
+
+    def check(self, value: Any) -> int | None:
+        if value is None and self.optional:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < self.least:
+            raise InputError(f"must be an integer >= {self.least}, got {value!r}")
+        return int(value)
+
+
+@dataclass(frozen=True)
+class Number:
+    """A finite number in `[least, most]` (stored as float); None too when `optional`."""
+
+    least: float = -math.inf
+    most: float = math.inf
+    optional: bool = False
+
+    def parse(self, text: str) -> float:
+        try:
+            return float(text)
+        except ValueError:
+            raise InputError(f"must be a number, got {text!r}") from None
+
+    def check(self, value: Any) -> float | None:
+        if value is None and self.optional:
+            return None
+        if (isinstance(value, bool) or not isinstance(value, (int, float))
+                or not math.isfinite(value) or not self.least <= value <= self.most):
+            raise InputError(f"must be a number in [{self.least:g}, {self.most:g}], "
+                             f"got {value!r}")
+        return float(value)
+
+
+@dataclass(frozen=True)
+class Switch:
+    """True or False (a `--flag / --no-flag` pair on the command line)."""
+
+    def parse(self, text: str) -> bool:
+        raise AssertionError("switches are parsed by argparse")
+
+    def check(self, value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise InputError(f"must be true or false, got {value!r}")
+        return value
+
+
+@dataclass(frozen=True)
+class Name:
+    """A name in `registry` (a dict or a sequence of names, read when checking, so entries
+    registered later count); when `callables`, also a callable or an `entry` object (e.g. a
+    `DispatchPolicy`) given directly; None too when `optional`."""
+
+    registry: Any
+    kind: str
+    callables: bool = False
+    entry: type | None = None
+    optional: bool = False
+
+    def parse(self, text: str) -> str:
+        return text
+
+    def check(self, value: Any) -> Any:
+        if value is None and self.optional:
+            return None
+        if self.callables and (callable(value) or (self.entry is not None
+                                                   and isinstance(value, self.entry))):
+            return value
+        if not isinstance(value, str) or value not in self.registry:
+            raise InputError(f"unknown {self.kind} {value!r}; choose one of "
+                             f"{', '.join(self.registry)}")
+        return value
+
+
+@dataclass(frozen=True)
+class File:
+    """A path to an existing file or directory; None when absent (`absent` on the command
+    line: e.g. `--initial trivial`); a Placement object too when `placement`."""
+
+    what: str
+    placement: bool = False
+    absent: str | None = None
+
+    def parse(self, text: str) -> str | None:
+        return None if text == self.absent else text
+
+    def check(self, value: Any) -> Any:
+        if value is None or value == self.absent:
+            return None
+        if self.placement and isinstance(value, Placement):
+            return value
+        if not isinstance(value, (str, os.PathLike)):
+            raise InputError(f"must be a path to {self.what}, got {value!r}")
+        if not Path(value).exists():
+            raise InputError(f"{value}: no such file")
+        return str(value)
+
+
+@dataclass(frozen=True)
+class Options:
+    """Named options `{KEY: number, text or boolean}`; `KEY=VALUE` on the command line (VALUE
+    read as JSON when it can be: numbers, true/false), `PREFIX.KEY` in a sweep spec."""
+
+    prefix: str
+
+    def parse(self, text: str) -> tuple[str, Any]:
+        key, sep, value = text.partition("=")
+        if not sep or not key:
+            raise InputError(f"expected KEY=VALUE, got {text!r}")
+        try:
+            return key, json.loads(value)
+        except ValueError:
+            return key, value
+
+    def check(self, value: Any) -> dict[str, Any]:
+        if not isinstance(value, Mapping):
+            raise InputError(f"must be a mapping of option names to values, got {value!r}")
+        for key, item in value.items():
+            if not isinstance(key, str) or not isinstance(item, (str, int, float, bool)):
+                raise InputError(f"option {key!r} must be a number, text or boolean, "
+                                 f"got {item!r}")
+        return dict(value)
+
+
+@dataclass(frozen=True)
+class Device:
+    """`cpu`, `cuda`, `cuda:N` or `auto` (CUDA when torch sees a device, else the CPU)."""
+
+    def parse(self, text: str) -> str:
+        return text
+
+    def check(self, value: Any) -> str:
+        ok = isinstance(value, str) and (value in ("cpu", "cuda", "auto") or (
+            value.startswith("cuda:") and value[5:].isdigit()))
+        if not ok:
+            raise InputError(f"unknown device {value!r}; use cpu, cuda, cuda:N or auto")
+        return value
+
+
+@dataclass(frozen=True)
+class Filter:
+    """Column filters of a counts CSV, `COLUMN=VALUE,...`; None when absent."""
+
+    def parse(self, text: str) -> str:
+        return text
+
+    def check(self, value: Any) -> str | None:
+        if value is None:
+            return None
+        if not isinstance(value, str):
+            raise InputError(f"must be COLUMN=VALUE pairs separated by commas, got {value!r}")
+        parse_where(value)
+        return value
+
+
+# ----------------------------------------------------------------------------- declarations
+
+@dataclass(frozen=True)
+class Knob:
+    """How one field is set.
+
+    type:     its value type (parse and check)
+    help:     the help text of its flag (the default is appended)
+    flags:    its command-line flags (default `--name-with-dashes`)
+    listed:   on run and ranks, a comma-separated list compared side by side, with this
+              default (e.g. the policies)
+    commands: where it can be set: run, ranks, sweep
+    command_defaults: a command whose default differs from the field's (`run`'s embedded
+              default scenario)
+    metavar:  the flag's value placeholder
+    """
+
+    type: Any
+    help: str
+    flags: tuple[str, ...] = ()
+    listed: str | None = None
+    commands: frozenset[str] = COMMANDS
+    command_defaults: Mapping[str, Any] = field(default_factory=dict)
+    metavar: str | None = None
+
+
+def knob(default: Any, help: str, type: Any, **how: Any) -> Any:
+    """A part's field declared with its default, help text, value type and `Knob` settings."""
+    meta = {KNOB: Knob(type, help, **how)}
+    if isinstance(default, dict):
+        return field(default_factory=lambda: dict(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def checked(name: str, knob: Knob, value: Any, label: str | None = None) -> Any:
+    """`value` checked by the knob's type; InputError prefixed by `label` (default `name`)."""
+    try:
+        return knob.type.check(value)
+    except InputError as exc:
+        raise InputError(f"{label or name}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class Part:
+    """Base of the schema's parts: every field is checked (and normalised) on construction,
+    then `relate` checks how the fields of the part go together."""
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            object.__setattr__(self, f.name, checked(f.name, f.metadata[KNOB],
+                                                     getattr(self, f.name)))
+        self.relate()
+
+    def relate(self) -> None:
+        """InputError when fields that are each valid do not go together."""
+
+
+def _changed(part: Part, names: tuple[str, ...]) -> list[str]:
+    """The fields among `names` whose value differs from their default."""
+    defaults = {f.name: f.default_factory() if f.default is MISSING else f.default
+                for f in fields(part)}
+    return [n for n in names if getattr(part, n) != defaults[n]]
+
+
+@dataclass(frozen=True)
+class Source(Part):
+    """Which trace a command reads: a file (`trace`), or a seeded scenario with its sizes."""
+
+    trace: str | None = knob(
+        None, "an .npz trace (DESIGN.md §5), a trace directory (see trace convert), a .jsonl "
+        "router log, a counts-only .npz or a counts CSV (layer,expert,count; see --where): "
+        "counts give the placement's even-split promise only",
+        File("a trace"), metavar="FILE")
+    scenario: Any = knob(None, f"a synthetic scenario (default {DEFAULT_SCENARIO})",
+                         Name(SCENARIOS, "scenario", callables=True, optional=True))
+    where: str | None = knob(None, "filters for a counts CSV --trace, e.g. model=olmoe,"
+                             "domain=arxiv", Filter(), commands=frozenset({"run", "sweep"}))
+    steps: int | None = knob(
+        None, f"steps of the scenario ({DEFAULT_SIZES['steps']}; with --rebalance-every N: "
+        f"max({DEFAULT_SIZES['steps']}, window + 4N), for four rebalances)",
+        Integer(1, optional=True), commands=SYNTH)
+    tokens: int = knob(DEFAULT_SIZES["tokens"], "tokens per step", Integer(1), commands=SYNTH)
+    layers: int = knob(DEFAULT_SIZES["layers"], "MoE layers", Integer(1), commands=SYNTH)
+    experts: int = knob(DEFAULT_SIZES["experts"], "logical experts", Integer(1), commands=SYNTH)
+    top_k: int = knob(DEFAULT_SIZES["top_k"], "experts per token", Integer(1), commands=SYNTH)
+    scenario_options: dict = knob({}, "scenario option, e.g. sigma=2 or noise=0.1 (repeat "
+                                  "for several)", Options("option"), flags=("-o", "--option"),
+                                  metavar="KEY=VALUE", commands=SYNTH)
+
+    def relate(self) -> None:
+        if self.trace is not None:
+            if self.scenario is not None:
+                raise InputError("give a trace or a scenario, not both")
+            extra = _changed(self, ("steps", "tokens", "layers", "experts", "top_k",
+                                    "scenario_options"))
+            if extra:
+                raise InputError(f"{', '.join(extra)} apply to scenarios only, not to a trace")
+            return
+        if self.where is not None:
+            raise InputError("where filters a counts CSV trace only")
+        if self.top_k > self.experts:
+            raise InputError(f"top_k={self.top_k} must not exceed experts={self.experts} "
+                             f"(top-k ids are distinct experts)")
+        scenario_options(self.scenario or DEFAULT_SCENARIO, self.scenario_options)
+
+    def open(self, seed: int, schedule: "SchedulePart") -> Any:
+        """The trace: the file opened (`open_trace`), or the scenario synthesized with `seed`
+        (`steps` defaulting to what `schedule` needs: `SchedulePart.steps`)."""
+        if self.trace is not None:
+            return open_trace(self.trace, **({"where": self.where} if self.where else {}))
+        return synthesize(self.scenario or DEFAULT_SCENARIO, steps=self.steps or schedule.steps(),
+                          tokens=self.tokens, layers=self.layers, experts=self.experts,
+                          top_k=self.top_k, seed=seed, **self.scenario_options)
+
+
+@dataclass(frozen=True)
+class DispatchPart(Part):
+    """How the ranks choose replicas: the policy, the mode, what each rank knows, its
+    generator, and the run's seed and device."""
+
+    policy: Any = knob("ordinal", "dispatch policies", Name(POLICIES, "policy", callables=True, entry=DispatchPolicy),
+                       flags=("--policies",), listed="static,random,row,ordinal")
+    mode: str = knob("none", "none (every rank dispatches every token) or a2a (each token "
+                     "once, by its owner)", Name(MODES, "mode"), listed="none,a2a")
+    view: Any = knob("full", "what each rank knows of the placement",
+                     Name(VIEWS, "view", callables=True))
+    rng: str = knob("independent", "how the ranks' generators relate (random, lp)",
+                    Name(RNG_RELATIONS, "rng relation"))
+    drift_p: float = knob(0.05, "per-step drift probability for --rng drift", Number(0, 1))
+    rank_offset: bool = knob(False, "in a2a mode, ordinal adds the rank to its offset",
+                             Switch())
+    seed: int = knob(0, "seeds every random choice: the scenario, the rank generators, "
+                     "static's tables, the toy MoE layer", Integer(0), commands=SYNTH)
+    device: str = knob("cpu", "where dispatch runs: cpu, cuda or auto", Device())
+    hidden: int = knob(8, "hidden size of the toy MoE layer that measures output error",
+                       Integer(1))
+
+
+@dataclass(frozen=True)
+class SolverPart(Part):
+    """How placements are solved, or the placement to use instead."""
+
+    solver: Any = knob("deepseek", "placement solver", Name(SOLVERS, "solver", callables=True))
+    solver_options: dict = knob({}, "solver option, e.g. time_limit=10 or "
+                                "anti_colocation=true (repeat for several)",
+                                Options("solver_option"), flags=("--solver-option",),
+                                metavar="KEY=VALUE")
+    placement: Any = knob(None, "a JSON placement to serve every step instead of solving (a "
+                          "`solve --json` output, a bare phy2log [L][P], or an SGLang "
+                          "physical_to_logical_map)", File("a JSON placement", placement=True),
+                          metavar="FILE")
+
+    def relate(self) -> None:
+        if isinstance(self.solver, str):
+            known = solver_options(SOLVERS[self.solver])
+            unknown = sorted(set(self.solver_options) - set(known))
+            if unknown:
+                raise InputError(f"solver {self.solver} has no option {', '.join(unknown)}; "
+                                 f"its options are: {', '.join(known) or 'none'}")
+
+
+@dataclass(frozen=True)
+class SchedulePart(Part):
+    """When placements are re-solved and from what forecast (`schedule.plan`)."""
+
+    rebalance_every: int | None = knob(
+        None, "re-solve the placement every N steps from predicted loads, the first time "
+        "after the first window (default: once, from the whole trace)",
+        Integer(1, optional=True), metavar="N")
+    window: int | None = knob(None, "steps of history the predictor reads (default N)",
+                              Integer(1, optional=True), metavar="W")
+    predictor: Any = knob("window", "window: sum of the last W steps; ema: decayed sum; "
+                          "oracle: the loads of the steps about to run",
+                          Name(PREDICTORS, "predictor", callables=True))
+    decay: float | None = knob(None, "ema's per-step factor in [0, 1] (default 1 - 1/W)",
+                               Number(0, 1, optional=True))
+    initial: Any = knob(None, "the placement before the first rebalance: trivial, or a JSON "
+                        "placement (as --placement)",
+                        File("a JSON placement", placement=True, absent="trivial"),
+                        metavar="trivial|FILE")
+    skip_above: float | None = knob(
+        None, "skip a rebalance when the placement in service has a balancedness (mean / max "
+        "GPU load, mean over layers) above B on the forecast", Number(0, 1, optional=True),
+        metavar="B")
+    migration_aware: bool = knob(True, "lay each new placement out over the one in service "
+                                 "to move fewer experts", Switch())
+    expert_bytes: int = knob(DEEPSEEK_V3_EXPERT_BYTES, "bytes of one expert's weights, to "
+                             "price migrations (a DeepSeek-V3 expert in bf16)", Integer(0))
+
+    def relate(self) -> None:
+        if self.rebalance_every is None:
+            unused = _changed(self, ("window", "predictor", "decay", "initial", "skip_above"))
+            if unused:
+                raise InputError(f"{', '.join(unused)} only apply with rebalance_every (a "
+                                 f"rebalance schedule); without it one placement is solved "
+                                 f"from the whole trace")
+
+    def steps(self) -> int:
+        """Steps a scenario needs for four rebalances after the first window (the default
+        when none is given; the scenario default without a schedule)."""
+        base = DEFAULT_SIZES["steps"]
+        if self.rebalance_every is None:
+            return base
+        return max(base, (self.window or self.rebalance_every) + 4 * self.rebalance_every)
+
+
+@dataclass(frozen=True)
+class TopologyPart(Part):
+    """The cluster: EP ranks = GPUs, nodes, redundant slots, expert groups."""
+
+    gpus: int = knob(8, "GPUs = EP ranks", Integer(1), commands=frozenset({"run", "sweep"}))
+    gpus_per_node: int | None = knob(
+        None, "GPUs per node (for ranks: torchrun's LOCAL_WORLD_SIZE, else all on one node)",
+        Integer(1, optional=True), command_defaults={"run": 4})
+    redundant: int = knob(16, "redundant physical slots (P = E + redundant)", Integer(0))
+    groups: int | None = knob(None, "expert groups (default: the trace's, else 1)",
+                              Integer(1, optional=True))
+
+    def relate(self) -> None:
+        self.topology()
+
+    def topology(self) -> Topology:
+        """The cluster as a Topology."""
+        return Topology(self.gpus, self.gpus_per_node)
+
+
+PARTS: dict[str, type] = {"source": Source, "dispatch": DispatchPart, "solver": SolverPart,
+                          "schedule": SchedulePart, "topology": TopologyPart}
+RUN_PARTS = ("dispatch", "solver", "schedule", "topology")
+
+
+def _part(name: str) -> Callable[[], Part]:
+    return lambda: PARTS[name]()
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One simulated configuration: the dispatch, solver, schedule and topology parts.
+
+    Build one with `RunSpec.of(gpus=8, policy="row", ...)` (flat field names, routed to their
+    part) and vary it with `spec.replace(mode="a2a", ...)`. The parts check their fields on
+    construction; `placement` (serve one given placement) excludes a rebalance schedule.
+    """
+
+    dispatch: DispatchPart = field(default_factory=_part("dispatch"))
+    solver: SolverPart = field(default_factory=_part("solver"))
+    schedule: SchedulePart = field(default_factory=_part("schedule"))
+    topology: TopologyPart = field(default_factory=_part("topology"))
+
+    def __post_init__(self) -> None:
+        if self.solver.placement is not None and self.schedule.rebalance_every is not None:
+            raise InputError("placement serves every step; it cannot be combined with "
+                             "rebalance_every (use initial for the placement before the first "
+                             "rebalance)")
+
+    @classmethod
+    def of(cls, **values: Any) -> "RunSpec":
+        """A spec from flat field names (`gpus=8, policy="row"`); the rest default."""
+        return cls().replace(**values)
+
+    def replace(self, **values: Any) -> "RunSpec":
+        """A copy with the named fields changed (flat names, routed to their parts)."""
+        owners = {name: part for part, name, _ in run_knobs()}
+        unknown = sorted(set(values) - set(owners))
+        if unknown:
+            raise InputError(f"unknown setting {', '.join(unknown)}; the settings are "
+                             f"{', '.join(owners)}")
+        parts = {}
+        for part in RUN_PARTS:
+            mine = {k: v for k, v in values.items() if owners[k] == part}
+            current = getattr(self, part)
+            parts[part] = type(current)(**{**_values(current), **mine}) if mine else current
+        return RunSpec(**parts)
+
+    def get(self, name: str) -> Any:
+        """The value of the field `name`, whichever part holds it."""
+        for part in RUN_PARTS:
+            if name in {f.name for f in fields(getattr(self, part))}:
+                return getattr(getattr(self, part), name)
+        raise KeyError(name)
+
+    def labels(self) -> dict[str, Any]:
+        """Every field as a plain JSON value, in schema order: names for registry entries and
+        callables, "given" for a Placement object, the path for a file."""
+        return {name: label(getattr(getattr(self, part), name), knob)
+                for part, name, knob in run_knobs()}
+
+
+def _values(part: Part) -> dict[str, Any]:
+    return {f.name: getattr(part, f.name) for f in fields(part)}
+
+
+def label(value: Any, knob: Knob) -> Any:
+    """A field's value as a row shows it (`RunSpec.labels`)."""
+    if isinstance(value, Placement):
+        return "given"
+    if isinstance(knob.type, Name) and value is not None and not isinstance(value, str):
+        return name_of(value, POLICIES if knob.type.kind == "policy" else None)
+    return value
+
+
+def knobs(parts: tuple[str, ...] | None = None,
+          command: str | None = None) -> Iterator[tuple[str, str, Knob]]:
+    """`(part, field name, Knob)` of every field, in schema order; only those of `parts` and
+    settable from `command` when given."""
+    for part, cls in PARTS.items():
+        if parts is not None and part not in parts:
+            continue
+        for f in fields(cls):
+            knob = f.metadata[KNOB]
+            if command is None or command in knob.commands:
+                yield part, f.name, knob
+
+
+def run_knobs() -> Iterator[tuple[str, str, Knob]]:
+    """The fields of a RunSpec (`knobs` without the source)."""
+    return knobs(RUN_PARTS)
+
+
+def default_of(part: str, name: str, command: str | None = None) -> Any:
+    """A field's default (its `command`'s own, when it declares one)."""
+    f = next(f for f in fields(PARTS[part]) if f.name == name)
+    knob = f.metadata[KNOB]
+    if command in knob.command_defaults:
+        return knob.command_defaults[command]
+    return f.default_factory() if f.default is MISSING else f.default
+
+
+# ----------------------------------------------------------------------------- the command line
+
+def flags_of(name: str, knob: Knob) -> tuple[str, ...]:
+    return knob.flags or ("--" + name.replace("_", "-"),)
+
+
+def add_flags(parser: argparse.ArgumentParser, command: str,
+              parts: tuple[str, ...] | None = None) -> None:
+    """One flag per field settable from `command` (of `parts`, default all). Values stay text
+    until `from_args` parses and checks them, so a bad one gets the same message as anywhere."""
+    for part, name, knob in knobs(parts, command):
+        default = knob.listed or default_of(part, name, command)
+        shown = "" if default in (None, {}) or "(default" in knob.help else (
+            f" (default {default})")
+        common = dict(dest=name, help=knob.help + shown, default=None)
+        if isinstance(knob.type, Switch):
+            parser.add_argument(*flags_of(name, knob), action=argparse.BooleanOptionalAction,
+                                **common)
+        else:
+            parser.add_argument(*flags_of(name, knob), metavar=knob.metavar,
+                                action="append" if isinstance(knob.type, Options) else "store",
+                                **common)
+
+
+def _split(text: str, flag: str) -> list[str]:
+    items = [s.strip() for s in text.split(",") if s.strip()]
+    if not items:
+        raise InputError(f"{flag}: needs at least one name")
+    return items
+
+
+def _parsed(knob: Knob, text: str, flag: str) -> Any:
+    """Command-line text parsed by the knob's type; InputError naming the flag."""
+    try:
+        return knob.type.parse(text)
+    except InputError as exc:
+        raise InputError(f"{flag}: {exc}") from None
+
+
+def from_args(args: argparse.Namespace, command: str, parts: tuple[str, ...] | None = None
+              ) -> tuple[dict[str, Any], dict[str, list[Any]]]:
+    """The flags `add_flags` declared, parsed and checked: `(values, lists)` where `values`
+    maps field names to the values given (or the command's own defaults) and `lists` the
+    listed fields to every value given (their first value is in `values`). InputError naming
+    the flag for a bad value."""
+    values: dict[str, Any] = {}
+    lists: dict[str, list[Any]] = {}
+    for part, name, knob in knobs(parts, command):
+        raw = getattr(args, name)
+        flag = flags_of(name, knob)[-1]
+        if raw is None and knob.listed is not None:
+            raw = knob.listed
+        if raw is None:
+            if command in knob.command_defaults:
+                values[name] = knob.command_defaults[command]
+            continue
+        if knob.listed is not None:
+            lists[name] = [checked(name, knob, _parsed(knob, item, flag), flag)
+                           for item in _split(raw, flag)]
+            values[name] = lists[name][0]
+        elif isinstance(knob.type, Switch):
+            values[name] = checked(name, knob, raw, flag)
+        elif isinstance(knob.type, Options):
+            values[name] = checked(name, knob, dict(_parsed(knob, item, flag) for item in raw),
+                                   flag)
+        else:
+            values[name] = checked(name, knob, _parsed(knob, raw, flag), flag)
+    return values, lists
+
+
+def build(values: Mapping[str, Any]) -> tuple[Source, RunSpec]:
+    """The source and the run spec of flat field values (the rest default)."""
+    source_names = {name for _, name, _ in knobs(("source",))}
+    source = PARTS["source"](**{k: v for k, v in values.items() if k in source_names})
+    return source, RunSpec.of(**{k: v for k, v in values.items() if k not in source_names})
+
+
+# ----------------------------------------------------------------------------- sweep specs
+
+def sweep_keys() -> dict[str, tuple[str, str, Knob]]:
+    """Every key a sweep spec takes -> `(part, field, Knob)`; an options field takes
+    `PREFIX.NAME` keys (`option.sigma`, `solver_option.time_limit`) under its prefix."""
+    out = {}
+    for part, name, knob in knobs(command="sweep"):
+        key = knob.type.prefix if isinstance(knob.type, Options) else name
+        out[key] = (part, name, knob)
+    return out
+
+
+def sweep_value(key: str, value: Any, where: str, base: Path) -> tuple[str, Any]:
+    """`(field name, checked value)` for one sweep key and TOML value; `PREFIX.NAME` keys give
+    `(field, (NAME, value))`, and relative paths are read against `base` (the spec's folder).
+    InputError naming `where` and the key."""
+    keys = sweep_keys()
+    prefix, dot, option = key.partition(".")
+    if dot and prefix in keys and isinstance(keys[prefix][2].type, Options):
+        part, name, knob = keys[prefix]
+        checked(name, knob, {option: value}, f"{where} {key}")
+        return name, (option, value)
+    if key not in keys or isinstance(keys[key][2].type, Options):
+        names = [k + (".NAME" if isinstance(v[2].type, Options) else "") for k, v in keys.items()]
+        raise InputError(f"{where} unknown key {key!r}; the keys are {', '.join(names)}")
+    part, name, knob = keys[key]
+    if isinstance(knob.type, File) and isinstance(value, str):
+        value = None if value == knob.type.absent else str(base / value)
+    return name, checked(name, knob, value, f"{where} {key}")

@@ -1,0 +1,39 @@
+"""What a trace holds, in numbers: sizes, padding and each layer's expert-load skew.
+
+Dimensions: `S` steps, `L` layers, `E` logical experts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..metrics import max_over_mean, nanmean_or_none
+
+
+def summarize_trace(trace: Any) -> dict[str, Any]:
+    """Sizes, tokens per step, padding, `src_rank` presence and, per layer, the max / mean
+    expert load over the whole trace and per step (mean over steps) and the hottest expert, of
+    a Trace or DirTrace; `meta` as stored."""
+    counts = trace.counts().to(torch.float64)  # [S, L, E]
+    whole_skew = max_over_mean(counts.sum(0))  # [L]
+    step_skew = max_over_mean(counts)  # [S, L]
+    tps = trace.tokens_per_step
+    pairs = trace.num_tokens * trace.num_layers * trace.top_k
+    padding = pairs - int(counts.sum())
+    has_src = trace.num_steps > 0 and trace.step_src_rank(0) is not None
+    return {
+        "steps": trace.num_steps, "tokens": trace.num_tokens,
+        "tokens_per_step": {"min": int(tps.min()), "mean": float(tps.double().mean()),
+                            "max": int(tps.max())},
+        "layers": trace.num_layers, "experts": trace.num_experts, "top_k": trace.top_k,
+        "groups": trace.num_groups, "src_rank": has_src,
+        "padding_frac": padding / max(pairs, 1),
+        "layer_skew": [{"layer": layer,
+                        "max_over_mean": nanmean_or_none(whole_skew[layer:layer + 1]),
+                        "per_step_max_over_mean": nanmean_or_none(step_skew[:, layer]),
+                        "hottest_expert": int(counts[:, layer].sum(0).argmax())}
+                       for layer in range(trace.num_layers)],
+        "meta": trace.meta,
+    }
