@@ -29,12 +29,13 @@ from eplbsim.traces.directory import write_steps
 L, K, E = 58, 8, 256
 CHILD = """
 import json, sys, time, resource
-from eplbsim.replay import ReplayConfig, replay
+from eplbsim.replay import replay
+from eplbsim.spec import RunSpec
 from eplbsim.traces.directory import DirTrace
 t0 = time.perf_counter()
 trace = DirTrace(sys.argv[1])
 opened = time.perf_counter() - t0
-res = replay(trace, ReplayConfig(policy="row", mode="none", num_gpus=4, num_redundant=32))
+res = replay(trace, RunSpec.of(policy="row", mode="none", gpus=4, redundant=32))
 print(json.dumps({"open_seconds": opened, "seconds": time.perf_counter() - t0,
                   "steps": trace.num_steps, "tokens": trace.num_tokens,
                   "gpu_imbalance": res.metrics["gpu_imbalance"],

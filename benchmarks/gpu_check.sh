@@ -62,7 +62,7 @@ kernel_bench() {
 a device copy moving the same bytes (4 B id read + 8 B slot write a pair)."""
 import json, os, sys, time
 import torch
-from eplbsim.kernels.triton_dispatch import ordinal_step_triton, row_step_triton
+from eplbsim.dispatch.kernels.triton_dispatch import ordinal_step_triton, row_step_triton
 from eplbsim.placement import Placement, full_view
 from eplbsim.topology import Topology
 
@@ -102,7 +102,7 @@ for name, fn in [("row", lambda: row_step_triton(ids, view.log2phy, view.logcnt,
     rows.append({"kernel": f"{name}_step_triton", "n": n, "ns_per_pair": s / n * 1e9,
                  "gbps": 12 * n / s / 1e9, "copy_gbps": 12 * n / copy / 1e9,
                  "frac_of_copy": copy / s})
-from eplbsim.dispatch import DispatchContext, ordinal_policy, row_policy
+from eplbsim.dispatch.policies import DispatchContext, ordinal_policy, row_policy
 first = ordinal_step_triton(ids, view.log2phy, view.logcnt, offsets).clone()
 again = ordinal_step_triton(ids, view.log2phy, view.logcnt, offsets)
 assert torch.equal(first, again), "ordinal kernel is not deterministic"

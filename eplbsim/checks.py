@@ -19,6 +19,7 @@ from .dispatch import Policy, resolve_policy
 from .errors import InputError
 from .placement import Placement, rank_view
 from .ranks import MODES, Epoch, make_ranks, rank_groups
+from .registry import lookup
 
 
 def _as_step(topk_ids: torch.Tensor) -> torch.Tensor:
@@ -48,7 +49,8 @@ def _rank_choices(policy: str | Policy, ids: torch.Tensor, placement: Placement,
     views = tuple(rank_view(view, placement, r) for r in range(G))
     epoch = Epoch(name, entry, placement, ranks, views, rank_groups(views, entry), G, mode,
                   seed, keep_choices=True)
-    return torch.stack([MODES[mode](epoch, step, ids).choices for step in steps])
+    step_fn = lookup(MODES, mode, "mode")
+    return torch.stack([step_fn(epoch, step, ids).choices for step in steps])
 
 
 def check_policy(policy: str | Policy, topk_ids: torch.Tensor, placement: Placement, *,

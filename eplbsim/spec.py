@@ -83,10 +83,10 @@ class Number:
     def check(self, value: Any) -> float | None:
         if value is None and self.optional:
             return None
-        if (isinstance(value, bool) or not isinstance(value, (int, float))
-                or not math.isfinite(value) or not self.least <= value <= self.most):
-            raise InputError(f"must be a number in [{self.least:g}, {self.most:g}], "
-                             f"got {value!r}")
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not number or not math.isfinite(value) or not self.least <= value <= self.most:
+            got = f"{value:g}" if number else repr(value)  # 2 and 2.0 read the same
+            raise InputError(f"must be a number in [{self.least:g}, {self.most:g}], got {got}")
         return float(value)
 
 
@@ -268,10 +268,14 @@ class Part:
         """InputError when fields that are each valid do not go together."""
 
 
+def _default(f: Any) -> Any:
+    """A dataclass field's default value."""
+    return f.default_factory() if f.default is MISSING else f.default
+
+
 def _changed(part: Part, names: tuple[str, ...]) -> list[str]:
     """The fields among `names` whose value differs from their default."""
-    defaults = {f.name: f.default_factory() if f.default is MISSING else f.default
-                for f in fields(part)}
+    defaults = {f.name: _default(f) for f in fields(part)}
     return [n for n in names if getattr(part, n) != defaults[n]]
 
 
@@ -320,7 +324,7 @@ class Source(Part):
         """The trace: the file opened (`open_trace`), or the scenario synthesized with `seed`
         (`steps` defaulting to what `schedule` needs: `SchedulePart.steps`)."""
         if self.trace is not None:
-            return open_trace(self.trace, **({"where": self.where} if self.where else {}))
+            return open_trace(self.trace, where=self.where)
         return synthesize(self.scenario or DEFAULT_SCENARIO, steps=self.steps or schedule.steps(),
                           tokens=self.tokens, layers=self.layers, experts=self.experts,
                           top_k=self.top_k, seed=seed, **self.scenario_options)
@@ -332,9 +336,11 @@ class DispatchPart(Part):
     generator, and the run's seed and device."""
 
     policy: Any = knob("ordinal", "dispatch policies", Name(POLICIES, "policy", callables=True, entry=DispatchPolicy),
-                       flags=("--policies",), listed="static,random,row,ordinal")
+                       flags=("--policies",), listed="static,random,row,ordinal",
+                       metavar="NAME,..")
     mode: str = knob("none", "none (every rank dispatches every token) or a2a (each token "
-                     "once, by its owner)", Name(MODES, "mode"), listed="none,a2a")
+                     "once, by its owner)", Name(MODES, "mode"), listed="none,a2a",
+                     metavar="MODE,..")
     view: Any = knob("full", "what each rank knows of the placement",
                      Name(VIEWS, "view", callables=True))
     rng: str = knob("independent", "how the ranks' generators relate (random, lp)",
@@ -536,7 +542,7 @@ def default_of(part: str, name: str, command: str | None = None) -> Any:
     knob = f.metadata[KNOB]
     if command in knob.command_defaults:
         return knob.command_defaults[command]
-    return f.default_factory() if f.default is MISSING else f.default
+    return _default(f)
 
 
 # ----------------------------------------------------------------------------- the command line
@@ -551,9 +557,12 @@ def add_flags(parser: argparse.ArgumentParser, command: str,
     until `from_args` parses and checks them, so a bad one gets the same message as anywhere."""
     for part, name, knob in knobs(parts, command):
         default = knob.listed or default_of(part, name, command)
-        shown = "" if default in (None, {}) or "(default" in knob.help else (
-            f" (default {default})")
-        common = dict(dest=name, help=knob.help + shown, default=None)
+        text = knob.help + (", comma-separated" if knob.listed else "")
+        if isinstance(knob.type, Name):
+            text += f"; one of {', '.join(knob.type.registry)}"
+        if default not in (None, {}) and "(default" not in knob.help:
+            text += f" (default {default})"
+        common = dict(dest=name, help=text, default=None)
         if isinstance(knob.type, Switch):
             parser.add_argument(*flags_of(name, knob), action=argparse.BooleanOptionalAction,
                                 **common)

@@ -112,7 +112,8 @@ def test_cells_are_the_product_in_key_order_with_defaults_resolved():
     assert [(c.config["scenario"], c.config["option.sigma"]) for c in cells] == [
         ("skewed", 1.0), ("skewed", 2), ("burst", 1.0), ("burst", 2)]
     assert [c.index for c in cells] == [0, 1, 2, 3]
-    assert list(cells[0].config) == ["scenario", *SIZES, "option.sigma", *flat_row(RunSpec().labels())]
+    assert list(cells[0].config) == [
+        "scenario", *SIZES, "option.sigma", *flat_row(RunSpec().labels())]
     cfg = cells[0].config
     assert (cfg["steps"], cfg["tokens"], cfg["drift_p"], cfg["policy"], cfg["gpus"],
             cfg["redundant"], cfg["gpus_per_node"]) == (4, 512, 0.0, "ordinal", 8, 16, None)

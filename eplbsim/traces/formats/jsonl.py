@@ -13,7 +13,7 @@ Rules (anything else is an InputError naming `file:line`):
 - every row has the same `K`; ids are integers in `[-1, E)`.
 
 Only one step is held in memory at a time, so a log larger than memory can be written straight
-into the directory form (:func:`eplbsim.trace_dir.write_steps`).
+into the directory form (:func:`eplbsim.traces.directory.write_steps`).
 """
 
 from __future__ import annotations

@@ -8,13 +8,13 @@ SGLang's recorder writes three kinds of dump; the mode is detected from the cont
 - `per_token`: one file per rank, `{"records": [...], "last_physical_to_logical_map": [L, P]}`;
   each record has `forward_pass_id`, `rank` and `topk_ids_of_layer`, int `[L, tokens, 8]` of
   **physical** ids, -1 for padding (the tensor always has 8 columns whatever the model's top-k).
-  Imported as a :class:`~eplbsim.trace.Trace`: ids mapped to logical ids through the map, one
+  Imported as a :class:`~eplbsim.traces.trace.Trace`: ids mapped to logical ids through the map, one
   step per `forward_pass_id` (ascending) holding every rank's tokens in rank order, each token's
   rank kept as `src_rank`. The records' `input_ids`, `positions`, `extend_seq_lens` and
   `forward_mode` are not required and not imported (a Trace has no per-row token-id array).
 - `per_pass`: the same layout, each record with `global_physical_count` `[L, P]`; the ranks'
   counts of one pass are summed and folded onto logical experts (a logical expert's count is the
-  sum of its physical slots' counts): a :class:`~eplbsim.counts.CountsTrace` `[S, L, E]`.
+  sum of its physical slots' counts): a :class:`~eplbsim.traces.counts.CountsTrace` `[S, L, E]`.
 - `stat`: one file from rank 0 with `logical_count` `[B, L, E]`, a ring buffer, and
   `average_utilization_rate_over_window`. All-zero rows were never filled and are dropped; the
   rest are kept in buffer order. The ring's write position is not in the dump, so the first

@@ -1,0 +1,202 @@
+"""The run schema: every field is settable from `run`, from `ranks` where it applies and from a
+sweep spec, each bad value gets one message wherever it was given, and the parts check how
+their fields go together.
+
+Each field of the schema needs an entry in EXAMPLES (the test fails for a field without one):
+the command-line text of a good value, the value it gives, and a bad value with the message
+fragment every entry point must say. `context` holds other fields the example needs.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from eplbsim.cli import build_parser
+from eplbsim.errors import InputError
+from eplbsim.placement import Placement
+from eplbsim.spec import (PARTS, RunSpec, Source, Switch, build, default_of, from_args, knobs,
+                          run_knobs)
+from eplbsim.sweep import parse_spec
+from eplbsim.topology import Topology
+from eplbsim.traces import save_trace, synthesize
+
+REBALANCE = {"rebalance_every": 4}
+# name: (command-line text, value, bad value or None, message fragment, context)
+EXAMPLES = {
+    "trace": ("FILE:t.npz", "FILE:t.npz", "missing.npz", "missing.npz: no such file", {}),
+    "scenario": ("template", "template", "zipf", "unknown scenario 'zipf'", {}),
+    "where": ("model=a", "model=a", "model", "COLUMN=VALUE", {"trace": "FILE:c.csv"}),
+    "steps": ("5", 5, 0, "must be an integer >= 1, got 0", {}),
+    "tokens": ("64", 64, 0, "must be an integer >= 1, got 0", {}),
+    "layers": ("2", 2, 0, "must be an integer >= 1, got 0", {}),
+    "experts": ("32", 32, 0, "must be an integer >= 1, got 0", {}),
+    "top_k": ("4", 4, 0, "must be an integer >= 1, got 0", {}),
+    "scenario_options": ("sigma=2", {"sigma": 2}, "nope=1", "has no option nope", {}),
+    "policy": ("row", "row", "modulo", "unknown policy 'modulo'", {}),
+    "mode": ("a2a", "a2a", "both", "unknown mode 'both'", {}),
+    "view": ("nearest", "nearest", "far", "unknown view 'far'", {}),
+    "rng": ("shared", "shared", "chaos", "unknown rng relation 'chaos'", {}),
+    "drift_p": ("0.5", 0.5, 2, "must be a number in [0, 1], got 2", {}),
+    "rank_offset": (True, True, "maybe", "must be true or false", {}),
+    "seed": ("3", 3, -1, "must be an integer >= 0, got -1", {}),
+    "device": ("auto", "auto", "tpu", "unknown device 'tpu'", {}),
+    "hidden": ("4", 4, 0, "must be an integer >= 1, got 0", {}),
+    "solver": ("lpt", "lpt", "greedy", "unknown solver 'greedy'", {}),
+    "solver_options": ("anti_colocation=true", {"anti_colocation": True}, "nope=1",
+                       "has no option nope", {}),
+    "placement": ("FILE:p.json", "FILE:p.json", "missing.json", "missing.json: no such file",
+                  {}),
+    "rebalance_every": ("4", 4, 0, "must be an integer >= 1, got 0", {}),
+    "window": ("3", 3, 0, "must be an integer >= 1, got 0", REBALANCE),
+    "predictor": ("ema", "ema", "psychic", "unknown predictor 'psychic'", REBALANCE),
+    "decay": ("0.5", 0.5, 2, "must be a number in [0, 1], got 2", REBALANCE),
+    "initial": ("FILE:p.json", "FILE:p.json", "missing.json", "missing.json: no such file",
+                REBALANCE),
+    "skip_above": ("0.9", 0.9, -1, "must be a number in [0, 1], got -1", REBALANCE),
+    "migration_aware": (False, False, "maybe", "must be true or false", {}),
+    "expert_bytes": ("1000", 1000, -1, "must be an integer >= 0, got -1", {}),
+    "gpus": ("4", 4, 0, "must be an integer >= 1, got 0", {}),
+    "gpus_per_node": ("2", 2, 0, "must be an integer >= 1, got 0", {}),
+    "redundant": ("8", 8, -1, "must be an integer >= 0, got -1", {}),
+    "groups": ("4", 4, 0, "must be an integer >= 1, got 0", {}),
+}
+ALL = [(part, name, knob) for part, name, knob in knobs()]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """The files the examples name: a trace, a counts CSV and a placement JSON."""
+    base = tmp_path_factory.mktemp("files")
+    save_trace(synthesize("skewed", steps=2, tokens=8, layers=1, experts=8, top_k=2),
+               base / "t.npz")
+    (base / "c.csv").write_text("model,layer,expert,count\na,0,0,3\na,0,1,1\n")
+    (base / "p.json").write_text(json.dumps({"phy2log": [list(range(8))]}))
+    return base
+
+
+def _text(value, base):
+    return str(base / value[5:]) if isinstance(value, str) and value.startswith("FILE:") \
+        else value
+
+
+def _flags(name, text, knob):
+    flag = (knob.flags or ("--" + name.replace("_", "-"),))[-1]
+    if isinstance(knob.type, Switch):
+        return [flag if text else "--no-" + flag[2:]]
+    return [flag, str(text)]
+
+
+def _cli_values(command, name, text, context, base):
+    """What `command` makes of `--name text` (with the context's flags)."""
+    by_name = {n: k for _, n, k in ALL}
+    argv = [command] + (["--world-size", "2"] if command == "ranks" else [])
+    for key, value in {**context, name: text}.items():
+        argv += _flags(key, _text(value, base), by_name[key])
+    args = build_parser().parse_args(argv)
+    values, _ = from_args(args, command)
+    return build(values)
+
+
+def _get(source, spec, name):
+    return getattr(source, name) if name in {n for _, n, _ in knobs(("source",))} \
+        else spec.get(name)
+
+
+def _sweep_doc(name, value, context, base, in_grid=False):
+    doc = {k: _text(v, base) for k, v in context.items()}
+    key, entry = name, value
+    if name == "solver_options":
+        (option, entry), = value.items()
+        key = f"solver_option.{option}"
+    if name == "scenario_options":
+        (option, entry), = value.items()
+        key = f"option.{option}"
+    if "trace" not in doc and name not in ("trace", "scenario"):
+        doc.setdefault("scenario", "skewed")
+    table = {key: [entry] if in_grid else entry}
+    return {"fixed": doc, "grid": table} if in_grid else {"fixed": {**doc, **table}}
+
+
+def test_every_field_has_an_example_and_one_name():
+    names = [name for _, name, _ in ALL]
+    assert len(names) == len(set(names)), "field names must be unique across parts"
+    assert set(EXAMPLES) == set(names), "add an EXAMPLES entry for every new field"
+
+
+@pytest.mark.parametrize("part, name, knob", ALL, ids=[n for _, n, _ in ALL])
+def test_every_field_is_settable_from_run_ranks_and_a_sweep(part, name, knob, files):
+    text, value, _, _, context = EXAMPLES[name]
+    want = _text(value, files)
+    assert want != default_of(part, name), "an example must differ from the default"
+    for command in ("run", "ranks"):
+        if command in knob.commands:
+            source, spec = _cli_values(command, name, text, context, files)
+            assert _get(source, spec, name) == want, command
+    assert "sweep" in knob.commands
+    sweep_value = value if isinstance(value, dict) else _text(value, files)
+    (cell,) = parse_spec(_sweep_doc(name, sweep_value, context, files), files)
+    assert cell.values[name] == want
+    (cell,) = parse_spec(_sweep_doc(name, sweep_value, context, files, in_grid=True), files)
+    assert cell.values[name] == want
+
+
+@pytest.mark.parametrize("part, name, knob", ALL, ids=[n for _, n, _ in ALL])
+def test_a_bad_value_gets_one_message_everywhere(part, name, knob, files):
+    _, _, bad, fragment, context = EXAMPLES[name]
+    messages = []
+    for command in ("run", "ranks"):
+        if command in knob.commands and not isinstance(knob.type, Switch):
+            with pytest.raises(InputError) as info:
+                _cli_values(command, name, bad, context, files)
+            messages.append(str(info.value))
+    sweep_bad = {bad.partition("=")[0]: 1} if isinstance(EXAMPLES[name][1], dict) else bad
+    with pytest.raises(InputError) as info:
+        parse_spec(_sweep_doc(name, sweep_bad, context, files), files, "spec.toml")
+    messages.append(str(info.value))
+    python = {k: _text(v, files) for k, v in {**context, name: sweep_bad}.items()}
+    with pytest.raises(InputError) as info:
+        if part == "source":
+            Source(**python)
+        else:
+            RunSpec.of(**python)
+    messages.append(str(info.value))
+    for message in messages:
+        assert fragment in message, (fragment, messages)
+    if isinstance(EXAMPLES[name][1], dict) or part == "source" and name == "where":
+        return
+    assert all(m.endswith(messages[0].rpartition(": ")[2]) for m in messages), messages
+
+
+def test_settings_that_need_a_schedule_or_exclude_one_are_refused():
+    with pytest.raises(InputError, match="window, predictor only apply with rebalance_every"):
+        RunSpec.of(window=5, predictor="oracle")
+    placement = Placement([[0, 1]], 2, Topology(2))
+    with pytest.raises(InputError, match="cannot be combined with rebalance_every"):
+        RunSpec.of(placement=placement, rebalance_every=2)
+    with pytest.raises(InputError, match="steps apply to scenarios only"):
+        Source(trace=str(Path(__file__)), steps=3)
+    with pytest.raises(InputError, match="give a trace or a scenario, not both"):
+        Source(trace=str(Path(__file__)), scenario="skewed")
+    with pytest.raises(InputError, match="unknown setting colour"):
+        RunSpec.of(colour="red")
+
+
+def test_replace_routes_flat_names_and_keeps_the_rest():
+    spec = RunSpec.of(gpus=4, policy="row")
+    other = spec.replace(mode="a2a", redundant=4)
+    assert (other.topology.gpus, other.dispatch.policy, other.dispatch.mode,
+            other.topology.redundant) == (4, "row", "a2a", 4)
+    assert spec.dispatch.mode == "none" and other.solver is spec.solver
+    assert list(spec.labels())[:4] == ["policy", "mode", "view", "rng"]
+    assert set(PARTS) == {"source", "dispatch", "solver", "schedule", "topology"}
+    assert [n for _, n, _ in run_knobs()] == list(spec.labels())
+
+
+def test_command_defaults_belong_to_their_command():
+    source, spec = _cli_values("run", "tokens", "64", {}, Path("."))
+    assert spec.topology.gpus_per_node == 4  # run's embedded scenario: two nodes of four
+    assert RunSpec().topology.gpus_per_node is None  # the library default: one node
+    args = build_parser().parse_args(["run"])
+    _, lists = from_args(args, "run")
+    assert lists == {"policy": ["static", "random", "row", "ordinal"], "mode": ["none", "a2a"]}
