@@ -28,7 +28,7 @@ from .ranks import MODES, RNG_RELATIONS
 from .registry import name_of
 from .schedule.migration import DEEPSEEK_V3_EXPERT_BYTES
 from .schedule.predictors import PREDICTORS
-from .solvers import SOLVERS, solver_options
+from .solvers import SOLVE_OPTIONS, SOLVERS, solver_options
 from .topology import Topology
 from .traces.counts import parse_where
 from .traces.formats import open_trace
@@ -335,7 +335,8 @@ class DispatchPart(Part):
     """How the ranks choose replicas: the policy, the mode, what each rank knows, its
     generator, and the run's seed and device."""
 
-    policy: Any = knob("ordinal", "dispatch policies", Name(POLICIES, "policy", callables=True, entry=DispatchPolicy),
+    policy: Any = knob("ordinal", "dispatch policies",
+                       Name(POLICIES, "policy", callables=True, entry=DispatchPolicy),
                        flags=("--policies",), listed="static,random,row,ordinal",
                        metavar="NAME,..")
     mode: str = knob("none", "none (every rank dispatches every token) or a2a (each token "
@@ -371,7 +372,7 @@ class SolverPart(Part):
 
     def relate(self) -> None:
         if isinstance(self.solver, str):
-            known = solver_options(SOLVERS[self.solver])
+            known = solver_options(SOLVERS[self.solver]) + list(SOLVE_OPTIONS)
             unknown = sorted(set(self.solver_options) - set(known))
             if unknown:
                 raise InputError(f"solver {self.solver} has no option {', '.join(unknown)}; "

@@ -35,6 +35,9 @@ from .trivial import trivial
 
 Solver = Callable[[np.ndarray, int, Topology, int], np.ndarray]
 
+# Options `solve` itself takes for every solver (`solve_with_info`), beside each solver's own.
+SOLVE_OPTIONS = ("migration_tolerance",)
+
 SOLVERS: dict[str, Solver] = {
     "trivial": trivial,
     "deepseek": deepseek,
