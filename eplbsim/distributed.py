@@ -238,6 +238,11 @@ def launch(load: Callable[[], Any], specs: list[RunSpec], world_size: int, *,
     import torch.multiprocessing as mp
     if world_size < 1:
         raise InputError(f"the world size must be a positive integer, got {world_size}")
+    cap = local_rank_cap()
+    if world_size > cap:
+        raise InputError(f"{world_size} ranks would take minutes to start on this machine's "
+                         f"{os.cpu_count()} cores; spawn at most {cap} here, or start them "
+                         f"under torchrun across hosts")
     if device == "cuda" and not torch.cuda.is_available():
         raise InputError("--device cuda asked for CUDA (NCCL), but torch sees no CUDA device")
     port = port or _free_port()
@@ -256,6 +261,12 @@ def launch(load: Callable[[], Any], specs: list[RunSpec], world_size: int, *,
         if stopped is not None:
             raise GroupFailure(_group_failure(processes, stopped, Path(tmp), port, timeout))
         return json.loads(Path(tmp, "report.json").read_text())
+
+
+def local_rank_cap() -> int:
+    """How many ranks `launch` spawns on this machine at most: each imports torch and joins a
+    gloo group, so four per core (and at least 8)."""
+    return max(8, 4 * (os.cpu_count() or 1))
 
 
 def _wait(processes: list, grace: float) -> list[int] | None:

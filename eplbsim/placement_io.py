@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from .errors import InputError
+from .files import regular_file
 from .placement import Placement
 from .topology import Topology
 
@@ -189,11 +190,11 @@ def read_sglang_placement(obj_or_path: Any, num_experts: int,
 
 def read_json(path: str | Path, what: str) -> Any:
     """The JSON document at `path`; InputError naming the file when missing or not JSON."""
-    path = Path(path)
+    path = regular_file(path, "JSON file")
     try:
         return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such file") from None
+    except RecursionError:
+        raise InputError(f"{path}: not {what} (nested too deeply)") from None
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise InputError(f"{path}: not {what} ({exc})") from None
 

@@ -19,6 +19,7 @@ from typing import Any, Sequence
 from matplotlib.figure import Figure
 
 from .errors import InputError
+from .files import atomic_file
 from .registry import name_of
 from .results import Results
 
@@ -239,8 +240,8 @@ def time_series_figure(results: Sequence[Results]) -> Figure:
 def save_figure(fig: Figure, path: str | Path, dpi: int = 150) -> tuple[Path, ...]:
     """Write `fig` as PNG; for a `.pdf` path, the PDF there and a PNG beside it.
 
-    path: ending `.png` or `.pdf` (no suffix means `.png`); parent folders are created.
-    Returns the paths written (without dates or versions inside, so an unchanged figure
+    path: ending `.png` or `.pdf` (no suffix means `.png`); parent folders are created, and each
+    file is written through a temporary sibling. Returns the paths written (without dates or versions inside, so an unchanged figure
     gives unchanged files). Raises InputError for any other suffix.
     """
     path = Path(path)
@@ -249,13 +250,14 @@ def save_figure(fig: Figure, path: str | Path, dpi: int = 150) -> tuple[Path, ..
         path, suffix = path.with_suffix(".png"), ".png"
     if suffix not in (".png", ".pdf"):
         raise InputError(f"save_figure writes .png or .pdf, got {str(path)!r}")
-    path.parent.mkdir(parents=True, exist_ok=True)
     written = []
     if suffix == ".pdf":  # no creation date: the same figure gives the same bytes
-        fig.savefig(path, format="pdf", metadata={"CreationDate": None})
+        with atomic_file(path) as tmp:
+            fig.savefig(tmp, format="pdf", metadata={"CreationDate": None})
         written.append(path)
     png = path.with_suffix(".png")
-    fig.savefig(png, format="png", dpi=dpi, metadata={"Software": None})
+    with atomic_file(png) as tmp:
+        fig.savefig(tmp, format="png", dpi=dpi, metadata={"Software": None})
     written.append(png)
     return tuple(written)
 

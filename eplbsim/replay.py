@@ -18,6 +18,7 @@ import torch
 
 from .dispatch import resolve_policy
 from .errors import InputError
+from .files import check_memory
 from .metrics import Counters
 from .moe import make_toy_moe
 from .placement import rank_view
@@ -45,6 +46,35 @@ def routed_loads(trace: Any) -> torch.Tensor:
     if isinstance(trace, CountsTrace):
         return torch.from_numpy(trace.counts)
     return trace.counts()
+
+
+def check_fits(trace: Any, spec: RunSpec) -> None:
+    """InputError unless `spec`'s topology takes the trace's experts (slots divide over the
+    GPUs, groups divide the experts), its placement files are placements for it and it fits
+    in memory: what a run would otherwise find out only after starting."""
+    check_memory_of(trace, spec)
+    topo = spec.topology.topology()
+    E = trace.num_experts
+    topo.slots_per_gpu(E + spec.topology.redundant)
+    groups = spec.topology.groups or trace.num_groups or 1
+    if E % groups:
+        raise InputError(f"{groups} groups do not divide the {E} experts")
+    for value in (spec.solver.placement, spec.schedule.initial):
+        load_placement(value, E, topo, trace.num_layers, trace.meta.get("model_layers"))
+
+
+def check_memory_of(trace: Any, spec: RunSpec) -> None:
+    """InputError when replaying `trace` under `spec` would need more memory than there is:
+    loads per (step, layer, slot or expert) and the counters for the whole run, plus one
+    step's ids, choices, masks and toy-MoE pair outputs (`files.check_memory`)."""
+    S, L, E = trace.num_steps, trace.num_layers, trace.num_experts
+    P = E + spec.topology.redundant
+    K = getattr(trace, "top_k", 0)
+    T = int(trace.tokens_per_step.max()) if K else 0
+    need = 8 * S * L * (P + E + 32) + 8 * T * L * K * (16 + 3 * spec.dispatch.hidden)
+    check_memory(need, f"replaying {S} steps x {L} layers x {P} slots (up to {T} tokens a "
+                 f"step)", "replay fewer steps or layers (a window of the trace), or fewer "
+                 "redundant slots")
 
 
 def schedule_of(trace: Any, spec: RunSpec, true_load: torch.Tensor) -> tuple[Segment, ...]:
@@ -95,6 +125,7 @@ def replay(trace: Any, spec: RunSpec | None = None) -> Results:
     """Replay `trace` (a Trace, DirTrace or CountsTrace) under `spec` (default `RunSpec()`);
     the same inputs give the same numbers."""
     spec = RunSpec() if spec is None else spec
+    check_memory_of(trace, spec)
     true_load = routed_loads(trace)
     segments = schedule_of(trace, spec, true_load)
     if isinstance(trace, CountsTrace):

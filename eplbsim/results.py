@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from . import metrics as M
+from .files import atomic_file
 from .metrics import METRICS, Counters
 from .placement import Placement
 from .registry import name_of
@@ -189,15 +190,20 @@ def rebalance_report(result: Results, rows: Sequence[dict[str, Any]]) -> str:
 
 # ----------------------------------------------------------------------------- files
 
-def to_json(rows: Iterable[dict[str, Any]]) -> str:
-    """The rows as a JSON array (NaN written as null)."""
-    return json.dumps([_jsonable(r) for r in rows], indent=2)
+def to_json(value: Any, indent: int | None = 2) -> str:
+    """`value` (rows, or any JSON-like object) as strict JSON: NaN and infinities written as
+    null, never as the non-JSON `NaN`."""
+    return json.dumps(_jsonable(value), indent=indent, allow_nan=False)
 
 
 def _jsonable(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, float) and math.isnan(value):
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if hasattr(value, "tolist"):  # numpy or torch values
+        return _jsonable(value.tolist())
+    if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
 
@@ -221,11 +227,10 @@ def flat_row(row: dict[str, Any]) -> dict[str, Any]:
 
 def write_results(rows: list[dict[str, Any]], out_dir: str | Path) -> list[Path]:
     """Write `results.json` and `results.csv` into `out_dir` (created); returns the paths."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    json_path = out / "results.json"
-    json_path.write_text(to_json(rows) + "\n")
-    return [json_path, write_csv([flat_row(r) for r in rows], out / "results.csv")]
+    json_path = Path(out_dir) / "results.json"
+    with atomic_file(json_path) as tmp:
+        tmp.write_text(to_json(rows) + "\n")
+    return [json_path, write_csv([flat_row(r) for r in rows], Path(out_dir) / "results.csv")]
 
 
 def csv_value(value: Any) -> Any:
@@ -234,10 +239,11 @@ def csv_value(value: Any) -> Any:
 
 
 def write_csv(rows: list[dict[str, Any]], path: str | Path) -> Path:
-    """Rows of plain values as a CSV (columns in first-seen order, `csv_value` fields)."""
+    """Rows of plain values as a CSV (columns in first-seen order, `csv_value` fields), written
+    through a temporary sibling."""
     path = Path(path)
     fields = list(dict.fromkeys(k for r in rows for k in r))
-    with open(path, "w", newline="") as f:
+    with atomic_file(path) as tmp, open(tmp, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=fields)
         writer.writeheader()
         writer.writerows({k: csv_value(v) for k, v in r.items()} for r in rows)

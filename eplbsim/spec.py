@@ -23,12 +23,14 @@ from typing import Any, Callable, Iterator, Mapping
 
 from .dispatch import POLICIES, DispatchPolicy
 from .errors import InputError
+from .limits import (MAX_EXPERTS, MAX_GPUS, MAX_HIDDEN, MAX_LAYERS, MAX_SEED, MAX_SLOTS,
+                     MAX_TOP_K)
 from .placement import VIEWS, Placement
 from .ranks import MODES, RNG_RELATIONS
-from .registry import name_of
+from .registry import lookup, name_of
 from .schedule.migration import DEEPSEEK_V3_EXPERT_BYTES
 from .schedule.predictors import PREDICTORS
-from .solvers import SOLVE_OPTIONS, SOLVERS, solver_options
+from .solvers import SOLVERS, check_options
 from .topology import Topology
 from .traces.counts import parse_where
 from .traces.formats import open_trace
@@ -47,10 +49,12 @@ SYNTH = COMMANDS | {"synth"}  # what `trace synth` also takes: the scenario's si
 
 @dataclass(frozen=True)
 class Integer:
-    """An integer >= `least`; None too when `optional`."""
+    """An integer >= `least` (and <= `most`, a cap of `eplbsim.limits`); None too when
+    `optional`."""
 
     least: int = 0
     optional: bool = False
+    most: int | None = None
 
     def parse(self, text: str) -> int:
         try:
@@ -61,8 +65,11 @@ class Integer:
     def check(self, value: Any) -> int | None:
         if value is None and self.optional:
             return None
-        if isinstance(value, bool) or not isinstance(value, int) or value < self.least:
-            raise InputError(f"must be an integer >= {self.least}, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, int) or value < self.least or (
+                self.most is not None and value > self.most):
+            bound = (f">= {self.least}" if self.most is None
+                     else f"in [{self.least}, {self.most}]")
+            raise InputError(f"must be an integer {bound}, got {value!r}")
         return int(value)
 
 
@@ -92,15 +99,15 @@ class Number:
 
 @dataclass(frozen=True)
 class Switch:
-    """True or False (a `--flag / --no-flag` pair on the command line)."""
+    """True or False, 1 or 0 read as such (a `--flag / --no-flag` pair on the command line)."""
 
     def parse(self, text: str) -> bool:
         raise AssertionError("switches are parsed by argparse")
 
     def check(self, value: Any) -> bool:
-        if not isinstance(value, bool):
-            raise InputError(f"must be true or false, got {value!r}")
-        return value
+        if not (isinstance(value, bool) or (type(value) is int and value in (0, 1))):
+            raise InputError(f"must be true or false (or 1 or 0), got {value!r}")
+        return bool(value)
 
 
 @dataclass(frozen=True)
@@ -224,7 +231,8 @@ class Knob:
               default (e.g. the policies)
     commands: where it can be set: run, ranks, sweep
     command_defaults: a command whose default differs from the field's (`run`'s embedded
-              default scenario)
+              default scenario): a value, or a function of the values given so far (a default
+              must fit them)
     metavar:  the flag's value placeholder
     """
 
@@ -297,9 +305,12 @@ class Source(Part):
         f"max({DEFAULT_SIZES['steps']}, window + 4N), for four rebalances)",
         Integer(1, optional=True), commands=SYNTH)
     tokens: int = knob(DEFAULT_SIZES["tokens"], "tokens per step", Integer(1), commands=SYNTH)
-    layers: int = knob(DEFAULT_SIZES["layers"], "MoE layers", Integer(1), commands=SYNTH)
-    experts: int = knob(DEFAULT_SIZES["experts"], "logical experts", Integer(1), commands=SYNTH)
-    top_k: int = knob(DEFAULT_SIZES["top_k"], "experts per token", Integer(1), commands=SYNTH)
+    layers: int = knob(DEFAULT_SIZES["layers"], "MoE layers",
+                       Integer(1, most=MAX_LAYERS), commands=SYNTH)
+    experts: int = knob(DEFAULT_SIZES["experts"], "logical experts",
+                        Integer(1, most=MAX_EXPERTS), commands=SYNTH)
+    top_k: int = knob(DEFAULT_SIZES["top_k"], "experts per token",
+                      Integer(1, most=MAX_TOP_K), commands=SYNTH)
     scenario_options: dict = knob({}, "scenario option, e.g. sigma=2 or noise=0.1 (repeat "
                                   "for several)", Options("option"), flags=("-o", "--option"),
                                   metavar="KEY=VALUE", commands=SYNTH)
@@ -350,10 +361,11 @@ class DispatchPart(Part):
     rank_offset: bool = knob(False, "in a2a mode, ordinal adds the rank to its offset",
                              Switch())
     seed: int = knob(0, "seeds every random choice: the scenario, the rank generators, "
-                     "static's tables, the toy MoE layer", Integer(0), commands=SYNTH)
+                     "static's tables, the toy MoE layer", Integer(0, most=MAX_SEED),
+                     commands=SYNTH)
     device: str = knob("cpu", "where dispatch runs: cpu, cuda or auto", Device())
     hidden: int = knob(8, "hidden size of the toy MoE layer that measures output error",
-                       Integer(1))
+                       Integer(1, most=MAX_HIDDEN))
 
 
 @dataclass(frozen=True)
@@ -371,12 +383,8 @@ class SolverPart(Part):
                           metavar="FILE")
 
     def relate(self) -> None:
-        if isinstance(self.solver, str):
-            known = solver_options(SOLVERS[self.solver]) + list(SOLVE_OPTIONS)
-            unknown = sorted(set(self.solver_options) - set(known))
-            if unknown:
-                raise InputError(f"solver {self.solver} has no option {', '.join(unknown)}; "
-                                 f"its options are: {', '.join(known) or 'none'}")
+        object.__setattr__(self, "solver_options", check_options(
+            lookup(SOLVERS, self.solver, "solver"), self.solver_options))
 
 
 @dataclass(frozen=True)
@@ -428,13 +436,17 @@ class SchedulePart(Part):
 class TopologyPart(Part):
     """The cluster: EP ranks = GPUs, nodes, redundant slots, expert groups."""
 
-    gpus: int = knob(8, "GPUs = EP ranks", Integer(1), commands=frozenset({"run", "sweep"}))
+    gpus: int = knob(8, "GPUs = EP ranks", Integer(1, most=MAX_GPUS),
+                     commands=frozenset({"run", "sweep"}))
     gpus_per_node: int | None = knob(
-        None, "GPUs per node (for ranks: torchrun's LOCAL_WORLD_SIZE, else all on one node)",
-        Integer(1, optional=True), command_defaults={"run": 4})
-    redundant: int = knob(16, "redundant physical slots (P = E + redundant)", Integer(0))
+        None, "GPUs per node (default for run: 4 when --gpus is a multiple of 4, else all on "
+        "one node; for ranks: torchrun's LOCAL_WORLD_SIZE, else all on one node)",
+        Integer(1, optional=True, most=MAX_GPUS),
+        command_defaults={"run": lambda given: 4 if given.get("gpus", 8) % 4 == 0 else None})
+    redundant: int = knob(16, "redundant physical slots (P = E + redundant)",
+                          Integer(0, most=MAX_SLOTS))
     groups: int | None = knob(None, "expert groups (default: the trace's, else 1)",
-                              Integer(1, optional=True))
+                              Integer(1, optional=True, most=MAX_EXPERTS))
 
     def relate(self) -> None:
         self.topology()
@@ -561,7 +573,7 @@ def add_flags(parser: argparse.ArgumentParser, command: str,
         text = knob.help + (", comma-separated" if knob.listed else "")
         if isinstance(knob.type, Name):
             text += f"; one of {', '.join(knob.type.registry)}"
-        if default not in (None, {}) and "(default" not in knob.help:
+        if default not in (None, {}) and "default" not in knob.help:
             text += f" (default {default})"
         common = dict(dest=name, help=text, default=None)
         if isinstance(knob.type, Switch):
@@ -603,7 +615,8 @@ def from_args(args: argparse.Namespace, command: str, parts: tuple[str, ...] | N
             raw = knob.listed
         if raw is None:
             if command in knob.command_defaults:
-                values[name] = knob.command_defaults[command]
+                default = knob.command_defaults[command]
+                values[name] = default(values) if callable(default) else default
             continue
         if knob.listed is not None:
             lists[name] = [checked(name, knob, _parsed(knob, item, flag), flag)

@@ -42,6 +42,7 @@ import hashlib
 import io
 import itertools
 import json
+import math
 import multiprocessing
 import os
 import sys
@@ -60,6 +61,8 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from .errors import InputError
+from .files import atomic_file, check_output, regular_file
+from .limits import MAX_CELLS
 from .replay import replay
 from .results import csv_value, flat_row, write_csv
 from .spec import (RUN_PARTS, Device, File, Filter, Name, Options, build, knobs, sweep_keys,
@@ -179,10 +182,11 @@ def _cell(index: int, given: dict[str, Any], where: str, base: Path) -> Cell:
     return Cell(index, cell_id(config), config, values)
 
 
-def parse_spec(doc: dict[str, Any], base: Path, where: str = "spec") -> tuple[Cell, ...]:
+def parse_spec(doc: dict[str, Any], base: Path, where: str = "spec",
+               max_cells: int = MAX_CELLS) -> tuple[Cell, ...]:
     """The cells of a parsed spec, in grid order (module doc). `base`: the folder that paths
-    are relative to; `where` names the spec in messages. InputError for anything the module doc
-    does not allow."""
+    are relative to; `where` names the spec in messages; a grid of more than `max_cells` cells
+    is refused before any is made. InputError for anything the module doc does not allow."""
     unknown = sorted(set(doc) - {"out", "grid", "fixed"})
     if unknown:
         raise InputError(f"{where}: unknown key {', '.join(unknown)}; a spec holds out, "
@@ -202,6 +206,10 @@ def parse_spec(doc: dict[str, Any], base: Path, where: str = "spec") -> tuple[Ce
         if isinstance(value, list):
             raise InputError(f"{where}: [fixed] {key} must be one value; lists go in [grid]")
         sweep_value(key, value, f"{where}: [fixed]", base)
+    cells = math.prod(len(v) for v in grid.values())
+    if cells > max_cells:
+        raise InputError(f"{where}: the grid has {cells} cells, above the cap of {max_cells}; "
+                         f"raise it with --max-cells")
     keys = {**grid, **fixed}
     source = [k for k in SOURCES if k in keys]
     if len(source) != 1:
@@ -216,21 +224,21 @@ def parse_spec(doc: dict[str, Any], base: Path, where: str = "spec") -> tuple[Ce
                  for index, combo in enumerate(itertools.product(*grid.values())))
 
 
-def read_spec(path: str | Path) -> Sweep:
-    """Read and check a spec file (module doc); InputError naming the file when it is missing,
-    not TOML, or not a valid spec."""
-    path = Path(path)
+def read_spec(path: str | Path, max_cells: int = MAX_CELLS) -> Sweep:
+    """Read and check a spec file (module doc; at most `max_cells` cells); InputError naming
+    the file when it is missing, not TOML, or not a valid spec."""
+    path = regular_file(path, "TOML sweep spec")
     try:
         text = path.read_text()
         doc = tomllib.loads(text)
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such file") from None
+    except RecursionError:
+        raise InputError(f"{path}: not a TOML sweep spec (nested too deeply)") from None
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise InputError(f"{path}: not a TOML sweep spec ({exc})") from None
     out = doc.get("out")
     if out is not None and not isinstance(out, str):
         raise InputError(f"{path}: out must be a path, got {out!r}")
-    cells = parse_spec(doc, path.parent, str(path))
+    cells = parse_spec(doc, path.parent, str(path), max_cells)
     return Sweep(path, text, doc, cells, None if out is None else path.parent / out)
 
 
@@ -367,7 +375,8 @@ def _claim(sweep: Sweep, out: Path) -> None:
         if (out / CSV).exists():
             raise InputError(f"{out} has a {CSV} but no {SPEC}, so it is not a sweep's "
                              f"directory; use another --out")
-        copy.write_text(sweep.text)
+        with atomic_file(copy) as tmp:
+            tmp.write_text(sweep.text)
         return
     try:
         theirs = tomllib.loads(copy.read_text())
@@ -388,8 +397,9 @@ def _write_parquet(csv_path: Path, path: Path, text_columns: list[str]) -> Path 
     except ImportError:
         return None
     types = dict.fromkeys(text_columns, pa.string())
-    pq.write_table(pa_csv.read_csv(csv_path, convert_options=pa_csv.ConvertOptions(
-        column_types=types)), path)
+    table = pa_csv.read_csv(csv_path, convert_options=pa_csv.ConvertOptions(column_types=types))
+    with atomic_file(path) as tmp:
+        pq.write_table(table, tmp)
     return path
 
 
@@ -401,14 +411,15 @@ def _is_text(column: str) -> bool:
 
 def run_sweep(sweep: Sweep, out: str | Path, executor: str = "local",
               workers: int | None = None, address: str | None = None,
-              progress: bool = True) -> SweepRun:
+              progress: bool | None = None) -> SweepRun:
     """Run the cells of `sweep` that `out/results.csv` lacks, appending each row as its cell
     finishes; then rewrite the table in grid order and write the parquet copy.
 
     executor: "local" (spawned processes) or "ray" (tasks on the cluster at `address`, else on
     a local instance); workers: processes, or the local Ray instance's CPUs (default: every
-    core); progress: a tqdm bar on stderr. InputError for bad arguments, a directory holding
-    another sweep, or a failed cell (the rows written so far stay).
+    core); progress: a tqdm bar on stderr (default: when stderr is a terminal). InputError for
+    bad arguments, an `out` that would touch an input (the spec, a trace, a placement file), a
+    directory holding another sweep, or a failed cell (the rows written so far stay).
     """
     if executor not in EXECUTORS:
         raise InputError(f"unknown executor {executor!r}; choose one of {', '.join(EXECUTORS)}")
@@ -419,6 +430,12 @@ def run_sweep(sweep: Sweep, out: str | Path, executor: str = "local",
         raise InputError(f"{sweep.path}: device cuda, but torch sees no CUDA device here")
     workers = workers or os.cpu_count() or 1
     out = Path(out)
+    inputs = [sweep.path] + [cell.values.get(name) for cell in sweep.cells
+                             for name in ("trace", "placement", "initial")]
+    inputs = [p for p in inputs if isinstance(p, (str, os.PathLike))]
+    check_output(out, inputs, is_dir=True)
+    for name in (SPEC, CSV, PARQUET):
+        check_output(out / name, inputs)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -430,7 +447,8 @@ def run_sweep(sweep: Sweep, out: str | Path, executor: str = "local",
     pending = [cell for cell in sweep.cells if cell.id not in done]
     with open(csv_path, "a", newline="") as f, tqdm(
             total=len(sweep.cells), initial=len(sweep.cells) - len(pending), desc="sweep",
-            unit="cell", file=sys.stderr, disable=not progress) as bar:
+            unit="cell", file=sys.stderr,
+            disable=not (sys.stderr.isatty() if progress is None else progress)) as bar:
         writer = csv.writer(f)
 
         def emit(cell: Cell, row: dict[str, Any]) -> None:
@@ -450,9 +468,7 @@ def run_sweep(sweep: Sweep, out: str | Path, executor: str = "local",
         elif pending:
             _run_ray(pending, workers, address, emit)
     rows = {row["cell"]: row for row in reversed(_read_table(csv_path)[1])}
-    tmp = out / (CSV + ".tmp")
-    write_csv([rows[cell.id] for cell in sweep.cells], tmp)
-    os.replace(tmp, csv_path)
+    write_csv([rows[cell.id] for cell in sweep.cells], csv_path)
     text = ["cell"] + [k for k in sweep.cells[0].config if _is_text(k)]
     parquet = _write_parquet(csv_path, out / PARQUET, text)
     return SweepRun((csv_path,) + ((parquet,) if parquet else ()), len(pending))

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from .errors import InputError
+from .limits import MAX_GPUS, MAX_SLOTS, check_at_most
 
 
 @dataclass(frozen=True)
@@ -21,8 +22,10 @@ class Topology:
     gpus_per_node: int | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.num_gpus, int) or self.num_gpus < 1:
+        if not isinstance(self.num_gpus, int) or isinstance(self.num_gpus, bool) \
+                or self.num_gpus < 1:
             raise InputError(f"the number of GPUs must be a positive integer, got {self.num_gpus!r}")
+        check_at_most(self.num_gpus, MAX_GPUS, "the number of GPUs")
         gpn = self.gpus_per_node
         if gpn is not None and (not isinstance(gpn, int) or gpn < 1):
             raise InputError(f"GPUs per node must be a positive integer, got {gpn!r}")
@@ -40,6 +43,7 @@ class Topology:
 
     def slots_per_gpu(self, num_slots: int) -> int:
         """`P // G`; raises InputError unless `G` divides `P`."""
+        check_at_most(num_slots, MAX_SLOTS, "the number of physical slots")
         if num_slots < self.num_gpus or num_slots % self.num_gpus:
             raise InputError(
                 f"{num_slots} physical slots cannot be spread evenly over {self.num_gpus} GPUs "

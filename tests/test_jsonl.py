@@ -18,10 +18,12 @@ from eplbsim.traces.formats.jsonl import read_jsonl, write_jsonl
 from eplbsim.traces.trace import Trace, load_trace
 from eplbsim.traces.directory import DirTrace, load_trace_dir
 
+from id_helpers import distinct
+
 
 def _trace(steps=(3, 0, 4), L=3, K=2, E=8, seed=0):
     rng = np.random.default_rng(seed)
-    ids = rng.integers(-1, E, size=(sum(steps), L, K))
+    ids = distinct(rng.integers(-1, E, size=(sum(steps), L, K)))
     return Trace(ids, np.concatenate([[0], np.cumsum(steps)]), E, None, {})
 
 
@@ -54,11 +56,11 @@ def test_layers_in_any_order_and_step_gaps(tmp_path):
     rows = [[1, 2], [3, -1]]
     log = _write(tmp_path / "a.jsonl", [
         {"step": 5, "layer": 1, "topk_ids": rows}, {"step": 5, "layer": 0, "topk_ids": rows},
-        "", {"step": 9, "layer": 0, "topk_ids": [[0, 0]]},
-        {"step": 9, "layer": 1, "topk_ids": [[4, 4]]}])
+        "", {"step": 9, "layer": 0, "topk_ids": [[0, 3]]},
+        {"step": 9, "layer": 1, "topk_ids": [[4, 0]]}])
     tr = read_jsonl(log)
     assert tr.num_steps == 2 and tr.num_experts == 5  # largest id + 1
-    assert tr.step(1).tolist() == [[[0, 0], [4, 4]]]
+    assert tr.step(1).tolist() == [[[0, 3], [4, 0]]]
     assert tr.meta["first_step"] == 5 and tr.meta["last_step"] == 9
     d = read_jsonl(log, out=tmp_path / "d")
     assert d.num_experts == 5

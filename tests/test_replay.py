@@ -19,6 +19,8 @@ from eplbsim.traces.synth import synthesize
 from eplbsim.topology import Topology
 from eplbsim.traces.trace import Trace
 
+from id_helpers import distinct
+
 SIZES = dict(steps=6, tokens=96, layers=2, experts=16, top_k=4)
 CFG = RunSpec.of(gpus=4, gpus_per_node=2, redundant=8)
 
@@ -147,7 +149,7 @@ def test_rebalance_schedule_starts_trivial_and_resolves_every_n_steps(trace):
 
 
 def test_padding_is_never_load():
-    steps = [torch.tensor([[[0, -1]], [[1, 1]]]), torch.tensor([[[-1, -1]]])]
+    steps = [torch.tensor([[[0, -1]], [[1, 0]]]), torch.tensor([[[-1, -1]]])]
     tr = Trace.from_steps(steps, num_experts=2)
     res = replay(tr, RunSpec.of(gpus=2, redundant=2, policy="row"))
     assert int(res.slot_load.sum()) == 3
@@ -185,11 +187,11 @@ def tiny_setups(draw):
     E = draw(st.integers(1, 9))
     per_gpu = draw(st.integers(-(-E // G), -(-E // G) + 2))
     L, K = draw(st.integers(1, 2)), draw(st.integers(1, 3))
-    sizes = draw(st.lists(st.integers(0, 12), min_size=1, max_size=4))
+    sizes = draw(st.lists(st.integers(0, 12), min_size=1, max_size=4).filter(sum))
     seed = draw(st.integers(0, 1000))
     gen = torch.Generator().manual_seed(seed)
-    steps = [torch.where(torch.rand(T, L, K, generator=gen) < 0.25, -1,
-                         torch.randint(0, E, (T, L, K), generator=gen)) for T in sizes]
+    steps = [distinct(torch.where(torch.rand(T, L, K, generator=gen) < 0.25, -1,
+                                  torch.randint(0, E, (T, L, K), generator=gen))) for T in sizes]
     cfg = RunSpec.of(gpus=G, gpus_per_node=gpn, redundant=G * per_gpu - E, seed=seed)
     return Trace.from_steps(steps, num_experts=E), cfg
 

@@ -14,6 +14,8 @@ from eplbsim.spec import RunSpec
 from eplbsim.traces.formats.sglang import import_sglang
 from eplbsim.traces.trace import Trace, load_trace
 
+from cli_helpers import run
+
 L, E, P, WIDTH, K = 3, 4, 6, 8, 2  # layer 0 is dense; 2 redundant slots
 # physical -> logical, redundant slots 4 and 5 (different per layer)
 MAP = torch.tensor([[0, 1, 2, 3, 0, 1],
@@ -27,6 +29,9 @@ def _ids(seed: int, tokens: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     ids = torch.full((L, tokens, WIDTH), -1, dtype=torch.int32)
     ids[1:, :, :K] = torch.randint(0, P, (L - 1, tokens, K), generator=g, dtype=torch.int32)
+    # a router picks K distinct logical experts: a second pick of the first's expert is padding
+    logical = MAP.gather(1, ids[:, :, :K].clamp(min=0).long().flatten(1)).view(L, tokens, K)
+    ids[:, :, 1][(logical[:, :, 1] == logical[:, :, 0]) & (ids[:, :, 0] >= 0)] = -1
     if tokens:
         ids[2, 0, 1] = -1  # a padded slot in a routing column
     return ids
@@ -226,10 +231,23 @@ def test_errors_name_the_file(tmp_path):
     assert "partial.pt" in _expect([partial], "average_utilization_rate_over_window")
 
 
-def test_never_unpickles_arbitrary_objects(tmp_path):
-    class Evil:
-        def __reduce__(self):
-            return (print, ("pwned",))
+class _WritesAFile:
+    """Unpickling this object opens (so creates) `marker`: code that runs on load."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_never_unpickles_arbitrary_objects(tmp_path, capsys):
+    marker = tmp_path / "pwned"
     path = tmp_path / "evil.pt"
-    torch.save({"records": [Evil()]}, path)
-    assert "evil.pt" in _expect([path], "not a readable torch file")
+    torch.save({"records": [_WritesAFile(marker)]}, path)
+    message = _expect([path], "refused: it holds Python objects")
+    assert "evil.pt" in message and "weights_only" not in message
+    code, out, err = run(capsys, "trace", "import-sglang", path, "--out", tmp_path / "out.npz")
+    assert code == 2 and "refused" in err and len(err.strip().splitlines()) == 1
+    assert not marker.exists(), "the object's code ran"
+    assert not (tmp_path / "out.npz").exists()

@@ -185,13 +185,28 @@ GOOD = dict(load=np.ones((2, 4)), num_slots=8, topology=Topology(4, 2), num_grou
     (dict(num_slots=3, topology=Topology(1)), r"fewer slots than experts"),
     (dict(num_slots=6), r"6 slots are not divisible by 4 GPUs"),
     (dict(num_groups=3), r"3 groups do not divide the 4 experts"),
-    (dict(load=[["a", "b"]]), r"not a numeric"),
+    (dict(load=[["a", "b"]]), r"load must hold numbers"),
+    (dict(load=[["1", "2", "3", "4"]] * 2), r"load must hold numbers"),
+    (dict(load=[[True, 1, 1, 1]] * 2), r"load must hold numbers"),
+    (dict(load=[[1, [2], 1, 1]] * 2), r"not a numeric|must hold numbers"),
+    (dict(load=np.full((2, 4), 1e308)), r"above 2\*\*53"),
 ])
 def test_solve_input_errors(change, match):
     args = dict(GOOD, solver="deepseek") | change
     with pytest.raises(InputError, match=match):
         solve(args["solver"], args["load"], args["num_slots"], args["topology"],
               args["num_groups"])
+
+
+@pytest.mark.parametrize("options, match", [
+    (dict(anti_colocation="maybe"), "solver option anti_colocation must be true or false"),
+    (dict(migration_tolerance=-1), "solver option migration_tolerance must be a finite number"),
+    (dict(migration_tolerance=float("nan")), "migration_tolerance must be a finite number"),
+    (dict(nope=1), "solver deepseek has no option nope"),
+])
+def test_solver_options_are_checked_by_kind(options, match):
+    with pytest.raises(InputError, match=match):
+        solve("deepseek", GOOD["load"], 8, GOOD["topology"], 2, **options)
 
 
 def test_solve_accepts_callable_and_checks_its_shape():

@@ -76,8 +76,8 @@ def reference(tmp_path_factory):
     ("[fixed]\nscenario = 'skewed'\nsolver = 'greedy'\n", "[fixed] solver: unknown solver"),
     ("[fixed]\nscenario = 'skewed'\nmode = 'both'\n", "[fixed] mode: unknown mode 'both'"),
     ("[fixed]\nscenario = 'skewed'\ndevice = 'tpu'\n", "[fixed] device: unknown device"),
-    ("[fixed]\nscenario = 'skewed'\ngpus = '4'\n", "[fixed] gpus: must be an integer >= 1"),
-    ("[grid]\nscenario = ['skewed']\nredundant = [-8]\n", "redundant: must be an integer >= 0"),
+    ("[fixed]\nscenario = 'skewed'\ngpus = '4'\n", "[fixed] gpus: must be an integer in [1, 65536], got '4'"),
+    ("[grid]\nscenario = ['skewed']\nredundant = [-8]\n", "redundant: must be an integer in [0, 262144], got -8"),
     ("[fixed]\nscenario = 'skewed'\ndrift_p = 2\n", "drift_p: must be a number in [0, 1]"),
     ("[fixed]\nsolver = 'lpt'\n", "exactly one of scenario or trace"),
     ("[grid]\nscenario = ['skewed']\n[fixed]\nscenario = 'burst'\n",
@@ -91,6 +91,8 @@ def reference(tmp_path_factory):
     ("[fixed]\nscenario = 'skewed'\ngpus = 6\ngpus_per_node = 4\n",
      "6 GPUs cannot be split into nodes of 4"),
     ("[fixed]\nscenario = 'skewed'\nexperts = 4\ntop_k = 8\n", "top_k=8 must not exceed"),
+    ("[grid]\nscenario = ['skewed']\nseed = " + str(list(range(101))) + "\nredundant = "
+     + str(list(range(0, 800, 8))) + "\n", "the grid has 10100 cells, above the cap of 10000"),
 ])
 def test_bad_specs_name_the_key(tmp_path, text, match):
     with pytest.raises(InputError, match=re.escape(match)):

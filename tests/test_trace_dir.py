@@ -24,11 +24,13 @@ from eplbsim.traces.trace import Trace, load_trace, save_trace
 from eplbsim.traces import open_trace
 from eplbsim.traces.directory import DirTrace, load_trace_dir, save_trace_dir
 
+from id_helpers import distinct
+
 
 def _trace(steps=(5, 0, 3, 7, 4), L=2, K=2, E=8, src=True, seed=0):
     rng = np.random.default_rng(seed)
     T = sum(steps)
-    ids = rng.integers(-1, E, size=(T, L, K))
+    ids = distinct(rng.integers(-1, E, size=(T, L, K)))
     offsets = np.concatenate([[0], np.cumsum(steps)])
     return Trace(ids, offsets, E, np.arange(T) % 4 if src else None,
                  {"source": "test", "num_groups": 2})
@@ -134,7 +136,8 @@ def _save(path, arr):
      "non-decreasing"),
     (lambda d: _save(d / "step_offsets.npy", np.array([[0, 12]])), "step_offsets.npy", "1-D"),
     (lambda d: _save(d / "src_rank.npy", np.zeros(11, np.int16)), "src_rank.npy", "12"),
-    (lambda d: _save(d / "src_rank.npy", -np.ones(12, np.int16)), "src_rank.npy", "negative"),
+    (lambda d: _save(d / "src_rank.npy", -np.ones(12, np.int16)), "src_rank.npy",
+     "rank -1; ranks must lie in"),
     (lambda d: _save(d / "step_offsets.npy", np.array([b"x"])), "step_offsets.npy", ""),
 ])
 def test_broken_directories_name_the_file(tmp_path, edit, file, words):
@@ -197,8 +200,10 @@ _SCRIPT = textwrap.dedent("""
         def __init__(self, steps, tokens):
             self.num_steps, self.tokens = steps, tokens
         def step(self, s):
-            g = np.random.default_rng(s)
-            return torch.from_numpy(g.integers(-1, 64, (self.tokens, 2, 8), dtype=np.int32))
+            g = np.random.default_rng(s)  # 8 distinct experts a row, some padding
+            ids = (g.integers(0, 64, (self.tokens, 2, 1)) + 8 * np.arange(8)) % 64
+            return torch.from_numpy(np.where(g.random(ids.shape) < 0.1, -1, ids)
+                                    .astype(np.int32))
         def step_src_rank(self, s):
             return None
 

@@ -3,14 +3,24 @@
 `COMMANDS` maps a command name to `(help, add_arguments, handle)`: `add_arguments(parser)`
 declares its flags (the run schema's, `spec.add_flags`, where it runs replays) and
 `handle(args) -> exit status` runs it. Errors in the user's input end with one line on stderr
-and exit status 2.
+and exit status 2 (a flag argparse cannot parse: a short usage line, then that line). Out of
+memory, too deep a nesting or an overflow on the user's data is said the same way; anything
+else is a bug, reported in one line as an internal error (with the traceback under
+`EPLBSIM_DEBUG=1`) and exit status 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import traceback
+import warnings
+import zipfile
+import zlib
 from typing import Sequence
+
+import numpy as np
 
 from ..errors import InputError
 from . import bench, export, figures, ranks, run, solve, sweep, trace
@@ -25,11 +35,21 @@ COMMANDS = {
     "figures": (figures.HELP, figures.add_arguments, figures.handle),
     "export": (export.HELP, export.add_arguments, export.handle),
 }
+DEBUG = "EPLBSIM_DEBUG"
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are a short usage line and the error, not the whole
+    usage text."""
+
+    def error(self, message: str) -> None:
+        self.exit(2, f"usage: {self.prog} ... (see {self.prog} --help)\n"
+                     f"eplbsim: error: {message}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of every command (a command with subcommands sets their handlers itself)."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="eplbsim", description="Replay MoE routing traces through expert placement "
         "solvers and dispatch policies; measure load skew and rank agreement.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -41,11 +61,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; returns the exit status (2 for bad input)."""
+    """Entry point; returns the exit status (2 for bad input, 1 for an internal error)."""
     args = build_parser().parse_args(argv)
     try:
-        return args.handler(args)
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore", RuntimeWarning)
+            return args.handler(args)
     except InputError as exc:
-        print(f"eplbsim: error: {exc}", file=sys.stderr)
+        print(f"eplbsim: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
+    except MemoryError:
+        print("eplbsim: error: out of memory: the input asks for more than this machine has",
+              file=sys.stderr)
+        return 2
+    except (RecursionError, OverflowError, zipfile.BadZipFile, zlib.error) as exc:
+        print(f"eplbsim: error: the input cannot be read ({_one_line(exc)})", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("eplbsim: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a bug: one line, the traceback only when asked for
+        if os.environ.get(DEBUG):
+            traceback.print_exc()
+        print(f"eplbsim: internal error, please report it ({_one_line(exc)}); "
+              f"{DEBUG}=1 shows the traceback", file=sys.stderr)
+        return 1

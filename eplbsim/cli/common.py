@@ -1,13 +1,15 @@
-"""What several commands share: comma-separated lists and writing files with a clear error."""
+"""What several commands share: comma-separated lists, argparse integer types and output
+directories checked against the inputs."""
 
 from __future__ import annotations
 
 import argparse
-from contextlib import contextmanager
+import os
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterable
 
 from ..errors import InputError
+from ..files import check_output
 
 
 def split(text: str, what: str) -> list[str]:
@@ -18,13 +20,15 @@ def split(text: str, what: str) -> list[str]:
     return items
 
 
-@contextmanager
-def writing(path: Path) -> Iterator[None]:
-    """Turn an OSError while writing `path` into InputError("cannot write PATH: why")."""
-    try:
-        yield
-    except OSError as exc:
-        raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
+def check_out_dir(out: Path, inputs: Iterable[Any], names: Iterable[str]) -> Path:
+    """`out` if a directory of output files `names` written there cannot touch an input (paths
+    among `inputs`; anything else, such as a Placement object, is not a file);
+    InputError otherwise (`files.check_output`)."""
+    paths = [p for p in inputs if isinstance(p, (str, os.PathLike))]
+    check_output(out, paths, is_dir=True)
+    for name in names:
+        check_output(out / name, paths)
+    return out
 
 
 def _at_least(least: int):

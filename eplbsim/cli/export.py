@@ -8,10 +8,12 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
+from ..files import atomic_file, check_output
+from ..limits import MAX_LAYERS
 from ..placement_io import (placement_experts, read_json, read_phy2log, sglang_logical_count,
                             sglang_placement)
 from ..traces import CountsTrace, open_trace
-from .common import positive, split, writing
+from .common import positive, split
 
 HELP = "write a placement (or expert loads) in a form a serving engine loads"
 
@@ -37,6 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
+    check_output(args.out, [args.placement, args.counts])
     meta: dict[str, Any] = {}
     if args.placement is not None:
         data = read_json(args.placement, "a JSON placement")
@@ -57,6 +60,10 @@ def handle(args: argparse.Namespace) -> int:
     if model_layers is None:
         raise InputError("--num-model-layers is required (the file does not record the "
                          "model's layer count)")
+    if not isinstance(model_layers, int) or isinstance(model_layers, bool) or \
+            not 1 <= model_layers <= MAX_LAYERS:
+        raise InputError(f"the model's layer count must be an integer in [1, {MAX_LAYERS}], "
+                         f"got {model_layers!r}")
     if args.moe_layers is not None:
         try:
             moe = [int(s) for s in split(args.moe_layers, "moe-layers")]
@@ -71,7 +78,7 @@ def handle(args: argparse.Namespace) -> int:
     else:
         obj = sglang_logical_count(counts, model_layers, moe)
         shape = f"logical_count [{model_layers}, {counts.shape[2]}]"
-    with writing(args.out):
-        args.out.write_text(json.dumps(obj))
+    with atomic_file(args.out) as tmp:
+        tmp.write_text(json.dumps(obj))
     print(f"wrote {args.out}: sglang {shape}, MoE layers {moe}")
     return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import split
+from .common import check_out_dir, split
 
 HELP = "rebuild the paper figures (PDF and PNG), deterministically"
 
@@ -20,10 +20,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def handle(args: argparse.Namespace) -> int:
     from ..figures import FIGURES, build
+    from ..registry import lookup
     if args.list:
         for name, fn in FIGURES.items():
             print(f"{name:22s} {(fn.__doc__ or '').splitlines()[0]}")
         return 0
-    paths = build(args.out, split(args.only, "only") if args.only else None)
+    names = split(args.only, "only") if args.only else list(FIGURES)
+    for name in names:
+        lookup(FIGURES, name, "figure")
+    check_out_dir(args.out, [], [f"{name}.{ext}" for name in names for ext in ("pdf", "png")])
+    paths = build(args.out, names)
     print(f"wrote {len(paths)} files to {args.out}: " + ", ".join(p.name for p in paths))
     return 0

@@ -4,9 +4,9 @@ simulation (`eplbsim.distributed`)."""
 from __future__ import annotations
 
 import argparse
+import math
 import dataclasses
 import functools
-import json
 import os
 import sys
 
@@ -14,8 +14,8 @@ from .. import spec
 from ..distributed import (REPORT_COLUMNS, GroupFailure, join_launched, launch,
                            launched_by_torchrun, report_cells)
 from ..errors import InputError
-from ..replay import resolve_device
-from ..results import describe, format_table
+from ..replay import check_fits, resolve_device
+from ..results import describe, format_table, to_json
 from ..traces.counts import CountsTrace
 from .common import nonnegative, positive
 
@@ -44,6 +44,9 @@ def handle(args: argparse.Namespace) -> int:
     if torchrun and args.world_size not in (None, world):
         raise InputError(f"--world-size {args.world_size} differs from torchrun's group of "
                          f"{world}")
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise InputError(f"--timeout: must be a finite number of seconds > 0, got "
+                         f"{args.timeout:g}")
     values, lists = spec.from_args(args, "ranks")
     values["gpus"] = world
     if torchrun and values.get("gpus_per_node") is None:
@@ -56,6 +59,7 @@ def handle(args: argparse.Namespace) -> int:
     if isinstance(trace, CountsTrace):
         raise InputError(f"{source.trace} holds expert counts, not token rows: ranks need "
                          f"tokens to dispatch")
+    check_fits(trace, base)  # what rank 0 would find only after every rank started
     device = resolve_device(base.dispatch.device).partition(":")[0]
     specs = [base.replace(policy=p, mode=m) for m in lists["mode"] for p in lists["policy"]]
     try:
@@ -68,7 +72,7 @@ def handle(args: argparse.Namespace) -> int:
     if not rows:  # a torchrun rank other than 0
         return 0
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(to_json(rows))
     else:
         print(f"{world} ranks ({rows[0]['backend']}, {device}) | " + describe(trace, base))
         print(format_table([report_cells(r) for r in rows], REPORT_COLUMNS, labels=3))

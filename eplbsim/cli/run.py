@@ -11,6 +11,7 @@ from ..replay import compare, replay
 from ..results import (describe, format_table, rebalance_report, series_rows, to_json,
                        write_csv, write_results)
 from ..traces.counts import CountsTrace
+from .common import check_out_dir
 
 HELP = "compare dispatch policies on a trace or scenario"
 
@@ -24,9 +25,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "migrations.csv and the figures policies.png and timeseries.png (with PDFs)")
 
 
+OUTPUTS = ("results.json", "results.csv", "timeseries.csv", "migrations.csv", "policies.pdf",
+           "policies.png", "timeseries.pdf", "timeseries.png")
+
+
 def handle(args: argparse.Namespace) -> int:
     values, lists = spec.from_args(args, "run")
     source, base = spec.build(values)
+    if args.out:
+        check_out_dir(args.out, [source.trace, base.solver.placement, base.schedule.initial],
+                      OUTPUTS)
     trace = source.open(base.dispatch.seed, base.schedule)
     if isinstance(trace, CountsTrace):
         return _counts_only(args, trace, base)

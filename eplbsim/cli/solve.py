@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -13,6 +11,7 @@ from .. import spec
 from ..errors import InputError
 from ..metrics import placement_report
 from ..placement_io import read_json, read_phy2log
+from ..results import to_json
 from ..solvers import SOLVERS, as_load, solve_with_info
 from ..topology import Topology
 from ..traces.formats import open_loads
@@ -76,19 +75,14 @@ def handle(args: argparse.Namespace) -> int:
               **placement_report(placement, torch.from_numpy(load)),
               **({"layers": layers} if layers is not None else {}), **info}
     if args.json:
-        print(json.dumps(result, default=_plain))
+        print(to_json(result, indent=None))
         return 0
+    shown = {k: "-" if result[k] is None else f"{result[k]:.4f}"
+             for k in ("placement_imbalance", "placement_gap")}
     print(f"solver {args.solver}: {placement.num_layers} layers, {placement.num_experts} "
           f"experts, {slots} slots on {args.gpus} GPUs; placement_imbalance "
-          f"{result['placement_imbalance']:.4f}, placement_gap {result['placement_gap']:.4f}"
+          f"{shown['placement_imbalance']}, placement_gap {shown['placement_gap']}"
           + (f", moved_slots {info['moved_slots']}" if "moved_slots" in info else ""))
     for layer, row in enumerate(result["phy2log"]):
         print(f"  layer {layers[layer] if layers is not None else layer}: {row}")
     return 0
-
-
-def _plain(value: Any) -> Any:
-    """JSON for numpy scalars and arrays in a solver's report."""
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    raise TypeError(f"not JSON serialisable: {type(value).__name__}")

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from ..errors import InputError
+from ..limits import MAX_CELLS
 from .common import positive
 
 HELP = "run a grid of replays from a TOML spec into one table"
@@ -27,11 +28,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "cores)")
     p.add_argument("--address", default=None, metavar="RAY_ADDRESS",
                    help="the Ray cluster to run on (default: start a local instance)")
+    p.add_argument("--max-cells", type=positive, default=MAX_CELLS, metavar="N",
+                   help=f"refuse a grid of more cells (default {MAX_CELLS})")
 
 
 def handle(args: argparse.Namespace) -> int:
     from ..sweep import read_spec, run_sweep
-    sweep = read_spec(args.spec)
+    sweep = read_spec(args.spec, args.max_cells)
     out = args.out or sweep.out
     if out is None:
         raise InputError(f"{args.spec}: no output directory; give --out DIR or out in the spec")

@@ -4,18 +4,19 @@ traces."""
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from .. import spec
 from ..errors import InputError
+from ..files import check_output
+from ..results import to_json
 from ..traces import CountsTrace, open_trace, save_trace, summarize_trace
 from ..traces.counts import save_counts_trace
 from ..traces.directory import save_trace_dir, to_memory
 from ..traces.formats.jsonl import read_jsonl, write_jsonl
 from ..traces.formats.sglang import import_sglang
 from ..traces.synth import SCENARIOS
-from .common import positive, writing
+from .common import positive
 
 HELP = "inspect or generate traces"
 
@@ -31,7 +32,7 @@ def _routing(path: Path, **options: object) -> object:
 def info(args: argparse.Namespace) -> int:
     summary = summarize_trace(_routing(args.file))
     if args.json:
-        print(json.dumps(summary, indent=2))
+        print(to_json(summary))
         return 0
     tps = summary["tokens_per_step"]
     print(f"{args.file}")
@@ -50,11 +51,11 @@ def info(args: argparse.Namespace) -> int:
 
 
 def synth(args: argparse.Namespace) -> int:
+    check_output(args.out, [])
     values, _ = spec.from_args(args, "synth")
     source, run = spec.build({**values, "scenario": args.scenario})
     trace = source.open(run.dispatch.seed, run.schedule)
-    with writing(args.out):
-        save_trace(trace, args.out)
+    save_trace(trace, args.out)
     per_step = trace.num_tokens / trace.num_steps
     print(f"wrote {args.out}: {trace.num_steps} steps x {per_step:g} tokens (mean), "
           f"{trace.num_layers} layers, {trace.num_experts} experts, top-{trace.top_k}")
@@ -63,6 +64,7 @@ def synth(args: argparse.Namespace) -> int:
 
 def convert(args: argparse.Namespace) -> int:
     out_kind = args.out.suffix.lower()
+    check_output(args.out, [args.src], replaces=out_kind not in (".npz", ".jsonl"))
     if args.src.suffix.lower() == ".jsonl" and out_kind not in (".npz", ".jsonl"):
         trace = read_jsonl(args.src, args.experts, args.out)  # streamed into the directory
     else:
@@ -70,8 +72,7 @@ def convert(args: argparse.Namespace) -> int:
         if out_kind == ".jsonl":
             write_jsonl(trace, args.out)
         elif out_kind == ".npz":
-            with writing(args.out):
-                save_trace(to_memory(trace), args.out)
+            save_trace(to_memory(trace), args.out)
         else:
             save_trace_dir(trace, args.out)
     kind = {".jsonl": "JSONL router log", ".npz": ".npz"}.get(out_kind, "trace directory")
@@ -81,10 +82,10 @@ def convert(args: argparse.Namespace) -> int:
 
 
 def import_dumps(args: argparse.Namespace) -> int:
+    check_output(args.out, args.paths)
     trace = import_sglang(args.paths, args.experts, args.top_k)
     counts_only = isinstance(trace, CountsTrace)
-    with writing(args.out):
-        (save_counts_trace if counts_only else save_trace)(trace, args.out)
+    (save_counts_trace if counts_only else save_trace)(trace, args.out)
     kind = "counts-only trace" if counts_only else f"trace (top-{trace.top_k}, src_rank)"
     print(f"wrote {args.out}: {kind} from SGLang {trace.meta['mode']} dump, "
           f"{trace.num_steps} steps, {trace.num_layers} layers (of "

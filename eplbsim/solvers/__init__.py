@@ -18,12 +18,14 @@ Add one with one function and one line in `SOLVERS`; `solve` also takes any such
 from __future__ import annotations
 
 import inspect
+import math
 from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from ..errors import InputError
+from ..limits import MAX_EXPERTS, MAX_LAYERS, MAX_LOAD, MAX_SLOTS, check_at_most
 from ..placement import Placement
 from ..registry import lookup, name_of
 from ..topology import Topology
@@ -69,7 +71,8 @@ def solve_with_info(solver: str | Solver, load: Any, num_slots: int, topology: T
     array = as_load(load)  # [L, E] private float64 copy
     num_layers, num_experts = array.shape
     _check_shape(num_experts, num_slots, topology, num_groups)
-    _check_options(fn, options)
+    options = check_options(fn, {**options, "migration_tolerance": migration_tolerance})
+    migration_tolerance = options.pop("migration_tolerance")
     result = fn(array, num_slots, topology, num_groups, **options)
     phy2log, info = result if isinstance(result, tuple) else (result, {})
     phy2log = np.asarray(phy2log)  # [L, P]
@@ -98,16 +101,39 @@ def solver_options(fn: Solver) -> list[str]:
     return [p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
 
-def _check_options(fn: Solver, options: dict[str, Any]) -> None:
-    """InputError for an option `fn` does not take."""
-    params = inspect.signature(fn).parameters.values()
-    if any(p.kind is p.VAR_KEYWORD for p in params):
-        return
-    known = solver_options(fn)
-    unknown = sorted(set(options) - set(known))
-    if unknown:
-        raise InputError(f"solver {name_of(fn)} has no option {', '.join(unknown)}; its options "
-                         f"are: {', '.join(known) or 'none'}")
+def check_options(fn: Solver, options: dict[str, Any]) -> dict[str, Any]:
+    """`options` with switches as booleans; InputError for an option neither `fn` nor `solve`
+    takes (`SOLVE_OPTIONS`), and for a value of the wrong kind: a switch (a boolean default)
+    takes true, false, 1 or 0; a number a finite, non-negative number."""
+    params = inspect.signature(fn).parameters
+    defaults = {name: params[name].default for name in solver_options(fn)}
+    defaults.update(migration_tolerance=inspect.signature(solve_with_info).parameters[
+        "migration_tolerance"].default)
+    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        unknown = sorted(set(options) - set(defaults))
+        if unknown:
+            raise InputError(f"solver {name_of(fn)} has no option {', '.join(unknown)}; its "
+                             f"options are: {', '.join(solver_options(fn)) or 'none'} (and "
+                             f"{', '.join(SOLVE_OPTIONS)} for every solver)")
+    out = dict(options)
+    for key, value in options.items():
+        default = defaults.get(key)
+        if isinstance(default, bool):
+            if not (isinstance(value, bool) or (type(value) is int and value in (0, 1))):
+                raise InputError(f"solver option {key} must be true or false (or 1 or 0), got "
+                                 f"{value!r}")
+            out[key] = bool(value)
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if (isinstance(default, (int, float)) and not isinstance(default, bool)
+                and not (number and math.isfinite(value) and value >= 0)):
+            raise InputError(f"solver option {key} must be a finite number >= 0, got {value!r}")
+    return out
+
+
+def _has_bool(rows: Any) -> bool:
+    """Whether nested lists hold a boolean (numpy would read True as 1)."""
+    return isinstance(rows, bool) or (isinstance(rows, (list, tuple))
+                                      and any(_has_bool(r) for r in rows))
 
 
 def as_load(load: Any) -> np.ndarray:
@@ -115,9 +141,12 @@ def as_load(load: Any) -> np.ndarray:
     if isinstance(load, torch.Tensor):
         load = load.detach().cpu().numpy()
     try:
-        array = np.array(load, dtype=np.float64)  # always a copy
-    except (TypeError, ValueError) as exc:
+        given = np.asarray(load)
+    except (TypeError, ValueError, OverflowError, RecursionError) as exc:
         raise InputError(f"load is not a numeric [layers, experts] array ({exc})") from None
+    if given.dtype.kind not in "iuf" or (given.dtype.kind != "f" and _has_bool(load)):
+        raise InputError(f"load must hold numbers (pair counts), got {given.dtype} values")
+    array = np.array(given, dtype=np.float64)  # always a copy
     if array.ndim != 2:
         raise InputError(f"load must be 2-D [layers, experts], got shape {array.shape}")
     if array.shape[0] == 0 or array.shape[1] == 0:
@@ -127,6 +156,11 @@ def as_load(load: Any) -> np.ndarray:
         raise InputError("load holds NaN or infinite values")
     if (array < 0).any():
         raise InputError("load holds negative values; loads are pair counts")
+    check_at_most(array.shape[0], MAX_LAYERS, "the number of layers")
+    check_at_most(array.shape[1], MAX_EXPERTS, "the number of experts")
+    if array.sum(1).max() > MAX_LOAD:
+        raise InputError("load sums above 2**53 in a layer: loads are pair counts, which "
+                         "float64 holds exactly only up to that")
     return array
 
 
@@ -137,6 +171,7 @@ def _check_shape(num_experts: int, num_slots: int, topology: Topology, num_group
     if num_slots < num_experts:
         raise InputError(f"fewer slots than experts: {num_slots} physical slots for "
                          f"{num_experts} logical experts")
+    check_at_most(int(num_slots), MAX_SLOTS, "the number of slots")
     if num_slots % topology.num_gpus:
         raise InputError(f"{num_slots} slots are not divisible by {topology.num_gpus} GPUs")
     if (isinstance(num_groups, bool) or not isinstance(num_groups, (int, np.integer))

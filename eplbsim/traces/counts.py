@@ -13,15 +13,18 @@ from __future__ import annotations
 import csv
 import json
 import zipfile
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import InputError
+from ..files import atomic_file, regular_file
+from ..limits import MAX_EXPERTS, MAX_LAYERS, MAX_LOAD, check_at_most
+from .trace import read_npz
 
 REQUIRED = ("layer", "expert", "count")
+MAX_LAYER_ID = 2**31  # model layer ids a counts CSV may name
 
 
 @dataclass(frozen=True)
@@ -50,7 +53,7 @@ def load_counts_csv(path: str | Path, where: dict[str, str] | None = None,
     """Read `layer,expert,count` rows matching every `where` column=value; one `(layer, expert)`
     may appear once. Layers are sorted by id; `E` is `num_experts` or the largest id + 1.
     InputError naming the file and the problem otherwise."""
-    path = Path(path)
+    path = regular_file(path, "counts CSV")
     where = where or {}
     try:
         with open(path, newline="") as f:
@@ -72,16 +75,18 @@ def load_counts_csv(path: str | Path, where: dict[str, str] | None = None,
     if not rows:
         raise InputError(f"{path}: no rows match {where or 'the file'}")
     try:
-        triples = np.array([(int(r["layer"]), int(r["expert"]), float(r["count"]))
-                            for r in rows])
+        ids = [(int(r["layer"]), int(r["expert"])) for r in rows]
+        count = np.array([float(r["count"]) for r in rows])
     except (TypeError, ValueError) as exc:
         raise InputError(f"{path}: layer and expert must be integers and count a number "
                          f"({exc})") from None
-    layer, expert, count = triples[:, 0].astype(int), triples[:, 1].astype(int), triples[:, 2]
-    if not np.isfinite(count).all() or (count < 0).any():
-        raise InputError(f"{path}: counts must be finite and non-negative")
-    if (expert < 0).any() or (layer < 0).any():
-        raise InputError(f"{path}: layer and expert ids must be >= 0")
+    if not np.isfinite(count).all() or (count < 0).any() or count.max() > MAX_LOAD:
+        raise InputError(f"{path}: counts must be finite, non-negative and at most 2**53")
+    for lay, exp in ids:  # checked as Python ints, before anything could wrap
+        if not (0 <= lay < MAX_LAYER_ID and 0 <= exp < MAX_EXPERTS):
+            raise InputError(f"{path}: layer {lay}, expert {exp}: layer ids must lie in "
+                             f"[0, {MAX_LAYER_ID}) and expert ids in [0, {MAX_EXPERTS})")
+    layer, expert = np.array(ids, dtype=np.int64).T
     E = int(expert.max()) + 1 if num_experts is None else num_experts
     if expert.max() >= E:
         raise InputError(f"{path}: expert id {int(expert.max())} but {E} experts declared")
@@ -121,13 +126,24 @@ class CountsTrace:
                                                                         np.complexfloating):
             raise InputError(f"counts must be numbers, got dtype {counts.dtype}")
         whole = np.isfinite(counts).all() and (counts == np.round(counts)).all()
-        if not whole or (counts < 0).any():
-            raise InputError("counts must be finite, non-negative whole numbers of pairs")
+        if not whole or (counts < 0).any() or counts.max() > MAX_LOAD:
+            raise InputError("counts must be finite, non-negative whole numbers of pairs, at "
+                             "most 2**53")
+        check_at_most(counts.shape[1], MAX_LAYERS, "the number of layers")
+        check_at_most(counts.shape[2], MAX_EXPERTS, "the number of experts")
         meta = dict(self.meta or {})
         layers = meta.get("model_layers")
+        if layers is not None and (not isinstance(layers, (list, tuple)) or not all(
+                isinstance(x, int) and not isinstance(x, bool) for x in layers)):
+            raise InputError(f"meta model_layers must be a list of integers, got {layers!r}")
         if layers is not None and len(layers) != counts.shape[1]:
             raise InputError(f"meta model_layers names {len(layers)} layers; counts has "
                              f"{counts.shape[1]}")
+        groups = meta.get("num_groups")
+        if groups is not None and (not isinstance(groups, int) or isinstance(groups, bool)
+                                   or groups < 1 or counts.shape[2] % groups):
+            raise InputError(f"meta num_groups={groups!r} must be a positive divisor of the "
+                             f"{counts.shape[2]} experts")
         object.__setattr__(self, "counts", counts.astype(np.int64))
         object.__setattr__(self, "meta", meta)
 
@@ -154,41 +170,37 @@ class CountsTrace:
 
 def save_counts_trace(trace: CountsTrace, path: str | Path) -> None:
     """Write a counts-only trace as `.npz`: `counts [S, L, E]` and `meta` (JSON, `kind:
-    "counts"`)."""
+    "counts"`), through a temporary sibling (an existing file stays if writing fails)."""
     meta = dict(trace.meta, kind="counts", num_experts=trace.num_experts,
                 num_layers=trace.num_layers)
-    with open(path, "wb") as f:
+    with atomic_file(path) as tmp, open(tmp, "wb") as f:
         np.savez_compressed(f, counts=trace.counts, meta=np.array(json.dumps(meta, sort_keys=True)))
 
 
 def is_counts_file(path: str | Path) -> bool:
-    """Whether an `.npz` holds a counts-only trace (no pickle; False for anything else)."""
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            return "counts" in npz.files and "topk_ids" not in npz.files
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error, AttributeError):
+    """Whether `path` is a regular file holding an `.npz` counts-only trace, judged from its zip
+    directory alone (nothing is loaded; False for anything else)."""
+    if not Path(path).is_file():
         return False
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = set(archive.namelist())
+    except (OSError, zipfile.BadZipFile, ValueError, NotImplementedError, RuntimeError):
+        return False
+    return "counts.npy" in names and "topk_ids.npy" not in names
 
 
 def load_counts_trace(path: str | Path) -> CountsTrace:
     """Read a counts-only `.npz` without unpickling; InputError naming the file otherwise."""
     path = Path(path)
+    arrays = read_npz(path, ("counts",), "a counts-only trace")
     try:
-        with np.load(path, allow_pickle=False) as npz:
-            if "counts" not in getattr(npz, "files", ()):
-                raise InputError(f"{path}: not a counts-only trace (no `counts` array)")
-            counts = npz["counts"]
-            meta = json.loads(str(npz["meta"][()])) if "meta" in npz.files else {}
-    except InputError:
-        raise
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such file") from None
-    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as exc:
-        raise InputError(f"{path}: not a readable counts trace (truncated or corrupt?): "
-                         f"{exc}") from None
+        meta = json.loads(str(arrays["meta"][()])) if "meta" in arrays else {}
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise InputError(f"{path}: meta is not a JSON string ({exc})") from None
     if not isinstance(meta, dict):
         raise InputError(f"{path}: meta must be a JSON object")
     try:
-        return CountsTrace(counts, meta)
+        return CountsTrace(arrays["counts"], meta)
     except InputError as exc:
         raise InputError(f"{path}: {exc}") from None

@@ -22,7 +22,7 @@ from __future__ import annotations
 import ast
 import json
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,9 @@ import numpy as np
 import torch
 
 from ..errors import InputError
-from .trace import Trace, TraceShape
+from ..files import atomic_dir, regular_file
+from ..limits import MAX_EXPERTS, MAX_GPUS
+from .trace import Trace, TraceShape, check_sizes_of, first_duplicate
 
 IDS, OFFSETS, SRC, META = "topk_ids.npy", "step_offsets.npy", "src_rank.npy", "meta.json"
 CHUNK_ELEMENTS = 1 << 22  # ids per chunk when validating or counting (<= 32 MiB as int64)
@@ -60,23 +62,34 @@ class _Npy:
 
 
 def _open_npy(path: Path, ndim: int) -> _Npy:
-    """Header of an integer `.npy` with `ndim` dims; InputError naming the file otherwise."""
-    if not path.is_file():
+    """Header of an integer `.npy` with `ndim` dims, checked against the file's size (the data
+    the header declares must be there); InputError naming the file otherwise."""
+    if not path.exists():
         raise InputError(f"{path}: missing (a trace directory needs {IDS}, {OFFSETS} and "
                          f"{META})")
+    regular_file(path, "an .npy array")
     try:
-        arr = np.load(path, mmap_mode="r", allow_pickle=False)
-        info = _Npy(path, arr.dtype, tuple(arr.shape), int(arr.offset))
-        fortran = arr.ndim > 1 and arr.flags.f_contiguous and not arr.flags.c_contiguous
-        del arr
-    except (OSError, ValueError, EOFError) as exc:
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            read = {(1, 0): np.lib.format.read_array_header_1_0,
+                    (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+            if read is None:
+                raise ValueError(f"unsupported .npy format version {version}")
+            shape, fortran, dtype = read(f)
+            offset = f.tell()
+    except (OSError, ValueError, EOFError, SyntaxError, TypeError) as exc:
         raise InputError(f"{path}: not a readable uncompressed .npy array (truncated or "
                          f"corrupt?): {exc}") from None
-    if info.dtype.kind not in "iu":
-        raise InputError(f"{path}: must hold integers, got dtype {info.dtype}")
-    if len(info.shape) != ndim or fortran:
-        raise InputError(f"{path}: must be a C-ordered {ndim}-D array, got shape {info.shape}")
-    return info
+    if dtype.kind not in "iu":
+        raise InputError(f"{path}: must hold integers, got dtype {dtype}")
+    if len(shape) != ndim or (fortran and ndim > 1):
+        raise InputError(f"{path}: must be a C-ordered {ndim}-D array, got shape {shape}")
+    needed = offset + dtype.itemsize * int(np.prod(shape, dtype=object))
+    size = path.stat().st_size
+    if size < needed:
+        raise InputError(f"{path}: holds {size} bytes, shorter than the {needed} its header "
+                         f"declares for shape {shape} (truncated?)")
+    return _Npy(path, dtype, tuple(int(n) for n in shape), offset)
 
 
 @dataclass(frozen=True, eq=False)
@@ -100,14 +113,18 @@ class DirTrace(TraceShape):
             raise InputError(f"{ids.path}: shape {ids.shape} but {META} declares "
                              f"num_layers={L}, top_k={K}")
         offsets_npy = _open_npy(root / OFFSETS, 1)
-        offsets = offsets_npy.rows(0, offsets_npy.shape[0]).astype(np.int64)
+        raw = offsets_npy.rows(0, offsets_npy.shape[0])  # in its own dtype: nothing wraps
         N = ids.shape[0]
-        if offsets.size < 1 or offsets[0] != 0 or offsets[-1] != N:
+        check_sizes_of(ids.shape, E)
+        if raw.size < 2 or int(raw[0]) != 0 or int(raw[-1]) != N or int(raw.max()) > N:
             raise InputError(f"{offsets_npy.path}: must start at 0 and end at the number of "
-                             f"token rows in {IDS} ({N}), got "
-                             f"{offsets[:1].tolist()} ... {offsets[-1:].tolist()}")
+                             f"token rows in {IDS} ({N}), with at least one step, got "
+                             f"{raw[:1].tolist()} ... {raw[-1:].tolist()}")
+        offsets = raw.astype(np.int64)
         if (np.diff(offsets) < 0).any():
             raise InputError(f"{offsets_npy.path}: must be non-decreasing")
+        if N == 0:
+            raise InputError(f"{ids.path}: holds no token rows")
         src = None
         if (root / SRC).exists():
             src = _open_npy(root / SRC, 1)
@@ -122,22 +139,46 @@ class DirTrace(TraceShape):
         self._check_values()
 
     def _check_values(self) -> None:
-        """Stream over ids (and src ranks) in chunks; InputError naming file and step."""
+        """Stream over ids (and src ranks) in chunks: ids in `[-1, E)` compared in their own
+        dtype, no expert twice in a token's top-k, ranks in `[0, MAX_GPUS)`; InputError naming
+        file, row and step."""
         E = self.num_experts
+        offsets = self.step_offsets.numpy()
         for lo, hi in _row_chunks(self._ids, self.num_tokens):
             chunk = self._ids.rows(lo, hi)
             if chunk.size and (chunk.min() < -1 or chunk.max() >= E):
                 row = lo + int(np.flatnonzero(((chunk < -1) | (chunk >= E)).reshape(
                     hi - lo, -1).any(1))[0])
                 bad = chunk[row - lo][(chunk[row - lo] < -1) | (chunk[row - lo] >= E)]
-                step = int(np.searchsorted(self.step_offsets.numpy(), row, "right")) - 1
+                step = int(np.searchsorted(offsets, row, "right")) - 1
                 raise InputError(f"{self._ids.path}: expert id {int(bad[0])} at token row "
                                  f"{row} (step {step}); ids must lie in [-1, {E})")
+            duplicate = first_duplicate(torch.from_numpy(chunk.astype(np.int32)))
+            if duplicate is not None:
+                row, layer, expert = lo + duplicate[0], duplicate[1], duplicate[2]
+                step = int(np.searchsorted(offsets, row, "right")) - 1
+                raise InputError(f"{self._ids.path}: token row {row} (step {step}) routes "
+                                 f"expert {expert} twice in layer {layer}; a router picks "
+                                 f"top_k distinct experts")
         if self._src is not None:
             for lo, hi in _row_chunks(self._src, self.num_tokens):
                 chunk = self._src.rows(lo, hi)
-                if chunk.size and chunk.min() < 0:
-                    raise InputError(f"{self._src.path}: negative rank {int(chunk.min())}")
+                if chunk.size and (chunk.min() < 0 or chunk.max() >= MAX_GPUS):
+                    bad = int(chunk.min()) if chunk.min() < 0 else int(chunk.max())
+                    raise InputError(f"{self._src.path}: rank {bad}; ranks must lie in "
+                                     f"[0, {MAX_GPUS})")
+
+    def moved_to(self, root: Path) -> "DirTrace":
+        """This trace read from `root`, where its files were moved unchanged (no second pass of
+        checks over the rows)."""
+        moved = object.__new__(DirTrace)
+        for name, value in vars(self).items():
+            object.__setattr__(moved, name, value)
+        object.__setattr__(moved, "path", root)
+        object.__setattr__(moved, "_ids", replace(self._ids, path=root / IDS))
+        if self._src is not None:
+            object.__setattr__(moved, "_src", replace(self._src, path=root / SRC))
+        return moved
 
     @property
     def ids_shape(self) -> tuple[int, int, int]:
@@ -188,12 +229,12 @@ def _row_chunks(npy: _Npy, rows: int) -> Iterator[tuple[int, int]]:
 
 
 def _read_meta(path: Path) -> dict[str, Any]:
-    try:
-        meta = json.loads(path.read_text())
-    except FileNotFoundError:
+    if not path.exists():
         raise InputError(f"{path}: missing (a trace directory needs {IDS}, {OFFSETS} and "
-                         f"{META})") from None
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+                         f"{META})")
+    try:
+        meta = json.loads(regular_file(path, "JSON file").read_text())
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise InputError(f"{path}: not a JSON file ({exc})") from None
     if not isinstance(meta, dict):
         raise InputError(f"{path}: must hold a JSON object")
@@ -202,8 +243,8 @@ def _read_meta(path: Path) -> dict[str, Any]:
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise InputError(f"{path}: lacks the positive integer field {key!r}")
     groups = meta.get("num_groups")
-    if groups is not None and (not isinstance(groups, int) or groups < 1
-                               or meta["num_experts"] % groups):
+    if groups is not None and (not isinstance(groups, int) or isinstance(groups, bool)
+                               or groups < 1 or meta["num_experts"] % groups):
         raise InputError(f"{path}: num_groups={groups!r} must be a positive divisor of "
                          f"num_experts={meta['num_experts']}")
     return meta
@@ -237,38 +278,48 @@ def write_steps(path: str | Path, steps: Iterable[tuple[Any, Any]], num_experts:
                 top_k: int | None = None) -> DirTrace:
     """Write `(ids [T_s, L, K], src_rank [T_s] or None)` per step as a trace directory.
     `L` and `K` come from the first step unless given; `num_experts=None` takes the largest
-    id + 1 (ids then stored as int32, since the width is not known in advance). A source that
-    fails part way leaves a partial directory behind, which `DirTrace` rejects (the ids header
-    still declares shape `(0, 0, 0)`)."""
+    id + 1 (ids then stored as int32, since the width is not known in advance); source ranks
+    are stored as int32. Every step's values are checked in their own dtype before they are
+    narrowed, so nothing wraps. The directory is written next to `path` and moved there only
+    once complete and valid: a source that fails part way leaves `path` as it was."""
     root = Path(path)
     E, L, K = num_experts, num_layers, top_k
     dtype = np.dtype(np.int16 if E is not None and E <= np.iinfo(np.int16).max else np.int32)
+    limit = MAX_EXPERTS if E is None else E
+    src_dtype = np.dtype(np.int32)
     has_src = None
     top = -1
-    try:
-        root.mkdir(parents=True, exist_ok=True)
+    with atomic_dir(root) as tmp:
         offsets = [0]
-        with open(root / IDS, "wb") as fi, open(root / SRC, "wb") as fs:
+        with open(tmp / IDS, "wb") as fi, open(tmp / SRC, "wb") as fs:
             fi.write(_npy_header(dtype, (0, 0, 0)))
-            fs.write(_npy_header(np.dtype(np.int16), (0,)))
+            fs.write(_npy_header(src_dtype, (0,)))
             ids_buf: list[np.ndarray] = []
             src_buf: list[np.ndarray] = []
             for s, (ids, src) in enumerate(steps):
                 ids = np.asarray(ids)
                 if L is None:
                     L, K = ids.shape[1:] if ids.ndim == 3 else (None, None)
-                if ids.ndim != 3 or ids.shape[1:] != (L, K):
-                    raise InputError(f"step {s} has shape {ids.shape}, expected [T_s, {L}, {K}]")
+                if ids.ndim != 3 or ids.shape[1:] != (L, K) or ids.dtype.kind not in "iu":
+                    raise InputError(f"step {s} has {ids.dtype} shape {ids.shape}, expected "
+                                     f"integers [T_s, {L}, {K}]")
                 if ids.size:
-                    top = max(top, int(ids.max()))
+                    lo, hi = int(ids.min()), int(ids.max())
+                    if lo < -1 or hi >= limit:
+                        raise InputError(f"step {s} has expert id {lo if lo < -1 else hi}; ids "
+                                         f"must lie in [-1, {limit})")
+                    top = max(top, hi)
                 ids_buf.append(ids.astype(dtype))
                 offsets.append(offsets[-1] + ids.shape[0])
                 if has_src is None:
                     has_src = src is not None
                 if has_src:
-                    if src is None or len(src) != ids.shape[0]:
+                    src = None if src is None else np.asarray(src)
+                    if src is None or src.shape != (ids.shape[0],) or src.dtype.kind not in "iu":
                         raise InputError(f"step {s}: src_rank missing or not one per token")
-                    src_buf.append(np.asarray(src).astype(np.int16))
+                    if src.size and (int(src.min()) < 0 or int(src.max()) >= MAX_GPUS):
+                        raise InputError(f"step {s}: src_rank outside [0, {MAX_GPUS})")
+                    src_buf.append(src.astype(src_dtype))
                 if len(ids_buf) >= chunk_steps:
                     _flush(fi, fs, ids_buf, src_buf)
             _flush(fi, fs, ids_buf, src_buf)
@@ -277,16 +328,15 @@ def write_steps(path: str | Path, steps: Iterable[tuple[Any, Any]], num_experts:
             fi.seek(0)
             fi.write(_npy_header(dtype, (offsets[-1], L, K)))
             fs.seek(0)
-            fs.write(_npy_header(np.dtype(np.int16), (offsets[-1],)))
+            fs.write(_npy_header(src_dtype, (offsets[-1],)))
         if not has_src:
-            (root / SRC).unlink()
-        np.save(root / OFFSETS, np.asarray(offsets, dtype=np.int64), allow_pickle=False)
+            (tmp / SRC).unlink()
+        np.save(tmp / OFFSETS, np.asarray(offsets, dtype=np.int64), allow_pickle=False)
         E = max(top + 1, 1) if E is None else E
         meta = dict(meta, num_experts=E, top_k=K, num_layers=L)
-        (root / META).write_text(json.dumps(meta, sort_keys=True, indent=1))
-    except OSError as exc:
-        raise InputError(f"cannot write {root}: {exc.strerror or exc}") from None
-    return DirTrace(root)
+        (tmp / META).write_text(json.dumps(meta, sort_keys=True, indent=1))
+        written = DirTrace(tmp)
+    return written.moved_to(root)
 
 
 def _flush(fi: Any, fs: Any, ids_buf: list[np.ndarray], src_buf: list[np.ndarray]) -> None:

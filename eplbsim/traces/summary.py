@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from ..files import check_memory
 from ..metrics import max_over_mean, nanmean_or_none
 
 
@@ -16,6 +17,9 @@ def summarize_trace(trace: Any) -> dict[str, Any]:
     """Sizes, tokens per step, padding, `src_rank` presence and, per layer, the max / mean
     expert load over the whole trace and per step (mean over steps) and the hottest expert, of
     a Trace or DirTrace; `meta` as stored."""
+    S, L, E = trace.num_steps, trace.num_layers, trace.num_experts
+    check_memory(32 * S * L * E, f"summarizing {S} steps x {L} layers x {E} experts",
+                 "summarize a window of the trace")
     counts = trace.counts().to(torch.float64)  # [S, L, E]
     whole_skew = max_over_mean(counts.sum(0))  # [L]
     step_skew = max_over_mean(counts)  # [S, L]

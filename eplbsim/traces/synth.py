@@ -31,12 +31,15 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import InputError
+from ..files import check_memory
+from ..limits import MAX_EXPERTS, MAX_LAYERS, MAX_SEED, check_at_most
 from ..registry import lookup, name_of
 from .trace import Trace
 
 Generator = Callable[..., Trace]
 
 _SIZE_NAMES = ("steps", "tokens", "layers", "experts", "top_k")
+MAX_SIGMA = 10.0  # log-normal spread of popularities: beyond, one expert takes everything
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -50,12 +53,13 @@ def _check_int(name: str, value: Any, lo: int) -> int:
 
 
 def _check_float(name: str, value: Any, lo: float, hi: float = math.inf) -> float:
+    """`value` as a finite float in `[lo, hi]`; InputError naming the option otherwise."""
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise InputError(f"{name} must be a number, got {value!r}")
     value = float(value)
-    if not (lo <= value <= hi) or math.isnan(value):
+    if not (lo <= value <= hi) or not math.isfinite(value):
         bound = f">= {lo}" if hi == math.inf else f"in [{lo}, {hi}]"
-        raise InputError(f"{name} must be {bound}, got {value}")
+        raise InputError(f"{name} must be a finite number {bound}, got {value}")
     return value
 
 
@@ -70,6 +74,13 @@ def check_sizes(*, steps: Any, tokens: Any, layers: Any, experts: Any, top_k: An
     if K > E:
         raise InputError(f"top_k={K} must not exceed experts={E} (top-k ids are distinct experts)")
     sd = _check_int("seed", seed, 0)
+    check_at_most(E, MAX_EXPERTS, "experts")
+    check_at_most(L, MAX_LAYERS, "layers")
+    check_at_most(sd, MAX_SEED, "seed")
+    # the trace's ids (and two copies on the way) plus one step's scores and their top-k
+    check_memory(12 * S * T * L * K + 24 * T * L * E + 8 * S * L * E,
+                 f"a {S}-step x {T}-token x {L}-layer x {E}-expert trace",
+                 "ask for fewer steps, tokens, layers or experts")
     return S, T, L, E, K, sd
 
 
@@ -138,8 +149,8 @@ def skewed(*, steps: int, tokens: int, layers: int, experts: int, top_k: int, se
     """
     S, T, L, E, K, seed = check_sizes(steps=steps, tokens=tokens, layers=layers,
                                       experts=experts, top_k=top_k, seed=seed)
-    sigma = _check_float("sigma", sigma, 0.0)
-    drift = _check_float("drift", drift, 0.0)
+    sigma = _check_float("sigma", sigma, 0.0, MAX_SIGMA)
+    drift = _check_float("drift", drift, 0.0, 1.0)
     rng = np.random.default_rng(seed)
     logw = (sigma * rng.standard_normal((L, E))).astype(np.float32)  # [L, E]
     steps_walk = rng.standard_normal((S, L, E)).astype(np.float32)  # [S, L, E]
@@ -192,7 +203,7 @@ def template(*, steps: int, tokens: int, layers: int, experts: int, top_k: int, 
                                       experts=experts, top_k=top_k, seed=seed)
     J = _check_int("template_len", template_len, 1)
     C = _check_int("period", period, 1)
-    sigma = _check_float("sigma", sigma, 0.0)
+    sigma = _check_float("sigma", sigma, 0.0, MAX_SIGMA)
     noise = _check_float("noise", noise, 0.0, 1.0)
     if J % C:
         raise InputError(f"template: template_len={J} must be a multiple of period={C}")
@@ -236,7 +247,7 @@ def drift(*, steps: int, tokens: int, layers: int, experts: int, top_k: int, see
     """
     S, T, L, E, K, seed = check_sizes(steps=steps, tokens=tokens, layers=layers,
                                       experts=experts, top_k=top_k, seed=seed)
-    sigma = _check_float("sigma", sigma, 0.0)
+    sigma = _check_float("sigma", sigma, 0.0, MAX_SIGMA)
     period = _check_float("period", period, 1.0)
     if math.isinf(period):
         raise InputError(f"period must be finite, got {period}")
@@ -273,7 +284,7 @@ def burst(*, steps: int, tokens: int, layers: int, experts: int, top_k: int, see
     """
     S, T, L, E, K, seed = check_sizes(steps=steps, tokens=tokens, layers=layers,
                                       experts=experts, top_k=top_k, seed=seed)
-    sigma = _check_float("sigma", sigma, 0.0)
+    sigma = _check_float("sigma", sigma, 0.0, MAX_SIGMA)
     start = (2 * S) // 5 if start is None else _check_int("start", start, 0)
     if start >= S:
         raise InputError(f"burst: start={start} must be < steps={S}")
@@ -319,10 +330,13 @@ def phases(*, steps: int, tokens: int, layers: int, experts: int, top_k: int, se
     """
     S, T, L, E, K, seed = check_sizes(steps=steps, tokens=tokens, layers=layers,
                                       experts=experts, top_k=top_k, seed=seed)
-    sigma = _check_float("sigma", sigma, 0.0)
+    sigma = _check_float("sigma", sigma, 0.0, MAX_SIGMA)
     J = _check_int("phase_len", phase_len, 1)
     Td = max(1, T // 16) if decode_tokens is None else _check_int("decode_tokens",
                                                                    decode_tokens, 1)
+    if Td > T:
+        raise InputError(f"phases: decode_tokens={Td} must not exceed tokens={T} (decode "
+                         f"batches are the small ones)")
     rho = _check_float("rho", rho, -1.0, 1.0)
     rng = np.random.default_rng(seed)
     a = sigma * rng.standard_normal((L, E))  # [L, E] prefill log-popularity

@@ -21,6 +21,8 @@ import numpy as np
 import torch
 
 from ..errors import InputError
+from ..files import atomic_file, check_memory, regular_file
+from ..limits import MAX_EXPERTS, MAX_GPUS, MAX_LAYERS, MAX_TOP_K, check_at_most
 
 
 class TraceShape:
@@ -78,49 +80,55 @@ class Trace(TraceShape):
     meta: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        ids = _as_int_tensor(self.topk_ids, "topk_ids")
-        offsets = _as_int_tensor(self.step_offsets, "step_offsets")
-        if ids.dim() != 3:
-            raise InputError(
-                f"topk_ids must have shape [tokens, layers, top_k], got {tuple(ids.shape)}")
-        if ids.shape[1] < 1 or ids.shape[2] < 1:
-            raise InputError(f"topk_ids needs at least one layer and top_k >= 1, "
-                             f"got shape {tuple(ids.shape)}")
-        if not isinstance(self.num_experts, (int, np.integer)) or self.num_experts < 1:
-            raise InputError(f"num_experts must be a positive integer, got {self.num_experts!r}")
-        num_experts = int(self.num_experts)
-        if ids.numel():
-            lo, hi = int(ids.min()), int(ids.max())
-            if hi >= num_experts:
-                raise InputError(f"topk_ids has expert id {hi} but the trace declares "
-                                 f"{num_experts} experts (ids must lie in [-1, {num_experts}))")
-            if lo < -1:
-                raise InputError(f"topk_ids has expert id {lo}; ids must lie in "
-                                 f"[-1, {num_experts}) with -1 for padding")
-        if offsets.dim() != 1 or offsets.numel() < 1:
-            raise InputError(f"step_offsets must be 1-D with S + 1 entries, "
-                             f"got shape {tuple(offsets.shape)}")
-        if int(offsets[0]) != 0 or int(offsets[-1]) != ids.shape[0]:
+        ids = _int_array(self.topk_ids, "topk_ids")
+        offsets = _int_array(self.step_offsets, "step_offsets")
+        if ids.ndim != 3:
+            raise InputError(f"topk_ids must have shape [tokens, layers, top_k], got {ids.shape}")
+        num_experts = check_sizes_of(ids.shape, self.num_experts)
+        lo, hi = _bounds(ids)
+        if hi >= num_experts:
+            raise InputError(f"topk_ids has expert id {hi} but the trace declares "
+                             f"{num_experts} experts (ids must lie in [-1, {num_experts}))")
+        if lo < -1:
+            raise InputError(f"topk_ids has expert id {lo}; ids must lie in "
+                             f"[-1, {num_experts}) with -1 for padding")
+        ids = torch.from_numpy(ids.astype(np.int32))
+        if offsets.ndim != 1 or offsets.size < 2:
+            raise InputError(f"step_offsets must be 1-D with S + 1 >= 2 entries (a trace needs "
+                             f"at least one step), got shape {offsets.shape}")
+        first, last = _bounds(offsets[:1])[0], _bounds(offsets[-1:])[0]
+        if first != 0 or last != ids.shape[0]:
             raise InputError(f"step_offsets must start at 0 and end at the number of token rows "
-                             f"({ids.shape[0]}), got {int(offsets[0])} ... {int(offsets[-1])}")
+                             f"({ids.shape[0]}), got {first} ... {last}")
+        offsets = torch.from_numpy(offsets.astype(np.int64))
         if (offsets[1:] < offsets[:-1]).any():
             raise InputError("step_offsets must be non-decreasing")
+        if ids.shape[0] == 0:
+            raise InputError("the trace holds no token rows")
+        duplicate = first_duplicate(ids)
+        if duplicate is not None:
+            row, layer, expert = duplicate
+            raise InputError(f"topk_ids routes token row {row} to expert {expert} twice in layer "
+                             f"{layer}; a router picks top_k distinct experts")
         src = None
         if self.src_rank is not None:
-            src = _as_int_tensor(self.src_rank, "src_rank").to(torch.int64)
+            src = _int_array(self.src_rank, "src_rank")
             if src.shape != (ids.shape[0],):
                 raise InputError(f"src_rank must have one entry per token row ({ids.shape[0]}), "
-                                 f"got shape {tuple(src.shape)}")
-            if src.numel() and int(src.min()) < 0:
-                raise InputError(f"src_rank has negative rank {int(src.min())}")
+                                 f"got shape {src.shape}")
+            lo, hi = _bounds(src)
+            if lo < 0 or hi >= MAX_GPUS:
+                raise InputError(f"src_rank has rank {lo if lo < 0 else hi}; ranks must lie in "
+                                 f"[0, {MAX_GPUS})")
+            src = torch.from_numpy(src.astype(np.int64))
         meta = dict(self.meta or {})
         groups = meta.get("num_groups")
-        if groups is not None and (not isinstance(groups, int) or groups < 1
-                                   or num_experts % groups):
+        if groups is not None and (not isinstance(groups, int) or isinstance(groups, bool)
+                                   or groups < 1 or num_experts % groups):
             raise InputError(f"meta num_groups={groups!r} must be a positive divisor of "
                              f"num_experts={num_experts}")
-        object.__setattr__(self, "topk_ids", ids.to(torch.int32))
-        object.__setattr__(self, "step_offsets", offsets.to(torch.int64))
+        object.__setattr__(self, "topk_ids", ids)
+        object.__setattr__(self, "step_offsets", offsets)
         object.__setattr__(self, "num_experts", num_experts)
         object.__setattr__(self, "src_rank", src)
         object.__setattr__(self, "meta", meta)
@@ -132,15 +140,15 @@ class Trace(TraceShape):
         """Build a trace from a list of per-step `[T_s, L, K]` arrays (and `[T_s]` src ranks)."""
         if len(steps) == 0:
             raise InputError("a trace needs at least one step")
-        parts = [_as_int_tensor(s, f"step {i}") for i, s in enumerate(steps)]
-        shapes = {tuple(p.shape[1:]) for p in parts}
-        if any(p.dim() != 3 for p in parts) or len(shapes) != 1:
+        parts = [_int_array(s, f"step {i}") for i, s in enumerate(steps)]
+        shapes = {p.shape[1:] for p in parts}
+        if any(p.ndim != 3 for p in parts) or len(shapes) != 1:
             raise InputError(f"every step must be [T_s, L, K] with the same L and K, got shapes "
-                             f"{[tuple(p.shape) for p in parts]}")
-        sizes = torch.tensor([0] + [p.shape[0] for p in parts], dtype=torch.int64)
-        src = None if src_rank is None else torch.cat(
-            [_as_int_tensor(r, "src_rank") for r in src_rank])
-        return cls(torch.cat(parts), sizes.cumsum(0), num_experts, src, meta or {})
+                             f"{[p.shape for p in parts]}")
+        sizes = np.cumsum([0] + [p.shape[0] for p in parts])
+        src = None if src_rank is None else np.concatenate(
+            [_int_array(r, "src_rank") for r in src_rank])
+        return cls(np.concatenate(parts), sizes, num_experts, src, meta or {})
 
 
     @property
@@ -177,22 +185,94 @@ class Trace(TraceShape):
                      self.num_experts, src, self.meta)
 
 
-def _as_int_tensor(x: Any, name: str) -> torch.Tensor:
-    """A fresh integer CPU tensor from an array-like; InputError if not integral."""
+def _int_array(x: Any, name: str) -> np.ndarray:
+    """An integer numpy array of an array-like (a torch tensor's values as they are); InputError
+    if it is not one. Values are compared in this dtype before any conversion, so none wraps."""
+    if isinstance(x, torch.Tensor):
+        if x.is_floating_point() or x.is_complex() or x.dtype == torch.bool:
+            raise InputError(f"{name} must hold integers, got dtype {x.dtype}")
+        x = x.detach().cpu().numpy()
     try:
-        t = torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x)
-    except (TypeError, ValueError, RuntimeError) as exc:
+        arr = np.asarray(x)
+    except (TypeError, ValueError, OverflowError) as exc:
         raise InputError(f"{name} is not a numeric array ({exc})") from None
-    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
-        raise InputError(f"{name} must hold integers, got dtype {t.dtype}")
-    return t.detach().to("cpu", torch.int64, copy=True)
+    if arr.dtype.kind not in "iu":
+        raise InputError(f"{name} must hold integers, got dtype {arr.dtype}")
+    return arr
+
+
+def _bounds(arr: np.ndarray) -> tuple[int, int]:
+    """(min, max) of an integer array as Python ints ((0, -1) when empty)."""
+    return (int(arr.min()), int(arr.max())) if arr.size else (0, -1)
+
+
+def check_sizes_of(ids_shape: tuple[int, ...], num_experts: Any) -> int:
+    """`num_experts` as an int, after checking a trace's `(rows, L, K)` and `E` against the
+    caps of `eplbsim.limits`; InputError otherwise."""
+    if isinstance(num_experts, bool) or not isinstance(num_experts, (int, np.integer)) \
+            or num_experts < 1:
+        raise InputError(f"num_experts must be a positive integer, got {num_experts!r}")
+    _, L, K = ids_shape
+    if L < 1 or K < 1:
+        raise InputError(f"topk_ids needs at least one layer and top_k >= 1, "
+                         f"got shape {tuple(ids_shape)}")
+    check_at_most(int(num_experts), MAX_EXPERTS, "num_experts")
+    check_at_most(L, MAX_LAYERS, "the number of layers")
+    check_at_most(K, MAX_TOP_K, "top_k")
+    return int(num_experts)
+
+
+def first_duplicate(ids: torch.Tensor) -> tuple[int, int, int] | None:
+    """`(row, layer, expert)` of the first token row of `ids [N, L, K]` that routes one expert
+    twice in a layer (padding -1 repeats freely), or None."""
+    ordered = ids.sort(-1).values
+    same = (ordered[..., 1:] == ordered[..., :-1]) & (ordered[..., 1:] >= 0)  # [N, L, K - 1]
+    if not bool(same.any()):
+        return None
+    row, layer, k = same.nonzero()[0].tolist()
+    return row, layer, int(ordered[row, layer, k])
 
 
 _REQUIRED = ("topk_ids", "step_offsets", "meta")
+_ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")  # a zip archive (an .npz), or an empty one
+
+
+def read_npz(path: str | Path, required: Sequence[str], what: str) -> dict[str, np.ndarray]:
+    """The arrays of the `.npz` archive at `path`, read without unpickling. InputError naming
+    the file when it is not a regular file or not a zip archive, lacks a `required` member,
+    would not fit in memory, uses an unsupported compression or encryption, or is truncated
+    or corrupt."""
+    path = regular_file(path, what)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    if head not in _ZIP_MAGIC:
+        raise InputError(f"{path}: not {what} (not an .npz archive)")
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            missing = [k for k in required if k not in npz.files]
+            if missing:
+                raise InputError(f"{path}: not {what} (missing {', '.join(missing)}; found "
+                                 f"{', '.join(npz.files) or 'no arrays'})")
+            check_memory(sum(info.file_size for info in npz.zip.infolist()), f"reading {path}",
+                         "convert it to the directory form, read step by step")
+            return {k: npz[k] for k in npz.files}
+    except InputError:
+        raise
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error,
+            NotImplementedError, RuntimeError, MemoryError) as exc:
+        why = ("it holds Python objects, which eplbsim never unpickles" if "pickle" in str(exc)
+               else exc)
+        raise InputError(f"{path}: not a readable {what} (truncated or corrupt?): "
+                         f"{why}") from None
 
 
 def save_trace(trace: Trace, path: str | Path) -> None:
-    """Write `trace` as an `.npz` file in the DESIGN.md §5 format."""
+    """Write `trace` as an `.npz` file in the DESIGN.md §5 format, through a temporary sibling
+    (an existing file stays as it was if writing fails). Ids are int16 when `E` fits, else
+    int32; source ranks int16 when they fit, else int32."""
     dtype = np.int16 if trace.num_experts <= np.iinfo(np.int16).max else np.int32
     meta = dict(trace.meta, num_experts=trace.num_experts, top_k=trace.top_k,
                 num_layers=trace.num_layers)
@@ -200,39 +280,25 @@ def save_trace(trace: Trace, path: str | Path) -> None:
               "step_offsets": trace.step_offsets.numpy(),
               "meta": np.array(json.dumps(meta, sort_keys=True))}
     if trace.src_rank is not None:
-        arrays["src_rank"] = trace.src_rank.numpy().astype(np.int16)
-    with open(path, "wb") as f:
+        src = trace.src_rank.numpy()
+        arrays["src_rank"] = src.astype(np.int16 if src.max(initial=0) <= np.iinfo(np.int16).max
+                                        else np.int32)
+    with atomic_file(path) as tmp, open(tmp, "wb") as f:
         np.savez_compressed(f, **arrays)
 
 
 def load_trace(path: str | Path) -> Trace:
     """Read an `.npz` trace without unpickling; InputError naming the file on any problem."""
     path = Path(path)
-    try:
-        loaded = np.load(path, allow_pickle=False)
-        if not isinstance(loaded, np.lib.npyio.NpzFile):  # a bare .npy array, not an archive
-            raise InputError(f"{path}: not an eplbsim trace (a single .npy array, "
-                             f"not an .npz archive)")
-        with loaded as npz:
-            missing = [k for k in _REQUIRED if k not in npz.files]
-            if missing:
-                raise InputError(f"{path}: not an eplbsim trace (missing {', '.join(missing)}; "
-                                 f"found {', '.join(npz.files) or 'no arrays'})")
-            arrays = {k: npz[k] for k in npz.files}
-    except InputError:
-        raise
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such file") from None
-    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as exc:
-        raise InputError(f"{path}: not a readable .npz trace (truncated or corrupt?): {exc}") from None
+    arrays = read_npz(path, _REQUIRED, "an eplbsim trace")
     try:
         meta = json.loads(str(arrays["meta"][()]))
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, RecursionError) as exc:
         raise InputError(f"{path}: meta is not a JSON string ({exc})") from None
     if not isinstance(meta, dict):
         raise InputError(f"{path}: meta must be a JSON object")
     for key in ("num_experts", "top_k", "num_layers"):
-        if not isinstance(meta.get(key), int):
+        if not isinstance(meta.get(key), int) or isinstance(meta.get(key), bool):
             raise InputError(f"{path}: meta lacks the integer field {key!r}")
     ids = arrays["topk_ids"]
     if ids.ndim == 3 and (ids.shape[1], ids.shape[2]) != (meta["num_layers"], meta["top_k"]):

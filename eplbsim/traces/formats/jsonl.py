@@ -26,6 +26,8 @@ from typing import Any
 import numpy as np
 
 from ...errors import InputError
+from ...files import atomic_file, regular_file
+from ...limits import MAX_EXPERTS, MAX_LAYERS, MAX_TOP_K
 from ..trace import Trace
 from ..directory import DirTrace, write_steps
 
@@ -44,9 +46,8 @@ class _Steps:
     def __iter__(self) -> Iterator[tuple[np.ndarray, None]]:
         current, layers, start = None, {}, 0
         try:
-            f = open(self.path, encoding="utf-8")  # noqa: SIM115 (closed by `with f` below)
-        except FileNotFoundError:
-            raise InputError(f"{self.path}: no such file") from None
+            f = open(regular_file(self.path, "JSONL router log"),  # noqa: SIM115 (closed below)
+                     encoding="utf-8")
         except OSError as exc:
             raise InputError(f"{self.path}: cannot read ({exc.strerror or exc})") from None
         with f:
@@ -83,7 +84,7 @@ class _Steps:
     def _parse(self, line: str, n: int) -> tuple[int, int, np.ndarray]:
         try:
             rec = json.loads(line)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             raise self._error(n, f"not valid JSON ({exc})") from None
         if not isinstance(rec, dict):
             raise self._error(n, "a record must be a JSON object")
@@ -91,9 +92,9 @@ class _Steps:
         if missing:
             raise self._error(n, f"missing key(s) {', '.join(missing)}")
         step, layer, rows = rec["step"], rec["layer"], rec["topk_ids"]
-        for name, v in (("step", step), ("layer", layer)):
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise self._error(n, f"{name} must be a non-negative integer, got {v!r}")
+        for name, v, cap in (("step", step, 2**62), ("layer", layer, MAX_LAYERS)):
+            if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < cap:
+                raise self._error(n, f"{name} must be an integer in [0, {cap}), got {v!r}")
         if not isinstance(rows, list) or not all(isinstance(r, list) for r in rows):
             raise self._error(n, "topk_ids must be a list of rows (lists of ids)")
         widths = {len(r) for r in rows}
@@ -108,16 +109,16 @@ class _Steps:
                 self.K = K
             elif K != self.K:
                 raise self._error(n, f"rows of {K} ids, earlier rows have {self.K}")
+        if (self.K or 0) > MAX_TOP_K:
+            raise self._error(n, f"rows of {self.K} ids, above the cap of {MAX_TOP_K}")
+        limit = MAX_EXPERTS if self.E is None else self.E
+        for row in rows:  # Python ints, checked before anything could wrap
+            for x in row:
+                if not -1 <= x < limit:
+                    raise self._error(n, f"expert id {x} outside [-1, {limit})")
         ids = np.asarray(rows, dtype=np.int64).reshape(len(rows), self.K or 0)
         if ids.size:
-            lo, hi = int(ids.min()), int(ids.max())
-            if lo < -1 or (self.E is not None and hi >= self.E):
-                bad = lo if lo < -1 else hi
-                bound = "" if self.E is None else f", {self.E}"
-                raise self._error(n, f"expert id {bad} outside [-1{bound})")
-            if hi >= np.iinfo(np.int32).max:
-                raise self._error(n, f"expert id {hi} too large")
-            self.top = max(self.top, hi)
+            self.top = max(self.top, int(ids.max()))
         return step, layer, ids
 
     def _finish(self, step: int, layers: dict[int, np.ndarray], line: int) -> np.ndarray:
@@ -155,14 +156,11 @@ def read_jsonl(path: str | Path, num_experts: int | None = None,
 
 
 def write_jsonl(trace: Any, path: str | Path) -> None:
-    """Write a trace-like object as a JSONL router log, one line per (step, layer)."""
-    path = Path(path)
-    try:
-        with open(path, "w", encoding="utf-8") as f:
-            for s in range(trace.num_steps):
-                ids = trace.step(s).numpy()  # [T_s, L, K]
-                for layer in range(trace.num_layers):
-                    f.write(json.dumps({"step": s, "layer": layer,
-                                        "topk_ids": ids[:, layer].tolist()}) + "\n")
-    except OSError as exc:
-        raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
+    """Write a trace-like object as a JSONL router log, one line per (step, layer), through a
+    temporary sibling (an existing file stays as it was if writing fails)."""
+    with atomic_file(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        for s in range(trace.num_steps):
+            ids = trace.step(s).numpy()  # [T_s, L, K]
+            for layer in range(trace.num_layers):
+                f.write(json.dumps({"step": s, "layer": layer,
+                                    "topk_ids": ids[:, layer].tolist()}) + "\n")

@@ -37,6 +37,8 @@ import torch
 
 from ..counts import CountsTrace
 from ...errors import InputError
+from ...files import regular_file
+from ...limits import MAX_EXPERTS
 from ..trace import Trace
 
 MODES = ("per_token", "per_pass", "stat")
@@ -80,15 +82,21 @@ def import_sglang(paths: Sequence[str | Path], num_experts: int | None = None,
 # -- loading and validation ---------------------------------------------------------------------
 
 def _load(path: Path) -> Any:
-    if not path.exists():
-        raise InputError(f"{path}: no such file")
+    """A dump loaded with `weights_only=True` (tensors and plain containers only: nothing in it
+    runs); InputError naming the file otherwise, never advising an unsafe load."""
+    regular_file(path, "torch.save file")
     try:
         return torch.load(path, weights_only=True, map_location="cpu")
     # torch raises many exception types for corrupt, non-torch and unsafe (non-weights) files
     except Exception as exc:  # noqa: BLE001
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        text = str(exc)
+        if "Unsupported global" in text:  # an object whose class would be imported and run
+            raise InputError(f"{path}: refused: it holds Python objects beyond tensors and "
+                             f"plain containers, and eplbsim never unpickles those") from None
+        why = ("not a torch.save archive" if "Weights only" in text  # torch's text advises
+               else (text.strip().splitlines() or [type(exc).__name__])[0])  # an unsafe load
         raise InputError(f"{path}: not a readable torch file (truncated, corrupt, or not "
-                         f"saved with torch.save?): {first}") from None
+                         f"saved with torch.save?): {why}") from None
 
 
 def _mode(path: Path, dump: Any) -> str:
@@ -136,6 +144,9 @@ def _int_tensor(path: Path, value: Any, what: str, dims: int) -> torch.Tensor:
         raise InputError(f"{path}: {what} must hold integers, got dtype {value.dtype}")
     if value.dim() != dims:
         raise InputError(f"{path}: {what} must be {dims}-D, got shape {tuple(value.shape)}")
+    if value.numel() and value.dtype not in (torch.int8, torch.int16, torch.int32, torch.int64,
+                                             torch.uint8):
+        raise InputError(f"{path}: {what} has dtype {value.dtype}; expected signed integers")
     return value.to(torch.int64)
 
 
@@ -160,8 +171,10 @@ def _common_map(dumps: list[tuple[Path, Any]], num_experts: int | None
             raise InputError(f"{path}: {_MAP} disagrees with {first_path}'s "
                              f"({tuple(other.shape)} vs {tuple(mapping.shape)}); all ranks "
                              f"must share one map")
-    if int(mapping.min()) < 0:
-        raise InputError(f"{first_path}: {_MAP} has logical id {int(mapping.min())} < 0")
+    if int(mapping.min()) < 0 or int(mapping.max()) >= MAX_EXPERTS:
+        bad = int(mapping.min()) if int(mapping.min()) < 0 else int(mapping.max())
+        raise InputError(f"{first_path}: {_MAP} has logical id {bad}; ids must lie in "
+                         f"[0, {MAX_EXPERTS})")
     E = int(mapping.max()) + 1 if num_experts is None else num_experts
     if int(mapping.max()) >= E:
         raise InputError(f"{first_path}: {_MAP} names logical expert {int(mapping.max())}, but "

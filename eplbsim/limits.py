@@ -1,0 +1,24 @@
+"""The documented size caps: values above them are refused up front, with the cap in the
+message, instead of running until memory or patience runs out. They sit far above any MoE
+model in use (hundreds of experts, top-8, tens of layers, thousands of GPUs); memory beyond
+these caps is checked separately (`files.check_memory`).
+"""
+
+from .errors import InputError
+
+MAX_EXPERTS = 1 << 16  # logical experts E of a layer
+MAX_SLOTS = 1 << 18  # physical slots P of a layer
+MAX_LAYERS = 1 << 12  # MoE layers L of a trace, and layers of a model (dense ones included)
+MAX_TOP_K = 1 << 10  # experts per token K
+MAX_GPUS = 1 << 16  # GPUs = EP ranks G
+MAX_SEED = 2**32 - 1  # seeds are 32-bit
+MAX_HIDDEN = 1 << 12  # hidden size of the toy MoE layer
+MAX_CELLS = 10_000  # cells of a sweep unless --max-cells raises it
+MAX_LOAD = 2**53  # per-layer sums of loads: the largest exact integer of float64
+
+
+def check_at_most(value: int, cap: int, what: str) -> int:
+    """`value` if it is at most `cap`; InputError naming `what` and the cap otherwise."""
+    if value > cap:
+        raise InputError(f"{what} is {value}, above the cap of {cap} (eplbsim.limits)")
+    return value
