@@ -21,13 +21,17 @@ def split(text: str, what: str) -> list[str]:
 
 
 def check_out_dir(out: Path, inputs: Iterable[Any], names: Iterable[str]) -> Path:
-    """`out` if a directory of output files `names` written there cannot touch an input (paths
-    among `inputs`; anything else, such as a Placement object, is not a file);
-    InputError otherwise (`files.check_output`)."""
+    """`out`, created, if a directory of output files `names` written there cannot touch an
+    input (paths among `inputs`; anything else, such as a Placement object, is not a file);
+    InputError otherwise (`files.check_output`), or when `out` cannot be created."""
     paths = [p for p in inputs if isinstance(p, (str, os.PathLike))]
     check_output(out, paths, is_dir=True)
     for name in names:
         check_output(out / name, paths)
+    try:  # before the work, so an unwritable place is said at once
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"cannot write into {out}: {exc.strerror or exc}") from None
     return out
 
 

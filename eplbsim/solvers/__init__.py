@@ -158,7 +158,9 @@ def as_load(load: Any) -> np.ndarray:
         raise InputError("load holds negative values; loads are pair counts")
     check_at_most(array.shape[0], MAX_LAYERS, "the number of layers")
     check_at_most(array.shape[1], MAX_EXPERTS, "the number of experts")
-    if array.sum(1).max() > MAX_LOAD:
+    with np.errstate(over="ignore"):  # a sum that overflows is inf, refused just below
+        totals = array.sum(1)
+    if totals.max() > MAX_LOAD:
         raise InputError("load sums above 2**53 in a layer: loads are pair counts, which "
                          "float64 holds exactly only up to that")
     return array

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ast
 import json
+import tokenize
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -77,7 +78,8 @@ def _open_npy(path: Path, ndim: int) -> _Npy:
                 raise ValueError(f"unsupported .npy format version {version}")
             shape, fortran, dtype = read(f)
             offset = f.tell()
-    except (OSError, ValueError, EOFError, SyntaxError, TypeError) as exc:
+    except (OSError, ValueError, EOFError, SyntaxError, TypeError, tokenize.TokenError,
+            MemoryError, RecursionError) as exc:  # a header is Python literal text: any of these
         raise InputError(f"{path}: not a readable uncompressed .npy array (truncated or "
                          f"corrupt?): {exc}") from None
     if dtype.kind not in "iu":
