@@ -434,7 +434,7 @@ def run_sweep(sweep: Sweep, out: str | Path, executor: str = "local",
                              for name in ("trace", "placement", "initial")]
     inputs = [p for p in inputs if isinstance(p, (str, os.PathLike))]
     check_output(out, inputs, is_dir=True)
-    for name in (SPEC, CSV, PARQUET):
+    for name in (CSV, PARQUET):  # an existing spec.toml is never written (`_claim`)
         check_output(out / name, inputs)
     try:
         out.mkdir(parents=True, exist_ok=True)
