@@ -1,5 +1,5 @@
 """Benchmarks of the dispatch hot path: ours against a serving engine's torch expression and
-against the device's roofline, plus the throughput of a full "none"-mode replay.
+against the device's roofline, plus a full replay beside the kernel calls it makes.
 
 Dimensions: `N` (token, top-k slot) pairs, `T = N / K` tokens, `L` layers, `E` logical experts,
 `K` top-k, `P` physical slots, `G` GPUs = EP ranks, `R` max replicas of one expert, `S` steps.
@@ -37,11 +37,12 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from .dispatch import POLICIES
+from .dispatch import POLICIES, resolve_policy
 from .dispatch.kernels import dispatch_step, reference_step
 from .dispatch.policies import RANDOM_RANGE, DispatchContext, ordinal_offset, static_table
-from .placement import View, full_view
-from .replay import replay, resolve_device
+from .placement import View, full_view, rank_view
+from .ranks import make_ranks, rank_context, rank_groups, token_owners
+from .replay import replay, resolve_device, routed_loads, schedule_of
 from .spec import RunSpec
 from .solvers import solve
 from .topology import Topology
@@ -51,12 +52,12 @@ from .traces.trace import Trace
 EXPERTS, TOP_K, SLOTS, GPUS, GPUS_PER_NODE = 256, 8, 288, 32, 8
 REDUNDANT = SLOTS - EXPERTS
 BENCH_POLICIES = ("row", "ordinal", "static", "random")
-REPLAY_POLICIES = ("row", "ordinal")
+REPLAY_MODES = ("none", "a2a")
 BYTES_PER_PAIR = 12  # int32 id read + int64 slot written
 DEFAULT_N = {"cpu": (10**6, 10**7), "cuda": (10**8,)}
 DEFAULT_REPEATS = 5
-# The issue's replay size (58 layers, 4096 tokens a step, 16 steps) on every device (~6 s a
-# policy on 2 CPU cores); `replay_throughput` takes smaller sizes and prints the size it ran.
+# The replay size of issue 14 (58 layers, 4096 tokens a step, 16 steps) on every device;
+# `replay_throughput` takes smaller sizes and prints the size it ran.
 REPLAY_SIZE = {"steps": 16, "tokens": 4096, "layers": 58}
 BENCH_STEP = 1  # the step in the dispatch context: ordinal's offset is step + layer = 1
 DISPATCH_KEYS = ("policy", "n", "device", "ns_per_pair_ours", "ns_per_pair_straightforward",
@@ -306,21 +307,55 @@ def skewed_trace(steps: int, tokens: int, layers: int, seed: int = 0) -> Trace:
     return Trace(ids, offsets, EXPERTS, None, meta)
 
 
-def _replay_spec(policy: str, device: str, seed: int) -> RunSpec:
-    return RunSpec.of(policy=policy, mode="none", gpus=GPUS, gpus_per_node=GPUS_PER_NODE,
+def _replay_spec(policy: str, mode: str, device: str, seed: int) -> RunSpec:
+    return RunSpec.of(policy=policy, mode=mode, gpus=GPUS, gpus_per_node=GPUS_PER_NODE,
                       redundant=REDUNDANT, seed=seed, device=device)
 
 
-def replay_throughput(device: str = "auto", steps: int | None = None, tokens: int | None = None,
-                      layers: int | None = None, policies: Sequence[str] = REPLAY_POLICIES,
-                      seed: int = 0) -> list[dict[str, Any]]:
-    """Wall time of a full "none"-mode replay of `G = 32` ranks (8 a node) on the DeepSeek-V3
-    shape (`E = 256`, `K = 8`, 32 redundant slots), per policy, after a warm-up replay of a
-    tiny trace (JIT compile excluded). Sizes default to `REPLAY_SIZE`.
+def kernel_calls(trace: Trace, spec: RunSpec) -> tuple[Callable[[], None], int]:
+    """The dispatch calls a replay of `spec` makes, alone: `(run, calls per step)`, where
+    `run()` makes them for every step of `trace` on the placement the replay serves, with the
+    same views and contexts ("none": one call per group of identical ranks over every token;
+    "a2a": one per rank over its contiguous share) and nothing else."""
+    d = spec.dispatch
+    _, policy = resolve_policy(d.policy)
+    device = resolve_device(d.device)
+    placement = schedule_of(trace, spec, routed_loads(trace))[0].placement
+    G = spec.topology.gpus
+    ranks = make_ranks(d.rng, d.seed, G, device)
+    views = [rank_view(d.view, placement, r).to(device) for r in range(G)]
+    steps = [trace.step(s).to(device) for s in range(trace.num_steps)]
+    calls: list[tuple[int, slice]] = []  # (rank, rows) per call
+    if d.mode == "none":
+        calls = [(group[0], slice(None)) for group in rank_groups(views, policy)]
+    else:
+        bounds = torch.cumsum(torch.bincount(token_owners(trace.step(0).shape[0], G),
+                                             minlength=G), 0).tolist()
+        calls = [(r, slice(lo, hi)) for r, (lo, hi) in enumerate(zip([0] + bounds, bounds))]
 
-    Each simulated rank dispatches `S * T * L * K` pairs (`pairs_per_rank`);
-    `pairs_per_s_per_rank = pairs_per_rank / seconds`, and `rank_pairs_per_s` is `G` times
-    that (all ranks' dispatched pairs per wall second). Rows carry `kind: "replay"`.
+    def run() -> None:
+        for s, ids in enumerate(steps):
+            for r, rows in calls:
+                dispatch_step(policy, ids[rows], views[r],
+                              rank_context(s, ranks[r], d.mode, d.seed, d.rank_offset))
+
+    return run, len(calls)
+
+
+def replay_throughput(device: str = "auto", steps: int | None = None, tokens: int | None = None,
+                      layers: int | None = None, policies: Sequence[str] = BENCH_POLICIES,
+                      modes: Sequence[str] = REPLAY_MODES, seed: int = 0) -> list[dict[str, Any]]:
+    """A full replay beside its own kernel, in one run: for each mode and policy, the wall time
+    of `replay` on the DeepSeek-V3 shape (`G = 32` ranks, 8 a node, `E = 256`, `K = 8`, 32
+    redundant slots; equal steps of `T` tokens) and of the dispatch calls it makes
+    (`kernel_calls`), each once after a warm-up of both (JIT compiled, tables built). Sizes
+    default to `REPLAY_SIZE`.
+
+    `pairs` = `S * T * L * K` trace pairs; `replay_pairs_per_s = pairs / replay_seconds`;
+    `kernel_pairs_per_s` = pairs dispatched per second of kernel time (`calls_per_step` times
+    the trace's pairs: in "none" a rank-variant policy dispatches every pair once per rank);
+    `replay_over_kernel` = replay_seconds / kernel_seconds (1 = the replay costs nothing beyond
+    its kernel). Rows carry `kind: "replay"`.
     """
     device = resolve_device(device)
     sizes = dict(REPLAY_SIZE)
@@ -332,18 +367,25 @@ def replay_throughput(device: str = "auto", steps: int | None = None, tokens: in
     trace = skewed_trace(S, T, L, seed)
     pairs = S * T * L * TOP_K
     rows = []
-    for policy in policies:
-        replay(tiny, _replay_spec(policy, device, seed))
-        _sync(torch.device(device))
-        t0 = time.perf_counter()
-        replay(trace, _replay_spec(policy, device, seed))
-        _sync(torch.device(device))
-        seconds = time.perf_counter() - t0
-        rows.append({"kind": "replay", "policy": policy, "device": device, "mode": "none",
-                     "ranks": GPUS, "steps": S, "tokens": T, "layers": L, "experts": EXPERTS,
-                     "top_k": TOP_K, "slots": SLOTS, "pairs_per_rank": pairs,
-                     "seconds": seconds, "pairs_per_s_per_rank": pairs / seconds,
-                     "rank_pairs_per_s": pairs * GPUS / seconds})
+    for mode in modes:
+        for policy in policies:
+            spec = _replay_spec(policy, mode, device, seed)
+            replay(tiny, spec)
+            run, calls = kernel_calls(trace, spec)
+            run()
+            kernel = best_time(run, device, repeats=1, warmup=0)
+            _sync(torch.device(device))
+            t0 = time.perf_counter()
+            replay(trace, spec)
+            _sync(torch.device(device))
+            seconds = time.perf_counter() - t0
+            rows.append({"kind": "replay", "policy": policy, "device": device, "mode": mode,
+                         "ranks": GPUS, "steps": S, "tokens": T, "layers": L,
+                         "experts": EXPERTS, "top_k": TOP_K, "slots": SLOTS, "pairs": pairs,
+                         "calls_per_step": calls, "replay_seconds": seconds,
+                         "kernel_seconds": kernel, "replay_pairs_per_s": pairs / seconds,
+                         "kernel_pairs_per_s": pairs * calls / kernel,
+                         "replay_over_kernel": seconds / kernel})
     return rows
 
 
@@ -391,13 +433,22 @@ def format_dispatch_table(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def format_replay_table(rows: Sequence[dict[str, Any]]) -> str:
-    """The replay rows, one line per policy, with the size they ran at."""
-    lines = []
-    for r in rows:
-        lines.append(f"replay {r['policy']:<8} on {r['device']}: {r['mode']} mode, {r['ranks']} "
-                     f"ranks, {r['steps']} steps x {r['tokens']} tokens x {r['layers']} layers, "
-                     f"K={r['top_k']}, E={r['experts']}, P={r['slots']}: {r['seconds']:.2f} s, "
-                     f"{r['pairs_per_s_per_rank'] / 1e6:.2f} M pairs/s per simulated rank "
-                     f"({r['pairs_per_rank']} pairs each; {r['rank_pairs_per_s'] / 1e6:.1f} M "
-                     f"rank-pairs/s over all {r['ranks']})")
-    return "\n".join(lines)
+    """The replay rows as a text table, one line per (mode, policy), the ratio last."""
+    if not rows:
+        return "(no replay rows)"
+    r0 = rows[0]
+    head = [f"replay beside its kernel on {r0['device']}: {r0['ranks']} ranks, {r0['steps']} "
+            f"steps x {r0['tokens']} tokens x {r0['layers']} layers, K={r0['top_k']}, "
+            f"E={r0['experts']}, P={r0['slots']} ({r0['pairs']:,} trace pairs)",
+            "kernel = the dispatch calls the replay makes, alone (calls/step of them); "
+            "M pairs/s: trace pairs for the replay, dispatched pairs for the kernel"]
+    cols = ("mode", "policy", "calls/step", "replay s", "replay M pairs/s", "kernel s",
+            "kernel M pairs/s", "replay/kernel")
+    body = [(r["mode"], r["policy"], str(r["calls_per_step"]), f"{r['replay_seconds']:.3f}",
+             _num(r["replay_pairs_per_s"] / 1e6), f"{r['kernel_seconds']:.3f}",
+             _num(r["kernel_pairs_per_s"] / 1e6), f"{r['replay_over_kernel']:.2f}")
+            for r in rows]
+    widths = [max(len(c), *(len(b[i]) for b in body)) for i, c in enumerate(cols)]
+    return "\n".join(head + ["  ".join(c.rjust(w) if i > 1 else c.ljust(w)
+                                       for i, (c, w) in enumerate(zip(cells, widths)))
+                             for cells in [cols] + body])

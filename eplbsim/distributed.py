@@ -47,9 +47,11 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from .dispatch.kernels import flat_index
 from .errors import InputError
 from .placement import Placement
-from .ranks import Collectives, flat_index, token_owners
+from .progress import Progress, bar, run_label
+from .ranks import Collectives, token_owners
 from .replay import replay, run_steps, schedule_of
 from .results import Results
 from .schedule.plan import Segment
@@ -90,9 +92,10 @@ def torch_collectives(group: Any, device: torch.device) -> Collectives:
 # ----------------------------------------------------------------------------- one rank
 
 def run_rank(trace: Any, spec: RunSpec, rank: int, device: torch.device,
-             group: Any = None) -> Results | None:
+             group: Any = None, progress: Progress | None = None) -> Results | None:
     """Run `spec` as rank `rank` of the initialised process group (`G` = its size, which must
-    equal the spec's GPUs). Returns rank 0's Results, None elsewhere."""
+    equal the spec's GPUs). Returns rank 0's Results, None elsewhere. `progress` is told of
+    each step done."""
     G = dist.get_world_size(group)
     if spec.topology.gpus != G:
         raise InputError(f"the configuration has {spec.topology.gpus} GPUs; the group has "
@@ -101,7 +104,7 @@ def run_rank(trace: Any, spec: RunSpec, rank: int, device: torch.device,
     true_load = comm.all_reduce(_own_counts(trace, rank, G)).cpu()  # [S, L, E]
     segments = _broadcast_plan(trace, spec, true_load, rank, group)
     slot_load, counters = run_steps(trace, spec, segments, held=[rank], comm=comm,
-                                    device=str(device))
+                                    device=str(device), progress=progress)
     return Results(spec, slot_load, true_load, segments, counters) if rank == 0 else None
 
 
@@ -152,12 +155,19 @@ def rank_main(rank: int, world_size: int, load: Callable[[], Any], specs: list[R
     group = dist.new_group(list(range(world_size)), timeout=timedelta(seconds=timeout))
     backend = dist.get_backend(group)
     specs = [spec.replace(device=str(device)) for spec in specs]
-    real = [run_rank(trace, spec, rank, device, group) for spec in specs]
+    real = []
+    for spec in specs:  # rank 0 shows the group's progress (every rank runs in step)
+        with bar(trace.num_steps, run_label(spec), show=None if rank == 0 else False) as steps:
+            real.append(run_rank(trace, spec, rank, device, group, steps.update))
     dist.barrier(group)
     if rank != 0:
         return []
-    return [report_row(mine, replay(trace, spec), world_size, backend)
-            for mine, spec in zip(real, specs)]
+    rows = []
+    for mine, spec in zip(real, specs):
+        with bar(trace.num_steps, f"{run_label(spec)} (in-process)") as steps:
+            rows.append(report_row(mine, replay(trace, spec, steps.update), world_size,
+                                   backend))
+    return rows
 
 
 def report_row(real: Results, sim: Results, world_size: int, backend: str) -> dict[str, Any]:

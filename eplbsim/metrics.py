@@ -197,8 +197,8 @@ class Counters:
 class Chunk:
     """Steps `[lo, hi)` on one placement: what every metric's components read.
 
-    routed:    int64 `[c, L, E]` routed pairs per logical expert
-    executed:  int64 `[c, L, P]` executed pairs per slot, or None (counts only)
+    routed:    integer `[c, L, E]` routed pairs per logical expert (views of the run's loads)
+    executed:  integer `[c, L, P]` executed pairs per slot, or None (counts only)
     counters:  the rank counters of these steps, or None (counts only)
     placement: the placement in service; best: the segment's best placement
     moved:     int64 `[c, L]` slots whose expert changed at each step (a rebalance)

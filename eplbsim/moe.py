@@ -8,18 +8,23 @@ output is `y_t = sum_k w_tk W_{e_tk} x_t`; when pair `(t, k)` is executed `c_tk`
 over ranks by the all-reduce) the simulated output is `sum_k c_tk w_tk W_{e_tk} x_t`.
 
 Pair outputs are float64 values on the grid of multiples of `2**-GRID_BITS` (rounded once from
-the float32 product), far from float64's limits, so every sum of them is exact in any order:
-the in-process simulation and an all-reduce over real processes get bit-identical outputs, and
-an exactly executed pair adds exactly 0 error.
+the float32 product, summed over the hidden index in order), far from float64's limits, so every
+sum of them is exact in any order: the in-process simulation and an all-reduce over real
+processes get bit-identical outputs, and an exactly executed pair adds exactly 0 error. On the
+CPU the compiled loops of `counting.layer_sums` define them, every layer of a step at once; on
+CUDA `pair_outputs` (torch) does, layer by layer.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Callable
 
+import numpy as np
 import torch
+
+from . import counting
 
 GRID_BITS = 24  # pair outputs are multiples of 2**-GRID_BITS
 
@@ -30,6 +35,12 @@ class ToyMoE:
 
     weights: torch.Tensor
     seed: int
+
+    @cached_property
+    def transposed(self) -> np.ndarray:
+        """The weights as the CPU loops read them, float32 `[L, E, D, D]`, `[l, e, j, i] =
+        weights[l, e, i, j]`."""
+        return np.ascontiguousarray(self.weights.cpu().numpy().transpose(0, 1, 3, 2))
 
 
 def make_toy_moe(num_layers: int, num_experts: int, hidden: int = 8, seed: int = 0,
@@ -63,6 +74,27 @@ def pair_outputs(moe: ToyMoE, layer: int, topk_ids: torch.Tensor, x: torch.Tenso
     return torch.round(out * 2.0 ** GRID_BITS) / 2.0 ** GRID_BITS
 
 
+def step_sums(moe: ToyMoE, step: int, topk_ids: torch.Tensor,
+              executed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The toy layer on step `step`, every layer: `(exact, weighted)`, float64 `[L, T, D]` on
+    the ids' device: each token's exact output, and its output with pair `(t, k)` counted
+    `executed [T, L, K]` times (None: `exact` itself).
+
+    topk_ids: `[T, L, K]` the step's ids (every token; -1 padding, which adds nothing)"""
+    T, L, K = topk_ids.shape
+    x, gates = token_inputs(moe, step, T, K)
+    if topk_ids.device.type == "cpu":
+        sums = counting.layer_sums(moe.transposed, x.numpy(), gates.numpy(), topk_ids.numpy(),
+                                   None if executed is None else executed.numpy())
+        return torch.from_numpy(sums[0]), torch.from_numpy(sums[1])
+    pairs = [pair_outputs(moe, layer, topk_ids[:, layer], x, gates) for layer in range(L)]
+    exact = torch.stack([p.sum(1) for p in pairs])
+    if executed is None:
+        return exact, exact
+    return exact, torch.stack([(p * executed[:, layer].unsqueeze(-1)).sum(1)
+                               for layer, p in enumerate(pairs)])
+
+
 def all_reduced_error_terms(moe: ToyMoE, step: int, topk_ids: torch.Tensor,
                             executed: torch.Tensor,
                             all_reduce: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
@@ -75,19 +107,19 @@ def all_reduced_error_terms(moe: ToyMoE, step: int, topk_ids: torch.Tensor,
     Each process sums the pair outputs of the pairs it executed, `[L, T, D]`; the all-reduce
     of those partial outputs is `Y`, as a serving engine's all-reduce forms it.
     """
-    T, L, K = topk_ids.shape
-    x, gates = token_inputs(moe, step, T, K)
-    pairs = [pair_outputs(moe, layer, topk_ids[:, layer], x, gates) for layer in range(L)]
-    partial = torch.stack([(p * executed[:, layer].unsqueeze(-1)).sum(1)
-                           for layer, p in enumerate(pairs)])  # [L, T, D]
-    summed = all_reduce(partial)
-    terms = [error_terms(summed[layer] - p.sum(1), p.sum(1)) for layer, p in enumerate(pairs)]
-    return torch.tensor(terms, dtype=torch.float64).view(L, 2)
+    exact, partial = step_sums(moe, step, topk_ids, executed)
+    return error_terms(all_reduce(partial) - exact, exact)
 
 
-def error_terms(diff: torch.Tensor, exact: torch.Tensor) -> tuple[float, float]:
-    """`(||diff||^2, ||exact||^2)` for `diff [R, D]` (any rows of `Y - Y_exact`; zero rows may
-    be left out) and `exact [T, D]`. The first is summed exactly rounded (`math.fsum`), so it
-    does not depend on which zero rows are included or in what order."""
-    squares = (diff * diff).flatten()
-    return math.fsum(squares[squares != 0].tolist()), float((exact * exact).sum())
+def error_terms(diff: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
+    """`(||diff[l]||^2, ||exact[l]||^2)` of every layer, float64 `[L, 2]`, for `diff [L, R, D]`
+    (any rows of `Y - Y_exact`; zero rows may be left out) and `exact [L, T, D]`. The first is
+    summed exactly rounded (`counting.square_sums`, as `math.fsum`), so it does not depend on
+    which zero rows are included or in what order; the second is torch's sum of each layer."""
+    rows = diff.reshape(diff.shape[0], -1).cpu().numpy()
+    return torch.stack([torch.from_numpy(counting.square_sums(rows)), exact_norms(exact)], 1)
+
+
+def exact_norms(exact: torch.Tensor) -> torch.Tensor:
+    """`||exact[l]||^2` of every layer of `exact [L, T, D]`, float64 `[L]` on the CPU."""
+    return torch.tensor([float((e * e).sum()) for e in exact], dtype=torch.float64)

@@ -16,6 +16,15 @@ of each token (`[T]` or None), and returns the `StepOutcome` summed over every p
   toy MoE layer's partial outputs are all-reduced, the mechanism that corrupts real outputs.
 - "a2a": each token belongs to one source rank, which alone dispatches it (rows counted within
   its share); every non-padding pair is executed once, where it was sent.
+
+Both count in one of two ways with the same results. The straightforward way (the oracle, and
+what real ranks and the checkers run) builds every pair's multiplicity as torch tensors. With
+`Epoch.fast`, when one CPU process holds every rank and no choices are kept, compiled loops
+(`counting`) count instead, only what a configuration needs: one group of identical ranks
+executes every pair exactly once (its slot counts are all there is to count); a policy with a
+`table` is counted from the step's expert counts alone; the toy-MoE error is computed only for a
+step where some pair is not executed exactly once, else it is exactly 0 and the exact norm is
+left to the caller (`UNMEASURED`).
 """
 
 from __future__ import annotations
@@ -23,17 +32,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from functools import cached_property
+
 import numpy as np
+import scipy.sparse
 import torch
 
+from . import counting
 from .dispatch import DispatchContext, DispatchPolicy
-from .dispatch.kernels import dispatch_step
+from .dispatch.kernels import dispatch_step, flat_index
 from .errors import InputError
 from .metrics import multiplicity_counts
 from .moe import ToyMoE, all_reduced_error_terms
 from .placement import Placement, View
 
 RNG_RELATIONS = ("independent", "shared", "drift")
+UNMEASURED = float("inf")  # an exact norm the fast path left to compute (its error is 0)
 
 
 @dataclass(frozen=True)
@@ -133,6 +147,7 @@ class Epoch:
     moe:          the toy MoE layer whose output error "none" measures (None: not measured)
     comm:         how this process's counts combine with the others'
     keep_choices: return every held rank's choices (the checkers read them)
+    fast:         count with compiled loops where that is possible (module doc)
     """
 
     name: str
@@ -149,6 +164,17 @@ class Epoch:
     moe: ToyMoE | None = None
     comm: Collectives = LOCAL
     keep_choices: bool = False
+    fast: bool = False
+
+    def counts_fast(self, device: torch.device) -> bool:
+        """Whether this epoch's steps on `device` are counted by the compiled loops."""
+        return (self.fast and device.type == "cpu" and self.comm is LOCAL
+                and len(self.ranks) == self.num_ranks and not self.keep_choices)
+
+    @cached_property
+    def table(self) -> "Table":
+        """The policy's tables counted once for the epoch (policies with a `table`)."""
+        return Table.of(self)
 
 
 @dataclass(frozen=True)
@@ -156,18 +182,20 @@ class StepOutcome:
     """What the GPUs executed for one step, every layer, summed over the group.
 
     slot_load:    int64 `[L, P]` pairs executed on each slot (CPU)
-    multiplicity: int64 `[T, L, K]` times each pair was executed (0 at padding)
+    multiplicity: int64 `[T, L, K]` times each pair was executed (0 at padding); None when
+                  counted fast (`Epoch.fast`)
     counts:       int64 `[L, 3]` valid pairs executed 0, 1 and >= 2 times (CPU)
     valid:        int64 `[L]` non-padding pairs (CPU)
     drifted:      bool `[G]` ranks that consumed an extra batch of draws before the step
     agreed:       int64 `[L]` pairs on which every rank chose the same slot; None in "a2a"
     error:        float64 `[L, 2]` the toy layer's `(||Y - Y_exact||^2, ||Y_exact||^2)`; None
-                  in "a2a" or without a toy layer
+                  in "a2a" or without a toy layer; counted fast, a step whose every pair is
+                  executed once has error 0 and norm `UNMEASURED` (0 where no pair is valid)
     choices:      int64 `[len(ranks), T, L, K]` each held rank's slots, when kept; else None
     """
 
     slot_load: torch.Tensor
-    multiplicity: torch.Tensor
+    multiplicity: torch.Tensor | None
     counts: torch.Tensor
     valid: torch.Tensor
     drifted: torch.Tensor
@@ -176,39 +204,10 @@ class StepOutcome:
     choices: torch.Tensor | None = None
 
 
-def check_choices(phys: torch.Tensor, topk_ids: torch.Tensor, placement: Placement,
-                  name: str) -> None:
-    """InputError unless `phys [T, L, K]` holds, for every pair, a slot of its routed expert
-    (and -1 exactly at padding): a wrong policy must not become a silently wrong number."""
-    if phys.shape != topk_ids.shape or phys.dtype not in (torch.int32, torch.int64):
-        raise InputError(f"policy {name} returned {phys.dtype} {tuple(phys.shape)}, expected "
-                         f"integer slots {tuple(topk_ids.shape)}")
-    ids = topk_ids.long()
-    valid = ids >= 0
-    P = placement.num_slots
-    inside = (phys >= 0) & (phys < P)
-    held = placement.phy2log.to(phys.device).reshape(-1)[flat_index(phys.clamp(0, P - 1), P)]
-    bad = torch.where(valid, ~inside | (held != ids), phys != -1)
-    if bool(bad.any()):
-        t, lay, k = bad.nonzero()[0].tolist()
-        raise InputError(f"policy {name} sent pair (token {t}, slot {k}) of expert "
-                         f"{int(ids[t, lay, k])} in layer {lay} to slot {int(phys[t, lay, k])}, "
-                         f"which does not hold that expert")
-
-
-def flat_index(index: torch.Tensor, width: int) -> torch.Tensor:
-    """`layer * width + index` of every pair of `index [T, L, K]` (a slot, width `P`, or an
-    expert, width `E`): one bincount then counts every layer at once."""
-    layer = torch.arange(index.shape[1], device=index.device).view(1, -1, 1)
-    return layer * width + index.long()
-
-
 def _dispatch(epoch: Epoch, i: int, step: int, topk_ids: torch.Tensor) -> torch.Tensor:
     """Held rank `i`'s checked choices for `topk_ids [T, L, K]`: int64 `[T, L, K]`."""
     ctx = rank_context(step, epoch.ranks[i], epoch.mode, epoch.seed, epoch.rank_offset)
-    phys = dispatch_step(epoch.policy, topk_ids, epoch.views[i], ctx, epoch.name)
-    check_choices(phys, topk_ids, epoch.placement, epoch.name)
-    return phys.long()
+    return dispatch_step(epoch.policy, topk_ids, epoch.views[i], ctx, epoch.name)
 
 
 def _drift(epoch: Epoch, draws: Sequence[int]) -> torch.Tensor:
@@ -232,6 +231,8 @@ def none_step(epoch: Epoch, step: int, topk_ids: torch.Tensor,
     One computation serves each group of `epoch.groups`; every rank of the group still counts
     on its own: a pair is executed by each member whose GPU holds the group's choice. Agreement
     compares every rank's choices with rank 0's, across processes."""
+    if epoch.counts_fast(topk_ids.device):
+        return _none_counted(epoch, step, topk_ids)
     T, L, K = topk_ids.shape
     device, P = topk_ids.device, epoch.placement.num_slots
     drifted = _drift(epoch, [T * K] * len(epoch.ranks))
@@ -278,6 +279,8 @@ def a2a_step(epoch: Epoch, step: int, topk_ids: torch.Tensor,
     owners = token_owners(T, epoch.num_ranks, src_rank).to(device)
     rows = [(owners == rank.rank).nonzero().squeeze(1) for rank in epoch.ranks]
     drifted = _drift(epoch, [len(r) * K for r in rows])
+    if epoch.counts_fast(device):
+        return _a2a_counted(epoch, step, topk_ids, src_rank, rows, drifted)
     phys = torch.full(topk_ids.shape, -1, dtype=torch.int64, device=device)
     mine = torch.zeros(T, dtype=torch.bool, device=device)
     choices = []
@@ -296,6 +299,113 @@ def a2a_step(epoch: Epoch, step: int, topk_ids: torch.Tensor,
                        multiplicity_counts(multiplicity, multiplicity > 0),
                        comm.all_reduce(sent.sum((0, 2))).cpu(), drifted,
                        choices=torch.stack(choices) if epoch.keep_choices else None)
+
+
+def _none_counted(epoch: Epoch, step: int, topk_ids: torch.Tensor) -> StepOutcome:
+    """`none_step` counted fast (module doc): one held process, CPU, every rank held."""
+    T, L, K = topk_ids.shape
+    P = epoch.placement.num_slots
+    drifted = _drift(epoch, [T * K] * len(epoch.ranks))
+    ids = topk_ids.numpy()
+    mult = None  # [T, L, K] where some pair may be executed other than once
+    if epoch.policy.table is not None:
+        slot_load, counts, agreed = epoch.table.count(ids)
+        if counts[:, 0].any() or counts[:, 2].any():
+            mult = epoch.table.multiplicity(ids)
+    elif len(epoch.groups) == 1:  # every rank chooses alike: each valid pair executed once
+        slot_load, valid = counting.slot_counts(_dispatch(epoch, 0, step, topk_ids).numpy(), P)
+        counts = np.stack([np.zeros_like(valid), valid, np.zeros_like(valid)], 1)
+        agreed = valid
+    else:
+        done = None
+        slot_gpu = epoch.placement.slot_gpu.numpy()
+        for group in epoch.groups:
+            phys = _dispatch(epoch, group[0], step, topk_ids).numpy()
+            if done is None:
+                done = counting.Executed.start(phys, P)
+            member = np.zeros(epoch.num_ranks, np.bool_)
+            member[[epoch.ranks[i].rank for i in group]] = True
+            counting.execute(done, phys, member, slot_gpu)
+        counts, agreed = counting.pair_counts(ids, done)
+        slot_load = done.slot_load
+        if counts[:, 0].any() or counts[:, 2].any():
+            mult = done.mult
+    valid = counts.sum(1)
+    if epoch.moe is None:
+        error = None
+    elif mult is None:  # exactly 0; the norm is left to the caller
+        error = torch.zeros(L, 2, dtype=torch.float64)
+        error[:, 1] = torch.from_numpy(np.where(valid > 0, UNMEASURED, 0.0))
+    else:
+        error = all_reduced_error_terms(epoch.moe, step, topk_ids, torch.from_numpy(mult),
+                                        LOCAL.all_reduce)
+    return StepOutcome(torch.from_numpy(slot_load), None, torch.from_numpy(counts),
+                       torch.from_numpy(valid), drifted, torch.from_numpy(agreed), error)
+
+
+def _a2a_counted(epoch: Epoch, step: int, topk_ids: torch.Tensor,
+                 src_rank: torch.Tensor | None, rows: Sequence[torch.Tensor],
+                 drifted: torch.Tensor) -> StepOutcome:
+    """`a2a_step` counted fast (module doc): every rank's own rows (slices of contiguous
+    shares when there is no `src_rank`) dispatched into one buffer, counted once."""
+    phys = torch.empty(topk_ids.shape, dtype=torch.int64)
+    for i, own in enumerate(rows):
+        if src_rank is None and len(own):  # contiguous: a view, not a copy
+            lo, hi = int(own[0]), int(own[-1]) + 1
+            phys[lo:hi] = _dispatch(epoch, i, step, topk_ids[lo:hi])
+        else:
+            phys[own] = _dispatch(epoch, i, step, topk_ids[own])
+    slot_load, valid = counting.slot_counts(phys.numpy(), epoch.placement.num_slots)
+    counts = np.stack([np.zeros_like(valid), valid, np.zeros_like(valid)], 1)
+    return StepOutcome(torch.from_numpy(slot_load), None, torch.from_numpy(counts),
+                       torch.from_numpy(valid), drifted)
+
+
+@dataclass(frozen=True, eq=False)
+class Table:
+    """A table policy's choices for one epoch, counted per (layer, expert) once.
+
+    times:  int32 `[L, E]` ranks that execute an expert's pairs (`c` of each of its pairs)
+    agree:  bool `[L, E]` every rank chooses the same slot for the expert
+    slots:  sparse int64 `[L * P, L * E]` pairs of `(layer, expert)` executed on `(layer, slot)`
+    """
+
+    times: np.ndarray
+    agree: np.ndarray
+    slots: scipy.sparse.csr_array
+
+    @classmethod
+    def of(cls, epoch: Epoch) -> "Table":
+        """Every rank's table (`DispatchPolicy.table`) of `epoch`, counted."""
+        tables = torch.stack([
+            epoch.policy.table(view, rank_context(0, rank, epoch.mode, epoch.seed,
+                                                  epoch.rank_offset)).cpu()
+            for rank, view in zip(epoch.ranks, epoch.views)]).numpy()  # [G, L, E]
+        G, L, E = tables.shape
+        P = epoch.placement.num_slots
+        rank = np.array([r.rank for r in epoch.ranks]).reshape(G, 1, 1)
+        executed = epoch.placement.slot_gpu.numpy()[tables] == rank  # [G, L, E]
+        layer = np.arange(L).reshape(1, L, 1)
+        pair = np.broadcast_to(layer * E + np.arange(E), tables.shape)
+        slots = scipy.sparse.csr_array(
+            (np.ones(int(executed.sum()), np.int64),
+             ((layer * P + tables)[executed], pair[executed])), shape=(L * P, L * E))
+        return cls(executed.sum(0, dtype=np.int32), (tables == tables[0]).all(0), slots)
+
+    def count(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`(slot_load [L, P], counts [L, 3], agreed [L])`, int64, of a step's ids
+        `[T, L, K]`, from its expert counts alone."""
+        L, E = self.times.shape
+        n = counting.expert_counts(ids, np.array([0, ids.shape[0]]), E)[0]  # [L, E]
+        slot_load = (self.slots @ n.reshape(-1)).reshape(L, -1)
+        c = self.times
+        counts = np.stack([(n * (c == 0)).sum(1), (n * (c == 1)).sum(1),
+                           (n * (c >= 2)).sum(1)], 1)
+        return slot_load.astype(np.int64), counts, (n * self.agree).sum(1)
+
+    def multiplicity(self, ids: np.ndarray) -> np.ndarray:
+        """Times each pair of `ids [T, L, K]` is executed, int32 `[T, L, K]` (0 at padding)."""
+        return counting.pair_table(self.times, ids)
 
 
 MODES: dict[str, Callable[..., StepOutcome]] = {

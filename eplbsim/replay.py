@@ -12,7 +12,7 @@ has no token rows: nothing is dispatched, and the results hold the placement's p
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -20,9 +20,10 @@ from .dispatch import resolve_policy
 from .errors import InputError
 from .files import check_memory
 from .metrics import Counters
-from .moe import make_toy_moe
+from .moe import exact_norms, make_toy_moe, step_sums
 from .placement import rank_view
 from .placement_io import load_placement
+from .progress import Progress
 from .ranks import LOCAL, MODES, Collectives, Epoch, make_ranks, rank_groups
 from .registry import lookup
 from .results import Results
@@ -42,7 +43,8 @@ def resolve_device(name: str) -> str:
 
 
 def routed_loads(trace: Any) -> torch.Tensor:
-    """Routed pairs per logical expert, int64 `[S, L, E]`, of any trace form."""
+    """Routed pairs per logical expert, `[S, L, E]`, of any trace form: int32 (`load_dtype`)
+    for token traces, int64 for counts."""
     if isinstance(trace, CountsTrace):
         return torch.from_numpy(trace.counts)
     return trace.counts()
@@ -65,13 +67,15 @@ def check_fits(trace: Any, spec: RunSpec) -> None:
 
 def check_memory_of(trace: Any, spec: RunSpec) -> None:
     """InputError when replaying `trace` under `spec` would need more memory than there is:
-    loads per (step, layer, slot or expert) and the counters for the whole run, plus one
-    step's ids, choices, masks and toy-MoE pair outputs (`files.check_memory`)."""
+    loads per (step, layer, slot or expert) (int32, `load_dtype`) and the counters (56 bytes a
+    step and layer) for the whole run, plus one step's ids, choices, masks and toy-MoE pair
+    outputs (`files.check_memory`)."""
     S, L, E = trace.num_steps, trace.num_layers, trace.num_experts
     P = E + spec.topology.redundant
     K = getattr(trace, "top_k", 0)
     T = int(trace.tokens_per_step.max()) if K else 0
-    need = 8 * S * L * (P + E + 32) + 8 * T * L * K * (16 + 3 * spec.dispatch.hidden)
+    width = trace.load_dtype.itemsize if K else 8
+    need = S * L * (width * (P + E) + 56) + 8 * T * L * K * (16 + 3 * spec.dispatch.hidden)
     check_memory(need, f"replaying {S} steps x {L} layers x {P} slots (up to {T} tokens a "
                  f"step)", "replay fewer steps or layers (a window of the trace), or fewer "
                  "redundant slots")
@@ -91,10 +95,14 @@ def schedule_of(trace: Any, spec: RunSpec, true_load: torch.Tensor) -> tuple[Seg
 
 def run_steps(trace: Any, spec: RunSpec, segments: Sequence[Segment],
               held: Sequence[int] | None = None, comm: Collectives = LOCAL,
-              device: str | None = None) -> tuple[torch.Tensor, Counters]:
+              device: str | None = None, fast: bool = True,
+              progress: Progress | None = None) -> tuple[torch.Tensor, Counters]:
     """Dispatch every step of `trace` on the ranks `held` (default all `G`, in this process),
     combining counts with the group through `comm`. Returns the executed pairs per slot,
-    int64 `[S, L, P]`, and the rank counters, both summed over the group."""
+    `trace.load_dtype` (int32) `[S, L, P]`, and the rank counters, both summed over the group. `fast` counts with
+    compiled loops where that is possible (`ranks`), with the same results; exact norms it
+    leaves out are computed when some step's error is not 0 (else they stay `UNMEASURED`:
+    nothing reads them, the relative error being 0). `progress` is told of each step done."""
     d = spec.dispatch
     name, policy = resolve_policy(d.policy)
     mode_step = lookup(MODES, d.mode, "mode")
@@ -102,12 +110,12 @@ def run_steps(trace: Any, spec: RunSpec, segments: Sequence[Segment],
     S, L, E, G = trace.num_steps, trace.num_layers, trace.num_experts, spec.topology.gpus
     ranks = make_ranks(d.rng, d.seed, G, device, held)
     moe = make_toy_moe(L, E, d.hidden, d.seed, device)
-    slot_load = torch.zeros(S, L, segments[0].placement.num_slots, dtype=torch.int64)
+    slot_load = torch.zeros(S, L, segments[0].placement.num_slots, dtype=trace.load_dtype)
     counters = Counters.zeros(S, L, G)
     for start, stop, placement in epochs(segments):
         views = tuple(rank_view(d.view, placement, r.rank).to(device) for r in ranks)
         epoch = Epoch(name, policy, placement, ranks, views, rank_groups(views, policy), G,
-                      d.mode, d.seed, d.rank_offset, d.drift_p, moe, comm)
+                      d.mode, d.seed, d.rank_offset, d.drift_p, moe, comm, fast=fast)
         for s in range(start, stop):
             ids = trace.step(s).to(device)  # [T, L, K]
             out = mode_step(epoch, s, ids, trace.step_src_rank(s))
@@ -118,24 +126,41 @@ def run_steps(trace: Any, spec: RunSpec, segments: Sequence[Segment],
                 counters.agreed[s] = out.agreed
             if out.error is not None:
                 counters.error[s] = out.error
+            if progress is not None:
+                progress(1)
+    unmeasured = torch.isinf(counters.error[:, :, 1]).any(1)  # [S]
+    if unmeasured.any() and (counters.error[:, :, 0] > 0).any():
+        for s in unmeasured.nonzero().flatten().tolist():
+            counters.error[s, :, 1] = exact_norms(step_sums(moe, s, trace.step(s))[0])
     return slot_load, counters
 
 
-def replay(trace: Any, spec: RunSpec | None = None) -> Results:
+def replay(trace: Any, spec: RunSpec | None = None,
+           progress: Progress | None = None) -> Results:
     """Replay `trace` (a Trace, DirTrace or CountsTrace) under `spec` (default `RunSpec()`);
-    the same inputs give the same numbers."""
+    the same inputs give the same numbers. `progress` is told of each step dispatched."""
     spec = RunSpec() if spec is None else spec
     check_memory_of(trace, spec)
     true_load = routed_loads(trace)
     segments = schedule_of(trace, spec, true_load)
     if isinstance(trace, CountsTrace):
         return Results(spec, None, true_load, segments, None)
-    slot_load, counters = run_steps(trace, spec, segments)
+    slot_load, counters = run_steps(trace, spec, segments, progress=progress)
     return Results(spec, slot_load, true_load, segments, counters)
 
 
 def compare(trace: Any, policies: Sequence[Any], modes: Sequence[str],
-            spec: RunSpec | None = None) -> list[Results]:
-    """Replay every (mode, policy) on the same trace and settings, modes outermost."""
+            spec: RunSpec | None = None,
+            progress: Callable[[RunSpec], Any] | None = None) -> list[Results]:
+    """Replay every (mode, policy) on the same trace and settings, modes outermost.
+    `progress(spec)`, when given, makes a bar for one replay (a context manager with
+    `update`, as `progress.bar` does)."""
     spec = RunSpec() if spec is None else spec
-    return [replay(trace, spec.replace(policy=p, mode=m)) for m in modes for p in policies]
+    out = []
+    for one in (spec.replace(policy=p, mode=m) for m in modes for p in policies):
+        if progress is None:
+            out.append(replay(trace, one))
+            continue
+        with progress(one) as steps:
+            out.append(replay(trace, one, steps.update))
+    return out

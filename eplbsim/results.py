@@ -40,8 +40,9 @@ class Results:
     """What one run counted, and everything derived from it.
 
     spec:      the run's settings
-    slot_load: int64 `[S, L, P]` executed pairs per slot; None for counts only (no dispatch)
-    true_load: int64 `[S, L, E]` routed pairs per logical expert
+    slot_load: int32 `[S, L, P]` executed pairs per slot (int64 for steps of 2**31 tokens or
+               more: `Trace.load_dtype`); None for counts only (no dispatch)
+    true_load: `[S, L, E]` routed pairs per logical expert, int32 likewise (int64 for counts)
     segments:  the schedule's segments in step order (`schedule.Segment`)
     counters:  the per-(step, layer) rank counts (`metrics.Counters`); None for counts only
     Derived on first use: `components` (every metric per step and layer), `metrics` (their

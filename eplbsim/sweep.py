@@ -45,7 +45,6 @@ import json
 import math
 import multiprocessing
 import os
-import sys
 import threading
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -53,7 +52,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-from tqdm import tqdm
 
 try:
     import tomllib
@@ -63,6 +61,7 @@ except ModuleNotFoundError:  # Python 3.10
 from .errors import InputError
 from .files import atomic_file, check_output, regular_file
 from .limits import MAX_CELLS
+from .progress import bar
 from .replay import replay
 from .results import csv_value, flat_row, write_csv
 from .spec import (RUN_PARTS, Device, File, Filter, Name, Options, build, knobs, sweep_keys,
@@ -445,10 +444,8 @@ def run_sweep(sweep: Sweep, out: str | Path, executor: str = "local",
     header, rows = _read_table(csv_path)
     done = {row["cell"] for row in rows}
     pending = [cell for cell in sweep.cells if cell.id not in done]
-    with open(csv_path, "a", newline="") as f, tqdm(
-            total=len(sweep.cells), initial=len(sweep.cells) - len(pending), desc="sweep",
-            unit="cell", file=sys.stderr,
-            disable=not (sys.stderr.isatty() if progress is None else progress)) as bar:
+    with open(csv_path, "a", newline="") as f, bar(
+            len(sweep.cells), "sweep", "cell", len(sweep.cells) - len(pending), progress) as cells:
         writer = csv.writer(f)
 
         def emit(cell: Cell, row: dict[str, Any]) -> None:
@@ -461,7 +458,7 @@ def run_sweep(sweep: Sweep, out: str | Path, executor: str = "local",
                                  f"use another --out")
             writer.writerow(csv_value(row[k]) for k in header)
             f.flush()
-            bar.update()
+            cells.update()
 
         if pending and executor == "local":
             _run_local(pending, min(workers, len(pending)), emit)

@@ -76,15 +76,23 @@ def test_best_time_is_the_minimum_after_warmup():
     assert len(calls) == 5
 
 
-def test_replay_throughput_rows():
-    rows = bench.replay_throughput("cpu", steps=1, tokens=32, layers=2)
-    assert [r["policy"] for r in rows] == list(bench.REPLAY_POLICIES)
+def test_replay_throughput_rows_put_the_replay_beside_its_kernel_calls():
+    rows = bench.replay_throughput("cpu", steps=2, tokens=64, layers=2)
+    assert [(r["mode"], r["policy"]) for r in rows] == [
+        (m, p) for m in bench.REPLAY_MODES for p in bench.BENCH_POLICIES]
+    calls = {(r["mode"], r["policy"]): r["calls_per_step"] for r in rows}
+    assert calls[("none", "row")] == calls[("none", "ordinal")] == 1  # one group of 32 ranks
+    assert calls[("none", "static")] == calls[("none", "random")] == bench.GPUS
+    assert {calls[("a2a", p)] for p in bench.BENCH_POLICIES} == {bench.GPUS}  # one per share
     for row in rows:
         assert row["kind"] == "replay" and row["ranks"] == bench.GPUS
-        assert row["pairs_per_rank"] == 1 * 32 * 2 * bench.TOP_K
-        assert row["seconds"] > 0
-        assert row["pairs_per_s_per_rank"] == pytest.approx(row["pairs_per_rank"] / row["seconds"])
-    assert "per simulated rank" in bench.format_replay_table(rows)
+        assert row["pairs"] == 2 * 64 * 2 * bench.TOP_K
+        assert row["replay_seconds"] > 0 and row["kernel_seconds"] > 0
+        assert row["replay_pairs_per_s"] == pytest.approx(row["pairs"] / row["replay_seconds"])
+        assert row["replay_over_kernel"] == pytest.approx(
+            row["replay_seconds"] / row["kernel_seconds"])
+    table = bench.format_replay_table(rows)
+    assert "replay/kernel" in table and len(table.splitlines()) == 3 + len(rows)
 
 
 def test_cli_bench_json(capsys):
@@ -102,12 +110,15 @@ def test_cli_bench_table(capsys):
                  "static", "--replay-steps", "1", "--replay-tokens", "16", "--replay-layers", "1"])
     out, _ = capsys.readouterr()
     assert code == 0
-    assert "ours/roof" in out and "static" in out and "replay row" in out
+    assert "ours/roof" in out and "replay/kernel" in out
+    lines = [line.split() for line in out.splitlines()]
+    assert [line[:2] for line in lines if line[:1] in (["none"], ["a2a"])] == [
+        ["none", "static"], ["a2a", "static"]]
 
 
 @pytest.mark.parametrize("argv, match", [
     (["--n", "1e6x"], "--n"), (["--n", "0"], "--n"), (["--n", "1.5"], "--n"),
-    (["--policies", "flat"], "bench policy"),
+    (["--policies", "flat"], "bench policy"), (["--replay-modes", "ep"], "unknown mode"),
 ])
 def test_cli_bench_bad_input(capsys, argv, match):
     code = main(["bench", "--no-replay", "--device", "cpu", *argv])

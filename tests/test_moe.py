@@ -1,9 +1,12 @@
 """The toy MoE layer: exact output, and what multiplicity does to it."""
 
+import math
+
+import numpy as np
 import torch
 
 from eplbsim.moe import (GRID_BITS, all_reduced_error_terms, error_terms, make_toy_moe,
-                         pair_outputs, token_inputs)
+                         pair_outputs, step_sums, token_inputs)
 
 
 def test_pair_outputs_match_the_definition_and_zero_padding():
@@ -35,11 +38,13 @@ def test_sums_of_pair_outputs_do_not_depend_on_the_order():
     assert torch.equal(forward, backward)
 
 
-def test_error_terms_ignore_zero_rows():
-    diff = torch.tensor([[0.5, -0.25], [0.0, 0.0], [1e-3, 3.0]], dtype=torch.float64)
-    exact = torch.ones(4, 2, dtype=torch.float64)
-    assert error_terms(diff, exact) == error_terms(diff[[2, 0]], exact)
-    assert error_terms(diff, exact)[1] == 8.0
+def test_error_terms_ignore_zero_rows_and_sum_exactly():
+    diff = torch.tensor([[[0.5, -0.25], [0.0, 0.0], [1e-3, 3.0]]], dtype=torch.float64)
+    exact = torch.ones(1, 4, 2, dtype=torch.float64)
+    assert torch.equal(error_terms(diff, exact), error_terms(diff[:, [2, 0]], exact))
+    assert error_terms(diff, exact)[0, 1] == 8.0
+    tiny = torch.tensor([[[1.0, 2.0 ** -30, 2.0 ** -30, 2.0 ** -30]]], dtype=torch.float64)
+    assert error_terms(tiny, exact)[0, 0] == math.fsum((tiny * tiny).flatten().tolist())
 
 
 def test_output_error_is_zero_at_multiplicity_one_and_one_when_doubled_or_dropped():
@@ -79,3 +84,20 @@ def test_inputs_are_seeded():
     assert torch.equal(a.weights, b.weights)
     assert torch.equal(token_inputs(a, 2, 3, 1)[0], token_inputs(b, 2, 3, 1)[0])
     assert not torch.equal(token_inputs(a, 2, 3, 1)[0], token_inputs(a, 3, 3, 1)[0])
+
+
+def test_cpu_loops_and_torch_pair_outputs_give_the_same_sums():
+    """The CPU's compiled definition (`counting.layer_sums`) and the torch one used on CUDA agree
+    bit for bit on a step large enough for torch's batched product."""
+    moe = make_toy_moe(3, 16, hidden=8, seed=4)
+    rng = np.random.default_rng(5)
+    ids = torch.from_numpy(np.stack([[rng.permutation(16)[:4] for _ in range(3)]
+                                     for _ in range(512)])).to(torch.int16)  # [T, L, K]
+    ids[7, 1, 2] = -1
+    executed = torch.from_numpy(rng.integers(0, 3, ids.shape))
+    exact, weighted = step_sums(moe, 2, ids, executed)
+    x, gates = token_inputs(moe, 2, 512, 4)
+    for layer in range(3):
+        pairs = pair_outputs(moe, layer, ids[:, layer], x, gates)
+        assert torch.equal(exact[layer], pairs.sum(1))
+        assert torch.equal(weighted[layer], (pairs * executed[:, layer].unsqueeze(-1)).sum(1))

@@ -11,10 +11,11 @@ import torch
 
 from eplbsim import ranks
 from eplbsim.dispatch import POLICIES
+from eplbsim.dispatch.kernels import check_choices
 from eplbsim.errors import InputError
 from eplbsim.moe import make_toy_moe
 from eplbsim.placement import Placement, full_view, nearest_view
-from eplbsim.ranks import (MODES, Collectives, check_choices, drift_before_step, make_ranks,
+from eplbsim.ranks import (MODES, Collectives, drift_before_step, make_ranks,
                            rank_context, rank_groups, token_owners)
 from eplbsim.topology import Topology
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from eplbsim.errors import InputError
-from eplbsim.traces.trace import Trace, load_trace, save_trace
+from eplbsim.traces.trace import Trace, TraceShape, load_trace, save_trace
 
 from id_helpers import distinct
 
@@ -50,12 +50,29 @@ def _brute_counts(ids: np.ndarray, offsets, E: int) -> np.ndarray:
 # ---------------------------------------------------------------- construction and validation
 
 
+def test_ids_are_stored_in_the_narrowest_dtype_that_holds_them():
+    for experts, dtype in ((2 ** 15, torch.int16), (2 ** 15 + 1, torch.int32)):
+        ids = np.array([[[experts - 1, -1]]])
+        tr = Trace(ids, np.array([0, 1]), experts)
+        assert tr.topk_ids.dtype == dtype and tr.step(0).tolist() == ids.tolist()
+
+
+def test_loads_are_int32_unless_a_step_could_overflow_it():
+    class Shape(TraceShape):
+        def __init__(self, offsets):
+            self.step_offsets, self.meta = torch.tensor(offsets), {}
+
+    assert Shape([0, 2 ** 31 - 1, 2 ** 32 - 2]).load_dtype == torch.int32
+    assert Shape([0, 5, 5 + 2 ** 31]).load_dtype == torch.int64
+
+
 def test_basic_properties():
     tr = _trace()
     assert tr.num_steps == 4
     assert tr.num_tokens == 9
     assert tr.num_layers == 2 and tr.top_k == 2 and tr.num_experts == 8
-    assert tr.topk_ids.dtype == torch.int32
+    assert tr.topk_ids.dtype == torch.int16  # stored narrow, widened one step at a time
+    assert tr.step(0).dtype == torch.int32
     assert tr.step_offsets.dtype == torch.int64
     assert tr.src_rank.dtype == torch.int64
     assert tr.tokens_per_step.tolist() == [3, 0, 2, 4]
@@ -221,7 +238,7 @@ def test_counts_match_brute_force(case):
     offsets = np.concatenate([[0], np.cumsum([len(s) for s in steps])])
     expected = _brute_counts(ids, offsets, E)
     counts = tr.counts()
-    assert counts.dtype == torch.int64
+    assert counts.dtype == torch.int32 == tr.load_dtype  # a count is at most its step's tokens
     assert counts.shape == (len(steps), tr.num_layers, E)
     np.testing.assert_array_equal(counts.numpy(), expected)
     # padding never counted: the total is the number of non-negative ids

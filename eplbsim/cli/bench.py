@@ -26,7 +26,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=positive, default=5,
                    help="timed runs after warm-up; the best is reported (default 5)")
     p.add_argument("--replay", action=argparse.BooleanOptionalAction, default=True,
-                   help="also time a full none-mode replay of 32 ranks (default on)")
+                   help="also time a full replay of 32 ranks beside its kernel calls, for "
+                   "--policies in --replay-modes (default on)")
+    p.add_argument("--replay-modes", default="none,a2a",
+                   help="comma-separated modes of the replay (default none,a2a)")
     p.add_argument("--replay-steps", type=positive, default=None,
                    help="replay steps (default 16)")
     p.add_argument("--replay-tokens", type=positive, default=None,
@@ -58,10 +61,15 @@ def handle(args: argparse.Namespace) -> int:
         if p not in B.BENCH_POLICIES:
             raise InputError(f"unknown bench policy {p!r}; choose from "
                              f"{', '.join(B.BENCH_POLICIES)}")
+    modes = split(args.replay_modes, "replay-modes")
+    for m in modes:
+        if m not in B.REPLAY_MODES:
+            raise InputError(f"unknown mode {m!r}; choose from {', '.join(B.REPLAY_MODES)}")
     ns = _pair_counts(args.n) if args.n is not None else None
     rows = B.bench_dispatch(ns, policies, device, args.repeats, args.seed)
     replay_rows = B.replay_throughput(device, args.replay_steps, args.replay_tokens,
-                                      args.replay_layers, seed=args.seed) if args.replay else []
+                                      args.replay_layers, policies, modes,
+                                      args.seed) if args.replay else []
     if args.json:
         print(to_json(rows + replay_rows))
         return 0

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from .. import spec
 from ..errors import InputError
+from ..progress import bar, run_label
 from ..replay import compare, replay
 from ..results import (describe, format_table, rebalance_report, series_rows, to_json,
                        write_csv, write_results)
@@ -38,7 +39,8 @@ def handle(args: argparse.Namespace) -> int:
     trace = source.open(base.dispatch.seed, base.schedule)
     if isinstance(trace, CountsTrace):
         return _counts_only(args, trace, base)
-    results = compare(trace, lists["policy"], lists["mode"], base)
+    results = compare(trace, lists["policy"], lists["mode"], base,
+                      lambda one: bar(trace.num_steps, run_label(one)))
     rows = [r.row() for r in results]
     if args.json:
         print(to_json(rows))

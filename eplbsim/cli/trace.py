@@ -9,6 +9,7 @@ from pathlib import Path
 from .. import spec
 from ..errors import InputError
 from ..files import check_output
+from ..progress import bar
 from ..results import to_json
 from ..traces import CountsTrace, open_trace, save_trace, summarize_trace
 from ..traces.counts import save_counts_trace
@@ -66,15 +67,17 @@ def convert(args: argparse.Namespace) -> int:
     out_kind = args.out.suffix.lower()
     check_output(args.out, [args.src], replaces=out_kind not in (".npz", ".jsonl"))
     if args.src.suffix.lower() == ".jsonl" and out_kind not in (".npz", ".jsonl"):
-        trace = read_jsonl(args.src, args.experts, args.out)  # streamed into the directory
+        with bar(None, "convert") as steps:  # streamed into the directory
+            trace = read_jsonl(args.src, args.experts, args.out, steps.update)
     else:
         trace = _routing(args.src, experts=args.experts)
-        if out_kind == ".jsonl":
-            write_jsonl(trace, args.out)
-        elif out_kind == ".npz":
-            save_trace(to_memory(trace), args.out)
-        else:
-            save_trace_dir(trace, args.out)
+        with bar(trace.num_steps, "convert") as steps:
+            if out_kind == ".jsonl":
+                write_jsonl(trace, args.out, steps.update)
+            elif out_kind == ".npz":
+                save_trace(to_memory(trace, steps.update), args.out)
+            else:
+                save_trace_dir(trace, args.out, progress=steps.update)
     kind = {".jsonl": "JSONL router log", ".npz": ".npz"}.get(out_kind, "trace directory")
     print(f"wrote {args.out} ({kind}): {trace.num_steps} steps, {trace.num_tokens} tokens, "
           f"{trace.num_layers} layers, {trace.num_experts} experts, top-{trace.top_k}")
@@ -83,7 +86,8 @@ def convert(args: argparse.Namespace) -> int:
 
 def import_dumps(args: argparse.Namespace) -> int:
     check_output(args.out, args.paths)
-    trace = import_sglang(args.paths, args.experts, args.top_k)
+    with bar(len(args.paths), "import-sglang", "file") as files:
+        trace = import_sglang(args.paths, args.experts, args.top_k, files.update)
     counts_only = isinstance(trace, CountsTrace)
     (save_counts_trace if counts_only else save_trace)(trace, args.out)
     kind = "counts-only trace" if counts_only else f"trace (top-{trace.top_k}, src_rank)"

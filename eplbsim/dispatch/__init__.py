@@ -22,7 +22,7 @@ from ..placement import View
 from ..registry import lookup, name_of
 from .policies import (DispatchContext, Policy, candidate_counts, flat_policy, hash_policy,
                        lp_policy, occurrence_index, ordinal_policy, quota_policy, random_policy,
-                       replica_slots, row_policy, static_policy)
+                       replica_slots, row_policy, static_policy, static_table)
 
 StepKernel = Callable  # (topk_ids [T, L, K], view, ctx) -> phys int64 [T, L, K]
 USER = "a callable given by the user"
@@ -44,6 +44,10 @@ class DispatchPolicy:
                     stacking `fn` over the layers. Without one, `fn` runs layer by layer.
     source:         where the policy comes from
     summary:        what it does, in one line
+    table:          for a policy whose choice reads nothing of a pair but its (layer, expert):
+                    `(view, ctx) -> int64 [L, E]` the slot each expert's pairs go to, so that
+                    `fn(ids, view, ctx)[t, k] == table(view, ctx)[ctx.layer, ids[t, k]]` at
+                    every step; the replay then counts from expert counts alone. None otherwise.
     """
 
     fn: Policy
@@ -51,6 +55,7 @@ class DispatchPolicy:
     kernels: Mapping[str, tuple[str | StepKernel, ...]] = field(default_factory=dict)
     source: str = USER
     summary: str = ""
+    table: Callable[[View, DispatchContext], torch.Tensor] | None = None
 
     def __call__(self, topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> torch.Tensor:
         """The reference policy on one layer: `(topk_ids [T, K], view, ctx) -> phys [T, K]`."""
@@ -59,10 +64,16 @@ class DispatchPolicy:
 
 _TABLE = {"cpu": ("cpu.static_step",), "cuda": ("torch_step.static_step",)}
 
+
+def _static_table(view: View, ctx: DispatchContext) -> torch.Tensor:
+    """`static`'s choice as a table: the rank's own `static_table`, int64 `[L, E]`."""
+    return static_table(view, ctx.rank, ctx.seed)
+
+
 POLICIES: dict[str, DispatchPolicy] = {
     "static": DispatchPolicy(
         static_policy, False, _TABLE, "SGLang before its fix (per-rank replica tables)",
-        "each rank's own fixed table expert -> one replica"),
+        "each rank's own fixed table expert -> one replica", _static_table),
     "random": DispatchPolicy(
         random_policy, False, {"cpu": ("cpu.random_step",), "cuda": ("torch_step.random_step",)},
         "SGLang before its fix (per-rank randint)",

@@ -20,7 +20,7 @@ import torch
 
 from . import batch_lp
 from ..errors import InputError
-from ..placement import View
+from ..placement import Placement, View
 
 HASH_MULTIPLIER = 2654435769  # Knuth's multiplicative hash constant, floor(2**32 / phi)
 RANDOM_RANGE = 65536  # the serving engine's randint(0, 65536) draw
@@ -155,6 +155,24 @@ def ordinal_policy(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> 
     return replica_slots(topk_ids, view, ctx.layer, replica)
 
 
+@lru_cache(maxsize=16)
+def _leftover_places(placement: Placement) -> torch.Tensor:
+    """`static`'s ranks left over for each expert, judged on the full placement (no replica on
+    their GPU or node): int64 `[L, E, G]`, at `[l, e, r]` the number of leftover ranks up to
+    and including `r`, minus one (rank `r`'s place among them when it is one)."""
+    topo = placement.topology
+    full = placement.log2phy  # [L, E, R']
+    fvalid = full >= 0
+    fsafe = full.clamp(min=0)
+    ranks = torch.arange(topo.num_gpus)
+    on_gpu = ((placement.slot_gpu[fsafe].unsqueeze(-1) == ranks) & fvalid.unsqueeze(-1)).any(-2)
+    rank_node = ranks // topo.gpus_per_node
+    on_node = ((placement.slot_node[fsafe].unsqueeze(-1) == rank_node)
+               & fvalid.unsqueeze(-1)).any(-2)
+    leftover = ~(on_gpu | on_node)  # [L, E, G]
+    return leftover.long().cumsum(-1) - 1
+
+
 @lru_cache(maxsize=256)
 def static_table(view: View, rank: int, seed: int) -> torch.Tensor:
     """The fixed expert -> slot table of `rank`, int64 `[L, E]`, built from its view.
@@ -166,7 +184,6 @@ def static_table(view: View, rank: int, seed: int) -> torch.Tensor:
     """
     placement = view.placement
     topo = placement.topology
-    G = topo.num_gpus
     cands = view.log2phy.cpu()  # [L, E, R]
     cnt = view.logcnt.cpu()  # [L, E]
     valid = cands >= 0
@@ -181,16 +198,7 @@ def static_table(view: View, rank: int, seed: int) -> torch.Tensor:
     near = torch.where(near >= 0, near, first(valid & (node == topo.node_of_gpu(rank))))
     near = torch.where(cnt == 1, cands[..., 0], near)
 
-    full = placement.log2phy  # [L, E, R'] leftover ranks are judged on the full placement
-    fvalid = full >= 0
-    fsafe = full.clamp(min=0)
-    ranks = torch.arange(G)
-    on_gpu = ((placement.slot_gpu[fsafe].unsqueeze(-1) == ranks) & fvalid.unsqueeze(-1)).any(-2)
-    rank_node = ranks // topo.gpus_per_node
-    on_node = ((placement.slot_node[fsafe].unsqueeze(-1) == rank_node)
-               & fvalid.unsqueeze(-1)).any(-2)
-    leftover = ~(on_gpu | on_node)  # [L, E, G]
-    index = leftover.long().cumsum(-1)[..., rank] - 1  # [L, E] this rank's place among them
+    index = _leftover_places(placement)[..., rank]  # [L, E] this rank's place among them
 
     gen = torch.Generator().manual_seed(seed)
     keys = torch.rand(cands.shape, generator=gen).masked_fill(~valid, float("inf"))

@@ -30,10 +30,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..counting import expert_counts, first_duplicate
 from ..errors import InputError
 from ..files import atomic_dir, regular_file
 from ..limits import MAX_EXPERTS, MAX_GPUS
-from .trace import Trace, TraceShape, check_sizes_of, first_duplicate
+from ..progress import Progress
+from .trace import Trace, TraceShape, check_sizes_of, id_dtype
 
 IDS, OFFSETS, SRC, META = "topk_ids.npy", "step_offsets.npy", "src_rank.npy", "meta.json"
 CHUNK_ELEMENTS = 1 << 22  # ids per chunk when validating or counting (<= 32 MiB as int64)
@@ -155,7 +157,7 @@ class DirTrace(TraceShape):
                 step = int(np.searchsorted(offsets, row, "right")) - 1
                 raise InputError(f"{self._ids.path}: expert id {int(bad[0])} at token row "
                                  f"{row} (step {step}); ids must lie in [-1, {E})")
-            duplicate = first_duplicate(torch.from_numpy(chunk.astype(np.int32)))
+            duplicate = first_duplicate(chunk)
             if duplicate is not None:
                 row, layer, expert = lo + duplicate[0], duplicate[1], duplicate[2]
                 step = int(np.searchsorted(offsets, row, "right")) - 1
@@ -204,21 +206,21 @@ class DirTrace(TraceShape):
         return torch.from_numpy(self._src.rows(lo, hi).astype(np.int64))
 
     def counts(self) -> torch.Tensor:
-        """(token, slot) pairs per logical expert, int64 `[S, L, E]`, read in chunks of steps."""
+        """(token, slot) pairs per logical expert, `load_dtype` `[S, L, E]`, read in chunks of
+        steps."""
         S, L, E = self.num_steps, self.num_layers, self.num_experts
-        out = torch.zeros(S, L, E, dtype=torch.int64)
+        out = torch.zeros(S, L, E, dtype=self.load_dtype)
         per_row = max(L * self.top_k, 1)
-        offsets = self.step_offsets
+        offsets = self.step_offsets.numpy()
         a = 0
         while a < S:
             b = a + 1  # at least one step; more while the chunk stays small
             while b < S and int(offsets[b + 1] - offsets[a]) * per_row <= CHUNK_ELEMENTS:
                 b += 1
             lo, hi = int(offsets[a]), int(offsets[b])
-            ids = torch.from_numpy(self._ids.rows(lo, hi).astype(np.int64))  # [rows, L, K]
-            step_of_row = torch.repeat_interleave(torch.arange(b - a), offsets[a:b + 1].diff())
-            flat = (step_of_row.view(-1, 1, 1) * L + torch.arange(L).view(1, L, 1)) * E + ids
-            out[a:b] = torch.bincount(flat[ids >= 0], minlength=(b - a) * L * E).view(b - a, L, E)
+            out[a:b] = torch.from_numpy(expert_counts(self._ids.rows(lo, hi),
+                                                      offsets[a:b + 1] - lo, E,
+                                                      self.load_dtype))
             a = b
         return out
 
@@ -265,20 +267,22 @@ def _npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
     return b"\x93NUMPY\x01\x00" + body_len.to_bytes(2, "little") + text.encode("latin1")
 
 
-def save_trace_dir(trace: Any, path: str | Path, chunk_steps: int = 64) -> DirTrace:
+def save_trace_dir(trace: Any, path: str | Path, chunk_steps: int = 64,
+                   progress: Progress | None = None) -> DirTrace:
     """Write any trace-like object (`num_steps`, `num_layers`, `top_k`, `num_experts`, `meta`,
     `step(s)` `[T_s, L, K]`, `step_src_rank(s)` `[T_s]` or None) as a trace directory, step
     by step, so the source never has to fit in memory; `chunk_steps` steps are buffered per
     write. Returns the written trace, validated."""
     steps = ((trace.step(s), trace.step_src_rank(s)) for s in range(trace.num_steps))
     return write_steps(path, steps, int(trace.num_experts), trace.meta, chunk_steps,
-                       trace.num_layers, trace.top_k)
+                       trace.num_layers, trace.top_k, progress)
 
 
 def write_steps(path: str | Path, steps: Iterable[tuple[Any, Any]], num_experts: int | None,
                 meta: dict[str, Any], chunk_steps: int = 64, num_layers: int | None = None,
-                top_k: int | None = None) -> DirTrace:
-    """Write `(ids [T_s, L, K], src_rank [T_s] or None)` per step as a trace directory.
+                top_k: int | None = None, progress: Progress | None = None) -> DirTrace:
+    """Write `(ids [T_s, L, K], src_rank [T_s] or None)` per step as a trace directory
+    (`progress` is told of each step written).
     `L` and `K` come from the first step unless given; `num_experts=None` takes the largest
     id + 1 (ids then stored as int32, since the width is not known in advance); source ranks
     are stored as int32. Every step's values are checked in their own dtype before they are
@@ -286,7 +290,7 @@ def write_steps(path: str | Path, steps: Iterable[tuple[Any, Any]], num_experts:
     once complete and valid: a source that fails part way leaves `path` as it was."""
     root = Path(path)
     E, L, K = num_experts, num_layers, top_k
-    dtype = np.dtype(np.int16 if E is not None and E <= np.iinfo(np.int16).max else np.int32)
+    dtype = np.dtype(np.int32 if E is None else id_dtype(E))
     limit = MAX_EXPERTS if E is None else E
     src_dtype = np.dtype(np.int32)
     has_src = None
@@ -324,6 +328,8 @@ def write_steps(path: str | Path, steps: Iterable[tuple[Any, Any]], num_experts:
                     src_buf.append(src.astype(src_dtype))
                 if len(ids_buf) >= chunk_steps:
                     _flush(fi, fs, ids_buf, src_buf)
+                if progress is not None:
+                    progress(1)
             _flush(fi, fs, ids_buf, src_buf)
             if L is None:
                 raise InputError("a trace needs at least one step to fix its layers and top-k")
@@ -355,13 +361,18 @@ def load_trace_dir(path: str | Path) -> DirTrace:
     return DirTrace(Path(path))
 
 
-def to_memory(trace: Trace | DirTrace) -> Trace:
-    """An in-memory :class:`Trace` with the same rows (for writing `.npz`)."""
+def to_memory(trace: Trace | DirTrace, progress: Progress | None = None) -> Trace:
+    """An in-memory :class:`Trace` with the same rows (for writing `.npz`; `progress` is told
+    of each step read from a directory)."""
     if isinstance(trace, Trace):
         return trace
     if trace.num_steps == 0:
         raise InputError(f"{trace.path}: has no steps")
-    steps = [trace.step(s) for s in range(trace.num_steps)]
+    steps = []
+    for s in range(trace.num_steps):
+        steps.append(trace.step(s))
+        if progress is not None:
+            progress(1)
     src = None if trace.step_src_rank(0) is None else \
         [trace.step_src_rank(s) for s in range(trace.num_steps)]
     return Trace.from_steps(steps, trace.num_experts, src, trace.meta)

@@ -22,6 +22,7 @@ import torch
 
 from ..errors import InputError
 from ..files import atomic_file, check_memory, regular_file
+from ..counting import expert_counts, first_duplicate
 from ..limits import MAX_EXPERTS, MAX_GPUS, MAX_LAYERS, MAX_TOP_K, check_at_most
 
 
@@ -61,12 +62,21 @@ class TraceShape:
         """int64 `[S]`."""
         return self.step_offsets.diff()
 
+    @property
+    def load_dtype(self) -> torch.dtype:
+        """The dtype of per-(step, layer, expert or slot) pair counts: int32, which holds them
+        (a count is at most its step's tokens: a token routes an expert once), unless a step
+        has 2**31 tokens or more."""
+        big = self.num_steps and int(self.tokens_per_step.max()) >= 2 ** 31
+        return torch.int64 if big else torch.int32
+
 
 @dataclass(frozen=True, eq=False)
 class Trace(TraceShape):
     """A validated routing trace. Tensors are private copies of what the caller passed.
 
-    topk_ids:     int32 `[sum T_s, L, K]` logical expert ids in `[-1, E)`
+    topk_ids:     int16 (`E <= 32768`) or int32 `[sum T_s, L, K]` logical expert ids in
+                  `[-1, E)` (`id_dtype`); `step` widens one step to int32
     step_offsets: int64 `[S + 1]`, rows of step `s` are `step_offsets[s]:step_offsets[s+1]`
     num_experts:  `E`
     src_rank:     int64 `[sum T_s]` source EP rank of each token, or None
@@ -92,7 +102,6 @@ class Trace(TraceShape):
         if lo < -1:
             raise InputError(f"topk_ids has expert id {lo}; ids must lie in "
                              f"[-1, {num_experts}) with -1 for padding")
-        ids = torch.from_numpy(ids.astype(np.int32))
         if offsets.ndim != 1 or offsets.size < 2:
             raise InputError(f"step_offsets must be 1-D with S + 1 >= 2 entries (a trace needs "
                              f"at least one step), got shape {offsets.shape}")
@@ -110,6 +119,7 @@ class Trace(TraceShape):
             row, layer, expert = duplicate
             raise InputError(f"topk_ids routes token row {row} to expert {expert} twice in layer "
                              f"{layer}; a router picks top_k distinct experts")
+        ids = torch.from_numpy(ids.astype(id_dtype(num_experts)))  # a private copy
         src = None
         if self.src_rank is not None:
             src = _int_array(self.src_rank, "src_rank")
@@ -156,8 +166,8 @@ class Trace(TraceShape):
         return tuple(self.topk_ids.shape)
 
     def step(self, s: int) -> torch.Tensor:
-        """Logical ids of step `s`, int32 `[T_s, L, K]` (a view: do not modify)."""
-        return self.topk_ids[self.step_offsets[s]:self.step_offsets[s + 1]]
+        """Logical ids of step `s`, int32 `[T_s, L, K]` (a fresh copy, widened from storage)."""
+        return self.topk_ids[self.step_offsets[s]:self.step_offsets[s + 1]].to(torch.int32)
 
     def step_src_rank(self, s: int) -> torch.Tensor | None:
         """Source ranks of step `s`'s tokens, int64 `[T_s]`, or None."""
@@ -166,13 +176,10 @@ class Trace(TraceShape):
         return self.src_rank[self.step_offsets[s]:self.step_offsets[s + 1]]
 
     def counts(self) -> torch.Tensor:
-        """(token, slot) pairs per logical expert, int64 `[S, L, E]`; padding is not counted."""
-        S, L, E = self.num_steps, self.num_layers, self.num_experts
-        step_of_row = torch.repeat_interleave(torch.arange(S), self.tokens_per_step)  # [sum T_s]
-        layer = torch.arange(L).view(1, L, 1)
-        flat = (step_of_row.view(-1, 1, 1) * L + layer) * E + self.topk_ids.to(torch.int64)
-        valid = self.topk_ids >= 0
-        return torch.bincount(flat[valid], minlength=S * L * E).view(S, L, E)
+        """(token, slot) pairs per logical expert, `load_dtype` `[S, L, E]`; padding is not
+        counted."""
+        return torch.from_numpy(expert_counts(self.topk_ids.numpy(), self.step_offsets.numpy(),
+                                              self.num_experts, self.load_dtype))
 
     def window(self, start: int, stop: int) -> "Trace":
         """Steps `start:stop` as a new trace (Python slice semantics)."""
@@ -183,6 +190,12 @@ class Trace(TraceShape):
         src = None if self.src_rank is None else self.src_rank[lo:hi]
         return Trace(self.topk_ids[lo:hi], self.step_offsets[idx.start:idx.stop + 1] - lo,
                      self.num_experts, src, self.meta)
+
+
+def id_dtype(num_experts: int) -> type:
+    """The narrowest dtype ids in `[-1, E)` are stored in: int16 up to 32768 experts, else
+    int32."""
+    return np.int16 if num_experts <= 2 ** 15 else np.int32
 
 
 def _int_array(x: Any, name: str) -> np.ndarray:
@@ -220,17 +233,6 @@ def check_sizes_of(ids_shape: tuple[int, ...], num_experts: Any) -> int:
     check_at_most(L, MAX_LAYERS, "the number of layers")
     check_at_most(K, MAX_TOP_K, "top_k")
     return int(num_experts)
-
-
-def first_duplicate(ids: torch.Tensor) -> tuple[int, int, int] | None:
-    """`(row, layer, expert)` of the first token row of `ids [N, L, K]` that routes one expert
-    twice in a layer (padding -1 repeats freely), or None."""
-    ordered = ids.sort(-1).values
-    same = (ordered[..., 1:] == ordered[..., :-1]) & (ordered[..., 1:] >= 0)  # [N, L, K - 1]
-    if not bool(same.any()):
-        return None
-    row, layer, k = same.nonzero()[0].tolist()
-    return row, layer, int(ordered[row, layer, k])
 
 
 _REQUIRED = ("topk_ids", "step_offsets", "meta")
@@ -271,12 +273,12 @@ def read_npz(path: str | Path, required: Sequence[str], what: str) -> dict[str, 
 
 def save_trace(trace: Trace, path: str | Path) -> None:
     """Write `trace` as an `.npz` file in the DESIGN.md §5 format, through a temporary sibling
-    (an existing file stays as it was if writing fails). Ids are int16 when `E` fits, else
-    int32; source ranks int16 when they fit, else int32."""
-    dtype = np.int16 if trace.num_experts <= np.iinfo(np.int16).max else np.int32
+    (an existing file stays as it was if writing fails). Ids are int16 when `E` fits
+    (`id_dtype`), else int32; source ranks int16 when they fit, else int32."""
+    dtype = id_dtype(trace.num_experts)
     meta = dict(trace.meta, num_experts=trace.num_experts, top_k=trace.top_k,
                 num_layers=trace.num_layers)
-    arrays = {"topk_ids": trace.topk_ids.numpy().astype(dtype),
+    arrays = {"topk_ids": trace.topk_ids.numpy().astype(dtype, copy=False),
               "step_offsets": trace.step_offsets.numpy(),
               "meta": np.array(json.dumps(meta, sort_keys=True))}
     if trace.src_rank is not None:

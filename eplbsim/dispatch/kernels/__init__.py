@@ -10,7 +10,10 @@ compiled with numba (`cpu.py`); on CUDA `row` and `ordinal` are Triton kernels (
 `triton_dispatch.py`) and `static`, `random` plain torch (`torch_step.py`). `dispatch_step`
 runs the first kernel of the entry that loads on the ids' device, and otherwise the reference
 policy layer by layer (`reference_step`), guarded: a policy that raises, modifies its input or
-returns something other than `[T, K]` integers is an InputError naming it and the rank.
+returns something other than `[T, K]` integers is an InputError naming it and the rank, and so
+is one whose slots do not hold the pairs' experts (`check_choices`). The kernels named in this
+package are trusted (tested bit-identical to their reference); a kernel given as a callable is
+checked like a reference policy.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Any, Callable
 import torch
 
 from ...errors import InputError
-from ...placement import View
+from ...placement import Placement, View
 from ..policies import DispatchContext
 
 StepKernel = Callable[[torch.Tensor, View, DispatchContext], torch.Tensor]
@@ -45,11 +48,16 @@ def _load(kernel: str | StepKernel) -> StepKernel | None:
 
 def step_kernel(policy: Any, device: torch.device | str) -> StepKernel | None:
     """The fast step kernel of the `DispatchPolicy` `policy` on `device`, or None."""
+    return _kernel(policy, device)[0]
+
+
+def _kernel(policy: Any, device: torch.device | str) -> tuple[StepKernel | None, bool]:
+    """`(kernel or None, whether it is one of this package's, named)`."""
     for kernel in policy.kernels.get(torch.device(device).type, ()):
         loaded = _load(kernel)
         if loaded is not None:
-            return loaded
-    return None
+            return loaded, isinstance(kernel, str)
+    return None, False
 
 
 def reference_step(policy: Any, topk_ids: torch.Tensor, view: View, ctx: DispatchContext,
@@ -71,12 +79,7 @@ def reference_step(policy: Any, topk_ids: torch.Tensor, view: View, ctx: Dispatc
                              f"{exc}") from exc
         if not torch.equal(given, ids):
             raise InputError(f"policy {name} modified the topk_ids it was given")
-        if (not isinstance(phys, torch.Tensor) or phys.shape != ids.shape
-                or phys.dtype not in (torch.int32, torch.int64)):
-            got = (f"{phys.dtype} {tuple(phys.shape)}" if isinstance(phys, torch.Tensor)
-                   else type(phys).__name__)
-            raise InputError(f"policy {name} returned {got}, expected integer slots "
-                             f"{tuple(ids.shape)}")
+        _check_slots(phys, ids, name)
         layers.append(phys.long())
     return torch.stack(layers, 1) if layers else topk_ids.long().clone()
 
@@ -85,8 +88,48 @@ def dispatch_step(policy: Any, topk_ids: torch.Tensor, view: View, ctx: Dispatch
                   name: str | None = None) -> torch.Tensor:
     """Every layer of a step, `topk_ids [T, L, K]` -> phys int64 `[T, L, K]`, for the
     `DispatchPolicy` `policy`: its fast kernel where one loads on this device, else the guarded
-    reference (`ctx.layer` is ignored; `name` names the policy in errors)."""
-    kernel = step_kernel(policy, topk_ids.device)
-    if kernel is None:
-        return reference_step(policy, topk_ids, view, ctx, name)
-    return kernel(topk_ids, view, ctx)
+    reference, checked unless the kernel is a named one (`ctx.layer` is ignored; `name` names
+    the policy in errors)."""
+    kernel, trusted = _kernel(policy, topk_ids.device)
+    if trusted:
+        return kernel(topk_ids, view, ctx)
+    name = name or getattr(policy.fn, "__name__", repr(policy.fn))
+    phys = (reference_step(policy, topk_ids, view, ctx, name) if kernel is None
+            else kernel(topk_ids, view, ctx))
+    check_choices(phys, topk_ids, view.placement, name)
+    return phys.long()
+
+
+def check_choices(phys: torch.Tensor, topk_ids: torch.Tensor, placement: Placement,
+                  name: str) -> None:
+    """InputError unless `phys [T, L, K]` holds, for every pair, a slot of its routed expert
+    (and -1 exactly at padding): a wrong policy must not become a silently wrong number."""
+    _check_slots(phys, topk_ids, name)
+    ids = topk_ids.long()
+    valid = ids >= 0
+    P = placement.num_slots
+    inside = (phys >= 0) & (phys < P)
+    held = placement.phy2log.to(phys.device).reshape(-1)[flat_index(phys.clamp(0, P - 1), P)]
+    bad = torch.where(valid, ~inside | (held != ids), phys != -1)
+    if bool(bad.any()):
+        t, lay, k = bad.nonzero()[0].tolist()
+        raise InputError(f"policy {name} sent pair (token {t}, slot {k}) of expert "
+                         f"{int(ids[t, lay, k])} in layer {lay} to slot {int(phys[t, lay, k])}, "
+                         f"which does not hold that expert")
+
+
+def _check_slots(phys: Any, ids: torch.Tensor, name: str) -> None:
+    """InputError unless `phys` is an integer tensor of the shape of `ids`."""
+    if (not isinstance(phys, torch.Tensor) or phys.shape != ids.shape
+            or phys.dtype not in (torch.int32, torch.int64)):
+        got = (f"{phys.dtype} {tuple(phys.shape)}" if isinstance(phys, torch.Tensor)
+               else type(phys).__name__)
+        raise InputError(f"policy {name} returned {got}, expected integer slots "
+                         f"{tuple(ids.shape)}")
+
+
+def flat_index(index: torch.Tensor, width: int) -> torch.Tensor:
+    """`layer * width + index` of every pair of `index [T, L, K]` (a slot, width `P`, or an
+    expert, width `E`): one bincount then counts every layer at once."""
+    layer = torch.arange(index.shape[1], device=index.device).view(1, -1, 1)
+    return layer * width + index.long()

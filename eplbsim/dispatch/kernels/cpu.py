@@ -16,6 +16,7 @@ import numba
 import numpy as np
 import torch
 
+from ...counting import pair_table
 from ..policies import DispatchContext, layer_draws, layer_offsets, static_table
 from ...placement import View
 
@@ -64,16 +65,6 @@ def _ordinal(ids, log2phy, logcnt, offsets, out, num_blocks):  # pragma: no cove
 
 
 @numba.jit(parallel=True, **_JIT)
-def _table(ids, table, out):  # pragma: no cover - compiled
-    T, L, K = ids.shape
-    for t in numba.prange(T):
-        for layer in range(L):
-            for k in range(K):
-                e = ids[t, layer, k]
-                out[t, layer, k] = -1 if e < 0 else table[layer, e]
-
-
-@numba.jit(parallel=True, **_JIT)
 def _drawn(ids, log2phy, logcnt, draws, out):  # pragma: no cover - compiled
     T, L, K = ids.shape
     for t in numba.prange(T):
@@ -108,9 +99,8 @@ def ordinal_step(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> to
 
 def static_step(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> torch.Tensor:
     """`static`: the rank's fixed table `[L, E]`, looked up for every pair."""
-    ids, _, _, out = _arrays(topk_ids, view)
-    _table(ids, static_table(view, ctx.rank, ctx.seed).numpy(), out)
-    return torch.from_numpy(out)
+    table = static_table(view, ctx.rank, ctx.seed).numpy()  # [L, E]
+    return torch.from_numpy(pair_table(table, _arrays(topk_ids, view)[0], -1))
 
 
 def random_step(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> torch.Tensor:

@@ -28,6 +28,7 @@ import numpy as np
 from ...errors import InputError
 from ...files import atomic_file, regular_file
 from ...limits import MAX_EXPERTS, MAX_LAYERS, MAX_TOP_K
+from ...progress import Progress
 from ..trace import Trace
 from ..directory import DirTrace, write_steps
 
@@ -140,14 +141,15 @@ class _Steps:
 
 
 def read_jsonl(path: str | Path, num_experts: int | None = None,
-               out: str | Path | None = None) -> Trace | DirTrace:
+               out: str | Path | None = None,
+               progress: Progress | None = None) -> Trace | DirTrace:
     """Read a JSONL router log. With `out`, stream it into that trace directory and return
-    the :class:`DirTrace`; without, build an in-memory :class:`Trace`. `num_experts=None`
-    takes the largest id + 1."""
+    the :class:`DirTrace` (`progress` is told of each step written); without, build an
+    in-memory :class:`Trace`. `num_experts=None` takes the largest id + 1."""
     path = Path(path)
     steps = _Steps(path, num_experts)
-    if out is not None:
-        return write_steps(out, steps, num_experts, steps.meta)  # meta is complete by then
+    if out is not None:  # meta is complete by the time it is written
+        return write_steps(out, steps, num_experts, steps.meta, progress=progress)
     arrays = [ids for ids, _ in steps]
     if steps.K is None:
         raise InputError(f"{path}: no token rows, so top-k is unknown")
@@ -155,12 +157,15 @@ def read_jsonl(path: str | Path, num_experts: int | None = None,
     return Trace.from_steps(arrays, E, None, steps.meta)
 
 
-def write_jsonl(trace: Any, path: str | Path) -> None:
+def write_jsonl(trace: Any, path: str | Path, progress: Progress | None = None) -> None:
     """Write a trace-like object as a JSONL router log, one line per (step, layer), through a
-    temporary sibling (an existing file stays as it was if writing fails)."""
+    temporary sibling (an existing file stays as it was if writing fails); `progress` is told
+    of each step written."""
     with atomic_file(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
         for s in range(trace.num_steps):
             ids = trace.step(s).numpy()  # [T_s, L, K]
             for layer in range(trace.num_layers):
                 f.write(json.dumps({"step": s, "layer": layer,
                                     "topk_ids": ids[:, layer].tolist()}) + "\n")
+            if progress is not None:
+                progress(1)

@@ -39,6 +39,7 @@ from ..counts import CountsTrace
 from ...errors import InputError
 from ...files import regular_file
 from ...limits import MAX_EXPERTS
+from ...progress import Progress
 from ..trace import Trace
 
 MODES = ("per_token", "per_pass", "stat")
@@ -49,10 +50,12 @@ _STAT_KEYS = ("logical_count", "average_utilization_rate_over_window")
 
 
 def import_sglang(paths: Sequence[str | Path], num_experts: int | None = None,
-                  top_k: int | None = None) -> Trace | CountsTrace:
+                  top_k: int | None = None,
+                  progress: Progress | None = None) -> Trace | CountsTrace:
     """Read SGLang recorder dumps: a Trace for `per_token`, a CountsTrace for `per_pass` and
     `stat`. `num_experts` defaults to the largest logical id in the map (or the dump's `E` in
-    `stat`) + 1; `top_k` keeps the first `top_k` columns of `per_token` ids (default: all)."""
+    `stat`) + 1; `top_k` keeps the first `top_k` columns of `per_token` ids (default: all).
+    `progress` is told of each file read."""
     paths = [Path(p) for p in paths]
     if not paths:
         raise InputError("import-sglang needs at least one dump file")
@@ -60,7 +63,11 @@ def import_sglang(paths: Sequence[str | Path], num_experts: int | None = None,
         raise InputError(f"num_experts must be a positive integer, got {num_experts!r}")
     if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
         raise InputError(f"top_k must be a positive integer, got {top_k!r}")
-    dumps = [(p, _load(p)) for p in paths]
+    dumps = []
+    for p in paths:
+        dumps.append((p, _load(p)))
+        if progress is not None:
+            progress(1)
     modes = [(p, _mode(p, d)) for p, d in dumps]
     first_path, mode = modes[0]
     for p, m in modes[1:]:

@@ -1,0 +1,317 @@
+"""Compiled counting loops (numba, CPU): the passes over a step's pairs that the replay makes
+besides dispatch, each one pass at memory speed.
+
+Dimensions: `S` steps, `N` token rows, `T` tokens of a step, `L` layers, `K` top-k,
+`E` logical experts, `P` physical slots, `G` GPUs, `D` hidden size of the toy MoE layer.
+
+- `expert_counts`: routed pairs per (step, layer, expert) of ids `[N, L, K]` (any row ranges:
+  `slot_counts` counts choices per slot in row chunks with it).
+- `first_duplicate`: the first token row that routes an expert twice in a layer.
+- `slot_counts`: pairs per (layer, slot) of choices `[T, L, K]` and valid pairs per layer.
+- `Executed` / `execute`: what a group of ranks with identical choices executes, pair by pair,
+  accumulated over the groups of a step; `pair_counts` then reads the per-layer counters.
+- `pair_table`: a per-(layer, expert) table looked up at every pair.
+- `layer_sums`: the toy MoE layer's exact output of every token and its output weighted by
+  each pair's multiplicity, every layer (the definition of a pair's output is in `moe`).
+- `square_sums`: the exactly rounded sum of squares of a float64 array per row (`math.fsum`).
+
+Row chunks run in parallel, each into its own histogram, summed in chunk order: every count is
+an integer sum and every toy-MoE sum is exact, so no result depends on the number of threads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numba
+import numpy as np
+import torch
+
+_JIT = dict(nopython=True, nogil=True, cache=True)
+GRID = float(2 ** 24)  # toy-MoE pair outputs are multiples of 1 / GRID (`moe.GRID_BITS`)
+INV_GRID = 1.0 / GRID  # exact: a power of two
+
+
+def row_chunks(rows: int, least: int = 256) -> np.ndarray:
+    """Bounds of the row chunks the parallel loops split `rows` rows into, int64 `[C + 1]`:
+    a few per thread, none much smaller than `least` rows."""
+    count = max(1, min(4 * numba.get_num_threads(), rows // least))
+    return np.linspace(0, rows, count + 1).astype(np.int64)
+
+
+@numba.jit(parallel=True, **_JIT)
+def _expert_counts(ids, offsets, out):  # pragma: no cover - compiled
+    S = offsets.shape[0] - 1
+    L, K = ids.shape[1], ids.shape[2]
+    for s in numba.prange(S):
+        for t in range(offsets[s], offsets[s + 1]):
+            for layer in range(L):
+                for k in range(K):
+                    e = ids[t, layer, k]
+                    if e >= 0:
+                        out[s, layer, e] += 1
+
+
+def expert_counts(ids: np.ndarray, offsets: np.ndarray, num_experts: int,
+                  dtype: Any = np.int64) -> np.ndarray:
+    """Routed pairs per (step, layer, expert), `dtype` `[S, L, E]` (numpy or torch dtype), of
+    ids `[N, L, K]` (any integer dtype, ids in `[-1, E)`, -1 not counted) whose step `s` is
+    rows `offsets[s]:offsets[s + 1]`; steps in parallel."""
+    offsets = np.ascontiguousarray(offsets, dtype=np.int64)
+    if isinstance(dtype, torch.dtype):
+        dtype = torch.empty(0, dtype=dtype).numpy().dtype
+    out = np.zeros((offsets.shape[0] - 1, ids.shape[1], num_experts), dtype)
+    _expert_counts(np.ascontiguousarray(ids), offsets, out)
+    return out
+
+
+@numba.jit(parallel=True, **_JIT)
+def _duplicates(ids, chunks, found):  # pragma: no cover - compiled
+    N, L, K = ids.shape
+    for c in numba.prange(chunks.shape[0] - 1):
+        found[c] = -1
+        for t in range(chunks[c], chunks[c + 1]):
+            for layer in range(L):
+                for a in range(K):
+                    e = ids[t, layer, a]
+                    for b in range(a + 1, K):
+                        if e >= 0 and ids[t, layer, b] == e and found[c] < 0:
+                            found[c] = t * L + layer
+            if found[c] >= 0:
+                break
+
+
+def first_duplicate(ids: np.ndarray) -> tuple[int, int, int] | None:
+    """`(row, layer, expert)` of the first token row of `ids [N, L, K]` that routes one expert
+    twice in a layer (its lowest such layer and expert; padding -1 repeats freely), or None."""
+    N, L, _ = ids.shape
+    chunks = row_chunks(N, 1024)
+    found = np.empty(len(chunks) - 1, np.int64)
+    _duplicates(np.ascontiguousarray(ids), chunks, found)
+    hits = found[found >= 0]
+    if not hits.size:
+        return None
+    row, layer = divmod(int(hits[0]), L)
+    ordered = np.sort(ids[row, layer])
+    same = (ordered[1:] == ordered[:-1]) & (ordered[1:] >= 0)
+    return row, layer, int(ordered[1:][same][0])
+
+
+def slot_counts(phys: np.ndarray, num_slots: int) -> tuple[np.ndarray, np.ndarray]:
+    """Pairs per (layer, slot) of choices `phys [T, L, K]` (-1 at padding), int64 `[L, P]`,
+    and valid pairs per layer, int64 `[L]`."""
+    hist = expert_counts(phys, row_chunks(phys.shape[0]), num_slots).sum(0)  # chunks summed
+    return hist, hist.sum(1)
+
+
+@dataclass
+class Executed:
+    """What the groups of one step executed so far, filled by `execute`.
+
+    first: int64 `[T, L, K]` the first group's choices; agree: bool `[T, L, K]` pairs on which
+    every group so far chose as the first; mult: int32 `[T, L, K]` times each pair was executed;
+    hist: int64 `[C, L, P]` executed pairs per (row chunk, layer, slot); chunks: `[C + 1]`.
+    """
+
+    first: np.ndarray
+    agree: np.ndarray
+    mult: np.ndarray
+    hist: np.ndarray
+    chunks: np.ndarray
+
+    @classmethod
+    def start(cls, first: np.ndarray, num_slots: int) -> "Executed":
+        """Nothing executed yet; `first [T, L, K]` the choices agreement is measured against."""
+        T, L, _ = first.shape
+        chunks = row_chunks(T)
+        return cls(first, np.ones(first.shape, np.bool_), np.zeros(first.shape, np.int32),
+                   np.zeros((len(chunks) - 1, L, num_slots), np.int64), chunks)
+
+    @property
+    def slot_load(self) -> np.ndarray:
+        """Executed pairs per (layer, slot), int64 `[L, P]`."""
+        return self.hist.sum(0)
+
+
+@numba.jit(parallel=True, **_JIT)
+def _execute(phys, member, slot_gpu, first, chunks, agree, mult, hist):  # pragma: no cover
+    T, L, K = phys.shape
+    for c in numba.prange(chunks.shape[0] - 1):
+        for t in range(chunks[c], chunks[c + 1]):
+            for layer in range(L):
+                for k in range(K):
+                    p = phys[t, layer, k]
+                    if p != first[t, layer, k]:
+                        agree[t, layer, k] = False
+                    if p >= 0 and member[slot_gpu[p]]:
+                        mult[t, layer, k] += 1
+                        hist[c, layer, p] += 1
+
+
+def execute(done: Executed, phys: np.ndarray, member: np.ndarray, slot_gpu: np.ndarray) -> None:
+    """Add one group's choices `phys [T, L, K]` (int64, -1 at padding) to `done`: its members
+    (`member`, bool `[G]`) each execute the pairs whose slot lives on their own GPU
+    (`slot_gpu`, int64 `[P]`)."""
+    _execute(np.ascontiguousarray(phys), member, slot_gpu, done.first, done.chunks, done.agree,
+             done.mult, done.hist)
+
+
+@numba.jit(parallel=True, **_JIT)
+def _pair_counts(ids, mult, agree, chunks, counts, agreed):  # pragma: no cover - compiled
+    T, L, K = ids.shape
+    for c in numba.prange(chunks.shape[0] - 1):
+        for t in range(chunks[c], chunks[c + 1]):
+            for layer in range(L):
+                for k in range(K):
+                    if ids[t, layer, k] < 0:
+                        continue
+                    m = mult[t, layer, k]
+                    counts[c, layer, min(m, 2)] += 1
+                    if agree[t, layer, k]:
+                        agreed[c, layer] += 1
+
+
+def pair_counts(ids: np.ndarray, done: Executed) -> tuple[np.ndarray, np.ndarray]:
+    """Valid pairs of `ids [T, L, K]` executed 0, 1 and >= 2 times, int64 `[L, 3]`, and those
+    on which every group agreed, int64 `[L]`."""
+    C, L = done.hist.shape[:2]
+    counts = np.zeros((C, L, 3), np.int64)
+    agreed = np.zeros((C, L), np.int64)
+    _pair_counts(np.ascontiguousarray(ids), done.mult, done.agree, done.chunks, counts, agreed)
+    return counts.sum(0), agreed.sum(0)
+
+
+@numba.jit(parallel=True, **_JIT)
+def _pair_table(table, ids, fill, out):  # pragma: no cover - compiled
+    T, L, K = ids.shape
+    for t in numba.prange(T):
+        for layer in range(L):
+            for k in range(K):
+                e = ids[t, layer, k]
+                out[t, layer, k] = fill if e < 0 else table[layer, e]
+
+
+def pair_table(table: np.ndarray, ids: np.ndarray, fill: int = 0) -> np.ndarray:
+    """`table [L, E]` looked up at every pair of `ids [T, L, K]`, `[T, L, K]` of the table's
+    dtype, `fill` at padding."""
+    out = np.empty(ids.shape, table.dtype)
+    _pair_table(np.ascontiguousarray(table), np.ascontiguousarray(ids), fill, out)
+    return out
+
+
+@numba.jit(parallel=True, **_JIT)
+def _layer_sums(wt, x, gates, ids, mult, weigh, chunks, exact, weighted):  # pragma: no cover
+    T, L, K = ids.shape
+    D = x.shape[1]
+    C = chunks.shape[0] - 1
+    for job in numba.prange(L * C):
+        layer, c = job // C, job % C
+        acc = np.empty(D, np.float32)
+        for t in range(chunks[c], chunks[c + 1]):
+            xt = x[t]
+            for k in range(K):
+                e = ids[t, layer, k]
+                if e < 0:
+                    continue
+                w = wt[layer, e]  # [D (j), D (i)]: each loop over i is one vector operation
+                for i in range(D):
+                    acc[i] = w[0, i] * xt[0]
+                for j in range(1, D):  # float32, j in order, no fused multiply-add
+                    wj, xj = w[j], xt[j]
+                    for i in range(D):
+                        acc[i] += wj[i] * xj
+                g = gates[t, k]
+                ex = exact[layer, t]
+                if weigh:
+                    m = np.float64(mult[t, layer, k])
+                    we = weighted[layer, t]
+                    for i in range(D):
+                        v = np.rint(np.float64(acc[i] * g) * GRID) * INV_GRID
+                        ex[i] += v
+                        we[i] += m * v
+                else:
+                    for i in range(D):
+                        ex[i] += np.rint(np.float64(acc[i] * g) * GRID) * INV_GRID
+
+
+def layer_sums(wt: np.ndarray, x: np.ndarray, gates: np.ndarray, ids: np.ndarray,
+               mult: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """The toy MoE on one step, every layer: `(exact, weighted)`, float64 `[L, T, D]` each: the
+    sum of each token's pair outputs, and the same sum with each pair counted `mult` times
+    (None: once, then `weighted` is `exact`).
+
+    wt: float32 `[L, E, D, D]` the expert matrices transposed (`wt[l, e, j, i] = W[l, e, i, j]`);
+    x: float32 `[T, D]`; gates: float32 `[T, K]`; ids: int `[T, L, K]` (-1 padding adds
+    nothing); mult: int `[T, L, K]`. A pair's output is
+    `round(float64(float32(W_e x_t) * gate) * 2**24) / 2**24`, the float32 product summed over
+    the hidden index in order (`moe` defines it); sums of these are exact in any order."""
+    T, L, _ = ids.shape
+    D = x.shape[1]
+    exact = np.zeros((L, T, D), np.float64)
+    weigh = mult is not None
+    weighted = np.zeros((L, T, D), np.float64) if weigh else np.zeros((1, 1, 1), np.float64)
+    mult = np.ascontiguousarray(mult) if weigh else np.ones((1, 1, 1), np.int32)
+    _layer_sums(wt, np.ascontiguousarray(x), np.ascontiguousarray(gates),
+                np.ascontiguousarray(ids), mult, weigh, row_chunks(T, 64), exact, weighted)
+    return exact, weighted if weigh else exact
+
+
+@numba.jit(**_JIT)
+def _fsum_squares(values, partials):  # pragma: no cover - compiled
+    n = 0
+    for v in values:  # Shewchuk's partials, as CPython's math.fsum keeps them
+        x = v * v
+        if x == 0.0:
+            continue  # adds nothing to the exact sum
+        i = 0
+        for j in range(n):
+            y = partials[j]
+            if abs(x) < abs(y):
+                x, y = y, x
+            hi = x + y
+            lo = y - (hi - x)
+            if lo != 0.0:
+                partials[i] = lo
+                i += 1
+            x = hi
+        n = i
+        if x != 0.0:
+            partials[n] = x
+            n += 1
+    if n == 0:
+        return 0.0
+    n -= 1
+    hi = partials[n]
+    lo = 0.0
+    while n > 0:
+        x = hi
+        n -= 1
+        y = partials[n]
+        hi = x + y
+        lo = y - (hi - x)
+        if lo != 0.0:
+            break
+    if n > 0 and ((lo < 0.0 and partials[n - 1] < 0.0) or (lo > 0.0 and partials[n - 1] > 0.0)):
+        y = lo * 2.0  # round half to even across partials
+        x = hi + y
+        if y == x - hi:
+            hi = x
+    return hi
+
+
+@numba.jit(parallel=True, **_JIT)
+def _square_sums(rows, out):  # pragma: no cover - compiled
+    # nonoverlapping partials: at most one per bit of float64's exponent range, or per value
+    room = min(rows.shape[1], 2200) + 1
+    for r in numba.prange(rows.shape[0]):
+        out[r] = _fsum_squares(rows[r], np.empty(room, np.float64))
+
+
+def square_sums(rows: np.ndarray) -> np.ndarray:
+    """The exactly rounded sum of the squares (each rounded to float64) of each row of finite
+    float64 `rows [R, n]`, float64 `[R]`: `math.fsum(v * v for v in row)` (its algorithm),
+    rows in parallel."""
+    out = np.empty(rows.shape[0], np.float64)
+    _square_sums(np.ascontiguousarray(rows, dtype=np.float64), out)
+    return out

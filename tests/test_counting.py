@@ -1,0 +1,174 @@
+"""The compiled counting loops equal their straightforward torch/numpy definitions, and the
+replay counted fast equals the straightforward rank model bit for bit (hypothesis over
+policies, modes, views, rng relations, schedules, source ranks and padding).
+
+Dimensions: `S` steps, `T` tokens, `L` layers, `K` top-k, `E` experts, `P` slots, `G` GPUs.
+"""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from eplbsim import counting
+from eplbsim.dispatch import POLICIES
+from eplbsim.ranks import UNMEASURED
+from eplbsim.replay import routed_loads, run_steps, schedule_of
+from eplbsim.spec import RunSpec
+from eplbsim.traces.synth import synthesize
+from eplbsim.traces.trace import Trace
+
+
+def _ids(rng, rows, layers, k, experts, pad=0.2, dtype=np.int16):
+    """Distinct ids per (row, layer) with a share `pad` of padding, `[rows, L, K]`."""
+    ids = np.argsort(rng.random((rows, layers, experts)), -1)[..., :k]
+    ids[rng.random(ids.shape) < pad] = -1
+    return ids.astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.int16, np.int32, np.int64])
+def test_expert_and_slot_counts_equal_bincount(dtype):
+    rng = np.random.default_rng(1)
+    ids = _ids(rng, 300, 3, 4, 11, dtype=dtype)
+    offsets = np.array([0, 0, 120, 300])
+    got = counting.expert_counts(ids, offsets, 11)
+    for s in range(3):
+        part = torch.from_numpy(ids[offsets[s]:offsets[s + 1]].astype(np.int64))
+        for layer in range(3):
+            want = torch.bincount(part[:, layer][part[:, layer] >= 0], minlength=11)
+            assert got[s, layer].tolist() == want.tolist()
+    hist, valid = counting.slot_counts(ids.astype(np.int64), 11)
+    assert np.array_equal(hist, got.sum(0)) and np.array_equal(valid, (ids >= 0).sum((0, 2)))
+
+
+def test_first_duplicate_finds_the_lowest_row_then_layer_then_expert():
+    rng = np.random.default_rng(2)
+    ids = _ids(rng, 5000, 3, 4, 20)
+    assert counting.first_duplicate(ids) is None
+    ids[4321, 2, :] = [7, 3, 7, 3]
+    ids[4321, 1, :] = [-1, 9, -1, 9]
+    ids[4999, 0, :2] = [5, 5]
+    assert counting.first_duplicate(ids) == (4321, 1, 9)
+    ids[0, 0, :] = -1  # padding repeats freely
+    assert counting.first_duplicate(ids) == (4321, 1, 9)
+
+
+def test_execute_and_pair_counts_equal_the_straightforward_counts():
+    rng = np.random.default_rng(3)
+    T, L, K, P, G = 200, 2, 3, 12, 4
+    ids = _ids(rng, T, L, K, P)
+    slot_gpu = np.repeat(np.arange(G), P // G)
+    groups = [rng.integers(-1, P, (T, L, K)) for _ in range(3)]
+    for phys in groups:
+        phys[ids < 0] = -1
+    members = [np.array([1, 0, 0, 1], bool), np.array([0, 1, 0, 0], bool),
+               np.array([0, 0, 1, 0], bool)]
+    done = counting.Executed.start(groups[0], P)
+    for phys, member in zip(groups, members):
+        counting.execute(done, phys, member, slot_gpu)
+    mult = sum(np.where(phys >= 0, member[slot_gpu[np.maximum(phys, 0)]], False)
+               for phys, member in zip(groups, members))
+    assert np.array_equal(done.mult, mult)
+    load = sum(np.stack([np.bincount(phys[:, l][(phys[:, l] >= 0) & member[slot_gpu[
+        np.maximum(phys[:, l], 0)]]], minlength=P) for l in range(L)])
+        for phys, member in zip(groups, members))
+    assert np.array_equal(done.slot_load, load)
+    counts, agreed = counting.pair_counts(ids, done)
+    valid = ids >= 0
+    want = [((mult == c) & valid).sum((0, 2)) for c in (0, 1)] + [((mult >= 2) & valid).sum((0, 2))]
+    assert np.array_equal(counts, np.stack(want, 1))
+    same = valid & (groups[1] == groups[0]) & (groups[2] == groups[0])
+    assert np.array_equal(agreed, same.sum((0, 2)))
+
+
+def test_pair_table_looks_up_every_pair():
+    rng = np.random.default_rng(4)
+    ids = _ids(rng, 50, 2, 3, 9)
+    table = rng.integers(0, 5, (2, 9)).astype(np.int32)
+    got = counting.pair_table(table, ids)
+    want = np.where(ids >= 0, table[np.arange(2).reshape(1, 2, 1), np.maximum(ids, 0)], 0)
+    assert got.dtype == np.int32 and np.array_equal(got, want)
+
+
+def test_square_sums_are_math_fsum_of_the_squares():
+    rng = np.random.default_rng(5)
+    rows = rng.standard_normal((6, 3000)) * 10.0 ** rng.integers(-150, 150, (6, 3000))
+    rows[2] = 0.0
+    rows[3, ::2] = 0.0
+    got = counting.square_sums(rows)
+    assert [float(g) for g in got] == [math.fsum(v * v for v in row.tolist()) for row in rows]
+
+
+# ---------------------------------------------------------------- fast replay == oracle
+
+POLICY_NAMES = sorted(POLICIES)
+
+
+def _user_policy(ids, view, ctx):
+    """An unregistered prototype: the row's replica, offset by the rank (rank-variant)."""
+    n = view.logcnt[ctx.layer][ids.clamp(min=0)]
+    rows = torch.arange(ids.shape[0]).unsqueeze(1) + ctx.rank
+    slots = view.log2phy[ctx.layer][ids.clamp(min=0), rows % n]
+    return torch.where(ids >= 0, slots, -1)
+
+
+@st.composite
+def cases(draw):
+    G = draw(st.sampled_from([1, 2, 4]))
+    per_node = draw(st.sampled_from([g for g in (1, 2, 4) if G % g == 0]))
+    E = draw(st.sampled_from([4, 8, 12]))
+    redundant = draw(st.sampled_from([r for r in (0, 2, 4, 8) if (E + r) % G == 0]))
+    K = draw(st.integers(1, min(3, E)))
+    L = draw(st.integers(1, 3))
+    sizes = draw(st.lists(st.integers(0, 40), min_size=1, max_size=5))
+    if sum(sizes) == 0:
+        sizes[0] = 1
+    seed = draw(st.integers(0, 2 ** 16))
+    rng = np.random.default_rng(seed)
+    ids = _ids(rng, sum(sizes), L, K, E, pad=draw(st.sampled_from([0.0, 0.3])))
+    src = rng.integers(0, G, sum(sizes)) if draw(st.booleans()) else None
+    trace = Trace(ids, np.cumsum([0] + sizes), E, src)
+    policy = draw(st.sampled_from(POLICY_NAMES + ["user"]))
+    every = draw(st.sampled_from([None, 1, 2]))
+    spec = RunSpec.of(
+        policy=_user_policy if policy == "user" else policy,
+        mode=draw(st.sampled_from(["none", "a2a"])), view=draw(st.sampled_from(["full", "nearest"])),
+        rng=draw(st.sampled_from(["independent", "shared", "drift"])), drift_p=0.5,
+        rank_offset=draw(st.booleans()), seed=seed % 97, hidden=draw(st.sampled_from([2, 8])),
+        gpus=G, gpus_per_node=per_node, redundant=redundant, rebalance_every=every,
+        **({} if every is None else {"window": 2}))
+    return trace, spec
+
+
+def assert_fast_is_exact(trace, spec):
+    """The replay counted fast (`Epoch.fast`) and straightforwardly give the same bits; norms
+    the fast path leaves `UNMEASURED` only in a run whose error is 0 everywhere."""
+    segments = schedule_of(trace, spec, routed_loads(trace))
+    fast_load, fast = run_steps(trace, spec, segments, fast=True)
+    slow_load, slow = run_steps(trace, spec, segments, fast=False)
+    assert torch.equal(fast_load, slow_load)
+    for name in ("agreed", "valid", "multiplicity", "drift"):
+        assert torch.equal(getattr(fast, name), getattr(slow, name)), name
+    assert torch.equal(fast.error[..., 0], slow.error[..., 0])
+    left = fast.error[..., 1] == UNMEASURED  # only where the whole run's error is 0
+    assert not left.any() or (slow.error[..., 0] == 0).all()
+    assert (slow.error[..., 1][left] > 0).all()
+    assert torch.equal(fast.error[..., 1][~left], slow.error[..., 1][~left])
+
+
+@settings(max_examples=150, deadline=None)
+@given(cases())
+def test_counting_fast_equals_the_straightforward_rank_model(case):
+    assert_fast_is_exact(*case)
+
+
+@pytest.mark.parametrize("policy", POLICY_NAMES + ["user"])
+@pytest.mark.parametrize("mode", ["none", "a2a"])
+@pytest.mark.parametrize("view", ["full", "nearest"])
+def test_counting_fast_is_exact_for_every_policy_mode_and_view(policy, mode, view):
+    trace = synthesize("skewed", seed=3, steps=4, tokens=48, layers=2, experts=8, top_k=3)
+    assert_fast_is_exact(trace, RunSpec.of(
+        policy=_user_policy if policy == "user" else policy, mode=mode, view=view, gpus=4,
+        gpus_per_node=2, redundant=4, rebalance_every=2, window=2))
