@@ -352,8 +352,9 @@ def replay_throughput(device: str = "auto", steps: int | None = None, tokens: in
     default to `REPLAY_SIZE`.
 
     `pairs` = `S * T * L * K` trace pairs; `replay_pairs_per_s = pairs / replay_seconds`;
-    `kernel_pairs_per_s` = pairs dispatched per second of kernel time (`calls_per_step` times
-    the trace's pairs: in "none" a rank-variant policy dispatches every pair once per rank);
+    `kernel_pairs_per_s` = pairs dispatched per second of kernel time (in "none" every call
+    dispatches every pair: a rank-variant policy dispatches each once per rank; in "a2a" each
+    pair is dispatched once, by its owner);
     `replay_over_kernel` = replay_seconds / kernel_seconds (1 = the replay costs nothing beyond
     its kernel). Rows carry `kind: "replay"`.
     """
@@ -379,12 +380,13 @@ def replay_throughput(device: str = "auto", steps: int | None = None, tokens: in
             replay(trace, spec)
             _sync(torch.device(device))
             seconds = time.perf_counter() - t0
+            passes = calls if mode == "none" else 1  # times each pair is dispatched
             rows.append({"kind": "replay", "policy": policy, "device": device, "mode": mode,
                          "ranks": GPUS, "steps": S, "tokens": T, "layers": L,
                          "experts": EXPERTS, "top_k": TOP_K, "slots": SLOTS, "pairs": pairs,
                          "calls_per_step": calls, "replay_seconds": seconds,
                          "kernel_seconds": kernel, "replay_pairs_per_s": pairs / seconds,
-                         "kernel_pairs_per_s": pairs * calls / kernel,
+                         "kernel_pairs_per_s": pairs * passes / kernel,
                          "replay_over_kernel": seconds / kernel})
     return rows
 

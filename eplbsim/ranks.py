@@ -346,8 +346,16 @@ def _none_counted(epoch: Epoch, step: int, topk_ids: torch.Tensor) -> StepOutcom
 def _a2a_counted(epoch: Epoch, step: int, topk_ids: torch.Tensor,
                  src_rank: torch.Tensor | None, rows: Sequence[torch.Tensor],
                  drifted: torch.Tensor) -> StepOutcome:
-    """`a2a_step` counted fast (module doc): every rank's own rows (slices of contiguous
-    shares when there is no `src_rank`) dispatched into one buffer, counted once."""
+    """`a2a_step` counted fast (module doc): a table policy's contiguous shares counted from
+    their expert counts; otherwise every rank's own rows (slices of contiguous shares when
+    there is no `src_rank`) dispatched into one buffer, counted once."""
+    if epoch.policy.table is not None and src_rank is None:  # contiguous shares, in rank order
+        offsets = np.cumsum([0] + [len(own) for own in rows])
+        slot_load = epoch.table.sent_loads(topk_ids.numpy(), offsets)
+        valid = slot_load.sum(1)
+        counts = np.stack([np.zeros_like(valid), valid, np.zeros_like(valid)], 1)
+        return StepOutcome(torch.from_numpy(slot_load), None, torch.from_numpy(counts),
+                           torch.from_numpy(valid), drifted)
     phys = torch.empty(topk_ids.shape, dtype=torch.int64)
     for i, own in enumerate(rows):
         if src_rank is None and len(own):  # contiguous: a view, not a copy
@@ -365,32 +373,44 @@ def _a2a_counted(epoch: Epoch, step: int, topk_ids: torch.Tensor,
 class Table:
     """A table policy's choices for one epoch, counted per (layer, expert) once.
 
-    times:  int32 `[L, E]` ranks that execute an expert's pairs (`c` of each of its pairs)
+    tables: int64 `[G, L, E]` each rank's table (`DispatchPolicy.table`), ranks in order
+    times:  int32 `[L, E]` ranks that execute an expert's pairs in "none" (`c` of each pair)
     agree:  bool `[L, E]` every rank chooses the same slot for the expert
     slots:  sparse int64 `[L * P, L * E]` pairs of `(layer, expert)` executed on `(layer, slot)`
+            in "none"
     """
 
+    tables: np.ndarray
     times: np.ndarray
     agree: np.ndarray
     slots: scipy.sparse.csr_array
 
     @classmethod
     def of(cls, epoch: Epoch) -> "Table":
-        """Every rank's table (`DispatchPolicy.table`) of `epoch`, counted."""
+        """Every rank's table of `epoch` (every rank held, in rank order), counted."""
         tables = torch.stack([
             epoch.policy.table(view, rank_context(0, rank, epoch.mode, epoch.seed,
                                                   epoch.rank_offset)).cpu()
             for rank, view in zip(epoch.ranks, epoch.views)]).numpy()  # [G, L, E]
         G, L, E = tables.shape
         P = epoch.placement.num_slots
-        rank = np.array([r.rank for r in epoch.ranks]).reshape(G, 1, 1)
-        executed = epoch.placement.slot_gpu.numpy()[tables] == rank  # [G, L, E]
-        layer = np.arange(L).reshape(1, L, 1)
-        pair = np.broadcast_to(layer * E + np.arange(E), tables.shape)
-        slots = scipy.sparse.csr_array(
-            (np.ones(int(executed.sum()), np.int64),
-             ((layer * P + tables)[executed], pair[executed])), shape=(L * P, L * E))
-        return cls(executed.sum(0, dtype=np.int32), (tables == tables[0]).all(0), slots)
+        executed = epoch.placement.slot_gpu.numpy()[tables] == np.arange(G).reshape(G, 1, 1)
+        return cls(tables, executed.sum(0, dtype=np.int32), (tables == tables[0]).all(0),
+                   _pairs_to_slots(tables, executed, P, L * E))
+
+    @cached_property
+    def sent(self) -> scipy.sparse.csr_array:
+        """Sparse int64 `[L * P, G * L * E]`: in "a2a" rank `r`'s pairs of `(layer, expert)`
+        go to `(layer, its table's slot)`, where they are executed once."""
+        G, L, E = self.tables.shape
+        return _pairs_to_slots(self.tables, np.ones(self.tables.shape, np.bool_),
+                               self.slots.shape[0] // L, G * L * E)
+
+    def sent_loads(self, ids: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        """"a2a" pairs per (layer, slot), int64 `[L, P]`, of a step's ids `[T, L, K]` whose
+        rank `r` owns rows `offsets[r]:offsets[r + 1]`, from its expert counts alone."""
+        n = counting.expert_counts(ids, offsets, self.tables.shape[2])  # [G, L, E]
+        return (self.sent @ n.reshape(-1)).reshape(ids.shape[1], -1).astype(np.int64)
 
     def count(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """`(slot_load [L, P], counts [L, 3], agreed [L])`, int64, of a step's ids
@@ -406,6 +426,19 @@ class Table:
     def multiplicity(self, ids: np.ndarray) -> np.ndarray:
         """Times each pair of `ids [T, L, K]` is executed, int32 `[T, L, K]` (0 at padding)."""
         return counting.pair_table(self.times, ids)
+
+
+def _pairs_to_slots(tables: np.ndarray, executed: np.ndarray, num_slots: int,
+                    width: int) -> scipy.sparse.csr_array:
+    """Sparse int64 `[L * P, width]` adding up, for every `(r, l, e)` where `executed`, pairs
+    of column `(r, l, e)` (flat, modulo `width`) on row `(l, tables[r, l, e])`."""
+    G, L, E = tables.shape
+    layer = np.arange(L).reshape(1, L, 1)
+    column = np.arange(G * L * E).reshape(G, L, E) % width
+    return scipy.sparse.csr_array(
+        (np.ones(int(executed.sum()), np.int64),
+         ((layer * num_slots + tables)[executed], column[executed])),
+        shape=(L * num_slots, width))
 
 
 MODES: dict[str, Callable[..., StepOutcome]] = {

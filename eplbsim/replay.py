@@ -99,10 +99,11 @@ def run_steps(trace: Any, spec: RunSpec, segments: Sequence[Segment],
               progress: Progress | None = None) -> tuple[torch.Tensor, Counters]:
     """Dispatch every step of `trace` on the ranks `held` (default all `G`, in this process),
     combining counts with the group through `comm`. Returns the executed pairs per slot,
-    `trace.load_dtype` (int32) `[S, L, P]`, and the rank counters, both summed over the group. `fast` counts with
-    compiled loops where that is possible (`ranks`), with the same results; exact norms it
-    leaves out are computed when some step's error is not 0 (else they stay `UNMEASURED`:
-    nothing reads them, the relative error being 0). `progress` is told of each step done."""
+    `trace.load_dtype` (int32) `[S, L, P]`, and the rank counters, both summed over the
+    group. `fast` counts with compiled loops where that is possible (`ranks`), with the same
+    results; exact norms it leaves out are computed when some step's error is not 0 (else
+    they stay `UNMEASURED`: nothing reads them, the relative error being 0). `progress` is
+    told of each step done."""
     d = spec.dispatch
     name, policy = resolve_policy(d.policy)
     mode_step = lookup(MODES, d.mode, "mode")

@@ -134,7 +134,8 @@ def cases(draw):
     every = draw(st.sampled_from([None, 1, 2]))
     spec = RunSpec.of(
         policy=_user_policy if policy == "user" else policy,
-        mode=draw(st.sampled_from(["none", "a2a"])), view=draw(st.sampled_from(["full", "nearest"])),
+        mode=draw(st.sampled_from(["none", "a2a"])),
+        view=draw(st.sampled_from(["full", "nearest"])),
         rng=draw(st.sampled_from(["independent", "shared", "drift"])), drift_p=0.5,
         rank_offset=draw(st.booleans()), seed=seed % 97, hidden=draw(st.sampled_from([2, 8])),
         gpus=G, gpus_per_node=per_node, redundant=redundant, rebalance_every=every,

@@ -173,6 +173,21 @@ def _leftover_places(placement: Placement) -> torch.Tensor:
     return leftover.long().cumsum(-1) - 1
 
 
+@lru_cache(maxsize=16)
+def _static_candidates(log2phy: torch.Tensor, logcnt: torch.Tensor, placement: Placement,
+                       seed: int) -> tuple[torch.Tensor, ...]:
+    """What `static_table` reads of a view that is the same for every rank sharing it (keyed
+    by the view's tensors): `(cands [L, E, R], cnt [L, E], valid, gpu, node [L, E, R], perm)`,
+    `perm` the seeded permutation of each expert's candidates (first `cnt` entries)."""
+    cands, cnt = log2phy.cpu(), logcnt.cpu()
+    valid = cands >= 0
+    safe = cands.clamp(min=0)
+    gen = torch.Generator().manual_seed(seed)
+    keys = torch.rand(cands.shape, generator=gen).masked_fill(~valid, float("inf"))
+    return (cands, cnt, valid, placement.slot_gpu[safe], placement.slot_node[safe],
+            torch.argsort(keys, -1))
+
+
 @lru_cache(maxsize=256)
 def static_table(view: View, rank: int, seed: int) -> torch.Tensor:
     """The fixed expert -> slot table of `rank`, int64 `[L, E]`, built from its view.
@@ -183,26 +198,19 @@ def static_table(view: View, rank: int, seed: int) -> torch.Tensor:
     permutation seeded by `seed` alone, cycling through it.
     """
     placement = view.placement
-    topo = placement.topology
-    cands = view.log2phy.cpu()  # [L, E, R]
-    cnt = view.logcnt.cpu()  # [L, E]
-    valid = cands >= 0
-    safe = cands.clamp(min=0)
-    gpu, node = placement.slot_gpu[safe], placement.slot_node[safe]  # [L, E, R]
+    cands, cnt, valid, gpu, node, perm = _static_candidates(view.log2phy, view.logcnt,
+                                                            placement, seed)
 
     def first(mask: torch.Tensor) -> torch.Tensor:  # [L, E] lowest candidate where mask, or -1
         hit = torch.gather(cands, -1, torch.argmax(mask.to(torch.int8), -1, keepdim=True))
         return torch.where(mask.any(-1), hit.squeeze(-1), -1)
 
     near = first(valid & (gpu == rank))
-    near = torch.where(near >= 0, near, first(valid & (node == topo.node_of_gpu(rank))))
+    near = torch.where(near >= 0, near,
+                       first(valid & (node == placement.topology.node_of_gpu(rank))))
     near = torch.where(cnt == 1, cands[..., 0], near)
 
     index = _leftover_places(placement)[..., rank]  # [L, E] this rank's place among them
-
-    gen = torch.Generator().manual_seed(seed)
-    keys = torch.rand(cands.shape, generator=gen).masked_fill(~valid, float("inf"))
-    perm = torch.argsort(keys, -1)  # [L, E, R] first cnt entries permute the candidates
     pick = torch.gather(perm, -1, (index.clamp(min=0) % cnt).unsqueeze(-1))
     spread = torch.gather(cands, -1, pick).squeeze(-1)
     return torch.where(near >= 0, near, spread).to(view.log2phy.device)
