@@ -4,6 +4,7 @@ besides dispatch, each one pass at memory speed.
 Dimensions: `S` steps, `N` token rows, `T` tokens of a step, `L` layers, `K` top-k,
 `E` logical experts, `P` physical slots, `G` GPUs, `D` hidden size of the toy MoE layer.
 
+- `summed`: a sum of int32 counts over one dimension, in int64, without a whole int64 copy.
 - `expert_counts`: routed pairs per (step, layer, expert) of ids `[N, L, K]` (any row ranges:
   `slot_counts` counts choices per slot in row chunks with it).
 - `first_duplicate`: the first token row that routes an expert twice in a layer.
@@ -31,6 +32,14 @@ import torch
 _JIT = dict(nopython=True, nogil=True, cache=True)
 GRID = float(2 ** 24)  # toy-MoE pair outputs are multiples of 1 / GRID (`moe.GRID_BITS`)
 INV_GRID = 1.0 / GRID  # exact: a power of two
+
+
+def summed(counts: torch.Tensor, dim: int) -> torch.Tensor:
+    """`counts.sum(dim)`, int64, of integer counts on the CPU without the int64 copy of the
+    whole tensor that torch makes to sum an int32 one (numpy accumulates in small buffers)."""
+    if counts.device.type != "cpu" or counts.dtype == torch.int64:
+        return counts.sum(dim)
+    return torch.from_numpy(counts.numpy().sum(dim, dtype=np.int64))
 
 
 def row_chunks(rows: int, least: int = 256) -> np.ndarray:

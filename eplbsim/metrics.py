@@ -27,11 +27,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 from functools import cached_property
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
 
+from .counting import summed
 from .placement import Placement
 from .solvers.bounds import lower_bound
 
@@ -249,22 +250,20 @@ def _promise(placement: Placement, routed: torch.Tensor, num_gpus: int) -> torch
 
 def chunks(slot_load: torch.Tensor | None, true_load: torch.Tensor,
            counters: Counters | None, segments: Sequence[Any],
-           num_gpus: int) -> list[Chunk]:
+           num_gpus: int) -> Iterator[Chunk]:
     """The run cut into chunks of at most `SUMMARY_CHUNK` steps within each segment
-    (`schedule.Segment`: `start`, `stop`, `placement`, `best`, `rebalance`)."""
+    (`schedule.Segment`: `start`, `stop`, `placement`, `best`, `rebalance`), made one at a
+    time (a chunk's cached intermediates go with it)."""
     S, L, _ = true_load.shape
-    out = []
     for seg in segments:
         for lo in range(seg.start, seg.stop, SUMMARY_CHUNK):
             hi = min(seg.stop, lo + SUMMARY_CHUNK)
             moved = torch.zeros(hi - lo, L, dtype=torch.int64)
             if lo == seg.start and seg.rebalance is not None:
                 moved[0] = torch.from_numpy(seg.rebalance.transfers.sum(1))
-            out.append(Chunk(lo, hi, true_load[lo:hi],
-                             None if slot_load is None else slot_load[lo:hi],
-                             None if counters is None else counters.steps(lo, hi),
-                             seg.placement, seg.best, moved, num_gpus))
-    return out
+            yield Chunk(lo, hi, true_load[lo:hi], None if slot_load is None else slot_load[lo:hi],
+                        None if counters is None else counters.steps(lo, hi), seg.placement,
+                        seg.best, moved, num_gpus)
 
 
 # ----------------------------------------------------------------------------- reductions
@@ -368,7 +367,7 @@ def _skew_peak(chunk: Chunk) -> tuple[torch.Tensor]:
 def _skew_cumulative(results: Any) -> float | None:
     """Max replica skew over (layer, expert) on executed loads summed over each stretch of
     steps on one placement (exposes slow bias that per-step figures hide)."""
-    skews = [replica_skew(results.slot_load[start:stop].sum(0), placement).flatten()
+    skews = [replica_skew(summed(results.slot_load[start:stop], 0), placement).flatten()
              for start, stop, placement in results.epochs]
     return nanmax_or_none(torch.cat(skews))
 
@@ -417,29 +416,29 @@ METRICS: dict[str, Metric] = {
 
 # ----------------------------------------------------------------------------- evaluation
 
-def components(chunked: Sequence[Chunk], num_steps: int, num_layers: int, present: set[str],
+def components(chunked: Iterable[Chunk], num_steps: int, num_layers: int, present: set[str],
                metrics: dict[str, Metric] | None = None
                ) -> dict[str, tuple[torch.Tensor, ...] | None]:
     """Every per-(step, layer) metric's components over the run, `[S, L]` each, assembled from
-    the chunks in order; None for a metric that needs what the run lacks (`present` holds
-    "executed" and "counters" when the run has them)."""
-    out: dict[str, tuple[torch.Tensor, ...] | None] = {}
-    for key, metric in (METRICS if metrics is None else metrics).items():
-        if metric.parts is None:
-            continue
-        if metric.needs is not None and metric.needs not in present:
-            out[key] = None
-            continue
-        full = None
-        for chunk in chunked:
+    the chunks in order, every metric of a chunk before the next (so memory holds one chunk's
+    intermediates, not the run's); None for a metric that needs what the run lacks (`present`
+    holds "executed" and "counters" when the run has them)."""
+    chosen = {key: metric for key, metric in (METRICS if metrics is None else metrics).items()
+              if metric.parts is not None}
+    out: dict[str, tuple[torch.Tensor, ...] | None] = {
+        key: None for key, metric in chosen.items()
+        if metric.needs is not None and metric.needs not in present}
+    for chunk in chunked:
+        for key, metric in chosen.items():
+            if key in out and out[key] is None:
+                continue
             values = metric.parts(chunk)
-            if full is None:
-                full = tuple(torch.empty((num_steps, num_layers), dtype=v.dtype)
-                             for v in values)
-            for dst, v in zip(full, values):
+            if key not in out:
+                out[key] = tuple(torch.empty((num_steps, num_layers), dtype=v.dtype)
+                                 for v in values)
+            for dst, v in zip(out[key], values):
                 dst[chunk.lo:chunk.hi] = v
-        out[key] = full
-    return out
+    return {key: out.get(key) for key in chosen}
 
 
 def _plain(value: torch.Tensor) -> float | int | None:
@@ -484,7 +483,7 @@ def time_series(results: Any, per_layer: bool = False,
     rows = S * L if per_layer else S
     columns = ({"step": torch.arange(S)} if not per_layer else
                {"step": torch.arange(S).repeat_interleave(L), "layer": torch.arange(L).repeat(S)})
-    columns["pairs"] = total(results.true_load.sum(-1), dims=dims)
+    columns["pairs"] = total(summed(results.true_load, -1), dims=dims)
     for key, metric in (METRICS if metrics is None else metrics).items():
         if metric.parts is None:
             continue

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from .. import metrics as M
+from ..counting import summed
 from ..errors import InputError
 from ..placement import Placement, trivial_placement
 from ..registry import lookup, name_of
@@ -98,7 +99,7 @@ def plan(true_load: torch.Tensor, schedule: Any, solver: Any, topology: Topology
                      **solver.solver_options,
                      **({"previous": previous} if previous is not None else {}))
 
-    whole = true_load.sum(0)  # [L, E]
+    whole = summed(true_load, 0)  # [L, E]
     if placement is not None:
         given = _check_given(placement, L, E, topology, "given placement")
         return (Segment(0, S, given, solve_for(whole, None), None),)
@@ -115,7 +116,7 @@ def plan(true_load: torch.Tensor, schedule: Any, solver: Any, topology: Topology
     bounds = [0] + list(range(window, S, every)) + [S]
     segments = []
     for lo, hi in zip(bounds, bounds[1:]):
-        truth = true_load[lo:hi].sum(0).to(torch.float64)  # [L, E]
+        truth = summed(true_load[lo:hi], 0).to(torch.float64)  # [L, E]
         previous = current if schedule.migration_aware else None
         if lo == 0:
             segments.append(Segment(lo, hi, current, solve_for(truth, previous), None))
