@@ -12,6 +12,8 @@ Dimensions: `S` steps, `N` token rows, `T` tokens of a step, `L` layers, `K` top
 - `Executed` / `execute`: what a group of ranks with identical choices executes, pair by pair,
   accumulated over the groups of a step; `pair_counts` then reads the per-layer counters.
 - `pair_table`: a per-(layer, expert) table looked up at every pair.
+- `table_loads`, `sent_loads`: pairs per (layer, slot) when each rank executes ("none", from
+  expert counts) or sends ("a2a", from its rows) an expert's pairs to its table's slot.
 - `layer_sums`: the toy MoE layer's exact output of every token and its output weighted by
   each pair's multiplicity, every layer (the definition of a pair's output is in `moe`).
 - `square_sums`: the exactly rounded sum of squares of a float64 array per row (`math.fsum`).
@@ -28,6 +30,8 @@ from typing import Any
 import numba
 import numpy as np
 import torch
+
+from .simd import LANES, pair_lanes
 
 _JIT = dict(nopython=True, nogil=True, cache=True)
 GRID = float(2 ** 24)  # toy-MoE pair outputs are multiples of 1 / GRID (`moe.GRID_BITS`)
@@ -210,38 +214,82 @@ def pair_table(table: np.ndarray, ids: np.ndarray, fill: int = 0) -> np.ndarray:
 
 
 @numba.jit(parallel=True, **_JIT)
+def _table_loads(tables, counts, executed, out):  # pragma: no cover - compiled
+    G, L, E = tables.shape
+    for layer in numba.prange(L):  # each layer its own row of `out`
+        for r in range(G):
+            for e in range(E):
+                if executed[r, layer, e]:
+                    out[layer, tables[r, layer, e]] += counts[layer, e]
+
+
+def table_loads(tables: np.ndarray, counts: np.ndarray, executed: np.ndarray,
+                num_slots: int) -> np.ndarray:
+    """Pairs per (layer, slot), int64 `[L, P]`, when every rank `r` holds the same pairs, `counts`
+    int `[L, E]` of each (layer, expert), and executes those of expert `e` of layer `l` on slot
+    `tables[r, l, e]` wherever `executed [G, L, E]`."""
+    out = np.zeros((tables.shape[1], num_slots), np.int64)
+    _table_loads(np.ascontiguousarray(tables), np.ascontiguousarray(counts),
+                 np.ascontiguousarray(executed), out)
+    return out
+
+
+@numba.jit(parallel=True, **_JIT)
+def _sent_loads(tables, ids, offsets, groups, out):  # pragma: no cover - compiled
+    L, K = ids.shape[1], ids.shape[2]
+    for c in numba.prange(groups.shape[0] - 1):  # consecutive ranks, each group its own `out[c]`
+        for r in range(groups[c], groups[c + 1]):
+            table = tables[r]
+            for t in range(offsets[r], offsets[r + 1]):
+                for layer in range(L):
+                    for k in range(K):
+                        e = ids[t, layer, k]
+                        if e >= 0:
+                            out[c, layer, table[layer, e]] += 1
+
+
+def sent_loads(tables: np.ndarray, ids: np.ndarray, offsets: np.ndarray,
+               num_slots: int) -> np.ndarray:
+    """Pairs per (layer, slot), int64 `[L, P]`, when rank `r` sends the pairs of its rows
+    `offsets[r]:offsets[r + 1]` of `ids [T, L, K]` (-1 padding not sent) to the slots of its
+    table `tables [G, L, E]`."""
+    groups = row_chunks(tables.shape[0], 1)
+    out = np.zeros((groups.shape[0] - 1, tables.shape[1], num_slots), np.int64)
+    _sent_loads(np.ascontiguousarray(tables), np.ascontiguousarray(ids),
+                np.ascontiguousarray(offsets, dtype=np.int64), groups, out)
+    return out.sum(0)
+
+
+@numba.jit(parallel=True, **_JIT)
 def _layer_sums(wt, x, gates, ids, mult, weigh, chunks, exact, weighted):  # pragma: no cover
     T, L, K = ids.shape
-    D = x.shape[1]
+    E, D = wt.shape[1], x.shape[1]
+    vector = D - D % LANES  # lanes [0, vector) as vectors (`simd`), the rest one by one
     C = chunks.shape[0] - 1
+    flat_w, flat_exact, flat_weighted = wt.reshape(-1), exact.reshape(-1), weighted.reshape(-1)
     for job in numba.prange(L * C):
         layer, c = job // C, job % C
-        acc = np.empty(D, np.float32)
         for t in range(chunks[c], chunks[c + 1]):
             xt = x[t]
+            out = (layer * T + t) * D
             for k in range(K):
                 e = ids[t, layer, k]
                 if e < 0:
                     continue
-                w = wt[layer, e]  # [D (j), D (i)]: each loop over i is one vector operation
-                for i in range(D):
-                    acc[i] = w[0, i] * xt[0]
-                for j in range(1, D):  # float32, j in order, no fused multiply-add
-                    wj, xj = w[j], xt[j]
-                    for i in range(D):
-                        acc[i] += wj[i] * xj
                 g = gates[t, k]
-                ex = exact[layer, t]
-                if weigh:
-                    m = np.float64(mult[t, layer, k])
-                    we = weighted[layer, t]
-                    for i in range(D):
-                        v = np.rint(np.float64(acc[i] * g) * GRID) * INV_GRID
-                        ex[i] += v
-                        we[i] += m * v
-                else:
-                    for i in range(D):
-                        ex[i] += np.rint(np.float64(acc[i] * g) * GRID) * INV_GRID
+                m = np.float64(mult[t, layer, k]) if weigh else 1.0
+                at = (layer * E + e) * D * D
+                for i in range(0, vector, LANES):
+                    pair_lanes(flat_w, at + i, xt, g, GRID, flat_exact, out + i, flat_weighted,
+                               m, weigh)
+                for i in range(vector, D):  # float32, j in order, no fused multiply-add
+                    acc = flat_w[at + i] * xt[0]
+                    for j in range(1, D):
+                        acc += flat_w[at + j * D + i] * xt[j]
+                    v = np.rint(np.float64(acc * g) * GRID) * INV_GRID
+                    flat_exact[out + i] += v
+                    if weigh:
+                        flat_weighted[out + i] += m * v
 
 
 def layer_sums(wt: np.ndarray, x: np.ndarray, gates: np.ndarray, ids: np.ndarray,
@@ -259,11 +307,11 @@ def layer_sums(wt: np.ndarray, x: np.ndarray, gates: np.ndarray, ids: np.ndarray
     D = x.shape[1]
     exact = np.zeros((L, T, D), np.float64)
     weigh = mult is not None
-    weighted = np.zeros((L, T, D), np.float64) if weigh else np.zeros((1, 1, 1), np.float64)
+    weighted = np.zeros((L, T, D), np.float64) if weigh else exact
     mult = np.ascontiguousarray(mult) if weigh else np.ones((1, 1, 1), np.int32)
-    _layer_sums(wt, np.ascontiguousarray(x), np.ascontiguousarray(gates),
+    _layer_sums(np.ascontiguousarray(wt), np.ascontiguousarray(x), np.ascontiguousarray(gates),
                 np.ascontiguousarray(ids), mult, weigh, row_chunks(T, 64), exact, weighted)
-    return exact, weighted if weigh else exact
+    return exact, weighted
 
 
 @numba.jit(**_JIT)

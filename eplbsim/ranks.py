@@ -35,7 +35,6 @@ from typing import Callable, Sequence
 from functools import cached_property
 
 import numpy as np
-import scipy.sparse
 import torch
 
 from . import counting
@@ -373,17 +372,19 @@ def _a2a_counted(epoch: Epoch, step: int, topk_ids: torch.Tensor,
 class Table:
     """A table policy's choices for one epoch, counted per (layer, expert) once.
 
-    tables: int64 `[G, L, E]` each rank's table (`DispatchPolicy.table`), ranks in order
-    times:  int32 `[L, E]` ranks that execute an expert's pairs in "none" (`c` of each pair)
-    agree:  bool `[L, E]` every rank chooses the same slot for the expert
-    slots:  sparse int64 `[L * P, L * E]` pairs of `(layer, expert)` executed on `(layer, slot)`
-            in "none"
+    tables:    int64 `[G, L, E]` each rank's table (`DispatchPolicy.table`), ranks in order
+    executed:  bool `[G, L, E]` the rank's table slot is on its own GPU (it executes the pairs
+               in "none")
+    times:     int32 `[L, E]` ranks that execute an expert's pairs in "none" (`c` of each pair)
+    agree:     bool `[L, E]` every rank chooses the same slot for the expert
+    num_slots: `P`
     """
 
     tables: np.ndarray
+    executed: np.ndarray
     times: np.ndarray
     agree: np.ndarray
-    slots: scipy.sparse.csr_array
+    num_slots: int
 
     @classmethod
     def of(cls, epoch: Epoch) -> "Table":
@@ -392,53 +393,30 @@ class Table:
             epoch.policy.table(view, rank_context(0, rank, epoch.mode, epoch.seed,
                                                   epoch.rank_offset)).cpu()
             for rank, view in zip(epoch.ranks, epoch.views)]).numpy()  # [G, L, E]
-        G, L, E = tables.shape
-        P = epoch.placement.num_slots
+        G = tables.shape[0]
         executed = epoch.placement.slot_gpu.numpy()[tables] == np.arange(G).reshape(G, 1, 1)
-        return cls(tables, executed.sum(0, dtype=np.int32), (tables == tables[0]).all(0),
-                   _pairs_to_slots(tables, executed, P, L * E))
-
-    @cached_property
-    def sent(self) -> scipy.sparse.csr_array:
-        """Sparse int64 `[L * P, G * L * E]`: in "a2a" rank `r`'s pairs of `(layer, expert)`
-        go to `(layer, its table's slot)`, where they are executed once."""
-        G, L, E = self.tables.shape
-        return _pairs_to_slots(self.tables, np.ones(self.tables.shape, np.bool_),
-                               self.slots.shape[0] // L, G * L * E)
+        return cls(tables, executed, executed.sum(0, dtype=np.int32),
+                   (tables == tables[0]).all(0), epoch.placement.num_slots)
 
     def sent_loads(self, ids: np.ndarray, offsets: np.ndarray) -> np.ndarray:
         """"a2a" pairs per (layer, slot), int64 `[L, P]`, of a step's ids `[T, L, K]` whose
-        rank `r` owns rows `offsets[r]:offsets[r + 1]`, from its expert counts alone."""
-        n = counting.expert_counts(ids, offsets, self.tables.shape[2])  # [G, L, E]
-        return (self.sent @ n.reshape(-1)).reshape(ids.shape[1], -1).astype(np.int64)
+        rank `r` owns rows `offsets[r]:offsets[r + 1]`: each rank sends its pairs of an expert
+        to its table's slot, where they are executed once."""
+        return counting.sent_loads(self.tables, ids, offsets, self.num_slots)
 
     def count(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """`(slot_load [L, P], counts [L, 3], agreed [L])`, int64, of a step's ids
         `[T, L, K]`, from its expert counts alone."""
-        L, E = self.times.shape
-        n = counting.expert_counts(ids, np.array([0, ids.shape[0]]), E)[0]  # [L, E]
-        slot_load = (self.slots @ n.reshape(-1)).reshape(L, -1)
-        c = self.times
+        n = counting.expert_counts(ids, np.array([0, ids.shape[0]]), self.times.shape[1])[0]
+        slot_load = counting.table_loads(self.tables, n, self.executed, self.num_slots)
+        c = self.times  # [L, E]
         counts = np.stack([(n * (c == 0)).sum(1), (n * (c == 1)).sum(1),
                            (n * (c >= 2)).sum(1)], 1)
-        return slot_load.astype(np.int64), counts, (n * self.agree).sum(1)
+        return slot_load, counts, (n * self.agree).sum(1)
 
     def multiplicity(self, ids: np.ndarray) -> np.ndarray:
         """Times each pair of `ids [T, L, K]` is executed, int32 `[T, L, K]` (0 at padding)."""
         return counting.pair_table(self.times, ids)
-
-
-def _pairs_to_slots(tables: np.ndarray, executed: np.ndarray, num_slots: int,
-                    width: int) -> scipy.sparse.csr_array:
-    """Sparse int64 `[L * P, width]` adding up, for every `(r, l, e)` where `executed`, pairs
-    of column `(r, l, e)` (flat, modulo `width`) on row `(l, tables[r, l, e])`."""
-    G, L, E = tables.shape
-    layer = np.arange(L).reshape(1, L, 1)
-    column = np.arange(G * L * E).reshape(G, L, E) % width
-    return scipy.sparse.csr_array(
-        (np.ones(int(executed.sum()), np.int64),
-         ((layer * num_slots + tables)[executed], column[executed])),
-        shape=(L * num_slots, width))
 
 
 MODES: dict[str, Callable[..., StepOutcome]] = {

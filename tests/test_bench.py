@@ -77,7 +77,7 @@ def test_best_time_is_the_minimum_after_warmup():
 
 
 def test_replay_throughput_rows_put_the_replay_beside_its_kernel_calls():
-    rows = bench.replay_throughput("cpu", steps=2, tokens=64, layers=2)
+    rows = bench.replay_throughput("cpu", steps=2, tokens=64, layers=2, repeats=1)
     assert [(r["mode"], r["policy"]) for r in rows] == [
         (m, p) for m in bench.REPLAY_MODES for p in bench.BENCH_POLICIES]
     calls = {(r["mode"], r["policy"]): r["calls_per_step"] for r in rows}

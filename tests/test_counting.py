@@ -92,6 +92,62 @@ def test_pair_table_looks_up_every_pair():
     assert got.dtype == np.int32 and np.array_equal(got, want)
 
 
+
+def test_table_and_sent_loads_add_pairs_on_each_ranks_table_slots():
+    rng = np.random.default_rng(6)
+    G, L, E, P, T, K = 3, 2, 5, 7, 20, 2
+    tables = rng.integers(0, P, (G, L, E))
+    counts = rng.integers(0, 9, (L, E)).astype(np.int32)
+    executed = rng.random((G, L, E)) < 0.6
+    want = np.zeros((L, P), np.int64)
+    for r, layer, e in zip(*np.nonzero(executed)):
+        want[layer, tables[r, layer, e]] += counts[layer, e]
+    got = counting.table_loads(tables, counts, executed, P)
+    assert got.dtype == np.int64 and np.array_equal(got, want)
+    ids = _ids(rng, T, L, K, E, dtype=np.int32)
+    offsets = np.array([0, 8, 8, T])
+    want = np.zeros((L, P), np.int64)
+    for r in range(G):
+        for t in range(offsets[r], offsets[r + 1]):
+            for layer in range(L):
+                for e in ids[t, layer][ids[t, layer] >= 0]:
+                    want[layer, tables[r, layer, e]] += 1
+    got = counting.sent_loads(tables, ids, offsets, P)
+    assert got.dtype == np.int64 and np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("hidden", [1, 3, 8, 12, 16, 24])
+def test_layer_sums_equal_the_definition_in_vector_and_single_lanes(hidden):
+    """Lanes in `simd.LANES` blocks and the rest one by one give the scalar definition's bits:
+    float32 products summed over the hidden index in order, rounded once to the grid."""
+    rng = np.random.default_rng(hidden)
+    L, E, T, K, D = 2, 7, 40, 3, hidden
+    w = rng.standard_normal((L, E, D, D)).astype(np.float32)  # W[l, e, i, j]
+    x = rng.standard_normal((T, D)).astype(np.float32)
+    gates = rng.random((T, K)).astype(np.float32)
+    ids = _ids(rng, T, L, K, E)
+    mult = rng.integers(0, 4, ids.shape).astype(np.int32)
+    wt = np.ascontiguousarray(w.transpose(0, 1, 3, 2))
+    exact, weighted = counting.layer_sums(wt, x, gates, ids, mult)
+    alone, same = counting.layer_sums(wt, x, gates, ids, None)
+    want = np.zeros((L, T, D))
+    want_weighted = np.zeros((L, T, D))
+    for t in range(T):
+        for layer in range(L):
+            for k in range(K):
+                e = ids[t, layer, k]
+                if e < 0:
+                    continue
+                acc = w[layer, e, :, 0] * x[t, 0]
+                for j in range(1, D):
+                    acc = acc + w[layer, e, :, j] * x[t, j]  # float32, one rounding per step
+                v = np.rint((acc * gates[t, k]).astype(np.float64) * counting.GRID) \
+                    * counting.INV_GRID
+                want[layer, t] += v
+                want_weighted[layer, t] += mult[t, layer, k] * v
+    assert np.array_equal(exact, want) and np.array_equal(weighted, want_weighted)
+    assert np.array_equal(alone, want) and same is alone
+
 def test_square_sums_are_math_fsum_of_the_squares():
     rng = np.random.default_rng(5)
     rows = rng.standard_normal((6, 3000)) * 10.0 ** rng.integers(-150, 150, (6, 3000))

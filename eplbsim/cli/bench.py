@@ -36,6 +36,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="replay tokens per step (default 4096)")
     p.add_argument("--replay-layers", type=positive, default=None,
                    help="replay layers (default 58)")
+    p.add_argument("--replay-repeats", type=positive, default=3,
+                   help="timed replays (and kernel runs) per row; the best is reported "
+                   "(default 3)")
     p.add_argument("--seed", type=nonnegative, default=0)
     p.add_argument("--json", action="store_true", help="print only a JSON array of rows")
 
@@ -69,7 +72,7 @@ def handle(args: argparse.Namespace) -> int:
     rows = B.bench_dispatch(ns, policies, device, args.repeats, args.seed)
     replay_rows = B.replay_throughput(device, args.replay_steps, args.replay_tokens,
                                       args.replay_layers, policies, modes,
-                                      args.seed) if args.replay else []
+                                      args.seed, args.replay_repeats) if args.replay else []
     if args.json:
         print(to_json(rows + replay_rows))
         return 0

@@ -16,6 +16,8 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Callable
 
+import numba
+import numpy as np
 import torch
 
 from . import batch_lp
@@ -177,15 +179,15 @@ def _leftover_places(placement: Placement) -> torch.Tensor:
 def _static_candidates(log2phy: torch.Tensor, logcnt: torch.Tensor, placement: Placement,
                        seed: int) -> tuple[torch.Tensor, ...]:
     """What `static_table` reads of a view that is the same for every rank sharing it (keyed
-    by the view's tensors): `(cands [L, E, R], cnt [L, E], valid, gpu, node [L, E, R], perm)`,
-    `perm` the seeded permutation of each expert's candidates (first `cnt` entries)."""
-    cands, cnt = log2phy.cpu(), logcnt.cpu()
-    valid = cands >= 0
+    by the view's tensors): `(cands [L, E, R], cnt [L, E], gpu, node [L, E, R], perm)`, int64
+    numpy arrays on the CPU, `perm` the seeded permutation of each expert's candidates (first
+    `cnt` entries)."""
+    cands, cnt = log2phy.cpu().long(), logcnt.cpu().long()
     safe = cands.clamp(min=0)
     gen = torch.Generator().manual_seed(seed)
-    keys = torch.rand(cands.shape, generator=gen).masked_fill(~valid, float("inf"))
-    return (cands, cnt, valid, placement.slot_gpu[safe], placement.slot_node[safe],
-            torch.argsort(keys, -1))
+    keys = torch.rand(cands.shape, generator=gen).masked_fill(cands < 0, float("inf"))
+    return tuple(a.numpy() for a in (cands, cnt, placement.slot_gpu[safe].long(),
+                                     placement.slot_node[safe].long(), torch.argsort(keys, -1)))
 
 
 @lru_cache(maxsize=256)
@@ -198,22 +200,40 @@ def static_table(view: View, rank: int, seed: int) -> torch.Tensor:
     permutation seeded by `seed` alone, cycling through it.
     """
     placement = view.placement
-    cands, cnt, valid, gpu, node, perm = _static_candidates(view.log2phy, view.logcnt,
-                                                            placement, seed)
+    cands, cnt, gpu, node, perm = _static_candidates(view.log2phy, view.logcnt, placement, seed)
+    table = np.empty(cnt.shape, np.int64)
+    _static_choices(cands, cnt, gpu, node, perm,
+                    np.ascontiguousarray(_leftover_places(placement)[..., rank].numpy()), rank,
+                    placement.topology.node_of_gpu(rank), table)
+    return torch.from_numpy(table).to(view.log2phy.device)
 
-    def first(mask: torch.Tensor) -> torch.Tensor:  # [L, E] lowest candidate where mask, or -1
-        hit = torch.gather(cands, -1, torch.argmax(mask.to(torch.int8), -1, keepdim=True))
-        return torch.where(mask.any(-1), hit.squeeze(-1), -1)
 
-    near = first(valid & (gpu == rank))
-    near = torch.where(near >= 0, near,
-                       first(valid & (node == placement.topology.node_of_gpu(rank))))
-    near = torch.where(cnt == 1, cands[..., 0], near)
-
-    index = _leftover_places(placement)[..., rank]  # [L, E] this rank's place among them
-    pick = torch.gather(perm, -1, (index.clamp(min=0) % cnt).unsqueeze(-1))
-    spread = torch.gather(cands, -1, pick).squeeze(-1)
-    return torch.where(near >= 0, near, spread).to(view.log2phy.device)
+@numba.jit(nopython=True, nogil=True, cache=True)
+def _static_choices(cands, cnt, gpu, node, perm, place, rank, rank_node,
+                    table):  # pragma: no cover - compiled
+    """`static_table`'s rule for every (layer, expert): the candidates `[L, E, R]` (-1 padding)
+    and their GPUs and nodes, `perm` the seeded permutation, `place [L, E]` the rank's place
+    among the leftover ranks (-1 when it is not one) -> `table [L, E]`."""
+    L, E, R = cands.shape
+    for layer in range(L):
+        for e in range(E):
+            c = cands[layer, e]
+            if cnt[layer, e] == 1:
+                table[layer, e] = c[0]
+                continue
+            near = -1
+            for j in range(R):  # the lowest candidate on the rank's GPU
+                if c[j] >= 0 and gpu[layer, e, j] == rank:
+                    near = c[j]
+                    break
+            if near < 0:
+                for j in range(R):  # else on its node
+                    if c[j] >= 0 and node[layer, e, j] == rank_node:
+                        near = c[j]
+                        break
+            if near < 0:  # a leftover rank: its turn in the permutation
+                near = c[perm[layer, e, max(place[layer, e], 0) % cnt[layer, e]]]
+            table[layer, e] = near
 
 
 def static_policy(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> torch.Tensor:
