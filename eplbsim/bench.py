@@ -41,7 +41,7 @@ from .dispatch import POLICIES, resolve_policy
 from .dispatch.kernels import dispatch_step, reference_step
 from .dispatch.policies import RANDOM_RANGE, DispatchContext, ordinal_offset, static_table
 from .placement import View, full_view, rank_view
-from .ranks import make_ranks, rank_context, rank_groups, token_owners
+from .ranks import make_ranks, rank_context, rank_groups, share_bounds
 from .replay import replay, resolve_device, routed_loads, schedule_of
 from .spec import RunSpec
 from .solvers import solve
@@ -329,9 +329,8 @@ def kernel_calls(trace: Trace, spec: RunSpec) -> tuple[Callable[[], None], int]:
     if d.mode == "none":
         calls = [(group[0], slice(None)) for group in rank_groups(views, policy)]
     else:
-        bounds = torch.cumsum(torch.bincount(token_owners(trace.step(0).shape[0], G),
-                                             minlength=G), 0).tolist()
-        calls = [(r, slice(lo, hi)) for r, (lo, hi) in enumerate(zip([0] + bounds, bounds))]
+        bounds = share_bounds(trace.step(0).shape[0], G).tolist()
+        calls = [(r, slice(lo, hi)) for r, (lo, hi) in enumerate(zip(bounds, bounds[1:]))]
 
     def run() -> None:
         for s, ids in enumerate(steps):

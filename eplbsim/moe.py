@@ -31,10 +31,24 @@ GRID_BITS = 24  # pair outputs are multiples of 2**-GRID_BITS
 
 @dataclass(frozen=True)
 class ToyMoE:
-    """weights: float32 `[L, E, D, D]`; seed also drives the per-step token inputs."""
+    """The toy layer of `L` layers of `E` experts of hidden size `D`; `seed` draws the expert
+    matrices (made on first use: a run that never measures the error never makes them) and
+    the per-step token inputs."""
 
-    weights: torch.Tensor
+    num_layers: int
+    num_experts: int
+    hidden: int
     seed: int
+    device: torch.device
+
+    @cached_property
+    def weights(self) -> torch.Tensor:
+        """float32 `[L, E, D, D]`, entries N(0, 1/D), seeded (float32 is ample: outputs are
+        rounded to the module's grid anyway)."""
+        gen = torch.Generator().manual_seed(self.seed)
+        w = torch.randn(self.num_layers, self.num_experts, self.hidden, self.hidden,
+                        generator=gen, dtype=torch.float32)
+        return (w / self.hidden ** 0.5).to(self.device)
 
     @cached_property
     def transposed(self) -> np.ndarray:
@@ -45,23 +59,18 @@ class ToyMoE:
 
 def make_toy_moe(num_layers: int, num_experts: int, hidden: int = 8, seed: int = 0,
                  device: torch.device | str = "cpu") -> ToyMoE:
-    """Expert matrices with entries N(0, 1/D), seeded (float32 is ample: outputs are rounded to
-    the module's grid anyway)."""
-    gen = torch.Generator().manual_seed(seed)
-    w = torch.randn(num_layers, num_experts, hidden, hidden, generator=gen, dtype=torch.float32)
-    return ToyMoE((w / hidden ** 0.5).to(device), seed)
+    """The toy layer of these sizes on `device` (its matrices are drawn when first used)."""
+    return ToyMoE(num_layers, num_experts, hidden, seed, torch.device(device))
 
 
 def token_inputs(moe: ToyMoE, step: int, num_tokens: int,
                  top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Hidden vectors `x [T, D]` and gates `w [T, K]` of step `step`, seeded by (seed, step)."""
     gen = torch.Generator().manual_seed(moe.seed * 1_000_003 + step + 1)
-    hidden = moe.weights.shape[-1]
-    x = torch.randn(num_tokens, hidden, generator=gen)
+    x = torch.randn(num_tokens, moe.hidden, generator=gen)
     gates = torch.rand(num_tokens, top_k, generator=gen) + 0.1
     gates = gates / gates.sum(-1, keepdim=True)
-    device = moe.weights.device
-    return x.to(device), gates.to(device)
+    return x.to(moe.device), gates.to(moe.device)
 
 
 def pair_outputs(moe: ToyMoE, layer: int, topk_ids: torch.Tensor, x: torch.Tensor,

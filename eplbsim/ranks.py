@@ -7,8 +7,10 @@ Dimensions: `T` tokens, `L` layers, `K` top-k, `P` physical slots, `G` GPUs = EP
 replay (all `G` ranks in one process, `LOCAL` collectives), the policy checkers, and real
 torch.distributed ranks (one rank per process, all-reduce and all-gather passed in as
 `Collectives`). A step function takes an `Epoch` (what the steps on one placement share, for
-the ranks this process holds), the step index, its ids `[T, L, K]` and the trace's source rank
-of each token (`[T]` or None), and returns the `StepOutcome` summed over every process:
+the ranks this process holds), the step index, its ids `[T, L, K]` (any integer dtype, never
+written: a table policy counted fast reads them as stored, everything else reads an int32 copy)
+and the trace's source rank of each token (`[T]` or None), and returns the `StepOutcome` summed
+over every process:
 
 - "none": every rank dispatches all `T` tokens with its own view and context; rank `r` executes
   the pairs whose chosen slot lives on GPU `r`. Pair `(t, k)` is executed
@@ -232,6 +234,7 @@ def none_step(epoch: Epoch, step: int, topk_ids: torch.Tensor,
     compares every rank's choices with rank 0's, across processes."""
     if epoch.counts_fast(topk_ids.device):
         return _none_counted(epoch, step, topk_ids)
+    topk_ids = _own_ids(topk_ids)
     T, L, K = topk_ids.shape
     device, P = topk_ids.device, epoch.placement.num_slots
     drifted = _drift(epoch, [T * K] * len(epoch.ranks))
@@ -275,11 +278,17 @@ def a2a_step(epoch: Epoch, step: int, topk_ids: torch.Tensor,
     rows (the others' may hold anything: a real rank holds only its own tokens)."""
     T, L, K = topk_ids.shape
     device = topk_ids.device
-    owners = token_owners(T, epoch.num_ranks, src_rank).to(device)
-    rows = [(owners == rank.rank).nonzero().squeeze(1) for rank in epoch.ranks]
+    if src_rank is None:
+        bounds = share_bounds(T, epoch.num_ranks).tolist()
+        rows = [torch.arange(bounds[rank.rank], bounds[rank.rank + 1], device=device)
+                for rank in epoch.ranks]
+    else:
+        owners = token_owners(T, epoch.num_ranks, src_rank).to(device)
+        rows = [(owners == rank.rank).nonzero().squeeze(1) for rank in epoch.ranks]
     drifted = _drift(epoch, [len(r) * K for r in rows])
     if epoch.counts_fast(device):
         return _a2a_counted(epoch, step, topk_ids, src_rank, rows, drifted)
+    topk_ids = _own_ids(topk_ids)
     phys = torch.full(topk_ids.shape, -1, dtype=torch.int64, device=device)
     mine = torch.zeros(T, dtype=torch.bool, device=device)
     choices = []
@@ -305,17 +314,20 @@ def _none_counted(epoch: Epoch, step: int, topk_ids: torch.Tensor) -> StepOutcom
     T, L, K = topk_ids.shape
     P = epoch.placement.num_slots
     drifted = _drift(epoch, [T * K] * len(epoch.ranks))
-    ids = topk_ids.numpy()
     mult = None  # [T, L, K] where some pair may be executed other than once
     if epoch.policy.table is not None:
+        ids = topk_ids.numpy()  # as stored
         slot_load, counts, agreed = epoch.table.count(ids)
         if counts[:, 0].any() or counts[:, 2].any():
             mult = epoch.table.multiplicity(ids)
     elif len(epoch.groups) == 1:  # every rank chooses alike: each valid pair executed once
+        topk_ids = _own_ids(topk_ids)
         slot_load, valid = counting.slot_counts(_dispatch(epoch, 0, step, topk_ids).numpy(), P)
         counts = np.stack([np.zeros_like(valid), valid, np.zeros_like(valid)], 1)
         agreed = valid
     else:
+        topk_ids = _own_ids(topk_ids)
+        ids = topk_ids.numpy()
         done = None
         slot_gpu = epoch.placement.slot_gpu.numpy()
         for group in epoch.groups:
@@ -345,16 +357,17 @@ def _none_counted(epoch: Epoch, step: int, topk_ids: torch.Tensor) -> StepOutcom
 def _a2a_counted(epoch: Epoch, step: int, topk_ids: torch.Tensor,
                  src_rank: torch.Tensor | None, rows: Sequence[torch.Tensor],
                  drifted: torch.Tensor) -> StepOutcome:
-    """`a2a_step` counted fast (module doc): a table policy's contiguous shares counted from
-    their expert counts; otherwise every rank's own rows (slices of contiguous shares when
+    """`a2a_step` counted fast (module doc): a table policy's contiguous shares counted in one
+    pass through each rank's table (`counting.sent_loads`); otherwise every rank's own rows (slices of contiguous shares when
     there is no `src_rank`) dispatched into one buffer, counted once."""
     if epoch.policy.table is not None and src_rank is None:  # contiguous shares, in rank order
-        offsets = np.cumsum([0] + [len(own) for own in rows])
-        slot_load = epoch.table.sent_loads(topk_ids.numpy(), offsets)
+        slot_load = epoch.table.sent_loads(topk_ids.numpy(),
+                                           share_bounds(topk_ids.shape[0], epoch.num_ranks))
         valid = slot_load.sum(1)
         counts = np.stack([np.zeros_like(valid), valid, np.zeros_like(valid)], 1)
         return StepOutcome(torch.from_numpy(slot_load), None, torch.from_numpy(counts),
                            torch.from_numpy(valid), drifted)
+    topk_ids = _own_ids(topk_ids)
     phys = torch.empty(topk_ids.shape, dtype=torch.int64)
     for i, own in enumerate(rows):
         if src_rank is None and len(own):  # contiguous: a view, not a copy
@@ -372,7 +385,7 @@ def _a2a_counted(epoch: Epoch, step: int, topk_ids: torch.Tensor,
 class Table:
     """A table policy's choices for one epoch, counted per (layer, expert) once.
 
-    tables:    int64 `[G, L, E]` each rank's table (`DispatchPolicy.table`), ranks in order
+    tables:    int32 `[G, L, E]` each rank's table (`DispatchPolicy.table`), ranks in order
     executed:  bool `[G, L, E]` the rank's table slot is on its own GPU (it executes the pairs
                in "none")
     times:     int32 `[L, E]` ranks that execute an expert's pairs in "none" (`c` of each pair)
@@ -392,7 +405,7 @@ class Table:
         tables = torch.stack([
             epoch.policy.table(view, rank_context(0, rank, epoch.mode, epoch.seed,
                                                   epoch.rank_offset)).cpu()
-            for rank, view in zip(epoch.ranks, epoch.views)]).numpy()  # [G, L, E]
+            for rank, view in zip(epoch.ranks, epoch.views)]).numpy().astype(np.int32)
         G = tables.shape[0]
         executed = epoch.placement.slot_gpu.numpy()[tables] == np.arange(G).reshape(G, 1, 1)
         return cls(tables, executed, executed.sum(0, dtype=np.int32),
@@ -419,6 +432,12 @@ class Table:
         return counting.pair_table(self.times, ids)
 
 
+def _own_ids(topk_ids: torch.Tensor) -> torch.Tensor:
+    """The step's ids as policies take them: int32, a copy of the caller's (which may be a
+    view of the trace's storage, in any integer dtype)."""
+    return topk_ids.to(torch.int32, copy=True)
+
+
 MODES: dict[str, Callable[..., StepOutcome]] = {
     "none": none_step,
     "a2a": a2a_step,
@@ -434,7 +453,14 @@ def token_owners(num_tokens: int, num_ranks: int,
             raise InputError(f"the trace's src_rank names rank {int(src_rank.max())}, but there "
                              f"are only {num_ranks} GPUs")
         return src_rank.long()
+    return torch.repeat_interleave(torch.arange(num_ranks),
+                                   torch.from_numpy(np.diff(share_bounds(num_tokens, num_ranks))))
+
+
+def share_bounds(num_tokens: int, num_ranks: int) -> np.ndarray:
+    """Where the contiguous shares of `token_owners` start, int64 `[G + 1]`: rank `r` owns
+    rows `bounds[r]:bounds[r + 1]`."""
     base, extra = divmod(num_tokens, num_ranks)
-    sizes = torch.full((num_ranks,), base, dtype=torch.int64)
+    sizes = np.full(num_ranks, base, np.int64)
     sizes[:extra] += 1
-    return torch.repeat_interleave(torch.arange(num_ranks), sizes)
+    return np.concatenate([[0], np.cumsum(sizes)])

@@ -113,12 +113,13 @@ def run_steps(trace: Any, spec: RunSpec, segments: Sequence[Segment],
     moe = make_toy_moe(L, E, d.hidden, d.seed, device)
     slot_load = torch.zeros(S, L, segments[0].placement.num_slots, dtype=trace.load_dtype)
     counters = Counters.zeros(S, L, G)
+    read = getattr(trace, "stored_step", trace.step)  # ids as stored: the steps widen them
     for start, stop, placement in epochs(segments):
         views = tuple(rank_view(d.view, placement, r.rank).to(device) for r in ranks)
         epoch = Epoch(name, policy, placement, ranks, views, rank_groups(views, policy), G,
                       d.mode, d.seed, d.rank_offset, d.drift_p, moe, comm, fast=fast)
         for s in range(start, stop):
-            ids = trace.step(s).to(device)  # [T, L, K]
+            ids = read(s).to(device)  # [T, L, K]
             out = mode_step(epoch, s, ids, trace.step_src_rank(s))
             slot_load[s] = out.slot_load
             counters.valid[s], counters.multiplicity[s] = out.valid, out.counts

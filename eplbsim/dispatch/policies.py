@@ -158,21 +158,35 @@ def ordinal_policy(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> 
 
 
 @lru_cache(maxsize=16)
-def _leftover_places(placement: Placement) -> torch.Tensor:
+def _leftover_places(placement: Placement) -> np.ndarray:
     """`static`'s ranks left over for each expert, judged on the full placement (no replica on
     their GPU or node): int64 `[L, E, G]`, at `[l, e, r]` the number of leftover ranks up to
     and including `r`, minus one (rank `r`'s place among them when it is one)."""
     topo = placement.topology
-    full = placement.log2phy  # [L, E, R']
-    fvalid = full >= 0
-    fsafe = full.clamp(min=0)
-    ranks = torch.arange(topo.num_gpus)
-    on_gpu = ((placement.slot_gpu[fsafe].unsqueeze(-1) == ranks) & fvalid.unsqueeze(-1)).any(-2)
-    rank_node = ranks // topo.gpus_per_node
-    on_node = ((placement.slot_node[fsafe].unsqueeze(-1) == rank_node)
-               & fvalid.unsqueeze(-1)).any(-2)
-    leftover = ~(on_gpu | on_node)  # [L, E, G]
-    return leftover.long().cumsum(-1) - 1
+    places = np.empty(placement.log2phy.shape[:2] + (topo.num_gpus,), np.int64)
+    _leftover_counts(placement.log2phy.cpu().long().numpy(), placement.slot_gpu.numpy(),
+                     topo.gpus_per_node, places)
+    return places
+
+
+@numba.jit(nopython=True, nogil=True, cache=True)
+def _leftover_counts(log2phy, slot_gpu, gpus_per_node, places):  # pragma: no cover - compiled
+    L, E, G = places.shape
+    on_gpu = np.empty(G, np.bool_)
+    on_node = np.empty(G // gpus_per_node, np.bool_)
+    for layer in range(L):
+        for e in range(E):
+            on_gpu[:] = False
+            on_node[:] = False
+            for slot in log2phy[layer, e]:
+                if slot >= 0:
+                    on_gpu[slot_gpu[slot]] = True
+                    on_node[slot_gpu[slot] // gpus_per_node] = True
+            count = -1
+            for r in range(G):
+                if not (on_gpu[r] or on_node[r // gpus_per_node]):
+                    count += 1
+                places[layer, e, r] = count
 
 
 @lru_cache(maxsize=16)
@@ -203,7 +217,7 @@ def static_table(view: View, rank: int, seed: int) -> torch.Tensor:
     cands, cnt, gpu, node, perm = _static_candidates(view.log2phy, view.logcnt, placement, seed)
     table = np.empty(cnt.shape, np.int64)
     _static_choices(cands, cnt, gpu, node, perm,
-                    np.ascontiguousarray(_leftover_places(placement)[..., rank].numpy()), rank,
+                    np.ascontiguousarray(_leftover_places(placement)[..., rank]), rank,
                     placement.topology.node_of_gpu(rank), table)
     return torch.from_numpy(table).to(view.log2phy.device)
 

@@ -195,8 +195,12 @@ class DirTrace(TraceShape):
 
     def step(self, s: int) -> torch.Tensor:
         """Logical ids of step `s`, int32 `[T_s, L, K]` (a fresh copy)."""
+        return self.stored_step(s).to(torch.int32)
+
+    def stored_step(self, s: int) -> torch.Tensor:
+        """Logical ids of step `s` in the file's dtype, `[T_s, L, K]` (a fresh copy)."""
         lo, hi = self._bounds(s)
-        return torch.from_numpy(self._ids.rows(lo, hi).astype(np.int32, copy=False))
+        return torch.from_numpy(self._ids.rows(lo, hi))
 
     def step_src_rank(self, s: int) -> torch.Tensor | None:
         """Source ranks of step `s`'s tokens, int64 `[T_s]`, or None."""

@@ -167,7 +167,12 @@ class Trace(TraceShape):
 
     def step(self, s: int) -> torch.Tensor:
         """Logical ids of step `s`, int32 `[T_s, L, K]` (a fresh copy, widened from storage)."""
-        return self.topk_ids[self.step_offsets[s]:self.step_offsets[s + 1]].to(torch.int32)
+        return self.stored_step(s).to(torch.int32)
+
+    def stored_step(self, s: int) -> torch.Tensor:
+        """Logical ids of step `s` as stored (`id_dtype`), `[T_s, L, K]`: a view of the
+        trace, for readers that take any integer dtype and never write."""
+        return self.topk_ids[self.step_offsets[s]:self.step_offsets[s + 1]]
 
     def step_src_rank(self, s: int) -> torch.Tensor | None:
         """Source ranks of step `s`'s tokens, int64 `[T_s]`, or None."""
