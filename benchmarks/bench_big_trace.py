@@ -56,6 +56,9 @@ class Repeated(TraceShape):
     def step(self, s):
         return self.trace.step(s % self.trace.num_steps)
 
+    def stored_step(self, s):
+        return self.trace.stored_step(s % self.trace.num_steps)
+
     def step_src_rank(self, s):
         return self.trace.step_src_rank(s % self.trace.num_steps)
 
