@@ -7,7 +7,8 @@
 # 2. prints the GPU; 3. runs the CUDA and Triton tests (Triton kernels vs the reference policies
 #    on random inputs, poisoned outputs, -1 padding, E not a power of two); 4. times the Triton
 #    step kernels directly at N = 1e8 pairs against a device copy of the same bytes; 5. runs
-#    `eplbsim bench --device cuda --json`; 6. runs `eplbsim ranks` on NCCL with one rank per
+#    `eplbsim bench --device cuda --json` (the dispatch rows, and the replay on the device beside
+#    its kernel calls in both modes); 6. runs `eplbsim ranks` on NCCL with one rank per
 #    GPU (world size 1 when there is one GPU) and checks it against the simulation; 7. prints a
 #    short summary table.
 # Every step has a timeout; the whole script stays well under 10 minutes. Logs and JSON go to
@@ -54,7 +55,8 @@ print(f"torch {torch.__version__} (CUDA {torch.version.cuda}), triton {triton.__
 EOF
 
 step tests "${TEST_TIMEOUT:-240}" "$PY" -m pytest -q -p no:cacheprovider \
-    tests/test_kernels_triton.py tests/test_dispatch.py tests/test_replay.py -k "cuda or triton"
+    tests/test_kernels_triton.py tests/test_dispatch.py tests/test_replay.py tests/test_moe.py \
+    -k "cuda or triton"
 
 kernel_bench() {
     "$PY" - "$OUTDIR/triton_kernels.json" <<'EOF'
@@ -123,7 +125,7 @@ step kernels "${KERNEL_TIMEOUT:-120}" bash -c kernel_bench
 
 bench_json() {
     set -euo pipefail
-    "$PY" -m eplbsim.cli bench --device cuda --json > "$OUTDIR/bench.json"
+    "$PY" -m eplbsim.cli bench --device cuda --replay-repeats 1 --json > "$OUTDIR/bench.json"
 }
 export -f bench_json
 step bench "${BENCH_TIMEOUT:-240}" bash -c bench_json
@@ -172,11 +174,12 @@ if disp:
               f"{o / f:8.2f}x")
 rep = [r for r in rows if r.get("kind") == "replay"]
 if rep:
-    print(f"\n{'replay':8s} {'ranks':>5s} {'S':>3s} {'T':>5s} {'L':>3s} {'seconds':>8s} "
-          f"{'pairs/s/rank':>13s}")
+    print(f"\n{'mode':5s} {'replay':8s} {'ranks':>5s} {'S':>3s} {'T':>5s} {'L':>3s} "
+          f"{'replay s':>9s} {'M pairs/s':>10s} {'kernel s':>9s} {'replay/kernel':>14s}")
     for r in rep:
-        print(f"{r['policy']:8s} {r['ranks']:5d} {r['steps']:3d} {r['tokens']:5d} "
-              f"{r['layers']:3d} {r['seconds']:8.2f} {r['pairs_per_s_per_rank']:13.3e}")
+        print(f"{r['mode']:5s} {r['policy']:8s} {r['ranks']:5d} {r['steps']:3d} {r['tokens']:5d} "
+              f"{r['layers']:3d} {r['replay_seconds']:9.3f} {r['replay_pairs_per_s'] / 1e6:10.1f} "
+              f"{r['kernel_seconds']:9.3f} {r['replay_over_kernel']:14.2f}")
 EOF
 echo "total ${SECONDS}s"
 for name in tests kernels bench ranks; do

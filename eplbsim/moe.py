@@ -17,6 +17,7 @@ CUDA `pair_outputs` (torch) does, layer by layer.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Callable
@@ -121,14 +122,42 @@ def all_reduced_error_terms(moe: ToyMoE, step: int, topk_ids: torch.Tensor,
 
 
 def error_terms(diff: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
-    """`(||diff[l]||^2, ||exact[l]||^2)` of every layer, float64 `[L, 2]`, for `diff [L, R, D]`
-    (any rows of `Y - Y_exact`; zero rows may be left out) and `exact [L, T, D]`. The first is
-    summed exactly rounded (`counting.square_sums`, as `math.fsum`), so it does not depend on
-    which zero rows are included or in what order; the second is torch's sum of each layer."""
-    rows = diff.reshape(diff.shape[0], -1).cpu().numpy()
-    return torch.stack([torch.from_numpy(counting.square_sums(rows)), exact_norms(exact)], 1)
+    """`(||diff[l]||^2, ||exact[l]||^2)` of every layer, float64 `[L, 2]` on the CPU, for
+    `diff [L, R, D]` (any rows of `Y - Y_exact`; zero rows may be left out) and `exact
+    [L, T, D]`, on their device. The first is summed exactly rounded (as `math.fsum`), so it
+    does not depend on which zero rows are included or in what order: on the CPU by
+    `counting.square_sums`, elsewhere on the device by `grid_square_sums` (only `[L]` integer
+    pairs cross to the CPU), or on the CPU where that does not apply. The second is torch's
+    sum of each layer."""
+    rows = diff.reshape(diff.shape[0], -1)
+    squares = None if rows.device.type == "cpu" else grid_square_sums(rows)
+    if squares is None:
+        squares = torch.from_numpy(counting.square_sums(rows.cpu().numpy()))
+    return torch.stack([squares, exact_norms(exact)], 1)
+
+
+def grid_square_sums(rows: torch.Tensor) -> torch.Tensor | None:
+    """The exactly rounded sum of the squares (each rounded to float64) of each row of float64
+    `rows [L, n]` on any device, float64 `[L]` on the CPU, equal to `math.fsum`; None unless
+    every value is a multiple of `2**-GRID_BITS` below `2**7` in magnitude (toy-MoE output
+    differences are), with `n < 2**32`.
+
+    Then each rounded square is an integer multiple `m < 2**62` of `2**(-2 * GRID_BITS)`
+    (rounding a multiple of that power of two to float64 keeps it one): the high and the low
+    31 bits of `m` are summed exactly in int64 on the device, and the total is rounded once, by
+    Python's correctly rounded int -> float conversion."""
+    if rows.shape[1] >= 2 ** 32:
+        return None
+    scaled = rows * 2.0 ** GRID_BITS
+    if rows.numel() and bool((rows.abs() >= 2.0 ** 7).any() | (scaled != scaled.round()).any()):
+        return None
+    m = (rows * rows * 2.0 ** (2 * GRID_BITS)).to(torch.int64)  # [L, n] exact integers
+    high, low = torch.stack([(m >> 31).sum(1), (m & (2 ** 31 - 1)).sum(1)]).cpu().tolist()
+    return torch.tensor([math.ldexp(float((h << 31) + lo), -2 * GRID_BITS)
+                         for h, lo in zip(high, low)], dtype=torch.float64)
 
 
 def exact_norms(exact: torch.Tensor) -> torch.Tensor:
-    """`||exact[l]||^2` of every layer of `exact [L, T, D]`, float64 `[L]` on the CPU."""
-    return torch.tensor([float((e * e).sum()) for e in exact], dtype=torch.float64)
+    """`||exact[l]||^2` of every layer of `exact [L, T, D]`, float64 `[L]` on the CPU: each
+    layer's torch sum, brought to the CPU together."""
+    return torch.stack([(e * e).sum() for e in exact]).cpu()

@@ -3,10 +3,11 @@
 import math
 
 import numpy as np
+import pytest
 import torch
 
-from eplbsim.moe import (GRID_BITS, all_reduced_error_terms, error_terms, make_toy_moe,
-                         pair_outputs, step_sums, token_inputs)
+from eplbsim.moe import (GRID_BITS, all_reduced_error_terms, error_terms, grid_square_sums,
+                         make_toy_moe, pair_outputs, step_sums, token_inputs)
 
 
 def test_pair_outputs_match_the_definition_and_zero_padding():
@@ -45,6 +46,40 @@ def test_error_terms_ignore_zero_rows_and_sum_exactly():
     assert error_terms(diff, exact)[0, 1] == 8.0
     tiny = torch.tensor([[[1.0, 2.0 ** -30, 2.0 ** -30, 2.0 ** -30]]], dtype=torch.float64)
     assert error_terms(tiny, exact)[0, 0] == math.fsum((tiny * tiny).flatten().tolist())
+
+
+def _grid_rows(rng, rows, n, top):
+    """float64 `[rows, n]` multiples of 2**-GRID_BITS of magnitudes up to `top`, a third 0."""
+    v = np.round(rng.standard_normal((rows, n)) * 10.0 ** rng.uniform(-7, np.log10(top), (rows, n))
+                 * 2.0 ** GRID_BITS) / 2.0 ** GRID_BITS
+    v[rng.random(v.shape) < 1 / 3] = 0.0
+    return torch.from_numpy(np.clip(v, -top, top))
+
+
+def test_grid_square_sums_are_math_fsum_or_decline():
+    rng = np.random.default_rng(7)
+    rows = _grid_rows(rng, 5, 4000, 100.0)
+    rows[1] = 0.0
+    rows[2, :3] = torch.tensor([127.0, -2.0 ** -GRID_BITS, 3 * 2.0 ** -GRID_BITS])
+    got = grid_square_sums(rows)
+    assert [float(g) for g in got] == [math.fsum(v * v for v in r.tolist()) for r in rows]
+    assert grid_square_sums(rows[:, :0]).tolist() == [0.0] * 5
+    off_grid = rows.clone()
+    off_grid[0, 0] = 2.0 ** -(GRID_BITS + 1)
+    large = rows.clone()
+    large[3, 5] = 2.0 ** 7
+    assert grid_square_sums(off_grid) is None and grid_square_sums(large) is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_error_terms_on_cuda_equal_the_cpu_ones():
+    rng = np.random.default_rng(8)
+    diff = _grid_rows(rng, 3, 6000, 50.0).reshape(3, 1000, 6)
+    exact = _grid_rows(rng, 3, 6000, 5.0).reshape(3, 1000, 6)
+    assert torch.equal(error_terms(diff.cuda(), exact.cuda()), error_terms(diff, exact))
+    large = diff.clone()
+    large[0, 0, 0] = 300.0  # beyond the grid method: summed on the CPU instead
+    assert torch.equal(error_terms(large.cuda(), exact.cuda()), error_terms(large, exact))
 
 
 def test_output_error_is_zero_at_multiplicity_one_and_one_when_doubled_or_dropped():
