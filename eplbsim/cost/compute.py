@@ -1,0 +1,43 @@
+"""Expert compute time of each GPU in one layer (DESIGN.md §8), `COST_MODELS` entries.
+
+Dimensions: `...` any leading dims (steps, layers), `P` slots, `G` GPUs.
+
+A cost model is `fn(pairs [..., G], active [..., G], shape, device) -> seconds [..., G]`
+(float64): `pairs` the (token, expert) pairs a GPU executes, `active` its slots with at least one
+pair (whose weights it reads). Both may be fractional (the balanced reference spreads the mean).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .devices import DeviceProfile
+from .shapes import ModelShape
+
+ETA_COMPUTE = 0.8  # roofline's share of peak FLOP/s a grouped GEMM reaches (DeepGEMM: ~0.68)
+ETA_MEMORY = 0.9  # roofline's share of HBM bandwidth
+
+
+def gpu_work(slot_load: torch.Tensor, slot_gpu: torch.Tensor,
+             num_gpus: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(pairs, active)`, float64 `[..., G]` each, of executed pairs per slot `slot_load
+    [..., P]` on GPUs `slot_gpu [P]`: each GPU's pairs, and its slots with pairs."""
+    load = slot_load.to(torch.float64)
+    index = slot_gpu.to(load.device).expand(load.shape)
+    zeros = load.new_zeros(load.shape[:-1] + (num_gpus,))
+    return (zeros.scatter_add(-1, index, load),
+            zeros.scatter_add(-1, index, (load > 0).to(torch.float64)))
+
+
+def roofline(pairs: torch.Tensor, active: torch.Tensor, shape: ModelShape,
+             device: DeviceProfile, eta_compute: float = ETA_COMPUTE,
+             eta_memory: float = ETA_MEMORY) -> torch.Tensor:
+    """`max(FLOPs / (peak x eta_compute), bytes / (HBM x eta_memory)) + launch`, seconds
+    `[..., G]`: FLOPs `6 H I` a pair; bytes the weights of every active slot (`3 H I` weight
+    elements) plus each pair's activations in and out (`2 H` activation elements). A lower
+    bound in spirit: a measured kernel should not be faster."""
+    pairs, active = pairs.to(torch.float64), active.to(torch.float64)
+    flops = pairs * shape.flops_per_pair
+    moved = active * shape.expert_weight_bytes + pairs * 2 * shape.hidden * shape.bytes_of("act")
+    return torch.maximum(flops / (device.peak_flops(shape.weight_dtype) * eta_compute),
+                         moved / (device.hbm * eta_memory)) + device.launch_s

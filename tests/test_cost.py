@@ -1,0 +1,128 @@
+"""The cost model against its own definitions on hand-computed cases, and its contracts over
+every registry entry (DESIGN.md §8)."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from eplbsim.cost import COST_MODELS, DEVICES, MODELS, layer_seconds
+from eplbsim.cost.comm import a2a_link_bytes, a2a_seconds, a2a_token_counts, allreduce_seconds
+from eplbsim.cost.compute import ETA_COMPUTE, ETA_MEMORY, gpu_work, roofline
+from eplbsim.cost.devices import DeviceProfile
+from eplbsim.cost.shapes import ModelShape
+from eplbsim.errors import InputError
+from eplbsim.placement import trivial_placement
+from eplbsim.topology import Topology
+
+TINY = ModelShape(hidden=4, intermediate=2, experts=1, top_k=1, moe_layers=1)
+SLOW = DeviceProfile(flops_bf16=1e3, flops_fp8=2e3, hbm=1e2, nvlink=10.0, rdma=2.0,
+                     latency_s=0.5, launch_s=1e-3)
+
+
+def test_roofline_of_one_gpu_one_expert_by_hand():
+    """10 pairs: 6 H I x 10 = 480 FLOPs; 3 H I weights x 2 B + 10 x 2 H x 2 B = 48 + 160 bytes."""
+    got = roofline(torch.tensor([[10.0]]), torch.tensor([[1.0]]), TINY, SLOW)
+    want = max(480 / (1e3 * ETA_COMPUTE), 208 / (1e2 * ETA_MEMORY)) + 1e-3
+    assert got.shape == (1, 1) and got.dtype == torch.float64 and float(got) == pytest.approx(want)
+    fp8 = dataclasses.replace(TINY, weight_dtype="fp8")  # half the weight bytes, FP8's peak
+    want8 = max(480 / (2e3 * ETA_COMPUTE), 184 / (1e2 * ETA_MEMORY)) + 1e-3
+    assert float(roofline(torch.tensor([10.0]), torch.tensor([1.0]), fp8, SLOW)) \
+        == pytest.approx(want8)
+    assert float(roofline(torch.tensor([0.0]), torch.tensor([0.0]), TINY, SLOW)) == 1e-3
+
+
+def test_gpu_work_sums_pairs_and_active_slots_per_gpu():
+    load = torch.tensor([[3, 0, 2, 5], [0, 0, 0, 1]])
+    pairs, active = gpu_work(load, torch.tensor([0, 0, 1, 1]), 2)
+    assert pairs.tolist() == [[3, 7], [0, 1]] and active.tolist() == [[1, 2], [0, 1]]
+
+
+def test_two_node_all_to_all_volumes_by_hand():
+    """4 GPUs, 2 a node. Token 0 (rank 0) -> GPUs 1, 2; token 1 (rank 0) -> 2, 3; token 2
+    (rank 1) -> 0 and padding; token 3 (rank 3) -> 0, 1: rank 0 sends 2 tokens to node 1 (both
+    land on GPU 2, its proxy there, which forwards token 1 to GPU 3); rank 3's token lands on
+    GPU 1 and is forwarded to GPU 0."""
+    topo = Topology(4, 2)
+    gpu_tokens, node_tokens = a2a_token_counts(
+        torch.tensor([0, 0, 1, 3]), torch.tensor([[1, 2], [2, 3], [0, -1], [0, 1]]), topo)
+    assert gpu_tokens[0].tolist() == [0, 1, 2, 1] and node_tokens[0].tolist() == [1, 2]
+    nvl, rdma = a2a_link_bytes(gpu_tokens, node_tokens, topo, token_bytes=3.0)
+    assert nvl.tolist() == [6.0, 6.0, 3.0, 3.0]  # max(sent, received) x 3 bytes
+    assert rdma.tolist() == [6.0, 3.0, 6.0, 3.0]
+    shape = dataclasses.replace(TINY, dispatch_dtype="fp8")  # 4 B a token out, 8 B back
+    got = float(a2a_seconds(gpu_tokens, node_tokens, topo, shape, SLOW))
+    assert got == pytest.approx((0.5 + max(2 * 4 / 10.0, 2 * 4 / 2.0))
+                                + (0.5 + max(2 * 8 / 10.0, 2 * 8 / 2.0)))
+
+
+def test_all_reduce_is_a_ring_within_a_node_and_hierarchical_across():
+    shape = TINY  # a token's output: 4 x 2 bytes
+    tokens = torch.tensor([10.0, 0.0])
+    one = allreduce_seconds(tokens, Topology(4, 4), shape, SLOW)
+    two = allreduce_seconds(tokens, Topology(4, 2), shape, SLOW)
+    size = 10 * 8
+    assert one.tolist() == pytest.approx([0.5 + 2 * 3 / 4 * size / 10.0, 0.5])
+    assert two.tolist() == pytest.approx([0.5 + size / 10.0 + (size / 2) / 2.0, 0.5])
+    assert allreduce_seconds(tokens, Topology(1), shape, SLOW).tolist() == [0.0, 0.0]
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), device=st.sampled_from(sorted(DEVICES)),
+       model=st.sampled_from(sorted(MODELS)), overlap=st.booleans())
+def test_balanced_is_never_slower_and_time_grows_with_load(seed, device, model, overlap):
+    rng = np.random.default_rng(seed)
+    placement = trivial_placement(2, 16, 32, Topology(8, 4))
+    load = torch.from_numpy(rng.integers(0, 3000, (3, 2, 32)) * (rng.random((3, 2, 32)) < 0.7))
+    comm = torch.from_numpy(rng.random((3, 2)) * 1e-3)
+    t = layer_seconds(load, placement, comm, model, device, overlap=overlap)
+    assert all(v.shape == (3, 2) and v.dtype == torch.float64 for v in t.values())
+    assert (t["compute_balanced"] <= t["compute"] * (1 + 1e-12)).all()
+    assert (t["total_balanced"] <= t["total"] * (1 + 1e-12)).all()
+    more = load.clone()
+    more[..., int(rng.integers(32))] += int(rng.integers(1, 500))
+    assert (layer_seconds(more, placement, comm, model, device)["compute"]
+            >= layer_seconds(load, placement, comm, model, device)["compute"]).all()
+
+
+def test_imbalance_overhead_is_exactly_zero_for_a_balanced_step():
+    placement = trivial_placement(1, 16, 32, Topology(8, 4))  # 4 slots a GPU
+    load = torch.tensor([[7, 0, 3, 1] * 8])  # every GPU: 11 pairs on 3 active slots
+    t = layer_seconds(load, placement, torch.tensor([2e-4]), "deepseek-v3", "h200")
+    assert torch.equal(t["compute"], t["compute_balanced"])
+    assert float(t["total"] / t["total_balanced"] - 1) == 0.0
+
+
+@pytest.mark.parametrize("name", sorted(COST_MODELS))
+def test_every_cost_model_gives_positive_seconds_per_gpu(name):
+    pairs = torch.tensor([[0.0, 5.0, 5000.0]])
+    out = COST_MODELS[name](pairs, (pairs > 0).double(), MODELS["deepseek-v3"], DEVICES["h200"])
+    assert out.shape == (1, 3) and out.dtype == torch.float64 and (out > 0).all()
+    assert out[0, 0] <= out[0, 1] <= out[0, 2]
+
+
+def test_a_user_cost_model_is_taken_like_a_policy():
+    def flat(pairs, active, shape, device):
+        return pairs * 1e-6
+    placement = trivial_placement(1, 4, 4, Topology(2))
+    t = layer_seconds(torch.tensor([[1, 2, 3, 4]]), placement, torch.zeros(1), "olmoe-1b-7b",
+                      "b200", model=flat)
+    assert t["compute"].tolist() == pytest.approx([7e-6])
+
+
+def test_registries_have_sources_and_bad_figures_are_refused():
+    assert all(m.source for m in MODELS.values()) and all(d.source for d in DEVICES.values())
+    assert MODELS["deepseek-v3"].expert_weight_bytes == 3 * 7168 * 2048  # FP8: 1 byte each
+    with pytest.raises(InputError, match="hbm"):
+        dataclasses.replace(DEVICES["h200"], hbm=-1.0)
+    with pytest.raises(InputError, match="nvlink"):
+        dataclasses.replace(DEVICES["h200"], nvlink=float("nan"))
+    with pytest.raises(InputError, match="weight_dtype"):
+        dataclasses.replace(TINY, weight_dtype="int3")
+    with pytest.raises(InputError, match="hidden"):
+        dataclasses.replace(TINY, hidden=0)
+    with pytest.raises(InputError, match="unknown model 'gpt-5'"):
+        layer_seconds(torch.ones(1, 4), trivial_placement(1, 4, 4, Topology(2)),
+                      torch.zeros(1), "gpt-5", "h200")
