@@ -32,6 +32,8 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import numpy as np
 import torch
 
+from . import cost
+from .cost.comm import layer_comm_seconds
 from .counting import summed
 from .placement import Placement
 from .solvers.bounds import lower_bound
@@ -170,6 +172,9 @@ class Counters:
     multiplicity: int64 `[S, L, 3]` valid pairs executed 0, 1, >= 2 times
     error:        float64 `[S, L, 2]` (||Y - Y_exact||^2, ||Y_exact||^2) of the toy layer
     drift:        bool `[S, G]` ranks that consumed an extra batch of draws before the step
+    tokens:       int64 `[S]` tokens of each step
+    crossings:    int64 `[S, L, 2]` in "a2a" with a cost model: the busiest GPU's token
+                  crossings of each layer's dispatch over NVLink and RDMA (else 0)
     """
 
     agreed: torch.Tensor
@@ -177,6 +182,8 @@ class Counters:
     multiplicity: torch.Tensor
     error: torch.Tensor
     drift: torch.Tensor
+    tokens: torch.Tensor
+    crossings: torch.Tensor
 
     @classmethod
     def zeros(cls, num_steps: int, num_layers: int, num_ranks: int) -> "Counters":
@@ -185,7 +192,8 @@ class Counters:
         return cls(torch.zeros(S, L, dtype=torch.int64), torch.zeros(S, L, dtype=torch.int64),
                    torch.zeros(S, L, 3, dtype=torch.int64),
                    torch.zeros(S, L, 2, dtype=torch.float64),
-                   torch.zeros(S, num_ranks, dtype=torch.bool))
+                   torch.zeros(S, num_ranks, dtype=torch.bool), torch.zeros(S, dtype=torch.int64),
+                   torch.zeros(S, L, 2, dtype=torch.int64))
 
     def steps(self, lo: int, hi: int) -> "Counters":
         """The counters of steps `[lo, hi)` (views)."""
@@ -204,6 +212,8 @@ class Chunk:
     placement: the placement in service; best: the segment's best placement
     moved:     int64 `[c, L]` slots whose expert changed at each step (a rebalance)
     num_gpus:  `G`
+    cost:      the run's `spec.CostPart` when it names a cost model, else None
+    mode:      the run's mode
     """
 
     lo: int
@@ -215,6 +225,19 @@ class Chunk:
     best: Placement
     moved: torch.Tensor
     num_gpus: int
+    cost: Any = None
+    mode: str = "none"
+
+    @cached_property
+    def seconds(self) -> dict[str, torch.Tensor]:
+        """Every layer's time, float64 `[c, L]` each (`cost.layer_seconds`: `compute`,
+        `compute_balanced`, `comm`, `total`, `total_balanced`) under the run's cost model."""
+        c = self.cost
+        shape, device = cost.MODELS[c.model], cost.DEVICES[c.device_profile]
+        comm = layer_comm_seconds(self.mode, self.counters.tokens, self.counters.crossings,
+                                  self.placement.topology, shape, device)
+        return cost.layer_seconds(self.executed, self.placement, comm, shape, device, c.cost,
+                                  c.overlap)
 
     @cached_property
     def gpu_load(self) -> torch.Tensor:
@@ -249,11 +272,11 @@ def _promise(placement: Placement, routed: torch.Tensor, num_gpus: int) -> torch
 
 
 def chunks(slot_load: torch.Tensor | None, true_load: torch.Tensor,
-           counters: Counters | None, segments: Sequence[Any],
-           num_gpus: int) -> Iterator[Chunk]:
+           counters: Counters | None, segments: Sequence[Any], num_gpus: int,
+           cost_part: Any = None, mode: str = "none") -> Iterator[Chunk]:
     """The run cut into chunks of at most `SUMMARY_CHUNK` steps within each segment
     (`schedule.Segment`: `start`, `stop`, `placement`, `best`, `rebalance`), made one at a
-    time (a chunk's cached intermediates go with it)."""
+    time (a chunk's cached intermediates go with it); `cost_part` and `mode` as `Chunk`'s."""
     S, L, _ = true_load.shape
     for seg in segments:
         for lo in range(seg.start, seg.stop, SUMMARY_CHUNK):
@@ -263,7 +286,7 @@ def chunks(slot_load: torch.Tensor | None, true_load: torch.Tensor,
                 moved[0] = torch.from_numpy(seg.rebalance.transfers.sum(1))
             yield Chunk(lo, hi, true_load[lo:hi], None if slot_load is None else slot_load[lo:hi],
                         None if counters is None else counters.steps(lo, hi), seg.placement,
-                        seg.best, moved, num_gpus)
+                        seg.best, moved, num_gpus, cost_part, mode)
 
 
 # ----------------------------------------------------------------------------- reductions
@@ -306,6 +329,28 @@ def ratio(num: torch.Tensor, den: torch.Tensor, *, dims: tuple[int, ...]) -> tor
 def root_ratio(num: torch.Tensor, den: torch.Tensor, *, dims: tuple[int, ...]) -> torch.Tensor:
     """sqrt(sum(num) / sum(den)): a relative norm from squared norms."""
     return ratio(num, den, dims=dims).sqrt()
+
+
+def step_time(x: torch.Tensor, *, dims: tuple[int, ...]) -> torch.Tensor:
+    """A step's time is the sum of its layers': summed over layers, then the mean over steps."""
+    x = x.to(torch.float64)
+    if 1 in dims:
+        x = x.sum(1)
+    return x.mean(0) if 0 in dims else x
+
+
+def overhead(num: torch.Tensor, den: torch.Tensor, *, dims: tuple[int, ...]) -> torch.Tensor:
+    """sum(num) / sum(den) - 1: the pooled excess of a time over its reference."""
+    return ratio(num, den, dims=dims) - 1
+
+
+def throughput(tokens: torch.Tensor, seconds: torch.Tensor, *,
+               dims: tuple[int, ...]) -> torch.Tensor:
+    """Tokens over time: `tokens [S, L]` is each step's tokens on every layer (counted once per
+    step), `seconds` each layer's time."""
+    n = tokens.to(torch.float64)
+    n = n.mean(1) if 1 in dims else n
+    return _divide(n.sum(0) if 0 in dims else n, total(seconds, dims=dims))
 
 
 def shares(*counts: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
@@ -382,8 +427,13 @@ def _moved_bytes(results: Any) -> int:
     return int(results.components["moved_slots"][0].sum()) * results.spec.schedule.expert_bytes
 
 
-EXECUTED, COUNTERS = "executed", "counters"
-DECOMPOSITION = frozenset({"decomposition"})
+def _step_tokens(chunk: Chunk) -> torch.Tensor:
+    """Each step's tokens on every layer, `[c, L]`."""
+    return chunk.counters.tokens.unsqueeze(1).expand(chunk.counters.valid.shape)
+
+
+EXECUTED, COUNTERS, COST = "executed", "counters", "cost"
+DECOMPOSITION, TIME = frozenset({"decomposition"}), frozenset({"time"})
 
 METRICS: dict[str, Metric] = {
     "gpu_imbalance": Metric("gpu_imb", lambda c: (c.imbalance,), needs=EXECUTED,
@@ -411,6 +461,19 @@ METRICS: dict[str, Metric] = {
     "rebalances": Metric("rebalances", whole=_rebalances, tables=DECOMPOSITION),
     "moved_slots": Metric("moved_slots", lambda c: (c.moved,), total, tables=DECOMPOSITION),
     "moved_bytes": Metric("moved_bytes", whole=_moved_bytes, tables=frozenset()),
+    "moe_ms": Metric("moe_ms", lambda c: (c.seconds["total"] * 1e3,), step_time, needs=COST,
+                     tables=TIME),
+    "compute_ms": Metric("compute_ms", lambda c: (c.seconds["compute"] * 1e3,), step_time,
+                         needs=COST, tables=TIME),
+    "comm_ms": Metric("comm_ms", lambda c: (c.seconds["comm"] * 1e3,), step_time, needs=COST,
+                      tables=TIME),
+    "moe_ms_balanced": Metric("balanced_ms", lambda c: (c.seconds["total_balanced"] * 1e3,),
+                              step_time, needs=COST, tables=TIME),
+    "imbalance_overhead": Metric(
+        "overhead", lambda c: (c.seconds["total"], c.seconds["total_balanced"]), overhead,
+        needs=COST, tables=TIME),
+    "moe_tokens_per_s": Metric("tokens/s", lambda c: (_step_tokens(c), c.seconds["total"]),
+                               throughput, needs=COST, tables=TIME),
 }
 
 

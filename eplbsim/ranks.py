@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from . import counting
+from .cost.comm import a2a_crossings, a2a_token_counts
 from .dispatch import DispatchContext, DispatchPolicy
 from .dispatch.kernels import dispatch_step, flat_index
 from .errors import InputError
@@ -149,6 +150,8 @@ class Epoch:
     comm:         how this process's counts combine with the others'
     keep_choices: return every held rank's choices (the checkers read them)
     fast:         count with compiled loops where that is possible (module doc)
+    count_links:  in "a2a", count each step's token crossings between GPUs and nodes (what the
+                  cost model's communication reads)
     """
 
     name: str
@@ -166,6 +169,7 @@ class Epoch:
     comm: Collectives = LOCAL
     keep_choices: bool = False
     fast: bool = False
+    count_links: bool = False
 
     def counts_fast(self, device: torch.device) -> bool:
         """Whether this epoch's steps on `device` are counted by the compiled loops."""
@@ -193,6 +197,8 @@ class StepOutcome:
                   in "a2a" or without a toy layer; counted fast, a step whose every pair is
                   executed once has error 0 and norm `UNMEASURED` (0 where no pair is valid)
     choices:      int64 `[len(ranks), T, L, K]` each held rank's slots, when kept; else None
+    crossings:    int64 `[L, 2]` in "a2a" when `Epoch.count_links`: the busiest GPU's token
+                  crossings of the dispatch over NVLink and RDMA (`cost.comm.a2a_crossings`)
     """
 
     slot_load: torch.Tensor
@@ -203,6 +209,7 @@ class StepOutcome:
     agreed: torch.Tensor | None = None
     error: torch.Tensor | None = None
     choices: torch.Tensor | None = None
+    crossings: torch.Tensor | None = None
 
 
 def _dispatch(epoch: Epoch, i: int, step: int, topk_ids: torch.Tensor) -> torch.Tensor:
@@ -306,7 +313,8 @@ def a2a_step(epoch: Epoch, step: int, topk_ids: torch.Tensor,
     return StepOutcome(slot_load.view(L, -1).cpu(), multiplicity,
                        multiplicity_counts(multiplicity, multiplicity > 0),
                        comm.all_reduce(sent.sum((0, 2))).cpu(), drifted,
-                       choices=torch.stack(choices) if epoch.keep_choices else None)
+                       choices=torch.stack(choices) if epoch.keep_choices else None,
+                       crossings=_crossings(epoch, src_rank, phys))
 
 
 def _none_counted(epoch: Epoch, step: int, topk_ids: torch.Tensor) -> StepOutcome:
@@ -360,7 +368,7 @@ def _a2a_counted(epoch: Epoch, step: int, topk_ids: torch.Tensor,
     """`a2a_step` counted fast (module doc): a table policy's contiguous shares counted in one
     pass through each rank's table (`counting.sent_loads`); otherwise every rank's own rows (slices of contiguous shares when
     there is no `src_rank`) dispatched into one buffer, counted once."""
-    if epoch.policy.table is not None and src_rank is None:  # contiguous shares, in rank order
+    if epoch.policy.table is not None and src_rank is None and not epoch.count_links:
         slot_load = epoch.table.sent_loads(topk_ids.numpy(),
                                            share_bounds(topk_ids.shape[0], epoch.num_ranks))
         valid = slot_load.sum(1)
@@ -377,8 +385,27 @@ def _a2a_counted(epoch: Epoch, step: int, topk_ids: torch.Tensor,
             phys[own] = _dispatch(epoch, i, step, topk_ids[own])
     slot_load, valid = counting.slot_counts(phys.numpy(), epoch.placement.num_slots)
     counts = np.stack([np.zeros_like(valid), valid, np.zeros_like(valid)], 1)
+    owners = token_owners(topk_ids.shape[0], epoch.num_ranks, src_rank)
     return StepOutcome(torch.from_numpy(slot_load), None, torch.from_numpy(counts),
-                       torch.from_numpy(valid), drifted)
+                       torch.from_numpy(valid), drifted,
+                       crossings=_crossings(epoch, src_rank, phys))
+
+
+def _crossings(epoch: Epoch, src_rank: torch.Tensor | None,
+               phys: torch.Tensor) -> torch.Tensor | None:
+    """The busiest GPU's token crossings of every layer's dispatch, int64 `[L, 2]` (NVLink,
+    RDMA), the group's processes' counts summed, from the held ranks' choices `phys [T, L, K]`
+    (-1 where not held or padding) of tokens owned as `token_owners` says; None unless
+    `count_links`."""
+    if not epoch.count_links:
+        return None
+    topo = epoch.placement.topology
+    owners = token_owners(phys.shape[0], epoch.num_ranks, src_rank).to(phys.device)
+    dest = torch.where(phys >= 0, epoch.placement.slot_gpu.to(phys.device)[phys.clamp(min=0)], -1)
+    counts = [a2a_token_counts(owners, dest[:, layer], topo) for layer in range(phys.shape[1])]
+    gpu_tokens = epoch.comm.all_reduce(torch.stack([g for g, _ in counts]))  # [L, G, G]
+    node_tokens = epoch.comm.all_reduce(torch.stack([n for _, n in counts]))  # [L, G, N]
+    return a2a_crossings(gpu_tokens, node_tokens, topo).round().long().cpu()
 
 
 @dataclass(frozen=True, eq=False)

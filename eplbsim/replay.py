@@ -117,13 +117,17 @@ def run_steps(trace: Any, spec: RunSpec, segments: Sequence[Segment],
     for start, stop, placement in epochs(segments):
         views = tuple(rank_view(d.view, placement, r.rank).to(device) for r in ranks)
         epoch = Epoch(name, policy, placement, ranks, views, rank_groups(views, policy), G,
-                      d.mode, d.seed, d.rank_offset, d.drift_p, moe, comm, fast=fast)
+                      d.mode, d.seed, d.rank_offset, d.drift_p, moe, comm, fast=fast,
+                      count_links=spec.cost.cost is not None)
         for s in range(start, stop):
             ids = read(s).to(device)  # [T, L, K]
             out = mode_step(epoch, s, ids, trace.step_src_rank(s))
             slot_load[s] = out.slot_load
             counters.valid[s], counters.multiplicity[s] = out.valid, out.counts
             counters.drift[s] = out.drifted
+            counters.tokens[s] = ids.shape[0]
+            if out.crossings is not None:
+                counters.crossings[s] = out.crossings
             if out.agreed is not None:
                 counters.agreed[s] = out.agreed
             if out.error is not None:

@@ -57,9 +57,11 @@ class Results:
 
     @property
     def present(self) -> set[str]:
-        """What the run has beyond routed loads: "executed", "counters"."""
-        return {k for k, v in ((M.EXECUTED, self.slot_load), (M.COUNTERS, self.counters))
+        """What the run has beyond routed loads: "executed", "counters", and "cost" when both
+        are there and the spec names a cost model."""
+        have = {k for k, v in ((M.EXECUTED, self.slot_load), (M.COUNTERS, self.counters))
                 if v is not None}
+        return have | ({M.COST} if len(have) == 2 and self.spec.cost.cost is not None else set())
 
     @property
     def epochs(self) -> list[tuple[int, int, Placement]]:
@@ -71,7 +73,7 @@ class Results:
         """Every per-(step, layer) metric's components, `[S, L]` each (`metrics.components`)."""
         S, L, _ = self.true_load.shape
         chunked = M.chunks(self.slot_load, self.true_load, self.counters, self.segments,
-                           self.spec.topology.gpus)
+                           self.spec.topology.gpus, self.spec.cost, self.spec.dispatch.mode)
         return M.components(chunked, S, L, self.present)
 
     @cached_property
@@ -172,6 +174,15 @@ def describe(trace: Any, spec: RunSpec) -> str:
             f"{topo.gpus} GPUs ({topo.gpus_per_node or topo.gpus}/node), P={P} slots, "
             f"solver {name_of(spec.solver.solver)}, view {name_of(d.view)}, rng {d.rng}, "
             f"seed {d.seed}")
+
+
+def time_report(spec: RunSpec, rows: Sequence[dict[str, Any]]) -> str:
+    """The rows' time metrics (DESIGN.md §8) under `spec`'s cost model, with what it read."""
+    c = spec.cost
+    columns, labels = table_columns(rows, "time")
+    return (f"time per step, MoE layers only (cost {name_of(c.cost)}, model {c.model}, device "
+            f"{c.device_profile}, {'overlapped' if c.overlap else 'compute + communication'}):"
+            f"\n{format_table(rows, columns, labels)}")
 
 
 def rebalance_report(result: Results, rows: Sequence[dict[str, Any]]) -> str:

@@ -21,6 +21,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
+from .cost import COST_MODELS, DEVICES, MODELS
 from .dispatch import POLICIES, DispatchPolicy
 from .errors import InputError
 from .limits import (MAX_EXPERTS, MAX_GPUS, MAX_HIDDEN, MAX_LAYERS, MAX_SEED, MAX_SLOTS,
@@ -456,9 +457,25 @@ class TopologyPart(Part):
         return Topology(self.gpus, self.gpus_per_node)
 
 
+@dataclass(frozen=True)
+class CostPart(Part):
+    """Time (DESIGN.md §8): the cost model that turns counted loads into milliseconds, the
+    model shape and the device profile it reads."""
+
+    cost: Any = knob(None, "cost model turning loads into time: roofline, or a callable (default "
+                     "off: no time metrics)", Name(COST_MODELS, "cost model", callables=True,
+                                                   optional=True))
+    model: str = knob("deepseek-v3", "model shape the cost model reads (--cost)",
+                      Name(MODELS, "model"))
+    device_profile: str = knob("h200", "device profile the cost model reads (--cost)",
+                               Name(DEVICES, "device profile"))
+    overlap: bool = knob(False, "layer time = max(compute, communication) instead of their sum",
+                         Switch())
+
+
 PARTS: dict[str, type] = {"source": Source, "dispatch": DispatchPart, "solver": SolverPart,
-                          "schedule": SchedulePart, "topology": TopologyPart}
-RUN_PARTS = ("dispatch", "solver", "schedule", "topology")
+                          "schedule": SchedulePart, "topology": TopologyPart, "cost": CostPart}
+RUN_PARTS = ("dispatch", "solver", "schedule", "topology", "cost")
 
 
 def _part(name: str) -> Callable[[], Part]:
@@ -467,7 +484,7 @@ def _part(name: str) -> Callable[[], Part]:
 
 @dataclass(frozen=True)
 class RunSpec:
-    """One simulated configuration: the dispatch, solver, schedule and topology parts.
+    """One simulated configuration: the dispatch, solver, schedule, topology and cost parts.
 
     Build one with `RunSpec.of(gpus=8, policy="row", ...)` (flat field names, routed to their
     part) and vary it with `spec.replace(mode="a2a", ...)`. The parts check their fields on
@@ -478,6 +495,7 @@ class RunSpec:
     solver: SolverPart = field(default_factory=_part("solver"))
     schedule: SchedulePart = field(default_factory=_part("schedule"))
     topology: TopologyPart = field(default_factory=_part("topology"))
+    cost: CostPart = field(default_factory=_part("cost"))
 
     def __post_init__(self) -> None:
         if self.solver.placement is not None and self.schedule.rebalance_every is not None:

@@ -9,7 +9,8 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from eplbsim.cost import COST_MODELS, DEVICES, MODELS, layer_seconds
-from eplbsim.cost.comm import a2a_link_bytes, a2a_seconds, a2a_token_counts, allreduce_seconds
+from eplbsim.cost.comm import (a2a_crossings, a2a_link_bytes, a2a_seconds, a2a_token_counts,
+                               allreduce_seconds)
 from eplbsim.cost.compute import ETA_COMPUTE, ETA_MEMORY, gpu_work, roofline
 from eplbsim.cost.devices import DeviceProfile
 from eplbsim.cost.shapes import ModelShape
@@ -53,7 +54,9 @@ def test_two_node_all_to_all_volumes_by_hand():
     assert nvl.tolist() == [6.0, 6.0, 3.0, 3.0]  # max(sent, received) x 3 bytes
     assert rdma.tolist() == [6.0, 3.0, 6.0, 3.0]
     shape = dataclasses.replace(TINY, dispatch_dtype="fp8")  # 4 B a token out, 8 B back
-    got = float(a2a_seconds(gpu_tokens, node_tokens, topo, shape, SLOW))
+    crossings = a2a_crossings(gpu_tokens, node_tokens, topo)
+    assert crossings.tolist() == [2.0, 2.0]
+    got = float(a2a_seconds(crossings, shape, SLOW))
     assert got == pytest.approx((0.5 + max(2 * 4 / 10.0, 2 * 4 / 2.0))
                                 + (0.5 + max(2 * 8 / 10.0, 2 * 8 / 2.0)))
 
@@ -126,3 +129,52 @@ def test_registries_have_sources_and_bad_figures_are_refused():
     with pytest.raises(InputError, match="unknown model 'gpt-5'"):
         layer_seconds(torch.ones(1, 4), trivial_placement(1, 4, 4, Topology(2)),
                       torch.zeros(1), "gpt-5", "h200")
+
+
+# ---------------------------------------------------------------- in a replay
+
+def _replayed(mode, cost="roofline", policy="ordinal", **more):
+    from eplbsim.replay import replay
+    from eplbsim.spec import RunSpec
+    from eplbsim.traces.synth import synthesize
+    trace = synthesize("skewed", seed=2, steps=6, tokens=64, layers=3, experts=16, top_k=4)
+    spec = RunSpec.of(policy=policy, mode=mode, gpus=8, gpus_per_node=4, redundant=8,
+                      cost=cost, model="olmoe-1b-7b", device_profile="h100-sxm", **more)
+    return replay(trace, spec)
+
+
+TIME_KEYS = ("moe_ms", "compute_ms", "comm_ms", "moe_ms_balanced", "imbalance_overhead",
+             "moe_tokens_per_s")
+
+
+@pytest.mark.parametrize("mode", ["none", "a2a"])
+def test_a_replay_with_a_cost_model_reports_time_that_adds_up(mode):
+    r = _replayed(mode)
+    m = r.metrics
+    assert all(isinstance(m[k], float) for k in TIME_KEYS)
+    assert m["moe_ms"] == pytest.approx(m["compute_ms"] + m["comm_ms"])
+    assert m["moe_ms_balanced"] <= m["moe_ms"] and m["imbalance_overhead"] >= 0
+    assert m["moe_tokens_per_s"] == pytest.approx(64 / (m["moe_ms"] / 1e3))
+    placement = r.segments[0].placement  # one placement: no rebalance
+    shape, device = MODELS["olmoe-1b-7b"], DEVICES["h100-sxm"]
+    compute = layer_seconds(r.slot_load, placement, torch.zeros(6, 3), shape, device)["compute"]
+    assert m["compute_ms"] == pytest.approx(float(compute.sum(1).mean()) * 1e3)
+    if mode == "none":
+        per_layer = float(allreduce_seconds(torch.tensor(64), Topology(8, 4), shape, device))
+        assert m["comm_ms"] == pytest.approx(3 * per_layer * 1e3)
+    else:
+        assert (r.counters.crossings > 0).any()
+    series = r.time_series()
+    assert series["moe_ms"] == pytest.approx((compute.sum(1) * 1e3).numpy() + series["comm_ms"])
+
+
+def test_without_a_cost_model_the_time_metrics_are_undefined():
+    r = _replayed("a2a", cost=None)
+    assert all(r.metrics[k] is None for k in TIME_KEYS)
+    assert not r.counters.crossings.any()
+
+
+def test_overlap_takes_the_larger_of_compute_and_communication():
+    summed, overlapped = _replayed("a2a").metrics, _replayed("a2a", overlap=True).metrics
+    assert overlapped["moe_ms"] < summed["moe_ms"]
+    assert overlapped["moe_ms"] >= max(overlapped["compute_ms"], overlapped["comm_ms"]) - 1e-12

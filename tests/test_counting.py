@@ -194,6 +194,7 @@ def cases(draw):
         view=draw(st.sampled_from(["full", "nearest"])),
         rng=draw(st.sampled_from(["independent", "shared", "drift"])), drift_p=0.5,
         rank_offset=draw(st.booleans()), seed=seed % 97, hidden=draw(st.sampled_from([2, 8])),
+        cost=draw(st.sampled_from([None, "roofline"])),
         gpus=G, gpus_per_node=per_node, redundant=redundant, rebalance_every=every,
         **({} if every is None else {"window": 2}))
     return trace, spec
@@ -206,7 +207,7 @@ def assert_fast_is_exact(trace, spec):
     fast_load, fast = run_steps(trace, spec, segments, fast=True)
     slow_load, slow = run_steps(trace, spec, segments, fast=False)
     assert torch.equal(fast_load, slow_load)
-    for name in ("agreed", "valid", "multiplicity", "drift"):
+    for name in ("agreed", "valid", "multiplicity", "drift", "tokens", "crossings"):
         assert torch.equal(getattr(fast, name), getattr(slow, name)), name
     assert torch.equal(fast.error[..., 0], slow.error[..., 0])
     left = fast.error[..., 1] == UNMEASURED  # only where the whole run's error is 0

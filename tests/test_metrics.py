@@ -27,12 +27,15 @@ from eplbsim.metrics import (
     multiplicity_counts,
     nanmax_or_none,
     nanmean_or_none,
+    overhead,
     peak,
     ratio,
     replica_loads,
     replica_skew,
     root_ratio,
     shares,
+    step_time,
+    throughput,
     top_share,
     total,
 )
@@ -69,8 +72,21 @@ def test_every_metric_declares_a_way_to_its_value_and_its_columns(key):
     assert len(headers) == len(metric.subkeys or (1,)) and all(headers)
     assert [h for h, _, _ in metric.columns(key)] == list(headers)
     assert metric.flat_keys(key)[0].startswith(key)
-    assert metric.tables <= {"main", "decomposition"}
-    assert metric.needs in (None, "executed", "counters")
+    assert metric.tables <= {"main", "decomposition", "time"}
+    assert metric.needs in (None, "executed", "counters", "cost")
+
+
+def test_time_reductions_sum_layers_into_steps():
+    t = torch.tensor([[1.0, 3.0], [2.0, 2.0], [0.5, 0.5]])  # [S, L] seconds of each layer
+    _same(step_time(t, dims=WHOLE), 3.0)  # steps of 4, 4 and 1
+    _same(step_time(t, dims=PER_STEP), [4.0, 4.0, 1.0])
+    _same(step_time(t, dims=PER_LAYER), t.tolist())
+    tokens = torch.tensor([[8, 8], [4, 4], [2, 2]])  # each step's tokens on every layer
+    _same(throughput(tokens, t, dims=WHOLE), 14 / 9.0)
+    _same(throughput(tokens, t, dims=PER_STEP), [2.0, 1.0, 2.0])
+    _same(throughput(tokens, t, dims=PER_LAYER), [[8.0, 8 / 3], [2.0, 2.0], [4.0, 4.0]])
+    _same(overhead(t, t / 2, dims=WHOLE), 1.0)
+    _same(overhead(t, t, dims=PER_STEP), [0.0, 0.0, 0.0])
 
 
 def test_reductions_over_the_run_per_step_and_per_layer():

@@ -60,6 +60,10 @@ EXAMPLES = {
     "gpus_per_node": ("2", 2, 0, "must be an integer in [1, 65536], got 0", {}),
     "redundant": ("8", 8, 10**8, "must be an integer in [0, 262144], got 100000000", {}),
     "groups": ("4", 4, 0, "must be an integer in [1, 65536], got 0", {}),
+    "cost": ("roofline", "roofline", "guess", "unknown cost model 'guess'", {}),
+    "model": ("mixtral-8x7b", "mixtral-8x7b", "gpt-9", "unknown model 'gpt-9'", {}),
+    "device_profile": ("b200", "b200", "tpu-v9", "unknown device profile 'tpu-v9'", {}),
+    "overlap": (True, True, "maybe", "must be true or false", {}),
 }
 ALL = [(part, name, knob) for part, name, knob in knobs()]
 
@@ -189,7 +193,7 @@ def test_replace_routes_flat_names_and_keeps_the_rest():
             other.topology.redundant) == (4, "row", "a2a", 4)
     assert spec.dispatch.mode == "none" and other.solver is spec.solver
     assert list(spec.labels())[:4] == ["policy", "mode", "view", "rng"]
-    assert set(PARTS) == {"source", "dispatch", "solver", "schedule", "topology"}
+    assert set(PARTS) == {"source", "dispatch", "solver", "schedule", "topology", "cost"}
     assert [n for _, n, _ in run_knobs()] == list(spec.labels())
 
 

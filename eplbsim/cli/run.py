@@ -9,8 +9,8 @@ from .. import spec
 from ..errors import InputError
 from ..progress import bar, run_label
 from ..replay import compare, replay
-from ..results import (describe, format_table, rebalance_report, series_rows, to_json,
-                       write_csv, write_results)
+from ..results import (describe, format_table, rebalance_report, series_rows, time_report,
+                       to_json, write_csv, write_results)
 from ..traces.counts import CountsTrace
 from .common import check_out_dir
 
@@ -47,6 +47,9 @@ def handle(args: argparse.Namespace) -> int:
     else:
         print(describe(trace, base))
         print(format_table(rows))
+        if base.cost.cost is not None:
+            print()
+            print(time_report(base, rows))
         if base.schedule.rebalance_every is not None:
             print()
             print(rebalance_report(results[0], rows))

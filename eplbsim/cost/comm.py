@@ -71,16 +71,25 @@ def a2a_link_bytes(gpu_tokens: torch.Tensor, node_tokens: torch.Tensor, topology
             torch.maximum(rdma_send, rdma_recv) * token_bytes)
 
 
-def a2a_seconds(gpu_tokens: torch.Tensor, node_tokens: torch.Tensor, topology: Topology,
-                shape: ModelShape, device: DeviceProfile) -> torch.Tensor:
-    """Dispatch plus combine of one layer, seconds `[...]`, from the token counts of
-    `a2a_token_counts` (any leading dims)."""
+def a2a_crossings(gpu_tokens: torch.Tensor, node_tokens: torch.Tensor,
+                  topology: Topology) -> torch.Tensor:
+    """The busiest GPU's token crossings of one dispatch, float64 `[..., 2]`: over NVLink and
+    over RDMA (each the larger of sent and received), from the counts of `a2a_token_counts`.
+    Bytes are these times a token's bytes, so one count serves any model shape and dtype."""
+    nvl, rdma = a2a_link_bytes(gpu_tokens, node_tokens, topology, 1.0)
+    return torch.stack([nvl.amax(-1), rdma.amax(-1)], -1)
+
+
+def a2a_seconds(crossings: torch.Tensor, shape: ModelShape,
+                device: DeviceProfile) -> torch.Tensor:
+    """Dispatch plus combine of one layer, seconds `[...]`, from its `a2a_crossings
+    [..., 2]`: per phase `latency_s` plus the slower link class's bytes over its bandwidth."""
+    crossings = crossings.to(torch.float64)
     total = 0.0
     for phase in ("dispatch", "combine"):
-        nvl, rdma = a2a_link_bytes(gpu_tokens, node_tokens, topology,
-                                   shape.hidden * shape.bytes_of(phase))
-        total = total + device.latency_s + torch.maximum(nvl.amax(-1) / device.nvlink,
-                                                         rdma.amax(-1) / device.rdma)
+        size = shape.hidden * shape.bytes_of(phase)
+        total = total + device.latency_s + torch.maximum(crossings[..., 0] * size / device.nvlink,
+                                                         crossings[..., 1] * size / device.rdma)
     return total
 
 
@@ -95,3 +104,15 @@ def allreduce_seconds(tokens: torch.Tensor, topology: Topology, shape: ModelShap
     within = 2 * (g - 1) / g * size / device.nvlink
     between = 2 * (N - 1) / N * (size / g) / device.rdma
     return device.latency_s + within + between
+
+
+def layer_comm_seconds(mode: str, tokens: torch.Tensor, crossings: torch.Tensor,
+                       topology: Topology, shape: ModelShape,
+                       device: DeviceProfile) -> torch.Tensor:
+    """Communication of every layer, seconds `[S, L]`, of steps of `tokens [S]` tokens with
+    the busiest GPU's `crossings [S, L, 2]` ("a2a"; `Counters.crossings`): the "none"
+    all-reduce or the "a2a" dispatch and combine."""
+    if mode == "a2a":
+        return a2a_seconds(crossings, shape, device)
+    return allreduce_seconds(tokens, topology, shape, device).unsqueeze(1).expand(
+        crossings.shape[:2])
