@@ -34,8 +34,10 @@ import torch
 
 from . import cost
 from .cost.comm import layer_comm_seconds
+from .cost.rebalance import sync_stall_seconds
 from .counting import summed
 from .placement import Placement
+from .schedule.migration import transfer_kinds
 from .solvers.bounds import lower_bound
 
 SUMMARY_CHUNK = 128  # steps per chunk: per-replica intermediates stay small
@@ -427,6 +429,22 @@ def _moved_bytes(results: Any) -> int:
     return int(results.components["moved_slots"][0].sum()) * results.spec.schedule.expert_bytes
 
 
+def _stall_ms(results: Any) -> float:
+    """Milliseconds serving stalled for every rebalance's copies (`sync`), experts of the cost
+    model's shape (`cost.rebalance.sync_stall_seconds`)."""
+    c, segments = results.spec.cost, results.segments
+    shape, device = cost.MODELS[c.model], cost.DEVICES[c.device_profile]
+    stall = 0.0
+    for before, seg in zip(segments, segments[1:]):
+        if seg.rebalance is None or seg.rebalance.skipped:
+            continue
+        placement = seg.placement
+        stall += sync_stall_seconds(transfer_kinds(before.placement, placement),
+                                    placement.slot_gpu.numpy(), placement.topology.num_gpus,
+                                    shape.expert_weight_bytes, device)
+    return stall * 1e3
+
+
 def _step_tokens(chunk: Chunk) -> torch.Tensor:
     """Each step's tokens on every layer, `[c, L]`."""
     return chunk.counters.tokens.unsqueeze(1).expand(chunk.counters.valid.shape)
@@ -474,6 +492,7 @@ METRICS: dict[str, Metric] = {
         needs=COST, tables=TIME),
     "moe_tokens_per_s": Metric("tokens/s", lambda c: (_step_tokens(c), c.seconds["total"]),
                                throughput, needs=COST, tables=TIME),
+    "rebalance_stall_ms": Metric("stall_ms", whole=_stall_ms, needs=COST, tables=TIME),
 }
 
 

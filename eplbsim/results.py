@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from . import metrics as M
+from .errors import InputError
 from .files import atomic_file
 from .metrics import METRICS, Counters
 from .placement import Placement
@@ -132,7 +133,7 @@ def table_columns(rows: Sequence[dict[str, Any]], table: str = "main") -> tuple[
     """`(columns, labels)` for `format_table`: `policy`, `mode` and every other setting whose
     value differs between the rows, then the columns of every metric shown in `table`
     ("main" or "decomposition")."""
-    settings = [k for k in (rows[0] if rows else {}) if k not in METRICS]
+    settings = [k for k in (rows[0] if rows else {}) if k not in METRICS and k != "speedup"]
     shown = [k for k in settings if k in ("policy", "mode") or len(
         {json.dumps(r.get(k), sort_keys=True, default=str) for r in rows}) > 1]
     columns = [(k, k, None) for k in shown]
@@ -176,10 +177,25 @@ def describe(trace: Any, spec: RunSpec) -> str:
             f"seed {d.seed}")
 
 
+def with_speedup(rows: Sequence[dict[str, Any]], baseline: str) -> list[dict[str, Any]]:
+    """The rows with `speedup`: the `baseline` policy's `moe_ms` in the same mode over the
+    row's (above 1: faster than the baseline); InputError when a mode has no baseline row."""
+    base = {r["mode"]: r.get("moe_ms") for r in rows if r["policy"] == baseline}
+    missing = sorted({r["mode"] for r in rows} - set(base))
+    if missing:
+        raise InputError(f"--baseline {baseline}: no such row in mode {', '.join(missing)}; "
+                         f"the policies are {', '.join(dict.fromkeys(r['policy'] for r in rows))}")
+    return [{**r, "speedup": None if r.get("moe_ms") in (None, 0) or base[r["mode"]] is None
+             else base[r["mode"]] / r["moe_ms"]} for r in rows]
+
+
 def time_report(spec: RunSpec, rows: Sequence[dict[str, Any]]) -> str:
-    """The rows' time metrics (DESIGN.md §8) under `spec`'s cost model, with what it read."""
+    """The rows' time metrics (DESIGN.md §8) under `spec`'s cost model, with what it read
+    (and `speedup`, when the rows have it)."""
     c = spec.cost
     columns, labels = table_columns(rows, "time")
+    if rows and "speedup" in rows[0]:
+        columns += (("speedup", "speedup", None),)
     return (f"time per step, MoE layers only (cost {name_of(c.cost)}, model {c.model}, device "
             f"{c.device_profile}, {'overlapped' if c.overlap else 'compute + communication'}):"
             f"\n{format_table(rows, columns, labels)}")

@@ -288,3 +288,28 @@ def test_initial_placement_file_must_fit(capsys, tmp_path):
     ragged = _write_json(tmp_path / "ragged.json", [[0, 1], [2]])
     assert_input_error(capsys, "run", *SMALL, "--rebalance-every", "2", "--initial", ragged,
                        match="not a [layers][slots] list of integers")
+
+
+def test_run_with_a_cost_model_prints_time_and_speedup(capsys):
+    code, out, _ = run(capsys, "run", *SMALL, "--policies", "row,ordinal", "--cost", "roofline",
+                       "--model", "mixtral-8x7b", "--device-profile", "mi300x",
+                       "--baseline", "row")
+    assert code == 0
+    assert "cost roofline, model mixtral-8x7b, device mi300x" in out
+    header = next(line for line in out.splitlines() if "moe_ms" in line).split()
+    assert header[:2] == ["policy", "mode"] and header[-1] == "speedup"
+    code, out, _ = run(capsys, "run", *SMALL, "--policies", "row,ordinal", "--cost", "roofline",
+                       "--baseline", "row", "--json")
+    rows = json.loads(out)
+    assert [r["speedup"] == 1.0 for r in rows] == [True, False, True, False]
+    for r in rows:
+        assert r["speedup"] == pytest.approx(
+            next(b["moe_ms"] for b in rows if b["mode"] == r["mode"]
+                 and b["policy"] == "row") / r["moe_ms"])
+
+
+def test_run_baseline_needs_a_cost_model_and_a_listed_policy(capsys):
+    assert_input_error(capsys, "run", *SMALL, "--baseline", "row", match="needs --cost")
+    assert_input_error(capsys, "run", *SMALL, "--policies", "row", "--cost", "roofline",
+                       "--baseline", "static", match="no such row")
+    assert_input_error(capsys, "run", *SMALL, "--cost", "guess", match="unknown cost model")

@@ -178,3 +178,29 @@ def test_overlap_takes_the_larger_of_compute_and_communication():
     summed, overlapped = _replayed("a2a").metrics, _replayed("a2a", overlap=True).metrics
     assert overlapped["moe_ms"] < summed["moe_ms"]
     assert overlapped["moe_ms"] >= max(overlapped["compute_ms"], overlapped["comm_ms"]) - 1e-12
+
+
+@pytest.mark.parametrize("per_node, link", [(1, "rdma"), (2, "nvlink")])
+def test_sync_stall_is_the_slowest_gpus_copies_over_its_links(per_node, link):
+    """Experts 0 and 2 swap GPUs: one copy into each GPU, from another node or the same one."""
+    from eplbsim.cost.rebalance import sync_stall_seconds
+    from eplbsim.placement import Placement
+    from eplbsim.schedule.migration import transfer_kinds
+    topo = Topology(2, per_node)
+    old = Placement(torch.tensor([[0, 1, 2, 3]]), 4, topo)
+    new = Placement(torch.tensor([[2, 1, 0, 3]]), 4, topo)
+    kinds = transfer_kinds(old, new)
+    assert kinds.tolist() == [[2 if per_node == 1 else 1, -1, 2 if per_node == 1 else 1, -1]]
+    stall = sync_stall_seconds(kinds, new.slot_gpu.numpy(), 2, 1000, SLOW)
+    assert stall == pytest.approx(1000 / getattr(SLOW, link))
+    swapped = Placement(torch.tensor([[1, 0, 2, 3]]), 4, topo)  # within GPU 0: over HBM
+    assert sync_stall_seconds(transfer_kinds(old, swapped), swapped.slot_gpu.numpy(), 2, 1000,
+                              SLOW) == pytest.approx(2 * 2 * 1000 / SLOW.hbm)
+    assert sync_stall_seconds(transfer_kinds(old, old), old.slot_gpu.numpy(), 2, 1000,
+                              SLOW) == 0.0
+
+
+def test_rebalance_stall_is_counted_only_for_rebalances_that_moved_experts():
+    assert _replayed("none").metrics["rebalance_stall_ms"] == 0.0
+    moved = _replayed("none", rebalance_every=2, window=2)
+    assert moved.metrics["moved_slots"] > 0 and moved.metrics["rebalance_stall_ms"] > 0

@@ -10,7 +10,7 @@ from ..errors import InputError
 from ..progress import bar, run_label
 from ..replay import compare, replay
 from ..results import (describe, format_table, rebalance_report, series_rows, time_report,
-                       to_json, write_csv, write_results)
+                       to_json, with_speedup, write_csv, write_results)
 from ..traces.counts import CountsTrace
 from .common import check_out_dir
 
@@ -21,6 +21,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     spec.add_flags(p, "run")
     p.add_argument("--per-layer", action="store_true",
                    help="with --out, the time series per step and layer")
+    p.add_argument("--baseline", metavar="POLICY", help="with --cost, each row's speedup: the "
+                   "baseline policy's moe_ms in the same mode over the row's")
     p.add_argument("--json", action="store_true", help="print only JSON")
     p.add_argument("--out", type=Path, help="write results.json, results.csv, timeseries.csv, "
                    "migrations.csv and the figures policies.png and timeseries.png (with PDFs)")
@@ -42,6 +44,10 @@ def handle(args: argparse.Namespace) -> int:
     results = compare(trace, lists["policy"], lists["mode"], base,
                       lambda one: bar(trace.num_steps, run_label(one)))
     rows = [r.row() for r in results]
+    if args.baseline is not None:
+        if base.cost.cost is None:
+            raise InputError("--baseline compares time: it needs --cost")
+        rows = with_speedup(rows, args.baseline)
     if args.json:
         print(to_json(rows))
     else:

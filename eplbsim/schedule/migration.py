@@ -21,8 +21,16 @@ TRANSFER_KINDS = ("same_gpu", "same_node", "cross_node")
 
 def transfer_counts(old: Placement, new: Placement) -> np.ndarray:
     """Expert copies needed to turn `old` into `new`: int64 `[L, 3]` per layer, by where the
-    nearest old replica of a changed slot's new expert sits: on the slot's GPU, on its node, or
-    only on other nodes (every expert has a replica in `old`, so some source always exists)."""
+    nearest old replica of a changed slot's new expert sits (`transfer_kinds`)."""
+    kinds = transfer_kinds(old, new)
+    return np.stack([(kinds == k).sum(1) for k in range(len(TRANSFER_KINDS))], 1)
+
+
+def transfer_kinds(old: Placement, new: Placement) -> np.ndarray:
+    """Where each slot's copy comes from when `old` turns into `new`, int64 `[L, P]`: -1 for
+    a slot whose expert is unchanged, else the index in `TRANSFER_KINDS` of the nearest old
+    replica of its new expert: on the slot's GPU, on its node, or only on other nodes (every
+    expert has a replica in `old`, so some source always exists)."""
     old_p2l, new_p2l = old.phy2log, new.phy2log  # [L, P]
     if old_p2l.shape != new_p2l.shape or old.topology != new.topology:
         raise InputError(f"cannot compare placements of shapes {tuple(old_p2l.shape)} on "
@@ -34,11 +42,10 @@ def transfer_counts(old: Placement, new: Placement) -> np.ndarray:
     held_gpu = torch.zeros(L, G, E, dtype=torch.bool)
     held_gpu[layer, gpu.expand(L, P), old_p2l] = True  # [L, G, E] expert held on a GPU
     held_node = held_gpu.view(L, N, G // N, E).any(2)  # [L, N, E]
-    changed = old_p2l != new_p2l  # [L, P]
-    on_gpu = held_gpu[layer, gpu.expand(L, P), new_p2l] & changed
-    on_node = held_node[layer, node.expand(L, P), new_p2l] & changed & ~on_gpu
-    other = changed & ~on_gpu & ~on_node
-    return torch.stack([on_gpu.sum(1), on_node.sum(1), other.sum(1)], 1).numpy()
+    on_gpu = held_gpu[layer, gpu.expand(L, P), new_p2l]
+    on_node = held_node[layer, node.expand(L, P), new_p2l]
+    kinds = torch.where(on_gpu, 0, torch.where(on_node, 1, 2))
+    return torch.where(old_p2l != new_p2l, kinds, -1).numpy()
 
 
 def migration_rows(segments: Sequence[Any], expert_bytes: int) -> list[dict[str, Any]]:
