@@ -95,6 +95,22 @@ def rebalance_over_time() -> Figure:
     return plots.predictor_time_series(results, highlight=(80, 160))
 
 
+def time_by_policy() -> Figure:
+    """What imbalance costs in time (`roofline` cost model, DeepSeek-V3 shape, H200): MoE time
+    per step of `static`, `row` and `ordinal` in both modes on the template scenario at 4096
+    tokens a step (compute-bound: the imbalance costs time), compute and communication
+    stacked against the balanced reference; and, on the drift scenario at 512 tokens a step
+    (weight-bound) re-solved every 16 steps, `row` and `ordinal` ("a2a") per step with each
+    rebalance's stall when serving waits for the copies."""
+    timed = SETUP.replace(cost="roofline", model="deepseek-v3", device_profile="h200")
+    template = synthesize("template", steps=16, tokens=4096, seed=0, **SIZES)
+    results = compare(template, ["static", "row", "ordinal"], ["none", "a2a"], timed)
+    drift = synthesize("drift", steps=96, tokens=512, seed=0, **SIZES)
+    over_time = [replay(drift, timed.replace(policy=p, mode="a2a", rebalance_every=16))
+                 for p in ("row", "ordinal")]
+    return plots.time_bars_and_stalls(results, over_time)
+
+
 FIGURES: dict[str, Callable[[], Figure]] = {
     "expert_load_heatmap": expert_load_heatmap,
     "policies_by_mode": policies_by_mode,
@@ -102,6 +118,7 @@ FIGURES: dict[str, Callable[[], Figure]] = {
     "template_replicas": template_replicas,
     "solver_gap": solver_gap,
     "rebalance_over_time": rebalance_over_time,
+    "time_by_policy": time_by_policy,
 }
 
 

@@ -429,20 +429,27 @@ def _moved_bytes(results: Any) -> int:
     return int(results.components["moved_slots"][0].sum()) * results.spec.schedule.expert_bytes
 
 
-def _stall_ms(results: Any) -> float:
-    """Milliseconds serving stalled for every rebalance's copies (`sync`), experts of the cost
-    model's shape (`cost.rebalance.sync_stall_seconds`)."""
+def rebalance_stalls(results: Any) -> list[tuple[int, float]]:
+    """`(step, milliseconds)` of every rebalance that moved experts (`sync`: serving stalls
+    until the copies land, `cost.rebalance.sync_stall_seconds`), experts of the cost model's
+    shape; `results.spec` must name a cost model."""
     c, segments = results.spec.cost, results.segments
     shape, device = cost.MODELS[c.model], cost.DEVICES[c.device_profile]
-    stall = 0.0
+    out = []
     for before, seg in zip(segments, segments[1:]):
         if seg.rebalance is None or seg.rebalance.skipped:
             continue
         placement = seg.placement
-        stall += sync_stall_seconds(transfer_kinds(before.placement, placement),
-                                    placement.slot_gpu.numpy(), placement.topology.num_gpus,
-                                    shape.expert_weight_bytes, device)
-    return stall * 1e3
+        seconds = sync_stall_seconds(transfer_kinds(before.placement, placement),
+                                     placement.slot_gpu.numpy(), placement.topology.num_gpus,
+                                     shape.expert_weight_bytes, device)
+        out.append((seg.start, seconds * 1e3))
+    return out
+
+
+def _stall_ms(results: Any) -> float:
+    """Milliseconds serving stalled for every rebalance's copies, in all."""
+    return sum(ms for _, ms in rebalance_stalls(results))
 
 
 def _step_tokens(chunk: Chunk) -> torch.Tensor:

@@ -16,10 +16,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
+import numpy as np
 from matplotlib.figure import Figure
 
 from .errors import InputError
 from .files import atomic_file
+from .metrics import rebalance_stalls
 from .registry import name_of
 from .results import Results
 
@@ -288,7 +290,6 @@ def expert_load_heatmap(counts: Any, layer: int = 0) -> Figure:
 
     counts: `[S, L, E]` routed pairs (numpy or torch). Returns a new Figure (two heatmaps,
     viridis, shares in percent of the layer's or the step's pairs)."""
-    import numpy as np
     c = np.asarray(counts, dtype=np.float64)  # [S, L, E]
     S, L, E = c.shape
     if not 0 <= layer < L:
@@ -447,6 +448,46 @@ def predictor_time_series(results: Sequence[Results], highlight: tuple[int, int]
                   ncol=len(results), title_fontsize=8, alignment="left")
     ax_move.set_ylabel("experts moved\n(slots)")
     ax_move.set_xlabel("step")
+    return fig
+
+
+def time_bars_and_stalls(results: Sequence[Results], over_time: Sequence[Results]) -> Figure:
+    """Left: MoE time per step of every (policy, mode) in `results`, expert compute and
+    communication stacked, the balanced reference (every GPU at the mean load) dashed. Right:
+    MoE time per step of each of `over_time` (one trace and schedule, rebalancing), with the
+    stall each rebalance costs when serving waits for its copies (`sync`). Every result must
+    have a cost model (`spec.cost`)."""
+    results, over_time = list(results), list(over_time)
+    if not results or not over_time:
+        raise InputError("time_bars_and_stalls needs results in both panels")
+    fig = Figure(figsize=(7.0, 2.8), layout="constrained")
+    ax_bar, ax_time = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.1, 1]})
+    labels = [f"{name}\n{r.spec.dispatch.mode}" for name, r in zip(_labels(results), results)]
+    x = np.arange(len(results))
+    compute = [r.metrics["compute_ms"] for r in results]
+    comm = [r.metrics["comm_ms"] for r in results]
+    ax_bar.bar(x, compute, color=OKABE_ITO[0], label="expert compute")
+    ax_bar.bar(x, comm, bottom=compute, color=OKABE_ITO[1], label="communication")
+    for i, r in enumerate(results):
+        ax_bar.hlines(r.metrics["moe_ms_balanced"], i - 0.4, i + 0.4, colors="k",
+                      linestyles="--", linewidth=1.0, label="balanced" if i == 0 else None)
+    ax_bar.set_xticks(x, labels)
+    ax_bar.set_ylabel("MoE time per step (ms)")
+    ax_bar.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=3, fontsize=7)
+    ax_bar.grid(False, axis="x")
+    stalls = ax_time.twinx()
+    for i, (name, r) in enumerate(zip(_labels(over_time), over_time)):
+        color = OKABE_ITO[i % len(OKABE_ITO)]
+        series = r.time_series()
+        ax_time.plot(series["step"], series["moe_ms"], color=color, label=name)
+        marks = rebalance_stalls(r)
+        stalls.bar([step + (i - (len(over_time) - 1) / 2) * 0.8 for step, _ in marks],
+                   [ms for _, ms in marks], width=0.8, color=color, alpha=0.5)
+    ax_time.set_xlabel("step")
+    ax_time.set_ylabel("MoE time per step (ms)")
+    stalls.set_ylabel("rebalance stall (ms, bars)")
+    stalls.grid(False)
+    ax_time.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=len(over_time), fontsize=7)
     return fig
 
 

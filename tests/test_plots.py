@@ -200,3 +200,15 @@ def test_heatmap_and_replica_pair_check_their_arguments(trace, results):
     single = int((row.epochs[0][2].logcnt[0] == 1).nonzero()[0])
     with pytest.raises(InputError, match="1 replica"):
         plots.replica_loads_pair([row], layer=0, expert=single)
+
+
+def test_time_bars_and_stalls_draw_both_panels_and_reject_empty(trace):
+    timed = RunSpec.of(gpus=4, gpus_per_node=2, redundant=8, cost="roofline",
+                       model="olmoe-1b-7b", device_profile="h200")
+    results = compare(trace, ["row", "ordinal"], ["none", "a2a"], timed)
+    fig = plots.time_bars_and_stalls(results, results[:1])
+    bars, line = fig.axes[0], fig.axes[1]
+    assert len(bars.patches) == 2 * len(results)  # compute and communication of each
+    assert len(line.lines) == 1
+    with pytest.raises(InputError):
+        plots.time_bars_and_stalls([], results)
