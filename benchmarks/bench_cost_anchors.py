@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from eplbsim.cost import DEVICES, MODELS
-from eplbsim.cost.comm import a2a_link_bytes, a2a_token_counts
+from eplbsim.cost.comm import a2a_crossings, a2a_token_counts, phase_seconds
 from eplbsim.topology import Topology
 
 TOKENS, EXPERTS, TOP_K = 4096, 256, 8
@@ -31,15 +31,13 @@ def bottleneck_gbps(ep: int, seed: int = 0) -> tuple[float, float]:
     experts = torch.rand(ep * TOKENS, EXPERTS, generator=gen).argsort(-1)[:, :TOP_K]
     dest = experts // (EXPERTS // ep)  # [T, K] the GPU of each chosen expert
     src = torch.arange(ep).repeat_interleave(TOKENS)
-    gpu_tokens, node_tokens = a2a_token_counts(src, dest, topology)
+    crossings = a2a_crossings(*a2a_token_counts(src, dest, topology), topology)  # [2]
+    link = 1 if topology.num_nodes > 1 else 0  # the bottleneck DeepEP reports: RDMA or NVLink
     out = []
     for phase in ("dispatch", "combine"):
-        nvl, rdma = a2a_link_bytes(gpu_tokens, node_tokens, topology,
-                                   shape.hidden * shape.bytes_of(phase))
-        seconds = device.latency_s + max(float(nvl.max()) / device.nvlink,
-                                         float(rdma.max()) / device.rdma)
-        out.append((float(rdma.max()) if topology.num_nodes > 1 else float(nvl.max()))
-                   / seconds / 1e9)
+        token_bytes = shape.hidden * shape.bytes_of(phase)
+        seconds = float(phase_seconds(crossings, token_bytes, device))
+        out.append(float(crossings[link]) * token_bytes / seconds / 1e9)
     return out[0], out[1]
 
 

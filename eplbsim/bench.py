@@ -325,8 +325,7 @@ def kernel_calls(trace: Trace, spec: RunSpec) -> tuple[Callable[[], None], int]:
     ranks = make_ranks(d.rng, d.seed, G, device)
     views = [rank_view(d.view, placement, r).to(device) for r in range(G)]
     steps = [trace.step(s).to(device) for s in range(trace.num_steps)]
-    calls: list[tuple[int, slice]] = []  # (rank, rows) per call
-    if d.mode == "none":
+    if d.mode == "none":  # (rank, rows) per call
         calls = [(group[0], slice(None)) for group in rank_groups(views, policy)]
     else:
         bounds = share_bounds(trace.step(0).shape[0], G).tolist()
@@ -375,13 +374,7 @@ def replay_throughput(device: str = "auto", steps: int | None = None, tokens: in
             run, calls = kernel_calls(trace, spec)
             run()
             kernel = best_time(run, device, repeats=repeats, warmup=0)
-            seconds = math.inf
-            for _ in range(max(1, repeats)):
-                _sync(torch.device(device))
-                t0 = time.perf_counter()
-                replay(trace, spec)
-                _sync(torch.device(device))
-                seconds = min(seconds, time.perf_counter() - t0)
+            seconds = best_time(lambda: replay(trace, spec), device, repeats=repeats, warmup=0)
             passes = calls if mode == "none" else 1  # times each pair is dispatched
             rows.append({"kind": "replay", "policy": policy, "device": device, "mode": mode,
                          "ranks": GPUS, "steps": S, "tokens": T, "layers": L,
@@ -406,6 +399,15 @@ def _count(n: int) -> str:
     return short if n >= 10**4 and float(short) == n else str(n)
 
 
+def _columns(header: Sequence[str], body: Sequence[Sequence[str]], labels: int) -> list[str]:
+    """The lines of a fixed-width table: the first `labels` columns left-aligned, the
+    numbers right-aligned."""
+    widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(header)]
+    return ["  ".join(c.rjust(w) if i >= labels else c.ljust(w)
+                      for i, (c, w) in enumerate(zip(cells, widths)))
+            for cells in [header, *body]]
+
+
 def format_dispatch_table(rows: Sequence[dict[str, Any]]) -> str:
     """The dispatch rows as a text table, one line per `(policy, N)`, ratios last."""
     if not rows:
@@ -427,13 +429,7 @@ def format_dispatch_table(rows: Sequence[dict[str, Any]]) -> str:
              _num(r["gbps_straightforward"]), _num(r["gbps_ours"]), _num(r["gbps_roofline"]),
              f"{r['ours_over_straightforward']:.2f}", f"{r['ours_over_roofline']:.2f}")
             for r in rows]
-    widths = [max(len(c), *(len(b[i]) for b in body)) for i, c in enumerate(cols)]
-
-    def line(cells: Sequence[str]) -> str:  # policy left-aligned, numbers right-aligned
-        return "  ".join(c.rjust(w) if i else c.ljust(w)
-                         for i, (c, w) in enumerate(zip(cells, widths)))
-
-    return "\n".join(head + [line(cols)] + [line(b) for b in body])
+    return "\n".join(head + _columns(cols, body, labels=1))
 
 
 def format_replay_table(rows: Sequence[dict[str, Any]]) -> str:
@@ -452,7 +448,4 @@ def format_replay_table(rows: Sequence[dict[str, Any]]) -> str:
              _num(r["replay_pairs_per_s"] / 1e6), f"{r['kernel_seconds']:.3f}",
              _num(r["kernel_pairs_per_s"] / 1e6), f"{r['replay_over_kernel']:.2f}")
             for r in rows]
-    widths = [max(len(c), *(len(b[i]) for b in body)) for i, c in enumerate(cols)]
-    return "\n".join(head + ["  ".join(c.rjust(w) if i > 1 else c.ljust(w)
-                                       for i, (c, w) in enumerate(zip(cells, widths)))
-                             for cells in [cols] + body])
+    return "\n".join(head + _columns(cols, body, labels=2))

@@ -33,7 +33,7 @@ import torch
 
 from .simd import LANES, pair_lanes
 
-_JIT = dict(nopython=True, nogil=True, cache=True)
+JIT = dict(nopython=True, nogil=True, cache=True)  # every compiled loop's options
 GRID = float(2 ** 24)  # toy-MoE pair outputs are multiples of 1 / GRID (`moe.GRID_BITS`)
 INV_GRID = 1.0 / GRID  # exact: a power of two
 
@@ -53,7 +53,7 @@ def row_chunks(rows: int, least: int = 256) -> np.ndarray:
     return np.linspace(0, rows, count + 1).astype(np.int64)
 
 
-@numba.jit(parallel=True, **_JIT)
+@numba.jit(parallel=True, **JIT)
 def _expert_counts(ids, offsets, out):  # pragma: no cover - compiled
     S = offsets.shape[0] - 1
     L, K = ids.shape[1], ids.shape[2]
@@ -79,7 +79,7 @@ def expert_counts(ids: np.ndarray, offsets: np.ndarray, num_experts: int,
     return out
 
 
-@numba.jit(parallel=True, **_JIT)
+@numba.jit(parallel=True, **JIT)
 def _duplicates(ids, chunks, found):  # pragma: no cover - compiled
     N, L, K = ids.shape
     for c in numba.prange(chunks.shape[0] - 1):
@@ -147,7 +147,7 @@ class Executed:
         return self.hist.sum(0)
 
 
-@numba.jit(parallel=True, **_JIT)
+@numba.jit(parallel=True, **JIT)
 def _execute(phys, member, slot_gpu, first, chunks, agree, mult, hist):  # pragma: no cover
     T, L, K = phys.shape
     for c in numba.prange(chunks.shape[0] - 1):
@@ -170,7 +170,7 @@ def execute(done: Executed, phys: np.ndarray, member: np.ndarray, slot_gpu: np.n
              done.mult, done.hist)
 
 
-@numba.jit(parallel=True, **_JIT)
+@numba.jit(parallel=True, **JIT)
 def _pair_counts(ids, mult, agree, chunks, counts, agreed):  # pragma: no cover - compiled
     T, L, K = ids.shape
     for c in numba.prange(chunks.shape[0] - 1):
@@ -195,7 +195,7 @@ def pair_counts(ids: np.ndarray, done: Executed) -> tuple[np.ndarray, np.ndarray
     return counts.sum(0), agreed.sum(0)
 
 
-@numba.jit(parallel=True, **_JIT)
+@numba.jit(parallel=True, **JIT)
 def _pair_table(table, ids, fill, out):  # pragma: no cover - compiled
     T, L, K = ids.shape
     for t in numba.prange(T):
@@ -213,7 +213,7 @@ def pair_table(table: np.ndarray, ids: np.ndarray, fill: int = 0) -> np.ndarray:
     return out
 
 
-@numba.jit(parallel=True, **_JIT)
+@numba.jit(parallel=True, **JIT)
 def _table_loads(tables, counts, executed, out):  # pragma: no cover - compiled
     G, L, E = tables.shape
     for layer in numba.prange(L):  # each layer its own row of `out`
@@ -234,7 +234,7 @@ def table_loads(tables: np.ndarray, counts: np.ndarray, executed: np.ndarray,
     return out
 
 
-@numba.jit(parallel=True, **_JIT)
+@numba.jit(parallel=True, **JIT)
 def _sent_loads(tables, ids, offsets, groups, out):  # pragma: no cover - compiled
     L, K = ids.shape[1], ids.shape[2]
     for c in numba.prange(groups.shape[0] - 1):  # consecutive ranks, each group its own `out[c]`
@@ -260,7 +260,7 @@ def sent_loads(tables: np.ndarray, ids: np.ndarray, offsets: np.ndarray,
     return out.sum(0)
 
 
-@numba.jit(parallel=True, **_JIT)
+@numba.jit(parallel=True, **JIT)
 def _layer_sums(wt, x, gates, ids, mult, weigh, chunks, exact, weighted):  # pragma: no cover
     T, L, K = ids.shape
     E, D = wt.shape[1], x.shape[1]
@@ -314,7 +314,7 @@ def layer_sums(wt: np.ndarray, x: np.ndarray, gates: np.ndarray, ids: np.ndarray
     return exact, weighted
 
 
-@numba.jit(**_JIT)
+@numba.jit(**JIT)
 def _fsum_squares(values, partials):  # pragma: no cover - compiled
     n = 0
     for v in values:  # Shewchuk's partials, as CPython's math.fsum keeps them
@@ -357,7 +357,7 @@ def _fsum_squares(values, partials):  # pragma: no cover - compiled
     return hi
 
 
-@numba.jit(parallel=True, **_JIT)
+@numba.jit(parallel=True, **JIT)
 def _square_sums(rows, out):  # pragma: no cover - compiled
     # nonoverlapping partials: at most one per bit of float64's exponent range, or per value
     room = min(rows.shape[1], 2200) + 1

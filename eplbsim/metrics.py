@@ -235,11 +235,11 @@ class Chunk:
         """Every layer's time, float64 `[c, L]` each (`cost.layer_seconds`: `compute`,
         `compute_balanced`, `comm`, `total`, `total_balanced`) under the run's cost model."""
         c = self.cost
-        shape, device = cost.MODELS[c.model], cost.DEVICES[c.device_profile]
+        shape, device = c.profiles()
         comm = layer_comm_seconds(self.mode, self.counters.tokens, self.counters.crossings,
                                   self.placement.topology, shape, device)
-        return cost.layer_seconds(self.executed, self.placement, comm, shape, device, c.cost,
-                                  c.overlap)
+        return cost.layer_seconds(self.gpu_load, gpu_loads(self.executed > 0, self.num_gpus),
+                                  comm, shape, device, c.cost, c.overlap)
 
     @cached_property
     def gpu_load(self) -> torch.Tensor:
@@ -433,8 +433,8 @@ def rebalance_stalls(results: Any) -> list[tuple[int, float]]:
     """`(step, milliseconds)` of every rebalance that moved experts (`sync`: serving stalls
     until the copies land, `cost.rebalance.sync_stall_seconds`), experts of the cost model's
     shape; `results.spec` must name a cost model."""
-    c, segments = results.spec.cost, results.segments
-    shape, device = cost.MODELS[c.model], cost.DEVICES[c.device_profile]
+    segments = results.segments
+    shape, device = results.spec.cost.profiles()
     out = []
     for before, seg in zip(segments, segments[1:]):
         if seg.rebalance is None or seg.rebalance.skipped:
@@ -511,7 +511,7 @@ def components(chunked: Iterable[Chunk], num_steps: int, num_layers: int, presen
     """Every per-(step, layer) metric's components over the run, `[S, L]` each, assembled from
     the chunks in order, every metric of a chunk before the next (so memory holds one chunk's
     intermediates, not the run's); None for a metric that needs what the run lacks (`present`
-    holds "executed" and "counters" when the run has them)."""
+    holds "executed", "counters" and "cost" when the run has them)."""
     chosen = {key: metric for key, metric in (METRICS if metrics is None else metrics).items()
               if metric.parts is not None}
     out: dict[str, tuple[torch.Tensor, ...] | None] = {

@@ -32,9 +32,8 @@ left to the caller (`UNMEASURED`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
-
 from functools import cached_property
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -330,9 +329,8 @@ def _none_counted(epoch: Epoch, step: int, topk_ids: torch.Tensor) -> StepOutcom
             mult = epoch.table.multiplicity(ids)
     elif len(epoch.groups) == 1:  # every rank chooses alike: each valid pair executed once
         topk_ids = _own_ids(topk_ids)
-        slot_load, valid = counting.slot_counts(_dispatch(epoch, 0, step, topk_ids).numpy(), P)
-        counts = np.stack([np.zeros_like(valid), valid, np.zeros_like(valid)], 1)
-        agreed = valid
+        slot_load, agreed = counting.slot_counts(_dispatch(epoch, 0, step, topk_ids).numpy(), P)
+        counts = _executed_once(agreed)
     else:
         topk_ids = _own_ids(topk_ids)
         ids = topk_ids.numpy()
@@ -366,15 +364,16 @@ def _a2a_counted(epoch: Epoch, step: int, topk_ids: torch.Tensor,
                  src_rank: torch.Tensor | None, rows: Sequence[torch.Tensor],
                  drifted: torch.Tensor) -> StepOutcome:
     """`a2a_step` counted fast (module doc): a table policy's contiguous shares counted in one
-    pass through each rank's table (`counting.sent_loads`); otherwise every rank's own rows (slices of contiguous shares when
-    there is no `src_rank`) dispatched into one buffer, counted once."""
+    pass through each rank's table (`counting.sent_loads`) unless the links are counted;
+    otherwise every rank's own rows (slices of contiguous shares when there is no `src_rank`)
+    dispatched into one buffer, counted once."""
     if epoch.policy.table is not None and src_rank is None and not epoch.count_links:
         slot_load = epoch.table.sent_loads(topk_ids.numpy(),
                                            share_bounds(topk_ids.shape[0], epoch.num_ranks))
         valid = slot_load.sum(1)
-        counts = np.stack([np.zeros_like(valid), valid, np.zeros_like(valid)], 1)
-        return StepOutcome(torch.from_numpy(slot_load), None, torch.from_numpy(counts),
-                           torch.from_numpy(valid), drifted)
+        return StepOutcome(torch.from_numpy(slot_load), None,
+                           torch.from_numpy(_executed_once(valid)), torch.from_numpy(valid),
+                           drifted)
     topk_ids = _own_ids(topk_ids)
     phys = torch.empty(topk_ids.shape, dtype=torch.int64)
     for i, own in enumerate(rows):
@@ -384,11 +383,15 @@ def _a2a_counted(epoch: Epoch, step: int, topk_ids: torch.Tensor,
         else:
             phys[own] = _dispatch(epoch, i, step, topk_ids[own])
     slot_load, valid = counting.slot_counts(phys.numpy(), epoch.placement.num_slots)
-    counts = np.stack([np.zeros_like(valid), valid, np.zeros_like(valid)], 1)
-    owners = token_owners(topk_ids.shape[0], epoch.num_ranks, src_rank)
-    return StepOutcome(torch.from_numpy(slot_load), None, torch.from_numpy(counts),
-                       torch.from_numpy(valid), drifted,
+    return StepOutcome(torch.from_numpy(slot_load), None,
+                       torch.from_numpy(_executed_once(valid)), torch.from_numpy(valid), drifted,
                        crossings=_crossings(epoch, src_rank, phys))
+
+
+def _executed_once(valid: np.ndarray) -> np.ndarray:
+    """The `[L, 3]` counts of pairs executed 0, 1 and >= 2 times when each of the `valid
+    [L]` pairs is executed exactly once."""
+    return np.stack([np.zeros_like(valid), valid, np.zeros_like(valid)], 1)
 
 
 def _crossings(epoch: Epoch, src_rank: torch.Tensor | None,

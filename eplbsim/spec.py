@@ -21,7 +21,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
-from .cost import COST_MODELS, DEVICES, MODELS
+from .cost import COST_MODELS, DEVICES, MODELS, DeviceProfile, ModelShape
 from .dispatch import POLICIES, DispatchPolicy
 from .errors import InputError
 from .limits import (MAX_EXPERTS, MAX_GPUS, MAX_HIDDEN, MAX_LAYERS, MAX_SEED, MAX_SLOTS,
@@ -471,6 +471,10 @@ class CostPart(Part):
                                Name(DEVICES, "device profile"))
     overlap: bool = knob(False, "layer time = max(compute, communication) instead of their sum",
                          Switch())
+
+    def profiles(self) -> tuple[ModelShape, DeviceProfile]:
+        """The model shape and device profile the cost model reads."""
+        return MODELS[self.model], DEVICES[self.device_profile]
 
 
 PARTS: dict[str, type] = {"source": Source, "dispatch": DispatchPart, "solver": SolverPart,

@@ -11,10 +11,11 @@ from hypothesis import given, settings, strategies as st
 from eplbsim.cost import COST_MODELS, DEVICES, MODELS, layer_seconds
 from eplbsim.cost.comm import (a2a_crossings, a2a_link_bytes, a2a_seconds, a2a_token_counts,
                                allreduce_seconds)
-from eplbsim.cost.compute import ETA_COMPUTE, ETA_MEMORY, gpu_work, roofline
+from eplbsim.cost.compute import ETA_COMPUTE, ETA_MEMORY, roofline
 from eplbsim.cost.devices import DeviceProfile
 from eplbsim.cost.shapes import ModelShape
 from eplbsim.errors import InputError
+from eplbsim.metrics import gpu_loads
 from eplbsim.placement import trivial_placement
 from eplbsim.topology import Topology
 
@@ -35,10 +36,11 @@ def test_roofline_of_one_gpu_one_expert_by_hand():
     assert float(roofline(torch.tensor([0.0]), torch.tensor([0.0]), TINY, SLOW)) == 1e-3
 
 
-def test_gpu_work_sums_pairs_and_active_slots_per_gpu():
-    load = torch.tensor([[3, 0, 2, 5], [0, 0, 0, 1]])
-    pairs, active = gpu_work(load, torch.tensor([0, 0, 1, 1]), 2)
-    assert pairs.tolist() == [[3, 7], [0, 1]] and active.tolist() == [[1, 2], [0, 1]]
+def _seconds(slot_load, placement, comm, *args, **kwargs):
+    """`layer_seconds` of executed pairs per slot `[..., P]` on `placement`'s GPUs."""
+    G = placement.topology.num_gpus
+    return layer_seconds(gpu_loads(slot_load, G), gpu_loads(slot_load > 0, G), comm, *args,
+                         **kwargs)
 
 
 def test_two_node_all_to_all_volumes_by_hand():
@@ -80,20 +82,20 @@ def test_balanced_is_never_slower_and_time_grows_with_load(seed, device, model, 
     placement = trivial_placement(2, 16, 32, Topology(8, 4))
     load = torch.from_numpy(rng.integers(0, 3000, (3, 2, 32)) * (rng.random((3, 2, 32)) < 0.7))
     comm = torch.from_numpy(rng.random((3, 2)) * 1e-3)
-    t = layer_seconds(load, placement, comm, model, device, overlap=overlap)
+    t = _seconds(load, placement, comm, model, device, overlap=overlap)
     assert all(v.shape == (3, 2) and v.dtype == torch.float64 for v in t.values())
     assert (t["compute_balanced"] <= t["compute"] * (1 + 1e-12)).all()
     assert (t["total_balanced"] <= t["total"] * (1 + 1e-12)).all()
     more = load.clone()
     more[..., int(rng.integers(32))] += int(rng.integers(1, 500))
-    assert (layer_seconds(more, placement, comm, model, device)["compute"]
-            >= layer_seconds(load, placement, comm, model, device)["compute"]).all()
+    assert (_seconds(more, placement, comm, model, device)["compute"]
+            >= _seconds(load, placement, comm, model, device)["compute"]).all()
 
 
 def test_imbalance_overhead_is_exactly_zero_for_a_balanced_step():
     placement = trivial_placement(1, 16, 32, Topology(8, 4))  # 4 slots a GPU
     load = torch.tensor([[7, 0, 3, 1] * 8])  # every GPU: 11 pairs on 3 active slots
-    t = layer_seconds(load, placement, torch.tensor([2e-4]), "deepseek-v3", "h200")
+    t = _seconds(load, placement, torch.tensor([2e-4]), "deepseek-v3", "h200")
     assert torch.equal(t["compute"], t["compute_balanced"])
     assert float(t["total"] / t["total_balanced"] - 1) == 0.0
 
@@ -110,7 +112,7 @@ def test_a_user_cost_model_is_taken_like_a_policy():
     def flat(pairs, active, shape, device):
         return pairs * 1e-6
     placement = trivial_placement(1, 4, 4, Topology(2))
-    t = layer_seconds(torch.tensor([[1, 2, 3, 4]]), placement, torch.zeros(1), "olmoe-1b-7b",
+    t = _seconds(torch.tensor([[1, 2, 3, 4]]), placement, torch.zeros(1), "olmoe-1b-7b",
                       "b200", model=flat)
     assert t["compute"].tolist() == pytest.approx([7e-6])
 
@@ -127,7 +129,7 @@ def test_registries_have_sources_and_bad_figures_are_refused():
     with pytest.raises(InputError, match="hidden"):
         dataclasses.replace(TINY, hidden=0)
     with pytest.raises(InputError, match="unknown model 'gpt-5'"):
-        layer_seconds(torch.ones(1, 4), trivial_placement(1, 4, 4, Topology(2)),
+        _seconds(torch.ones(1, 4), trivial_placement(1, 4, 4, Topology(2)),
                       torch.zeros(1), "gpt-5", "h200")
 
 
@@ -157,7 +159,7 @@ def test_a_replay_with_a_cost_model_reports_time_that_adds_up(mode):
     assert m["moe_tokens_per_s"] == pytest.approx(64 / (m["moe_ms"] / 1e3))
     placement = r.segments[0].placement  # one placement: no rebalance
     shape, device = MODELS["olmoe-1b-7b"], DEVICES["h100-sxm"]
-    compute = layer_seconds(r.slot_load, placement, torch.zeros(6, 3), shape, device)["compute"]
+    compute = _seconds(r.slot_load, placement, torch.zeros(6, 3), shape, device)["compute"]
     assert m["compute_ms"] == pytest.approx(float(compute.sum(1).mean()) * 1e3)
     if mode == "none":
         per_layer = float(allreduce_seconds(torch.tensor(64), Topology(8, 4), shape, device))

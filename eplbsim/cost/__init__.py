@@ -16,9 +16,8 @@ from typing import Any, Callable
 
 import torch
 
-from ..placement import Placement
 from ..registry import lookup
-from .compute import gpu_work, roofline
+from .compute import roofline
 from .devices import DEVICES, DeviceProfile
 from .shapes import MODELS, ModelShape
 
@@ -29,12 +28,13 @@ COST_MODELS: dict[str, CostModel] = {
 }
 
 
-def layer_seconds(slot_load: torch.Tensor, placement: Placement, comm_s: torch.Tensor,
+def layer_seconds(pairs: torch.Tensor, active: torch.Tensor, comm_s: torch.Tensor,
                   shape: ModelShape | str, device: DeviceProfile | str,
                   model: CostModel | str = "roofline",
                   overlap: bool = False) -> dict[str, torch.Tensor]:
-    """Seconds of each layer from its executed pairs per slot `slot_load [..., P]` and its
-    communication `comm_s [...]`, float64 `[...]` each:
+    """Seconds of each layer from the pairs each GPU executes `pairs [..., G]`, its slots
+    with pairs `active [..., G]` (`metrics.gpu_loads` of the executed loads and of their
+    nonzero entries) and the layer's communication `comm_s [...]`, float64 `[...]` each:
 
     - `compute`: the slowest GPU's expert time (`model`);
     - `compute_balanced`: the same with every GPU at the mean pairs and the mean active slots
@@ -45,7 +45,6 @@ def layer_seconds(slot_load: torch.Tensor, placement: Placement, comm_s: torch.T
     shape = lookup(MODELS, shape, "model") if isinstance(shape, str) else shape
     device = lookup(DEVICES, device, "device profile") if isinstance(device, str) else device
     fn = lookup(COST_MODELS, model, "cost model")
-    pairs, active = gpu_work(slot_load, placement.slot_gpu, placement.topology.num_gpus)
     compute = fn(pairs, active, shape, device).amax(-1)
     even = [x.mean(-1, keepdim=True).expand(x.shape) for x in (pairs, active)]
     balanced = fn(*even, shape, device).amax(-1)

@@ -83,14 +83,19 @@ def a2a_crossings(gpu_tokens: torch.Tensor, node_tokens: torch.Tensor,
 def a2a_seconds(crossings: torch.Tensor, shape: ModelShape,
                 device: DeviceProfile) -> torch.Tensor:
     """Dispatch plus combine of one layer, seconds `[...]`, from its `a2a_crossings
-    [..., 2]`: per phase `latency_s` plus the slower link class's bytes over its bandwidth."""
-    crossings = crossings.to(torch.float64)
-    total = 0.0
-    for phase in ("dispatch", "combine"):
-        size = shape.hidden * shape.bytes_of(phase)
-        total = total + device.latency_s + torch.maximum(crossings[..., 0] * size / device.nvlink,
-                                                         crossings[..., 1] * size / device.rdma)
-    return total
+    [..., 2]` (`phase_seconds` of each, in its dtype)."""
+    return sum(phase_seconds(crossings, shape.hidden * shape.bytes_of(phase), device)
+               for phase in ("dispatch", "combine"))
+
+
+def phase_seconds(crossings: torch.Tensor, token_bytes: float,
+                  device: DeviceProfile) -> torch.Tensor:
+    """One dispatch (or combine) of tokens of `token_bytes`, seconds `[...]`, from the busiest
+    GPU's `crossings [..., 2]`: `latency_s` plus the slower link class's bytes over its
+    bandwidth."""
+    size = crossings.to(torch.float64) * token_bytes
+    return device.latency_s + torch.maximum(size[..., 0] / device.nvlink,
+                                            size[..., 1] / device.rdma)
 
 
 def allreduce_seconds(tokens: torch.Tensor, topology: Topology, shape: ModelShape,

@@ -18,17 +18,6 @@ ETA_COMPUTE = 0.8  # roofline's share of peak FLOP/s a grouped GEMM reaches (Dee
 ETA_MEMORY = 0.9  # roofline's share of HBM bandwidth
 
 
-def gpu_work(slot_load: torch.Tensor, slot_gpu: torch.Tensor,
-             num_gpus: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """`(pairs, active)`, float64 `[..., G]` each, of executed pairs per slot `slot_load
-    [..., P]` on GPUs `slot_gpu [P]`: each GPU's pairs, and its slots with pairs."""
-    load = slot_load.to(torch.float64)
-    index = slot_gpu.to(load.device).expand(load.shape)
-    zeros = load.new_zeros(load.shape[:-1] + (num_gpus,))
-    return (zeros.scatter_add(-1, index, load),
-            zeros.scatter_add(-1, index, (load > 0).to(torch.float64)))
-
-
 def roofline(pairs: torch.Tensor, active: torch.Tensor, shape: ModelShape,
              device: DeviceProfile, eta_compute: float = ETA_COMPUTE,
              eta_memory: float = ETA_MEMORY) -> torch.Tensor:

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from . import batch_lp
+from ..counting import JIT
 from ..errors import InputError
 from ..placement import Placement, View
 
@@ -169,7 +170,7 @@ def _leftover_places(placement: Placement) -> np.ndarray:
     return places
 
 
-@numba.jit(nopython=True, nogil=True, cache=True)
+@numba.jit(**JIT)
 def _leftover_counts(log2phy, slot_gpu, gpus_per_node, places):  # pragma: no cover - compiled
     L, E, G = places.shape
     on_gpu = np.empty(G, np.bool_)
@@ -191,7 +192,7 @@ def _leftover_counts(log2phy, slot_gpu, gpus_per_node, places):  # pragma: no co
 
 @lru_cache(maxsize=16)
 def _static_candidates(log2phy: torch.Tensor, logcnt: torch.Tensor, placement: Placement,
-                       seed: int) -> tuple[torch.Tensor, ...]:
+                       seed: int) -> tuple[np.ndarray, ...]:
     """What `static_table` reads of a view that is the same for every rank sharing it (keyed
     by the view's tensors): `(cands [L, E, R], cnt [L, E], gpu, node [L, E, R], perm)`, int64
     numpy arrays on the CPU, `perm` the seeded permutation of each expert's candidates (first
@@ -222,7 +223,7 @@ def static_table(view: View, rank: int, seed: int) -> torch.Tensor:
     return torch.from_numpy(table).to(view.log2phy.device)
 
 
-@numba.jit(nopython=True, nogil=True, cache=True)
+@numba.jit(**JIT)
 def _static_choices(cands, cnt, gpu, node, perm, place, rank, rank_node,
                     table):  # pragma: no cover - compiled
     """`static_table`'s rule for every (layer, expert): the candidates `[L, E, R]` (-1 padding)

@@ -16,14 +16,11 @@ import numba
 import numpy as np
 import torch
 
-from ...counting import pair_table
+from ...counting import JIT, pair_table
 from ..policies import DispatchContext, layer_draws, layer_offsets, static_table
 from ...placement import View
 
-_JIT = dict(nopython=True, nogil=True, cache=True)
-
-
-@numba.jit(parallel=True, **_JIT)
+@numba.jit(parallel=True, **JIT)
 def _row(ids, log2phy, logcnt, out):  # pragma: no cover - compiled
     T, L, K = ids.shape
     for t in numba.prange(T):
@@ -33,7 +30,7 @@ def _row(ids, log2phy, logcnt, out):  # pragma: no cover - compiled
                 out[t, layer, k] = -1 if e < 0 else log2phy[layer, e, t % logcnt[layer, e]]
 
 
-@numba.jit(parallel=True, **_JIT)
+@numba.jit(parallel=True, **JIT)
 def _ordinal(ids, log2phy, logcnt, offsets, out, num_blocks):  # pragma: no cover - compiled
     T, L, K = ids.shape
     E = logcnt.shape[1]
@@ -64,7 +61,7 @@ def _ordinal(ids, log2phy, logcnt, offsets, out, num_blocks):  # pragma: no cove
                     seen[e] += 1
 
 
-@numba.jit(parallel=True, **_JIT)
+@numba.jit(parallel=True, **JIT)
 def _drawn(ids, log2phy, logcnt, draws, out):  # pragma: no cover - compiled
     T, L, K = ids.shape
     for t in numba.prange(T):
