@@ -44,6 +44,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -124,22 +125,24 @@ def _own_counts(trace: Any, rank: int, num_ranks: int) -> torch.Tensor:
 
 def _broadcast_plan(trace: Any, spec: RunSpec, true_load: torch.Tensor, rank: int,
                     group: Any) -> tuple[Segment, ...]:
-    """Rank 0 solves the schedule; every rank receives the placements (`phy2log`) and the
-    segment bounds. Rank 0 keeps its full segments (best placements, rebalance records)."""
+    """Rank 0 solves the schedule; every rank receives the placements (`phy2log`), the
+    segment bounds and the ranks' switch steps. Rank 0 keeps its full segments (best placements, rebalance records)."""
     segments = schedule_of(trace, spec, true_load) if rank == 0 else None
     box = [None if segments is None else
-           [(s.start, s.stop, s.placement.phy2log.tolist()) for s in segments]]
+           [(s.start, s.stop, s.placement.phy2log.tolist(),
+             None if s.switch is None else s.switch.tolist()) for s in segments]]
     dist.broadcast_object_list(box, src=0, group=group)
     if rank == 0:
         return segments
     topo = spec.topology.topology()
     placements: dict[str, Placement] = {}
     out = []
-    for start, stop, phy2log in box[0]:
+    for start, stop, phy2log, switch in box[0]:
         key = json.dumps(phy2log)
         placement = placements.setdefault(key, Placement(torch.tensor(phy2log),
                                                          trace.num_experts, topo))
-        out.append(Segment(start, stop, placement, placement, None))
+        out.append(Segment(start, stop, placement, placement, None,
+                           None if switch is None else np.array(switch, dtype=np.int64)))
     return tuple(out)
 
 

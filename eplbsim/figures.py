@@ -111,6 +111,18 @@ def time_by_policy() -> Figure:
     return plots.time_bars_and_stalls(results, over_time)
 
 
+def switch_hazard() -> Figure:
+    """The hazard of async rebalancing: the drift scenario re-solved every 16 steps (`ordinal`),
+    copies landing 2 steps after each decision, every rank switching at once (no corruption)
+    against ranks switching up to 4 steps apart (seeded per rank and rebalance), in both
+    modes."""
+    trace = synthesize("drift", steps=96, tokens=512, seed=0, **SIZES)
+    spec = SETUP.replace(policy="ordinal", rebalance_every=16, rebalance_mode="async",
+                         copy_steps=2)
+    return plots.switch_hazard([replay(trace, spec.replace(mode=m, switch_delay=d))
+                                for m in ("a2a", "none") for d in (0, 4)])
+
+
 FIGURES: dict[str, Callable[[], Figure]] = {
     "expert_load_heatmap": expert_load_heatmap,
     "policies_by_mode": policies_by_mode,
@@ -119,6 +131,7 @@ FIGURES: dict[str, Callable[[], Figure]] = {
     "solver_gap": solver_gap,
     "rebalance_over_time": rebalance_over_time,
     "time_by_policy": time_by_policy,
+    "switch_hazard": switch_hazard,
 }
 
 

@@ -38,6 +38,7 @@ from .cost.rebalance import sync_stall_seconds
 from .counting import summed
 from .placement import Placement
 from .schedule.migration import transfer_kinds
+from .schedule.switch import phases
 from .solvers.bounds import lower_bound
 
 SUMMARY_CHUNK = 128  # steps per chunk: per-replica intermediates stay small
@@ -177,6 +178,8 @@ class Counters:
     tokens:       int64 `[S]` tokens of each step
     crossings:    int64 `[S, L, 2]` in "a2a" with a cost model: the busiest GPU's token
                   crossings of each layer's dispatch over NVLink and RDMA (else 0)
+    wrong:        int64 `[S, L]` in "a2a": pairs sent to a slot holding another expert's
+                  weights (ranks switching placements at different steps; else 0)
     """
 
     agreed: torch.Tensor
@@ -186,6 +189,7 @@ class Counters:
     drift: torch.Tensor
     tokens: torch.Tensor
     crossings: torch.Tensor
+    wrong: torch.Tensor
 
     @classmethod
     def zeros(cls, num_steps: int, num_layers: int, num_ranks: int) -> "Counters":
@@ -195,7 +199,7 @@ class Counters:
                    torch.zeros(S, L, 3, dtype=torch.int64),
                    torch.zeros(S, L, 2, dtype=torch.float64),
                    torch.zeros(S, num_ranks, dtype=torch.bool), torch.zeros(S, dtype=torch.int64),
-                   torch.zeros(S, L, 2, dtype=torch.int64))
+                   torch.zeros(S, L, 2, dtype=torch.int64), torch.zeros(S, L, dtype=torch.int64))
 
     def steps(self, lo: int, hi: int) -> "Counters":
         """The counters of steps `[lo, hi)` (views)."""
@@ -429,11 +433,20 @@ def _moved_bytes(results: Any) -> int:
     return int(results.components["moved_slots"][0].sum()) * results.spec.schedule.expert_bytes
 
 
+def _hazard_steps(results: Any) -> int:
+    """Steps on which the ranks serve different placements (`schedule.switch`: async
+    rebalances whose ranks switch at different steps)."""
+    return sum(hi - lo for lo, hi, _, serving in phases(results.segments) if serving is not None)
+
+
 def rebalance_stalls(results: Any) -> list[tuple[int, float]]:
-    """`(step, milliseconds)` of every rebalance that moved experts (`sync`: serving stalls
-    until the copies land, `cost.rebalance.sync_stall_seconds`), experts of the cost model's
-    shape; `results.spec` must name a cost model."""
+    """`(step, milliseconds)` of every rebalance that moved experts when serving stalls until
+    its copies land (`sync`, `cost.rebalance.sync_stall_seconds`; none for `async`, whose
+    copies go on while the old placement serves), experts of the cost model's shape;
+    `results.spec` must name a cost model."""
     segments = results.segments
+    if results.spec.schedule.rebalance_mode != "sync":
+        return []
     shape, device = results.spec.cost.profiles()
     out = []
     for before, seg in zip(segments, segments[1:]):
@@ -478,6 +491,8 @@ METRICS: dict[str, Metric] = {
                            shares, needs=COUNTERS, subkeys=("0", "1", "2+")),
     "output_rel_error": Metric("out_err", lambda c: c.counters.error.unbind(-1), root_ratio,
                                needs=COUNTERS, modes=("none",)),
+    "wrong_expert_frac": Metric("wrong", lambda c: (c.counters.wrong, c.counters.valid), ratio,
+                                needs=COUNTERS, modes=("a2a",)),
     "factor_solver": Metric("solver", lambda c: (c.best_promise,), tables=DECOMPOSITION),
     "factor_prediction": Metric("prediction", lambda c: (c.promise / c.best_promise,),
                                 tables=DECOMPOSITION),
@@ -486,6 +501,7 @@ METRICS: dict[str, Metric] = {
     "rebalances": Metric("rebalances", whole=_rebalances, tables=DECOMPOSITION),
     "moved_slots": Metric("moved_slots", lambda c: (c.moved,), total, tables=DECOMPOSITION),
     "moved_bytes": Metric("moved_bytes", whole=_moved_bytes, tables=frozenset()),
+    "hazard_steps": Metric("hazard", whole=_hazard_steps, tables=DECOMPOSITION),
     "moe_ms": Metric("moe_ms", lambda c: (c.seconds["total"] * 1e3,), step_time, needs=COST,
                      tables=TIME),
     "compute_ms": Metric("compute_ms", lambda c: (c.seconds["compute"] * 1e3,), step_time,

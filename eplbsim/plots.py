@@ -22,6 +22,7 @@ from matplotlib.figure import Figure
 from .errors import InputError
 from .files import atomic_file
 from .metrics import rebalance_stalls
+from .schedule.switch import phases
 from .registry import name_of
 from .results import Results
 
@@ -488,6 +489,41 @@ def time_bars_and_stalls(results: Sequence[Results], over_time: Sequence[Results
     stalls.set_ylabel("rebalance stall (ms, bars)")
     stalls.grid(False)
     ax_time.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=len(over_time), fontsize=7)
+    return fig
+
+
+def switch_hazard(results: Sequence[Results]) -> Figure:
+    """What ranks switching placements at different steps corrupt, per step, for results of
+    async rebalancing (`spec.schedule.rebalance_mode`): in "a2a" (top) the share of pairs sent
+    to a slot holding another expert's weights (`wrong_expert_frac`), in "none" (bottom) the
+    share of pairs not executed exactly once; one line per result, each hazard window (steps
+    on which its ranks serve different placements) shaded in its colour, the rebalance
+    decisions dotted."""
+    results = list(results)
+    modes = [m for m in ("a2a", "none") if any(r.spec.dispatch.mode == m for r in results)]
+    if not modes:
+        raise InputError("switch_hazard needs at least one result")
+    fig = Figure(figsize=(7.0, 1.3 + 1.4 * len(modes)), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(len(modes), 1, sharex=True))
+    labels = _labels(results)
+    for ax, mode in zip(axes, modes):
+        for i, (name, r) in enumerate(zip(labels, results)):
+            if r.spec.dispatch.mode != mode:
+                continue
+            color = OKABE_ITO[i % len(OKABE_ITO)]
+            series = r.time_series()
+            share = (series["wrong_expert_frac"] if mode == "a2a"
+                     else 1 - series["multiplicity_1"])
+            ax.plot(series["step"], 100 * share, color=color, label=name, drawstyle="steps-post")
+            for lo, hi, _, serving in phases(r.segments):
+                if serving is not None:
+                    ax.axvspan(lo, hi, color=color, alpha=0.15, linewidth=0, zorder=0)
+        for m in results[0].migrations():
+            ax.axvline(m["step"], color="0.5", linestyle=":", linewidth=0.8, zorder=1)
+        ax.set_ylabel("wrong-expert pairs (%)\na2a" if mode == "a2a"
+                      else "pairs not run once (%)\nnone")
+        ax.legend(loc="upper right", fontsize=7, ncol=2)
+    axes[-1].set_xlabel("step")
     return fig
 
 

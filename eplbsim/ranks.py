@@ -151,6 +151,11 @@ class Epoch:
     fast:         count with compiled loops where that is possible (module doc)
     count_links:  in "a2a", count each step's token crossings between GPUs and nodes (what the
                   cost model's communication reads)
+    held:         int64 `[L, P]` the expert whose weights each slot holds, when the ranks serve
+                  different placements (a switch in progress, `schedule.switch`: `views[i]`
+                  is then of the placement rank `i` serves, `placement` the new one); "a2a"
+                  counts the pairs sent to a slot holding another expert. None when every
+                  rank serves `placement`
     """
 
     name: str
@@ -169,6 +174,7 @@ class Epoch:
     keep_choices: bool = False
     fast: bool = False
     count_links: bool = False
+    held: torch.Tensor | None = None
 
     def counts_fast(self, device: torch.device) -> bool:
         """Whether this epoch's steps on `device` are counted by the compiled loops."""
@@ -198,6 +204,8 @@ class StepOutcome:
     choices:      int64 `[len(ranks), T, L, K]` each held rank's slots, when kept; else None
     crossings:    int64 `[L, 2]` in "a2a" when `Epoch.count_links`: the busiest GPU's token
                   crossings of the dispatch over NVLink and RDMA (`cost.comm.a2a_crossings`)
+    wrong:        int64 `[L]` in "a2a" when `Epoch.held` is set: pairs sent to a slot whose
+                  weights are another expert's (CPU); else None
     """
 
     slot_load: torch.Tensor
@@ -209,6 +217,7 @@ class StepOutcome:
     error: torch.Tensor | None = None
     choices: torch.Tensor | None = None
     crossings: torch.Tensor | None = None
+    wrong: torch.Tensor | None = None
 
 
 def _dispatch(epoch: Epoch, i: int, step: int, topk_ids: torch.Tensor) -> torch.Tensor:
@@ -313,7 +322,8 @@ def a2a_step(epoch: Epoch, step: int, topk_ids: torch.Tensor,
                        multiplicity_counts(multiplicity, multiplicity > 0),
                        comm.all_reduce(sent.sum((0, 2))).cpu(), drifted,
                        choices=torch.stack(choices) if epoch.keep_choices else None,
-                       crossings=_crossings(epoch, src_rank, phys))
+                       crossings=_crossings(epoch, src_rank, phys),
+                       wrong=_wrong(epoch, topk_ids, phys, comm.all_reduce))
 
 
 def _none_counted(epoch: Epoch, step: int, topk_ids: torch.Tensor) -> StepOutcome:
@@ -367,7 +377,8 @@ def _a2a_counted(epoch: Epoch, step: int, topk_ids: torch.Tensor,
     pass through each rank's table (`counting.sent_loads`) unless the links are counted;
     otherwise every rank's own rows (slices of contiguous shares when there is no `src_rank`)
     dispatched into one buffer, counted once."""
-    if epoch.policy.table is not None and src_rank is None and not epoch.count_links:
+    if (epoch.policy.table is not None and src_rank is None and not epoch.count_links
+            and epoch.held is None):
         slot_load = epoch.table.sent_loads(topk_ids.numpy(),
                                            share_bounds(topk_ids.shape[0], epoch.num_ranks))
         valid = slot_load.sum(1)
@@ -385,7 +396,8 @@ def _a2a_counted(epoch: Epoch, step: int, topk_ids: torch.Tensor,
     slot_load, valid = counting.slot_counts(phys.numpy(), epoch.placement.num_slots)
     return StepOutcome(torch.from_numpy(slot_load), None,
                        torch.from_numpy(_executed_once(valid)), torch.from_numpy(valid), drifted,
-                       crossings=_crossings(epoch, src_rank, phys))
+                       crossings=_crossings(epoch, src_rank, phys),
+                       wrong=_wrong(epoch, topk_ids, phys, LOCAL.all_reduce))
 
 
 def _executed_once(valid: np.ndarray) -> np.ndarray:
@@ -409,6 +421,18 @@ def _crossings(epoch: Epoch, src_rank: torch.Tensor | None,
     gpu_tokens = epoch.comm.all_reduce(torch.stack([g for g, _ in counts]))  # [L, G, G]
     node_tokens = epoch.comm.all_reduce(torch.stack([n for _, n in counts]))  # [L, G, N]
     return a2a_crossings(gpu_tokens, node_tokens, topo).round().long().cpu()
+
+
+def _wrong(epoch: Epoch, topk_ids: torch.Tensor, phys: torch.Tensor,
+           all_reduce: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor | None:
+    """Pairs of `topk_ids [T, L, K]` sent (`phys [T, L, K]`, -1 where not sent) to a slot
+    whose weights are another expert's (`Epoch.held`), int64 `[L]` summed over the group;
+    None when `held` is not set."""
+    if epoch.held is None:
+        return None
+    held = epoch.held.flatten()[flat_index(phys.clamp(min=0), epoch.held.shape[1])]
+    wrong = (phys >= 0) & (held != topk_ids)  # [T, L, K]
+    return all_reduce(wrong.sum((0, 2))).cpu()
 
 
 @dataclass(frozen=True, eq=False)

@@ -27,7 +27,8 @@ from .progress import Progress
 from .ranks import LOCAL, MODES, Collectives, Epoch, make_ranks, rank_groups
 from .registry import lookup
 from .results import Results
-from .schedule.plan import Segment, epochs, plan
+from .schedule.plan import Segment, plan
+from .schedule.switch import held_experts, phases
 from .spec import RunSpec
 from .traces.counts import CountsTrace
 
@@ -90,7 +91,8 @@ def schedule_of(trace: Any, spec: RunSpec, true_load: torch.Tensor) -> tuple[Seg
     placement, initial = (load_placement(value, E, topo, L, model_layers)
                           for value in (spec.solver.placement, spec.schedule.initial))
     return plan(true_load, spec.schedule, spec.solver, topo, E + spec.topology.redundant,
-                spec.topology.groups or trace.num_groups or 1, placement, initial)
+                spec.topology.groups or trace.num_groups or 1, placement, initial,
+                spec.dispatch.seed)
 
 
 def run_steps(trace: Any, spec: RunSpec, segments: Sequence[Segment],
@@ -114,11 +116,13 @@ def run_steps(trace: Any, spec: RunSpec, segments: Sequence[Segment],
     slot_load = torch.zeros(S, L, segments[0].placement.num_slots, dtype=trace.load_dtype)
     counters = Counters.zeros(S, L, G)
     read = getattr(trace, "stored_step", trace.step)  # ids as stored: the steps widen them
-    for start, stop, placement in epochs(segments):
-        views = tuple(rank_view(d.view, placement, r.rank).to(device) for r in ranks)
+    for start, stop, placement, serving in phases(segments):
+        views = tuple(rank_view(d.view, placement if serving is None else serving[r.rank],
+                                r.rank).to(device) for r in ranks)
         epoch = Epoch(name, policy, placement, ranks, views, rank_groups(views, policy), G,
                       d.mode, d.seed, d.rank_offset, d.drift_p, moe, comm, fast=fast,
-                      count_links=spec.cost.cost is not None)
+                      count_links=spec.cost.cost is not None,
+                      held=None if serving is None else held_experts(serving).to(device))
         for s in range(start, stop):
             ids = read(s).to(device)  # [T, L, K]
             out = mode_step(epoch, s, ids, trace.step_src_rank(s))
@@ -130,6 +134,8 @@ def run_steps(trace: Any, spec: RunSpec, segments: Sequence[Segment],
                 counters.crossings[s] = out.crossings
             if out.agreed is not None:
                 counters.agreed[s] = out.agreed
+            if out.wrong is not None:
+                counters.wrong[s] = out.wrong
             if out.error is not None:
                 counters.error[s] = out.error
             if progress is not None:

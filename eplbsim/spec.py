@@ -31,6 +31,7 @@ from .ranks import MODES, RNG_RELATIONS
 from .registry import lookup, name_of
 from .schedule.migration import DEEPSEEK_V3_EXPERT_BYTES
 from .schedule.predictors import PREDICTORS
+from .schedule.switch import REBALANCE_MODES
 from .solvers import SOLVERS, check_options
 from .topology import Topology
 from .traces.counts import parse_where
@@ -415,14 +416,36 @@ class SchedulePart(Part):
                                  "to move fewer experts", Switch())
     expert_bytes: int = knob(DEEPSEEK_V3_EXPERT_BYTES, "bytes of one expert's weights, to "
                              "price migrations (a DeepSeek-V3 expert in bf16)", Integer(0))
+    rebalance_mode: str = knob(
+        "sync", "sync: serving stalls until a rebalance's copies land; async: the copies go on "
+        "in the background while the old placement serves (DESIGN.md section 8)",
+        Name(REBALANCE_MODES, "rebalance mode"))
+    copy_steps: int = knob(1, "async: steps a rebalance's copies take in the background",
+                           Integer(1), metavar="N")
+    switch_delay: int = knob(
+        0, "async: each rank switches to the new placement up to D steps after the copies "
+        "land, a seeded delay per rank and rebalance (0: all together)", Integer(0),
+        metavar="D")
 
     def relate(self) -> None:
         if self.rebalance_every is None:
-            unused = _changed(self, ("window", "predictor", "decay", "initial", "skip_above"))
+            unused = _changed(self, ("window", "predictor", "decay", "initial", "skip_above",
+                                     "rebalance_mode", "copy_steps", "switch_delay"))
             if unused:
                 raise InputError(f"{', '.join(unused)} only apply with rebalance_every (a "
                                  f"rebalance schedule); without it one placement is solved "
                                  f"from the whole trace")
+            return
+        if self.rebalance_mode == "sync":
+            unused = _changed(self, ("copy_steps", "switch_delay"))
+            if unused:
+                raise InputError(f"{', '.join(unused)} only apply with rebalance_mode async "
+                                 f"(sync serves the new placement on every rank at once)")
+        elif self.copy_steps + self.switch_delay > self.rebalance_every:
+            raise InputError(f"copy_steps + switch_delay ({self.copy_steps} + "
+                             f"{self.switch_delay}) must be at most rebalance_every "
+                             f"({self.rebalance_every}): every rank serves a placement before "
+                             f"the next rebalance")
 
     def steps(self) -> int:
         """Steps a scenario needs for four rebalances after the first window (the default

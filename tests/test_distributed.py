@@ -70,11 +70,15 @@ def test_two_ranks_equal_the_simulation_for_every_policy_and_mode():
 def test_four_ranks_with_rebalancing_nodes_and_the_nearest_view():
     configs = _configs(4, gpus_per_node=2, rebalance_every=2)
     configs += [configs[4].replace(view="nearest"), configs[5].replace(predictor="oracle")]
+    configs += [configs[i].replace(rebalance_mode="async", switch_delay=1) for i in (4, 10)]
     rows = launch(SOURCE, configs, 4, timeout=60)
     _check_rows(rows, configs)
-    nearest = rows[-2]["metrics"]
+    nearest = rows[-4]["metrics"]
     assert nearest["rank_agreement"]["real"] < 1  # per-rank views break even `row`
-    assert rows[-1]["metrics"]["rebalances"]["real"] == 1
+    assert rows[-3]["metrics"]["rebalances"]["real"] == 1
+    # ranks switching at different steps: real ranks corrupt as the simulation counts
+    assert rows[-2]["metrics"]["rank_agreement"]["real"] < 1
+    assert rows[-1]["metrics"]["wrong_expert_frac"]["real"] > 0
 
 
 def test_compare_metrics_flags_a_difference():

@@ -11,6 +11,7 @@ from matplotlib.figure import Figure
 from eplbsim import plots
 from eplbsim.errors import InputError
 from eplbsim.replay import compare, replay
+from eplbsim.schedule.switch import phases
 from eplbsim.spec import RunSpec
 from eplbsim.traces.synth import synthesize
 
@@ -212,3 +213,18 @@ def test_time_bars_and_stalls_draw_both_panels_and_reject_empty(trace):
     assert len(line.lines) == 1
     with pytest.raises(InputError):
         plots.time_bars_and_stalls([], results)
+
+
+def test_switch_hazard_shades_each_hazard_window_and_rejects_empty():
+    trace = synthesize("drift", seed=3, steps=24, tokens=96, layers=2, experts=16, top_k=4)
+    spec = RunSpec.of(gpus=4, gpus_per_node=2, redundant=4, rebalance_every=6,
+                      rebalance_mode="async", switch_delay=3, policy="row")
+    results = [replay(trace, spec.replace(mode=m)) for m in ("a2a", "none")]
+    fig = plots.switch_hazard(results)
+    windows = sum(serving is not None for *_, serving in phases(results[0].segments))
+    assert windows > 0
+    for ax in fig.axes:
+        assert len(ax.lines) >= 1 and len(ax.patches) == windows
+    assert len(plots.switch_hazard(results[:1]).axes) == 1
+    with pytest.raises(InputError):
+        plots.switch_hazard([])

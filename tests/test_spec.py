@@ -22,6 +22,7 @@ from eplbsim.topology import Topology
 from eplbsim.traces import save_trace, synthesize
 
 REBALANCE = {"rebalance_every": 4}
+ASYNC = {**REBALANCE, "rebalance_mode": "async"}
 # name: (command-line text, value, bad value or None, message fragment, context)
 EXAMPLES = {
     "trace": ("FILE:t.npz", "FILE:t.npz", "missing.npz", "missing.npz: no such file", {}),
@@ -56,6 +57,9 @@ EXAMPLES = {
     "skip_above": ("0.9", 0.9, -1, "must be a number in [0, 1], got -1", REBALANCE),
     "migration_aware": (False, False, "maybe", "must be true or false", {}),
     "expert_bytes": ("1000", 1000, -1, "must be an integer >= 0, got -1", {}),
+    "rebalance_mode": ("async", "async", "later", "unknown rebalance mode 'later'", REBALANCE),
+    "copy_steps": ("2", 2, 0, "must be an integer >= 1, got 0", ASYNC),
+    "switch_delay": ("1", 1, -1, "must be an integer >= 0, got -1", ASYNC),
     "gpus": ("4", 4, 0, "must be an integer in [1, 65536], got 0", {}),
     "gpus_per_node": ("2", 2, 0, "must be an integer in [1, 65536], got 0", {}),
     "redundant": ("8", 8, 10**8, "must be an integer in [0, 262144], got 100000000", {}),

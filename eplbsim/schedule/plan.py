@@ -37,6 +37,7 @@ from ..solvers import solve
 from ..topology import Topology
 from .migration import transfer_counts
 from .predictors import PREDICTORS
+from .switch import switched
 
 
 @dataclass(frozen=True, eq=False)
@@ -68,7 +69,11 @@ class Segment:
 
     placement: the placement in service over these steps
     best:      the solver's placement for these steps' true loads, at the same point
-    rebalance: the decision taken at `start`; None for the first segment
+    rebalance: the decision that made it (taken at `rebalance.step`, which is `start` unless
+               the copies land later: `async`); None for the first segment
+    switch:    int64 `[G]` each rank's first step on `placement` when the ranks switch at
+               different steps (`switch.switched`), all `>= start`; None when all switch at
+               `start`
     """
 
     start: int
@@ -76,15 +81,17 @@ class Segment:
     placement: Placement
     best: Placement
     rebalance: Rebalance | None
+    switch: np.ndarray | None = None
 
 
 def plan(true_load: torch.Tensor, schedule: Any, solver: Any, topology: Topology,
          num_slots: int, num_groups: int, placement: Placement | None = None,
-         initial: Placement | None = None) -> tuple[Segment, ...]:
+         initial: Placement | None = None, seed: int = 0) -> tuple[Segment, ...]:
     """The segments of a schedule over routed loads `true_load [S, L, E]` (module doc).
 
     schedule:  the run's schedule part (`spec.SchedulePart`: `rebalance_every`, `window`,
-               `predictor`, `decay`, `skip_above`, `migration_aware`), already checked
+               `predictor`, `decay`, `skip_above`, `migration_aware`, and how the ranks switch:
+               `switch.switched`, whose delays `seed` draws), already checked
     solver:    the run's solver part (`spec.SolverPart`: `solver` and `solver_options`)
     placement: a placement to serve every step instead of solving; initial: the placement
                before the first rebalance (default trivial)
@@ -132,7 +139,7 @@ def plan(true_load: torch.Tensor, schedule: Any, solver: Any, topology: Topology
         rebalance = Rebalance(lo, skipped, balancedness, transfer_counts(current, new))
         segments.append(Segment(lo, hi, new, best, rebalance))
         current = new
-    return tuple(segments)
+    return switched(segments, schedule, seed, topology.num_gpus, S)
 
 
 def epochs(segments: tuple[Segment, ...]) -> list[tuple[int, int, Placement]]:
