@@ -142,9 +142,9 @@ def multiplicity_counts(multiplicity: torch.Tensor, valid: torch.Tensor) -> torc
 def placement_gap(placement: Placement, load: torch.Tensor | np.ndarray) -> torch.Tensor:
     """How far a placement is from the best possible one on `load`: float64 `[..., L]`.
 
-    load: `[..., L, E]` pairs per logical expert (torch or numpy). The placement's max GPU load under
-    an even split (`Placement.expected_load`, summed per GPU) over `solvers.bounds.lower_bound`
-    for the same slots and GPUs; 1.0 is optimal, NaN where the bound is 0 (no load).
+    load: `[..., L, E]` pairs per logical expert (torch or numpy). The placement's max GPU load
+    under an even split (`Placement.expected_load`, summed per GPU) over
+    `solvers.bounds.lower_bound` for the same slots and GPUs; 1.0 is optimal, NaN where the bound is 0 (no load).
     """
     load = torch.as_tensor(load).detach().cpu().to(torch.float64)  # [..., L, E]
     peak = gpu_loads(placement.expected_load(load), placement.topology.num_gpus).amax(-1)
@@ -243,7 +243,7 @@ class Chunk:
         comm = layer_comm_seconds(self.mode, self.counters.tokens, self.counters.crossings,
                                   self.placement.topology, shape, device)
         return cost.layer_seconds(self.gpu_load, gpu_loads(self.executed > 0, self.num_gpus),
-                                  comm, shape, device, c.cost, c.overlap)
+                                  comm, shape, device, c.cost, c.overlap, c.cost_options)
 
     @cached_property
     def gpu_load(self) -> torch.Tensor:
@@ -465,6 +465,11 @@ def _stall_ms(results: Any) -> float:
     return sum(ms for _, ms in rebalance_stalls(results))
 
 
+def _cost_source(results: Any) -> str:
+    """What the run's compute times come from (the measured table, for `measured`)."""
+    return results.spec.cost.describe(results.spec.topology.gpus)
+
+
 def _step_tokens(chunk: Chunk) -> torch.Tensor:
     """Each step's tokens on every layer, `[c, L]`."""
     return chunk.counters.tokens.unsqueeze(1).expand(chunk.counters.valid.shape)
@@ -516,6 +521,7 @@ METRICS: dict[str, Metric] = {
     "moe_tokens_per_s": Metric("tokens/s", lambda c: (_step_tokens(c), c.seconds["total"]),
                                throughput, needs=COST, tables=TIME),
     "rebalance_stall_ms": Metric("stall_ms", whole=_stall_ms, needs=COST, tables=TIME),
+    "cost_source": Metric("cost_source", whole=_cost_source, needs=COST, tables=frozenset()),
 }
 
 

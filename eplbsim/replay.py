@@ -53,8 +53,9 @@ def routed_loads(trace: Any) -> torch.Tensor:
 
 def check_fits(trace: Any, spec: RunSpec) -> None:
     """InputError unless `spec`'s topology takes the trace's experts (slots divide over the
-    GPUs, groups divide the experts), its placement files are placements for it and it fits
-    in memory: what a run would otherwise find out only after starting."""
+    GPUs, groups divide the experts), its placement files are placements for it, its cost
+    model can price it and it fits in memory: what a run would otherwise find out only after
+    starting."""
     check_memory_of(trace, spec)
     topo = spec.topology.topology()
     E = trace.num_experts
@@ -64,6 +65,8 @@ def check_fits(trace: Any, spec: RunSpec) -> None:
         raise InputError(f"{groups} groups do not divide the {E} experts")
     for value in (spec.solver.placement, spec.schedule.initial):
         load_placement(value, E, topo, trace.num_layers, trace.meta.get("model_layers"))
+    if spec.cost.cost is not None:  # a measured table lacking the shape or EP size says so now
+        spec.cost.describe(spec.topology.gpus)
 
 
 def check_memory_of(trace: Any, spec: RunSpec) -> None:

@@ -198,7 +198,7 @@ def time_report(spec: RunSpec, rows: Sequence[dict[str, Any]]) -> str:
         columns += (("speedup", "speedup", None),)
     return (f"time per step, MoE layers only (cost {name_of(c.cost)}, model {c.model}, device "
             f"{c.device_profile}, {'overlapped' if c.overlap else 'compute + communication'}):"
-            f"\n{format_table(rows, columns, labels)}")
+            f"\n{format_table(rows, columns, labels)}\ncompute: {c.describe(spec.topology.gpus)}")
 
 
 def rebalance_report(result: Results, rows: Sequence[dict[str, Any]]) -> str:

@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 from .cost import COST_MODELS, DEVICES, MODELS, DeviceProfile, ModelShape
+from .cost import check_options as check_cost_options
+from .cost import describe as describe_cost
 from .dispatch import POLICIES, DispatchPolicy
 from .errors import InputError
 from .limits import (MAX_EXPERTS, MAX_GPUS, MAX_HIDDEN, MAX_LAYERS, MAX_SEED, MAX_SLOTS,
@@ -467,8 +469,9 @@ class TopologyPart(Part):
         "one node; for ranks: torchrun's LOCAL_WORLD_SIZE, else all on one node)",
         Integer(1, optional=True, most=MAX_GPUS),
         command_defaults={"run": lambda given: 4 if given.get("gpus", 8) % 4 == 0 else None})
-    redundant: int = knob(16, "redundant physical slots (P = E + redundant)",
-                          Integer(0, most=MAX_SLOTS))
+    redundant: int = knob(16, "redundant physical slots (P = E + redundant; default for run: "
+                          "one a GPU, at least 16)", Integer(0, most=MAX_SLOTS),
+                          command_defaults={"run": lambda given: max(16, given.get("gpus", 8))})
     groups: int | None = knob(None, "expert groups (default: the trace's, else 1)",
                               Integer(1, optional=True, most=MAX_EXPERTS))
 
@@ -485,9 +488,14 @@ class CostPart(Part):
     """Time (DESIGN.md §8): the cost model that turns counted loads into milliseconds, the
     model shape and the device profile it reads."""
 
-    cost: Any = knob(None, "cost model turning loads into time: roofline, or a callable (default "
-                     "off: no time metrics)", Name(COST_MODELS, "cost model", callables=True,
-                                                   optional=True))
+    cost: Any = knob(None, "cost model turning loads into time: roofline, measured "
+                     "(aiconfigurator-core's measured kernels: pip install 'eplbsim[cost]'), or "
+                     "a callable (default off: no time metrics)",
+                     Name(COST_MODELS, "cost model", callables=True, optional=True))
+    cost_options: dict = knob({}, "cost model option, e.g. framework=sglang (measured: "
+                              "trtllm, sglang or vllm) or eta_compute=0.7 (roofline)",
+                              Options("cost_option"), flags=("--cost-option",),
+                              metavar="KEY=VALUE")
     model: str = knob("deepseek-v3", "model shape the cost model reads (--cost)",
                       Name(MODELS, "model"))
     device_profile: str = knob("h200", "device profile the cost model reads (--cost)",
@@ -495,9 +503,23 @@ class CostPart(Part):
     overlap: bool = knob(False, "layer time = max(compute, communication) instead of their sum",
                          Switch())
 
+    def relate(self) -> None:
+        if self.cost is None:
+            unused = _changed(self, ("cost_options",))
+            if unused:
+                raise InputError("cost_options only apply with a cost model (cost)")
+            return
+        object.__setattr__(self, "cost_options", check_cost_options(self.cost,
+                                                                    self.cost_options))
+
     def profiles(self) -> tuple[ModelShape, DeviceProfile]:
         """The model shape and device profile the cost model reads."""
         return MODELS[self.model], DEVICES[self.device_profile]
+
+    def describe(self, num_gpus: int) -> str:
+        """What the compute times come from (`cost.describe`; for `measured`, the table, read
+        and checked now)."""
+        return describe_cost(self.cost, *self.profiles(), num_gpus, self.cost_options)
 
 
 PARTS: dict[str, type] = {"source": Source, "dispatch": DispatchPart, "solver": SolverPart,

@@ -2,6 +2,7 @@
 
 import csv
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -306,6 +307,23 @@ def test_run_with_a_cost_model_prints_time_and_speedup(capsys):
         assert r["speedup"] == pytest.approx(
             next(b["moe_ms"] for b in rows if b["mode"] == r["mode"]
                  and b["policy"] == "row") / r["moe_ms"])
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="aiconfigurator-core needs Python 3.11+")
+def test_run_with_the_measured_cost_model_names_its_table(capsys):
+    args = ["run", "--scenario", "template", "--steps", "3", "--tokens", "1024", "--layers", "2",
+            "--policies", "row,ordinal", "--cost", "measured", "--model", "deepseek-v3",
+            "--device-profile", "h200", "--gpus", "32", "--gpus-per-node", "8"]
+    code, out, _ = run(capsys, *args)
+    assert code == 0 and "moe_ms" in out
+    assert "compute: aiconfigurator-core" in out and "trtllm" in out and "EP 32" in out
+    code, out, _ = run(capsys, *args, "--json")
+    rows = json.loads(out)
+    assert all(r["moe_ms"] > 0 and "fp8_block" in r["cost_source"] for r in rows)
+    assert_input_error(capsys, *args[:-4], "--gpus", "10", "--gpus-per-node", "5",
+                       match="not at 10 GPUs")
+    assert_input_error(capsys, *args[:-6], "--model", "olmoe-1b-7b", "--device-profile", "h200",
+                       "--gpus", "8", match="has no MoE kernel of hidden 2048")
 
 
 def test_run_baseline_needs_a_cost_model_and_a_listed_policy(capsys):

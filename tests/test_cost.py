@@ -2,6 +2,7 @@
 every registry entry (DESIGN.md §8)."""
 
 import dataclasses
+import sys
 
 import numpy as np
 import pytest
@@ -19,6 +20,9 @@ from eplbsim.metrics import gpu_loads
 from eplbsim.placement import trivial_placement
 from eplbsim.topology import Topology
 
+# the measured model's tables: the `cost` extra, which `dev` installs (Python >= 3.11)
+NEEDS_AIC = pytest.mark.skipif(sys.version_info < (3, 11),
+                               reason="aiconfigurator-core needs Python 3.11 or later")
 TINY = ModelShape(hidden=4, intermediate=2, experts=1, top_k=1, moe_layers=1)
 SLOW = DeviceProfile(flops_bf16=1e3, flops_fp8=2e3, hbm=1e2, nvlink=10.0, rdma=2.0,
                      latency_s=0.5, launch_s=1e-3)
@@ -100,12 +104,107 @@ def test_imbalance_overhead_is_exactly_zero_for_a_balanced_step():
     assert float(t["total"] / t["total_balanced"] - 1) == 0.0
 
 
-@pytest.mark.parametrize("name", sorted(COST_MODELS))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=NEEDS_AIC) if n == "measured" else n
+                                  for n in sorted(COST_MODELS)])
 def test_every_cost_model_gives_positive_seconds_per_gpu(name):
-    pairs = torch.tensor([[0.0, 5.0, 5000.0]])
+    pairs = torch.tensor([[0.0, 5.0, 500.0, 5000.0, 1.0, 1.0, 1.0, 1.0]])  # 8 GPUs
     out = COST_MODELS[name](pairs, (pairs > 0).double(), MODELS["deepseek-v3"], DEVICES["h200"])
-    assert out.shape == (1, 3) and out.dtype == torch.float64 and (out > 0).all()
-    assert out[0, 0] <= out[0, 1] <= out[0, 2]
+    assert out.shape == (1, 8) and out.dtype == torch.float64 and (out > 0).all()
+    assert out[0, 0] <= out[0, 1] <= out[0, 2] <= out[0, 3]
+
+
+def _table_rows(framework, ep, shape="deepseek-v3"):
+    """`(num_tokens, seconds)` of aiconfigurator-core's balanced H200 rows for `shape`, read
+    straight from the parquet file (not through `cost.measured`)."""
+    import importlib.resources
+    import pyarrow.parquet as pq
+    from eplbsim.cost.measured import moe_table
+    s = MODELS[shape]
+    t = moe_table(s, DEVICES["h200"], ep, framework)
+    path = (importlib.resources.files("aiconfigurator_core") / "systems/data/h200_sxm/moe" /
+            framework / t.version / "moe_perf.parquet")
+    rows = pq.read_table(path).to_pylist()
+    return t, {r["num_tokens"]: r["latency"] * 1e-3 for r in reversed(rows)
+               if (r["hidden_size"], r["inter_size"], r["num_experts"], r["topk"],
+                   r["moe_dtype"], r["moe_tp_size"], r["moe_ep_size"], r["distribution"],
+                   r["kernel_source"]) == (s.hidden, s.intermediate, s.experts, s.top_k,
+                                           "fp8_block", 1, ep, "balanced", t.kernel)}
+
+
+@NEEDS_AIC
+@pytest.mark.parametrize("framework, ep", [("trtllm", 8), ("trtllm", 32), ("sglang", 32),
+                                           ("vllm", 8)])
+def test_measured_equals_the_table_at_its_own_points(framework, ep):
+    from eplbsim.cost.measured import measured
+    table, rows = _table_rows(framework, ep)
+    assert len(rows) >= 20 and table.framework == framework and table.ep == ep
+    tokens = sorted(rows)
+    pairs = torch.tensor([[x * 8 / ep] * ep for x in tokens], dtype=torch.float64)
+    got = measured(pairs, pairs > 0, MODELS["deepseek-v3"], DEVICES["h200"], framework)
+    assert got[:, 0].tolist() == [rows[x] for x in tokens]
+    # between two rows: between their latencies, on the log-log line through them
+    mid = torch.full((1, ep), (tokens[-2] * tokens[-1]) ** 0.5 * 8 / ep, dtype=torch.float64)
+    between = float(measured(mid, mid > 0, MODELS["deepseek-v3"], DEVICES["h200"],
+                             framework)[0, 0])
+    assert between == pytest.approx((rows[tokens[-2]] * rows[tokens[-1]]) ** 0.5, rel=1e-12)
+    idle = measured(torch.zeros(1, ep), torch.zeros(1, ep), MODELS["deepseek-v3"],
+                    DEVICES["h200"], framework)
+    assert (idle == rows[tokens[0]]).all()  # below the first row: the first row's latency
+
+
+@NEEDS_AIC
+@pytest.mark.parametrize("call, match", [
+    (lambda m, t: m(torch.ones(1, 8), torch.ones(1, 8), MODELS["olmoe-1b-7b"], DEVICES["h200"]),
+     "no MoE kernel of hidden 2048.*it has: .*H 7168 I 2048 E 256 K 8 fp8_block"),
+    (lambda m, t: m(torch.ones(1, 3), torch.ones(1, 3), MODELS["deepseek-v3"], DEVICES["h200"]),
+     "at EP sizes 1, 2, 4, 8, .*not at 3 GPUs"),
+    (lambda m, t: m(torch.full((1, 8), 1e6), torch.ones(1, 8), MODELS["deepseek-v3"],
+                    DEVICES["h200"]), "beyond the measured table's largest"),
+    (lambda m, t: m(torch.ones(1, 8), torch.ones(1, 8), MODELS["deepseek-v3"], DEVICES["h800"]),
+     "no aiconfigurator-core tables"),
+    (lambda m, t: m(torch.ones(1, 8), torch.ones(1, 8), MODELS["deepseek-v3"], DEVICES["h200"],
+                    "tgi"), "unknown framework 'tgi'"),
+    (lambda m, t: m(torch.ones(1, 8), torch.ones(1, 8), MODELS["deepseek-v3"], DEVICES["h200"],
+                    "trtllm", "0.0.1"), "no trtllm 0.0.1 MoE table for h200_sxm"),
+])
+def test_measured_says_what_its_table_lacks(call, match):
+    from eplbsim.cost.measured import measured
+    with pytest.raises(InputError, match=match):
+        call(measured, None)
+
+
+@NEEDS_AIC
+def test_measured_without_the_extra_names_it(monkeypatch):
+    import sys
+    from eplbsim.cost.measured import measured, moe_table
+    moe_table.cache_clear()
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)  # import fails
+    with pytest.raises(InputError, match=r"pip install 'eplbsim\[cost\]'"):
+        measured(torch.ones(1, 8), torch.ones(1, 8), MODELS["deepseek-v3"], DEVICES["h200"])
+    monkeypatch.undo()
+    moe_table.cache_clear()
+
+
+@NEEDS_AIC
+def test_cost_options_reach_the_model_and_unknown_ones_are_refused():
+    from eplbsim.spec import RunSpec
+    spec = RunSpec.of(cost="measured", cost_options={"framework": "sglang"}, gpus=8)
+    assert "moe/sglang/" in spec.cost.describe(8)
+    assert "moe/trtllm/" in RunSpec.of(cost="measured").cost.describe(8)
+    assert "eta_compute=0.5" in RunSpec.of(cost="roofline",
+                                           cost_options={"eta_compute": 0.5}).cost.describe(8)
+    with pytest.raises(InputError, match="has no option speed; its options are: framework"):
+        RunSpec.of(cost="measured", cost_options={"speed": 2})
+    with pytest.raises(InputError, match="cost option eta_memory must be a number > 0"):
+        RunSpec.of(cost="roofline", cost_options={"eta_memory": "fast"})
+    with pytest.raises(InputError, match="only apply with a cost model"):
+        RunSpec.of(cost_options={"framework": "vllm"})
+    placement = trivial_placement(1, 16, 32, Topology(8, 4))
+    load = torch.full((1, 32), 500)
+    slow = _seconds(load, placement, torch.zeros(1), "deepseek-v3", "h200",
+                    options={"eta_compute": 0.1})
+    fast = _seconds(load, placement, torch.zeros(1), "deepseek-v3", "h200")
+    assert (slow["compute"] > fast["compute"]).all()
 
 
 def test_a_user_cost_model_is_taken_like_a_policy():

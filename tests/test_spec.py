@@ -65,11 +65,14 @@ EXAMPLES = {
     "redundant": ("8", 8, 10**8, "must be an integer in [0, 262144], got 100000000", {}),
     "groups": ("4", 4, 0, "must be an integer in [1, 65536], got 0", {}),
     "cost": ("roofline", "roofline", "guess", "unknown cost model 'guess'", {}),
+    "cost_options": ("framework=sglang", {"framework": "sglang"}, "nope=1", "has no option nope",
+                     {"cost": "measured"}),
     "model": ("mixtral-8x7b", "mixtral-8x7b", "gpt-9", "unknown model 'gpt-9'", {}),
     "device_profile": ("b200", "b200", "tpu-v9", "unknown device profile 'tpu-v9'", {}),
     "overlap": (True, True, "maybe", "must be true or false", {}),
 }
 ALL = [(part, name, knob) for part, name, knob in knobs()]
+BY_NAME = {name: knob for _, name, knob in ALL}
 
 
 @pytest.fixture(scope="module")
@@ -114,12 +117,9 @@ def _get(source, spec, name):
 def _sweep_doc(name, value, context, base, in_grid=False):
     doc = {k: _text(v, base) for k, v in context.items()}
     key, entry = name, value
-    if name == "solver_options":
+    if name in ("solver_options", "scenario_options", "cost_options"):
         (option, entry), = value.items()
-        key = f"solver_option.{option}"
-    if name == "scenario_options":
-        (option, entry), = value.items()
-        key = f"option.{option}"
+        key = f"{BY_NAME[name].type.prefix}.{option}"
     if "trace" not in doc and name not in ("trace", "scenario"):
         doc.setdefault("scenario", "skewed")
     table = {key: [entry] if in_grid else entry}

@@ -21,7 +21,8 @@ GIGA = 1e9
 class DeviceProfile:
     """flops: dense FLOP/s by weight dtype (fp8 or bf16, as `ModelShape.weight_dtype`); hbm:
     bytes/s; nvlink, rdma: bytes/s per GPU per direction (within a node and between nodes;
-    a GB200 NVL72 rack is one node of 72 GPUs for the topology)."""
+    a GB200 NVL72 rack is one node of 72 GPUs for the topology); aic_system: the system whose
+    measured tables aiconfigurator-core holds for this device ("" when it holds none)."""
 
     flops_bf16: float
     flops_fp8: float
@@ -31,11 +32,12 @@ class DeviceProfile:
     latency_s: float = 5e-6
     launch_s: float = 5e-6
     source: str = ""
+    aic_system: str = ""
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name == "source":
+            if f.name in ("source", "aic_system"):
                 continue
             if not isinstance(value, (int, float)) or isinstance(value, bool) \
                     or not math.isfinite(value) or value < 0 \
@@ -56,19 +58,20 @@ _HOPPER = "NVIDIA H100/H200 datasheets: 989 TFLOP/s BF16, 1979 FP8 dense; NVLink
 
 DEVICES: dict[str, DeviceProfile] = {
     "h100-sxm": DeviceProfile(989 * TERA, 1979 * TERA, 3.35 * TERA, 450 * GIGA, 50 * GIGA,
-                              source=_HOPPER + "; HBM3 3.35 TB/s"),
+                              source=_HOPPER + "; HBM3 3.35 TB/s", aic_system="h100_sxm"),
     "h200": DeviceProfile(989 * TERA, 1979 * TERA, 4.8 * TERA, 450 * GIGA, 50 * GIGA,
-                          source=_HOPPER + "; HBM3e 4.8 TB/s"),
+                          source=_HOPPER + "; HBM3e 4.8 TB/s", aic_system="h200_sxm"),
     "h800": DeviceProfile(989 * TERA, 1979 * TERA, 3.35 * TERA, 200 * GIGA, 50 * GIGA,
                           source="H100's compute and HBM with NVLink cut to 400 GB/s "
                           "bidirectional (DeepEP's test machine, with CX7 400 Gb/s)"),
     "b200": DeviceProfile(2250 * TERA, 4500 * TERA, 8 * TERA, 900 * GIGA, 50 * GIGA,
                           source="NVIDIA HGX B200 datasheet: 2.25 PFLOP/s BF16, 4.5 FP8 dense "
-                          "per GPU; HBM3e 8 TB/s; NVLink 5 1.8 TB/s bidirectional; 400 Gb/s NIC"),
+                          "per GPU; HBM3e 8 TB/s; NVLink 5 1.8 TB/s bidirectional; 400 Gb/s NIC",
+                          aic_system="b200_sxm"),
     "gb200": DeviceProfile(2500 * TERA, 5000 * TERA, 8 * TERA, 900 * GIGA, 100 * GIGA,
                            source="NVIDIA GB200 NVL72 datasheet per GPU (180 PFLOP/s BF16, "
                            "360 FP8 dense over 72); NVLink 5 1.8 TB/s bidirectional across 72 "
-                           "GPUs; 800 Gb/s ConnectX-8 per GPU"),
+                           "GPUs; 800 Gb/s ConnectX-8 per GPU", aic_system="gb200"),
     "mi300x": DeviceProfile(1307 * TERA, 2615 * TERA, 5.3 * TERA, 448 * GIGA, 50 * GIGA,
                             source="AMD Instinct MI300X datasheet: 1307 TFLOP/s BF16, 2615 FP8 "
                             "dense; HBM3 5.3 TB/s; 7 Infinity Fabric links of 64 GB/s per "
