@@ -37,7 +37,11 @@ from .schedule.switch import REBALANCE_MODES
 from .solvers import SOLVERS, check_options
 from .topology import Topology
 from .traces.counts import parse_where
-from .traces.formats import open_trace
+from .traces.formats import is_request_input, open_requests, open_trace
+from .traces.request_synth import REQUEST_SCENARIOS, request_options, synthesize_requests
+from .traces.requests import RequestSet
+from .traces.workload import (ARRIVALS, DEFAULT_GRAPH_SIZES, DP_ASSIGN, DP_LAYOUTS, ORDERS,
+                              PADDING, Workload, batch)
 from .traces.synth import (DEFAULT_SCENARIO, DEFAULT_SIZES, SCENARIOS, scenario_options,
                             synthesize)
 
@@ -207,6 +211,51 @@ class Device:
 
 
 @dataclass(frozen=True)
+class Sizes:
+    """Increasing integers >= 1 (CUDA-graph sizes): comma-separated on the command line,
+    `default` for the engines' default sizes, `none` for none."""
+
+    def parse(self, text: str) -> tuple[int, ...]:
+        if text in ("default", "none"):
+            return DEFAULT_GRAPH_SIZES if text == "default" else ()
+        try:
+            return tuple(int(x) for x in text.split(",") if x.strip())
+        except ValueError:
+            raise InputError(f"must be comma-separated integers, default or none, got "
+                             f"{text!r}") from None
+
+    def check(self, value: Any) -> tuple[int, ...]:
+        if isinstance(value, str):  # a sweep's text, as on the command line
+            value = self.parse(value)
+        if not isinstance(value, (list, tuple)) or any(
+                isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in value) \
+                or list(value) != sorted(set(value)):
+            shown = list(value) if isinstance(value, (list, tuple)) else repr(value)
+            raise InputError(f"must be increasing integers >= 1, got {shown}")
+        return tuple(value)
+
+
+@dataclass(frozen=True)
+class RequestInput:
+    """A request-level input: a request scenario's name, a path to a request file, or a
+    RequestSet given directly; None when absent."""
+
+    def parse(self, text: str) -> str:
+        return text
+
+    def check(self, value: Any) -> Any:
+        if value is None or isinstance(value, RequestSet) or value in REQUEST_SCENARIOS:
+            return value
+        if not isinstance(value, (str, os.PathLike)):
+            raise InputError(f"must be a request file or one of "
+                             f"{', '.join(REQUEST_SCENARIOS)}, got {value!r}")
+        if not Path(value).exists():
+            raise InputError(f"{value}: no such file, and not a request scenario (one of "
+                             f"{', '.join(REQUEST_SCENARIOS)})")
+        return str(value)
+
+
+@dataclass(frozen=True)
 class Filter:
     """Column filters of a counts CSV, `COLUMN=VALUE,...`; None when absent."""
 
@@ -291,6 +340,19 @@ def _changed(part: Part, names: tuple[str, ...]) -> list[str]:
     return [n for n in names if getattr(part, n) != defaults[n]]
 
 
+# The Source fields that say how requests are batched into steps (`Source.workload`).
+BATCHING = ("max_running", "max_batched_tokens", "chunk", "batch_order", "arrivals",
+            "arrival_rate", "dp", "dp_assign", "dp_layout", "graph_sizes", "padding")
+WITH_INFO = COMMANDS | {"info"}  # `trace info` reports the steps a workload makes of requests
+
+
+def workload_of(values: Mapping[str, Any], seed: int) -> Workload:
+    """The Workload of `BATCHING` field values (the rest default), seeded by `seed`."""
+    renamed = {"batch_order": "order", "arrival_rate": "rate"}
+    return Workload(seed=seed, **{renamed.get(k, k): v for k, v in values.items()
+                                  if k in BATCHING})
+
+
 @dataclass(frozen=True)
 class Source(Part):
     """Which trace a command reads: a file (`trace`), or a seeded scenario with its sizes."""
@@ -318,8 +380,66 @@ class Source(Part):
     scenario_options: dict = knob({}, "scenario option, e.g. sigma=2 or noise=0.1 (repeat "
                                   "for several)", Options("option"), flags=("-o", "--option"),
                                   metavar="KEY=VALUE", commands=SYNTH)
+    requests: Any = knob(None, "requests batched into steps as a serving engine does "
+                         "(DESIGN.md section 9): a request file (.npz), or the requests "
+                         "scenario (its options by -o, e.g. num_requests=128)", RequestInput(),
+                         metavar="FILE|SCENARIO")
+    max_running: int = knob(256, "requests: at most N running at once", Integer(1),
+                            metavar="N", commands=WITH_INFO)
+    max_batched_tokens: int = knob(8192, "requests: tokens a step (decode rows and prefill "
+                                   "chunks)", Integer(1), metavar="N", commands=WITH_INFO)
+    chunk: int | None = knob(None, "requests: prefill chunk (default max_batched_tokens)",
+                             Integer(1, optional=True), metavar="N", commands=WITH_INFO)
+    batch_order: str = knob("decode-first", "requests: the rows' order in a step",
+                            Name(ORDERS, "batch order"), commands=WITH_INFO)
+    arrivals: str = knob("all", "requests: all at step 0, poisson at --arrival-rate, or "
+                         "the file's times (trace)", Name(ARRIVALS, "arrivals"),
+                         commands=WITH_INFO)
+    arrival_rate: float = knob(1.0, "requests: poisson arrivals a step", Number(1e-9),
+                               commands=WITH_INFO)
+    dp: int = knob(1, "requests: DP attention ranks (each batches its own requests)",
+                   Integer(1, most=MAX_GPUS), metavar="D", commands=WITH_INFO)
+    dp_assign: str = knob("round-robin", "requests: how requests go to DP ranks",
+                          Name(DP_ASSIGN, "dp assignment"), commands=WITH_INFO)
+    dp_layout: str = knob("sum", "requests: the gathered MoE batch, sum (no padding) or max "
+                          "(every DP rank padded to the largest)",
+                          Name(DP_LAYOUTS, "dp layout"), commands=WITH_INFO)
+    graph_sizes: tuple = knob((), "requests: captured CUDA-graph sizes a decode-only step is "
+                              "padded to (comma-separated, default for 1,2,4,8..256, or none)",
+                              Sizes(), metavar="N,..", commands=WITH_INFO)
+    padding: str = knob("masked", "requests: CUDA-graph padding rows masked (-1) or routed "
+                        "(one fixed seeded top-k set)", Name(PADDING, "padding"),
+                        commands=WITH_INFO)
+
+    def workload(self, seed: int) -> Workload:
+        """The batching of `requests` (`traces.workload.Workload`), seeded by `seed`."""
+        return workload_of({name: getattr(self, name) for name in BATCHING}, seed)
 
     def relate(self) -> None:
+        if self.requests is not None:
+            if self.trace is not None or self.scenario is not None:
+                raise InputError("give requests, a trace or a scenario, not two of them")
+            extra = _changed(self, ("steps", "tokens", "where"))
+            if extra:
+                raise InputError(f"{', '.join(extra)} do not apply to requests (the workload "
+                                 f"makes the steps)")
+            if isinstance(self.requests, str) and self.requests in REQUEST_SCENARIOS:
+                unknown = sorted(set(self.scenario_options)
+                                 - set(request_options(self.requests)))
+                if unknown:
+                    raise InputError(f"request scenario {self.requests} has no option "
+                                     f"{', '.join(unknown)}; its options are: "
+                                     f"{', '.join(request_options(self.requests))}")
+            elif _changed(self, ("layers", "experts", "top_k", "scenario_options")):
+                raise InputError("layers, experts, top_k and scenario options apply to a "
+                                 "request scenario, not to a request file")
+            return
+        unused = _changed(self, BATCHING)
+        if unused:
+            raise InputError(f"{', '.join(unused)} apply to requests only (--requests)")
+        if self.trace is not None and is_request_input(self.trace):
+            raise InputError(f"{self.trace} holds requests, not steps: give it as requests "
+                             f"(--requests), which batches them as an engine does")
         if self.trace is not None:
             if self.scenario is not None:
                 raise InputError("give a trace or a scenario, not both")
@@ -335,9 +455,22 @@ class Source(Part):
                              f"(top-k ids are distinct experts)")
         scenario_options(self.scenario or DEFAULT_SCENARIO, self.scenario_options)
 
+    def request_set(self, seed: int) -> RequestSet:
+        """The requests: the file read (`open_requests`), or the scenario drawn with `seed`."""
+        if isinstance(self.requests, RequestSet):
+            return self.requests
+        if self.requests in REQUEST_SCENARIOS:
+            return synthesize_requests(self.requests, layers=self.layers,
+                                       experts=self.experts, top_k=self.top_k, seed=seed,
+                                       **self.scenario_options)
+        return open_requests(self.requests)
+
     def open(self, seed: int, schedule: "SchedulePart") -> Any:
-        """The trace: the file opened (`open_trace`), or the scenario synthesized with `seed`
-        (`steps` defaulting to what `schedule` needs: `SchedulePart.steps`)."""
+        """The trace: the requests batched (`traces.workload.batch`), the file opened
+        (`open_trace`), or the scenario synthesized with `seed` (`steps` defaulting to what
+        `schedule` needs: `SchedulePart.steps`)."""
+        if self.requests is not None:
+            return batch(self.request_set(seed), self.workload(seed)).trace
         if self.trace is not None:
             return open_trace(self.trace, where=self.where)
         return synthesize(self.scenario or DEFAULT_SCENARIO, steps=self.steps or schedule.steps(),

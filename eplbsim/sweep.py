@@ -64,10 +64,10 @@ from .limits import MAX_CELLS
 from .progress import bar
 from .replay import replay
 from .results import csv_value, flat_row, write_csv
-from .spec import (RUN_PARTS, Device, File, Filter, Name, Options, build, knobs, sweep_keys,
-                   sweep_value)
+from .spec import (BATCHING, RUN_PARTS, Device, File, Filter, Name, Options, build, knobs,
+                   sweep_keys, sweep_value)
 
-SOURCES = ("scenario", "trace")
+SOURCES = ("scenario", "trace", "requests")
 SIZES = ("steps", "tokens", "layers", "experts", "top_k")
 EXECUTORS = ("local", "ray")
 SPEC, CSV, PARQUET = "spec.toml", "results.csv", "results.parquet"
@@ -146,7 +146,10 @@ def _columns(keys: dict[str, Any]) -> list[str]:
     options, in order."""
     if "trace" in keys:
         return ["trace", "where"]
-    return ["scenario", *SIZES, *[k for k in keys if k.startswith("option.")]]
+    options = [k for k in keys if k.startswith("option.")]
+    if "requests" in keys:
+        return ["requests", "layers", "experts", "top_k", *options, *BATCHING]
+    return ["scenario", *SIZES, *options]
 
 
 def _cell(index: int, given: dict[str, Any], where: str, base: Path) -> Cell:
@@ -154,7 +157,7 @@ def _cell(index: int, given: dict[str, Any], where: str, base: Path) -> Cell:
     values: dict[str, Any] = {}
     for key, value in given.items():
         name, checked = sweep_value(key, value, where, base)
-        if isinstance(checked, tuple):  # an option: (NAME, value)
+        if "." in key:  # an option, PREFIX.NAME: (NAME, value)
             values.setdefault(name, {})[checked[0]] = checked[1]
         else:
             values[name] = checked
@@ -168,7 +171,8 @@ def _cell(index: int, given: dict[str, Any], where: str, base: Path) -> Cell:
                                  f"experts")
     except InputError as exc:
         raise InputError(f"{where}: cell {_label(given)}: {exc}") from None
-    shown = {**{k: getattr(source, k) for k in ("scenario", *SIZES, "trace", "where")},
+    shown = {**{k: getattr(source, k) for k in ("scenario", *SIZES, "trace", "where",
+                                                "requests", *BATCHING)},
              **{f"option.{k}": v for k, v in source.scenario_options.items()}}
     shown["steps"] = source.steps or spec.schedule.steps()
     config = {c: given.get(c, shown[c]) for c in _columns(given)}
@@ -176,7 +180,7 @@ def _cell(index: int, given: dict[str, Any], where: str, base: Path) -> Cell:
     for _, name, knob in knobs(RUN_PARTS, "sweep"):  # files as the spec writes them
         if isinstance(knob.type, File) and name in given:
             config[name] = given[name]
-    if source.trace is None:
+    if source.trace is None and source.requests is None:
         values["steps"] = shown["steps"]
     return Cell(index, cell_id(config), config, values)
 
@@ -212,8 +216,8 @@ def parse_spec(doc: dict[str, Any], base: Path, where: str = "spec",
     keys = {**grid, **fixed}
     source = [k for k in SOURCES if k in keys]
     if len(source) != 1:
-        raise InputError(f"{where}: give exactly one of scenario or trace (in [grid] or "
-                         f"[fixed]), got {len(source)}")
+        raise InputError(f"{where}: give exactly one of scenario, trace or requests (in [grid] "
+                         f"or [fixed]), got {len(source)}")
     if source == ["trace"]:
         extra = [k for k in keys if k in SIZES or k.startswith("option.")]
         if extra:

@@ -23,6 +23,7 @@ from eplbsim.traces import save_trace, synthesize
 
 REBALANCE = {"rebalance_every": 4}
 ASYNC = {**REBALANCE, "rebalance_mode": "async"}
+REQUESTS = {"requests": "requests"}
 # name: (command-line text, value, bad value or None, message fragment, context)
 EXAMPLES = {
     "trace": ("FILE:t.npz", "FILE:t.npz", "missing.npz", "missing.npz: no such file", {}),
@@ -64,6 +65,21 @@ EXAMPLES = {
     "gpus_per_node": ("2", 2, 0, "must be an integer in [1, 65536], got 0", {}),
     "redundant": ("8", 8, 10**8, "must be an integer in [0, 262144], got 100000000", {}),
     "groups": ("4", 4, 0, "must be an integer in [1, 65536], got 0", {}),
+    "requests": ("requests", "requests", "nope", "no such file", {}),
+    "max_running": ("4", 4, 0, "must be an integer >= 1, got 0", REQUESTS),
+    "max_batched_tokens": ("64", 64, 0, "must be an integer >= 1, got 0", REQUESTS),
+    "chunk": ("16", 16, 0, "must be an integer >= 1, got 0", REQUESTS),
+    "batch_order": ("prefill-first", "prefill-first", "random", "unknown batch order 'random'",
+                    REQUESTS),
+    "arrivals": ("poisson", "poisson", "later", "unknown arrivals 'later'", REQUESTS),
+    "arrival_rate": ("2", 2.0, 0, "must be a number in [1e-09, inf], got 0", REQUESTS),
+    "dp": ("2", 2, 0, "must be an integer in [1, 65536], got 0", REQUESTS),
+    "dp_assign": ("least-loaded", "least-loaded", "random", "unknown dp assignment 'random'",
+                  REQUESTS),
+    "dp_layout": ("max", "max", "min", "unknown dp layout 'min'", REQUESTS),
+    "graph_sizes": ("1,2,4", (1, 2, 4), "4,2", "must be increasing integers >= 1, got [4, 2]",
+                    REQUESTS),
+    "padding": ("routed", "routed", "zeros", "unknown padding 'zeros'", REQUESTS),
     "cost": ("roofline", "roofline", "guess", "unknown cost model 'guess'", {}),
     "cost_options": ("framework=sglang", {"framework": "sglang"}, "nope=1", "has no option nope",
                      {"cost": "measured"}),
@@ -120,7 +136,7 @@ def _sweep_doc(name, value, context, base, in_grid=False):
     if name in ("solver_options", "scenario_options", "cost_options"):
         (option, entry), = value.items()
         key = f"{BY_NAME[name].type.prefix}.{option}"
-    if "trace" not in doc and name not in ("trace", "scenario"):
+    if not {"trace", "requests"} & set(doc) and name not in ("trace", "scenario", "requests"):
         doc.setdefault("scenario", "skewed")
     table = {key: [entry] if in_grid else entry}
     return {"fixed": doc, "grid": table} if in_grid else {"fixed": {**doc, **table}}

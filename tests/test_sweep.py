@@ -79,7 +79,7 @@ def reference(tmp_path_factory):
     ("[fixed]\nscenario = 'skewed'\ngpus = '4'\n", "[fixed] gpus: must be an integer in [1, 65536], got '4'"),
     ("[grid]\nscenario = ['skewed']\nredundant = [-8]\n", "redundant: must be an integer in [0, 262144], got -8"),
     ("[fixed]\nscenario = 'skewed'\ndrift_p = 2\n", "drift_p: must be a number in [0, 1]"),
-    ("[fixed]\nsolver = 'lpt'\n", "exactly one of scenario or trace"),
+    ("[fixed]\nsolver = 'lpt'\n", "exactly one of scenario, trace or requests"),
     ("[grid]\nscenario = ['skewed']\n[fixed]\nscenario = 'burst'\n",
      "scenario in both [grid] and [fixed]"),
     ("[grid]\nscenario = ['skewed', 'template']\n'option.drift' = [0.1]\n",

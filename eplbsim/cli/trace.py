@@ -6,12 +6,18 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import numpy as np
+
 from .. import spec
 from ..errors import InputError
 from ..files import check_output
 from ..progress import bar
 from ..results import to_json
 from ..traces import CountsTrace, open_trace, save_trace, summarize_trace
+from ..traces.formats import is_request_input, open_requests
+from ..traces.formats.token_log import is_token_log
+from ..traces.requests import save_requests
+from ..traces.workload import batch
 from ..traces.counts import save_counts_trace
 from ..traces.directory import save_trace_dir, to_memory
 from ..traces.formats.jsonl import read_jsonl, write_jsonl
@@ -30,8 +36,53 @@ def _routing(path: Path, **options: object) -> object:
     return trace
 
 
+LOG_KEYS = ("request_key", "token_key", "layer_key", "ids_key", "step_key", "skip_type",
+            "prompt_len_key")
+
+
+def _reader_options(args: argparse.Namespace) -> dict[str, object]:
+    """The reader options given (`--experts` and the per-token log's keys)."""
+    return {k: getattr(args, k) for k in ("experts", *LOG_KEYS)
+            if getattr(args, k, None) is not None}
+
+
+def _distribution(values: np.ndarray) -> str:
+    return (f"min {values.min()}, median {np.median(values):g}, mean {values.mean():.1f}, "
+            f"max {values.max()}")
+
+
+def request_info(args: argparse.Namespace) -> int:
+    """`trace info` of a request input: its requests and the steps the workload makes."""
+    requests = open_requests(args.file, **_reader_options(args))
+    values, _ = spec.from_args(args, "info")
+    batched = batch(requests, spec.workload_of(values, 0))
+    prompt, output = requests.lengths()
+    trace = batched.trace
+    summary = {"requests": len(requests.requests), "prompt_len": prompt.tolist(),
+               "output_len": output.tolist(), "layers": requests.num_layers,
+               "experts": requests.num_experts, "top_k": requests.top_k,
+               "workload": trace.meta["workload"], "steps": trace.num_steps,
+               "rows": batched.composition(), "meta": requests.meta}
+    if args.json:
+        print(to_json(summary))
+        return 0
+    tps = trace.tokens_per_step
+    print(f"{args.file}")
+    print(f"  requests {len(requests.requests)}, layers {requests.num_layers}, experts "
+          f"{requests.num_experts}, top-k {requests.top_k}")
+    print(f"  prompt tokens: {_distribution(prompt)}")
+    print(f"  output tokens: {_distribution(output)}")
+    print(f"  batched ({', '.join(f'{k} {v}' for k, v in trace.meta['workload'].items())}):")
+    print(f"  {trace.num_steps} steps of {int(tps.min())}..{int(tps.max())} rows (mean "
+          f"{float(tps.double().mean()):.1f}); rows: "
+          f"{', '.join(f'{k} {v}' for k, v in batched.composition().items())}")
+    return 0
+
+
 def info(args: argparse.Namespace) -> int:
-    summary = summarize_trace(_routing(args.file))
+    if is_request_input(args.file, **_reader_options(args)):
+        return request_info(args)
+    summary = summarize_trace(_routing(args.file, **_reader_options(args)))
     if args.json:
         print(to_json(summary))
         return 0
@@ -66,11 +117,26 @@ def synth(args: argparse.Namespace) -> int:
 def convert(args: argparse.Namespace) -> int:
     out_kind = args.out.suffix.lower()
     check_output(args.out, [args.src], replaces=out_kind not in (".npz", ".jsonl"))
-    if args.src.suffix.lower() == ".jsonl" and out_kind not in (".npz", ".jsonl"):
+    options = _reader_options(args)
+    if is_request_input(args.src, **options):
+        if out_kind != ".npz":
+            raise InputError(f"{args.src} holds requests: write them to an .npz request file "
+                             f"(run --requests batches it into steps)")
+        requests = open_requests(args.src, **options)
+        save_requests(requests, args.out)
+        prompt, output = requests.lengths()
+        print(f"wrote {args.out} (request file): {len(requests.requests)} requests, "
+              f"{int(prompt.sum())} prompt and {int(output.sum())} output tokens, "
+              f"{requests.num_layers} layers, {requests.num_experts} experts, "
+              f"top-{requests.top_k}")
+        return 0
+    streamed = args.src.suffix.lower() == ".jsonl" and not is_token_log(args.src) \
+        and options.keys() <= {"experts"}
+    if streamed and out_kind not in (".npz", ".jsonl"):
         with bar(None, "convert") as steps:  # streamed into the directory
             trace = read_jsonl(args.src, args.experts, args.out, steps.update)
     else:
-        trace = _routing(args.src, experts=args.experts)
+        trace = _routing(args.src, **options)
         with bar(trace.num_steps, "convert") as steps:
             if out_kind == ".jsonl":
                 write_jsonl(trace, args.out, steps.update)
@@ -97,11 +163,30 @@ def import_dumps(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_reader_flags(cmd: argparse.ArgumentParser) -> None:
+    """`--experts` and the keys of a per-token JSONL router log (`traces.formats.token_log`)."""
+    cmd.add_argument("--experts", type=positive, default=None,
+                     help="logical experts E of a log (default: largest id + 1)")
+    keys = {"request_key": "the request id (the log is then read as requests)",
+            "token_key": "the token index (default token_idx)",
+            "layer_key": "the layer (default layer)", "ids_key": "the top-k ids (default "
+            "topk_ids)", "step_key": "the step (default: a new step when token indices "
+            "restart)", "prompt_len_key": "a request's prompt length (with --request-key)"}
+    for key, text in keys.items():
+        cmd.add_argument("--" + key.replace("_", "-"), default=None, metavar="KEY",
+                         help=f"per-token log: the key of {text}")
+    cmd.add_argument("--skip-type", default=None, metavar="TYPE",
+                     help="per-token log: skip records whose \"type\" is TYPE (a header)")
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="trace_command", required=True)
-    cmd = sub.add_parser("info", help="summarise a trace file")
+    cmd = sub.add_parser("info", help="summarise a trace file, or a request file and the "
+                         "steps a workload batches it into")
     cmd.add_argument("file", type=Path)
     cmd.add_argument("--json", action="store_true")
+    _add_reader_flags(cmd)
+    spec.add_flags(cmd, "info")
     cmd.set_defaults(handler=info)
 
     cmd = sub.add_parser("synth", help="generate a synthetic trace")
@@ -117,8 +202,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     cmd.add_argument("--out", type=Path, required=True,
                      help="DST: ending in .npz writes .npz, in .jsonl a router log, anything "
                      "else a directory (a .jsonl source is streamed into it)")
-    cmd.add_argument("--experts", type=positive, default=None,
-                     help="logical experts E of a .jsonl source (default: largest id + 1)")
+    _add_reader_flags(cmd)
     cmd.set_defaults(handler=convert)
 
     cmd = sub.add_parser("import-sglang", help="import SGLang expert-distribution recorder "

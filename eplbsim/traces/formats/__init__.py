@@ -6,7 +6,11 @@ Dimensions: `S` steps, `L` layers, `E` logical experts.
 path reads it. Each reader takes the path and the keyword options of its form (e.g. `where`
 for a counts CSV, `experts` for a JSONL log); `open_trace` refuses an option the form does not
 take, naming the forms that do. Readers never unpickle, and a malformed file is an InputError
-naming it. Foreign formats have a module each here (`jsonl`, `sglang`).
+naming it. A form may need an option to be chosen (`Format.requires`), and among the forms
+that detect a path the first that takes every option given reads it (so `step_key` sends a
+`.jsonl` log to the per-token reader). Foreign formats have a module each here (`jsonl`,
+`sglang`, `token_log`, `megatron`, `trtllm`, `flame`, `vllm`). Request-level inputs (per
+request, before batching) are in `REQUEST_FORMATS`, opened by `open_requests`.
 """
 
 from __future__ import annotations
@@ -20,17 +24,25 @@ from ...errors import InputError
 from ..counts import (CountsTrace, LayerCounts, is_counts_file, load_counts_csv,
                       load_counts_trace, parse_where)
 from ..directory import DirTrace, load_trace_dir
+from ..requests import RequestSet, is_request_file, load_requests
 from ..trace import Trace, load_trace
 from .jsonl import read_jsonl
+from .megatron import is_megatron_trace, read_megatron
+from .flame import is_flame, read_flame
+from .token_log import is_token_log, read_token_requests, read_token_trace
+from .trtllm import is_trtllm_stats, read_trtllm_stats
+from .vllm import is_vllm_arrays, is_vllm_json, read_vllm_arrays, read_vllm_json
 
 
 @dataclass(frozen=True)
 class Format:
     """One form: `detect(path)` says whether a path is in it; `read(path, **options)` opens
-    it as a Trace, DirTrace or CountsTrace."""
+    it (as a Trace, DirTrace or CountsTrace; a RequestSet for `REQUEST_FORMATS`). A form is
+    chosen only when the options given include all of `requires`."""
 
     detect: Callable[[Path], bool]
     read: Callable[..., Any]
+    requires: tuple[str, ...] = ()
 
 
 def read_counts_csv(path: Path, *, where: str | None = None,
@@ -53,11 +65,30 @@ def read_router_log(path: Path, *, experts: int | None = None) -> Trace:
     return read_jsonl(path, experts)
 
 
+def _jsonl(path: Path) -> bool:
+    return path.suffix.lower() == ".jsonl"
+
+
 FORMATS: dict[str, Format] = {
+    "Megatron router trace": Format(is_megatron_trace, read_megatron),
+    "TensorRT-LLM expert statistics": Format(is_trtllm_stats, read_trtllm_stats),
+    "FLAME-MoE parquet": Format(is_flame, read_flame),
     "trace directory": Format(Path.is_dir, load_trace_dir),
     "counts CSV": Format(lambda p: p.suffix.lower() == ".csv", read_counts_csv),
-    "JSONL router log": Format(lambda p: p.suffix.lower() == ".jsonl", read_router_log),
+    "per-token router log": Format(is_token_log, read_token_trace),
+    "JSONL router log": Format(_jsonl, read_router_log),
+    "per-token router log (keys given)": Format(_jsonl, read_token_trace),
     ".npz trace": Format(lambda p: True, read_npz),
+}
+
+
+# Request-level inputs (`traces.requests.RequestSet`), batched into steps by `traces.workload`.
+REQUEST_FORMATS: dict[str, Format] = {
+    "request file": Format(lambda p: p.suffix.lower() == ".npz" and is_request_file(p),
+                           load_requests),
+    "vLLM routed experts (JSON)": Format(is_vllm_json, read_vllm_json),
+    "vLLM routed experts (arrays)": Format(is_vllm_arrays, read_vllm_arrays),
+    "per-token request log": Format(_jsonl, read_token_requests, requires=("request_key",)),
 }
 
 
@@ -66,19 +97,49 @@ def _options_of(read: Callable[..., Any]) -> list[str]:
             if p.kind is p.KEYWORD_ONLY]
 
 
-def open_trace(path: str | Path, **options: Any) -> Trace | DirTrace | CountsTrace:
-    """The trace at `path`, in whichever of `FORMATS` it is; options left None are ignored,
+def _choose(path: Path, forms: dict[str, Format], given: dict[str, Any]
+            ) -> tuple[str, Format] | None:
+    """The first of `forms` that detects `path`, needs no option missing from `given` and
+    takes every one given; else the first that detects it (None when none does), so its
+    refusal of an option can be reported."""
+    found = [(n, f) for n, f in forms.items()
+             if set(f.requires) <= set(given) and f.detect(path)]
+    fitting = [(n, f) for n, f in found if set(given) <= set(_options_of(f.read))]
+    return (fitting or found or [None])[0]
+
+
+def _read(path: Path, forms: dict[str, Format], what: str, options: dict[str, Any]) -> Any:
+    """`path` read by the form `_choose` picks among `forms`; options left None are ignored,
     and one the form does not take is an InputError naming the forms that do."""
-    path = Path(path)
-    name, form = next((n, f) for n, f in FORMATS.items() if f.detect(path))
-    accepted = _options_of(form.read)
     given = {k: v for k, v in options.items() if v is not None}
+    chosen = _choose(path, forms, given)
+    if chosen is None:
+        raise InputError(f"{path}: not a {what} (one of: {', '.join(forms)})")
+    name, form = chosen
     for key in given:
-        if key not in accepted:
-            takers = [n for n, f in FORMATS.items() if key in _options_of(f.read)]
+        if key not in _options_of(form.read):
+            takers = [n for n, f in forms.items() if key in _options_of(f.read)]
             raise InputError(f"{path}: {key} applies to a {' or '.join(takers) or 'no'} "
                              f"source only, not to a {name}")
     return form.read(path, **given)
+
+
+def open_requests(path: str | Path, **options: Any) -> RequestSet:
+    """The requests at `path`, in whichever of `REQUEST_FORMATS` it is (module doc)."""
+    return _read(Path(path), REQUEST_FORMATS, "request input", options)
+
+
+def is_request_input(path: str | Path, **options: Any) -> bool:
+    """Whether `open_requests` reads `path` with these options (rather than `open_trace`)."""
+    given = {k: v for k, v in options.items() if v is not None}
+    return _choose(Path(path), REQUEST_FORMATS, given) is not None
+
+
+def open_trace(path: str | Path, **options: Any) -> Trace | DirTrace | CountsTrace:
+    """The trace at `path`, in whichever of `FORMATS` it is: the first that detects it and
+    takes the options given (options left None are ignored; one no detecting form takes is an
+    InputError naming the forms that do)."""
+    return _read(Path(path), FORMATS, "trace", options)
 
 
 def open_loads(path: str | Path, where: str | None = None,

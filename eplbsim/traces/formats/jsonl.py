@@ -26,11 +26,12 @@ from typing import Any
 import numpy as np
 
 from ...errors import InputError
-from ...files import atomic_file, regular_file
+from ...files import atomic_file
 from ...limits import MAX_EXPERTS, MAX_LAYERS, MAX_TOP_K
 from ...progress import Progress
 from ..trace import Trace
 from ..directory import DirTrace, write_steps
+from .records import records
 
 
 class _Steps:
@@ -46,34 +47,23 @@ class _Steps:
 
     def __iter__(self) -> Iterator[tuple[np.ndarray, None]]:
         current, layers, start = None, {}, 0
-        try:
-            f = open(regular_file(self.path, "JSONL router log"),  # noqa: SIM115 (closed below)
-                     encoding="utf-8")
-        except OSError as exc:
-            raise InputError(f"{self.path}: cannot read ({exc.strerror or exc})") from None
-        with f:
-            try:
-                for n, line in enumerate(f, 1):
-                    if not line.strip():
-                        continue
-                    step, layer, ids = self._parse(line, n)
-                    if step != current:
-                        if current is not None and step < current:
-                            raise self._error(n, f"step {step} after step {current}: steps "
-                                                 f"must be contiguous and ascending")
-                        if current is not None:
-                            yield self._finish(current, layers, start), None
-                        current, layers, start = step, {}, n
-                        self.meta.setdefault("first_step", step)
-                    if layer in layers:
-                        raise self._error(n, f"layer {layer} of step {step} appears twice")
-                    if layers and ids.shape[0] != next(iter(layers.values())).shape[0]:
-                        raise self._error(n, f"layer {layer} of step {step} has {ids.shape[0]} "
-                                             f"tokens, other layers of the step "
-                                             f"{next(iter(layers.values())).shape[0]}")
-                    layers[layer] = ids
-            except UnicodeDecodeError as exc:
-                raise InputError(f"{self.path}: not UTF-8 text ({exc})") from None
+        for n, rec in records(self.path, "JSONL router log"):
+            step, layer, ids = self._parse(rec, n)
+            if step != current:
+                if current is not None and step < current:
+                    raise self._error(n, f"step {step} after step {current}: steps "
+                                         f"must be contiguous and ascending")
+                if current is not None:
+                    yield self._finish(current, layers, start), None
+                current, layers, start = step, {}, n
+                self.meta.setdefault("first_step", step)
+            if layer in layers:
+                raise self._error(n, f"layer {layer} of step {step} appears twice")
+            if layers and ids.shape[0] != next(iter(layers.values())).shape[0]:
+                raise self._error(n, f"layer {layer} of step {step} has {ids.shape[0]} "
+                                     f"tokens, other layers of the step "
+                                     f"{next(iter(layers.values())).shape[0]}")
+            layers[layer] = ids
         if current is None:
             raise InputError(f"{self.path}: no records (a router log has one JSON object "
                              f"per line)")
@@ -82,16 +72,12 @@ class _Steps:
     def _error(self, n: int, text: str) -> InputError:
         return InputError(f"{self.path}:{n}: {text}")
 
-    def _parse(self, line: str, n: int) -> tuple[int, int, np.ndarray]:
-        try:
-            rec = json.loads(line)
-        except (ValueError, RecursionError) as exc:
-            raise self._error(n, f"not valid JSON ({exc})") from None
-        if not isinstance(rec, dict):
-            raise self._error(n, "a record must be a JSON object")
+    def _parse(self, rec: dict[str, Any], n: int) -> tuple[int, int, np.ndarray]:
         missing = [k for k in ("step", "layer", "topk_ids") if k not in rec]
         if missing:
-            raise self._error(n, f"missing key(s) {', '.join(missing)}")
+            raise self._error(n, f"missing key(s) {', '.join(missing)} (a per-token log, or "
+                              f"other key names? see trace convert --token-key, --layer-key, "
+                              f"--ids-key, --step-key, --skip-type)")
         step, layer, rows = rec["step"], rec["layer"], rec["topk_ids"]
         for name, v, cap in (("step", step, 2**62), ("layer", layer, MAX_LAYERS)):
             if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < cap:

@@ -1,0 +1,89 @@
+"""Pieces the readers of JSON-lines router logs share (`token_log`, `megatron`): numbered
+records, checked integer fields and checked rows of expert ids, each fault an InputError naming
+`file:line`.
+
+Dimensions: `T` rows (tokens or layers), `K` ids a row.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ...errors import InputError
+from ...files import regular_file
+from ...limits import MAX_TOP_K
+
+MAX_INDEX = 2**62  # step and token indices: any a log can hold, far from wrapping an int64
+
+
+def records(path: Path, what: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    """`(line number, record)` for each non-blank line of the UTF-8 JSON-lines file `path` (a
+    `what`); InputError naming `file:line` for a line that is not a JSON object, naming the file
+    when it cannot be read or is not UTF-8."""
+    try:
+        f = open(regular_file(path, what), encoding="utf-8")  # noqa: SIM115 (closed below)
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    with f:
+        try:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                except (ValueError, RecursionError) as exc:
+                    raise InputError(f"{path}:{n}: not valid JSON ({exc})") from None
+                if not isinstance(rec, dict):
+                    raise InputError(f"{path}:{n}: a record must be a JSON object")
+                yield n, rec
+        except UnicodeDecodeError as exc:
+            raise InputError(f"{path}: not UTF-8 text ({exc})") from None
+
+
+def require(where: str, rec: dict[str, Any], keys: list[str], hint: str = "") -> None:
+    """InputError naming `where` and the keys of `keys` that `rec` lacks (then `hint`)."""
+    missing = [k for k in keys if k not in rec]
+    if missing:
+        raise InputError(f"{where}: missing key(s) {', '.join(missing)}{hint}")
+
+
+def integer(where: str, rec: dict[str, Any], key: str, lo: int, hi: int) -> int:
+    """`rec[key]` if it is an integer in `[lo, hi)`; InputError naming `where` otherwise."""
+    v = rec[key]
+    if not isinstance(v, int) or isinstance(v, bool) or not lo <= v < hi:
+        raise InputError(f"{where}: {key} must be an integer in [{lo}, {hi}), got {v!r}")
+    return v
+
+
+def id_rows(where: str, rows: Any, key: str, limit: int) -> np.ndarray:
+    """`rows`, a list of equally long lists of integer ids in `[-1, limit)` (-1: padding) with no
+    id twice in a row, as int64 `[T, K]`; InputError naming `where` and `key` otherwise."""
+    if not isinstance(rows, list) or not all(isinstance(r, list) for r in rows):
+        raise InputError(f"{where}: {key} must be a list of rows (lists of ids)")
+    widths = {len(r) for r in rows}
+    if len(widths) > 1:
+        raise InputError(f"{where}: ragged {key}: rows of lengths {sorted(widths)}")
+    width = widths.pop() if widths else 0
+    if width > MAX_TOP_K:
+        raise InputError(f"{where}: rows of {width} ids, above the cap of {MAX_TOP_K}")
+    if not all(type(x) is int for r in rows for x in r):  # bool is not int here
+        raise InputError(f"{where}: {key} must hold integer ids")
+    try:
+        ids = np.array(rows, dtype=np.int64).reshape(len(rows), width)
+    except OverflowError:
+        raise InputError(f"{where}: {key} holds an expert id outside [-1, {limit})") from None
+    bad = (ids < -1) | (ids >= limit)
+    if bad.any():
+        raise InputError(f"{where}: expert id {ids[bad][0]} outside [-1, {limit})")
+    ordered = np.sort(ids, axis=1)
+    twice = (ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] >= 0)
+    if twice.any():
+        row, col = np.argwhere(twice)[0]
+        raise InputError(f"{where}: row {row} of {key} chooses expert {ordered[row, col]} twice; "
+                         f"a router picks distinct experts")
+    return ids

@@ -1,0 +1,297 @@
+"""Per-token JSON-lines router logs with configurable keys, read as a Trace or a RequestSet.
+
+Dimensions: `S` steps, `R` requests, `T` tokens of a step or request, `L` MoE layers, `K` top-k,
+`E` logical experts.
+
+One JSON object per line (blank lines are skipped), in one of two forms, fixed by the first token
+record (the key names are options; the defaults are shown):
+
+- one record per (token, layer): `{"token_idx": t, "layer": l, "topk_ids": [K ids]}`;
+- one record per token holding every layer: `{"token_idx": t, "topk_ids": [[K ids], ...]}`, the
+  `[L][K]` ids of layers `0..L-1` (such a record names no layer).
+
+Records whose `"type"` field equals `skip_type` (a header, say) are skipped; every other record
+must hold the keys its form needs (a record lacking the ids is an error, not skipped). Tokens are
+grouped, and the groups read as follows:
+
+- `read_token_requests`: a :class:`~eplbsim.traces.requests.RequestSet`, one request per
+  distinct `request_key` value (a string or an integer, compared as text), in order of first
+  appearance, with no arrival times (the set's order); a request's tokens are ordered by token
+  index (gaps allowed). With `prompt_len_key`, that field gives the request's prompt length: at
+  least one of its records carries it, all that do agree, and its first `prompt_len` tokens are
+  the prompt. Without it every token counts as prompt (`prompt_len` is the request's token
+  count, no output tokens).
+- `read_token_trace` with `step_key`: a :class:`~eplbsim.traces.trace.Trace` with one step per
+  distinct step value, ascending (gaps allowed: steps are renumbered 0..S-1, the first and last
+  ids go to `meta`); records may come in any order; a step's rows are its tokens in token-index
+  order.
+- `read_token_trace` without a step key: a Trace whose steps are delimited by token-index
+  restarts: a record starts a new step when its token index is below the previous record's, or
+  is 0 while token 0 of the current step already has the record's layer(s). So a step's records
+  come in non-decreasing token order (a log written layer by layer needs a step key).
+
+Rules (anything else is an InputError naming `file:line`): token indices, steps and prompt
+lengths are integers >= 0, layers integers in `[0, MAX_LAYERS)`; every id row has the same `K >=
+1`; ids are integers in `[-1, E)` (-1: padding), no id twice in a row; a (token, layer) appears
+once. Per-layer form: the layers are the layer ids the file names (`meta["model_layers"]`, the
+trace's layer `i` the `i`-th smallest) and every token has every one of them. Every-layer form:
+all records hold the same `L`. `experts` (`E`) defaults to the largest id + 1. The whole log is
+read into memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ...errors import InputError
+from ...limits import MAX_EXPERTS, MAX_LAYERS
+from ..requests import RequestSet, requests_of
+from ..trace import Trace
+from .records import MAX_INDEX, id_rows, integer, records, require
+
+
+@dataclass
+class _Token:
+    """One token's ids so far: layer -> int64 `[K]`, and the line of its first record."""
+
+    line: int
+    layers: dict[int, np.ndarray] = field(default_factory=dict)
+
+
+class _Log:
+    """A token log read into groups (requests, step values or restart runs) of tokens."""
+
+    def __init__(self, path: Path, keys: dict[str, str | None], skip_type: Any,
+                 experts: int | None) -> None:
+        self.path, self.keys, self.skip_type = path, keys, skip_type
+        self.limit = MAX_EXPERTS if experts is None else experts
+        self.groups: dict[Any, dict[int, _Token]] = {}  # in order of first appearance
+        self.first_line: dict[Any, int] = {}
+        self.prompt: dict[Any, tuple[int, int]] = {}  # group -> (prompt length, its line)
+        self.per_layer: bool | None = None
+        self.layer_ids: set[int] = set()
+        self.L: int | None = None
+        self.K: int | None = None
+        self.top = -1
+        self.skipped = 0
+        self.previous: int | None = None  # the token index of the previous record (restarts)
+
+    def read(self) -> None:
+        for n, rec in records(self.path, "token router log"):
+            if self.skip_type is not None and rec.get("type") == self.skip_type:
+                self.skipped += 1
+            else:
+                self._add(f"{self.path}:{n}", n, rec)
+        if not self.groups:
+            skipped = f" ({self.skipped} of type {self.skip_type!r} skipped)" if self.skipped \
+                else ""
+            raise InputError(f"{self.path}: no token records{skipped}")
+
+    def _add(self, where: str, n: int, rec: dict[str, Any]) -> None:
+        k = self.keys
+        hint = "" if self.skip_type is not None or k["ids"] in rec else \
+            " (records of another kind can be skipped by their type with skip_type)"
+        require(where, rec, [v for v in (k["request"], k["step"], k["token"], k["ids"])
+                             if v is not None],
+                hint)
+        token = integer(where, rec, k["token"], 0, MAX_INDEX)
+        layers = self._layers(where, rec)
+        group = self._group(where, rec, token, layers)
+        tokens = self.groups.setdefault(group, {})
+        self.first_line.setdefault(group, n)
+        entry = tokens.setdefault(token, _Token(n))
+        again = sorted(set(layers) & set(entry.layers))
+        if again:
+            what = f"layer {again[0]} of token {token}" if self.per_layer else f"token {token}"
+            raise InputError(f"{where}: {what} of {self._name(group)} appears twice")
+        entry.layers.update(layers)
+        if k["prompt_len"] is not None and k["prompt_len"] in rec:
+            length = integer(where, rec, k["prompt_len"], 0, MAX_INDEX)
+            stated = self.prompt.setdefault(group, (length, n))
+            if stated[0] != length:
+                raise InputError(f"{where}: {k['prompt_len']} {length}, but line {stated[1]} "
+                                 f"gives {stated[0]} for {self._name(group)}")
+
+    def _layers(self, where: str, rec: dict[str, Any]) -> dict[int, np.ndarray]:
+        """The record's ids by layer, checked against the form and sizes of earlier records."""
+        key, layer_key = self.keys["ids"], self.keys["layer"]
+        ids = rec[key]
+        if not isinstance(ids, list) or not ids:
+            raise InputError(f"{where}: {key} must be a non-empty list: [K] ids of one layer or "
+                             f"[L][K] of every layer")
+        per_layer = not isinstance(ids[0], list)
+        if self.per_layer is None:
+            self.per_layer = per_layer
+        elif per_layer != self.per_layer:
+            raise InputError(f"{where}: {key} is {'[K]' if per_layer else '[L][K]'}, but earlier "
+                             f"records hold {'one layer' if self.per_layer else 'every layer'} "
+                             f"each")
+        if per_layer:
+            require(where, rec, [layer_key])
+            layer = integer(where, rec, layer_key, 0, MAX_LAYERS)
+            rows = id_rows(where, [ids], key, self.limit)
+            self.layer_ids.add(layer)
+        else:
+            if layer_key in rec:
+                raise InputError(f"{where}: {key} holds every layer ([L][K] ids) but the record "
+                                 f"also names {layer_key} {rec[layer_key]!r}; a record naming "
+                                 f"its layer holds [K] ids")
+            if len(ids) > MAX_LAYERS:
+                raise InputError(f"{where}: {len(ids)} layers, above the cap of {MAX_LAYERS}")
+            rows = id_rows(where, ids, key, self.limit)
+            if self.L is None:
+                self.L = len(ids)
+            elif len(ids) != self.L:
+                raise InputError(f"{where}: {len(ids)} layers, earlier records hold {self.L}")
+        K = rows.shape[1]
+        if K == 0:
+            raise InputError(f"{where}: {key} holds no ids")
+        if self.K is None:
+            self.K = K
+        elif K != self.K:
+            raise InputError(f"{where}: rows of {K} ids, earlier rows have {self.K}")
+        self.top = max(self.top, int(rows.max()))
+        return {layer: rows[0]} if per_layer else dict(enumerate(rows))
+
+    def _group(self, where: str, rec: dict[str, Any], token: int,
+               layers: dict[int, np.ndarray]) -> Any:
+        """The request id, the step value, or the restart run the record belongs to."""
+        request, step = self.keys["request"], self.keys["step"]
+        if request is not None:
+            value = rec[request]
+            if isinstance(value, bool) or not isinstance(value, (str, int)):
+                raise InputError(f"{where}: {request} must be a string or an integer, got "
+                                 f"{value!r}")
+            return str(value)
+        if step is not None:
+            return integer(where, rec, step, 0, MAX_INDEX)
+        run = max(len(self.groups) - 1, 0)
+        if self.previous is not None:
+            first = self.groups[run].get(0)
+            if token < self.previous or \
+                    (token == 0 and first is not None and set(layers) & set(first.layers)):
+                run += 1
+        self.previous = token
+        return run
+
+    def _name(self, group: Any) -> str:
+        if self.keys["request"] is not None:
+            return f"request {group!r}"
+        return f"step {group}"
+
+    def arrays(self, order: list[Any]) -> list[np.ndarray]:
+        """Each group's int32 `[T, L, K]` ids, tokens in index order; InputError naming the
+        line of a token that lacks a layer."""
+        layer_ids = sorted(self.layer_ids) if self.per_layer else list(range(self.L or 0))
+        out = []
+        for group in order:
+            tokens = self.groups[group]
+            ids = np.empty((len(tokens), len(layer_ids), self.K or 0), dtype=np.int32)
+            for i, t in enumerate(sorted(tokens)):
+                entry = tokens[t]
+                missing = [layer for layer in layer_ids if layer not in entry.layers]
+                if missing:
+                    raise InputError(f"{self.path}:{entry.line}: token {t} of "
+                                     f"{self._name(group)} (first record here) lacks layer(s) "
+                                     f"{missing}")
+                ids[i] = np.stack([entry.layers[layer] for layer in layer_ids])
+            out.append(ids)
+        return out
+
+    def prompt_lens(self, order: list[Any], ids: list[np.ndarray]) -> list[int]:
+        """Each request's prompt length (module doc)."""
+        if self.keys["prompt_len"] is None:
+            return [a.shape[0] for a in ids]
+        out = []
+        for group, a in zip(order, ids):
+            if group not in self.prompt:
+                raise InputError(f"{self.path}:{self.first_line[group]}: {self._name(group)} "
+                                 f"(first record here) has no {self.keys['prompt_len']} in any "
+                                 f"of its records")
+            length, line = self.prompt[group]
+            if length > a.shape[0]:
+                raise InputError(f"{self.path}:{line}: prompt length {length} exceeds the "
+                                 f"{a.shape[0]} tokens of {self._name(group)}")
+            out.append(length)
+        return out
+
+
+def _read(path: Path, keys: dict[str, str | None], skip_type: Any,
+          experts: int | None) -> tuple[_Log, list[Any], list[np.ndarray], int,
+                                        dict[str, Any]]:
+    """The log read (module doc): itself, its groups in order, their `[T, L, K]` ids, `E`
+    and the meta they share."""
+    if experts is not None and (isinstance(experts, bool) or not isinstance(experts, int)
+                                or not 1 <= experts <= MAX_EXPERTS):
+        raise InputError(f"experts must be an integer in [1, {MAX_EXPERTS}], got {experts!r}")
+    log = _Log(path, keys, skip_type, experts)
+    log.read()
+    meta: dict[str, Any] = {"source": str(path), "format": "token_log",
+                            "skipped_records": log.skipped}
+    if log.per_layer:
+        meta["model_layers"] = sorted(log.layer_ids)
+    order = sorted(log.groups) if keys["step"] is not None else list(log.groups)
+    E = experts if experts is not None else max(log.top + 1, 1)
+    return log, order, log.arrays(order), E, meta
+
+
+def read_token_trace(path: str | Path, *, token_key: str = "token_idx",
+                     layer_key: str = "layer", ids_key: str = "topk_ids",
+                     step_key: str | None = None, skip_type: Any = None,
+                     experts: int | None = None) -> Trace:
+    """A per-token router log (module doc) as a Trace, its steps from `step_key` or, without
+    one, from token-index restarts.
+
+    token_key: the token index's key
+    layer_key: the layer's key, in records of one layer
+    ids_key:   the key of the `[K]` (one layer) or `[L][K]` (every layer) ids
+    step_key:  the step's key (None: steps from token-index restarts)
+    skip_type: records whose "type" field equals it are skipped (None: none)
+    experts:   `E` (None: the largest id + 1)
+    """
+    keys = {"request": None, "token": token_key, "layer": layer_key, "ids": ids_key,
+            "step": step_key, "prompt_len": None}
+    _, order, ids, E, meta = _read(Path(path), keys, skip_type, experts)
+    if step_key is not None:
+        meta.update(first_step=order[0], last_step=order[-1])
+    else:
+        meta["steps_from"] = "token-index restarts"
+    return Trace.from_steps(ids, E, None, meta)
+
+
+def read_token_requests(path: str | Path, *, request_key: str = "request_id",
+                        token_key: str = "token_idx", layer_key: str = "layer",
+                        ids_key: str = "topk_ids", prompt_len_key: str | None = None,
+                        skip_type: Any = None, experts: int | None = None) -> RequestSet:
+    """A per-token router log (module doc) as a RequestSet, one request per `request_key`
+    value; the keys, `skip_type` and `experts` as in :func:`read_token_trace`.
+
+    prompt_len_key: the key of a request's prompt length (None: every token is prompt)
+    """
+    keys = {"request": request_key, "token": token_key, "layer": layer_key, "ids": ids_key,
+            "step": None, "prompt_len": prompt_len_key}
+    log, order, ids, E, meta = _read(Path(path), keys, skip_type, experts)
+    return requests_of(ids, log.prompt_lens(order, ids), E, None, order, meta)
+
+
+def is_token_log(path: Path) -> bool:
+    """Whether `path` looks like a per-token log in the default keys rather than a per-step
+    JSONL router log (`formats.jsonl`): a `.jsonl` file one of whose first 8 records has a
+    `token_idx` key or `topk_ids` that are one flat `[K]` row. A log in other keys cannot be
+    told apart by its content: the read options given must choose the form."""
+    if path.suffix.lower() != ".jsonl" or not path.is_file():
+        return False
+    try:
+        for _, rec in islice(records(path, "token router log"), 8):
+            ids = rec.get("topk_ids")
+            if "token_idx" in rec or (isinstance(ids, list) and ids
+                                      and not isinstance(ids[0], list)):
+                return True
+    except InputError:
+        return False
+    return False

@@ -1,0 +1,193 @@
+"""Tests of eplbsim.traces.formats.token_log: per-token router logs in both forms read as
+Traces (steps from a key or from token-index restarts) and RequestSets, a header record skipped,
+and every malformed record named as `file:line`.
+
+Dimensions: `S` steps, `T_s` tokens of step `s`, `L` layers, `E` experts, `K` top-k.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from eplbsim.errors import InputError
+from eplbsim.traces.formats.jsonl import write_jsonl
+from eplbsim.traces.formats.token_log import (is_token_log, read_token_requests,
+                                               read_token_trace)
+from eplbsim.traces.requests import RequestSet
+from eplbsim.traces.trace import Trace
+
+from id_helpers import distinct
+
+
+def _ids(T, L=3, K=2, E=8, seed=0):
+    return distinct(np.random.default_rng(seed).integers(-1, E, size=(T, L, K)))
+
+
+def _write(path, records):
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n"
+                            for r in records))
+    return path
+
+
+def _per_layer(ids, layer_ids, **extra):
+    """Records of one (token, layer) each, token after token, layers in reverse order."""
+    return [{**extra, "token_idx": t, "layer": layer_ids[j], "topk_ids": ids[t, j].tolist()}
+            for t in range(ids.shape[0]) for j in reversed(range(ids.shape[1]))]
+
+
+def test_header_and_token_index_restarts(tmp_path):
+    steps = [_ids(3, seed=1), _ids(1, seed=2), _ids(1, seed=3), _ids(4, seed=4)]
+    records = [{"type": "header", "model": "m", "num_layers": 3}]
+    for ids in steps:  # one-token steps follow each other: token 0 again starts a step
+        records += _per_layer(ids, [1, 3, 5], type="route")
+    log = _write(tmp_path / "log.jsonl", records)
+    tr = read_token_trace(log, skip_type="header", experts=8)
+    assert isinstance(tr, Trace) and tr.num_experts == 8
+    assert tr.tokens_per_step.tolist() == [3, 1, 1, 4]
+    for s, ids in enumerate(steps):
+        assert torch.equal(tr.step(s), torch.from_numpy(ids).int())
+    assert tr.meta["model_layers"] == [1, 3, 5] and tr.meta["skipped_records"] == 1
+    assert tr.meta["steps_from"] == "token-index restarts"
+    with pytest.raises(InputError, match=r"log\.jsonl:1: missing key\(s\) token_idx, topk_ids "
+                                         r"\(records of another kind can be skipped"):
+        read_token_trace(log)
+
+
+def test_restart_on_any_decrease(tmp_path):
+    a, b = _ids(2, L=1, seed=5), _ids(2, L=1, seed=6)
+    log = _write(tmp_path / "log.jsonl", [
+        {"token_idx": 5 + t, "layer": 0, "topk_ids": a[t, 0].tolist()} for t in range(2)] + [
+        {"token_idx": 2 + t, "layer": 0, "topk_ids": b[t, 0].tolist()} for t in range(2)])
+    tr = read_token_trace(log)
+    assert tr.tokens_per_step.tolist() == [2, 2]
+    assert tr.num_experts == int(max(a.max(), b.max())) + 1  # largest id + 1
+    assert torch.equal(tr.step(1), torch.from_numpy(b).int())
+
+
+def test_every_layer_form_with_step_key_in_any_order(tmp_path):
+    steps = {9: _ids(2, seed=7), 5: _ids(3, seed=8)}
+    records = [{"s": s, "tok": t, "ids": ids[t].tolist()}
+               for s, ids in steps.items() for t in range(ids.shape[0])]
+    records = records[::-1]
+    log = _write(tmp_path / "log.jsonl", [records[0], "", *records[1:]])
+    tr = read_token_trace(log, step_key="s", token_key="tok", ids_key="ids", experts=8)
+    assert tr.tokens_per_step.tolist() == [3, 2]
+    assert torch.equal(tr.step(0), torch.from_numpy(steps[5]).int())
+    assert torch.equal(tr.step(1), torch.from_numpy(steps[9]).int())
+    assert tr.meta["first_step"] == 5 and tr.meta["last_step"] == 9
+    assert "model_layers" not in tr.meta
+
+
+def test_requests_in_first_appearance_order(tmp_path):
+    reqs = {"b": _ids(4, seed=9), 7: _ids(2, seed=10)}
+    records = [{"request_id": r, "token_idx": t, "layer": j, "topk_ids": ids[t, j].tolist(),
+                "prompt_len": 3 if r == "b" else 1}
+               for r, ids in reqs.items() for t in range(ids.shape[0]) for j in range(3)]
+    rng = np.random.default_rng(0)
+    records = [records[0]] + [records[i] for i in rng.permutation(len(records) - 1) + 1]
+    for rec in records[1:]:  # one record of each request suffices
+        if rec["request_id"] == 7 and rec["token_idx"] == 1:
+            del rec["prompt_len"]
+    log = _write(tmp_path / "req.jsonl", records)
+    rs = read_token_requests(log, prompt_len_key="prompt_len", experts=8)
+    assert isinstance(rs, RequestSet) and rs.num_experts == 8
+    assert [r.id for r in rs.requests] == ["b", "7"]
+    assert [r.prompt_len for r in rs.requests] == [3, 1]
+    assert all(r.arrival is None for r in rs.requests)
+    for r, ids in zip(rs.requests, reqs.values()):
+        assert np.array_equal(r.ids, ids)
+    plain = read_token_requests(log, experts=8)
+    assert [r.prompt_len for r in plain.requests] == [4, 2]  # every token counts as prompt
+    assert plain.meta["model_layers"] == [0, 1, 2]
+
+
+def test_detection_tells_token_logs_from_step_logs(tmp_path):
+    ids = _ids(2)
+    assert is_token_log(_write(tmp_path / "a.jsonl", [{"type": "h"}] + _per_layer(ids, [0, 1, 2])))
+    assert is_token_log(_write(tmp_path / "b.jsonl", [{"tok": 0, "topk_ids": [1, 2]}]))
+    tr = Trace(ids, [0, 2], 8)
+    write_jsonl(tr, tmp_path / "steps.jsonl")
+    assert not is_token_log(tmp_path / "steps.jsonl")
+    assert not is_token_log(_write(tmp_path / "bad.jsonl", ["{oops"]))
+    assert not is_token_log(tmp_path / "none.jsonl")
+    assert not is_token_log(_write(tmp_path / "a.json", _per_layer(ids, [0, 1, 2])))
+
+
+def test_empty_missing_and_binary_logs(tmp_path):
+    log = _write(tmp_path / "e.jsonl", ["", {"type": "header"}])
+    with pytest.raises(InputError, match=r"no token records \(1 of type 'header' skipped\)"):
+        read_token_trace(log, skip_type="header")
+    with pytest.raises(InputError, match="experts must be"):
+        read_token_requests(log, experts=0)
+    with pytest.raises(InputError, match="no such file"):
+        read_token_trace(tmp_path / "none.jsonl")
+    (tmp_path / "bin.jsonl").write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(InputError, match="bin.jsonl: not UTF-8"):
+        read_token_trace(tmp_path / "bin.jsonl")
+
+
+def _tok(t, layer, ids, **extra):
+    return {"token_idx": t, "layer": layer, "topk_ids": ids, **extra}
+
+
+REQ = {"request_key": "r", "prompt_len_key": "p"}
+
+
+@pytest.mark.parametrize("records, options, line, words", [
+    ([_tok(0, 0, [1, 2]), "{oops"], {}, 2, "not valid JSON"),
+    ([[1, 2]], {}, 1, "JSON object"),
+    ([{"layer": 0, "topk_ids": [1, 2]}], {}, 1, "missing key(s) token_idx"),
+    ([{"token_idx": 0, "topk_ids": [1, 2]}], {}, 1, "missing key(s) layer"),
+    ([{"type": "x", "token_idx": 0}], {"skip_type": "header"}, 1, "missing key(s) topk_ids"),
+    ([_tok(-1, 0, [1, 2])], {}, 1, "token_idx must be an integer"),
+    ([_tok("0", 0, [1, 2])], {}, 1, "token_idx must be an integer"),
+    ([_tok(0, 1.0, [1, 2])], {}, 1, "layer must be an integer"),
+    ([_tok(0, 0, [])], {}, 1, "non-empty list"),
+    ([_tok(0, 0, 3)], {}, 1, "non-empty list"),
+    ([_tok(0, 0, [1, 2.5])], {}, 1, "integer ids"),
+    ([_tok(0, 0, [1, True])], {}, 1, "integer ids"),
+    ([_tok(0, 0, [1, 8])], {"experts": 8}, 1, "expert id 8 outside [-1, 8)"),
+    ([_tok(0, 0, [-2, 1])], {}, 1, "expert id -2"),
+    ([_tok(0, 0, [3, 3])], {}, 1, "chooses expert 3 twice"),
+    ([_tok(0, 0, [1, 2]), _tok(0, 1, [1, 2, 3])], {}, 2, "rows of 3 ids, earlier rows have 2"),
+    ([_tok(0, 0, [1, 2]), _tok(1, 0, [1, 2]), _tok(1, 0, [2, 3])], {}, 3,
+     "layer 0 of token 1 of step 0 appears twice"),
+    ([_tok(0, 0, [1, 2]), _tok(0, 1, [1, 2]), _tok(1, 0, [1, 2])], {}, 3,
+     "token 1 of step 0 (first record here) lacks layer(s) [1]"),
+    ([_tok(0, 0, [1, 2]), {"token_idx": 1, "topk_ids": [[1, 2]]}], {}, 2,
+     "earlier records hold one layer each"),
+    ([{"token_idx": 0, "topk_ids": [[1, 2]]}, _tok(1, 0, [1, 2])], {}, 2,
+     "earlier records hold every layer each"),
+    ([{"token_idx": 0, "topk_ids": [[1, 2], [3, 4]], "layer": 0}], {}, 1,
+     "also names layer 0"),
+    ([{"token_idx": 0, "topk_ids": [[1, 2], [3]]}], {}, 1, "ragged topk_ids"),
+    ([{"token_idx": 0, "topk_ids": [[]]}], {}, 1, "holds no ids"),
+    ([{"token_idx": 0, "topk_ids": [[1, 2], 3]}], {}, 1, "list of rows"),
+    ([{"token_idx": 0, "topk_ids": [[1, 2]]}, {"token_idx": 1, "topk_ids": [[1, 2], [1, 2]]}],
+     {}, 2, "2 layers, earlier records hold 1"),
+    ([{"token_idx": 3, "topk_ids": [[1, 2]]}, {"token_idx": 3, "topk_ids": [[1, 2]]}], {}, 2,
+     "token 3 of step 0 appears twice"),
+    ([_tok(0, 0, [1, 2], s=-3)], {"step_key": "s"}, 1, "s must be an integer"),
+    ([_tok(0, 0, [1, 2])], {"step_key": "s"}, 1, "missing key(s) s"),
+    ([_tok(0, 0, [1, 2], s=4), _tok(1, 0, [1, 2], s=2), _tok(0, 0, [1, 2], s=4)],
+     {"step_key": "s"}, 3, "layer 0 of token 0 of step 4 appears twice"),
+    ([_tok(0, 0, [1, 2], r=[1])], REQ, 1, "r must be a string or an integer"),
+    ([_tok(0, 0, [1, 2], r="a", p=1), _tok(1, 0, [1, 2], r="a", p=2)], REQ, 2,
+     "p 2, but line 1 gives 1 for request 'a'"),
+    ([_tok(0, 0, [1, 2], r="a", p=1), _tok(0, 0, [1, 2], r="b")], REQ, 2,
+     "request 'b' (first record here) has no p"),
+    ([_tok(0, 0, [1, 2], r="a"), _tok(1, 0, [1, 2], r="a", p=3)], REQ, 2,
+     "prompt length 3 exceeds the 2 tokens of request 'a'"),
+    ([_tok(0, 0, [1, 2], r="a", p=-1)], REQ, 1, "p must be an integer"),
+])
+def test_bad_records_name_file_and_line(tmp_path, records, options, line, words):
+    log = _write(tmp_path / "bad.jsonl", records)
+    read = read_token_requests if "request_key" in options else read_token_trace
+    with pytest.raises(InputError) as err:
+        read(log, **options)
+    assert f"bad.jsonl:{line}: " in str(err.value)
+    assert words in str(err.value)
