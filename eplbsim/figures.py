@@ -22,7 +22,9 @@ from .registry import lookup
 from .replay import compare, replay
 from .solvers import solve
 from .spec import RunSpec
+from .traces.request_synth import synthesize_requests
 from .traces.synth import synthesize
+from .traces.workload import DEFAULT_GRAPH_SIZES, Workload, batch
 
 SIZES = dict(layers=4, experts=64, top_k=8)
 SETUP = RunSpec.of(gpus=8, gpus_per_node=4, redundant=16)
@@ -123,6 +125,31 @@ def switch_hazard() -> Figure:
                                 for m in ("a2a", "none") for d in (0, 4)])
 
 
+def workload_batching() -> Figure:
+    """The same requests (the requests scenario, 48 of them) batched by 4 DP attention ranks as
+    engines do: gathered in the `sum` layout, in the `max` layout, and in the `max` layout under
+    CUDA graphs whose padding rows are routed; `row`, `hash` and `ordinal` ("none"), all on the
+    one placement solved from the requests' own routing (the `sum` trace's loads), as an
+    operator solves it from logged traffic. The heatmap is the routed-padding trace: its
+    phantom experts."""
+    requests = synthesize_requests("requests", seed=0, num_requests=48, prompt_mean=32.0,
+                                   output_mean=48.0, **SIZES)
+    batchings = {"sum": Workload(dp=4),
+                 "max": Workload(dp=4, dp_layout="max"),
+                 "max, graphs\n(routed padding)": Workload(
+                     dp=4, dp_layout="max", graph_sizes=DEFAULT_GRAPH_SIZES, padding="routed")}
+    traces = {name: batch(requests, w).trace for name, w in batchings.items()}
+    topo = SETUP.topology.topology()
+    placement = solve("deepseek", traces["sum"].counts().sum(0),
+                      SIZES["experts"] + SETUP.topology.redundant, topo)
+    rows = []
+    for name, trace in traces.items():
+        rows += [(name, r) for r in compare(trace, ["row", "hash", "ordinal"], ["none"],
+                                            SETUP.replace(placement=placement))]
+    routed = traces["max, graphs\n(routed padding)"]
+    return plots.workload_batching(rows, routed.counts())
+
+
 FIGURES: dict[str, Callable[[], Figure]] = {
     "expert_load_heatmap": expert_load_heatmap,
     "policies_by_mode": policies_by_mode,
@@ -132,6 +159,7 @@ FIGURES: dict[str, Callable[[], Figure]] = {
     "rebalance_over_time": rebalance_over_time,
     "time_by_policy": time_by_policy,
     "switch_hazard": switch_hazard,
+    "workload_batching": workload_batching,
 }
 
 

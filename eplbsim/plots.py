@@ -527,6 +527,48 @@ def switch_hazard(results: Sequence[Results]) -> Figure:
     return fig
 
 
+def workload_batching(rows: Sequence[tuple[str, Results]], counts: Any,
+                      layer: int = 0) -> Figure:
+    """How an engine's batching moves the load (DESIGN.md §9). Left and middle: replica skew
+    (mean over replicated experts, per step) and GPU imbalance of every `(batching, result)` of
+    `rows`, grouped by batching, one bar per policy. Right: `layer`'s share of pairs per expert
+    at every step of one batched trace's routed loads `counts [S, L, E]` (the phantom experts
+    routed padding heats show as bright columns)."""
+    rows = list(rows)
+    if not rows:
+        raise InputError("workload_batching needs at least one result")
+    c = np.asarray(counts, dtype=np.float64)
+    if c.ndim != 3 or not 0 <= layer < c.shape[1]:
+        raise InputError(f"counts must be [steps, layers, experts] with layer {layer}")
+    fig = Figure(figsize=(9.0, 2.8), layout="constrained")
+    ax_skew, ax_gpu, ax_heat = fig.subplots(1, 3, gridspec_kw={"width_ratios": [1, 1, 1]})
+    batchings = list(dict.fromkeys(name for name, _ in rows))
+    policies = list(dict.fromkeys(r.policy for _, r in rows))
+    width = 0.8 / len(policies)
+    for ax, key, label in ((ax_skew, "replica_skew_mean", "replica skew\n(max / mean)"),
+                           (ax_gpu, "gpu_imbalance", "GPU imbalance\n(max / mean)")):
+        for j, policy in enumerate(policies):
+            xs, heights = [], []
+            for name, r in rows:
+                if r.policy == policy:
+                    xs.append(batchings.index(name) + (j - (len(policies) - 1) / 2) * width)
+                    heights.append(r.metrics[key] - 1.0)
+            ax.bar(xs, heights, width=width * 0.92, bottom=1.0,
+                   color=OKABE_ITO[j % len(OKABE_ITO)], label=policy)
+        ax.axhline(1.0, color="0.2", linewidth=0.8)
+        ax.set_xticks(range(len(batchings)), batchings, fontsize=7)
+        ax.set_ylabel(label)
+        ax.grid(False, axis="x")
+    ax_skew.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=len(policies), fontsize=7)
+    share = 100 * c[:, layer] / np.maximum(c[:, layer].sum(-1, keepdims=True), 1)  # [S, E]
+    image = ax_heat.imshow(share, aspect="auto", cmap="viridis", interpolation="nearest")
+    ax_heat.set_xlabel("expert")
+    ax_heat.set_ylabel("step")
+    ax_heat.grid(False)
+    fig.colorbar(image, ax=ax_heat, label=f"layer {layer} pairs (%)")
+    return fig
+
+
 # ----------------------------------------------------------------------------- helpers
 
 def _labels(results: list[Results]) -> list[str]:

@@ -401,8 +401,9 @@ class Source(Part):
                    Integer(1, most=MAX_GPUS), metavar="D", commands=WITH_INFO)
     dp_assign: str = knob("round-robin", "requests: how requests go to DP ranks",
                           Name(DP_ASSIGN, "dp assignment"), commands=WITH_INFO)
-    dp_layout: str = knob("sum", "requests: the gathered MoE batch, sum (no padding) or max "
-                          "(every DP rank padded to the largest)",
+    dp_layout: str = knob("sum", "requests: the gathered MoE batch, sum (no padding), max "
+                          "(every DP rank padded to the largest) or sglang (sum at prefill, "
+                          "max at decode and under CUDA graphs)",
                           Name(DP_LAYOUTS, "dp layout"), commands=WITH_INFO)
     graph_sizes: tuple = knob((), "requests: captured CUDA-graph sizes a decode-only step is "
                               "padded to (comma-separated, default for 1,2,4,8..256, or none)",

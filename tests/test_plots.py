@@ -228,3 +228,22 @@ def test_switch_hazard_shades_each_hazard_window_and_rejects_empty():
     assert len(plots.switch_hazard(results[:1]).axes) == 1
     with pytest.raises(InputError):
         plots.switch_hazard([])
+
+
+def test_workload_batching_groups_by_batching_and_draws_the_heatmap():
+    from eplbsim.traces.request_synth import synthesize_requests
+    from eplbsim.traces.workload import Workload, batch
+    reqs = synthesize_requests("requests", seed=0, num_requests=6, prompt_mean=4.0,
+                               output_mean=4.0, layers=1, experts=16, top_k=2)
+    spec = RunSpec.of(gpus=4, redundant=4)
+    rows = []
+    for name, w in (("sum", Workload(dp=2)), ("max", Workload(dp=2, dp_layout="max"))):
+        rows += [(name, r) for r in compare(batch(reqs, w).trace, ["row", "ordinal"], ["none"],
+                                            spec)]
+    fig = plots.workload_batching(rows, batch(reqs, Workload()).trace.counts())
+    skew, gpu, heat = fig.axes[:3]
+    assert len(skew.patches) == len(gpu.patches) == 4 and len(heat.images) == 1
+    with pytest.raises(InputError):
+        plots.workload_batching([], None)
+    with pytest.raises(InputError):
+        plots.workload_batching(rows, np.zeros((2, 1, 16)), layer=3)

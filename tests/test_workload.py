@@ -84,6 +84,8 @@ def test_dp_attention_layouts_row_by_row():
                               ["0.2", "2.2", "1.2", "pad"]]
     assert padded.trace.src_rank.tolist() == [0, 0, 1, 1] * 3
     assert (padded.kind == DP_PAD).sum() == 3
+    sglang = batch(reqs, Workload(dp=2, dp_layout="sglang"))  # sum at prefill, max at decode
+    assert _steps(sglang) == [_steps(summed)[0]] + _steps(padded)[1:]
     least = batch(_requests((4, 1), (1, 1), (1, 1)), Workload(dp=2, dp_assign="least-loaded"))
     assert least.dp_rank[least.request == 2].tolist() == [1, 1]  # rank 1 had fewer tokens
 

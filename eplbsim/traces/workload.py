@@ -10,8 +10,10 @@ attention ranks.
   `least-loaded` (the rank with the fewest tokens, prompt plus output, assigned so far; ties to
   the lowest rank). Each DP rank batches its own requests with the same limits, all ranks
   stepping together. The MoE batch of a step gathers the ranks' batches in rank order, in the
-  `sum` layout (no padding) or the `max` layout (every rank padded with `-1` rows to the
-  largest rank's size). With `D > 1` every row's `src_rank` is its DP rank (its GPU in "a2a").
+  `sum` layout (no padding), the `max` layout (every rank padded with `-1` rows to the
+  largest rank's size), or SGLang's choice (`sglang`: `sum` for a step with prefill rows, `max`
+  for a decode-only step, and `max` always when CUDA graphs are captured). With `D > 1` every
+  row's `src_rank` is its DP rank (its GPU in "a2a").
 - **Continuous batching** (`BATCHERS["continuous"]`), per DP rank and step: every running
   request whose prompt is done contributes one decode row (its next output token), in admission
   order, while the step's `max_batched_tokens` budget lasts; then running requests with prompt
@@ -50,7 +52,7 @@ from .trace import Trace, id_dtype
 
 ARRIVALS = ("all", "poisson", "trace")
 DP_ASSIGN = ("round-robin", "least-loaded")
-DP_LAYOUTS = ("sum", "max")
+DP_LAYOUTS = ("sum", "max", "sglang")
 ORDERS = ("decode-first", "prefill-first")
 PADDING = ("masked", "routed")
 DEFAULT_GRAPH_SIZES = (1, 2, 4) + tuple(range(8, 257, 8))
@@ -223,8 +225,9 @@ def batch(requests: RequestSet, workload: Workload | None = None) -> Batched:
     for step in sorted(set().union(*per_rank)):
         batches = [rank.get(step, []) for rank in per_rank]
         counts = [sum(n for _, _, n, _ in b) for b in batches]
-        graph = bool(w.graph_sizes) and all(k == DECODE for b in batches for *_, k in b)
-        targets = _padded_sizes(counts, graph, w)
+        decode_only = all(k == DECODE for b in batches for *_, k in b)
+        targets = _padded_sizes(counts, decode_only, w)
+        graph = bool(w.graph_sizes) and decode_only
         total = 0
         for r, (rows, n, target) in enumerate(zip(batches, counts, targets)):
             for i, lo, count, kind in rows:
@@ -252,10 +255,14 @@ def batch(requests: RequestSet, workload: Workload | None = None) -> Batched:
     return Batched(trace, request, token, dp_rank, kind)
 
 
-def _padded_sizes(counts: list[int], graph: bool, w: Workload) -> list[int]:
+def _padded_sizes(counts: list[int], decode_only: bool, w: Workload) -> list[int]:
     """Each DP rank's rows after padding its `counts` (module doc): to the largest rank's in
-    the `max` layout, and to the captured size when the step runs as a CUDA `graph`."""
-    if w.dp_layout == "max":
+    the `max` layout (`sglang`: for a `decode_only` step, or with CUDA graphs), and to the
+    captured size when a decode-only step runs as a CUDA graph."""
+    graph = bool(w.graph_sizes) and decode_only
+    padded = w.dp_layout == "max" or (w.dp_layout == "sglang"
+                                      and (decode_only or bool(w.graph_sizes)))
+    if padded:
         top = max(counts)
         return [_graph_size(top, w.graph_sizes) if graph else top] * len(counts)
     return [_graph_size(n, w.graph_sizes) if graph and n else n for n in counts]
