@@ -112,16 +112,18 @@ def drift_before_step(ranks: Sequence[Rank], draws_per_rank: Sequence[int],
 
 
 def rank_context(step: int, rank: Rank, mode: str, seed: int,
-                 rank_offset: bool) -> DispatchContext:
+                 rank_offset: bool | None) -> DispatchContext:
     """The context `rank` dispatches step `step` with (layer 0; step kernels set the layer)."""
     return DispatchContext(step=step, layer=0, rank=rank.rank, seed=seed,
                            generator=rank.generator, mode=mode, rank_offset=rank_offset)
 
 
-def rank_groups(views: Sequence[View], policy: DispatchPolicy) -> tuple[tuple[int, ...], ...]:
-    """Positions of `views` whose choices are provably identical, in order: for a rank-invariant
-    policy, ranks with equal views; for every other one, one rank a group."""
-    if not policy.rank_invariant:
+def rank_groups(views: Sequence[View], policy: DispatchPolicy,
+                rank_offset: bool | None = None) -> tuple[tuple[int, ...], ...]:
+    """Positions of `views` whose choices are provably identical, in order: for a policy
+    rank-invariant under `rank_offset` (`DispatchPolicy.invariant`), ranks with equal views;
+    for every other one, one rank a group."""
+    if not policy.invariant(rank_offset):
         return tuple((i,) for i in range(len(views)))
     groups: list[list[int]] = []
     for i, view in enumerate(views):
@@ -167,7 +169,7 @@ class Epoch:
     num_ranks: int
     mode: str
     seed: int = 0
-    rank_offset: bool = False
+    rank_offset: bool | None = None
     drift_p: float = 0.0
     moe: ToyMoE | None = None
     comm: Collectives = LOCAL

@@ -122,7 +122,8 @@ def run_steps(trace: Any, spec: RunSpec, segments: Sequence[Segment],
     for start, stop, placement, serving in phases(segments):
         views = tuple(rank_view(d.view, placement if serving is None else serving[r.rank],
                                 r.rank).to(device) for r in ranks)
-        epoch = Epoch(name, policy, placement, ranks, views, rank_groups(views, policy), G,
+        epoch = Epoch(name, policy, placement, ranks, views,
+                      rank_groups(views, policy, d.rank_offset), G,
                       d.mode, d.seed, d.rank_offset, d.drift_p, moe, comm, fast=fast,
                       count_links=spec.cost.cost is not None,
                       held=None if serving is None else held_experts(serving).to(device))

@@ -107,12 +107,17 @@ class Number:
 
 @dataclass(frozen=True)
 class Switch:
-    """True or False, 1 or 0 read as such (a `--flag / --no-flag` pair on the command line)."""
+    """True or False, 1 or 0 read as such (a `--flag / --no-flag` pair on the command line);
+    None too when `optional` (neither given: the setting's automatic choice)."""
+
+    optional: bool = False
 
     def parse(self, text: str) -> bool:
         raise AssertionError("switches are parsed by argparse")
 
-    def check(self, value: Any) -> bool:
+    def check(self, value: Any) -> bool | None:
+        if value is None and self.optional:
+            return None
         if not (isinstance(value, bool) or (type(value) is int and value in (0, 1))):
             raise InputError(f"must be true or false (or 1 or 0), got {value!r}")
         return bool(value)
@@ -496,8 +501,11 @@ class DispatchPart(Part):
     rng: str = knob("independent", "how the ranks' generators relate (random, lp)",
                     Name(RNG_RELATIONS, "rng relation"))
     drift_p: float = knob(0.05, "per-step drift probability for --rng drift", Number(0, 1))
-    rank_offset: bool = knob(False, "in a2a mode, ordinal adds the rank to its offset",
-                             Switch())
+    rank_offset: bool | None = knob(
+        None, "add the rank to the policy's offset (default: ordinal in a2a mode, where it "
+        "balances best, and never trtllm); --rank-offset: trtllm too, in every mode (its "
+        "offset_by_ep_rank, rank-variant in none); --no-rank-offset: neither",
+        Switch(optional=True))
     seed: int = knob(0, "seeds every random choice: the scenario, the rank generators, "
                      "static's tables, the toy MoE layer", Integer(0, most=MAX_SEED),
                      commands=SYNTH)

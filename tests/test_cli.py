@@ -331,3 +331,18 @@ def test_run_baseline_needs_a_cost_model_and_a_listed_policy(capsys):
     assert_input_error(capsys, "run", *SMALL, "--policies", "row", "--cost", "roofline",
                        "--baseline", "static", match="no such row")
     assert_input_error(capsys, "run", *SMALL, "--cost", "guess", match="unknown cost model")
+
+
+def test_policies_and_solvers_list_the_registries_and_the_readme_holds_them(capsys):
+    from eplbsim.cli.registries import markdown_table, policy_rows, solver_rows
+    from eplbsim.dispatch import POLICIES
+    from eplbsim.solvers import SOLVERS
+    code, out, _ = run(capsys, "policies", "--json")
+    rows = json.loads(out)
+    assert code == 0 and [r["name"] for r in rows] == list(POLICIES)
+    assert {r["name"]: r["class"] for r in rows}["trtllm"] == "invariant unless --rank-offset"
+    code, out, _ = run(capsys, "solvers")
+    assert code == 0 and all(name in out for name in SOLVERS)
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    for table in (policy_rows(), solver_rows()):
+        assert markdown_table(table) in readme, "README's table is stale: eplbsim ... --markdown"

@@ -14,9 +14,6 @@ from eplbsim.errors import InputError
 from eplbsim.placement import VIEWS, Placement, full_view, nearest_view, rank_view
 from eplbsim.topology import Topology
 
-RANK_INVARIANT = sorted(name for name, entry in POLICIES.items() if entry.rank_invariant)
-
-
 def random_placement(gen, L, E, P, topo):
     """Every expert once, the P - E redundant slots random, slots shuffled."""
     p2l = torch.stack([torch.cat([torch.arange(E), torch.randint(0, E, (P - E,), generator=gen)])
@@ -56,17 +53,22 @@ def cases(draw):
     return G, gpn, E, G * per_gpu, L, T, K, seed
 
 
+def _layers_of(case):
+    """`(G, seed, placement, [ids [T, K] per layer])` of a drawn case."""
+    G, gpn, E, P, L, T, K, seed = case
+    gen = torch.Generator().manual_seed(seed)
+    placement = random_placement(gen, L, E, P, Topology(G, gpn))
+    return G, seed, placement, [random_ids(gen, T, K, E) for _ in range(L)]
+
+
 @pytest.mark.parametrize("name", sorted(POLICIES))
 @pytest.mark.parametrize("view_name", sorted(VIEWS))
 @settings(max_examples=25, deadline=None)
 @given(case=cases())
 def test_policy_contract(name, view_name, case):
-    G, gpn, E, P, L, T, K, seed = case
-    gen = torch.Generator().manual_seed(seed)
-    placement = random_placement(gen, L, E, P, Topology(G, gpn))
+    G, seed, placement, batches = _layers_of(case)
     policy = POLICIES[name]
-    for layer in range(L):
-        ids = random_ids(gen, T, K, E)
+    for layer, ids in enumerate(batches):
         before = ids.clone()
         for rank in range(G):
             view = rank_view(view_name, placement, rank)
@@ -84,18 +86,45 @@ def test_policy_runs_on_device_and_matches_cpu(name, device):
     got = POLICIES[name](ids.to(device), view.to(device), ctx_for(1, 3, 1, device=device))
     assert got.device.type == torch.device(device).type
     assert_contract(got.cpu(), ids, view, 1)
-    if name not in ("random", "lp"):  # draws differ between CPU and CUDA generators
+    if name not in ("random", "lp", "sglang-lp"):  # CPU and CUDA generators draw differently
         want = POLICIES[name](ids, view, ctx_for(1, 3, 1))
         assert torch.equal(got.cpu(), want)
 
 
-@pytest.mark.parametrize("name", RANK_INVARIANT)
-def test_row_based_policies_are_rank_invariant(name):
-    gen = torch.Generator().manual_seed(1)
-    placement = random_placement(gen, 1, 8, 16, Topology(4, 2))
-    ids = random_ids(gen, 50, 3, 8)
-    outs = [POLICIES[name](ids, full_view(placement, r), ctx_for(r)) for r in range(4)]
-    assert all(torch.equal(o, outs[0]) for o in outs)
+CLASSES = [(name, offset) for name in sorted(POLICIES) for offset in (False, True)]
+
+
+@pytest.mark.parametrize("name, rank_offset",
+                         [c for c in CLASSES if POLICIES[c[0]].invariant(c[1])])
+@settings(max_examples=25, deadline=None)
+@given(case=cases())
+def test_invariant_policies_agree_on_every_rank(name, rank_offset, case):
+    G, seed, placement, batches = _layers_of(case)
+    for layer, ids in enumerate(batches):
+        outs = [POLICIES[name](ids, full_view(placement, r),
+                               ctx_for(r, step=seed % 5, layer=layer, rank_offset=rank_offset))
+                for r in range(G)]
+        assert all(torch.equal(o, outs[0]) for o in outs)
+
+
+@pytest.mark.parametrize("name, rank_offset",
+                         [c for c in CLASSES if not POLICIES[c[0]].invariant(c[1])])
+def test_variant_policies_disagree_on_some_case_with_redundancy(name, rank_offset):
+    for seed in range(40):
+        gen = torch.Generator().manual_seed(seed)
+        placement = random_placement(gen, 1, 6, 16, Topology(4, 2))
+        ids = random_ids(gen, 24, 2, 6)
+        outs = [POLICIES[name](ids, full_view(placement, r),
+                               ctx_for(r, rank_offset=rank_offset)) for r in range(4)]
+        if any(not torch.equal(o, outs[0]) for o in outs):
+            return
+    pytest.fail(f"{name} (rank_offset={rank_offset}) never disagreed across ranks")
+
+
+def test_every_policy_states_its_class_source_and_summary():
+    for name, entry in POLICIES.items():
+        assert entry.invariance() in ("invariant", "variant", "invariant unless --rank-offset")
+        assert entry.source and entry.summary, name
 
 
 def two_replica_placement():
@@ -211,3 +240,37 @@ def test_resolve_policy_by_name_entry_and_callable():
     assert resolve_policy(mine) == ("<lambda>", mine)
     with pytest.raises(InputError, match="unknown policy 'nope'.*ordinal"):
         resolve_policy("nope")
+
+
+def test_trtllm_counts_within_blocks_of_1024_and_adds_block_and_rank():
+    placement = two_replica_placement()  # expert 0 on slots 0 and 2
+    ids = torch.zeros(1100, 1, dtype=torch.int64)
+    got = POLICIES["trtllm"](ids, full_view(placement, 0), ctx_for(0))[:, 0]
+    i = torch.arange(1100)
+    replica = torch.where(i < 1024, i % 2, (i - 1024 + 1) % 2)
+    assert torch.equal(got, torch.where(replica == 0, 0, 2))
+    shifted = POLICIES["trtllm"](ids, full_view(placement, 1), ctx_for(1, rank_offset=True))
+    assert torch.equal(shifted[:, 0], torch.where(replica == 0, 2, 0))  # rank 1: one further
+
+
+def test_ascend_sends_every_pair_to_the_ranks_own_replica():
+    placement = two_replica_placement()
+    ids = torch.tensor([[0, 1], [1, 0]])
+    for rank in (0, 1):
+        got = POLICIES["ascend"](ids, full_view(placement, rank), ctx_for(rank))
+        assert torch.equal(got, torch.tensor([[0, 1], [1, 0]]) + 2 * rank)
+
+
+@pytest.mark.parametrize("name, offset, agrees", [
+    ("sglang-lp", False, False), ("sglang-lp-golden", False, True),
+    ("trtllm", False, True), ("trtllm", True, False)])
+def test_engine_policies_in_none_mode_agree_or_corrupt_as_classed(name, offset, agrees):
+    from eplbsim.replay import replay
+    from eplbsim.spec import RunSpec
+    from eplbsim.traces.synth import synthesize
+    trace = synthesize("skewed", seed=1, steps=3, tokens=128, layers=2, experts=16, top_k=4)
+    m = replay(trace, RunSpec.of(gpus=4, redundant=8, policy=name, rank_offset=offset)).metrics
+    if agrees:
+        assert m["rank_agreement"] == 1.0 and m["output_rel_error"] == 0.0
+    else:
+        assert m["rank_agreement"] < 1 and m["output_rel_error"] > 1e-3

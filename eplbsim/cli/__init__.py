@@ -23,7 +23,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import InputError
-from . import bench, export, figures, ranks, run, solve, sweep, trace
+from . import bench, export, figures, ranks, registries, run, solve, sweep, trace
 
 COMMANDS = {
     "run": (run.HELP, run.add_arguments, run.handle),
@@ -34,6 +34,9 @@ COMMANDS = {
     "sweep": (sweep.HELP, sweep.add_arguments, sweep.handle),
     "figures": (figures.HELP, figures.add_arguments, figures.handle),
     "export": (export.HELP, export.add_arguments, export.handle),
+    "policies": (registries.POLICIES_HELP, registries.add_arguments,
+                 registries.handle_policies),
+    "solvers": (registries.SOLVERS_HELP, registries.add_arguments, registries.handle_solvers),
 }
 DEBUG = "EPLBSIM_DEBUG"
 
@@ -89,6 +92,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("eplbsim: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader stopped early (`| head`): nothing more to say
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (the interpreter flushes it at exit)
+        return 0
     except Exception as exc:  # a bug: one line, the traceback only when asked for
         if os.environ.get(DEBUG):
             traceback.print_exc()

@@ -20,9 +20,10 @@ import torch
 from ..errors import InputError
 from ..placement import View
 from ..registry import lookup, name_of
-from .policies import (DispatchContext, Policy, candidate_counts, flat_policy, hash_policy,
-                       lp_policy, occurrence_index, ordinal_policy, quota_policy, random_policy,
-                       replica_slots, row_policy, static_policy, static_table)
+from .policies import (DispatchContext, Policy, ascend_policy, candidate_counts, flat_policy,
+                       hash_policy, lp_golden_policy, lp_policy, occurrence_index,
+                       ordinal_policy, quota_policy, random_policy, replica_slots, row_policy,
+                       static_policy, static_table, trtllm_policy)
 
 StepKernel = Callable  # (topk_ids [T, L, K], view, ctx) -> phys int64 [T, L, K]
 USER = "a callable given by the user"
@@ -48,6 +49,8 @@ class DispatchPolicy:
                     `(view, ctx) -> int64 [L, E]` the slot each expert's pairs go to, so that
                     `fn(ids, view, ctx)[t, k] == table(view, ctx)[ctx.layer, ids[t, k]]` at
                     every step; the replay then counts from expert counts alone. None otherwise.
+    offset_by_rank: with `ctx.rank_offset` True the choice adds the rank in every mode
+                    (TensorRT-LLM's `offset_by_ep_rank`), so it is then rank-variant in "none"
     """
 
     fn: Policy
@@ -56,6 +59,17 @@ class DispatchPolicy:
     source: str = USER
     summary: str = ""
     table: Callable[[View, DispatchContext], torch.Tensor] | None = None
+    offset_by_rank: bool = False
+
+    def invariant(self, rank_offset: bool | None = None) -> bool:
+        """Whether ranks with equal views choose alike in "none" mode under `rank_offset`."""
+        return self.rank_invariant and not (rank_offset is True and self.offset_by_rank)
+
+    def invariance(self) -> str:
+        """The rank-invariance class in "none" mode, in words."""
+        if not self.rank_invariant:
+            return "variant"
+        return "invariant unless --rank-offset" if self.offset_by_rank else "invariant"
 
     def __call__(self, topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> torch.Tensor:
         """The reference policy on one layer: `(topk_ids [T, K], view, ctx) -> phys [T, K]`."""
@@ -63,6 +77,18 @@ class DispatchPolicy:
 
 
 _TABLE = {"cpu": ("cpu.static_step",), "cuda": ("torch_step.static_step",)}
+SGLANG_LP = ("SGLang's LP dispatch (sgl-project/sglang python/sglang/srt/eplb/lplb_solver.py "
+             "@6c9afcd8, the draw in cuda_solver.py dispatch_probability @25b379e4)")
+TRTLLM_ROUTE = ("TensorRT-LLM's MoE route kernel (NVIDIA/TensorRT-LLM cpp/tensorrt_llm/kernels/"
+                "moeLoadBalance/moeLoadBalanceKernels.cu moeComputeRouteKernel @ada8389e)")
+ASCEND = ("vllm-ascend's static replica choice (vllm-project/vllm-ascend vllm_ascend/eplb/core/"
+          "eplb_utils.py generate_log2phy_map @182b75ea, the rule before #9239)")
+
+
+def _ascend_table(view: View, ctx: DispatchContext) -> torch.Tensor:
+    """`ascend`'s choice as a table: replica `rank % n_e` of every expert, int64 `[L, E]`."""
+    replica = torch.remainder(torch.full_like(view.logcnt, ctx.rank), view.logcnt)
+    return view.log2phy.gather(-1, replica.unsqueeze(-1)).squeeze(-1).long()
 
 
 def _static_table(view: View, ctx: DispatchContext) -> torch.Tensor:
@@ -84,7 +110,8 @@ POLICIES: dict[str, DispatchPolicy] = {
         "SGLang's fix", "the token's row in the batch, row % n_e"),
     "ordinal": DispatchPolicy(
         ordinal_policy, True, {"cpu": ("cpu.ordinal_step",), "cuda": ("cuda.ordinal_step",)},
-        "eplbsim", "(occurrence index of the expert in the batch + step + layer) % n_e"),
+        "eplbsim",
+        "(occurrence index of the expert in the batch + step + layer [+ rank in a2a]) % n_e"),
     "flat": DispatchPolicy(
         flat_policy, True, {}, "vLLM, the earlier generation",
         "the flat pair position, (row * K + k) % n_e"),
@@ -93,6 +120,19 @@ POLICIES: dict[str, DispatchPolicy] = {
     "lp": DispatchPolicy(
         lp_policy, False, {}, "eplbsim (after SGLang's LP dispatch)",
         "samples the batch's LP-optimal replica fractions with the rank's generator"),
+    "sglang-lp": DispatchPolicy(
+        lp_policy, False, {}, SGLANG_LP,
+        "the batch's LP fractions, each pair drawn from the rank's own default generator"),
+    "sglang-lp-golden": DispatchPolicy(
+        lp_golden_policy, True, {}, SGLANG_LP + "; the golden-ratio draw of its non-fused path",
+        "the batch's LP fractions, pair i drawn as frac(i x 0.618...)"),
+    "trtllm": DispatchPolicy(
+        trtllm_policy, True, {}, TRTLLM_ROUTE,
+        "(earlier pairs of the expert in the 1024-pair block + block index "
+        "[+ rank with --rank-offset]) % n_e", offset_by_rank=True),
+    "ascend": DispatchPolicy(
+        ascend_policy, False, {}, ASCEND, "every pair of an expert to replica ep_rank % n_e",
+        _ascend_table),
     "quota": DispatchPolicy(
         quota_policy, True, {}, "eplbsim",
         "the batch's LP-optimal integer quotas, filled in occurrence order"),

@@ -27,6 +27,8 @@ from ..placement import Placement, View
 
 HASH_MULTIPLIER = 2654435769  # Knuth's multiplicative hash constant, floor(2**32 / phi)
 RANDOM_RANGE = 65536  # the serving engine's randint(0, 65536) draw
+TRTLLM_BLOCK = 1024  # pairs per block of TensorRT-LLM's route kernel
+GOLDEN = (5 ** 0.5 - 1) / 2  # 0.6180339887...: the golden-ratio draws of sglang-lp-golden
 
 
 @dataclass(frozen=True)
@@ -35,8 +37,10 @@ class DispatchContext:
 
     step, layer: shared by every rank.  rank: the dispatching rank.  seed: the scenario seed
     (static's permutation).  generator: the rank's own random generator (random, on the
-    policy's device).  mode: "none" or "a2a".  rank_offset: ordinal adds the rank to its offset
-    (honoured only in "a2a", where rank invariance is not needed).
+    policy's device).  mode: "none" or "a2a".  rank_offset: whether policies add the rank to
+    their offset: None (the default) for each policy's automatic choice (`ordinal` adds it in
+    "a2a", where rank invariance is not needed and it balances best; `trtllm` does not), True
+    for both (`trtllm` in every mode), False for neither.
     """
 
     step: int = 0
@@ -45,7 +49,7 @@ class DispatchContext:
     seed: int = 0
     generator: torch.Generator | None = None
     mode: str = "none"
-    rank_offset: bool = False
+    rank_offset: bool | None = None
 
 
 Policy = Callable[[torch.Tensor, View, DispatchContext], torch.Tensor]
@@ -120,6 +124,29 @@ def random_policy(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> t
     return replica_slots(topk_ids, view, ctx.layer, draws % n)
 
 
+def trtllm_policy(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> torch.Tensor:
+    """TensorRT-LLM's route kernel: the flattened pairs (row-major over `[T, K]`) in blocks of
+    `TRTLLM_BLOCK`; a pair's replica is `(ord + block index + offset) % n_e`, `ord` the earlier
+    pairs of its expert within its block, `offset` the rank when `ctx.rank_offset` is True (the
+    kernel's `offset_by_ep_rank`, on under attention DP) in either mode, else 0."""
+    T, K = topk_ids.shape
+    flat = topk_ids.reshape(-1).long()
+    block = torch.arange(flat.numel(), device=flat.device) // TRTLLM_BLOCK
+    keyed = torch.where(flat >= 0, block * view.logcnt.shape[1] + flat, -1)
+    ordinal = occurrence_index(keyed.view(T, K))
+    offset = ctx.rank if ctx.rank_offset is True else 0
+    n = candidate_counts(topk_ids, view, ctx.layer)
+    return replica_slots(topk_ids, view, ctx.layer, (ordinal + block.view(T, K) + offset) % n)
+
+
+def ascend_policy(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> torch.Tensor:
+    """vllm-ascend's static choice: every pair of expert `e` goes to replica `ep_rank % n_e`
+    (rank-variant in "none" mode: each rank sends an expert's pairs to its own replica)."""
+    n = candidate_counts(topk_ids, view, ctx.layer)
+    return replica_slots(topk_ids, view, ctx.layer, torch.remainder(
+        torch.full_like(n, ctx.rank), n))
+
+
 def occurrence_index(topk_ids: torch.Tensor) -> torch.Tensor:
     """How many earlier pairs (row-major over `[T, K]`) carry the same id, int64 `[T, K]`."""
     flat = topk_ids.reshape(-1).long()
@@ -137,9 +164,11 @@ def occurrence_index(topk_ids: torch.Tensor) -> torch.Tensor:
 
 def ordinal_offset(ctx: DispatchContext) -> int:
     """Start offset of ordinal: step + layer, so leftover pairs rotate over the replicas from
-    step to step; plus the rank only in "a2a" mode when `ctx.rank_offset` asks for it."""
+    step to step; plus the rank in "a2a" mode unless `ctx.rank_offset` is False (each rank's
+    share then starts where the others' do not, which on small per-rank batches balances
+    better: benchmarks/RESULTS.md)."""
     offset = ctx.step + ctx.layer
-    if ctx.mode == "a2a" and ctx.rank_offset:
+    if ctx.mode == "a2a" and ctx.rank_offset is not False:
         offset += ctx.rank
     return offset
 
@@ -297,7 +326,23 @@ def lp_policy(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> torch
         raise InputError("the lp policy needs a generator in its dispatch context")
     u = torch.rand(topk_ids.numel(), generator=ctx.generator, device=topk_ids.device,
                    dtype=torch.float64).view(topk_ids.shape)
-    frac = lp_fractions(topk_ids, view, ctx.layer)  # [E, R]
+    return _lp_pick(topk_ids, view, ctx.layer, u)
+
+
+def lp_golden_policy(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> torch.Tensor:
+    """`lp_policy` with the draw of pair `i` (its flat position `row K + k` in the batch) taken
+    as `frac(i x 0.6180339887...)` (the golden-ratio sequence) instead of the rank's generator:
+    the same fractions and the same draws on every rank that sees the batch (rank-invariant),
+    and the draws spread evenly over [0, 1)."""
+    i = torch.arange(topk_ids.numel(), device=topk_ids.device, dtype=torch.float64)
+    u = torch.remainder(i * GOLDEN, 1.0).view(topk_ids.shape)
+    return _lp_pick(topk_ids, view, ctx.layer, u)
+
+
+def _lp_pick(topk_ids: torch.Tensor, view: View, layer: int, u: torch.Tensor) -> torch.Tensor:
+    """Each pair's candidate from the batch's LP fractions and its draw `u [T, K]` in [0, 1):
+    the first candidate whose cumulative fraction exceeds `u`."""
+    frac = lp_fractions(topk_ids, view, layer)  # [E, R]
     R = frac.shape[1]
     cum = frac.cumsum(-1)
     index = torch.arange(R, device=frac.device)
@@ -307,7 +352,7 @@ def lp_policy(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> torch
     cum = torch.where(index >= last, 2.0, cum)
     expert = topk_ids.long().clamp(min=0)
     replica = (u.unsqueeze(-1) >= cum[expert]).sum(-1)  # [T, K]
-    return replica_slots(topk_ids, view, ctx.layer, replica)
+    return replica_slots(topk_ids, view, layer, replica)
 
 
 def quota_policy(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> torch.Tensor:
