@@ -21,8 +21,8 @@ def policy_rows() -> list[dict[str, Any]]:
 
 
 def solver_rows() -> list[dict[str, Any]]:
-    """`name`, `source` (its module's first docstring line) and `summary` (its own first line)
-    of every solver."""
+    """`name`, `source` (its module docstring's first sentence) and `summary` (its own
+    docstring's) of every solver."""
     from ..solvers import SOLVERS
     return [{"name": name, "source": _first_line(sys.modules[fn.__module__].__doc__),
              "summary": _first_line(fn.__doc__)} for name, fn in SOLVERS.items()]
@@ -38,7 +38,10 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
 
 
 def _first_line(text: str | None) -> str:
-    return (text or "").strip().splitlines()[0] if (text or "").strip() else ""
+    """The first sentence of a docstring's first paragraph, on one line."""
+    paragraph = " ".join((text or "").strip().split("\n\n")[0].split())
+    head, dot, _ = paragraph.partition(". ")
+    return head + ("." if dot else "")
 
 
 def _print(rows: list[dict[str, Any]], args: argparse.Namespace) -> int:

@@ -33,7 +33,7 @@ from ..counting import summed
 from ..errors import InputError
 from ..placement import Placement, trivial_placement
 from ..registry import lookup, name_of
-from ..solvers import solve
+from ..solvers import SOLVERS, solve, solver_options
 from ..topology import Topology
 from .migration import transfer_counts
 from .predictors import PREDICTORS
@@ -101,18 +101,24 @@ def plan(true_load: torch.Tensor, schedule: Any, solver: Any, topology: Topology
     """
     S, L, E = true_load.shape
 
-    def solve_for(load: torch.Tensor, previous: Placement | None) -> Placement:
+    takes_history = "history" in solver_options(lookup(SOLVERS, solver.solver, "solver"))
+
+    def solve_for(load: torch.Tensor, previous: Placement | None, lo: int, hi: int) -> Placement:
+        """The solver's placement for `load [L, E]`; a solver that takes `history` (e.g.
+        `flashlb`) also gets the per-step loads of steps `[lo, hi)` it stands for."""
+        extra = {"previous": previous} if previous is not None else {}
+        if takes_history:
+            extra["history"] = true_load[lo:hi].to(torch.float64).numpy()
         return solve(solver.solver, load, num_slots, topology, num_groups,
-                     **solver.solver_options,
-                     **({"previous": previous} if previous is not None else {}))
+                     **{**solver.solver_options, **extra})
 
     whole = summed(true_load, 0)  # [L, E]
     if placement is not None:
         given = _check_given(placement, L, E, topology, "given placement")
-        return (Segment(0, S, given, solve_for(whole, None), None),)
+        return (Segment(0, S, given, solve_for(whole, None, 0, S), None),)
     every = schedule.rebalance_every
     if every is None:
-        solved = solve_for(whole, None)
+        solved = solve_for(whole, None, 0, S)
         return (Segment(0, S, solved, solved, None),)
 
     window = every if schedule.window is None else schedule.window
@@ -126,7 +132,7 @@ def plan(true_load: torch.Tensor, schedule: Any, solver: Any, topology: Topology
         truth = summed(true_load[lo:hi], 0).to(torch.float64)  # [L, E]
         previous = current if schedule.migration_aware else None
         if lo == 0:
-            segments.append(Segment(lo, hi, current, solve_for(truth, previous), None))
+            segments.append(Segment(lo, hi, current, solve_for(truth, previous, lo, hi), None))
             continue
         forecast = _check_forecast(predictor(true_load[:lo], true_load[lo:hi], window, decay),
                                    L, E, predictor)
@@ -134,8 +140,9 @@ def plan(true_load: torch.Tensor, schedule: Any, solver: Any, topology: Topology
         balancedness = M.nanmean_or_none(M.balancedness(promised))
         balancedness = math.nan if balancedness is None else balancedness
         skipped = schedule.skip_above is not None and balancedness > schedule.skip_above
-        new = current if skipped else solve_for(forecast, previous)
-        best = new if not skipped and torch.equal(forecast, truth) else solve_for(truth, previous)
+        new = current if skipped else solve_for(forecast, previous, max(0, lo - window), lo)
+        best = (new if not skipped and torch.equal(forecast, truth)
+                else solve_for(truth, previous, lo, hi))
         rebalance = Rebalance(lo, skipped, balancedness, transfer_counts(current, new))
         segments.append(Segment(lo, hi, new, best, rebalance))
         current = new

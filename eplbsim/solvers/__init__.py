@@ -32,6 +32,7 @@ from ..topology import Topology
 from .migration import migrate
 from .deepseek import deepseek
 from .exact import exact
+from .flashlb import flashlb
 from .lpt import lpt, lpt_hier
 from .trivial import trivial
 
@@ -46,6 +47,7 @@ SOLVERS: dict[str, Solver] = {
     "exact": exact,
     "lpt": lpt,
     "lpt-hier": lpt_hier,
+    "flashlb": flashlb,
 }
 
 
