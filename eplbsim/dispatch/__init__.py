@@ -21,7 +21,8 @@ from ..errors import InputError
 from ..placement import View
 from ..registry import lookup, name_of
 from .policies import (DispatchContext, Policy, ascend_policy, candidate_counts, flat_policy,
-                       hash_policy, lp_golden_policy, lp_policy, occurrence_index,
+                       hash_policy, lp_golden_policy, lp_policy, lplb_atomic_policy,
+                       lplb_policy, occurrence_index,
                        ordinal_policy, quota_policy, random_policy, replica_slots, row_policy,
                        static_policy, static_table, trtllm_policy)
 
@@ -81,6 +82,8 @@ SGLANG_LP = ("SGLang's LP dispatch (sgl-project/sglang python/sglang/srt/eplb/lp
              "@6c9afcd8, the draw in cuda_solver.py dispatch_probability @25b379e4)")
 TRTLLM_ROUTE = ("TensorRT-LLM's MoE route kernel (NVIDIA/TensorRT-LLM cpp/tensorrt_llm/kernels/"
                 "moeLoadBalance/moeLoadBalanceKernels.cu moeComputeRouteKernel @ada8389e)")
+LPLB = ("DeepSeek LPLB (deepseek-ai/LPLB lplb/resources/csrc-tmpl/minilp.cu kernel_solve and "
+        "kernel_map_idx, read in a verbatim copy at shizhengLi/deepseek-lplb-learning ba2936a2)")
 ASCEND = ("vllm-ascend's static replica choice (vllm-project/vllm-ascend vllm_ascend/eplb/core/"
           "eplb_utils.py generate_log2phy_map @182b75ea, the rule before #9239)")
 
@@ -133,6 +136,13 @@ POLICIES: dict[str, DispatchPolicy] = {
     "ascend": DispatchPolicy(
         ascend_policy, False, {}, ASCEND, "every pair of an expert to replica ep_rank % n_e",
         _ascend_table),
+    "lplb": DispatchPolicy(
+        lplb_policy, True, {}, LPLB + ", the deterministic variant",
+        "the batch's LP fractions; the k-th pair of an expert to the replica holding "
+        "(499k + 41) mod n in its share"),
+    "lplb-atomic": DispatchPolicy(
+        lplb_atomic_policy, False, {}, LPLB + ", as its kernel counts (atomic, per block)",
+        "lplb with each block's occurrence order drawn from the rank's generator"),
     "quota": DispatchPolicy(
         quota_policy, True, {}, "eplbsim",
         "the batch's LP-optimal integer quotas, filled in occurrence order"),

@@ -29,6 +29,8 @@ HASH_MULTIPLIER = 2654435769  # Knuth's multiplicative hash constant, floor(2**3
 RANDOM_RANGE = 65536  # the serving engine's randint(0, 65536) draw
 TRTLLM_BLOCK = 1024  # pairs per block of TensorRT-LLM's route kernel
 GOLDEN = (5 ** 0.5 - 1) / 2  # 0.6180339887...: the golden-ratio draws of sglang-lp-golden
+LPLB_MULTIPLIER, LPLB_INCREMENT = 499, 41  # LPLB's permutation k' = (499 k + 41) mod total_e
+LPLB_BLOCKS = 132  # thread blocks LPLB's mapping kernel splits a batch over (one per SM, H800)
 
 
 @dataclass(frozen=True)
@@ -352,6 +354,52 @@ def _lp_pick(topk_ids: torch.Tensor, view: View, layer: int, u: torch.Tensor) ->
     cum = torch.where(index >= last, 2.0, cum)
     expert = topk_ids.long().clamp(min=0)
     replica = (u.unsqueeze(-1) >= cum[expert]).sum(-1)  # [T, K]
+    return replica_slots(topk_ids, view, layer, replica)
+
+
+def lplb_policy(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> torch.Tensor:
+    """DeepSeek LPLB's mapping, deterministic: the batch's LP fractions (`lp_fractions`; LPLB
+    solves the same min-max LP per redundancy group) and, for the `k`-th occurrence of expert
+    `e` (`occurrence_index`, flattened order) among its `total_e` pairs, the permuted position
+    `k' = (499 k + 41) mod total_e`: candidate `j` takes the `k'` in
+    `[floor(F_{j-1} total_e), floor(F_j total_e))`, `F_j` the cumulative fraction (the last
+    candidate everything left). Rank-invariant: every rank with the batch counts alike."""
+    return _lplb_map(topk_ids, view, ctx.layer, occurrence_index(topk_ids))
+
+
+def lplb_atomic_policy(topk_ids: torch.Tensor, view: View,
+                       ctx: DispatchContext) -> torch.Tensor:
+    """`lplb_policy` with `k` as LPLB's reference kernel takes it: the rank's flattened batch is
+    cut into `LPLB_BLOCKS` contiguous blocks, and within a block an atomic counter hands out the
+    occurrences of an expert in an order the hardware picks, modelled by a permutation of each
+    block's pairs drawn from the rank's generator (rank-variant in "none" mode)."""
+    if ctx.generator is None:
+        raise InputError("the lplb-atomic policy needs a generator in its dispatch context")
+    T, K = topk_ids.shape
+    n = topk_ids.numel()
+    order = torch.arange(n, device=topk_ids.device)
+    bounds = [n * b // LPLB_BLOCKS for b in range(LPLB_BLOCKS + 1)]
+    for lo, hi in zip(bounds, bounds[1:]):
+        if hi > lo:
+            order[lo:hi] = lo + torch.randperm(hi - lo, generator=ctx.generator,
+                                               device=topk_ids.device)
+    shuffled = topk_ids.reshape(-1)[order]  # pairs in the order the counters serve them
+    k = torch.empty(n, dtype=torch.int64, device=topk_ids.device)
+    k[order] = occurrence_index(shuffled.view(1, n)).view(n)
+    return _lplb_map(topk_ids, view, ctx.layer, k.view(T, K))
+
+
+def _lplb_map(topk_ids: torch.Tensor, view: View, layer: int,
+              k: torch.Tensor) -> torch.Tensor:
+    """LPLB's permuted-ordinal choice (`lplb_policy`) given each pair's occurrence `k [T, K]`."""
+    frac = lp_fractions(topk_ids, view, layer)  # [E, R]
+    expert = topk_ids.long().clamp(min=0)
+    total = torch.bincount(expert[topk_ids >= 0], minlength=frac.shape[0])  # [E]
+    tot = total[expert].clamp(min=1)  # [T, K]
+    permuted = (LPLB_MULTIPLIER * k + LPLB_INCREMENT) % tot
+    bounds = torch.floor(frac.cumsum(-1)[expert] * tot.unsqueeze(-1))  # [T, K, R]
+    n = candidate_counts(topk_ids, view, layer)
+    replica = torch.minimum((permuted.unsqueeze(-1) >= bounds).sum(-1), n - 1)
     return replica_slots(topk_ids, view, layer, replica)
 
 

@@ -33,6 +33,7 @@ from .migration import migrate
 from .deepseek import deepseek
 from .exact import exact
 from .flashlb import flashlb
+from .lplb import lplb
 from .lpt import lpt, lpt_hier
 from .trivial import trivial
 
@@ -48,6 +49,7 @@ SOLVERS: dict[str, Solver] = {
     "lpt": lpt,
     "lpt-hier": lpt_hier,
     "flashlb": flashlb,
+    "lplb": lplb,
 }
 
 
