@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from . import plots
+from .dispatch import POLICIES as ALL_POLICIES
 from .errors import InputError
 from .metrics import placement_gap
 from .plots import Figure
@@ -150,6 +151,14 @@ def workload_batching() -> Figure:
     return plots.workload_batching(rows, routed.counts())
 
 
+def field_policies() -> Figure:
+    """Every registered policy, the field's as published and eplbsim's, on the policies-by-mode
+    axes (GPU imbalance, replica skew, agreement and multiplicity in "none"): the template
+    scenario at 256 tokens a step."""
+    trace = synthesize("template", steps=8, tokens=256, seed=0, **SIZES)
+    return plots.policy_comparison(compare(trace, list(ALL_POLICIES), ["none", "a2a"], SETUP))
+
+
 FIGURES: dict[str, Callable[[], Figure]] = {
     "expert_load_heatmap": expert_load_heatmap,
     "policies_by_mode": policies_by_mode,
@@ -160,6 +169,7 @@ FIGURES: dict[str, Callable[[], Figure]] = {
     "time_by_policy": time_by_policy,
     "switch_hazard": switch_hazard,
     "workload_batching": workload_batching,
+    "field_policies": field_policies,
 }
 
 
