@@ -51,6 +51,14 @@ def test_each_copy_of_a_gpus_heaviest_experts_sits_on_a_linked_gpu(kind, gpus, r
                 assert p2l[layer, g, per_gpu + slot] == own[c * links.shape[1] + d]
 
 
+def test_lplb_is_above_the_lower_bound_and_balances_its_originals():
+    from eplbsim.metrics import placement_gap
+    load = np.random.default_rng(2).lognormal(0, 1, (3, 64))
+    placement = solve("lplb", load, 80, Topology(8), redundancy="cube")
+    assert (placement_gap(placement, load) >= 1 - 1e-9).all()
+    assert placement.logcnt.max() == 2 and placement.logcnt.min() == 1
+
+
 def test_lplb_that_does_not_fit_its_topology_is_refused():
     with pytest.raises(InputError, match="do not fit it"):
         solve("lplb", np.ones((1, 48)), 48 + 12 * 2, Topology(12), redundancy="cube")
