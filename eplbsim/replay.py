@@ -71,7 +71,7 @@ def check_fits(trace: Any, spec: RunSpec) -> None:
 
 def check_memory_of(trace: Any, spec: RunSpec) -> None:
     """InputError when replaying `trace` under `spec` would need more memory than there is:
-    loads per (step, layer, slot or expert) (int32, `load_dtype`) and the counters (72 bytes a
+    loads per (step, layer, slot or expert) (int32, `load_dtype`) and the counters (80 bytes a
     step and layer) for the whole run, plus one step's ids, choices, masks and toy-MoE pair
     outputs (`files.check_memory`)."""
     S, L, E = trace.num_steps, trace.num_layers, trace.num_experts
@@ -79,7 +79,7 @@ def check_memory_of(trace: Any, spec: RunSpec) -> None:
     K = getattr(trace, "top_k", 0)
     T = int(trace.tokens_per_step.max()) if K else 0
     width = trace.load_dtype.itemsize if K else 8
-    need = S * L * (width * (P + E) + 72) + 8 * T * L * K * (16 + 3 * spec.dispatch.hidden)
+    need = S * L * (width * (P + E) + 80) + 8 * T * L * K * (16 + 3 * spec.dispatch.hidden)
     check_memory(need, f"replaying {S} steps x {L} layers x {P} slots (up to {T} tokens a "
                  f"step)", "replay fewer steps or layers (a window of the trace), or fewer "
                  "redundant slots")

@@ -372,20 +372,18 @@ def lplb_atomic_policy(topk_ids: torch.Tensor, view: View,
     """`lplb_policy` with `k` as LPLB's reference kernel takes it: the rank's flattened batch is
     cut into `LPLB_BLOCKS` contiguous blocks, and within a block an atomic counter hands out the
     occurrences of an expert in an order the hardware picks, modelled by a permutation of each
-    block's pairs drawn from the rank's generator (rank-variant in "none" mode)."""
+    block's pairs from one float64 draw per pair of the rank's generator (rank-variant in
+    "none" mode)."""
     if ctx.generator is None:
         raise InputError("the lplb-atomic policy needs a generator in its dispatch context")
     T, K = topk_ids.shape
     n = topk_ids.numel()
-    order = torch.arange(n, device=topk_ids.device)
-    bounds = [n * b // LPLB_BLOCKS for b in range(LPLB_BLOCKS + 1)]
-    for lo, hi in zip(bounds, bounds[1:]):
-        if hi > lo:
-            order[lo:hi] = lo + torch.randperm(hi - lo, generator=ctx.generator,
-                                               device=topk_ids.device)
-    shuffled = topk_ids.reshape(-1)[order]  # pairs in the order the counters serve them
+    block = torch.arange(n, device=topk_ids.device) * LPLB_BLOCKS // max(n, 1)
+    # block + a draw in [0, 1): sorting keeps the blocks in order and shuffles each one
+    draw = torch.rand(n, generator=ctx.generator, device=topk_ids.device, dtype=torch.float64)
+    order = torch.argsort(block + draw)  # the pairs in the order the counters serve them
     k = torch.empty(n, dtype=torch.int64, device=topk_ids.device)
-    k[order] = occurrence_index(shuffled.view(1, n)).view(n)
+    k[order] = occurrence_index(topk_ids.reshape(1, n)[:, order]).view(n)
     return _lplb_map(topk_ids, view, ctx.layer, k.view(T, K))
 
 

@@ -226,8 +226,8 @@ def batch(requests: RequestSet, workload: Workload | None = None) -> Batched:
         batches = [rank.get(step, []) for rank in per_rank]
         counts = [sum(n for _, _, n, _ in b) for b in batches]
         decode_only = all(k == DECODE for b in batches for *_, k in b)
-        targets = _padded_sizes(counts, decode_only, w)
         graph = bool(w.graph_sizes) and decode_only
+        targets = _padded_sizes(counts, decode_only, graph, w)
         total = 0
         for r, (rows, n, target) in enumerate(zip(batches, counts, targets)):
             for i, lo, count, kind in rows:
@@ -255,11 +255,11 @@ def batch(requests: RequestSet, workload: Workload | None = None) -> Batched:
     return Batched(trace, request, token, dp_rank, kind)
 
 
-def _padded_sizes(counts: list[int], decode_only: bool, w: Workload) -> list[int]:
+def _padded_sizes(counts: list[int], decode_only: bool, graph: bool,
+                  w: Workload) -> list[int]:
     """Each DP rank's rows after padding its `counts` (module doc): to the largest rank's in
     the `max` layout (`sglang`: for a `decode_only` step, or with CUDA graphs), and to the
-    captured size when a decode-only step runs as a CUDA graph."""
-    graph = bool(w.graph_sizes) and decode_only
+    captured size when the step runs as a CUDA `graph`."""
     padded = w.dp_layout == "max" or (w.dp_layout == "sglang"
                                       and (decode_only or bool(w.graph_sizes)))
     if padded:
