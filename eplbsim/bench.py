@@ -335,7 +335,7 @@ def kernel_calls(trace: Trace, spec: RunSpec) -> tuple[Callable[[], None], int]:
         for s, ids in enumerate(steps):
             for r, rows in calls:
                 dispatch_step(policy, ids[rows], views[r],
-                              rank_context(s, ranks[r], d.mode, d.seed, d.rank_offset))
+                              rank_context(s, ranks[r], d.mode, d.seed, d.rank_offset, d.tp))
 
     return run, len(calls)
 

@@ -180,6 +180,8 @@ class Counters:
                   crossings of each layer's dispatch over NVLink and RDMA (else 0)
     wrong:        int64 `[S, L]` in "a2a": pairs sent to a slot holding another expert's
                   weights (ranks switching placements at different steps; else 0)
+    shared:       float64 `[S, L, G]` tokens whose shared-expert work each GPU runs, when the
+                  run counts it (`RunSpec.shared_work`); `[S, L, 0]` when it does not
     """
 
     agreed: torch.Tensor
@@ -190,16 +192,20 @@ class Counters:
     tokens: torch.Tensor
     crossings: torch.Tensor
     wrong: torch.Tensor
+    shared: torch.Tensor
 
     @classmethod
-    def zeros(cls, num_steps: int, num_layers: int, num_ranks: int) -> "Counters":
-        """All-zero counters for `S` steps, `L` layers and `G` ranks, filled step by step."""
+    def zeros(cls, num_steps: int, num_layers: int, num_ranks: int,
+              shared: bool = False) -> "Counters":
+        """All-zero counters for `S` steps, `L` layers and `G` ranks, filled step by step;
+        `shared`: with room for the shared-expert work per GPU."""
         S, L = num_steps, num_layers
         return cls(torch.zeros(S, L, dtype=torch.int64), torch.zeros(S, L, dtype=torch.int64),
                    torch.zeros(S, L, 3, dtype=torch.int64),
                    torch.zeros(S, L, 2, dtype=torch.float64),
                    torch.zeros(S, num_ranks, dtype=torch.bool), torch.zeros(S, dtype=torch.int64),
-                   torch.zeros(S, L, 2, dtype=torch.int64), torch.zeros(S, L, dtype=torch.int64))
+                   torch.zeros(S, L, 2, dtype=torch.int64), torch.zeros(S, L, dtype=torch.int64),
+                   torch.zeros(S, L, num_ranks if shared else 0, dtype=torch.float64))
 
     def steps(self, lo: int, hi: int) -> "Counters":
         """The counters of steps `[lo, hi)` (views)."""
@@ -220,6 +226,8 @@ class Chunk:
     num_gpus:  `G`
     cost:      the run's `spec.CostPart` when it names a cost model, else None
     mode:      the run's mode
+    shared_work: each token's shared-expert work in routed pairs (`RunSpec.shared_work`; 0:
+               not counted), added to each GPU's load as `shared_work x Counters.shared`
     """
 
     lo: int
@@ -233,22 +241,41 @@ class Chunk:
     num_gpus: int
     cost: Any = None
     mode: str = "none"
+    shared_work: float = 0.0
 
     @cached_property
     def seconds(self) -> dict[str, torch.Tensor]:
         """Every layer's time, float64 `[c, L]` each (`cost.layer_seconds`: `compute`,
-        `compute_balanced`, `comm`, `total`, `total_balanced`) under the run's cost model."""
+        `compute_balanced`, `comm`, `total`, `total_balanced`) under the run's cost model.
+        A GPU running shared-expert work also reads the shared experts' weights, `shared_work`
+        routed experts' worth (a `1 / G` share each in "none", tensor-parallel)."""
         c = self.cost
         shape, device = c.profiles()
         comm = layer_comm_seconds(self.mode, self.counters.tokens, self.counters.crossings,
                                   self.placement.topology, shape, device)
-        return cost.layer_seconds(self.gpu_load, gpu_loads(self.executed > 0, self.num_gpus),
-                                  comm, shape, device, c.cost, c.overlap, c.cost_options)
+        active = gpu_loads(self.executed > 0, self.num_gpus)
+        if self.shared_work:
+            share = 1.0 if self.mode == "a2a" else 1.0 / self.num_gpus
+            active = active + self.shared_work * share * (self.counters.shared > 0)
+        return cost.layer_seconds(self.gpu_load, active, comm, shape, device, c.cost, c.overlap,
+                                  c.cost_options)
 
     @cached_property
     def gpu_load(self) -> torch.Tensor:
-        """Executed pairs per GPU, float64 `[c, L, G]`."""
-        return gpu_loads(self.executed, self.num_gpus)
+        """Executed pairs per GPU, float64 `[c, L, G]`, plus the shared-expert work each runs
+        when counted (`shared_work`)."""
+        routed = gpu_loads(self.executed, self.num_gpus)
+        if not self.shared_work:
+            return routed
+        return routed + self.shared_work * self.counters.shared
+
+    @cached_property
+    def shared_even(self) -> torch.Tensor:
+        """The shared-expert work spread evenly, float64 `[c, L, 1]` (0 when not counted): what
+        an even split adds to every GPU's promised load."""
+        if not self.shared_work:
+            return torch.zeros(1, 1, 1, dtype=torch.float64)
+        return self.shared_work * self.counters.shared.mean(-1, keepdim=True)
 
     @cached_property
     def imbalance(self) -> torch.Tensor:
@@ -257,14 +284,15 @@ class Chunk:
 
     @cached_property
     def promise(self) -> torch.Tensor:
-        """The placement in service's even-split GPU imbalance on the routed loads, `[c, L]`."""
-        return _promise(self.placement, self.routed, self.num_gpus)
+        """The placement in service's even-split GPU imbalance on the routed loads (plus the
+        shared-expert work spread evenly, when counted), `[c, L]`."""
+        return _promise(self.placement, self.routed, self.num_gpus, self.shared_even)
 
     @cached_property
     def best_promise(self) -> torch.Tensor:
         """The best placement's even-split GPU imbalance, `[c, L]`."""
         return (self.promise if self.best is self.placement
-                else _promise(self.best, self.routed, self.num_gpus))
+                else _promise(self.best, self.routed, self.num_gpus, self.shared_even))
 
     @cached_property
     def skew(self) -> torch.Tensor:
@@ -272,17 +300,21 @@ class Chunk:
         return replica_skew(self.executed, self.placement)
 
 
-def _promise(placement: Placement, routed: torch.Tensor, num_gpus: int) -> torch.Tensor:
-    """GPU imbalance of `placement`'s even split of `routed [..., L, E]`: `[..., L]`."""
-    return gpu_imbalance(gpu_loads(placement.expected_load(routed), num_gpus))
+def _promise(placement: Placement, routed: torch.Tensor, num_gpus: int,
+             extra: torch.Tensor | float = 0.0) -> torch.Tensor:
+    """GPU imbalance of `placement`'s even split of `routed [..., L, E]` with `extra` (`[..., L,
+    1]`) on every GPU: `[..., L]`."""
+    return gpu_imbalance(gpu_loads(placement.expected_load(routed), num_gpus) + extra)
 
 
 def chunks(slot_load: torch.Tensor | None, true_load: torch.Tensor,
            counters: Counters | None, segments: Sequence[Any], num_gpus: int,
-           cost_part: Any = None, mode: str = "none") -> Iterator[Chunk]:
+           cost_part: Any = None, mode: str = "none", shared_work: float = 0.0
+           ) -> Iterator[Chunk]:
     """The run cut into chunks of at most `SUMMARY_CHUNK` steps within each segment
     (`schedule.Segment`: `start`, `stop`, `placement`, `best`, `rebalance`), made one at a
-    time (a chunk's cached intermediates go with it); `cost_part` and `mode` as `Chunk`'s."""
+    time (a chunk's cached intermediates go with it); `cost_part`, `mode` and `shared_work`
+    as `Chunk`'s (`shared_work` needs the counters)."""
     S, L, _ = true_load.shape
     for seg in segments:
         for lo in range(seg.start, seg.stop, SUMMARY_CHUNK):
@@ -292,7 +324,8 @@ def chunks(slot_load: torch.Tensor | None, true_load: torch.Tensor,
                 moved[0] = torch.from_numpy(seg.rebalance.transfers.sum(1))
             yield Chunk(lo, hi, true_load[lo:hi], None if slot_load is None else slot_load[lo:hi],
                         None if counters is None else counters.steps(lo, hi), seg.placement,
-                        seg.best, moved, num_gpus, cost_part, mode)
+                        seg.best, moved, num_gpus, cost_part, mode,
+                        0.0 if counters is None else shared_work)
 
 
 # ----------------------------------------------------------------------------- reductions

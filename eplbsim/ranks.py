@@ -19,6 +19,10 @@ over every process:
 - "a2a": each token belongs to one source rank, which alone dispatches it (rows counted within
   its share); every non-padding pair is executed once, where it was sent.
 
+With `Epoch.shared` both also count where each token's shared-expert work runs
+(`dispatch.shared`): split over every GPU in "none"; in "a2a" on the token's own rank, or where
+the policy's shared rule sends it.
+
 Both count in one of two ways with the same results. The straightforward way (the oracle, and
 what real ranks and the checkers run) builds every pair's multiplicity as torch tensors. With
 `Epoch.fast`, when one CPU process holds every rank and no choices are kept, compiled loops
@@ -40,8 +44,9 @@ import torch
 
 from . import counting
 from .cost.comm import a2a_crossings, a2a_token_counts
-from .dispatch import DispatchContext, DispatchPolicy
+from .dispatch import DispatchContext, DispatchPolicy, SharedInputs
 from .dispatch.kernels import dispatch_step, flat_index
+from .dispatch.shared import even_split, has_pairs, local_rule, per_gpu
 from .errors import InputError
 from .metrics import multiplicity_counts
 from .moe import ToyMoE, all_reduced_error_terms
@@ -112,10 +117,10 @@ def drift_before_step(ranks: Sequence[Rank], draws_per_rank: Sequence[int],
 
 
 def rank_context(step: int, rank: Rank, mode: str, seed: int,
-                 rank_offset: bool | None) -> DispatchContext:
+                 rank_offset: bool | None, tp: int = 1) -> DispatchContext:
     """The context `rank` dispatches step `step` with (layer 0; step kernels set the layer)."""
     return DispatchContext(step=step, layer=0, rank=rank.rank, seed=seed,
-                           generator=rank.generator, mode=mode, rank_offset=rank_offset)
+                           generator=rank.generator, mode=mode, rank_offset=rank_offset, tp=tp)
 
 
 def rank_groups(views: Sequence[View], policy: DispatchPolicy,
@@ -158,6 +163,8 @@ class Epoch:
                   is then of the placement rank `i` serves, `placement` the new one); "a2a"
                   counts the pairs sent to a slot holding another expert. None when every
                   rank serves `placement`
+    shared:       count where each token's shared-expert work runs (`StepOutcome.shared`)
+    tp:           the attention tensor-parallel size (`DispatchContext.tp`)
     """
 
     name: str
@@ -177,6 +184,12 @@ class Epoch:
     fast: bool = False
     count_links: bool = False
     held: torch.Tensor | None = None
+    shared: bool = False
+    tp: int = 1
+
+    def context(self, step: int, i: int) -> DispatchContext:
+        """The context held rank `i` dispatches step `step` with (`rank_context`)."""
+        return rank_context(step, self.ranks[i], self.mode, self.seed, self.rank_offset, self.tp)
 
     def counts_fast(self, device: torch.device) -> bool:
         """Whether this epoch's steps on `device` are counted by the compiled loops."""
@@ -208,6 +221,8 @@ class StepOutcome:
                   crossings of the dispatch over NVLink and RDMA (`cost.comm.a2a_crossings`)
     wrong:        int64 `[L]` in "a2a" when `Epoch.held` is set: pairs sent to a slot whose
                   weights are another expert's (CPU); else None
+    shared:       float64 `[L, G]` with `Epoch.shared`: the tokens whose shared-expert work
+                  each GPU runs (in "none" a `1 / G` share of every token's; CPU); else None
     """
 
     slot_load: torch.Tensor
@@ -220,11 +235,12 @@ class StepOutcome:
     choices: torch.Tensor | None = None
     crossings: torch.Tensor | None = None
     wrong: torch.Tensor | None = None
+    shared: torch.Tensor | None = None
 
 
 def _dispatch(epoch: Epoch, i: int, step: int, topk_ids: torch.Tensor) -> torch.Tensor:
     """Held rank `i`'s checked choices for `topk_ids [T, L, K]`: int64 `[T, L, K]`."""
-    ctx = rank_context(step, epoch.ranks[i], epoch.mode, epoch.seed, epoch.rank_offset)
+    ctx = epoch.context(step, i)
     return dispatch_step(epoch.policy, topk_ids, epoch.views[i], ctx, epoch.name)
 
 
@@ -285,7 +301,8 @@ def none_step(epoch: Epoch, step: int, topk_ids: torch.Tensor,
     return StepOutcome(comm.all_reduce(slot_load).view(L, P).cpu(), multiplicity,
                        multiplicity_counts(multiplicity, valid), valid.sum((0, 2)).cpu(),
                        drifted, agree.sum((0, 2)).cpu(), error,
-                       torch.stack(choices) if epoch.keep_choices else None)
+                       torch.stack(choices) if epoch.keep_choices else None,
+                       shared=_shared_split(epoch, topk_ids))
 
 
 def a2a_step(epoch: Epoch, step: int, topk_ids: torch.Tensor,
@@ -320,12 +337,13 @@ def a2a_step(epoch: Epoch, step: int, topk_ids: torch.Tensor,
     multiplicity = comm.all_reduce(sent.long())
     # every pair is dispatched by its owner alone: a valid pair is one that some rank sent
     slot_load = comm.all_reduce(_slot_counts(phys, sent, epoch.placement.num_slots))
+    shared, dest = _shared_sent(epoch, step, phys, rows)
     return StepOutcome(slot_load.view(L, -1).cpu(), multiplicity,
                        multiplicity_counts(multiplicity, multiplicity > 0),
                        comm.all_reduce(sent.sum((0, 2))).cpu(), drifted,
                        choices=torch.stack(choices) if epoch.keep_choices else None,
-                       crossings=_crossings(epoch, src_rank, phys),
-                       wrong=_wrong(epoch, topk_ids, phys, comm.all_reduce))
+                       crossings=_crossings(epoch, src_rank, phys, dest),
+                       wrong=_wrong(epoch, topk_ids, phys, comm.all_reduce), shared=shared)
 
 
 def _none_counted(epoch: Epoch, step: int, topk_ids: torch.Tensor) -> StepOutcome:
@@ -369,7 +387,8 @@ def _none_counted(epoch: Epoch, step: int, topk_ids: torch.Tensor) -> StepOutcom
         error = all_reduced_error_terms(epoch.moe, step, topk_ids, torch.from_numpy(mult),
                                         LOCAL.all_reduce)
     return StepOutcome(torch.from_numpy(slot_load), None, torch.from_numpy(counts),
-                       torch.from_numpy(valid), drifted, torch.from_numpy(agreed), error)
+                       torch.from_numpy(valid), drifted, torch.from_numpy(agreed), error,
+                       shared=_shared_split(epoch, topk_ids))
 
 
 def _a2a_counted(epoch: Epoch, step: int, topk_ids: torch.Tensor,
@@ -380,7 +399,7 @@ def _a2a_counted(epoch: Epoch, step: int, topk_ids: torch.Tensor,
     otherwise every rank's own rows (slices of contiguous shares when there is no `src_rank`)
     dispatched into one buffer, counted once."""
     if (epoch.policy.table is not None and src_rank is None and not epoch.count_links
-            and epoch.held is None):
+            and epoch.held is None and not epoch.shared):
         slot_load = epoch.table.sent_loads(topk_ids.numpy(),
                                            share_bounds(topk_ids.shape[0], epoch.num_ranks))
         valid = slot_load.sum(1)
@@ -396,10 +415,43 @@ def _a2a_counted(epoch: Epoch, step: int, topk_ids: torch.Tensor,
         else:
             phys[own] = _dispatch(epoch, i, step, topk_ids[own])
     slot_load, valid = counting.slot_counts(phys.numpy(), epoch.placement.num_slots)
+    shared, dest = _shared_sent(epoch, step, phys, rows)
     return StepOutcome(torch.from_numpy(slot_load), None,
                        torch.from_numpy(_executed_once(valid)), torch.from_numpy(valid), drifted,
-                       crossings=_crossings(epoch, src_rank, phys),
-                       wrong=_wrong(epoch, topk_ids, phys, LOCAL.all_reduce))
+                       crossings=_crossings(epoch, src_rank, phys, dest),
+                       wrong=_wrong(epoch, topk_ids, phys, LOCAL.all_reduce), shared=shared)
+
+
+def _shared_split(epoch: Epoch, topk_ids: torch.Tensor) -> torch.Tensor | None:
+    """"none": every GPU's `1 / G` share of the step's tokens per layer, float64 `[L, G]`
+    (`dispatch.shared.even_split`), when `epoch.shared`; else None."""
+    if not epoch.shared:
+        return None
+    return even_split(has_pairs(topk_ids).sum(0), epoch.num_ranks).cpu()
+
+
+def _shared_sent(epoch: Epoch, step: int, phys: torch.Tensor, rows: Sequence[torch.Tensor]
+                 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """"a2a": `(tokens per GPU, float64 [L, G] summed over the group; the GPU each held token's
+    shared work runs on, int64 [T, L], -1 elsewhere)` when `epoch.shared`, else `(None, None)`.
+    Each held rank places its own rows' shared work by the policy's shared rule (default
+    `local_rule`), knowing its chosen slots `phys [T, L, K]` and the group's counts."""
+    if not epoch.shared:
+        return None, None
+    G, comm = epoch.num_ranks, epoch.comm
+    T, L, _ = phys.shape
+    gpu = torch.where(phys >= 0, epoch.placement.slot_gpu.to(phys.device)[phys.clamp(min=0)],
+                      -1)  # [T, L, K]
+    local = [per_gpu(gpu[own], G) for own in rows]  # [L, G] each
+    tokens = torch.zeros(G, dtype=torch.int64, device=phys.device)
+    for rank, own in zip(epoch.ranks, rows):
+        tokens[rank.rank] = len(own)
+    routed, tokens = comm.all_reduce(torch.stack(local).sum(0)), comm.all_reduce(tokens)
+    rule = epoch.policy.shared or local_rule
+    dest = torch.full((T, L), -1, dtype=torch.int64, device=phys.device)
+    for i, own in enumerate(rows):
+        dest[own] = rule(SharedInputs(gpu[own], local[i], routed, tokens), epoch.context(step, i))
+    return comm.all_reduce(per_gpu(dest, G).to(torch.float64)).cpu(), dest
 
 
 def _executed_once(valid: np.ndarray) -> np.ndarray:
@@ -408,17 +460,20 @@ def _executed_once(valid: np.ndarray) -> np.ndarray:
     return np.stack([np.zeros_like(valid), valid, np.zeros_like(valid)], 1)
 
 
-def _crossings(epoch: Epoch, src_rank: torch.Tensor | None,
-               phys: torch.Tensor) -> torch.Tensor | None:
+def _crossings(epoch: Epoch, src_rank: torch.Tensor | None, phys: torch.Tensor,
+               shared: torch.Tensor | None = None) -> torch.Tensor | None:
     """The busiest GPU's token crossings of every layer's dispatch, int64 `[L, 2]` (NVLink,
     RDMA), the group's processes' counts summed, from the held ranks' choices `phys [T, L, K]`
-    (-1 where not held or padding) of tokens owned as `token_owners` says; None unless
-    `count_links`."""
+    (-1 where not held or padding) and the GPUs their shared work runs on (`shared [T, L]`, one
+    more destination of the token; None: none) of tokens owned as `token_owners` says; None
+    unless `count_links`."""
     if not epoch.count_links:
         return None
     topo = epoch.placement.topology
     owners = token_owners(phys.shape[0], epoch.num_ranks, src_rank).to(phys.device)
     dest = torch.where(phys >= 0, epoch.placement.slot_gpu.to(phys.device)[phys.clamp(min=0)], -1)
+    if shared is not None:
+        dest = torch.cat([dest, shared.unsqueeze(-1)], -1)  # [T, L, K + 1]
     counts = [a2a_token_counts(owners, dest[:, layer], topo) for layer in range(phys.shape[1])]
     gpu_tokens = epoch.comm.all_reduce(torch.stack([g for g, _ in counts]))  # [L, G, G]
     node_tokens = epoch.comm.all_reduce(torch.stack([n for _, n in counts]))  # [L, G, N]
@@ -458,10 +513,8 @@ class Table:
     @classmethod
     def of(cls, epoch: Epoch) -> "Table":
         """Every rank's table of `epoch` (every rank held, in rank order), counted."""
-        tables = torch.stack([
-            epoch.policy.table(view, rank_context(0, rank, epoch.mode, epoch.seed,
-                                                  epoch.rank_offset)).cpu()
-            for rank, view in zip(epoch.ranks, epoch.views)]).numpy().astype(np.int32)
+        tables = torch.stack([epoch.policy.table(view, epoch.context(0, i)).cpu()
+                              for i, view in enumerate(epoch.views)]).numpy().astype(np.int32)
         G = tables.shape[0]
         executed = epoch.placement.slot_gpu.numpy()[tables] == np.arange(G).reshape(G, 1, 1)
         return cls(tables, executed, executed.sum(0, dtype=np.int32),

@@ -72,14 +72,15 @@ def check_fits(trace: Any, spec: RunSpec) -> None:
 def check_memory_of(trace: Any, spec: RunSpec) -> None:
     """InputError when replaying `trace` under `spec` would need more memory than there is:
     loads per (step, layer, slot or expert) (int32, `load_dtype`) and the counters (80 bytes a
-    step and layer) for the whole run, plus one step's ids, choices, masks and toy-MoE pair
-    outputs (`files.check_memory`)."""
+    step and layer, and 8 a GPU more when the shared experts are counted) for the whole run,
+    plus one step's ids, choices, masks and toy-MoE pair outputs (`files.check_memory`)."""
     S, L, E = trace.num_steps, trace.num_layers, trace.num_experts
     P = E + spec.topology.redundant
     K = getattr(trace, "top_k", 0)
     T = int(trace.tokens_per_step.max()) if K else 0
     width = trace.load_dtype.itemsize if K else 8
-    need = S * L * (width * (P + E) + 80) + 8 * T * L * K * (16 + 3 * spec.dispatch.hidden)
+    counters = 80 + (8 * spec.topology.gpus if spec.shared_work() > 0 else 0)
+    need = S * L * (width * (P + E) + counters) + 8 * T * L * K * (16 + 3 * spec.dispatch.hidden)
     check_memory(need, f"replaying {S} steps x {L} layers x {P} slots (up to {T} tokens a "
                  f"step)", "replay fewer steps or layers (a window of the trace), or fewer "
                  "redundant slots")
@@ -117,7 +118,8 @@ def run_steps(trace: Any, spec: RunSpec, segments: Sequence[Segment],
     ranks = make_ranks(d.rng, d.seed, G, device, held)
     moe = make_toy_moe(L, E, d.hidden, d.seed, device)
     slot_load = torch.zeros(S, L, segments[0].placement.num_slots, dtype=trace.load_dtype)
-    counters = Counters.zeros(S, L, G)
+    shared = spec.shared_work() > 0
+    counters = Counters.zeros(S, L, G, shared)
     read = getattr(trace, "stored_step", trace.step)  # ids as stored: the steps widen them
     for start, stop, placement, serving in phases(segments):
         views = tuple(rank_view(d.view, placement if serving is None else serving[r.rank],
@@ -126,7 +128,8 @@ def run_steps(trace: Any, spec: RunSpec, segments: Sequence[Segment],
                       rank_groups(views, policy, d.rank_offset), G,
                       d.mode, d.seed, d.rank_offset, d.drift_p, moe, comm, fast=fast,
                       count_links=spec.cost.cost is not None,
-                      held=None if serving is None else held_experts(serving).to(device))
+                      held=None if serving is None else held_experts(serving).to(device),
+                      shared=shared, tp=d.tp)
         for s in range(start, stop):
             ids = read(s).to(device)  # [T, L, K]
             out = mode_step(epoch, s, ids, trace.step_src_rank(s))
@@ -140,6 +143,8 @@ def run_steps(trace: Any, spec: RunSpec, segments: Sequence[Segment],
                 counters.agreed[s] = out.agreed
             if out.wrong is not None:
                 counters.wrong[s] = out.wrong
+            if out.shared is not None:
+                counters.shared[s] = out.shared
             if out.error is not None:
                 counters.error[s] = out.error
             if progress is not None:
@@ -170,8 +175,9 @@ def compare(trace: Any, policies: Sequence[Any], modes: Sequence[str],
             progress: Callable[[RunSpec], Any] | None = None) -> list[Results]:
     """Replay every (mode, policy) on the same trace and settings, modes outermost.
     `progress(spec)`, when given, makes a bar for one replay (a context manager with
-    `update`, as `progress.bar` does)."""
-    spec = RunSpec() if spec is None else spec
+    `update`, as `progress.bar` does). A policy that places the shared expert has every row
+    count it (`RunSpec.sharing`)."""
+    spec = (RunSpec() if spec is None else spec).sharing(policies)
     out = []
     for one in (spec.replace(policy=p, mode=m) for m in modes for p in policies):
         if progress is None:

@@ -74,7 +74,8 @@ class Results:
         """Every per-(step, layer) metric's components, `[S, L]` each (`metrics.components`)."""
         S, L, _ = self.true_load.shape
         chunked = M.chunks(self.slot_load, self.true_load, self.counters, self.segments,
-                           self.spec.topology.gpus, self.spec.cost, self.spec.dispatch.mode)
+                           self.spec.topology.gpus, self.spec.cost, self.spec.dispatch.mode,
+                           self.spec.shared_work())
         return M.components(chunked, S, L, self.present)
 
     @cached_property
@@ -164,7 +165,8 @@ def format_table(rows: Iterable[dict[str, Any]], columns: tuple | None = None,
 
 
 def describe(trace: Any, spec: RunSpec) -> str:
-    """One line: the trace's sizes and the run's topology, solver, view, rng and seed."""
+    """One line: the trace's sizes and the run's topology, solver, view, rng and seed, and the
+    shared experts when counted."""
     source = trace.meta.get("scenario") or trace.meta.get("source") or "trace"
     topo = spec.topology
     P = trace.num_experts + topo.redundant
@@ -174,7 +176,16 @@ def describe(trace: Any, spec: RunSpec) -> str:
             f"{trace.num_layers} layers, E={trace.num_experts}, K={trace.top_k} | "
             f"{topo.gpus} GPUs ({topo.gpus_per_node or topo.gpus}/node), P={P} slots, "
             f"solver {name_of(spec.solver.solver)}, view {name_of(d.view)}, rng {d.rng}, "
-            f"seed {d.seed}")
+            f"seed {d.seed}" + _shared_words(spec))
+
+
+def _shared_words(spec: RunSpec) -> str:
+    """", shared experts ..." when `spec` counts them, else ""."""
+    d = spec.dispatch
+    if d.shared_experts is None or not spec.shared_work():
+        return ""
+    return (f", shared experts {d.shared_experts} ({spec.shared_work():g} pairs a token and "
+            f"layer, model {spec.cost.model})")
 
 
 def with_speedup(rows: Sequence[dict[str, Any]], baseline: str) -> list[dict[str, Any]]:

@@ -19,12 +19,12 @@ import math
 import os
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from .cost import COST_MODELS, DEVICES, MODELS, DeviceProfile, ModelShape
 from .cost import check_options as check_cost_options
 from .cost import describe as describe_cost
-from .dispatch import POLICIES, DispatchPolicy
+from .dispatch import POLICIES, DispatchPolicy, resolve_policy
 from .errors import InputError
 from .limits import (MAX_EXPERTS, MAX_GPUS, MAX_HIDDEN, MAX_LAYERS, MAX_SEED, MAX_SLOTS,
                      MAX_TOP_K)
@@ -512,6 +512,20 @@ class DispatchPart(Part):
     device: str = knob("cpu", "where dispatch runs: cpu, cuda or auto", Device())
     hidden: int = knob(8, "hidden size of the toy MoE layer that measures output error",
                        Integer(1, most=MAX_HIDDEN))
+    tp: int = knob(1, "attention tensor-parallel size: EP rank r is TP rank r % tp of DP "
+                   "group r // tp (ascend-fixed reads it)", Integer(1, most=MAX_GPUS))
+    shared_experts: int | None = knob(
+        None, "shared experts every token runs in each layer, counted as GPU work (each the "
+        "size of the model's shared expert, --model, else of a routed one; on the token's own "
+        "rank in a2a unless the policy sends it, split over the GPUs in none); default: the "
+        "model's when a policy dispatches them (waterfill), else none",
+        Integer(0, optional=True, most=MAX_TOP_K))
+
+    def relate(self) -> None:
+        name, entry = resolve_policy(self.policy)
+        if self.mode not in entry.modes:
+            raise InputError(f"policy {name} runs only in {' or '.join(entry.modes)} mode: "
+                             f"{entry.summary or 'see eplbsim policies'}")
 
 
 @dataclass(frozen=True)
@@ -638,7 +652,8 @@ class CostPart(Part):
                               "trtllm, sglang or vllm) or eta_compute=0.7 (roofline)",
                               Options("cost_option"), flags=("--cost-option",),
                               metavar="KEY=VALUE")
-    model: str = knob("deepseek-v3", "model shape the cost model reads (--cost)",
+    model: str = knob("deepseek-v3", "model shape the cost model reads (--cost), and the size "
+                      "of its shared expert",
                       Name(MODELS, "model"))
     device_profile: str = knob("h200", "device profile the cost model reads (--cost)",
                                Name(DEVICES, "device profile"))
@@ -653,6 +668,24 @@ class CostPart(Part):
             return
         object.__setattr__(self, "cost_options", check_cost_options(self.cost,
                                                                     self.cost_options))
+
+    def model_shared_experts(self) -> int:
+        """The model's shared experts; InputError when it has none (for a policy that places
+        them)."""
+        count = MODELS[self.model].shared_experts
+        if not count:
+            raise InputError(f"the policy dispatches the shared expert, but model {self.model} "
+                             f"has none: give shared_experts (--shared-experts N) or a model "
+                             f"with one (--model)")
+        return count
+
+    def shared_work(self, shared_experts: int | None, placed: bool) -> float:
+        """Each token's shared-expert work in a layer, in routed pairs (0: not counted):
+        `shared_experts` (None: the model's when the policy places them, `placed`, else 0)
+        times the model's shared expert over a routed one (`ModelShape.shared_ratio`)."""
+        if shared_experts is None:
+            shared_experts = self.model_shared_experts() if placed else 0
+        return shared_experts * MODELS[self.model].shared_ratio
 
     def profiles(self) -> tuple[ModelShape, DeviceProfile]:
         """The model shape and device profile the cost model reads."""
@@ -689,6 +722,9 @@ class RunSpec:
     cost: CostPart = field(default_factory=_part("cost"))
 
     def __post_init__(self) -> None:
+        if self.topology.gpus % self.dispatch.tp:
+            raise InputError(f"tp {self.dispatch.tp} does not divide the {self.topology.gpus} "
+                             f"GPUs (EP ranks = DP groups x tp)")
         if self.solver.placement is not None and self.schedule.rebalance_every is not None:
             raise InputError("placement serves every step; it cannot be combined with "
                              "rebalance_every (use initial for the placement before the first "
@@ -712,6 +748,21 @@ class RunSpec:
             current = getattr(self, part)
             parts[part] = type(current)(**{**_values(current), **mine}) if mine else current
         return RunSpec(**parts)
+
+    def shared_work(self) -> float:
+        """Each token's shared-expert work in a layer, in routed pairs (`CostPart.shared_work`
+        of the dispatch part's `shared_experts` and policy)."""
+        placed = resolve_policy(self.dispatch.policy)[1].shared is not None
+        return self.cost.shared_work(self.dispatch.shared_experts, placed)
+
+    def sharing(self, policies: Sequence[Any]) -> "RunSpec":
+        """This spec for a comparison of `policies`: with `shared_experts` unset and some
+        policy placing the shared expert, every row counts the model's shared experts, so the
+        rows compare the same work."""
+        if self.dispatch.shared_experts is not None or not any(
+                resolve_policy(p)[1].shared is not None for p in policies):
+            return self
+        return self.replace(shared_experts=self.cost.model_shared_experts())
 
     def get(self, name: str) -> Any:
         """The value of the field `name`, whichever part holds it."""

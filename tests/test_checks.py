@@ -25,7 +25,7 @@ def test_every_registered_policy_keeps_its_contract(name):
     check_policy(name, TRACE.step(0), PLACEMENT)
 
 
-@pytest.mark.parametrize("name", sorted(POLICIES))
+@pytest.mark.parametrize("name", [n for n in sorted(POLICIES) if "none" in POLICIES[n].modes])
 def test_rank_invariance_matches_the_replay(name):
     ids = TRACE.step(0)
     got = rank_invariance(name, ids, PLACEMENT)

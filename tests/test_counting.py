@@ -188,9 +188,10 @@ def cases(draw):
     trace = Trace(ids, np.cumsum([0] + sizes), E, src)
     policy = draw(st.sampled_from(POLICY_NAMES + ["user"]))
     every = draw(st.sampled_from([None, 1, 2]))
+    modes = ["none", "a2a"] if policy == "user" else list(POLICIES[policy].modes)
     spec = RunSpec.of(
         policy=_user_policy if policy == "user" else policy,
-        mode=draw(st.sampled_from(["none", "a2a"])),
+        mode=draw(st.sampled_from(modes)), shared_experts=draw(st.sampled_from([None, 1])),
         view=draw(st.sampled_from(["full", "nearest"])),
         rng=draw(st.sampled_from(["independent", "shared", "drift"])), drift_p=0.5,
         rank_offset=draw(st.booleans()), seed=seed % 97, hidden=draw(st.sampled_from([2, 8])),
@@ -207,7 +208,7 @@ def assert_fast_is_exact(trace, spec):
     fast_load, fast = run_steps(trace, spec, segments, fast=True)
     slow_load, slow = run_steps(trace, spec, segments, fast=False)
     assert torch.equal(fast_load, slow_load)
-    for name in ("agreed", "valid", "multiplicity", "drift", "tokens", "crossings"):
+    for name in ("agreed", "valid", "multiplicity", "drift", "tokens", "crossings", "shared"):
         assert torch.equal(getattr(fast, name), getattr(slow, name)), name
     assert torch.equal(fast.error[..., 0], slow.error[..., 0])
     left = fast.error[..., 1] == UNMEASURED  # only where the whole run's error is 0
@@ -222,8 +223,9 @@ def test_counting_fast_equals_the_straightforward_rank_model(case):
     assert_fast_is_exact(*case)
 
 
-@pytest.mark.parametrize("policy", POLICY_NAMES + ["user"])
-@pytest.mark.parametrize("mode", ["none", "a2a"])
+@pytest.mark.parametrize("policy, mode", [
+    (p, m) for p in POLICY_NAMES + ["user"] for m in ("none", "a2a")
+    if p == "user" or m in POLICIES[p].modes])
 @pytest.mark.parametrize("view", ["full", "nearest"])
 def test_counting_fast_is_exact_for_every_policy_mode_and_view(policy, mode, view):
     trace = synthesize("skewed", seed=3, steps=4, tokens=48, layers=2, experts=8, top_k=3)

@@ -123,8 +123,10 @@ def test_variant_policies_disagree_on_some_case_with_redundancy(name, rank_offse
 
 def test_every_policy_states_its_class_source_and_summary():
     for name, entry in POLICIES.items():
-        assert entry.invariance() in ("invariant", "variant", "invariant unless --rank-offset")
+        assert entry.invariance() in ("invariant", "variant", "invariant unless --rank-offset",
+                                      "a2a only")
         assert entry.source and entry.summary, name
+        assert (entry.invariance() == "a2a only") == ("none" not in entry.modes)
 
 
 def two_replica_placement():
@@ -259,6 +261,20 @@ def test_ascend_sends_every_pair_to_the_ranks_own_replica():
     for rank in (0, 1):
         got = POLICIES["ascend"](ids, full_view(placement, rank), ctx_for(rank))
         assert torch.equal(got, torch.tensor([[0, 1], [1, 0]]) + 2 * rank)
+
+
+def test_ascend_fixed_adds_tp_rank_dp_rank_and_expert_only_with_attention_tp():
+    # 4 ranks, tp 2: (tp_rank + dp_rank) of ranks 0..3 is 0, 1, 1, 2
+    placement = Placement(torch.tensor([[0, 1, 2, 0, 1, 2, 0, 1]]), 3, Topology(4))
+    view = full_view(placement)
+    ids = torch.tensor([[0, 1, 2]])
+    for rank, base in enumerate((0, 1, 1, 2)):
+        got = POLICIES["ascend-fixed"](ids, view, ctx_for(rank, tp=2))
+        n = view.logcnt[0][ids]
+        want = view.log2phy[0][ids, (base + ids) % n]
+        assert torch.equal(got, want)
+        old = POLICIES["ascend"](ids, view, ctx_for(rank, tp=2))
+        assert torch.equal(POLICIES["ascend-fixed"](ids, view, ctx_for(rank)), old)  # tp 1
 
 
 @pytest.mark.parametrize("name, offset, agrees", [

@@ -52,7 +52,7 @@ def test_nearest_view_breaks_even_a_rank_invariant_formula(trace):
     assert m["rank_agreement"] < 1 and m["output_rel_error"] > 1e-3
 
 
-@pytest.mark.parametrize("policy", sorted(POLICIES))
+@pytest.mark.parametrize("policy", [p for p in sorted(POLICIES) if "none" in POLICIES[p].modes])
 @pytest.mark.parametrize("view", ["full", "nearest"])
 def test_without_redundancy_every_policy_agrees_and_is_exact(trace, policy, view):
     m = replay(trace, CFG.replace(policy=policy, view=view, redundant=0)).metrics
@@ -205,6 +205,8 @@ def test_replay_invariants_on_random_tiny_setups(setup):
         a2a = replay(trace, cfg.replace(policy=policy, mode="a2a"))
         assert int(a2a.slot_load.sum()) == valid
         assert torch.equal(a2a.slot_load.sum(-1), a2a.true_load.sum(-1))
+        if "none" not in POLICIES[policy].modes:
+            continue
         none = replay(trace, cfg.replace(policy=policy)).metrics
         if valid == 0:
             assert none["rank_agreement"] is None

@@ -44,6 +44,8 @@ EXAMPLES = {
     "seed": ("3", 3, 2**32, "must be an integer in [0, 4294967295], got 4294967296", {}),
     "device": ("auto", "auto", "tpu", "unknown device 'tpu'", {}),
     "hidden": ("4", 4, 0, "must be an integer in [1, 4096], got 0", {}),
+    "tp": ("2", 2, 0, "must be an integer in [1, 65536], got 0", {}),
+    "shared_experts": ("2", 2, -1, "must be an integer in [0, 1024], got -1", {}),
     "solver": ("lpt", "lpt", "greedy", "unknown solver 'greedy'", {}),
     "solver_options": ("anti_colocation=true", {"anti_colocation": True}, "nope=1",
                        "has no option nope", {}),
@@ -224,3 +226,8 @@ def test_command_defaults_belong_to_their_command():
     args = build_parser().parse_args(["run"])
     _, lists = from_args(args, "run")
     assert lists == {"policy": ["static", "random", "row", "ordinal"], "mode": ["none", "a2a"]}
+
+
+def test_tp_must_divide_the_gpus():
+    with pytest.raises(InputError, match="tp 4 does not divide the 6 GPUs"):
+        RunSpec.of(gpus=6, tp=4)

@@ -53,6 +53,14 @@ class ModelShape:
         return 3 * self.hidden * self.intermediate * self.bytes_of("weight")
 
     @property
+    def shared_ratio(self) -> float:
+        """One shared expert's work over one routed expert's, `shared_intermediate / I` (1 for
+        a model without shared experts: a shared expert of a routed one's size)."""
+        if not self.shared_experts:
+            return 1.0
+        return self.shared_intermediate / self.intermediate
+
+    @property
     def flops_per_pair(self) -> int:
         """One (token, expert) pair through one expert: `2 x 3 H I` (multiply-adds of gate, up
         and down)."""

@@ -20,11 +20,13 @@ import torch
 from ..errors import InputError
 from ..placement import View
 from ..registry import lookup, name_of
-from .policies import (DispatchContext, Policy, ascend_policy, candidate_counts, flat_policy,
+from .policies import (DispatchContext, Policy, ascend_fixed_policy, ascend_policy,
+                       ascend_replicas, candidate_counts, flat_policy,
                        hash_policy, lp_golden_policy, lp_policy, lplb_atomic_policy,
                        lplb_policy, occurrence_index,
                        ordinal_policy, quota_policy, random_policy, replica_slots, row_policy,
                        static_policy, static_table, trtllm_policy)
+from .shared import WATERFILL, SharedInputs, SharedRule, waterfill_dynamic, waterfill_static
 
 StepKernel = Callable  # (topk_ids [T, L, K], view, ctx) -> phys int64 [T, L, K]
 USER = "a callable given by the user"
@@ -52,6 +54,9 @@ class DispatchPolicy:
                     every step; the replay then counts from expert counts alone. None otherwise.
     offset_by_rank: with `ctx.rank_offset` True the choice adds the rank in every mode
                     (TensorRT-LLM's `offset_by_ep_rank`), so it is then rank-variant in "none"
+    shared:         where each token's shared-expert work runs in "a2a" (`shared.SharedRule`);
+                    None: on the token's own rank
+    modes:          the modes the policy runs in
     """
 
     fn: Policy
@@ -61,6 +66,8 @@ class DispatchPolicy:
     summary: str = ""
     table: Callable[[View, DispatchContext], torch.Tensor] | None = None
     offset_by_rank: bool = False
+    shared: SharedRule | None = None
+    modes: tuple[str, ...] = ("none", "a2a")
 
     def invariant(self, rank_offset: bool | None = None) -> bool:
         """Whether ranks with equal views choose alike in "none" mode under `rank_offset`."""
@@ -68,6 +75,8 @@ class DispatchPolicy:
 
     def invariance(self) -> str:
         """The rank-invariance class in "none" mode, in words."""
+        if "none" not in self.modes:
+            return "a2a only"
         if not self.rank_invariant:
             return "variant"
         return "invariant unless --rank-offset" if self.offset_by_rank else "invariant"
@@ -77,6 +86,7 @@ class DispatchPolicy:
         return self.fn(topk_ids, view, ctx)
 
 
+_ROW = {"cpu": ("cpu.row_step",), "cuda": ("cuda.row_step", "torch_step.row_step")}
 _TABLE = {"cpu": ("cpu.static_step",), "cuda": ("torch_step.static_step",)}
 SGLANG_LP = ("SGLang's LP dispatch (sgl-project/sglang python/sglang/srt/eplb/lplb_solver.py "
              "@6c9afcd8, the draw in cuda_solver.py dispatch_probability @25b379e4)")
@@ -85,12 +95,21 @@ TRTLLM_ROUTE = ("TensorRT-LLM's MoE route kernel (NVIDIA/TensorRT-LLM cpp/tensor
 LPLB = ("DeepSeek LPLB (deepseek-ai/LPLB lplb/resources/csrc-tmpl/minilp.cu kernel_solve and "
         "kernel_map_idx, read in a verbatim copy at shizhengLi/deepseek-lplb-learning ba2936a2)")
 ASCEND = ("vllm-ascend's static replica choice (vllm-project/vllm-ascend vllm_ascend/eplb/core/"
-          "eplb_utils.py generate_log2phy_map @182b75ea, the rule before #9239)")
+          "eplb_utils.py generate_log2phy_map @182b75ea")
 
 
 def _ascend_table(view: View, ctx: DispatchContext) -> torch.Tensor:
     """`ascend`'s choice as a table: replica `rank % n_e` of every expert, int64 `[L, E]`."""
-    replica = torch.remainder(torch.full_like(view.logcnt, ctx.rank), view.logcnt)
+    return _slots(view, ascend_replicas(view, ctx, False))
+
+
+def _ascend_fixed_table(view: View, ctx: DispatchContext) -> torch.Tensor:
+    """`ascend-fixed`'s choice as a table, int64 `[L, E]`."""
+    return _slots(view, ascend_replicas(view, ctx, True))
+
+
+def _slots(view: View, replica: torch.Tensor) -> torch.Tensor:
+    """The slot of replica `replica [L, E]` of every expert, int64 `[L, E]`."""
     return view.log2phy.gather(-1, replica.unsqueeze(-1)).squeeze(-1).long()
 
 
@@ -108,9 +127,7 @@ POLICIES: dict[str, DispatchPolicy] = {
         "SGLang before its fix (per-rank randint)",
         "randint(0, 65536) % n_e from the rank's own generator"),
     "row": DispatchPolicy(
-        row_policy, True, {"cpu": ("cpu.row_step",),
-                           "cuda": ("cuda.row_step", "torch_step.row_step")},
-        "SGLang's fix", "the token's row in the batch, row % n_e"),
+        row_policy, True, _ROW, "SGLang's fix", "the token's row in the batch, row % n_e"),
     "ordinal": DispatchPolicy(
         ordinal_policy, True, {"cpu": ("cpu.ordinal_step",), "cuda": ("cuda.ordinal_step",)},
         "eplbsim",
@@ -134,8 +151,12 @@ POLICIES: dict[str, DispatchPolicy] = {
         "(earlier pairs of the expert in the 1024-pair block + block index "
         "[+ rank with --rank-offset]) % n_e", offset_by_rank=True),
     "ascend": DispatchPolicy(
-        ascend_policy, False, {}, ASCEND, "every pair of an expert to replica ep_rank % n_e",
-        _ascend_table),
+        ascend_policy, False, {}, ASCEND + ", its rule without attention TP)",
+        "every pair of an expert to replica ep_rank % n_e", _ascend_table),
+    "ascend-fixed": DispatchPolicy(
+        ascend_fixed_policy, False, {}, ASCEND + ", its rule with attention TP, --tp > 1)",
+        "every pair of expert e to replica (tp_rank + dp_rank + e) % n_e; ep_rank % n_e at "
+        "TP 1", _ascend_fixed_table),
     "lplb": DispatchPolicy(
         lplb_policy, True, {}, LPLB + ", the deterministic variant",
         "the batch's LP fractions; the k-th pair of an expert to the replica holding "
@@ -143,6 +164,15 @@ POLICIES: dict[str, DispatchPolicy] = {
     "lplb-atomic": DispatchPolicy(
         lplb_atomic_policy, False, {}, LPLB + ", as its kernel counts (atomic, per block)",
         "lplb with each block's occurrence order drawn from the rank's generator"),
+    "waterfill": DispatchPolicy(
+        row_policy, True, _ROW, WATERFILL + ", its static mode",
+        "row % n_e; each token's shared expert to a rank drawn by its room below the fill "
+        "level of the sending rank's own counts", shared=waterfill_static, modes=("a2a",)),
+    "waterfill-dynamic": DispatchPolicy(
+        row_policy, True, _ROW,
+        WATERFILL + ", its dynamic mode (SGLANG_DISABLE_STATIC_WATERFILL=1)",
+        "waterfill with the fill level of every rank's counts and tokens (one all-reduce)",
+        shared=waterfill_dynamic, modes=("a2a",)),
     "quota": DispatchPolicy(
         quota_policy, True, {}, "eplbsim",
         "the batch's LP-optimal integer quotas, filled in occurrence order"),
@@ -162,5 +192,5 @@ def resolve_policy(policy: str | Policy | DispatchPolicy) -> tuple[str, Dispatch
     return name_of(policy), DispatchPolicy(entry)
 
 
-__all__ = ["POLICIES", "USER", "DispatchContext", "DispatchPolicy", "Policy", "candidate_counts",
-           "occurrence_index", "replica_slots", "resolve_policy"]
+__all__ = ["POLICIES", "USER", "DispatchContext", "DispatchPolicy", "Policy", "SharedInputs",
+           "candidate_counts", "occurrence_index", "replica_slots", "resolve_policy"]

@@ -52,6 +52,7 @@ class DispatchContext:
     generator: torch.Generator | None = None
     mode: str = "none"
     rank_offset: bool | None = None
+    tp: int = 1
 
 
 Policy = Callable[[torch.Tensor, View, DispatchContext], torch.Tensor]
@@ -141,12 +142,32 @@ def trtllm_policy(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> t
     return replica_slots(topk_ids, view, ctx.layer, (ordinal + block.view(T, K) + offset) % n)
 
 
+def ascend_replicas(view: View, ctx: DispatchContext, fixed: bool) -> torch.Tensor:
+    """vllm-ascend's replica of every expert for the rank, int64 `[L, E]`: `ep_rank % n_e`, or
+    with `fixed` and `ctx.tp > 1` (their fix, applied only then) `(tp_rank + dp_rank + e) %
+    n_e` with `tp_rank = r % tp`, `dp_rank = r // tp`."""
+    n = view.logcnt
+    r = ctx.rank
+    if fixed and ctx.tp > 1:
+        expert = torch.arange(n.shape[1], device=n.device).unsqueeze(0)
+        return torch.remainder(r % ctx.tp + r // ctx.tp + expert, n)
+    return torch.remainder(torch.full_like(n, r), n)
+
+
 def ascend_policy(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> torch.Tensor:
     """vllm-ascend's static choice: every pair of expert `e` goes to replica `ep_rank % n_e`
     (rank-variant in "none" mode: each rank sends an expert's pairs to its own replica)."""
-    n = candidate_counts(topk_ids, view, ctx.layer)
-    return replica_slots(topk_ids, view, ctx.layer, torch.remainder(
-        torch.full_like(n, ctx.rank), n))
+    replica = ascend_replicas(view, ctx, False)[ctx.layer][topk_ids.long().clamp(min=0)]
+    return replica_slots(topk_ids, view, ctx.layer, replica)
+
+
+def ascend_fixed_policy(topk_ids: torch.Tensor, view: View,
+                        ctx: DispatchContext) -> torch.Tensor:
+    """vllm-ascend's fix: with attention TP (`ctx.tp > 1`) every pair of expert `e` goes to
+    replica `(tp_rank + dp_rank + e) % n_e`, spreading one rank's experts over their replicas;
+    at TP 1 the old `ep_rank % n_e`. Rank-variant in "none" mode either way."""
+    replica = ascend_replicas(view, ctx, True)[ctx.layer][topk_ids.long().clamp(min=0)]
+    return replica_slots(topk_ids, view, ctx.layer, replica)
 
 
 def occurrence_index(topk_ids: torch.Tensor) -> torch.Tensor:
