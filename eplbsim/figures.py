@@ -154,7 +154,9 @@ def workload_batching() -> Figure:
 def field_policies() -> Figure:
     """Every registered policy, the field's as published and eplbsim's, on the policies-by-mode
     axes (GPU imbalance, replica skew, agreement and multiplicity in "none"): the template
-    scenario at 256 tokens a step."""
+    scenario at 256 tokens a step. Waterfill places the shared expert, so every bar counts the
+    model's one shared expert (DeepSeek-V3's: one pair a token and layer); Waterfill runs in
+    "a2a" only."""
     trace = synthesize("template", steps=8, tokens=256, seed=0, **SIZES)
     return plots.policy_comparison(compare(trace, list(ALL_POLICIES), ["none", "a2a"], SETUP))
 

@@ -173,13 +173,19 @@ def replay(trace: Any, spec: RunSpec | None = None,
 def compare(trace: Any, policies: Sequence[Any], modes: Sequence[str],
             spec: RunSpec | None = None,
             progress: Callable[[RunSpec], Any] | None = None) -> list[Results]:
-    """Replay every (mode, policy) on the same trace and settings, modes outermost.
-    `progress(spec)`, when given, makes a bar for one replay (a context manager with
-    `update`, as `progress.bar` does). A policy that places the shared expert has every row
-    count it (`RunSpec.sharing`)."""
+    """Replay every (mode, policy) on the same trace and settings, modes outermost, leaving out
+    the modes a policy does not run in (`DispatchPolicy.modes`; InputError for a policy that
+    runs in none of `modes`). `progress(spec)`, when given, makes a bar for one replay (a
+    context manager with `update`, as `progress.bar` does). A policy that places the shared
+    expert has every row count it (`RunSpec.sharing`)."""
     spec = (RunSpec() if spec is None else spec).sharing(policies)
+    runs = {p: resolve_policy(p)[1].modes for p in policies}
+    for p, can in runs.items():
+        if not set(modes) & set(can):
+            spec.replace(policy=p, mode=modes[0])  # the part's message says why
     out = []
-    for one in (spec.replace(policy=p, mode=m) for m in modes for p in policies):
+    for one in (spec.replace(policy=p, mode=m) for m in modes for p in policies
+                if m in runs[p]):
         if progress is None:
             out.append(replay(trace, one))
             continue
