@@ -170,22 +170,26 @@ def replay(trace: Any, spec: RunSpec | None = None,
     return Results(spec, slot_load, true_load, segments, counters)
 
 
-def compare(trace: Any, policies: Sequence[Any], modes: Sequence[str],
-            spec: RunSpec | None = None,
-            progress: Callable[[RunSpec], Any] | None = None) -> list[Results]:
-    """Replay every (mode, policy) on the same trace and settings, modes outermost, leaving out
-    the modes a policy does not run in (`DispatchPolicy.modes`; InputError for a policy that
-    runs in none of `modes`). `progress(spec)`, when given, makes a bar for one replay (a
-    context manager with `update`, as `progress.bar` does). A policy that places the shared
-    expert has every row count it (`RunSpec.sharing`)."""
-    spec = (RunSpec() if spec is None else spec).sharing(policies)
+def comparison(spec: RunSpec, policies: Sequence[Any], modes: Sequence[str]) -> list[RunSpec]:
+    """The specs of every (mode, policy) of `spec`, modes outermost, leaving out the modes a
+    policy does not run in (`DispatchPolicy.modes`; InputError for a policy that runs in none of
+    `modes`). A policy that places the shared expert has every spec count it
+    (`RunSpec.sharing`)."""
+    spec = spec.sharing(policies)
     runs = {p: resolve_policy(p)[1].modes for p in policies}
     for p, can in runs.items():
         if not set(modes) & set(can):
             spec.replace(policy=p, mode=modes[0])  # the part's message says why
+    return [spec.replace(policy=p, mode=m) for m in modes for p in policies if m in runs[p]]
+
+
+def compare(trace: Any, policies: Sequence[Any], modes: Sequence[str],
+            spec: RunSpec | None = None,
+            progress: Callable[[RunSpec], Any] | None = None) -> list[Results]:
+    """Replay every spec of `comparison` on the same trace. `progress(spec)`, when given,
+    makes a bar for one replay (a context manager with `update`, as `progress.bar` does)."""
     out = []
-    for one in (spec.replace(policy=p, mode=m) for m in modes for p in policies
-                if m in runs[p]):
+    for one in comparison(RunSpec() if spec is None else spec, policies, modes):
         if progress is None:
             out.append(replay(trace, one))
             continue

@@ -67,6 +67,18 @@ def test_two_ranks_equal_the_simulation_for_every_policy_and_mode():
     assert drift.any() and not drift.all()  # drift happened on some ranks and steps
 
 
+def test_real_ranks_place_the_shared_expert_as_the_simulation_does():
+    # 128 tokens a rank: above Waterfill's minimum; the dynamic mode all-reduces the counts
+    source = functools.partial(synthesize, "skewed", steps=2, tokens=256, layers=2,
+                               experts=16, top_k=4, seed=2)
+    base = RunSpec.of(gpus=2, redundant=8, mode="a2a", shared_experts=1)
+    configs = [base.replace(policy=p) for p in ("row", "waterfill", "waterfill-dynamic")]
+    rows = launch(source, configs, 2, timeout=60)
+    _check_rows(rows, configs)
+    imbalance = [r["metrics"]["gpu_imbalance"]["real"] for r in rows]
+    assert imbalance[1] < imbalance[0] and imbalance[2] < imbalance[0]
+
+
 def test_four_ranks_with_rebalancing_nodes_and_the_nearest_view():
     configs = _configs(4, gpus_per_node=2, rebalance_every=2)
     configs += [configs[4].replace(view="nearest"), configs[5].replace(predictor="oracle")]

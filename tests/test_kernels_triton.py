@@ -101,7 +101,7 @@ def cases(draw):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@settings(max_examples=30 if INTERPRET else 20, deadline=None,
+@settings(max_examples=15 if INTERPRET else 20, deadline=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(case=cases())
 def test_triton_kernels_match_reference(device, case):

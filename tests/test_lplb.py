@@ -51,6 +51,23 @@ def test_each_copy_of_a_gpus_heaviest_experts_sits_on_a_linked_gpu(kind, gpus, r
                 assert p2l[layer, g, per_gpu + slot] == own[c * links.shape[1] + d]
 
 
+def test_lplb_keeps_its_linked_layout_when_laid_over_a_previous_placement():
+    from eplbsim.solvers import solve_with_info
+    rng = np.random.default_rng(3)
+    topo = Topology(8)
+    old = solve("lplb", rng.uniform(1, 100, (2, 64)), 80, topo, redundancy="cube")
+    load = rng.uniform(1, 100, (2, 64))
+    fresh = solve("lplb", load, 80, topo, redundancy="cube")
+    laid, info = solve_with_info("lplb", load, 80, topo, previous=old, redundancy="cube")
+    assert torch.equal(laid.phy2log, fresh.phy2log)  # no GPU permuted, nothing repaired
+    assert info["moved_slots"] == int((old.phy2log != fresh.phy2log).sum())
+    with pytest.raises(InputError, match="previous placement has shape"):
+        solve_with_info("lplb", load, 80, topo, previous=old.phy2log[:1], redundancy="cube")
+    # another solver is laid out over it: fewer moves than the fresh solve
+    moved = solve_with_info("deepseek", load, 80, topo, previous=old)[1]
+    assert moved["moved_slots"] <= moved["fresh_moved_slots"]
+
+
 def test_lplb_is_above_the_lower_bound_and_balances_its_originals():
     from eplbsim.metrics import placement_gap
     load = np.random.default_rng(2).lognormal(0, 1, (3, 64))

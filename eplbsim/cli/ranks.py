@@ -14,7 +14,7 @@ from .. import spec
 from ..distributed import (REPORT_COLUMNS, GroupFailure, join_launched, launch,
                            launched_by_torchrun, report_cells)
 from ..errors import InputError
-from ..replay import check_fits, resolve_device
+from ..replay import check_fits, comparison, resolve_device
 from ..results import describe, format_table, to_json
 from ..traces.counts import CountsTrace
 from .common import nonnegative, positive
@@ -61,7 +61,7 @@ def handle(args: argparse.Namespace) -> int:
                          f"tokens to dispatch")
     check_fits(trace, base)  # what rank 0 would find only after every rank started
     device = resolve_device(base.dispatch.device).partition(":")[0]
-    specs = [base.replace(policy=p, mode=m) for m in lists["mode"] for p in lists["policy"]]
+    specs = comparison(base, lists["policy"], lists["mode"])
     try:
         rows = (join_launched(load, specs, device=device, timeout=args.timeout) if torchrun
                 else launch(load, specs, world, device=device, port=args.port,
@@ -74,7 +74,7 @@ def handle(args: argparse.Namespace) -> int:
     if args.json:
         print(to_json(rows))
     else:
-        print(f"{world} ranks ({rows[0]['backend']}, {device}) | " + describe(trace, base))
+        print(f"{world} ranks ({rows[0]['backend']}, {device}) | " + describe(trace, specs[0]))
         print(format_table([report_cells(r) for r in rows], REPORT_COLUMNS, labels=3))
         matched = sum(r["match"] for r in rows)
         print(f"{matched} of {len(rows)} configurations: every metric of the real processes "

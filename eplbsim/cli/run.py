@@ -51,7 +51,7 @@ def handle(args: argparse.Namespace) -> int:
     if args.json:
         print(to_json(rows))
     else:
-        print(describe(trace, base.sharing(lists["policy"])))
+        print(describe(trace, results[0].spec))
         print(format_table(rows))
         if base.cost.cost is not None:
             print()

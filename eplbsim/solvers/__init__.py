@@ -29,7 +29,7 @@ from ..limits import MAX_EXPERTS, MAX_LAYERS, MAX_LOAD, MAX_SLOTS, check_at_most
 from ..placement import Placement
 from ..registry import lookup, name_of
 from ..topology import Topology
-from .migration import migrate
+from .migration import check_previous, migrate, moved_slots
 from .deepseek import deepseek
 from .exact import exact
 from .flashlb import flashlb
@@ -52,6 +52,11 @@ SOLVERS: dict[str, Solver] = {
     "lplb": lplb,
 }
 
+# Solvers whose slot layout is part of the placement: `solve(previous=...)` does not lay their
+# result over the placement in service (lplb's copies sit on GPUs its redundancy topology links;
+# permuting GPUs or repairing the old placement would break the links).
+KEEP_LAYOUT = frozenset({lplb})
+
 
 def solve_with_info(solver: str | Solver, load: Any, num_slots: int, topology: Topology,
                     num_groups: int = 1, *, previous: Any = None,
@@ -64,7 +69,8 @@ def solve_with_info(solver: str | Solver, load: Any, num_slots: int, topology: T
       the one of two candidates that changes fewer slots: the solver's placement laid out over
       the previous one (`align_to_previous`: same GPU loads), or the previous placement repaired
       for the new loads and replica counts (`warm_start`) when its max GPU load is within
-      `migration_tolerance` (relative) of the solver's. `info["moved_slots"]` reports it.
+      `migration_tolerance` (relative) of the solver's. `info["moved_slots"]` reports it. A
+      solver in `KEEP_LAYOUT` keeps its own layout; `info["moved_slots"]` still counts.
     options: keyword options the solver takes (e.g. `anti_colocation`, `time_limit`); an option
       it does not take is an InputError naming the ones it does
     -> (Placement over `E` experts with `phy2log [L, P]`, the solver's report: a dict, empty
@@ -84,7 +90,12 @@ def solve_with_info(solver: str | Solver, load: Any, num_slots: int, topology: T
         raise InputError(f"solver {name_of(fn)} returned shape {phy2log.shape}, "
                          f"expected [layers, slots] = {(num_layers, num_slots)}")
     info = dict(info)
-    if previous is not None:
+    if previous is not None and fn in KEEP_LAYOUT:
+        prev = np.asarray(previous.phy2log.numpy() if isinstance(previous, Placement)
+                          else previous)
+        check_previous(prev, phy2log, num_experts, topology)
+        info["moved_slots"] = int(moved_slots(prev, phy2log).sum())
+    elif previous is not None:
         prev = previous.phy2log.numpy() if isinstance(previous, Placement) else previous
         phy2log = migrate(array, np.asarray(phy2log), np.asarray(prev), topology, num_groups,
                           migration_tolerance, bool(options.get("anti_colocation")), info)

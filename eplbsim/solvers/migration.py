@@ -152,6 +152,16 @@ def _swap_down(slots: np.ndarray, weight: np.ndarray, gpu_load: np.ndarray, gpu_
         slots[a], slots[b] = slots[b], slots[a]
 
 
+def check_previous(prev: np.ndarray, phy2log: np.ndarray, num_experts: int,
+                   topology: Topology) -> None:
+    """InputError unless `prev` is a placement of the shape of `phy2log [L, P]` over
+    `num_experts` experts and `topology`."""
+    if prev.shape != phy2log.shape:
+        raise InputError(f"the previous placement has shape {prev.shape}; expected "
+                         f"[layers, slots] = {phy2log.shape}")
+    Placement(torch.as_tensor(prev), num_experts, topology)  # validates ids and coverage
+
+
 def migrate(load: np.ndarray, phy2log: np.ndarray, prev: np.ndarray, topology: Topology,
             num_groups: int, tolerance: float, anti_colocation: bool,
             info: dict[str, Any]) -> np.ndarray:
@@ -160,10 +170,7 @@ def migrate(load: np.ndarray, phy2log: np.ndarray, prev: np.ndarray, topology: T
     `tolerance` of the former's (and it keeps anti-colocation when asked). Records
     `moved_slots` (total), `moved_slots_per_layer` and `fresh_moved_slots` in `info`."""
     L, E = load.shape
-    if prev.shape != phy2log.shape:
-        raise InputError(f"the previous placement has shape {prev.shape}; expected "
-                         f"[layers, slots] = {phy2log.shape}")
-    Placement(torch.as_tensor(prev), E, topology)  # validates ids and coverage
+    check_previous(prev, phy2log, E, topology)
     if not 0 <= tolerance < 1:
         raise InputError(f"migration_tolerance must lie in [0, 1), got {tolerance}")
     fresh = align_to_previous(phy2log, prev, topology, E)
