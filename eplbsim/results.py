@@ -184,8 +184,9 @@ def _shared_words(spec: RunSpec) -> str:
     d = spec.dispatch
     if d.shared_experts is None or not spec.shared_work():
         return ""
-    return (f", shared experts {d.shared_experts} ({spec.shared_work():g} pairs a token and "
-            f"layer, model {spec.cost.model})")
+    work = spec.shared_work()
+    return (f", shared experts {d.shared_experts} ({work:g} routed pair{'' if work == 1 else 's'}"
+            f" of work a token and layer, model {spec.cost.model})")
 
 
 def with_speedup(rows: Sequence[dict[str, Any]], baseline: str) -> list[dict[str, Any]]:

@@ -889,6 +889,9 @@ def from_args(args: argparse.Namespace, command: str, parts: tuple[str, ...] | N
                                    flag)
         else:
             values[name] = checked(name, knob, _parsed(knob, raw, flag), flag)
+    if "policy" in lists and "mode" in lists:  # the base: the first policy in a mode it runs in
+        runs = resolve_policy(values["policy"])[1].modes
+        values["mode"] = next((m for m in lists["mode"] if m in runs), values["mode"])
     return values, lists
 
 

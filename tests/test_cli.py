@@ -346,3 +346,15 @@ def test_policies_and_solvers_list_the_registries_and_the_readme_holds_them(caps
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     for table in (policy_rows(), solver_rows()):
         assert markdown_table(table) in readme, "README's table is stale: eplbsim ... --markdown"
+
+
+def test_run_an_a2a_only_policy_beside_others_and_alone(capsys):
+    code, out, _ = run(capsys, "run", *SMALL, "--policies", "row,waterfill", "--json")
+    rows = json.loads(out)
+    assert code == 0 and [(r["policy"], r["mode"]) for r in rows] == [
+        ("row", "none"), ("row", "a2a"), ("waterfill", "a2a")]
+    assert {r["shared_experts"] for r in rows} == {1}  # every row counts DeepSeek-V3's
+    code, out, _ = run(capsys, "run", *SMALL, "--policies", "waterfill")
+    assert code == 0 and "shared experts 1 (1 routed pair of work" in out
+    code, _, err = run(capsys, "run", *SMALL, "--policies", "waterfill", "--mode", "none")
+    assert code == 2 and "runs only in a2a mode" in err

@@ -4,7 +4,8 @@ Dimensions: `T` tokens, `L` layers, `K` top-k, `E` logical experts, `R` max cand
 
 A registry entry is a :class:`DispatchPolicy`: the reference function (`policies.py`, the
 semantics and the oracle), whether its choice is rank-invariant in "none" mode, the fast step
-kernels to run it with per device (`kernels/`), and where it comes from. A new policy is one
+kernels to run it with per device (`kernels/`), where it comes from, the modes it runs in, and
+for a policy that places the shared experts' work (Waterfill) its rule (`shared.py`). A new policy is one
 function and one line in `POLICIES`; every entry point also takes a bare callable with the
 policy signature (an unregistered prototype: rank-variant as far as the simulator knows, no
 kernel) or a `DispatchPolicy` of one's own.
