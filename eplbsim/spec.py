@@ -35,6 +35,7 @@ from .schedule.migration import DEEPSEEK_V3_EXPERT_BYTES
 from .schedule.predictors import PREDICTORS
 from .schedule.switch import REBALANCE_MODES
 from .solvers import SOLVERS, check_options
+from .solvers.lplb import TOPOLOGIES as LPLB_TOPOLOGIES
 from .topology import Topology
 from .traces.counts import parse_where
 from .traces.formats import is_request_input, open_requests, open_trace
@@ -541,10 +542,23 @@ class SolverPart(Part):
                           "`solve --json` output, a bare phy2log [L][P], or an SGLang "
                           "physical_to_logical_map)", File("a JSON placement", placement=True),
                           metavar="FILE")
+    lplb_topology: str | None = knob(
+        None, "the lplb solver's redundancy topology (default cube; the same as --solver-option "
+        "redundancy=...; a torus takes --solver-option torus_rows=M)",
+        Name(LPLB_TOPOLOGIES, "redundancy topology", optional=True))
 
     def relate(self) -> None:
-        object.__setattr__(self, "solver_options", check_options(
-            lookup(SOLVERS, self.solver, "solver"), self.solver_options))
+        fn = lookup(SOLVERS, self.solver, "solver")
+        options = dict(self.solver_options)
+        if self.lplb_topology is not None:
+            if fn is not SOLVERS["lplb"]:
+                raise InputError(f"lplb_topology (--lplb-topology) is the lplb solver's "
+                                 f"(--solver lplb); the solver is {name_of(fn)}")
+            if options.get("redundancy", self.lplb_topology) != self.lplb_topology:
+                raise InputError(f"lplb_topology {self.lplb_topology} and solver option "
+                                 f"redundancy={options['redundancy']} disagree")
+            options["redundancy"] = self.lplb_topology
+        object.__setattr__(self, "solver_options", check_options(fn, options))
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,8 @@ EXAMPLES = {
     "solver": ("lpt", "lpt", "greedy", "unknown solver 'greedy'", {}),
     "solver_options": ("anti_colocation=true", {"anti_colocation": True}, "nope=1",
                        "has no option nope", {}),
+    "lplb_topology": ("ring", "ring", "star", "unknown redundancy topology 'star'",
+                      {"solver": "lplb"}),
     "placement": ("FILE:p.json", "FILE:p.json", "missing.json", "missing.json: no such file",
                   {}),
     "rebalance_every": ("4", 4, 0, "must be an integer >= 1, got 0", {}),
@@ -231,3 +233,12 @@ def test_command_defaults_belong_to_their_command():
 def test_tp_must_divide_the_gpus():
     with pytest.raises(InputError, match="tp 4 does not divide the 6 GPUs"):
         RunSpec.of(gpus=6, tp=4)
+
+
+def test_lplb_topology_is_the_lplb_solvers_redundancy_option():
+    spec = RunSpec.of(solver="lplb", lplb_topology="ring")
+    assert spec.solver.solver_options == {"redundancy": "ring"}
+    with pytest.raises(InputError, match="the solver is deepseek"):
+        RunSpec.of(lplb_topology="ring")
+    with pytest.raises(InputError, match="disagree"):
+        RunSpec.of(solver="lplb", lplb_topology="ring", solver_options={"redundancy": "cube"})
