@@ -126,7 +126,8 @@ def _own_counts(trace: Any, rank: int, num_ranks: int) -> torch.Tensor:
 def _broadcast_plan(trace: Any, spec: RunSpec, true_load: torch.Tensor, rank: int,
                     group: Any) -> tuple[Segment, ...]:
     """Rank 0 solves the schedule; every rank receives the placements (`phy2log`), the
-    segment bounds and the ranks' switch steps. Rank 0 keeps its full segments (best placements, rebalance records)."""
+    segment bounds and the ranks' switch steps. Rank 0 keeps its full segments (best
+    placements, rebalance records)."""
     segments = schedule_of(trace, spec, true_load) if rank == 0 else None
     box = [None if segments is None else
            [(s.start, s.stop, s.placement.phy2log.tolist(),

@@ -144,7 +144,8 @@ def placement_gap(placement: Placement, load: torch.Tensor | np.ndarray) -> torc
 
     load: `[..., L, E]` pairs per logical expert (torch or numpy). The placement's max GPU load
     under an even split (`Placement.expected_load`, summed per GPU) over
-    `solvers.bounds.lower_bound` for the same slots and GPUs; 1.0 is optimal, NaN where the bound is 0 (no load).
+    `solvers.bounds.lower_bound` for the same slots and GPUs; 1.0 is optimal, NaN where the
+    bound is 0 (no load).
     """
     load = torch.as_tensor(load).detach().cpu().to(torch.float64)  # [..., L, E]
     peak = gpu_loads(placement.expected_load(load), placement.topology.num_gpus).amax(-1)
@@ -270,11 +271,11 @@ class Chunk:
         return routed + self.shared_work * self.counters.shared
 
     @cached_property
-    def shared_even(self) -> torch.Tensor:
+    def shared_even(self) -> torch.Tensor | float:
         """The shared-expert work spread evenly, float64 `[c, L, 1]` (0 when not counted): what
         an even split adds to every GPU's promised load."""
         if not self.shared_work:
-            return torch.zeros(1, 1, 1, dtype=torch.float64)
+            return 0.0
         return self.shared_work * self.counters.shared.mean(-1, keepdim=True)
 
     @cached_property

@@ -46,7 +46,7 @@ from . import counting
 from .cost.comm import a2a_crossings, a2a_token_counts
 from .dispatch import DispatchContext, DispatchPolicy, SharedInputs
 from .dispatch.kernels import dispatch_step, flat_index
-from .dispatch.shared import even_split, has_pairs, local_rule, per_gpu
+from .dispatch.shared import even_split, has_pairs, home, per_gpu
 from .errors import InputError
 from .metrics import multiplicity_counts
 from .moe import ToyMoE, all_reduced_error_terms
@@ -337,12 +337,13 @@ def a2a_step(epoch: Epoch, step: int, topk_ids: torch.Tensor,
     multiplicity = comm.all_reduce(sent.long())
     # every pair is dispatched by its owner alone: a valid pair is one that some rank sent
     slot_load = comm.all_reduce(_slot_counts(phys, sent, epoch.placement.num_slots))
-    shared, dest = _shared_sent(epoch, step, phys, rows)
+    gpu = _pair_gpus(epoch, phys)
+    shared, dest = _shared_sent(epoch, step, gpu, rows)
     return StepOutcome(slot_load.view(L, -1).cpu(), multiplicity,
                        multiplicity_counts(multiplicity, multiplicity > 0),
                        comm.all_reduce(sent.sum((0, 2))).cpu(), drifted,
                        choices=torch.stack(choices) if epoch.keep_choices else None,
-                       crossings=_crossings(epoch, src_rank, phys, dest),
+                       crossings=_crossings(epoch, src_rank, gpu, dest),
                        wrong=_wrong(epoch, topk_ids, phys, comm.all_reduce), shared=shared)
 
 
@@ -415,10 +416,11 @@ def _a2a_counted(epoch: Epoch, step: int, topk_ids: torch.Tensor,
         else:
             phys[own] = _dispatch(epoch, i, step, topk_ids[own])
     slot_load, valid = counting.slot_counts(phys.numpy(), epoch.placement.num_slots)
-    shared, dest = _shared_sent(epoch, step, phys, rows)
+    gpu = _pair_gpus(epoch, phys)
+    shared, dest = _shared_sent(epoch, step, gpu, rows)
     return StepOutcome(torch.from_numpy(slot_load), None,
                        torch.from_numpy(_executed_once(valid)), torch.from_numpy(valid), drifted,
-                       crossings=_crossings(epoch, src_rank, phys, dest),
+                       crossings=_crossings(epoch, src_rank, gpu, dest),
                        wrong=_wrong(epoch, topk_ids, phys, LOCAL.all_reduce), shared=shared)
 
 
@@ -430,28 +432,40 @@ def _shared_split(epoch: Epoch, topk_ids: torch.Tensor) -> torch.Tensor | None:
     return even_split(has_pairs(topk_ids).sum(0), epoch.num_ranks).cpu()
 
 
-def _shared_sent(epoch: Epoch, step: int, phys: torch.Tensor, rows: Sequence[torch.Tensor]
-                 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+def _pair_gpus(epoch: Epoch, phys: torch.Tensor) -> torch.Tensor | None:
+    """"a2a": the GPU of each pair's chosen slot, int64 `[T, L, K]` of `phys [T, L, K]` (-1 where
+    -1), when the step counts shared work or links (what reads it); else None."""
+    if not (epoch.shared or epoch.count_links):
+        return None
+    slot_gpu = epoch.placement.slot_gpu.to(phys.device)
+    return torch.where(phys >= 0, slot_gpu[phys.clamp(min=0)], -1)
+
+
+def _shared_sent(epoch: Epoch, step: int, gpu: torch.Tensor | None,
+                 rows: Sequence[torch.Tensor]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """"a2a": `(tokens per GPU, float64 [L, G] summed over the group; the GPU each held token's
     shared work runs on, int64 [T, L], -1 elsewhere)` when `epoch.shared`, else `(None, None)`.
-    Each held rank places its own rows' shared work by the policy's shared rule (default
-    `local_rule`), knowing its chosen slots `phys [T, L, K]` and the group's counts."""
+    Each held rank places its own rows' shared work: at home (`home`), or by the policy's
+    shared rule, which knows the GPUs of its pairs (`gpu [T, L, K]`, `_pair_gpus`) and the
+    group's counts (one all-reduce of them)."""
     if not epoch.shared:
         return None, None
-    G, comm = epoch.num_ranks, epoch.comm
-    T, L, _ = phys.shape
-    gpu = torch.where(phys >= 0, epoch.placement.slot_gpu.to(phys.device)[phys.clamp(min=0)],
-                      -1)  # [T, L, K]
-    local = [per_gpu(gpu[own], G) for own in rows]  # [L, G] each
-    tokens = torch.zeros(G, dtype=torch.int64, device=phys.device)
-    for rank, own in zip(epoch.ranks, rows):
-        tokens[rank.rank] = len(own)
-    routed, tokens = comm.all_reduce(torch.stack(local).sum(0)), comm.all_reduce(tokens)
-    rule = epoch.policy.shared or local_rule
-    dest = torch.full((T, L), -1, dtype=torch.int64, device=phys.device)
-    for i, own in enumerate(rows):
-        dest[own] = rule(SharedInputs(gpu[own], local[i], routed, tokens), epoch.context(step, i))
-    return comm.all_reduce(per_gpu(dest, G).to(torch.float64)).cpu(), dest
+    G, comm, rule = epoch.num_ranks, epoch.comm, epoch.policy.shared
+    dest = torch.full(gpu.shape[:2], -1, dtype=torch.int64, device=gpu.device)
+    if rule is None:
+        for rank, own in zip(epoch.ranks, rows):
+            dest[own] = home(gpu[own], rank.rank)
+    else:
+        local = [per_gpu(gpu[own], G) for own in rows]  # [L, G] each
+        tokens = torch.zeros(G, dtype=torch.int64, device=gpu.device)
+        for rank, own in zip(epoch.ranks, rows):
+            tokens[rank.rank] = len(own)
+        routed, tokens = comm.all_reduce(torch.stack(local).sum(0)), comm.all_reduce(tokens)
+        for i, own in enumerate(rows):
+            inputs = SharedInputs(gpu[own], local[i], routed, tokens)
+            dest[own] = rule(inputs, epoch.context(step, i))
+    shared = per_gpu(dest.unsqueeze(-1), G).to(torch.float64)
+    return comm.all_reduce(shared).cpu(), dest
 
 
 def _executed_once(valid: np.ndarray) -> np.ndarray:
@@ -460,21 +474,19 @@ def _executed_once(valid: np.ndarray) -> np.ndarray:
     return np.stack([np.zeros_like(valid), valid, np.zeros_like(valid)], 1)
 
 
-def _crossings(epoch: Epoch, src_rank: torch.Tensor | None, phys: torch.Tensor,
+def _crossings(epoch: Epoch, src_rank: torch.Tensor | None, gpu: torch.Tensor | None,
                shared: torch.Tensor | None = None) -> torch.Tensor | None:
     """The busiest GPU's token crossings of every layer's dispatch, int64 `[L, 2]` (NVLink,
-    RDMA), the group's processes' counts summed, from the held ranks' choices `phys [T, L, K]`
-    (-1 where not held or padding) and the GPUs their shared work runs on (`shared [T, L]`, one
-    more destination of the token; None: none) of tokens owned as `token_owners` says; None
-    unless `count_links`."""
+    RDMA), the group's processes' counts summed, from the GPUs of the held ranks' choices
+    (`gpu [T, L, K]`, `_pair_gpus`: -1 where not held or padding) and the GPUs their shared work
+    runs on (`shared [T, L]`, one more destination of the token; None: none) of tokens owned as
+    `token_owners` says; None unless `count_links`."""
     if not epoch.count_links:
         return None
     topo = epoch.placement.topology
-    owners = token_owners(phys.shape[0], epoch.num_ranks, src_rank).to(phys.device)
-    dest = torch.where(phys >= 0, epoch.placement.slot_gpu.to(phys.device)[phys.clamp(min=0)], -1)
-    if shared is not None:
-        dest = torch.cat([dest, shared.unsqueeze(-1)], -1)  # [T, L, K + 1]
-    counts = [a2a_token_counts(owners, dest[:, layer], topo) for layer in range(phys.shape[1])]
+    owners = token_owners(gpu.shape[0], epoch.num_ranks, src_rank).to(gpu.device)
+    dest = gpu if shared is None else torch.cat([gpu, shared.unsqueeze(-1)], -1)  # [T, L, K+]
+    counts = [a2a_token_counts(owners, dest[:, layer], topo) for layer in range(gpu.shape[1])]
     gpu_tokens = epoch.comm.all_reduce(torch.stack([g for g, _ in counts]))  # [L, G, G]
     node_tokens = epoch.comm.all_reduce(torch.stack([n for _, n in counts]))  # [L, G, N]
     return a2a_crossings(gpu_tokens, node_tokens, topo).round().long().cpu()

@@ -766,15 +766,15 @@ class RunSpec:
     def shared_work(self) -> float:
         """Each token's shared-expert work in a layer, in routed pairs (`CostPart.shared_work`
         of the dispatch part's `shared_experts` and policy)."""
-        placed = resolve_policy(self.dispatch.policy)[1].shared is not None
-        return self.cost.shared_work(self.dispatch.shared_experts, placed)
+        return self.cost.shared_work(self.dispatch.shared_experts,
+                                     resolve_policy(self.dispatch.policy)[1].places_shared)
 
     def sharing(self, policies: Sequence[Any]) -> "RunSpec":
         """This spec for a comparison of `policies`: with `shared_experts` unset and some
         policy placing the shared expert, every row counts the model's shared experts, so the
         rows compare the same work."""
         if self.dispatch.shared_experts is not None or not any(
-                resolve_policy(p)[1].shared is not None for p in policies):
+                resolve_policy(p)[1].places_shared for p in policies):
             return self
         return self.replace(shared_experts=self.cost.model_shared_experts())
 

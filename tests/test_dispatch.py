@@ -126,7 +126,15 @@ def test_every_policy_states_its_class_source_and_summary():
         assert entry.invariance() in ("invariant", "variant", "invariant unless --rank-offset",
                                       "a2a only")
         assert entry.source and entry.summary, name
-        assert (entry.invariance() == "a2a only") == ("none" not in entry.modes)
+
+
+@pytest.mark.parametrize("name", [n for n in sorted(POLICIES) if "none" not in POLICIES[n].modes])
+def test_an_a2a_only_policy_is_refused_in_none_and_runs_in_a2a(name):
+    from eplbsim.spec import RunSpec
+    with pytest.raises(InputError, match="runs only in a2a"):
+        RunSpec.of(policy=name, mode="none")
+    assert RunSpec.of(policy=name, mode="a2a").dispatch.mode == "a2a"
+    assert POLICIES[name].invariance() == "a2a only"
 
 
 def two_replica_placement():

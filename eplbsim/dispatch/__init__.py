@@ -5,10 +5,10 @@ Dimensions: `T` tokens, `L` layers, `K` top-k, `E` logical experts, `R` max cand
 A registry entry is a :class:`DispatchPolicy`: the reference function (`policies.py`, the
 semantics and the oracle), whether its choice is rank-invariant in "none" mode, the fast step
 kernels to run it with per device (`kernels/`), where it comes from, the modes it runs in, and
-for a policy that places the shared experts' work (Waterfill) its rule (`shared.py`). A new policy is one
-function and one line in `POLICIES`; every entry point also takes a bare callable with the
-policy signature (an unregistered prototype: rank-variant as far as the simulator knows, no
-kernel) or a `DispatchPolicy` of one's own.
+for a policy that places the shared experts' work (Waterfill) its rule (`shared.py`). A new
+policy is one function and one line in `POLICIES`; every entry point also takes a bare callable
+with the policy signature (an unregistered prototype: rank-variant as far as the simulator
+knows, no kernel) or a `DispatchPolicy` of one's own.
 """
 
 from __future__ import annotations
@@ -70,6 +70,11 @@ class DispatchPolicy:
     shared: SharedRule | None = None
     modes: tuple[str, ...] = ("none", "a2a")
 
+    @property
+    def places_shared(self) -> bool:
+        """Whether the policy places the shared experts' work (it has a `shared` rule)."""
+        return self.shared is not None
+
     def invariant(self, rank_offset: bool | None = None) -> bool:
         """Whether ranks with equal views choose alike in "none" mode under `rank_offset`."""
         return self.rank_invariant and not (rank_offset is True and self.offset_by_rank)
@@ -101,12 +106,12 @@ ASCEND = ("vllm-ascend's static replica choice (vllm-project/vllm-ascend vllm_as
 
 def _ascend_table(view: View, ctx: DispatchContext) -> torch.Tensor:
     """`ascend`'s choice as a table: replica `rank % n_e` of every expert, int64 `[L, E]`."""
-    return _slots(view, ascend_replicas(view, ctx, False))
+    return _slots(view, ascend_replicas(view.logcnt, ctx, False))
 
 
 def _ascend_fixed_table(view: View, ctx: DispatchContext) -> torch.Tensor:
     """`ascend-fixed`'s choice as a table, int64 `[L, E]`."""
-    return _slots(view, ascend_replicas(view, ctx, True))
+    return _slots(view, ascend_replicas(view.logcnt, ctx, True))
 
 
 def _slots(view: View, replica: torch.Tensor) -> torch.Tensor:

@@ -142,23 +142,28 @@ def trtllm_policy(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> t
     return replica_slots(topk_ids, view, ctx.layer, (ordinal + block.view(T, K) + offset) % n)
 
 
-def ascend_replicas(view: View, ctx: DispatchContext, fixed: bool) -> torch.Tensor:
-    """vllm-ascend's replica of every expert for the rank, int64 `[L, E]`: `ep_rank % n_e`, or
-    with `fixed` and `ctx.tp > 1` (their fix, applied only then) `(tp_rank + dp_rank + e) %
-    n_e` with `tp_rank = r % tp`, `dp_rank = r // tp`."""
-    n = view.logcnt
+def ascend_replicas(logcnt: torch.Tensor, ctx: DispatchContext, fixed: bool) -> torch.Tensor:
+    """vllm-ascend's replica of every expert for the rank, int64 like `logcnt [..., E]` (each
+    expert's candidates): `ep_rank % n_e`, or with `fixed` and `ctx.tp > 1` (their fix, applied
+    only then) `(tp_rank + dp_rank + e) % n_e` with `tp_rank = r % tp`, `dp_rank = r // tp`."""
     r = ctx.rank
     if fixed and ctx.tp > 1:
-        expert = torch.arange(n.shape[1], device=n.device).unsqueeze(0)
-        return torch.remainder(r % ctx.tp + r // ctx.tp + expert, n)
-    return torch.remainder(torch.full_like(n, r), n)
+        expert = torch.arange(logcnt.shape[-1], device=logcnt.device)
+        return torch.remainder(r % ctx.tp + r // ctx.tp + expert, logcnt)
+    return torch.remainder(torch.full_like(logcnt, r), logcnt)
+
+
+def _ascend(topk_ids: torch.Tensor, view: View, ctx: DispatchContext,
+            fixed: bool) -> torch.Tensor:
+    """Every pair of `topk_ids [T, K]` to its expert's `ascend_replicas` replica."""
+    replica = ascend_replicas(view.logcnt[ctx.layer], ctx, fixed)[topk_ids.long().clamp(min=0)]
+    return replica_slots(topk_ids, view, ctx.layer, replica)
 
 
 def ascend_policy(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> torch.Tensor:
     """vllm-ascend's static choice: every pair of expert `e` goes to replica `ep_rank % n_e`
     (rank-variant in "none" mode: each rank sends an expert's pairs to its own replica)."""
-    replica = ascend_replicas(view, ctx, False)[ctx.layer][topk_ids.long().clamp(min=0)]
-    return replica_slots(topk_ids, view, ctx.layer, replica)
+    return _ascend(topk_ids, view, ctx, False)
 
 
 def ascend_fixed_policy(topk_ids: torch.Tensor, view: View,
@@ -166,8 +171,7 @@ def ascend_fixed_policy(topk_ids: torch.Tensor, view: View,
     """vllm-ascend's fix: with attention TP (`ctx.tp > 1`) every pair of expert `e` goes to
     replica `(tp_rank + dp_rank + e) % n_e`, spreading one rank's experts over their replicas;
     at TP 1 the old `ep_rank % n_e`. Rank-variant in "none" mode either way."""
-    replica = ascend_replicas(view, ctx, True)[ctx.layer][topk_ids.long().clamp(min=0)]
-    return replica_slots(topk_ids, view, ctx.layer, replica)
+    return _ascend(topk_ids, view, ctx, True)
 
 
 def occurrence_index(topk_ids: torch.Tensor) -> torch.Tensor:

@@ -11,7 +11,7 @@ shared work (`even_split`).
 
 A shared rule is `rule(inputs: SharedInputs, ctx) -> int64 [T, L]`: the GPU that runs each of
 the dispatching rank's tokens' shared work in each layer, -1 where the token routes no pair in
-the layer (padding).
+the layer (padding). Without one, the work stays home (`home`).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Callable
 
 import torch
 
+from .kernels import flat_index
 from .policies import DispatchContext
 
 WATERFILL = ("SGLang's DeepEP Waterfill (sgl-project/sglang python/sglang/srt/layers/moe/"
@@ -57,20 +58,23 @@ def has_pairs(gpu: torch.Tensor) -> torch.Tensor:
     return (gpu >= 0).any(-1)
 
 
+def home(gpu: torch.Tensor, rank: int) -> torch.Tensor:
+    """Every token's shared work on its own `rank`: int64 `[T, L]` of the GPUs of its pairs
+    `gpu [T, L, K]`, -1 at padding."""
+    return torch.where(has_pairs(gpu), rank, -1)
+
+
 def local_rule(inputs: SharedInputs, ctx: DispatchContext) -> torch.Tensor:
-    """Every token's shared work on its own rank: int64 `[T, L]`, -1 at padding."""
-    return torch.where(has_pairs(inputs.gpu), ctx.rank, -1)
+    """`home` as a shared rule (it reads nothing of the group)."""
+    return home(inputs.gpu, ctx.rank)
 
 
 def per_gpu(gpu: torch.Tensor, num_gpus: int) -> torch.Tensor:
-    """Entries of `gpu [T, L, ...]` naming each GPU, per layer, int64 `[L, G]` (-1 not
-    counted): pairs per GPU of the GPUs of pairs `[T, L, K]`, tokens per GPU of shared
-    destinations `[T, L]`."""
-    L = gpu.shape[1]
-    layer = torch.arange(L, device=gpu.device).view([1, L] + [1] * (gpu.dim() - 2))
-    index = layer * num_gpus + gpu.clamp(min=0)
-    counts = torch.bincount(index[gpu >= 0], minlength=L * num_gpus)
-    return counts.view(L, num_gpus)
+    """Entries of `gpu [T, L, K]` naming each GPU, per layer, int64 `[L, G]` (-1 not counted):
+    pairs per GPU of the GPUs of pairs, tokens per GPU of shared destinations `[T, L, 1]`."""
+    counts = torch.bincount(flat_index(gpu.clamp(min=0), num_gpus)[gpu >= 0],
+                            minlength=gpu.shape[1] * num_gpus)
+    return counts.view(-1, num_gpus)
 
 
 def even_split(valid_tokens: torch.Tensor, num_gpus: int) -> torch.Tensor:
@@ -116,9 +120,8 @@ def _waterfill(inputs: SharedInputs, ctx: DispatchContext, load: torch.Tensor,
     gpu = inputs.gpu
     T, L, K = gpu.shape
     G, s = load.shape[1], ctx.rank
-    valid = has_pairs(gpu)
     if T < MIN_BATCH:
-        return torch.where(valid, s, -1)
+        return home(gpu, s)
     device = gpu.device
     load, target, allow_all = load.to(device), target.to(device), allow_all.to(device)
     ranks = torch.arange(G, device=device)
@@ -132,9 +135,10 @@ def _waterfill(inputs: SharedInputs, ctx: DispatchContext, load: torch.Tensor,
     index = torch.arange(T, device=device, dtype=torch.int64)
     seed = (index ^ (s * SEED_MULTIPLIER % UINT32)) * LCG_MULTIPLIER + LCG_INCREMENT
     u = (seed % UINT32).unsqueeze(1) % total.clamp(min=1)  # [T, L]
-    drawn = (cum <= u.unsqueeze(-1)).sum(-1)
-    dest = torch.where(total > 0, drawn, _least_loaded(gpu, load, s, allow_all))
-    return torch.where(valid, dest, -1)
+    dest = (cum <= u.unsqueeze(-1)).sum(-1)
+    if (total == 0).any():  # rare: no candidate has room
+        dest = torch.where(total > 0, dest, _least_loaded(gpu, load, s, allow_all))
+    return torch.where(has_pairs(gpu), dest, -1)
 
 
 def _least_loaded(gpu: torch.Tensor, load: torch.Tensor, source: int,
@@ -142,17 +146,26 @@ def _least_loaded(gpu: torch.Tensor, load: torch.Tensor, source: int,
     """The kernel's fallback, int64 `[T, L]`: from the own GPU, scan the candidates (every GPU
     in order where `allow_all [L]`, else the token's pairs in top-k order) and move to one whose
     load x 11 is below the best load so far x 10."""
-    T, L, K = gpu.shape
-    best = torch.full((T, L), source, dtype=torch.int64, device=gpu.device)
+    T, L, _ = gpu.shape
+    every = torch.arange(load.shape[1], device=gpu.device).expand(T, L, -1)
+    if bool(allow_all.all()):
+        return _scan(every, load, source)
+    if not bool(allow_all.any()):
+        return _scan(gpu, load, source)
+    return torch.where(allow_all.unsqueeze(0), _scan(every, load, source),
+                       _scan(gpu, load, source))
+
+
+def _scan(candidates: torch.Tensor, load: torch.Tensor, source: int) -> torch.Tensor:
+    """`_least_loaded`'s scan over `candidates [T, L, C]` (GPUs, -1 skipped) in order,
+    int64 `[T, L]`."""
+    T, L, C = candidates.shape
+    layers = torch.arange(L, device=candidates.device).unsqueeze(0)
+    best = torch.full((T, L), source, dtype=torch.int64, device=candidates.device)
     best_load = load[:, source].unsqueeze(0).expand(T, L)
-    every = best.clone(), best_load
-    for r in range(load.shape[1]):
-        better = load[:, r].unsqueeze(0) * LOCAL_NUMER < every[1] * LOCAL_DENOM
-        every = torch.where(better, r, every[0]), torch.where(better, load[:, r], every[1])
-    layers = torch.arange(L, device=gpu.device).unsqueeze(0)
-    for k in range(K):
-        g = gpu[:, :, k]
+    for c in range(C):
+        g = candidates[:, :, c]
         count = load[layers, g.clamp(min=0)]  # [T, L]
         better = (g >= 0) & (count * LOCAL_NUMER < best_load * LOCAL_DENOM)
         best, best_load = torch.where(better, g, best), torch.where(better, count, best_load)
-    return torch.where(allow_all.unsqueeze(0), every[0], best)
+    return best

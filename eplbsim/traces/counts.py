@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import csv
 import json
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import numpy as np
 from ..errors import InputError
 from ..files import atomic_file, regular_file
 from ..limits import MAX_EXPERTS, MAX_LAYERS, MAX_LOAD, check_at_most
-from .trace import read_npz
+from .trace import npz_names, read_npz
 
 REQUIRED = ("layer", "expert", "count")
 MAX_LAYER_ID = 2**31  # model layer ids a counts CSV may name
@@ -179,14 +178,8 @@ def save_counts_trace(trace: CountsTrace, path: str | Path) -> None:
 
 def is_counts_file(path: str | Path) -> bool:
     """Whether `path` is a regular file holding an `.npz` counts-only trace, judged from its zip
-    directory alone (nothing is loaded; False for anything else)."""
-    if not Path(path).is_file():
-        return False
-    try:
-        with zipfile.ZipFile(path) as archive:
-            names = set(archive.namelist())
-    except (OSError, zipfile.BadZipFile, ValueError, NotImplementedError, RuntimeError):
-        return False
+    directory alone (`npz_names`: nothing is loaded; False for anything else)."""
+    names = npz_names(path)
     return "counts.npy" in names and "topk_ids.npy" not in names
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import math
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -28,7 +27,7 @@ import numpy as np
 from ..errors import InputError
 from ..files import atomic_file
 from ..limits import MAX_EXPERTS, MAX_LAYERS, MAX_TOP_K
-from .trace import id_dtype, read_npz
+from .trace import id_dtype, npz_names, read_npz
 
 REQUEST_KEYS = ("ids", "offsets", "prompt_len", "arrival", "request_id", "num_experts", "meta")
 
@@ -142,15 +141,9 @@ def save_requests(requests: RequestSet, path: str | Path) -> None:
 
 
 def is_request_file(path: str | Path) -> bool:
-    """Whether `path` is an `.npz` archive holding a request set's `prompt_len` (looked up in
-    the archive's names, nothing read)."""
-    if not Path(path).is_file():
-        return False
-    try:
-        with zipfile.ZipFile(path) as archive:
-            return "prompt_len.npy" in archive.namelist()
-    except (OSError, zipfile.BadZipFile, ValueError, NotImplementedError, RuntimeError):
-        return False
+    """Whether `path` is an `.npz` archive holding a request set's `prompt_len` (`npz_names`:
+    nothing read)."""
+    return "prompt_len.npy" in npz_names(path)
 
 
 def load_requests(path: str | Path) -> RequestSet:

@@ -114,11 +114,7 @@ class Trace(TraceShape):
             raise InputError("step_offsets must be non-decreasing")
         if ids.shape[0] == 0:
             raise InputError("the trace holds no token rows")
-        duplicate = first_duplicate(ids)
-        if duplicate is not None:
-            row, layer, expert = duplicate
-            raise InputError(f"topk_ids routes token row {row} to expert {expert} twice in layer "
-                             f"{layer}; a router picks top_k distinct experts")
+        check_distinct(ids, "topk_ids")
         ids = torch.from_numpy(ids.astype(id_dtype(num_experts)))  # a private copy
         src = None
         if self.src_rank is not None:
@@ -242,6 +238,28 @@ def check_sizes_of(ids_shape: tuple[int, ...], num_experts: Any) -> int:
 
 _REQUIRED = ("topk_ids", "step_offsets", "meta")
 _ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")  # a zip archive (an .npz), or an empty one
+
+
+def check_distinct(ids: np.ndarray, what: str) -> None:
+    """InputError naming `what` unless every token row of `ids [N, L, K]` routes distinct
+    experts in each layer (`counting.first_duplicate`; padding -1 repeats freely)."""
+    duplicate = first_duplicate(ids)
+    if duplicate is not None:
+        row, layer, expert = duplicate
+        raise InputError(f"{what}: token row {row} routes expert {expert} twice in layer "
+                         f"{layer} (a router picks top_k distinct experts)")
+
+
+def npz_names(path: str | Path) -> frozenset[str]:
+    """The member names of the `.npz` archive at `path`, from its zip directory alone (nothing
+    is loaded); empty for anything that is not a readable regular zip file."""
+    if not Path(path).is_file():
+        return frozenset()
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return frozenset(archive.namelist())
+    except (OSError, zipfile.BadZipFile, ValueError, NotImplementedError, RuntimeError):
+        return frozenset()
 
 
 def read_npz(path: str | Path, required: Sequence[str], what: str) -> dict[str, np.ndarray]:

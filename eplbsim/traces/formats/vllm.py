@@ -64,11 +64,11 @@ from typing import Any
 
 import numpy as np
 
-from ...counting import first_duplicate
 from ...errors import InputError
 from ...files import regular_file
 from ...limits import MAX_EXPERTS
 from ..requests import RequestSet, requests_of
+from ..trace import check_distinct
 
 _ARRAY_SUFFIXES = (".npy", ".npz")
 _PROMPT, _ROUTED = "prompt_routed_experts", "routed_experts"
@@ -268,11 +268,7 @@ def _checked(arr: np.ndarray, what: str, experts: int | None) -> np.ndarray | No
     if lo < -1 or hi >= limit:
         raise InputError(f"{what}: expert id {lo if lo < -1 else hi} outside [-1, {limit})")
     ids = arr.astype(np.int32)
-    duplicate = first_duplicate(ids)
-    if duplicate is not None:
-        row, layer, expert = duplicate
-        raise InputError(f"{what}: token row {row} routes expert {expert} twice in layer "
-                         f"{layer} (a router picks top_k distinct experts)")
+    check_distinct(ids, what)
     return ids
 
 
