@@ -849,7 +849,7 @@ def add_flags(parser: argparse.ArgumentParser, command: str,
             text += f"; one of {', '.join(knob.type.registry)}"
         if default not in (None, {}) and "default" not in knob.help:
             text += f" (default {default})"
-        common = dict(dest=name, help=text, default=None)
+        common = dict(dest=name, help=text.replace("%", "%%"), default=None)  # argparse formats
         if isinstance(knob.type, Switch):
             parser.add_argument(*flags_of(name, knob), action=argparse.BooleanOptionalAction,
                                 **common)

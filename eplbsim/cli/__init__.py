@@ -18,6 +18,7 @@ import traceback
 import warnings
 import zipfile
 import zlib
+from importlib import metadata
 from typing import Sequence
 
 import numpy as np
@@ -55,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="eplbsim", description="Replay MoE routing traces through expert placement "
         "solvers and dispatch policies; measure load skew and rank agreement.")
+    parser.add_argument("--version", action="version", version=f"eplbsim {version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (text, add_arguments, handle) in COMMANDS.items():
         command = sub.add_parser(name, help=text, description=text)
@@ -62,6 +64,14 @@ def build_parser() -> argparse.ArgumentParser:
         if handle is not None:
             command.set_defaults(handler=handle)
     return parser
+
+
+def version() -> str:
+    """The installed package's version ("unknown" when run from a tree that is not installed)."""
+    try:
+        return metadata.version("eplbsim")
+    except metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def _one_line(exc: BaseException) -> str:

@@ -39,7 +39,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--replay-repeats", type=positive, default=3,
                    help="timed replays (and kernel runs) per row; the best is reported "
                    "(default 3)")
-    p.add_argument("--seed", type=nonnegative, default=0)
+    p.add_argument("--seed", type=nonnegative, default=0,
+                   help="seeds the random ids and the replay's scenario (default 0)")
     p.add_argument("--json", action="store_true", help="print only a JSON array of rows")
 
 

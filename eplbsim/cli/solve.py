@@ -35,10 +35,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        help="physical slots P (default: experts + --redundant)")
     slots.add_argument("--redundant", type=nonnegative, default=0,
                        help="redundant slots, P = E + redundant (default 0)")
-    p.add_argument("--gpus", type=positive, required=True)
-    p.add_argument("--gpus-per-node", type=positive, default=None)
-    p.add_argument("--groups", type=positive, default=1)
-    p.add_argument("--solver", default="deepseek", choices=sorted(SOLVERS))
+    p.add_argument("--gpus", type=positive, required=True, help="GPUs = EP ranks")
+    p.add_argument("--gpus-per-node", type=positive, default=None,
+                   help="GPUs per node (default: all on one node)")
+    p.add_argument("--groups", type=positive, default=1,
+                   help="expert groups, kept on one node by hierarchical solvers (default 1)")
+    p.add_argument("--solver", default="deepseek", choices=sorted(SOLVERS),
+                   help="placement solver (default deepseek; eplbsim solvers lists them)")
     p.add_argument("--anti-colocation", action="store_true",
                    help="no two replicas of one expert on one GPU")
     p.add_argument("--previous", type=Path, default=None,
@@ -48,7 +51,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--option", "--solver-option", action="append", default=[],
                    metavar="KEY=VALUE", dest="option",
                    help="solver option, e.g. time_limit=10")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true",
+                   help="print the placement and its report as one JSON object (default: a "
+                   "text summary)")
 
 
 def handle(args: argparse.Namespace) -> int:

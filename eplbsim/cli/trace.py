@@ -183,15 +183,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="trace_command", required=True)
     cmd = sub.add_parser("info", help="summarise a trace file, or a request file and the "
                          "steps a workload batches it into")
-    cmd.add_argument("file", type=Path)
-    cmd.add_argument("--json", action="store_true")
+    cmd.add_argument("file", type=Path, help="a trace in any form run reads, or a request "
+                     "input (a request .npz, vLLM routed experts, a per-token log with "
+                     "--request-key)")
+    cmd.add_argument("--json", action="store_true", help="print only JSON")
     _add_reader_flags(cmd)
     spec.add_flags(cmd, "info")
     cmd.set_defaults(handler=info)
 
     cmd = sub.add_parser("synth", help="generate a synthetic trace")
-    cmd.add_argument("scenario", choices=sorted(SCENARIOS))
-    cmd.add_argument("--out", type=Path, required=True)
+    cmd.add_argument("scenario", choices=sorted(SCENARIOS),
+                     help="the scenario: " + ", ".join(sorted(SCENARIOS)))
+    cmd.add_argument("--out", type=Path, required=True, help="the .npz trace to write")
     spec.add_flags(cmd, "synth")
     cmd.set_defaults(handler=synth)
 
