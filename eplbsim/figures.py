@@ -6,7 +6,9 @@ Dimensions: `S` steps, `L` layers, `E` logical experts, `G` GPUs.
 Every figure runs small synthetic scenarios with fixed seeds (no files needed, so they rebuild
 the same anywhere) on one shared setup, `SETUP`: 64 experts, top-8, 8 GPUs in 2 nodes,
 16 redundant slots, the `deepseek` solver. Drawing lives in `plots` (one style, `paper_style`,
-Okabe-Ito colours); this module only decides what each figure shows.
+Okabe-Ito colours, each policy its own colour and marker); this module only decides what each
+figure shows. Each is at most 8 x 6 inches (1600 x 1200 px at `DPI`), to read at 100% on a
+laptop screen.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from .traces.synth import synthesize
 from .traces.workload import DEFAULT_GRAPH_SIZES, Workload, batch
 
 SIZES = dict(layers=4, experts=64, top_k=8)
+DPI = 200  # of the PNGs `build` writes
 SETUP = RunSpec.of(gpus=8, gpus_per_node=4, redundant=16)
 POLICIES = ["static", "random", "row", "ordinal"]
 
@@ -152,11 +155,11 @@ def workload_batching() -> Figure:
 
 
 def field_policies() -> Figure:
-    """Every registered policy, the field's as published and eplbsim's, on the policies-by-mode
-    axes (GPU imbalance, replica skew, agreement and multiplicity in "none"): the template
-    scenario at 256 tokens a step. Waterfill places the shared expert, so every bar counts the
-    model's one shared expert (DeepSeek-V3's: one pair a token and layer); Waterfill runs in
-    "a2a" only."""
+    """Every registered policy, the field's as published and eplbsim's, in small multiples: a
+    row per policy, in its own colour and marker, and a panel per metric (GPU imbalance, replica
+    skew, agreement and multiplicity in "none"): the template scenario at 256 tokens a step.
+    Waterfill places the shared expert, so every mark counts the model's one shared expert
+    (DeepSeek-V3's: one pair a token and layer); Waterfill runs in "a2a" only."""
     trace = synthesize("template", steps=8, tokens=256, seed=0, **SIZES)
     return plots.policy_comparison(compare(trace, list(ALL_POLICIES), ["none", "a2a"], SETUP))
 
@@ -176,7 +179,7 @@ FIGURES: dict[str, Callable[[], Figure]] = {
 
 
 def build(out_dir: str | Path = "figures", names: Sequence[str] | None = None,
-          dpi: int = 200) -> list[Path]:
+          dpi: int = DPI) -> list[Path]:
     """Rebuild the named figures (default all, in `FIGURES` order) into `out_dir` as
     `NAME.pdf` and `NAME.png`, in the paper style; returns the paths written. The same call
     writes the same files. InputError on an unknown name."""

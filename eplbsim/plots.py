@@ -8,17 +8,23 @@ Every figure function is pure: it reads `Results` (metrics, `slot_load [S, L, P]
 rather than through pyplot, so nothing here selects a backend or touches global state: a script
 saves it with :func:`save_figure`, and a notebook (after ``%matplotlib inline``) shows it as a
 cell's last expression. Nothing is computed beyond what the plot needs; numbers come from the
-metrics `replay` already measured. Colours are the Okabe-Ito palette (colour-blind safe).
+metrics `replay` already measured. Colours are the Okabe-Ito palette (colour-blind safe), and
+each policy has its own colour and marker (`policy_styles`). An axis of counts, shares or times
+starts at 0 and one of max / mean ratios at 1.0, or its label says where it starts.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
+from matplotlib import rcParams
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.ticker import MaxNLocator
 
+from .dispatch import POLICIES
 from .errors import InputError
 from .files import atomic_file
 from .metrics import rebalance_stalls
@@ -29,28 +35,40 @@ from .results import Results
 # Okabe & Ito (2008), "Color Universal Design": safe for the common colour-vision deficiencies.
 OKABE_ITO = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442",
              "#000000")
-# Multiplicity c per (token, slot) pair: dropped, correct, duplicated.
-_MULT_COLORS = {"0": "#E69F00", "1": "#009E73", "2+": "#D55E00"}
+# Each policy's own colour and marker, the same in every figure that draws policies
+# (`policy_styles`): the i-th policy, registered ones (`dispatch.POLICIES`) first in their
+# order, gets OKABE_ITO[i % 8] and POLICY_MARKERS[i % 7]. Eight colours and seven markers
+# (coprime) give the first 56 policies distinct pairs, and neighbours differ in both.
+POLICY_MARKERS = ("o", "s", "D", "^", "v", "P", "X")
+# Multiplicity c per (token, slot) pair: dropped, correct, duplicated; greys, as the colours
+# stand for policies.
+_MULT_COLORS = {"0": "0.55", "1": "0.86", "2+": "0.15"}
 _MODE_LINES = {"none": "-", "a2a": "-."}  # line style per mode in time series
+_MODE_FACE = {"a2a": "white"}  # marker face per mode in dot panels; "none" and others filled
 _MULT_LABELS = {"0": "c = 0 (dropped)", "1": "c = 1 (correct)", "2+": "c ≥ 2 (duplicated)"}
 
-_LOAD_PANELS = (
-    ("gpu_imbalance", "GPU imbalance", "max / mean GPU load"),
-    ("replica_skew_max", "Replica skew, worst step", "max / mean replica load"),
-    ("replica_skew_cumulative", "Replica skew, summed over steps", "max / mean replica load"),
+_LOAD_PANELS = (  # (metric, panel title, axis label) of `policy_comparison`'s ratio panels
+    ("gpu_imbalance", "GPU imbalance", "max / mean\nGPU load"),
+    ("replica_skew_max", "Replica skew,\nworst step", "max / mean\nreplica load"),
+    ("replica_skew_cumulative", "Replica skew,\nsummed over steps", "max / mean\nreplica load"),
 )
 
 
 # ----------------------------------------------------------------------------- figures
 
 def policy_comparison(results: Sequence[Results]) -> Figure:
-    """Bar panels comparing the policies (and modes) of `results`, e.g. from `replay.compare`.
+    """Small multiples comparing the policies (and modes) of `results`, e.g. from
+    `replay.compare`: one row per label, shared by every panel, and one panel per metric.
 
-    Panels: `gpu_imbalance`, `replica_skew_max`, `replica_skew_cumulative` for every result
-    (bars rise from the ideal 1.0; one bar colour per mode); then, only when some results are
-    in "none" mode, `rank_agreement` and the `multiplicity` histogram (stacked c = 0 / 1 / 2+)
-    for those results. A metric that is None (undefined) gets no bar and an "n/a" mark.
-    Bars are labelled by policy, plus whatever else (solver, view, rng) differs between results.
+    Panels: `gpu_imbalance`, `replica_skew_max`, `replica_skew_cumulative` of every result, a
+    dot per (label, mode) on an axis starting at the ideal 1.0, in the policy's own colour and
+    marker (`policy_styles`), filled for "none" and hollow for "a2a" (a row's two dots, top
+    down in the order the modes first come); then, only when some results are in "none" mode, `rank_agreement` (dots,
+    from 0) and the `multiplicity` (stacked c = 0 / 2+ / 1 shares) of those results. A metric
+    that is None (undefined) gets no mark but "n/a". Rows are labelled by policy, plus whatever
+    else (solver, view, rng) differs between results; one legend, below the panels, keys the
+    modes and the multiplicities. The figure is 8 inches wide at most in the paper style (its
+    sizes grow with the font size), whatever the count of panels.
 
     results: at least one `Results`. Returns a new Figure; raises InputError when empty.
     """
@@ -58,40 +76,56 @@ def policy_comparison(results: Sequence[Results]) -> Figure:
     if not results:
         raise InputError("policy_comparison needs at least one result")
     labels = _labels(results)
-    groups = list(dict.fromkeys(labels))  # x positions, in first-seen order
+    rows = list(dict.fromkeys(labels))  # y positions, top to bottom
     modes = list(dict.fromkeys(r.spec.dispatch.mode for r in results))
     none_idx = [i for i, r in enumerate(results) if r.spec.dispatch.mode == "none"]
+    styles = policy_styles(r.policy for r in results)
 
-    nrows, ncols = (2 if none_idx else 1), 3
-    width = ncols * max(4.6, 0.5 * len(groups) * len(modes) + 1.4)
-    fig = Figure(figsize=(width, 4.0 * nrows + 0.5), layout="constrained")
-    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
-
-    for ax, (key, title, ylabel) in zip(axes, _LOAD_PANELS):
-        _grouped_ratio_bars(ax, results, labels, groups, modes, key)
-        ax.set_title(title)
-        ax.set_ylabel(f"{ylabel} (1 = perfect)")
-    mode_legend = axes[0].get_legend_handles_labels() if len(modes) > 1 else None
+    n_panels = len(_LOAD_PANELS) + (2 if none_idx else 0)
+    lines = max(label.count("\n") + 1 for label in rows)
+    scale = rcParams["font.size"] / PAPER_STYLE["font.size"]  # sizes grow with the text
+    fig = Figure(figsize=(scale * min(8.0, 1.6 + 1.45 * n_panels),
+                          scale * (1.7 + (0.1 + 0.13 * lines) * len(rows))), layout="constrained")
+    axes = fig.subplots(1, n_panels, sharey=True)
+    offsets = {m: (i - (len(modes) - 1) / 2) * 0.36 for i, m in enumerate(modes)}
+    for ax, (key, title, xlabel) in zip(axes, _LOAD_PANELS):
+        for r, label in zip(results, labels):
+            _dot(ax, r.metrics.get(key), rows.index(label) + offsets[r.spec.dispatch.mode],
+                 r.policy, styles[r.policy], r.spec.dispatch.mode, baseline=1.0)
+        top = max([r.metrics[key] for r in results if r.metrics.get(key) is not None], default=1.0)
+        span = max(top - 1.0, 0.05)
+        ax.set_xlim(1.0 - 0.06 * span, 1.0 + 1.08 * span)
+        ax.axvline(1.0, color="0.2", linewidth=0.8)
+        ax.set_title(title, fontsize="medium")
+        ax.set_xlabel(f"{xlabel}\n(1 = perfect)")
+    keys = [_mode_key(m) for m in modes] if len(modes) > 1 else []
 
     if none_idx:
-        sub_labels = list(dict.fromkeys(labels[i] for i in none_idx))
         by_label = {labels[i]: results[i] for i in none_idx}  # last one wins on duplicates
-        _agreement_bars(axes[3], [by_label[lb] for lb in sub_labels], sub_labels)
-        _multiplicity_bars(axes[4], [by_label[lb] for lb in sub_labels], sub_labels)
-        # the sixth cell holds the legends
-        key_ax = axes[5]
-        key_ax.axis("off")
-        mult_legend = key_ax.legend(*axes[4].get_legend_handles_labels(), loc="upper left",
-                                    title="multiplicity (bottom panels)", fontsize="small")
-        if mode_legend:
-            key_ax.add_artist(mult_legend)
-            key_ax.legend(*mode_legend, loc="lower left", title="mode (top panels)",
-                          fontsize="small")
-    elif mode_legend:
-        fig.legend(*mode_legend, title="mode", loc="outside upper right", ncols=len(modes),
-                   fontsize="small")
+        ax_agree, ax_mult = axes[len(_LOAD_PANELS):]
+        for y, label in enumerate(rows):
+            r = by_label.get(label)
+            if r is None:  # no result of this label in "none" mode
+                _na(ax_agree, 0.0, y, horizontal=True)
+                continue
+            _dot(ax_agree, r.metrics.get("rank_agreement"), y, r.policy, styles[r.policy],
+                 "none", baseline=0.0)
+        ax_agree.axvline(1.0, color="0.2", linewidth=0.8, linestyle=":")
+        ax_agree.set_xlim(-0.06, 1.08)
+        ax_agree.set_title("Rank agreement\n(none mode)", fontsize="medium")
+        ax_agree.set_xlabel("fraction of pairs\nall ranks agree on")
+        _multiplicity_bars(ax_mult, [by_label.get(label) for label in rows])
+        keys += ax_mult.get_legend_handles_labels()[0]
 
-    fig.suptitle(_common_title(results), fontsize="large")
+    for ax in axes:
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=3, steps=[1, 2, 5, 10]))
+        ax.grid(True, axis="x", alpha=0.3)
+        ax.grid(True, axis="y", alpha=0.15)
+    axes[0].set_yticks(range(len(rows)), rows)
+    axes[0].set_ylim(len(rows) - 0.5, -0.5)
+    if keys:
+        fig.legend(handles=keys, loc="outside lower center", ncols=len(keys), fontsize="small")
+    fig.suptitle(_common_title(results))
     return fig
 
 
@@ -160,7 +194,7 @@ def replica_loads_over_time(result: Results, layer: int = 0, experts: int = 4) -
         ax.set_title(f"expert {e} (up to {n_max} replicas, {int(routed[e])} pairs in total)",
                      fontsize="medium")
         ax.set_ylabel("pairs executed")
-        ax.set_ylim(bottom=-0.04 * max(ax.get_ylim()[1], 1.0))
+        _from_baseline(ax, 0.0)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize="x-small", loc="best")
     for ax in axes[n:]:
@@ -206,6 +240,8 @@ def time_series_figure(results: Sequence[Results]) -> Figure:
                 label="promise of the best placement\n(solved on the true loads)")
     ax_imb.set_ylabel("GPU imbalance\n(max / mean GPU load)")
     ax_skew.set_ylabel("replica skew, worst expert\n(max / mean replica load)")
+    for ax in (ax_imb, ax_skew):
+        _from_baseline(ax, 1.0)
     rows = first.migrations()
     bottom = [0] * len(rows)
     xs = [row["step"] for row in rows]
@@ -285,6 +321,17 @@ def paper_style() -> Any:
     return matplotlib.rc_context({**PAPER_STYLE, "axes.prop_cycle": cycler(color=OKABE_ITO)})
 
 
+def policy_styles(names: Iterable[str]) -> dict[str, dict[str, str]]:
+    """The fixed colour and marker of each policy in `names`, for `plot(**style)`: the i-th of
+    the registered policies (`dispatch.POLICIES` order) then of the other names (first seen
+    first) gets `{"color": OKABE_ITO[i % 8], "marker": POLICY_MARKERS[i % 7]}`, so a policy
+    looks the same in every figure and the first 56 look different from each other."""
+    names = list(dict.fromkeys(names))
+    order = list(POLICIES) + [n for n in names if n not in POLICIES]
+    return {n: {"color": OKABE_ITO[order.index(n) % len(OKABE_ITO)],
+                "marker": POLICY_MARKERS[order.index(n) % len(POLICY_MARKERS)]} for n in names}
+
+
 def expert_load_heatmap(counts: Any, layer: int = 0) -> Figure:
     """Where the load goes: each layer's share of pairs per expert over the whole trace, and
     `layer`'s share per expert at every step.
@@ -304,7 +351,7 @@ def expert_load_heatmap(counts: Any, layer: int = 0) -> Figure:
             (ax_all, share, "MoE layer", "whole trace, every layer"),
             (ax_time, steps, "step", f"layer {layer}, every step")):
         image = ax.imshow(data, aspect="auto", interpolation="nearest", cmap="viridis",
-                          origin="lower")
+                          origin="lower", vmin=0)
         ax.set_xlabel("logical expert")
         ax.set_ylabel(ylabel)
         ax.set_title(title)
@@ -346,12 +393,12 @@ def redundancy_curves(rows: Sequence[dict[str, Any]]) -> Figure:
         raise InputError("redundancy_curves needs at least one row")
     fig = Figure(figsize=(7.2, 2.6), layout="constrained")
     ax_agree, ax_mult, ax_err = fig.subplots(1, 3, sharex=True)
-    for i, policy in enumerate(dict.fromkeys(r["policy"] for r in rows)):
+    styles = policy_styles(r["policy"] for r in rows)
+    for i, (policy, own) in enumerate(styles.items()):
         mine = sorted((r for r in rows if r["policy"] == policy), key=lambda r: r["redundant"])
         xs = [r["redundant"] for r in mine]
         # later policies drawn thinner on top, so coinciding lines (at 1 or 0) stay visible
-        style = dict(color=OKABE_ITO[i % len(OKABE_ITO)], marker="os^Dv"[i % 5], ms=3.5,
-                     linewidth=max(0.8, 2.8 - 0.6 * i))
+        style = dict(**own, ms=3.5, linewidth=max(0.8, 2.8 - 0.6 * i))
         ax_agree.plot(xs, [r["rank_agreement"] for r in mine], label=policy, **style)
         ax_mult.plot(xs, [r["multiplicity"]["2+"] for r in mine], **style)
         ax_mult.plot(xs, [r["multiplicity"]["0"] for r in mine], linestyle="--", **style)
@@ -360,10 +407,11 @@ def redundancy_curves(rows: Sequence[dict[str, Any]]) -> Figure:
     ax_mult.set_ylabel("fraction of pairs")
     ax_mult.plot([], [], "k-", label="c ≥ 2 (duplicated)")
     ax_mult.plot([], [], "k--", label="c = 0 (dropped)")
-    ax_mult.legend(loc="upper left")
+    ax_mult.legend(loc="lower right", bbox_to_anchor=(1.0, 0.36))
     ax_err.set_ylabel("output error ||Y − Y*|| / ||Y*||")
     for ax in (ax_agree, ax_mult, ax_err):
         ax.set_xlabel("redundant experts (slots)")
+        _from_baseline(ax, 0.0)
     ax_agree.legend(title="policy", loc="center right")
     fig.suptitle('"none" mode: what disagreeing ranks do as redundancy grows')
     return fig
@@ -372,7 +420,8 @@ def redundancy_curves(rows: Sequence[dict[str, Any]]) -> Figure:
 def replica_loads_pair(results: Sequence[Results], layer: int, expert: int) -> Figure:
     """One expert's replicas over time under each result's policy (e.g. `row` and `ordinal`
     on the template scenario), one panel per result sharing the y axis; dashed: the even
-    split. All results must use one placement with >= 2 replicas of `expert` in `layer`."""
+    split; one legend, in the last panel. All results must use one placement with >= 2
+    replicas of `expert` in `layer`."""
     results = list(results)
     if not results:
         raise InputError("replica_loads_pair needs at least one result")
@@ -393,7 +442,8 @@ def replica_loads_pair(results: Sequence[Results], layer: int, expert: int) -> F
         ax.plot(steps, even.tolist(), "k--", linewidth=1, label="even split")
         ax.set_title(f"{result.policy}")
         ax.set_xlabel("step")
-        ax.legend(loc="lower right", fontsize=7)
+    _from_baseline(axes[0], 0.0)
+    _legend_once(axes[-1], axes, loc="lower right", fontsize=7)
     axes[0].set_ylabel("pairs executed per step")
     fig.suptitle(f"One hot expert's replicas (layer {layer}, expert {expert})")
     return fig
@@ -445,6 +495,7 @@ def predictor_time_series(results: Sequence[Results], highlight: tuple[int, int]
         for m in results[0].migrations():
             ax.axvline(m["step"], color="0.5", linestyle=":", linewidth=0.8, zorder=1)
     ax_imb.set_ylabel("GPU imbalance\n(max / mean GPU load)")
+    _from_baseline(ax_imb, 1.0)
     ax_imb.legend(title="predictor", loc="lower left", bbox_to_anchor=(0.0, 1.0),
                   ncol=len(results), title_fontsize=8, alignment="left")
     ax_move.set_ylabel("experts moved\n(slots)")
@@ -456,13 +507,14 @@ def time_bars_and_stalls(results: Sequence[Results], over_time: Sequence[Results
     """Left: MoE time per step of every (policy, mode) in `results`, expert compute and
     communication stacked, the balanced reference (every GPU at the mean load) dashed. Right:
     MoE time per step of each of `over_time` (one trace and schedule, rebalancing), with the
-    stall each rebalance costs when serving waits for its copies (`sync`). Every result must
-    have a cost model (`spec.cost`)."""
+    stall each rebalance costs when serving waits for its copies (`sync`); the time axis is
+    zoomed into the lines, and its label says where it starts. Every result must have a cost
+    model (`spec.cost`)."""
     results, over_time = list(results), list(over_time)
     if not results or not over_time:
         raise InputError("time_bars_and_stalls needs results in both panels")
     fig = Figure(figsize=(7.0, 2.8), layout="constrained")
-    ax_bar, ax_time = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.1, 1]})
+    ax_bar, ax_time = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.4, 1]})
     labels = [f"{name}\n{r.spec.dispatch.mode}" for name, r in zip(_labels(results), results)]
     x = np.arange(len(results))
     compute = [r.metrics["compute_ms"] for r in results]
@@ -485,7 +537,9 @@ def time_bars_and_stalls(results: Sequence[Results], over_time: Sequence[Results
         stalls.bar([step + (i - (len(over_time) - 1) / 2) * 0.8 for step, _ in marks],
                    [ms for _, ms in marks], width=0.8, color=color, alpha=0.5)
     ax_time.set_xlabel("step")
-    ax_time.set_ylabel("MoE time per step (ms)")
+    bottom = ax_time.get_ylim()[0]  # zoomed into the lines (a few percent apart): say so
+    ax_time.set_ylabel("MoE time per step (ms)"
+                       + (f"\n(axis starts at {bottom:.3g}, not 0)" if bottom > 0 else ""))
     stalls.set_ylabel("rebalance stall (ms, bars)")
     stalls.grid(False)
     ax_time.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=len(over_time), fontsize=7)
@@ -496,9 +550,9 @@ def switch_hazard(results: Sequence[Results]) -> Figure:
     """What ranks switching placements at different steps corrupt, per step, for results of
     async rebalancing (`spec.schedule.rebalance_mode`): in "a2a" (top) the share of pairs sent
     to a slot holding another expert's weights (`wrong_expert_frac`), in "none" (bottom) the
-    share of pairs not executed exactly once; one line per result, each hazard window (steps
-    on which its ranks serve different placements) shaded in its colour, the rebalance
-    decisions dotted."""
+    share of pairs not executed exactly once; one line per result, coloured by its label (the
+    same in both panels, one legend), each hazard window (steps on which its ranks serve
+    different placements) shaded in its colour, the rebalance decisions dotted."""
     results = list(results)
     modes = [m for m in ("a2a", "none") if any(r.spec.dispatch.mode == m for r in results)]
     if not modes:
@@ -506,11 +560,12 @@ def switch_hazard(results: Sequence[Results]) -> Figure:
     fig = Figure(figsize=(7.0, 1.3 + 1.4 * len(modes)), layout="constrained")
     axes = np.atleast_1d(fig.subplots(len(modes), 1, sharex=True))
     labels = _labels(results)
+    colors = {lb: OKABE_ITO[i % len(OKABE_ITO)] for i, lb in enumerate(dict.fromkeys(labels))}
     for ax, mode in zip(axes, modes):
-        for i, (name, r) in enumerate(zip(labels, results)):
+        for name, r in zip(labels, results):
             if r.spec.dispatch.mode != mode:
                 continue
-            color = OKABE_ITO[i % len(OKABE_ITO)]
+            color = colors[name]
             series = r.time_series()
             share = (series["wrong_expert_frac"] if mode == "a2a"
                      else 1 - series["multiplicity_1"])
@@ -522,7 +577,8 @@ def switch_hazard(results: Sequence[Results]) -> Figure:
             ax.axvline(m["step"], color="0.5", linestyle=":", linewidth=0.8, zorder=1)
         ax.set_ylabel("wrong-expert pairs (%)\na2a" if mode == "a2a"
                       else "pairs not run once (%)\nnone")
-        ax.legend(loc="upper right", fontsize=7, ncol=2)
+        _from_baseline(ax, 0.0)
+    _legend_once(axes[0], axes, loc="upper right", fontsize=7, ncol=2)
     axes[-1].set_xlabel("step")
     return fig
 
@@ -531,19 +587,20 @@ def workload_batching(rows: Sequence[tuple[str, Results]], counts: Any,
                       layer: int = 0) -> Figure:
     """How an engine's batching moves the load (DESIGN.md §9). Left and middle: replica skew
     (mean over replicated experts, per step) and GPU imbalance of every `(batching, result)` of
-    `rows`, grouped by batching, one bar per policy. Right: `layer`'s share of pairs per expert
-    at every step of one batched trace's routed loads `counts [S, L, E]` (the phantom experts
-    routed padding heats show as bright columns)."""
+    `rows`, grouped by batching, one bar per policy (in its `policy_styles` colour). Right:
+    `layer`'s share of pairs per expert at every step of one batched trace's routed loads
+    `counts [S, L, E]` (the phantom experts routed padding heats show as bright columns)."""
     rows = list(rows)
     if not rows:
         raise InputError("workload_batching needs at least one result")
     c = np.asarray(counts, dtype=np.float64)
     if c.ndim != 3 or not 0 <= layer < c.shape[1]:
         raise InputError(f"counts must be [steps, layers, experts] with layer {layer}")
-    fig = Figure(figsize=(9.0, 2.8), layout="constrained")
+    fig = Figure(figsize=(8.0, 2.8), layout="constrained")
     ax_skew, ax_gpu, ax_heat = fig.subplots(1, 3, gridspec_kw={"width_ratios": [1, 1, 1]})
     batchings = list(dict.fromkeys(name for name, _ in rows))
     policies = list(dict.fromkeys(r.policy for _, r in rows))
+    styles = policy_styles(policies)
     width = 0.8 / len(policies)
     for ax, key, label in ((ax_skew, "replica_skew_mean", "replica skew\n(max / mean)"),
                            (ax_gpu, "gpu_imbalance", "GPU imbalance\n(max / mean)")):
@@ -553,15 +610,16 @@ def workload_batching(rows: Sequence[tuple[str, Results]], counts: Any,
                 if r.policy == policy:
                     xs.append(batchings.index(name) + (j - (len(policies) - 1) / 2) * width)
                     heights.append(r.metrics[key] - 1.0)
-            ax.bar(xs, heights, width=width * 0.92, bottom=1.0,
-                   color=OKABE_ITO[j % len(OKABE_ITO)], label=policy)
+            ax.bar(xs, heights, width=width * 0.92, bottom=1.0, color=styles[policy]["color"],
+                   label=policy)
         ax.axhline(1.0, color="0.2", linewidth=0.8)
         ax.set_xticks(range(len(batchings)), batchings, fontsize=7)
         ax.set_ylabel(label)
         ax.grid(False, axis="x")
     ax_skew.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=len(policies), fontsize=7)
     share = 100 * c[:, layer] / np.maximum(c[:, layer].sum(-1, keepdims=True), 1)  # [S, E]
-    image = ax_heat.imshow(share, aspect="auto", cmap="viridis", interpolation="nearest")
+    image = ax_heat.imshow(share, aspect="auto", cmap="viridis", interpolation="nearest",
+                           vmin=0)
     ax_heat.set_xlabel("expert")
     ax_heat.set_ylabel("step")
     ax_heat.grid(False)
@@ -602,9 +660,46 @@ def _common_title(results: list[Results]) -> str:
     return bits[0] + (": " + ", ".join(bits[1:]) if len(bits) > 1 else "")
 
 
-def _na(ax: Any, x: float, y: float = 0.0) -> None:
-    ax.annotate("n/a", (x, y), xytext=(0, 3), textcoords="offset points", ha="center",
-                va="bottom", fontsize="small", color="0.35")
+def _from_baseline(ax: Any, baseline: float) -> None:
+    """Start `ax`'s y axis at its natural `baseline` (0 for counts and shares, 1.0 for max /
+    mean ratios), a little below it so marks on it show, wherever the data start: an axis
+    zoomed into its data would exaggerate small changes. Call it after drawing."""
+    top = max(ax.get_ylim()[1], baseline + 1e-9)
+    ax.set_ylim(baseline - 0.03 * (top - baseline), top)
+
+
+def _legend_once(ax: Any, axes: Sequence[Any], **kwargs: Any) -> None:
+    """One legend on `ax` for the labelled artists of all `axes`, each label once (first
+    artist wins), instead of a legend per panel repeating the same entries."""
+    handles: dict[str, Any] = {}
+    for other in axes:
+        for handle, label in zip(*other.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
+    ax.legend(handles.values(), handles.keys(), **kwargs)
+
+
+def _na(ax: Any, x: float, y: float = 0.0, horizontal: bool = False) -> None:
+    """An "n/a" mark at `(x, y)`: above it for vertical bars, right of it for horizontal ones."""
+    ax.annotate("n/a", (x, y), xytext=(3, 0) if horizontal else (0, 3),
+                textcoords="offset points", ha="left" if horizontal else "center",
+                va="center" if horizontal else "bottom", fontsize="small", color="0.35")
+
+
+def _dot(ax: Any, value: float | None, y: float, policy: str, style: dict[str, str], mode: str,
+         baseline: float) -> None:
+    """One metric value of `policy` as a dot at `(value, y)` in its `style` (colour and
+    marker), filled or hollow by `mode`; "n/a" at the `baseline` when the value is None."""
+    if value is None:
+        _na(ax, baseline, y, horizontal=True)
+        return
+    ax.plot([value], [y], linestyle="none", markersize=5, markeredgewidth=1.1, clip_on=False,
+            markerfacecolor=_MODE_FACE.get(mode, style["color"]), label=policy, **style)
+
+
+def _mode_key(mode: str) -> Line2D:
+    """The legend entry for `mode`'s dots: a grey circle, filled or hollow like them."""
+    return Line2D([], [], linestyle="none", marker="o", markersize=5, markeredgewidth=1.1,
+                  color="0.3", markerfacecolor=_MODE_FACE.get(mode, "0.3"), label=f"{mode} mode")
 
 
 def _grouped_ratio_bars(ax: Any, results: list[Results], labels: list[str], groups: list[str],
@@ -644,48 +739,30 @@ def _policy_axis(ax: Any, labels: list[str]) -> None:
     ax.set_xlabel("policy")
 
 
-def _agreement_bars(ax: Any, results: list[Results], labels: list[str]) -> None:
-    xs, vals, texts = [], [], []
-    for x, r in enumerate(results):
-        v = r.metrics.get("rank_agreement")
-        if v is None:
-            _na(ax, x)
-            continue
-        xs.append(x)
-        vals.append(v)
-        texts.append(f"{v:.2f}")
-    bars = ax.bar(xs, vals, width=0.6, color=OKABE_ITO[0])
-    ax.bar_label(bars, labels=texts, fontsize="x-small", padding=2)
-    ax.axhline(1.0, color="0.2", linewidth=0.8, linestyle=":")
-    _policy_axis(ax, labels)
-    ax.set_ylim(0, 1.12)
-    ax.set_ylabel("fraction of pairs all ranks agree on")
-    ax.set_title('Rank agreement (none mode)')
-    ax.grid(True, axis="y", alpha=0.3)
-
-
-def _multiplicity_bars(ax: Any, results: list[Results], labels: list[str]) -> None:
-    bottoms = [0.0] * len(results)
-    for key in ("1", "0", "2+"):
-        xs, hs, bs = [], [], []
-        for x, r in enumerate(results):
-            mult = r.metrics.get("multiplicity") or {}
-            v = mult.get(key)
+def _multiplicity_bars(ax: Any, results: list[Results | None]) -> None:
+    """Row `y` of `ax`: `results[y]`'s pair multiplicity as one horizontal bar from 0, the
+    shares c = 0 (dropped), c >= 2 (duplicated) and c = 1 stacked in that order ("n/a" for a
+    missing result or multiplicity)."""
+    lefts = [0.0] * len(results)
+    for key in ("0", "2+", "1"):
+        ys, widths, starts = [], [], []
+        for y, r in enumerate(results):
+            v = (r.metrics.get("multiplicity") or {}).get(key) if r is not None else None
             if v is None:
                 continue
-            xs.append(x)
-            hs.append(v)
-            bs.append(bottoms[x])
-            bottoms[x] += v
-        ax.bar(xs, hs, bottom=bs, width=0.6, color=_MULT_COLORS[key], label=_MULT_LABELS[key])
-    for x, r in enumerate(results):
-        mult = r.metrics.get("multiplicity") or {}
+            ys.append(y)
+            widths.append(v)
+            starts.append(lefts[y])
+            lefts[y] += v
+        ax.barh(ys, widths, left=starts, height=0.6, color=_MULT_COLORS[key],
+                label=_MULT_LABELS[key])
+    for y, r in enumerate(results):
+        mult = (r.metrics.get("multiplicity") or {}) if r is not None else {}
         if any(mult.get(k) is None for k in ("0", "1", "2+")):
-            _na(ax, x)
-    _policy_axis(ax, labels)
-    ax.set_ylim(0, 1.0)
-    ax.set_ylabel("fraction of pairs")
-    ax.set_title('Pair multiplicity c (none mode)')
+            _na(ax, 0.0, y, horizontal=True)
+    ax.set_xlim(0, 1.0)
+    ax.set_xlabel("fraction of pairs")
+    ax.set_title("Pair multiplicity c\n(none mode)", fontsize="medium")
 
 
 def _replica_load(result: Results, placement: Any, s: int, layer: int, e: int,
@@ -705,7 +782,7 @@ def _max_replicas(result: Results, layer: int) -> list[int]:
     return [int(v) for v in cnt]
 
 
-__all__ = ["OKABE_ITO", "PAPER_STYLE", "expert_load_heatmap", "paper_style", "policy_comparison",
-           "policy_mode_bars", "predictor_time_series", "redundancy_curves",
-           "replica_loads_over_time", "replica_loads_pair", "save_figure", "solver_gap_lines",
-           "time_series_figure"]
+__all__ = ["OKABE_ITO", "PAPER_STYLE", "POLICY_MARKERS", "expert_load_heatmap", "paper_style",
+           "policy_comparison", "policy_mode_bars", "policy_styles", "predictor_time_series",
+           "redundancy_curves", "replica_loads_over_time", "replica_loads_pair", "save_figure",
+           "solver_gap_lines", "time_series_figure"]

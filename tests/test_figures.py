@@ -1,5 +1,5 @@
-"""The paper figures: every one in the registry rebuilds, is not blank, is the same on every
-build, and matches the committed set in `figures/`.
+"""The paper figures: every one in the registry rebuilds, is not blank, fits a laptop screen at
+100%, is the same on every build, and matches the committed set in `figures/`.
 
 Dimensions: `H` x `W` pixels of a PNG.
 """
@@ -14,6 +14,7 @@ from eplbsim.errors import InputError
 from eplbsim.figures import FIGURES, build
 
 from cli_helpers import assert_input_error, run
+from test_plots import MAX_PX
 
 COMMITTED = Path(__file__).resolve().parents[1] / "figures"
 
@@ -46,6 +47,13 @@ def test_figure_is_not_blank_and_matches_the_committed_one(built, name):
     want = matplotlib.image.imread(committed)[..., :3]
     assert want.shape == rgb.shape, "figure size changed: rerun `eplbsim figures`"
     assert float(np.abs(want - rgb).mean()) < 2e-3, "figure changed: rerun `eplbsim figures`"
+
+
+@pytest.mark.parametrize("name", list(FIGURES))
+def test_figure_fits_a_laptop_screen_at_100_percent(built, name):
+    out, _ = built
+    height, width = matplotlib.image.imread(out / f"{name}.png").shape[:2]
+    assert width <= MAX_PX[0] and height <= MAX_PX[1], f"{width} x {height} px"
 
 
 def test_the_same_build_gives_the_same_bytes(built, tmp_path):

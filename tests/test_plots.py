@@ -1,22 +1,41 @@
-"""Tests for eplbsim.plots: every figure renders, saves, and is not blank; None metrics are fine.
+"""Tests for eplbsim.plots: every figure renders, saves, and is not blank; None metrics are fine;
+every paper figure, drawn from small inputs, reads at 100% on a laptop screen.
 
 Dimensions: `S` steps, `L` layers, `E` experts, `P` physical slots.
 """
 
+import re
+
 import matplotlib.image
 import numpy as np
 import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
+from matplotlib.legend import Legend
+from matplotlib.lines import Line2D
+from matplotlib.text import Text
 
 from eplbsim import plots
+from eplbsim.dispatch import POLICIES as ALL_POLICIES
 from eplbsim.errors import InputError
+from eplbsim.figures import DPI, FIGURES
 from eplbsim.replay import compare, replay
 from eplbsim.schedule.switch import phases
 from eplbsim.spec import RunSpec
+from eplbsim.traces.request_synth import synthesize_requests
 from eplbsim.traces.synth import synthesize
+from eplbsim.traces.workload import Workload, batch
 
 CONFIG = RunSpec.of(gpus=4, redundant=4)
 POLICIES = ["static", "random", "row", "ordinal"]
+TIMED = RunSpec.of(gpus=4, gpus_per_node=2, redundant=8, cost="roofline", model="olmoe-1b-7b",
+                   device_profile="h200")
+# A figure must read at 100% on a laptop screen: at most this many pixels (width, height) at
+# the DPI `figures.build` saves with, i.e. 8 x 6 inches.
+MAX_PX = (1600, 1200)
+GAP_PT = 2  # the least space between two texts, in points
+RATIO_AXIS = re.compile(r"max / mean|lower bound")  # axis labels of ratios whose ideal is 1.0
 
 
 @pytest.fixture(scope="module")
@@ -27,6 +46,38 @@ def trace():
 @pytest.fixture(scope="module")
 def results(trace):
     return compare(trace, POLICIES, ["none", "a2a"], CONFIG)
+
+
+@pytest.fixture(scope="module")
+def field(trace):
+    """Every registered policy in both modes it runs in: the field_policies figure's input."""
+    return compare(trace, list(ALL_POLICIES), ["none", "a2a"], CONFIG)
+
+
+@pytest.fixture(scope="module")
+def timed(trace):
+    return compare(trace, ["row", "ordinal"], ["none", "a2a"], TIMED)
+
+
+@pytest.fixture(scope="module")
+def hazard():
+    trace = synthesize("drift", seed=3, steps=24, tokens=96, layers=2, experts=16, top_k=4)
+    spec = RunSpec.of(gpus=4, gpus_per_node=2, redundant=4, rebalance_every=6,
+                      rebalance_mode="async", switch_delay=3, policy="row")
+    return [replay(trace, spec.replace(mode=m)) for m in ("a2a", "none")]
+
+
+@pytest.fixture(scope="module")
+def batching():
+    """`(rows, counts)` of `workload_batching`: two batchings x two policies, and the counts
+    of an unbatched trace."""
+    reqs = synthesize_requests("requests", seed=0, num_requests=6, prompt_mean=4.0,
+                               output_mean=4.0, layers=1, experts=16, top_k=2)
+    rows = []
+    for name, w in (("sum", Workload(dp=2)), ("max", Workload(dp=2, dp_layout="max"))):
+        rows += [(name, r) for r in compare(batch(reqs, w).trace, ["row", "ordinal"], ["none"],
+                                            CONFIG)]
+    return rows, batch(reqs, Workload()).trace.counts()
 
 
 def _assert_png(path):
@@ -70,7 +121,7 @@ def test_policy_comparison_labels_differing_settings(trace):
     res = [replay(trace, RunSpec.of(policy="random", rng=rng, gpus=4, redundant=4))
            for rng in ("independent", "shared")]
     fig = plots.policy_comparison(res)
-    ticks = [t.get_text() for t in fig.axes[0].get_xticklabels()]
+    ticks = [t.get_text() for t in fig.axes[0].get_yticklabels()]
     assert ticks == ["random\nrng=independent", "random\nrng=shared"]
 
 
@@ -203,47 +254,203 @@ def test_heatmap_and_replica_pair_check_their_arguments(trace, results):
         plots.replica_loads_pair([row], layer=0, expert=single)
 
 
-def test_time_bars_and_stalls_draw_both_panels_and_reject_empty(trace):
-    timed = RunSpec.of(gpus=4, gpus_per_node=2, redundant=8, cost="roofline",
-                       model="olmoe-1b-7b", device_profile="h200")
-    results = compare(trace, ["row", "ordinal"], ["none", "a2a"], timed)
-    fig = plots.time_bars_and_stalls(results, results[:1])
+def test_time_bars_and_stalls_draw_both_panels_and_reject_empty(timed):
+    fig = plots.time_bars_and_stalls(timed, timed[:1])
     bars, line = fig.axes[0], fig.axes[1]
-    assert len(bars.patches) == 2 * len(results)  # compute and communication of each
+    assert len(bars.patches) == 2 * len(timed)  # compute and communication of each
     assert len(line.lines) == 1
+    if line.get_ylim()[0] > 0:  # zoomed into the line: the label says so
+        assert "axis starts at" in line.get_ylabel()
     with pytest.raises(InputError):
-        plots.time_bars_and_stalls([], results)
+        plots.time_bars_and_stalls([], timed)
 
 
-def test_switch_hazard_shades_each_hazard_window_and_rejects_empty():
-    trace = synthesize("drift", seed=3, steps=24, tokens=96, layers=2, experts=16, top_k=4)
-    spec = RunSpec.of(gpus=4, gpus_per_node=2, redundant=4, rebalance_every=6,
-                      rebalance_mode="async", switch_delay=3, policy="row")
-    results = [replay(trace, spec.replace(mode=m)) for m in ("a2a", "none")]
-    fig = plots.switch_hazard(results)
-    windows = sum(serving is not None for *_, serving in phases(results[0].segments))
+def test_switch_hazard_shades_each_hazard_window_and_rejects_empty(hazard):
+    fig = plots.switch_hazard(hazard)
+    windows = sum(serving is not None for *_, serving in phases(hazard[0].segments))
     assert windows > 0
     for ax in fig.axes:
         assert len(ax.lines) >= 1 and len(ax.patches) == windows
-    assert len(plots.switch_hazard(results[:1]).axes) == 1
+    # a setting keeps its colour across the panels, and one legend keys it
+    assert fig.axes[0].lines[0].get_color() == fig.axes[1].lines[0].get_color()
+    assert [ax.get_legend() is not None for ax in fig.axes] == [True, False]
+    assert len(plots.switch_hazard(hazard[:1]).axes) == 1
     with pytest.raises(InputError):
         plots.switch_hazard([])
 
 
-def test_workload_batching_groups_by_batching_and_draws_the_heatmap():
-    from eplbsim.traces.request_synth import synthesize_requests
-    from eplbsim.traces.workload import Workload, batch
-    reqs = synthesize_requests("requests", seed=0, num_requests=6, prompt_mean=4.0,
-                               output_mean=4.0, layers=1, experts=16, top_k=2)
-    spec = RunSpec.of(gpus=4, redundant=4)
-    rows = []
-    for name, w in (("sum", Workload(dp=2)), ("max", Workload(dp=2, dp_layout="max"))):
-        rows += [(name, r) for r in compare(batch(reqs, w).trace, ["row", "ordinal"], ["none"],
-                                            spec)]
-    fig = plots.workload_batching(rows, batch(reqs, Workload()).trace.counts())
+def test_workload_batching_groups_by_batching_and_draws_the_heatmap(batching):
+    rows, counts = batching
+    fig = plots.workload_batching(rows, counts)
     skew, gpu, heat = fig.axes[:3]
     assert len(skew.patches) == len(gpu.patches) == 4 and len(heat.images) == 1
     with pytest.raises(InputError):
         plots.workload_batching([], None)
     with pytest.raises(InputError):
         plots.workload_batching(rows, np.zeros((2, 1, 16)), layer=3)
+
+
+def test_policy_styles_are_fixed_by_the_registry():
+    styles = plots.policy_styles(ALL_POLICIES)
+    assert styles["static"] == {"color": plots.OKABE_ITO[0], "marker": plots.POLICY_MARKERS[0]}
+    assert len({(st["color"], st["marker"]) for st in styles.values()}) == len(ALL_POLICIES) > 8
+    # a policy's style does not depend on which others a figure shows, nor on their order
+    assert plots.policy_styles(["quota", "row"]) == {n: styles[n] for n in ("quota", "row")}
+    n = len(ALL_POLICIES)  # an unregistered name comes after the registry
+    assert plots.policy_styles(["row", "mine"])["mine"] == {
+        "color": plots.OKABE_ITO[n % 8], "marker": plots.POLICY_MARKERS[n % 7]}
+
+
+def test_policy_comparison_gives_each_policy_its_own_colour_and_marker(field):
+    fig = plots.policy_comparison(field)
+    looks = {}  # policy -> {(colour, marker)} of its dots in the GPU imbalance panel
+    for line in fig.axes[0].lines:
+        if line.get_marker() not in (None, "None", ""):
+            looks.setdefault(line.get_label(), set()).add((to_rgba(line.get_color()),
+                                                           line.get_marker()))
+    assert sorted(looks) == sorted(ALL_POLICIES) and len(looks) > 8
+    assert all(len(pairs) == 1 for pairs in looks.values())  # the same in both modes
+    assert len(set().union(*looks.values())) == len(looks)  # and no two policies alike
+
+
+# ----------------------------------------------------------------------------- paper layout
+
+@pytest.fixture(scope="module")
+def predictors():
+    tr = synthesize("burst", steps=16, tokens=64, layers=2, experts=16, top_k=2, seed=0,
+                    start=4, length=6)
+    spec = CONFIG.replace(policy="ordinal", mode="a2a", rebalance_every=4)
+    return [replay(tr, spec.replace(predictor=p)) for p in ("window", "ema", "oracle")]
+
+
+@pytest.fixture(scope="module")
+def timed_over_time():
+    tr = synthesize("drift", steps=16, tokens=64, layers=2, experts=16, top_k=2, seed=0)
+    return [replay(tr, TIMED.replace(policy=p, mode="a2a", rebalance_every=4))
+            for p in ("row", "ordinal")]
+
+
+def _redundancy_rows(trace):
+    return [{**r.row(), "redundant": redundant} for redundant in (0, 4, 8)
+            for r in compare(trace, POLICIES, ["none"], CONFIG.replace(redundant=redundant))]
+
+
+def _replica_pair(results):
+    pair = [r for r in results if r.policy in ("row", "ordinal") and r.spec.dispatch.mode == "none"]
+    expert = int((pair[0].epochs[0][2].logcnt[0] == 2).nonzero()[0])
+    return plots.replica_loads_pair(pair, layer=0, expert=expert)
+
+
+# Each paper figure's plot, drawn from small inputs of the same shape (fixture name -> value).
+SMALL = {
+    "expert_load_heatmap": lambda get: plots.expert_load_heatmap(get("trace").counts()),
+    "policies_by_mode": lambda get: plots.policy_mode_bars(get("results")),
+    "redundancy_sweep": lambda get: plots.redundancy_curves(_redundancy_rows(get("trace"))),
+    "template_replicas": lambda get: _replica_pair(get("results")),
+    "solver_gap": lambda get: plots.solver_gap_lines(
+        [{"solver": s, "redundant": r, "gap": 1.0 + g / (1 + r)}
+         for s, g in (("deepseek", 0.05), ("lpt", 0.01)) for r in (0, 8, 16)]),
+    "rebalance_over_time": lambda get: plots.predictor_time_series(get("predictors"), (4, 10)),
+    "time_by_policy": lambda get: plots.time_bars_and_stalls(get("timed"),
+                                                             get("timed_over_time")),
+    "switch_hazard": lambda get: plots.switch_hazard(get("hazard")),
+    "workload_batching": lambda get: plots.workload_batching(*get("batching")),
+    "field_policies": lambda get: plots.policy_comparison(get("field")),
+}
+
+
+@pytest.fixture(scope="module")
+def paper(request):
+    """`paper(name)`: the figure `SMALL[name]` draws in the paper style, rendered at `DPI`."""
+    drawn = {}
+
+    def get(name):
+        if name not in drawn:
+            with plots.paper_style():
+                fig = SMALL[name](request.getfixturevalue)
+                fig.set_dpi(DPI)
+                FigureCanvasAgg(fig).draw()
+            drawn[name] = fig
+        return drawn[name]
+    return get
+
+
+def _texts(fig):
+    """Every text `fig` draws: titles, axis labels, legend entries, notes, and the tick labels
+    in view (an axis also holds labels for ticks beyond its limits, which are not drawn)."""
+    ticks = {id(t) for ax in fig.axes for axis in (ax.xaxis, ax.yaxis)
+             for tick in axis.majorTicks + axis.minorTicks for t in (tick.label1, tick.label2)}
+    shown = [t for ax in fig.axes if ax.get_visible()
+             for i, axis in enumerate((ax.xaxis, ax.yaxis)) if axis.get_visible()
+             for t in axis.get_ticklabels()
+             if min(axis.get_view_interval()) <= t.get_position()[i]
+             <= max(axis.get_view_interval())]
+    others = [t for t in fig.findobj(Text) if id(t) not in ticks]
+    return [t for t in others + shown if t.get_visible() and t.get_text().strip()
+            and (t.axes is None or t.axes.get_visible())]
+
+
+def _look(handle):
+    """What a legend entry's key looks like: a line's colour, style and marker; a patch's fill."""
+    if isinstance(handle, Line2D):
+        return ("line", to_rgba(handle.get_color()), handle.get_linestyle(), handle.get_marker(),
+                to_rgba(handle.get_markerfacecolor()))
+    face = np.asarray(handle.get_facecolor(), dtype=float).ravel()[:4]
+    return (type(handle).__name__, tuple(np.round(face, 3)), handle.get_hatch())
+
+
+def test_every_paper_figure_is_checked_from_small_inputs():
+    assert set(SMALL) == set(FIGURES)
+
+
+@pytest.mark.parametrize("name", list(FIGURES))
+def test_paper_figure_fits_a_laptop_screen_at_100_percent(paper, name):
+    width, height = paper(name).get_size_inches() * DPI
+    assert width <= MAX_PX[0] and height <= MAX_PX[1], f"{width:.0f} x {height:.0f} px"
+
+
+@pytest.mark.parametrize("name", list(FIGURES))
+def test_paper_figure_texts_do_not_overlap(paper, name):
+    fig = paper(name)
+    renderer = fig.canvas.get_renderer()
+    gap = GAP_PT * fig.dpi / 72
+    with plots.paper_style():  # the ticks an axis places depend on the style's font sizes
+        boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in _texts(fig)]
+    assert len(boxes) > 5
+    overlaps = [(a, b) for i, (a, box_a) in enumerate(boxes) for b, box_b in boxes[i + 1:]
+                if min(box_a.x1, box_b.x1) - max(box_a.x0, box_b.x0) > -gap
+                and min(box_a.y1, box_b.y1) - max(box_a.y0, box_b.y0) > -gap]
+    assert overlaps == []
+
+
+@pytest.mark.parametrize("name", list(FIGURES))
+def test_paper_figure_has_no_empty_panel(paper, name):
+    panels = {}  # axes drawn over one another (twins) make one panel
+    for ax in paper(name).axes:
+        if ax.get_visible():
+            panels.setdefault(tuple(np.round(ax.get_position().bounds, 6)), []).append(ax)
+    empty = [[ax.get_title() for ax in group] for group in panels.values()
+             if not any(ax.lines or ax.patches or ax.collections or ax.images or ax.texts
+                        for ax in group)]
+    assert empty == []
+
+
+@pytest.mark.parametrize("name", list(FIGURES))
+def test_paper_figure_legends_key_each_thing_once(paper, name):
+    entries = [(text.get_text(), _look(handle)) for legend in paper(name).findobj(Legend)
+               for text, handle in zip(legend.get_texts(), legend.legend_handles)]
+    labels = [label for label, _ in entries]
+    assert len(set(labels)) == len(labels), labels  # no entry twice, in one legend or two
+    assert len({look for _, look in entries}) == len(entries), entries  # no two keys alike
+
+
+@pytest.mark.parametrize("name", list(FIGURES))
+def test_paper_figure_axes_start_at_their_baseline_or_say_so(paper, name):
+    # the natural baseline: 1.0 for max / mean ratios (the ideal), else 0 (counts, shares,
+    # times, steps); an axis starting above it exaggerates small changes unless its label says
+    zoomed = [axis.get_label().get_text() or ax.get_title()
+              for ax in paper(name).axes if ax.get_visible() for axis in (ax.xaxis, ax.yaxis)
+              if min(axis.get_view_interval())
+              > (1.0 if RATIO_AXIS.search(axis.get_label().get_text()) else 0.0)
+              and "axis starts at" not in axis.get_label().get_text()]
+    assert zoomed == []
