@@ -41,6 +41,7 @@ from .dispatch import POLICIES, resolve_policy
 from .dispatch.kernels import dispatch_step, reference_step
 from .dispatch.policies import RANDOM_RANGE, DispatchContext, ordinal_offset, static_table
 from .placement import View, full_view, rank_view
+from .progress import Progress
 from .ranks import make_ranks, rank_context, rank_groups, share_bounds
 from .replay import replay, resolve_device, routed_loads, schedule_of
 from .spec import RunSpec
@@ -262,10 +263,11 @@ def warm_up_kernels(device: str, policies: Sequence[str] = BENCH_POLICIES) -> No
 
 def bench_dispatch(ns: Sequence[int] | None = None, policies: Sequence[str] = BENCH_POLICIES,
                    device: str = "auto", repeats: int = DEFAULT_REPEATS,
-                   seed: int = 0) -> list[dict[str, Any]]:
+                   seed: int = 0, progress: Progress | None = None) -> list[dict[str, Any]]:
     """One row per `(N, policy)` with the `DISPATCH_KEYS`: ns per pair and GB/s of ours, the
     straightforward expression and the roofline, and the time ratios ours / straightforward
-    and ours / roofline (lower is better). Ours is checked against the reference first."""
+    and ours / roofline (lower is better). Ours is checked against the reference first.
+    `progress` is told of each row done."""
     device = resolve_device(device)
     ns = [int(n) for n in (ns or DEFAULT_N.get(torch.device(device).type, DEFAULT_N["cpu"]))]
     for policy in policies:
@@ -273,11 +275,14 @@ def bench_dispatch(ns: Sequence[int] | None = None, policies: Sequence[str] = BE
             raise ValueError(f"unknown bench policy {policy!r}; choose from "
                              f"{', '.join(BENCH_POLICIES)}")
     warm_up_kernels(device, policies)
-    return [row for n in ns for row in _bench_n(make_problem(n, device, seed), policies, repeats)]
+    return [row for n in ns for row in _bench_n(make_problem(n, device, seed), policies, repeats,
+                                                  progress)]
 
 
-def _bench_n(prob: Problem, policies: Sequence[str], repeats: int) -> list[dict[str, Any]]:
-    """The rows of one problem (one `N`): the roofline once, then each policy."""
+def _bench_n(prob: Problem, policies: Sequence[str], repeats: int,
+             progress: Progress | None = None) -> list[dict[str, Any]]:
+    """The rows of one problem (one `N`): the roofline once, then each policy (`progress` told
+    of each)."""
     device = str(prob.device)
     roof = min(best_time(fn, device, repeats) for fn in roofline(prob))
     rows = []
@@ -294,6 +299,8 @@ def _bench_n(prob: Problem, policies: Sequence[str], repeats: int) -> list[dict[
                      "gbps_straightforward": gb_s, "gbps_roofline": gb_r,
                      "ours_over_straightforward": t_ours / t_str,
                      "ours_over_roofline": t_ours / roof})
+        if progress is not None:
+            progress(1)
     return rows
 
 
@@ -343,7 +350,8 @@ def kernel_calls(trace: Trace, spec: RunSpec) -> tuple[Callable[[], None], int]:
 def replay_throughput(device: str = "auto", steps: int | None = None, tokens: int | None = None,
                       layers: int | None = None, policies: Sequence[str] = BENCH_POLICIES,
                       modes: Sequence[str] = REPLAY_MODES, seed: int = 0,
-                      repeats: int = 3) -> list[dict[str, Any]]:
+                      repeats: int = 3, progress: Progress | None = None
+                      ) -> list[dict[str, Any]]:
     """A full replay beside its own kernel, in one run: for each mode and policy, the wall time
     of `replay` on the DeepSeek-V3 shape (`G = 32` ranks, 8 a node, `E = 256`, `K = 8`, 32
     redundant slots; equal steps of `T` tokens) and of the dispatch calls it makes
@@ -355,7 +363,7 @@ def replay_throughput(device: str = "auto", steps: int | None = None, tokens: in
     dispatches every pair: a rank-variant policy dispatches each once per rank; in "a2a" each
     pair is dispatched once, by its owner);
     `replay_over_kernel` = replay_seconds / kernel_seconds (1 = the replay costs nothing beyond
-    its kernel). Rows carry `kind: "replay"`.
+    its kernel). Rows carry `kind: "replay"`; `progress` is told of each row done.
     """
     device = resolve_device(device)
     sizes = dict(REPLAY_SIZE)
@@ -383,6 +391,8 @@ def replay_throughput(device: str = "auto", steps: int | None = None, tokens: in
                          "kernel_seconds": kernel, "replay_pairs_per_s": pairs / seconds,
                          "kernel_pairs_per_s": pairs * passes / kernel,
                          "replay_over_kernel": seconds / kernel})
+            if progress is not None:
+                progress(1)
     return rows
 
 

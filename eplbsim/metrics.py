@@ -41,6 +41,7 @@ from .schedule.migration import transfer_kinds
 from .schedule.switch import phases
 from .solvers.bounds import lower_bound
 
+RATIO, TIME_FMT, COUNT, PERCENT = "ratio", "time", "count", "percent"  # how a table shows it
 SUMMARY_CHUNK = 128  # steps per chunk: per-replica intermediates stay small
 WHOLE, PER_STEP, PER_LAYER = (0, 1), (1,), ()  # the axes of `[S, L]` a reduction sums over
 
@@ -208,6 +209,10 @@ class Counters:
                    torch.zeros(S, L, 2, dtype=torch.int64), torch.zeros(S, L, dtype=torch.int64),
                    torch.zeros(S, L, num_ranks if shared else 0, dtype=torch.float64))
 
+    def __repr__(self) -> str:
+        S, L = self.valid.shape
+        return f"Counters({S} steps x {L} layers, {int(self.valid.sum())} pairs)"
+
     def steps(self, lo: int, hi: int) -> "Counters":
         """The counters of steps `[lo, hi)` (views)."""
         return Counters(**{f.name: getattr(self, f.name)[lo:hi] for f in fields(self)})
@@ -261,6 +266,17 @@ class Chunk:
         return cost.layer_seconds(self.gpu_load, active, comm, shape, device, c.cost, c.overlap,
                                   c.cost_options)
 
+    @property
+    def layer_scale(self) -> float:
+        """The model's MoE layers each of the trace's layers stands for in time
+        (`layer_scale`)."""
+        return layer_scale(self.cost, self.routed.shape[1])
+
+    def ms(self, kind: str) -> torch.Tensor:
+        """`seconds[kind]` in milliseconds of the whole model: each trace layer's time times
+        the model layers it stands for (`layer_scale`), `[c, L]`."""
+        return self.seconds[kind] * (self.layer_scale * 1e3)
+
     @cached_property
     def gpu_load(self) -> torch.Tensor:
         """Executed pairs per GPU, float64 `[c, L, G]`, plus the shared-expert work each runs
@@ -299,6 +315,13 @@ class Chunk:
     def skew(self) -> torch.Tensor:
         """Replica skew of every expert, `[c, L, E]`, NaN where undefined."""
         return replica_skew(self.executed, self.placement)
+
+
+def layer_scale(cost: Any, num_layers: int) -> float:
+    """How many of the model's MoE layers each of a trace's `num_layers` layers stands for when
+    time is priced (`cost`, a `spec.CostPart`): `moe_layers / L` of its model shape, so a step's
+    time is the whole model's, whatever layers the trace recorded."""
+    return cost.profiles()[0].moe_layers / num_layers
 
 
 def _promise(placement: Placement, routed: torch.Tensor, num_gpus: int,
@@ -416,6 +439,10 @@ class Metric:
     tables:  the text tables showing it ("main", "decomposition")
     subkeys: for a metric whose value is a dict (`multiplicity`), its keys; flat columns
              (CSV, time series) are `KEY_SUB`
+    fmt:     how a text table shows its values: `RATIO` (4 decimals), `TIME_FMT` (4
+             significant digits), `COUNT` (whole, with thousands separators), `PERCENT`
+    shown:   `rows -> bool`, whether its column says something in a table of these rows (e.g.
+             not when every value is 1); None: always shown
     """
 
     header: str | tuple[str, ...]
@@ -426,6 +453,8 @@ class Metric:
     modes: tuple[str, ...] | None = None
     tables: frozenset[str] = frozenset({"main"})
     subkeys: tuple[str, ...] | None = None
+    fmt: str = RATIO
+    shown: Callable[[Sequence[dict]], bool] | None = None
 
     def columns(self, key: str) -> list[tuple[str, str, str | None]]:
         """`(header, row key, sub-key)` of its columns in a text table."""
@@ -457,14 +486,29 @@ def _skew_cumulative(results: Any) -> float | None:
     return nanmax_or_none(torch.cat(skews))
 
 
+def _differs(rows: Sequence[dict], key: str, other: str | None = None) -> bool:
+    """Whether some row's `key` differs, as a table shows it, from its `other` (None: from 1)."""
+    def shown(value: Any) -> str:
+        return "-" if value is None else f"{value:.4f}"
+    return any(shown(r.get(key)) != shown(1.0 if other is None else r.get(other)) for r in rows)
+
+
+def _corrupt(results: Any) -> bool:
+    """Whether the run's output is wrong: some pair executed other than once (ranks that
+    disagree, "none") or sent to a slot holding another expert ("a2a", while ranks switch)."""
+    c = results.counters
+    return bool(c.multiplicity[..., 0].sum() + c.multiplicity[..., 2].sum() + c.wrong.sum())
+
+
 def _rebalances(results: Any) -> int:
     """Placements re-solved on the schedule (skipped rebalances excluded)."""
     return sum(s.rebalance is not None and not s.rebalance.skipped for s in results.segments)
 
 
 def _moved_bytes(results: Any) -> int:
-    """Bytes copied by every rebalance: moved slots x the run's `expert_bytes`."""
-    return int(results.components["moved_slots"][0].sum()) * results.spec.schedule.expert_bytes
+    """Bytes copied by every rebalance: moved slots x the run's expert bytes
+    (`RunSpec.expert_bytes`)."""
+    return int(results.components["moved_slots"][0].sum()) * results.spec.expert_bytes()
 
 
 def _hazard_steps(results: Any) -> int:
@@ -477,11 +521,14 @@ def rebalance_stalls(results: Any) -> list[tuple[int, float]]:
     """`(step, milliseconds)` of every rebalance that moved experts when serving stalls until
     its copies land (`sync`, `cost.rebalance.sync_stall_seconds`; none for `async`, whose
     copies go on while the old placement serves), experts of the cost model's shape;
-    `results.spec` must name a cost model."""
+    `results.spec` must name a cost model. The trace's layers stand for the model's MoE layers
+    (`layer_scale`), as in every time metric."""
     segments = results.segments
-    if results.spec.schedule.rebalance_mode != "sync":
+    spec = results.spec
+    if spec.schedule.rebalance_mode != "sync":
         return []
-    shape, device = results.spec.cost.profiles()
+    device = spec.cost.profiles()[1]
+    scale = layer_scale(spec.cost, results.true_load.shape[1])
     out = []
     for before, seg in zip(segments, segments[1:]):
         if seg.rebalance is None or seg.rebalance.skipped:
@@ -489,8 +536,8 @@ def rebalance_stalls(results: Any) -> list[tuple[int, float]]:
         placement = seg.placement
         seconds = sync_stall_seconds(transfer_kinds(before.placement, placement),
                                      placement.slot_gpu.numpy(), placement.topology.num_gpus,
-                                     shape.expert_weight_bytes, device)
-        out.append((seg.start, seconds * 1e3))
+                                     spec.expert_bytes(), device)
+        out.append((seg.start, seconds * scale * 1e3))
     return out
 
 
@@ -509,7 +556,7 @@ def _step_tokens(chunk: Chunk) -> torch.Tensor:
     return chunk.counters.tokens.unsqueeze(1).expand(chunk.counters.valid.shape)
 
 
-EXECUTED, COUNTERS, COST = "executed", "counters", "cost"
+EXECUTED, COUNTERS, COST, SOLVED = "executed", "counters", "cost", "solved"
 DECOMPOSITION, TIME = frozenset({"decomposition"}), frozenset({"time"})
 
 METRICS: dict[str, Metric] = {
@@ -523,7 +570,12 @@ METRICS: dict[str, Metric] = {
         "idle", lambda c: idle_replicas(c.executed, c.routed, c.placement), ratio,
         needs=EXECUTED),
     "placement_imbalance": Metric("promise", lambda c: (c.promise,)),
-    "placement_gap": Metric("gap", lambda c: (placement_gap(c.placement, c.routed),)),
+    "placement_gap": Metric("gap", lambda c: (placement_gap(c.placement, c.routed),),
+                            shown=lambda rows: _differs(rows, "placement_gap",
+                                                        "placement_imbalance")),
+    "executed_work": Metric("work", lambda c: (c.executed.sum(-1), c.counters.valid), ratio,
+                            needs=COUNTERS, shown=lambda rows: _differs(rows, "executed_work")),
+    "output_corrupt": Metric("corrupt", whole=_corrupt, needs=COUNTERS, tables=frozenset()),
     "rank_agreement": Metric("agree", lambda c: (c.counters.agreed, c.counters.valid), ratio,
                              needs=COUNTERS, modes=("none",)),
     "multiplicity": Metric(("c=0", "c=1", "c>=2"), lambda c: c.counters.multiplicity.unbind(-1),
@@ -532,29 +584,33 @@ METRICS: dict[str, Metric] = {
                                needs=COUNTERS, modes=("none",)),
     "wrong_expert_frac": Metric("wrong", lambda c: (c.counters.wrong, c.counters.valid), ratio,
                                 needs=COUNTERS, modes=("a2a",)),
-    "factor_solver": Metric("solver", lambda c: (c.best_promise,), tables=DECOMPOSITION),
+    "factor_solver": Metric("solver", lambda c: (c.best_promise,), needs=SOLVED,
+                            tables=DECOMPOSITION),
     "factor_prediction": Metric("prediction", lambda c: (c.promise / c.best_promise,),
-                                tables=DECOMPOSITION),
+                                needs=SOLVED, tables=DECOMPOSITION),
     "factor_dispatch": Metric("dispatch", lambda c: (c.imbalance / c.promise,),
                               needs=EXECUTED, tables=DECOMPOSITION),
     "rebalances": Metric("rebalances", whole=_rebalances, tables=DECOMPOSITION),
     "moved_slots": Metric("moved_slots", lambda c: (c.moved,), total, tables=DECOMPOSITION),
     "moved_bytes": Metric("moved_bytes", whole=_moved_bytes, tables=frozenset()),
     "hazard_steps": Metric("hazard", whole=_hazard_steps, tables=DECOMPOSITION),
-    "moe_ms": Metric("moe_ms", lambda c: (c.seconds["total"] * 1e3,), step_time, needs=COST,
-                     tables=TIME),
-    "compute_ms": Metric("compute_ms", lambda c: (c.seconds["compute"] * 1e3,), step_time,
-                         needs=COST, tables=TIME),
-    "comm_ms": Metric("comm_ms", lambda c: (c.seconds["comm"] * 1e3,), step_time, needs=COST,
-                      tables=TIME),
-    "moe_ms_balanced": Metric("balanced_ms", lambda c: (c.seconds["total_balanced"] * 1e3,),
-                              step_time, needs=COST, tables=TIME),
+    "layer_us": Metric("layer_us", lambda c: (c.seconds["total"] * 1e6,), needs=COST,
+                       tables=TIME, fmt=TIME_FMT),
+    "moe_ms": Metric("moe_ms", lambda c: (c.ms("total"),), step_time, needs=COST, tables=TIME,
+                     fmt=TIME_FMT),
+    "compute_ms": Metric("compute_ms", lambda c: (c.ms("compute"),), step_time, needs=COST,
+                         tables=TIME, fmt=TIME_FMT),
+    "comm_ms": Metric("comm_ms", lambda c: (c.ms("comm"),), step_time, needs=COST, tables=TIME,
+                      fmt=TIME_FMT),
+    "moe_ms_balanced": Metric("balanced_ms", lambda c: (c.ms("total_balanced"),), step_time,
+                              needs=COST, tables=TIME, fmt=TIME_FMT),
     "imbalance_overhead": Metric(
         "overhead", lambda c: (c.seconds["total"], c.seconds["total_balanced"]), overhead,
-        needs=COST, tables=TIME),
-    "moe_tokens_per_s": Metric("tokens/s", lambda c: (_step_tokens(c), c.seconds["total"]),
-                               throughput, needs=COST, tables=TIME),
-    "rebalance_stall_ms": Metric("stall_ms", whole=_stall_ms, needs=COST, tables=TIME),
+        needs=COST, tables=TIME, fmt=PERCENT),
+    "moe_tokens_per_s": Metric("tokens/s", lambda c: (_step_tokens(c), c.ms("total") / 1e3),
+                               throughput, needs=COST, tables=TIME, fmt=COUNT),
+    "rebalance_stall_ms": Metric("stall_ms", whole=_stall_ms, needs=COST, tables=TIME,
+                                 fmt=TIME_FMT),
     "cost_source": Metric("cost_source", whole=_cost_source, needs=COST, tables=frozenset()),
 }
 

@@ -57,6 +57,12 @@ class Placement:
             raise InputError(f"expert {expert} has no replica in layer {layer} of the placement")
         object.__setattr__(self, "phy2log", p2l)
 
+    def __repr__(self) -> str:
+        t = self.topology
+        return (f"Placement(L={self.num_layers}, E={self.num_experts}, P={self.num_slots} on "
+                f"{t.num_gpus} GPUs ({t.gpus_per_node}/node), up to "
+                f"{int(self.logcnt.max())} replicas of an expert)")
+
     @property
     def num_layers(self) -> int:
         return self.phy2log.shape[0]
@@ -127,6 +133,10 @@ class View:
     logcnt: torch.Tensor
     placement: Placement
     rank: int | None = None
+
+    def __repr__(self) -> str:
+        who = "every rank" if self.rank is None else f"rank {self.rank}"
+        return f"View({who}, up to {self.log2phy.shape[-1]} candidates, of {self.placement!r})"
 
     def to(self, device: torch.device | str) -> "View":
         return View(self.log2phy.to(device), self.logcnt.to(device), self.placement, self.rank)

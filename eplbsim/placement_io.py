@@ -241,12 +241,19 @@ def placement_experts(data: Any, path: str | Path) -> int:
 
 
 def load_placement(value: Any, num_experts: int, topology: Topology, num_layers: int,
-                   model_layers: Sequence[int] | None = None) -> Placement | None:
-    """The Placement a run setting names: None and Placement objects as they are, a path read
-    as a placement file (`read_phy2log`) for `num_layers` layers of `num_experts` experts on
-    `topology`."""
-    if value is None or isinstance(value, Placement):
-        return value  # a Placement object is checked against the run by `schedule.plan`
+                   model_layers: Sequence[int] | None = None,
+                   what: str = "given placement") -> Placement | None:
+    """The Placement a run setting names (`what` it is, for messages): None as it is, a
+    Placement object checked to be for `num_layers` layers of `num_experts` experts, a path
+    read as a placement file (`read_phy2log`) for them on `topology`."""
+    if value is None:
+        return None
+    if isinstance(value, Placement):  # its topology is checked against the run's by the plan
+        if (value.num_experts, value.num_layers) != (num_experts, num_layers):
+            raise InputError(f"the {what} is for {value.num_layers} layers and "
+                             f"{value.num_experts} experts; the trace has {num_layers} layers "
+                             f"and {num_experts} experts")
+        return value
     phy2log = read_phy2log(read_json(value, "a JSON placement"), value, num_experts,
                            model_layers, num_layers)
     try:

@@ -30,3 +30,11 @@ def name_of(entry: Any, registry: Mapping[str, Any] | None = None) -> str:
             return key
     fn = getattr(entry, "fn", entry)
     return getattr(fn, "__name__", repr(entry))
+
+
+def first_sentence(text: str | None) -> str:
+    """The first sentence of a docstring's first paragraph, on one line (what a listing of a
+    registry shows of each entry)."""
+    paragraph = " ".join((text or "").strip().split("\n\n")[0].split())
+    head, dot, _ = paragraph.partition(". ")
+    return head + ("." if dot else "")

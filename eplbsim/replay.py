@@ -26,10 +26,10 @@ from .placement_io import load_placement
 from .progress import Progress
 from .ranks import LOCAL, MODES, Collectives, Epoch, make_ranks, rank_groups
 from .registry import lookup
-from .results import Results
+from .results import Comparison, Results
 from .schedule.plan import Segment, plan
 from .schedule.switch import held_experts, phases
-from .spec import RunSpec
+from .spec import RunSpec, label
 from .traces.counts import CountsTrace
 
 
@@ -51,11 +51,25 @@ def routed_loads(trace: Any) -> torch.Tensor:
     return trace.counts()
 
 
-def check_fits(trace: Any, spec: RunSpec) -> None:
-    """InputError unless `spec`'s topology takes the trace's experts (slots divide over the
-    GPUs, groups divide the experts), its placement files are placements for it, its cost
-    model can price it and it fits in memory: what a run would otherwise find out only after
-    starting."""
+def fitted(trace: Any, spec: RunSpec) -> RunSpec:
+    """`spec` with its redundant slots decided for `trace` (`RunSpec.fit`): those of the
+    placement it serves (`placement`, or `initial` before the first rebalance: a file is read
+    for the trace's experts and layers), else the given number, else the default."""
+    given, what = ((spec.solver.placement, "given placement") if spec.schedule.initial is None
+                   else (spec.schedule.initial, "initial placement"))
+    slots = None
+    if given is not None:
+        slots = load_placement(given, trace.num_experts, spec.topology.topology(),
+                               trace.num_layers, trace.meta.get("model_layers"), what).num_slots
+    return spec.fit(trace.num_experts, slots, label(given))
+
+
+def check_fits(trace: Any, spec: RunSpec) -> RunSpec:
+    """`spec` fitted to the trace (`fitted`); InputError unless its topology takes the trace's
+    experts (slots divide over the GPUs, groups divide the experts), its placement files are
+    placements for it, its cost model can price it and it fits in memory: what a run would
+    otherwise find out only after starting."""
+    spec = fitted(trace, spec)
     check_memory_of(trace, spec)
     topo = spec.topology.topology()
     E = trace.num_experts
@@ -67,6 +81,7 @@ def check_fits(trace: Any, spec: RunSpec) -> None:
         load_placement(value, E, topo, trace.num_layers, trace.meta.get("model_layers"))
     if spec.cost.cost is not None:  # a measured table lacking the shape or EP size says so now
         spec.cost.describe(spec.topology.gpus)
+    return spec
 
 
 def check_memory_of(trace: Any, spec: RunSpec) -> None:
@@ -160,7 +175,7 @@ def replay(trace: Any, spec: RunSpec | None = None,
            progress: Progress | None = None) -> Results:
     """Replay `trace` (a Trace, DirTrace or CountsTrace) under `spec` (default `RunSpec()`);
     the same inputs give the same numbers. `progress` is told of each step dispatched."""
-    spec = RunSpec() if spec is None else spec
+    spec = fitted(trace, RunSpec() if spec is None else spec)
     check_memory_of(trace, spec)
     true_load = routed_loads(trace)
     segments = schedule_of(trace, spec, true_load)
@@ -185,11 +200,12 @@ def comparison(spec: RunSpec, policies: Sequence[Any], modes: Sequence[str]) -> 
 
 def compare(trace: Any, policies: Sequence[Any], modes: Sequence[str],
             spec: RunSpec | None = None,
-            progress: Callable[[RunSpec], Any] | None = None) -> list[Results]:
-    """Replay every spec of `comparison` on the same trace. `progress(spec)`, when given,
-    makes a bar for one replay (a context manager with `update`, as `progress.bar` does)."""
-    out = []
-    for one in comparison(RunSpec() if spec is None else spec, policies, modes):
+            progress: Callable[[RunSpec], Any] | None = None) -> Comparison:
+    """Replay every spec of `comparison` on the same trace: a list of Results that prints as a
+    table (`Comparison`). `progress(spec)`, when given, makes a bar for one replay (a context
+    manager with `update`, as `progress.bar` does)."""
+    out = Comparison()
+    for one in comparison(fitted(trace, RunSpec() if spec is None else spec), policies, modes):
         if progress is None:
             out.append(replay(trace, one))
             continue

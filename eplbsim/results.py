@@ -31,7 +31,11 @@ from .placement import Placement
 from .registry import name_of
 from .schedule.migration import migration_rows
 from .schedule.plan import Segment, epochs
-from .spec import Options, RunSpec, knobs
+from .cost import MODELS
+from .dispatch import POLICIES, resolve_policy
+from .spec import MIN_REDUNDANT, Options, RunSpec, knobs, label
+from .traces.counts import CountsTrace
+from .traces.steps import describe_selection
 
 COUNTS_ONLY_POLICY = "(even split)"  # the policy a counts-only run reports: no dispatch ran
 
@@ -58,11 +62,14 @@ class Results:
 
     @property
     def present(self) -> set[str]:
-        """What the run has beyond routed loads: "executed", "counters", and "cost" when both
-        are there and the spec names a cost model."""
+        """What the run has beyond routed loads: "executed", "counters", "cost" when both are
+        there and the spec names a cost model, and "solved" when its placements were solved
+        (not one given placement)."""
         have = {k for k, v in ((M.EXECUTED, self.slot_load), (M.COUNTERS, self.counters))
                 if v is not None}
-        return have | ({M.COST} if len(have) == 2 and self.spec.cost.cost is not None else set())
+        if len(have) == 2 and self.spec.cost.cost is not None:
+            have.add(M.COST)
+        return have | ({M.SOLVED} if self.spec.solver.placement is None else set())
 
     @property
     def epochs(self) -> list[tuple[int, int, Placement]]:
@@ -110,7 +117,51 @@ class Results:
 
     def migrations(self) -> list[dict[str, Any]]:
         """One row per rebalance point: `schedule.migration.migration_rows`."""
-        return migration_rows(self.segments, self.spec.schedule.expert_bytes)
+        return migration_rows(self.segments, self.spec.expert_bytes())
+
+    def to_pandas(self, series: bool = False, per_layer: bool = False) -> Any:
+        """A pandas DataFrame: the run's row with flat columns (`flat_row`, as the CSV), or with
+        `series` its time series (`time_series(per_layer)`). Needs pandas (the `notebooks`
+        extra)."""
+        pd = _pandas()
+        return pd.DataFrame(self.time_series(per_layer)) if series else \
+            pd.DataFrame([flat_row(self.row())])
+
+    def __repr__(self) -> str:
+        S, L, P = (*self.true_load.shape[:2], self.segments[0].placement.num_slots)
+        shown = ", ".join(f"{k} {_cell(v, METRICS[k].fmt)}" for k in REPR_METRICS
+                          if (v := self.metrics.get(k)) is not None)
+        return (f"Results({self.policy}, {self.spec.dispatch.mode}: {S} steps x {L} layers, "
+                f"P={P}; {shown})")
+
+
+REPR_METRICS = ("gpu_imbalance", "replica_skew_max", "rank_agreement", "moe_ms")  # in a repr
+
+
+class Comparison(list):
+    """The Results of one comparison (`replay.compare`), in order: a list that shows itself as
+    the run command's table and turns into a DataFrame."""
+
+    def rows(self) -> list[dict[str, Any]]:
+        """Every run's row (`Results.row`)."""
+        return [r.row() for r in self]
+
+    def to_pandas(self) -> Any:
+        """A pandas DataFrame, one row per run with flat columns (`flat_row`, as the CSV)."""
+        return _pandas().DataFrame([flat_row(row) for row in self.rows()])
+
+    def __repr__(self) -> str:
+        return format_table(self.rows()) if self else "Comparison([])"
+
+
+def _pandas() -> Any:
+    """pandas, or an ImportError saying how to install it."""
+    try:
+        import pandas
+    except ImportError:
+        raise ImportError("to_pandas needs pandas: pip install pandas (or the notebooks "
+                          "extra, pip install 'eplbsim[notebooks]')") from None
+    return pandas
 
 
 # ----------------------------------------------------------------------------- text tables
@@ -120,12 +171,20 @@ MIGRATION_COLUMNS = tuple((key, key, None) for key in (
     "bytes"))
 
 
-def _cell(value: Any) -> str:
+def _cell(value: Any, fmt: str = M.RATIO) -> str:
+    """One table cell: `-` for None, a float as its metric's `fmt` says (`Metric.fmt`)."""
     if value is None:
         return "-"
     if isinstance(value, float):
         if math.isnan(value):
             return "nan"
+        if fmt == M.TIME_FMT:  # 4 significant digits, never in exponent form
+            digits = 3 - math.floor(math.log10(abs(value))) if value else 0
+            return f"{value:.{max(digits, 0)}f}"
+        if fmt == M.COUNT:
+            return f"{value:,.0f}"
+        if fmt == M.PERCENT:
+            return f"{value:+.1%}"
         return f"{value:.3g}" if 0 < abs(value) < 1e-3 else f"{value:.4f}"
     return str(value)
 
@@ -133,13 +192,14 @@ def _cell(value: Any) -> str:
 def table_columns(rows: Sequence[dict[str, Any]], table: str = "main") -> tuple[tuple, int]:
     """`(columns, labels)` for `format_table`: `policy`, `mode` and every other setting whose
     value differs between the rows, then the columns of every metric shown in `table`
-    ("main" or "decomposition")."""
+    ("main", "decomposition" or "time") that says something about these rows
+    (`Metric.shown`)."""
     settings = [k for k in (rows[0] if rows else {}) if k not in METRICS and k != "speedup"]
     shown = [k for k in settings if k in ("policy", "mode") or len(
         {json.dumps(r.get(k), sort_keys=True, default=str) for r in rows}) > 1]
     columns = [(k, k, None) for k in shown]
     for key, metric in METRICS.items():
-        if table in metric.tables:
+        if table in metric.tables and (metric.shown is None or metric.shown(rows)):
             columns += metric.columns(key)
     return tuple(columns), len(shown)
 
@@ -149,80 +209,144 @@ def format_table(rows: Iterable[dict[str, Any]], columns: tuple | None = None,
     """A fixed-width text table, one line per row; `-` where a value is undefined.
 
     columns: `(header, row key, sub-key or None)` triples, default `table_columns(rows)`; the
-    first `labels` columns are left-aligned, the rest right-aligned."""
+    first `labels` columns are left-aligned, the rest right-aligned. A metric's values are
+    shown as its `Metric.fmt` says."""
     rows = list(rows)
     if columns is None:
         columns, shown = table_columns(rows)
         labels = shown if labels is None else labels
     labels = 2 if labels is None else labels
     header = [h for h, _, _ in columns]
-    body = [[_cell(row.get(key) if sub is None else (row.get(key) or {}).get(sub))
-             for _, key, sub in columns] for row in rows]
+    fmts = [METRICS[key].fmt if key in METRICS else M.RATIO for _, key, _ in columns]
+    body = [[_cell(row.get(key) if sub is None else (row.get(key) or {}).get(sub), fmt)
+             for (_, key, sub), fmt in zip(columns, fmts)] for row in rows]
     widths = [max(len(c) for c in col) for col in zip(header, *body)]
     lines = ["  ".join(c.ljust(w) if i < labels else c.rjust(w) for i, (c, w) in
                        enumerate(zip(line, widths))) for line in [header] + body]
     return "\n".join(lines)
 
 
-def describe(trace: Any, spec: RunSpec) -> str:
-    """One line: the trace's sizes and the run's topology, solver, view, rng and seed, and the
-    shared experts when counted."""
+def table_notes(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """What the main table's rows need said beside them: what `gpu_imb` counts when some
+    ranks executed pairs other than once (the `work` column)."""
+    if not M.METRICS["executed_work"].shown(rows):
+        return []
+    return ["work: pairs executed over pairs routed. gpu_imb counts executed work, so a "
+            "pair executed twice (c>=2) weighs twice and a dropped one (c=0) not at all: a "
+            "policy whose ranks disagree can look balanced while its output is wrong."]
+
+
+def describe(trace: Any, spec: RunSpec, asked: RunSpec | None = None,
+             policies: Sequence[Any] = ()) -> str:
+    """One line: the trace's sizes (and the steps selected), the run's topology, slots,
+    solver or given placement, view, rng and seed, and the shared experts when counted.
+    `asked`: the spec as given, before the slots were fitted to the trace (`RunSpec.fit`) and
+    the shared experts shared by a comparison of `policies` (`RunSpec.sharing`), so the line
+    can say where each came from."""
     source = trace.meta.get("scenario") or trace.meta.get("source") or "trace"
-    topo = spec.topology
-    P = trace.num_experts + topo.redundant
-    per_step = trace.num_tokens / max(trace.num_steps, 1)
+    topo = spec.topology.topology()
+    P = trace.num_experts + spec.topology.redundant
+    selected = describe_selection(trace.meta)
     d = spec.dispatch
-    return (f"{source}: {trace.num_steps} steps x {per_step:g} tokens, "
-            f"{trace.num_layers} layers, E={trace.num_experts}, K={trace.top_k} | "
-            f"{topo.gpus} GPUs ({topo.gpus_per_node or topo.gpus}/node), P={P} slots, "
-            f"solver {name_of(spec.solver.solver)}, view {name_of(d.view)}, rng {d.rng}, "
-            f"seed {d.seed}" + _shared_words(spec))
+    placed = spec.solver.placement
+    decided = (f"placement {label(placed)}" if placed is not None
+               else f"solver {name_of(spec.solver.solver)}")
+    counts_only = isinstance(trace, CountsTrace)
+    steps = (f"counts only, {trace.num_steps} steps" if counts_only else
+             f"{trace.num_steps} steps x {trace.num_tokens / max(trace.num_steps, 1):g} tokens")
+    return (f"{source}: {steps}{f' ({selected})' if selected else ''}, {trace.num_layers} "
+            f"layers, E={trace.num_experts}{'' if counts_only else f', K={trace.top_k}'} | "
+            f"{topo.num_gpus} GPUs ({topo.gpus_per_node}/node), P={P} slots"
+            f"{_slot_words(spec, asked, trace)}, {decided}"
+            + ("" if counts_only else f", view {name_of(d.view)}, rng {d.rng}, seed {d.seed}"
+               + _shared_words(spec, asked, policies)))
 
 
-def _shared_words(spec: RunSpec) -> str:
-    """", shared experts ..." when `spec` counts them, else ""."""
-    d = spec.dispatch
-    if d.shared_experts is None or not spec.shared_work():
+def _slot_words(spec: RunSpec, asked: RunSpec | None, trace: Any) -> str:
+    """" (redundant R, ...)" saying where the redundant slots came from, when not given."""
+    if asked is None or asked.topology.redundant is not None:
         return ""
+    if spec.solver.placement is not None or spec.schedule.initial is not None:
+        return f" (redundant {spec.topology.redundant}: the placement file's)"
+    least = max(MIN_REDUNDANT, spec.topology.gpus)
+    got = spec.topology.redundant
+    if got == least:
+        return ""
+    return (f" (redundant {got}: the default {least}, one a GPU and at least {MIN_REDUNDANT}, "
+            f"rounded up so {spec.topology.gpus} GPUs divide the {trace.num_experts + got} "
+            f"slots)")
+
+
+def _shared_words(spec: RunSpec, asked: RunSpec | None = None,
+                  policies: Sequence[Any] = ()) -> str:
+    """", shared experts N (...)" when `spec` counts them, saying why; else ""."""
     work = spec.shared_work()
-    return (f", shared experts {d.shared_experts} ({work:g} routed pair{'' if work == 1 else 's'}"
-            f" of work a token and layer, model {spec.cost.model})")
+    if not work:
+        return ""
+    given = (asked or spec).dispatch.shared_experts
+    count = given if given is not None else (spec.dispatch.shared_experts
+                                             or MODELS[spec.cost.model].shared_experts)
+    placers = [name_of(p, POLICIES) for p in policies if resolve_policy(p)[1].places_shared]
+    why = ("given" if given is not None else
+           f"{', '.join(placers)} place{'s' if len(placers) == 1 else ''} them, so every row "
+           f"counts them" if placers else "the cost model prices the model's whole layer")
+    return (f", shared experts {count} ({work:g} routed pair{'' if work == 1 else 's'} of work "
+            f"a token and layer, model {spec.cost.model}: {why})")
 
 
 def with_speedup(rows: Sequence[dict[str, Any]], baseline: str) -> list[dict[str, Any]]:
     """The rows with `speedup`: the `baseline` policy's `moe_ms` in the same mode over the
-    row's (above 1: faster than the baseline); InputError when a mode has no baseline row."""
+    row's (above 1: faster than the baseline); None for a row whose output is wrong
+    (`output_corrupt`): its time is no speedup. InputError when a mode has no baseline row."""
     base = {r["mode"]: r.get("moe_ms") for r in rows if r["policy"] == baseline}
     missing = sorted({r["mode"] for r in rows} - set(base))
     if missing:
         raise InputError(f"--baseline {baseline}: no such row in mode {', '.join(missing)}; "
                          f"the policies are {', '.join(dict.fromkeys(r['policy'] for r in rows))}")
     return [{**r, "speedup": None if r.get("moe_ms") in (None, 0) or base[r["mode"]] is None
-             else base[r["mode"]] / r["moe_ms"]} for r in rows]
+             or r.get("output_corrupt") else base[r["mode"]] / r["moe_ms"]} for r in rows]
 
 
-def time_report(spec: RunSpec, rows: Sequence[dict[str, Any]]) -> str:
-    """The rows' time metrics (DESIGN.md §8) under `spec`'s cost model, with what it read
-    (and `speedup`, when the rows have it)."""
+def time_report(spec: RunSpec, rows: Sequence[dict[str, Any]], num_layers: int) -> str:
+    """The rows' time metrics (DESIGN.md §8) under `spec`'s cost model, with what it read and
+    how the trace's `num_layers` layers stand for the model's (and `speedup`, when the rows
+    have it: "corrupt" for a row whose output is wrong)."""
     c = spec.cost
+    shape = c.profiles()[0]
     columns, labels = table_columns(rows, "time")
+    shown = list(rows)
     if rows and "speedup" in rows[0]:
         columns += (("speedup", "speedup", None),)
-    return (f"time per step, MoE layers only (cost {name_of(c.cost)}, model {c.model}, device "
-            f"{c.device_profile}, {'overlapped' if c.overlap else 'compute + communication'}):"
-            f"\n{format_table(rows, columns, labels)}\ncompute: {c.describe(spec.topology.gpus)}")
+        shown = [{**r, "speedup": "corrupt"} if r.get("output_corrupt") else r for r in rows]
+    corrupt = [f"{r['policy']} ({r['mode']})" for r in rows if r.get("output_corrupt")]
+    lines = [f"time of the whole model ({c.model}: {shape.moe_layers} MoE layers, the trace's "
+             f"{num_layers} standing for them; layer_us: one layer's mean), cost "
+             f"{name_of(c.cost)}, device {c.device_profile}, "
+             f"{'overlapped' if c.overlap else 'compute + communication'}:",
+             format_table(shown, columns, labels),
+             f"compute: {c.describe(spec.topology.gpus)}"]
+    if corrupt:
+        lines.append(f"corrupt: {', '.join(corrupt)}: ranks disagree or pairs reach the wrong "
+                     f"expert, so the output is wrong and the time is no speedup")
+    return "\n".join(lines)
 
 
 def rebalance_report(result: Results, rows: Sequence[dict[str, Any]]) -> str:
     """The decomposition of every row and the migration table of `result`'s schedule (shared
     by the rows of one comparison)."""
-    s = result.spec.schedule
+    spec = result.spec
+    s = spec.schedule
     migrations = result.migrations()
     columns, labels = table_columns(rows, "decomposition")
+    given = "" if s.expert_bytes is None else " (given)"
     lines = ["executed imbalance = solver x prediction x dispatch (means over steps and "
-             "layers):", format_table(rows, columns, labels), "",
-             f"rebalances (predictor {name_of(s.predictor)}, every {s.rebalance_every}, "
-             f"window {s.window or s.rebalance_every}, expert {s.expert_bytes} bytes):"]
+             "layers):", format_table(rows, columns, labels)]
+    if any((r.get("factor_prediction") or 1) < 1 for r in rows):
+        lines.append("prediction below 1: the placement in service beats the solver's own "
+                     "placement for the true loads (the solver is a heuristic)")
+    lines += ["", f"rebalances (predictor {name_of(s.predictor)}, every {s.rebalance_every}, "
+              f"window {s.window or s.rebalance_every}, expert {spec.expert_bytes():,} bytes"
+              f"{given or f', one {spec.cost.model} expert'}):"]
     lines.append(format_table(migrations, MIGRATION_COLUMNS, labels=0) if migrations else
                  "  none: the trace ends before the first window does")
     return "\n".join(lines)

@@ -31,7 +31,6 @@ from .limits import (MAX_EXPERTS, MAX_GPUS, MAX_HIDDEN, MAX_LAYERS, MAX_SEED, MA
 from .placement import VIEWS, Placement
 from .ranks import MODES, RNG_RELATIONS
 from .registry import lookup, name_of
-from .schedule.migration import DEEPSEEK_V3_EXPERT_BYTES
 from .schedule.predictors import PREDICTORS
 from .schedule.switch import REBALANCE_MODES
 from .solvers import SOLVERS, check_options
@@ -43,12 +42,16 @@ from .traces.request_synth import REQUEST_SCENARIOS, request_options, synthesize
 from .traces.requests import RequestSet
 from .traces.workload import (ARRIVALS, DEFAULT_GRAPH_SIZES, DP_ASSIGN, DP_LAYOUTS, ORDERS,
                               PADDING, Workload, batch)
+from .traces.steps import OUTLIER_FACTOR, parse_steps, select
 from .traces.synth import (DEFAULT_SCENARIO, DEFAULT_SIZES, SCENARIOS, scenario_options,
                             synthesize)
 
 KNOB = "eplbsim.knob"  # the metadata key of a declared field
 COMMANDS = frozenset({"run", "ranks", "sweep"})
 SYNTH = COMMANDS | {"synth"}  # what `trace synth` also takes: the scenario's sizes and seed
+READS = COMMANDS | {"info", "convert", "solve", "export"}  # commands that read a trace file
+NODE_GPUS = 8  # GPUs a node by default, as H100/H200/B200 boxes have
+MIN_REDUNDANT = 16  # the fewest redundant slots by default
 
 
 # ----------------------------------------------------------------------------- value types
@@ -262,6 +265,36 @@ class RequestInput:
 
 
 @dataclass(frozen=True)
+class Text:
+    """Non-empty text (a record key, a record type); None when absent."""
+
+    def parse(self, text: str) -> str:
+        return text
+
+    def check(self, value: Any) -> str | None:
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value:
+            raise InputError(f"must be non-empty text, got {value!r}")
+        return value
+
+
+@dataclass(frozen=True)
+class StepSelection:
+    """Steps of a trace: comma-separated steps and ranges (`traces.steps.parse_steps`, checked
+    against the trace when it is read); None for all."""
+
+    def parse(self, text: str) -> str:
+        return text
+
+    def check(self, value: Any) -> str | None:
+        if value is None:
+            return None
+        parse_steps(value)
+        return value
+
+
+@dataclass(frozen=True)
 class Filter:
     """Column filters of a counts CSV, `COLUMN=VALUE,...`; None when absent."""
 
@@ -288,10 +321,8 @@ class Knob:
     flags:    its command-line flags (default `--name-with-dashes`)
     listed:   on run and ranks, a comma-separated list compared side by side, with this
               default (e.g. the policies)
-    commands: where it can be set: run, ranks, sweep
-    command_defaults: a command whose default differs from the field's (`run`'s embedded
-              default scenario): a value, or a function of the values given so far (a default
-              must fit them)
+    commands: where it can be set: run, ranks, sweep, and the commands that read a trace
+              file (`READS`) or make a scenario (`SYNTH`)
     metavar:  the flag's value placeholder
     """
 
@@ -300,7 +331,6 @@ class Knob:
     flags: tuple[str, ...] = ()
     listed: str | None = None
     commands: frozenset[str] = COMMANDS
-    command_defaults: Mapping[str, Any] = field(default_factory=dict)
     metavar: str | None = None
 
 
@@ -364,14 +394,43 @@ class Source(Part):
     """Which trace a command reads: a file (`trace`), or a seeded scenario with its sizes."""
 
     trace: str | None = knob(
-        None, "an .npz trace (DESIGN.md §5), a trace directory (see trace convert), a .jsonl "
-        "router log, a counts-only .npz or a counts CSV (layer,expert,count; see --where): "
-        "counts give the placement's even-split promise only",
+        None, "a trace in any form: an .npz trace, a trace directory (see trace convert), a "
+        ".jsonl router log or per-token log (see --token-key and the other reading flags), a "
+        "Megatron router trace, TensorRT-LLM expert statistics, FLAME-MoE parquet, a "
+        "counts-only .npz or a counts CSV (layer,expert,count; see --where): counts give the "
+        "placement's even-split promise only",
         File("a trace"), metavar="FILE")
     scenario: Any = knob(None, f"a synthetic scenario (default {DEFAULT_SCENARIO})",
                          Name(SCENARIOS, "scenario", callables=True, optional=True))
     where: str | None = knob(None, "filters for a counts CSV --trace, e.g. model=olmoe,"
-                             "domain=arxiv", Filter(), commands=frozenset({"run", "sweep"}))
+                             "domain=arxiv", Filter(), commands=READS, metavar="COL=VAL,..")
+    request_key: str | None = knob(None, "per-token log: the key of the request id (the log "
+                                   "is then read as requests)", Text(), metavar="KEY",
+                                   commands=READS)
+    token_key: str | None = knob(None, "per-token log: the key of the token index (default "
+                                 "token_idx)", Text(), metavar="KEY", commands=READS)
+    layer_key: str | None = knob(None, "per-token log: the key of the layer (default layer)",
+                                 Text(), metavar="KEY", commands=READS)
+    ids_key: str | None = knob(None, "per-token log: the key of the top-k ids (default "
+                               "topk_ids)", Text(), metavar="KEY", commands=READS)
+    step_key: str | None = knob(None, "per-token log: the key of the step (default: a new step "
+                                "when token indices restart)", Text(), metavar="KEY",
+                                commands=READS)
+    prompt_len_key: str | None = knob(None, "per-token log: the key of a request's prompt "
+                                      "length (with --request-key)", Text(), metavar="KEY",
+                                      commands=READS)
+    skip_type: str | None = knob(None, "per-token log: skip records whose \"type\" is TYPE (a "
+                                 "header)", Text(), metavar="TYPE", commands=READS)
+    select_steps: str | None = knob(
+        None, "replay only these steps of the trace: steps and ranges of its own numbering, "
+        "e.g. 2:, 0:100,150 or :-1 (trace info numbers them)", StepSelection(),
+        metavar="STEPS", commands=READS)
+    drop_warmup: bool = knob(False, "leave out warm-up steps: two or more rows all routed "
+                             "alike, as an engine's start-up profiling pass (trace info flags "
+                             "them)", Switch(), commands=READS)
+    drop_outliers: bool = knob(False, f"leave out steps of more than {OUTLIER_FACTOR}x the "
+                               f"median tokens (trace info flags them)", Switch(),
+                               commands=READS)
     steps: int | None = knob(
         None, f"steps of the scenario ({DEFAULT_SIZES['steps']}; with --rebalance-every N: "
         f"max({DEFAULT_SIZES['steps']}, window + 4N), for four rebalances)",
@@ -379,16 +438,20 @@ class Source(Part):
     tokens: int = knob(DEFAULT_SIZES["tokens"], "tokens per step", Integer(1), commands=SYNTH)
     layers: int = knob(DEFAULT_SIZES["layers"], "MoE layers",
                        Integer(1, most=MAX_LAYERS), commands=SYNTH)
-    experts: int = knob(DEFAULT_SIZES["experts"], "logical experts",
-                        Integer(1, most=MAX_EXPERTS), commands=SYNTH)
+    experts: int | None = knob(
+        None, f"logical experts: a scenario's (default {DEFAULT_SIZES['experts']}), or a log's "
+        f"whose ids do not say (default: the largest id + 1)",
+        Integer(1, optional=True, most=MAX_EXPERTS), commands=SYNTH | READS)
     top_k: int = knob(DEFAULT_SIZES["top_k"], "experts per token",
                       Integer(1, most=MAX_TOP_K), commands=SYNTH)
     scenario_options: dict = knob({}, "scenario option, e.g. sigma=2 or noise=0.1 (repeat "
                                   "for several)", Options("option"), flags=("-o", "--option"),
                                   metavar="KEY=VALUE", commands=SYNTH)
     requests: Any = knob(None, "requests batched into steps as a serving engine does "
-                         "(DESIGN.md section 9): a request file (.npz), or the requests "
-                         "scenario (its options by -o, e.g. num_requests=128)", RequestInput(),
+                         "(continuous batching, chunked prefill, DP attention, CUDA graphs): a "
+                         "request file (.npz), vLLM's routed experts (JSON or arrays), a "
+                         "per-token log with --request-key, or the requests scenario (its "
+                         "options by -o, e.g. num_requests=128)", RequestInput(),
                          metavar="FILE|SCENARIO")
     max_running: int = knob(256, "requests: at most N running at once", Integer(1),
                             metavar="N", commands=WITH_INFO)
@@ -422,45 +485,61 @@ class Source(Part):
         """The batching of `requests` (`traces.workload.Workload`), seeded by `seed`."""
         return workload_of({name: getattr(self, name) for name in BATCHING}, seed)
 
+    def reader_options(self) -> dict[str, Any]:
+        """The options given for reading a file (`READER_OPTIONS`, for `open_trace` and
+        `open_requests`: each form takes its own and refuses the others)."""
+        return {k: getattr(self, k) for k in READER_OPTIONS if getattr(self, k) is not None}
+
     def relate(self) -> None:
+        scenario_sizes = ("steps", "tokens", "layers", "top_k", "scenario_options")
+        file = self.trace if self.trace is not None else (
+            self.requests if isinstance(self.requests, str)
+            and self.requests not in REQUEST_SCENARIOS else None)
+        if file is None:
+            unused = _changed(self, tuple(k for k in READER_OPTIONS if k != "experts"))
+            if unused:
+                raise InputError(f"{', '.join(unused)} apply to reading a file (a trace or "
+                                 f"requests), not to a scenario")
         if self.requests is not None:
             if self.trace is not None or self.scenario is not None:
                 raise InputError("give requests, a trace or a scenario, not two of them")
-            extra = _changed(self, ("steps", "tokens", "where"))
+            extra = _changed(self, ("steps", "tokens"))
             if extra:
                 raise InputError(f"{', '.join(extra)} do not apply to requests (the workload "
                                  f"makes the steps)")
-            if isinstance(self.requests, str) and self.requests in REQUEST_SCENARIOS:
+            if file is None:
                 unknown = sorted(set(self.scenario_options)
                                  - set(request_options(self.requests)))
                 if unknown:
                     raise InputError(f"request scenario {self.requests} has no option "
                                      f"{', '.join(unknown)}; its options are: "
                                      f"{', '.join(request_options(self.requests))}")
-            elif _changed(self, ("layers", "experts", "top_k", "scenario_options")):
-                raise InputError("layers, experts, top_k and scenario options apply to a "
-                                 "request scenario, not to a request file")
+            elif _changed(self, ("layers", "top_k", "scenario_options")):
+                raise InputError("layers, top_k and scenario options apply to a request "
+                                 "scenario, not to a request file")
             return
         unused = _changed(self, BATCHING)
         if unused:
             raise InputError(f"{', '.join(unused)} apply to requests only (--requests)")
-        if self.trace is not None and is_request_input(self.trace):
-            raise InputError(f"{self.trace} holds requests, not steps: give it as requests "
-                             f"(--requests), which batches them as an engine does")
         if self.trace is not None:
+            if is_request_input(self.trace, **self.reader_options()):
+                raise InputError(f"{self.trace} holds requests, not steps: give it as requests "
+                                 f"(--requests), which batches them as an engine does")
             if self.scenario is not None:
                 raise InputError("give a trace or a scenario, not both")
-            extra = _changed(self, ("steps", "tokens", "layers", "experts", "top_k",
-                                    "scenario_options"))
+            extra = _changed(self, scenario_sizes)
             if extra:
                 raise InputError(f"{', '.join(extra)} apply to scenarios only, not to a trace")
             return
-        if self.where is not None:
-            raise InputError("where filters a counts CSV trace only")
-        if self.top_k > self.experts:
-            raise InputError(f"top_k={self.top_k} must not exceed experts={self.experts} "
-                             f"(top-k ids are distinct experts)")
+        if self.top_k > self.scenario_experts:
+            raise InputError(f"top_k={self.top_k} must not exceed experts="
+                             f"{self.scenario_experts} (top-k ids are distinct experts)")
         scenario_options(self.scenario or DEFAULT_SCENARIO, self.scenario_options)
+
+    @property
+    def scenario_experts(self) -> int:
+        """The experts of a scenario: `experts`, else the scenarios' default."""
+        return DEFAULT_SIZES["experts"] if self.experts is None else self.experts
 
     def request_set(self, seed: int) -> RequestSet:
         """The requests: the file read (`open_requests`), or the scenario drawn with `seed`."""
@@ -468,21 +547,43 @@ class Source(Part):
             return self.requests
         if self.requests in REQUEST_SCENARIOS:
             return synthesize_requests(self.requests, layers=self.layers,
-                                       experts=self.experts, top_k=self.top_k, seed=seed,
-                                       **self.scenario_options)
-        return open_requests(self.requests)
+                                       experts=self.scenario_experts, top_k=self.top_k,
+                                       seed=seed, **self.scenario_options)
+        return open_requests(self.requests, **self.reader_options())
 
     def open(self, seed: int, schedule: "SchedulePart") -> Any:
-        """The trace: the requests batched (`traces.workload.batch`), the file opened
+        """The trace a run replays: `read`, then the steps selected (`select`)."""
+        return self.select(self.read(seed, schedule))
+
+    def read(self, seed: int, schedule: "SchedulePart") -> Any:
+        """Every step: the requests batched (`traces.workload.batch`), the file opened
         (`open_trace`), or the scenario synthesized with `seed` (`steps` defaulting to what
         `schedule` needs: `SchedulePart.steps`)."""
         if self.requests is not None:
             return batch(self.request_set(seed), self.workload(seed)).trace
         if self.trace is not None:
-            return open_trace(self.trace, where=self.where)
+            return open_trace(self.trace, **self.reader_options())
         return synthesize(self.scenario or DEFAULT_SCENARIO, steps=self.steps or schedule.steps(),
-                          tokens=self.tokens, layers=self.layers, experts=self.experts,
+                          tokens=self.tokens, layers=self.layers, experts=self.scenario_experts,
                           top_k=self.top_k, seed=seed, **self.scenario_options)
+
+    @property
+    def selects(self) -> bool:
+        """Whether some steps are selected or dropped (else `select` keeps every step)."""
+        return self.select_steps is not None or self.drop_warmup or self.drop_outliers
+
+    def select(self, trace: Any) -> Any:
+        """`trace`'s selected steps (`select_steps`, less the flagged kinds dropped:
+        `traces.steps.select`)."""
+        drop = [kind for kind, on in (("warmup", self.drop_warmup),
+                                      ("outlier", self.drop_outliers)) if on]
+        return select(trace, self.select_steps, drop)
+
+
+# What reading a file takes (`Source.reader_options`): a log's experts, a counts CSV's filter,
+# a per-token log's keys.
+READER_OPTIONS = ("experts", "where", "request_key", "token_key", "layer_key", "ids_key",
+                  "step_key", "prompt_len_key", "skip_type")
 
 
 @dataclass(frozen=True)
@@ -586,11 +687,12 @@ class SchedulePart(Part):
         metavar="B")
     migration_aware: bool = knob(True, "lay each new placement out over the one in service "
                                  "to move fewer experts", Switch())
-    expert_bytes: int = knob(DEEPSEEK_V3_EXPERT_BYTES, "bytes of one expert's weights, to "
-                             "price migrations (a DeepSeek-V3 expert in bf16)", Integer(0))
+    expert_bytes: int | None = knob(
+        None, "bytes of one expert's weights, to price migrations and their stalls (default: "
+        "one routed expert of the model shape, --model)", Integer(0, optional=True))
     rebalance_mode: str = knob(
         "sync", "sync: serving stalls until a rebalance's copies land; async: the copies go on "
-        "in the background while the old placement serves (DESIGN.md section 8)",
+        "in the background while the old placement serves, each rank switching when they land",
         Name(REBALANCE_MODES, "rebalance mode"))
     copy_steps: int = knob(1, "async: steps a rebalance's copies take in the background",
                            Integer(1), metavar="N")
@@ -635,13 +737,13 @@ class TopologyPart(Part):
     gpus: int = knob(8, "GPUs = EP ranks", Integer(1, most=MAX_GPUS),
                      commands=frozenset({"run", "sweep"}))
     gpus_per_node: int | None = knob(
-        None, "GPUs per node (default for run: 4 when --gpus is a multiple of 4, else all on "
-        "one node; for ranks: torchrun's LOCAL_WORLD_SIZE, else all on one node)",
-        Integer(1, optional=True, most=MAX_GPUS),
-        command_defaults={"run": lambda given: 4 if given.get("gpus", 8) % 4 == 0 else None})
-    redundant: int = knob(16, "redundant physical slots (P = E + redundant; default for run: "
-                          "one a GPU, at least 16)", Integer(0, most=MAX_SLOTS),
-                          command_defaults={"run": lambda given: max(16, given.get("gpus", 8))})
+        None, f"GPUs per node (default: {NODE_GPUS} when the GPUs are a multiple of "
+        f"{NODE_GPUS}, as H100/H200/B200 boxes have, else all on one node; for ranks under "
+        f"torchrun: its LOCAL_WORLD_SIZE)", Integer(1, optional=True, most=MAX_GPUS))
+    redundant: int | None = knob(
+        None, f"redundant physical slots, P = E + redundant (default: one a GPU, at least "
+        f"{MIN_REDUNDANT}, rounded up so the GPUs divide the slots; with a placement file, "
+        f"the file's)", Integer(0, optional=True, most=MAX_SLOTS))
     groups: int | None = knob(None, "expert groups (default: the trace's, else 1)",
                               Integer(1, optional=True, most=MAX_EXPERTS))
 
@@ -649,8 +751,38 @@ class TopologyPart(Part):
         self.topology()
 
     def topology(self) -> Topology:
-        """The cluster as a Topology."""
-        return Topology(self.gpus, self.gpus_per_node)
+        """The cluster as a Topology (`gpus_per_node` None: `NODE_GPUS` a node when they
+        divide the GPUs, else one node)."""
+        per_node = self.gpus_per_node
+        if per_node is None and self.gpus % NODE_GPUS == 0:
+            per_node = NODE_GPUS
+        return Topology(self.gpus, per_node)
+
+    def fit(self, num_experts: int, slots: int | None = None, file: Any = None) -> int:
+        """The redundant slots for `num_experts` experts: those of a placement of `slots`
+        slots (`file` names it) when one is served, else `redundant` when given, else the
+        default (one a GPU, at least `MIN_REDUNDANT`, rounded up so the GPUs divide the
+        slots). InputError when a given value disagrees with the placement or does not divide
+        over the GPUs, naming the nearest values that do."""
+        G = self.gpus
+        if slots is not None:
+            if self.redundant not in (None, slots - num_experts):
+                raise InputError(f"the placement {file} has {slots} slots for {num_experts} "
+                                 f"experts (redundant {slots - num_experts}), but redundant is "
+                                 f"{self.redundant}: the placement decides the slots (leave "
+                                 f"redundant out)")
+            return slots - num_experts
+        if self.redundant is None:
+            least = max(MIN_REDUNDANT, G)
+            return least + (-(num_experts + least)) % G
+        over = (num_experts + self.redundant) % G
+        if over:
+            near = [r for r in (self.redundant - over, self.redundant + G - over) if r >= 0]
+            raise InputError(f"{num_experts} experts + {self.redundant} redundant = "
+                             f"{num_experts + self.redundant} slots do not divide over {G} "
+                             f"GPUs; redundant {' or '.join(map(str, near))} would (slots a "
+                             f"multiple of {G})")
+        return self.redundant
 
 
 @dataclass(frozen=True)
@@ -695,10 +827,12 @@ class CostPart(Part):
 
     def shared_work(self, shared_experts: int | None, placed: bool) -> float:
         """Each token's shared-expert work in a layer, in routed pairs (0: not counted):
-        `shared_experts` (None: the model's when the policy places them, `placed`, else 0)
-        times the model's shared expert over a routed one (`ModelShape.shared_ratio`)."""
+        `shared_experts` (None: the model's when the policy places them, `placed`, or when a
+        cost model prices the time, which is the model's whole MoE layer; else 0) times the
+        model's shared expert over a routed one (`ModelShape.shared_ratio`)."""
         if shared_experts is None:
-            shared_experts = self.model_shared_experts() if placed else 0
+            shared_experts = (self.model_shared_experts() if placed else
+                              MODELS[self.model].shared_experts if self.cost is not None else 0)
         return shared_experts * MODELS[self.model].shared_ratio
 
     def profiles(self) -> tuple[ModelShape, DeviceProfile]:
@@ -763,6 +897,18 @@ class RunSpec:
             parts[part] = type(current)(**{**_values(current), **mine}) if mine else current
         return RunSpec(**parts)
 
+    def expert_bytes(self) -> int:
+        """Bytes of one expert's weights, to price migrations: `expert_bytes` when given, else
+        the model shape's routed expert (`ModelShape.expert_weight_bytes`)."""
+        given = self.schedule.expert_bytes
+        return self.cost.profiles()[0].expert_weight_bytes if given is None else given
+
+    def fit(self, num_experts: int, slots: int | None = None, file: Any = None) -> "RunSpec":
+        """This spec with `redundant` decided for `num_experts` experts (`TopologyPart.fit`:
+        a served placement's `slots`, else the given value, else the default)."""
+        redundant = self.topology.fit(num_experts, slots, file)
+        return self if redundant == self.topology.redundant else self.replace(redundant=redundant)
+
     def shared_work(self) -> float:
         """Each token's shared-expert work in a layer, in routed pairs (`CostPart.shared_work`
         of the dispatch part's `shared_experts` and policy)."""
@@ -788,19 +934,23 @@ class RunSpec:
     def labels(self) -> dict[str, Any]:
         """Every field as a plain JSON value, in schema order: names for registry entries and
         callables, "given" for a Placement object, the path for a file."""
-        return {name: label(getattr(getattr(self, part), name), knob)
-                for part, name, knob in run_knobs()}
+        out = {name: label(getattr(getattr(self, part), name), knob)
+               for part, name, knob in run_knobs()}
+        out["gpus_per_node"] = self.topology.topology().gpus_per_node  # the default resolved
+        return out
 
 
 def _values(part: Part) -> dict[str, Any]:
     return {f.name: getattr(part, f.name) for f in fields(part)}
 
 
-def label(value: Any, knob: Knob) -> Any:
-    """A field's value as a row shows it (`RunSpec.labels`)."""
+def label(value: Any, knob: Knob | None = None) -> Any:
+    """A field's value as a row shows it (`RunSpec.labels`): "given" for a Placement object, a
+    registry entry's name for a callable (`knob` a `Name` field's), else the value."""
     if isinstance(value, Placement):
         return "given"
-    if isinstance(knob.type, Name) and value is not None and not isinstance(value, str):
+    if knob is not None and isinstance(knob.type, Name) and value is not None \
+            and not isinstance(value, str):
         return name_of(value, POLICIES if knob.type.kind == "policy" else None)
     return value
 
@@ -823,13 +973,9 @@ def run_knobs() -> Iterator[tuple[str, str, Knob]]:
     return knobs(RUN_PARTS)
 
 
-def default_of(part: str, name: str, command: str | None = None) -> Any:
-    """A field's default (its `command`'s own, when it declares one)."""
-    f = next(f for f in fields(PARTS[part]) if f.name == name)
-    knob = f.metadata[KNOB]
-    if command in knob.command_defaults:
-        return knob.command_defaults[command]
-    return _default(f)
+def default_of(part: str, name: str) -> Any:
+    """A field's default."""
+    return _default(next(f for f in fields(PARTS[part]) if f.name == name))
 
 
 # ----------------------------------------------------------------------------- the command line
@@ -840,10 +986,16 @@ def flags_of(name: str, knob: Knob) -> tuple[str, ...]:
 
 def add_flags(parser: argparse.ArgumentParser, command: str,
               parts: tuple[str, ...] | None = None) -> None:
-    """One flag per field settable from `command` (of `parts`, default all). Values stay text
-    until `from_args` parses and checks them, so a bad one gets the same message as anywhere."""
+    """One flag per field settable from `command` (of `parts`, default all), in a group per
+    part (`group_title`). Values stay text until `from_args` parses and checks them, so a bad
+    one gets the same message as anywhere."""
+    groups: dict[str, Any] = {}
     for part, name, knob in knobs(parts, command):
-        default = knob.listed or default_of(part, name, command)
+        title = group_title(part, name)
+        if title not in groups:
+            groups[title] = parser.add_argument_group(title)
+        group = groups[title]
+        default = knob.listed or default_of(part, name)
         text = knob.help + (", comma-separated" if knob.listed else "")
         if isinstance(knob.type, Name):
             text += f"; one of {', '.join(knob.type.registry)}"
@@ -851,12 +1003,28 @@ def add_flags(parser: argparse.ArgumentParser, command: str,
             text += f" (default {default})"
         common = dict(dest=name, help=text.replace("%", "%%"), default=None)  # argparse formats
         if isinstance(knob.type, Switch):
-            parser.add_argument(*flags_of(name, knob), action=argparse.BooleanOptionalAction,
-                                **common)
+            group.add_argument(*flags_of(name, knob), action=argparse.BooleanOptionalAction,
+                               **common)
         else:
-            parser.add_argument(*flags_of(name, knob), metavar=knob.metavar,
-                                action="append" if isinstance(knob.type, Options) else "store",
-                                **common)
+            group.add_argument(*flags_of(name, knob), metavar=knob.metavar,
+                               action="append" if isinstance(knob.type, Options) else "store",
+                               **common)
+
+
+GROUPS = {"source": "what to replay (a trace file, requests or a scenario)",
+          "dispatch": "dispatch", "solver": "placement", "schedule": "rebalancing over time",
+          "topology": "cluster", "cost": "time (a cost model)"}
+SELECTION = ("select_steps", "drop_warmup", "drop_outliers")
+
+
+def group_title(part: str, name: str) -> str:
+    """The help section of a field's flag: its part's (`GROUPS`), with the source's reading
+    options and its batching of requests apart."""
+    if part == "source" and (name in READER_OPTIONS or name in SELECTION):
+        return "reading a trace file, and its steps"
+    if part == "source" and name in BATCHING:
+        return "requests batched into steps (--requests)"
+    return GROUPS[part]
 
 
 def _split(text: str, flag: str) -> list[str]:
@@ -877,7 +1045,7 @@ def _parsed(knob: Knob, text: str, flag: str) -> Any:
 def from_args(args: argparse.Namespace, command: str, parts: tuple[str, ...] | None = None
               ) -> tuple[dict[str, Any], dict[str, list[Any]]]:
     """The flags `add_flags` declared, parsed and checked: `(values, lists)` where `values`
-    maps field names to the values given (or the command's own defaults) and `lists` the
+    maps field names to the values given and `lists` the
     listed fields to every value given (their first value is in `values`). InputError naming
     the flag for a bad value."""
     values: dict[str, Any] = {}
@@ -888,9 +1056,6 @@ def from_args(args: argparse.Namespace, command: str, parts: tuple[str, ...] | N
         if raw is None and knob.listed is not None:
             raw = knob.listed
         if raw is None:
-            if command in knob.command_defaults:
-                default = knob.command_defaults[command]
-                values[name] = default(values) if callable(default) else default
             continue
         if knob.listed is not None:
             lists[name] = [checked(name, knob, _parsed(knob, item, flag), flag)

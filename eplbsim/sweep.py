@@ -49,8 +49,9 @@ import threading
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
+import numpy as np
 import torch
 
 try:
@@ -66,6 +67,7 @@ from .replay import replay
 from .results import csv_value, flat_row, write_csv
 from .spec import (BATCHING, RUN_PARTS, Device, File, Filter, Name, Options, build, knobs,
                    sweep_keys, sweep_value)
+from .traces.request_synth import REQUEST_SCENARIOS
 
 SOURCES = ("scenario", "trace", "requests")
 SIZES = ("steps", "tokens", "layers", "experts", "top_k")
@@ -107,10 +109,16 @@ class Sweep:
 
 @dataclass(frozen=True)
 class SweepRun:
-    """What `run_sweep` did: the table files written, and how many cells ran now."""
+    """What `run_sweep` did: the table files written, how many cells ran now, and every cell's
+    row in grid order (CSV text values)."""
 
     paths: tuple[Path, ...]
     ran: int
+    rows: tuple[dict[str, str], ...] = ()
+
+    def __repr__(self) -> str:
+        return (f"SweepRun({len(self.rows)} cells, {self.ran} run now, wrote "
+                f"{', '.join(map(str, self.paths))})")
 
 
 # ----------------------------------------------------------------------------- the spec
@@ -163,9 +171,11 @@ def _cell(index: int, given: dict[str, Any], where: str, base: Path) -> Cell:
             values[name] = checked
     try:
         source, spec = build(values)
-        if source.trace is None:
-            experts = source.experts
-            spec.topology.topology().slots_per_gpu(experts + spec.topology.redundant)
+        if source.trace is None and (source.requests is None
+                                     or isinstance(source.requests, str)
+                                     and source.requests in REQUEST_SCENARIOS):
+            experts = source.scenario_experts
+            spec.fit(experts)
             if experts % (spec.topology.groups or 1):
                 raise InputError(f"{spec.topology.groups} groups do not divide the {experts} "
                                  f"experts")
@@ -173,6 +183,7 @@ def _cell(index: int, given: dict[str, Any], where: str, base: Path) -> Cell:
         raise InputError(f"{where}: cell {_label(given)}: {exc}") from None
     shown = {**{k: getattr(source, k) for k in ("scenario", *SIZES, "trace", "where",
                                                 "requests", *BATCHING)},
+             "experts": source.scenario_experts,
              **{f"option.{k}": v for k, v in source.scenario_options.items()}}
     shown["steps"] = source.steps or spec.schedule.steps()
     config = {c: given.get(c, shown[c]) for c in _columns(given)}
@@ -267,8 +278,8 @@ def cell_row(cell: Cell) -> dict[str, Any]:
     of `flat_row(Results.row())`."""
     _, spec = build(cell.values)
     row = flat_row(replay(cell_trace(cell), spec).row())
-    return {"cell": cell.id, **cell.config,
-            **{k: v for k, v in row.items() if k not in cell.config}}
+    return {"cell": cell.id, **cell.config,  # a default the run decided (`redundant`) shown
+            **{k: v for k, v in row.items() if k not in cell.config or cell.config[k] is None}}
 
 
 def _run_cell(cell: Cell) -> dict[str, Any]:
@@ -434,8 +445,9 @@ def run_sweep(sweep: Sweep, out: str | Path, executor: str = "local",
     workers = workers or os.cpu_count() or 1
     out = Path(out)
     inputs = [sweep.path] + [cell.values.get(name) for cell in sweep.cells
-                             for name in ("trace", "placement", "initial")]
-    inputs = [p for p in inputs if isinstance(p, (str, os.PathLike))]
+                             for name in ("trace", "requests", "placement", "initial")]
+    inputs = [p for p in inputs if isinstance(p, (str, os.PathLike)) and p not in
+              REQUEST_SCENARIOS]
     check_output(out, inputs, is_dir=True)
     for name in (CSV, PARQUET):  # an existing spec.toml is never written (`_claim`)
         check_output(out / name, inputs)
@@ -469,7 +481,40 @@ def run_sweep(sweep: Sweep, out: str | Path, executor: str = "local",
         elif pending:
             _run_ray(pending, workers, address, emit)
     rows = {row["cell"]: row for row in reversed(_read_table(csv_path)[1])}
-    write_csv([rows[cell.id] for cell in sweep.cells], csv_path)
+    ordered = [rows[cell.id] for cell in sweep.cells]
+    write_csv(ordered, csv_path)
     text = ["cell"] + [k for k in sweep.cells[0].config if _is_text(k)]
     parquet = _write_parquet(csv_path, out / PARQUET, text)
-    return SweepRun((csv_path,) + ((parquet,) if parquet else ()), len(pending))
+    return SweepRun((csv_path,) + ((parquet,) if parquet else ()), len(pending), tuple(ordered))
+
+
+SUMMARY_METRICS = ("gpu_imbalance", "moe_ms")  # what `summary_lines` ranks the cells by
+
+
+def summary_lines(sweep: Sweep, rows: Sequence[dict[str, str]]) -> list[str]:
+    """What a sweep's table says in a few lines: for each of `SUMMARY_METRICS` the rows have,
+    its range over the cells with the settings (those that vary) of the best and worst cell;
+    and how many cells' output is wrong (`output_corrupt`), by the settings they share."""
+    varying = [k for k in sweep.cells[0].config
+               if len({r.get(k, "") for r in rows}) > 1]
+
+    def where(row: dict[str, str]) -> str:
+        return " ".join(f"{k}={row.get(k, '')}" for k in varying) or "every cell"
+
+    lines = []
+    for key in SUMMARY_METRICS:
+        valued = [(float(r[key]), r) for r in rows if r.get(key) not in (None, "")]
+        if not valued:
+            continue
+        valued.sort(key=lambda item: item[0])
+        values = [v for v, _ in valued]
+        lines.append(f"  {key}: {values[0]:.4g} ({where(valued[0][1])}) to {values[-1]:.4g} "
+                     f"({where(valued[-1][1])}), median {float(np.median(values)):.4g}")
+    corrupt = [r for r in rows if r.get("output_corrupt") == "True"]
+    if corrupt:
+        shared = {k: corrupt[0].get(k) for k in varying
+                  if len({r.get(k) for r in corrupt}) == 1}
+        lines.append(f"  corrupt output in {len(corrupt)} of {len(rows)} cells"
+                     + (f" (all {', '.join(f'{k}={v}' for k, v in shared.items())})"
+                        if shared else ""))
+    return lines

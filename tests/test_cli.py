@@ -116,7 +116,7 @@ def test_truncated_and_foreign_files_are_reported(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("args,match", [
-    (["--redundant", "7"], "23 slots are not divisible by 4 GPUs"),
+    (["--redundant", "7"], "23 slots do not divide over 4 GPUs; redundant 4 or 8 would"),
     (["--gpus-per-node", "3"], "4 GPUs cannot be split into nodes of 3"),
     (["--mode", "sideways"], "unknown mode 'sideways'"),
     (["--policies", "row,nope"], "unknown policy 'nope'"),
@@ -296,9 +296,10 @@ def test_run_with_a_cost_model_prints_time_and_speedup(capsys):
                        "--model", "mixtral-8x7b", "--device-profile", "mi300x",
                        "--baseline", "row")
     assert code == 0
-    assert "cost roofline, model mixtral-8x7b, device mi300x" in out
+    assert ("time of the whole model (mixtral-8x7b: 32 MoE layers, the trace's 2 standing for "
+            "them") in out and "cost roofline, device mi300x" in out
     header = next(line for line in out.splitlines() if "moe_ms" in line).split()
-    assert header[:2] == ["policy", "mode"] and header[-1] == "speedup"
+    assert header[:3] == ["policy", "mode", "layer_us"] and header[-1] == "speedup"
     code, out, _ = run(capsys, "run", *SMALL, "--policies", "row,ordinal", "--cost", "roofline",
                        "--baseline", "row", "--json")
     rows = json.loads(out)
@@ -307,6 +308,50 @@ def test_run_with_a_cost_model_prints_time_and_speedup(capsys):
         assert r["speedup"] == pytest.approx(
             next(b["moe_ms"] for b in rows if b["mode"] == r["mode"]
                  and b["policy"] == "row") / r["moe_ms"])
+        # the trace's 2 layers stand for deepseek-v3's 58: a step is 58 mean layers
+        assert r["moe_ms"] == pytest.approx(r["layer_us"] * 58 / 1e3)
+        assert r["moe_tokens_per_s"] == pytest.approx(64 / (r["moe_ms"] / 1e3))
+
+
+def test_time_counts_the_models_shared_experts(capsys):
+    """With a cost model every token also runs the model's shared expert (deepseek-v3 has
+    one): leaving it out (--shared-experts 0) understates the time."""
+    args = ["run", *SMALL, "--policies", "row", "--mode", "a2a", "--cost", "roofline", "--json"]
+    counted = json.loads(run(capsys, *args)[1])[0]
+    left_out = json.loads(run(capsys, *args, "--shared-experts", "0")[1])[0]
+    assert counted["compute_ms"] > left_out["compute_ms"]
+    out = run(capsys, *args[:-1])[1]
+    assert "shared experts 1 (1 routed pair of work a token and layer, model deepseek-v3: the " \
+           "cost model prices the model's whole layer)" in out
+
+
+def test_corrupt_rows_show_no_speedup(capsys):
+    args = ["run", *SMALL, "--policies", "row,static", "--mode", "none", "--cost", "roofline",
+            "--baseline", "row"]
+    rows = json.loads(run(capsys, *args, "--json")[1])
+    static = next(r for r in rows if r["policy"] == "static")
+    assert static["output_corrupt"] and static["speedup"] is None and static["moe_ms"] > 0
+    assert not rows[0]["output_corrupt"] and rows[0]["speedup"] == 1.0
+    out = run(capsys, *args)[1]
+    line = next(ln for ln in out.splitlines() if ln.startswith("static") and "%" in ln)
+    assert line.split()[-1] == "corrupt"
+    assert "corrupt: static (none): ranks disagree" in out
+    # the main table says what gpu_imb counts: static's doubled pairs are executed work
+    assert static["executed_work"] > 1 and "work: pairs executed over pairs routed" in out
+
+
+def test_time_columns_show_significant_digits(capsys):
+    out = run(capsys, "run", *SMALL, "--policies", "row,ordinal", "--mode", "a2a", "--cost",
+              "roofline")[1]
+    lines = out.splitlines()
+    at = next(i for i, ln in enumerate(lines) if "moe_ms" in ln)
+    header, rows = lines[at].split(), [ln.split() for ln in lines[at + 1:at + 3]]
+    for row in rows:
+        cells = dict(zip(header, row))
+        assert "," in cells["tokens/s"] or "." not in cells["tokens/s"]  # a whole number
+        assert cells["overhead"].endswith("%")
+        digits = cells["moe_ms"].replace(".", "").lstrip("0")
+        assert len(digits) == 4  # four significant digits, whatever the scale
 
 
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="aiconfigurator-core needs Python 3.11+")

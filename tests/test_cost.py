@@ -259,14 +259,17 @@ def test_a_replay_with_a_cost_model_reports_time_that_adds_up(mode):
     placement = r.segments[0].placement  # one placement: no rebalance
     shape, device = MODELS["olmoe-1b-7b"], DEVICES["h100-sxm"]
     compute = _seconds(r.slot_load, placement, torch.zeros(6, 3), shape, device)["compute"]
-    assert m["compute_ms"] == pytest.approx(float(compute.sum(1).mean()) * 1e3)
+    scale = shape.moe_layers / 3  # the trace's 3 layers stand for the model's 16
+    assert m["compute_ms"] == pytest.approx(float(compute.sum(1).mean()) * 1e3 * scale)
     if mode == "none":
         per_layer = float(allreduce_seconds(torch.tensor(64), Topology(8, 4), shape, device))
-        assert m["comm_ms"] == pytest.approx(3 * per_layer * 1e3)
+        assert m["comm_ms"] == pytest.approx(shape.moe_layers * per_layer * 1e3)
     else:
         assert (r.counters.crossings > 0).any()
     series = r.time_series()
-    assert series["moe_ms"] == pytest.approx((compute.sum(1) * 1e3).numpy() + series["comm_ms"])
+    assert series["moe_ms"] == pytest.approx((compute.sum(1) * 1e3 * scale).numpy()
+                                             + series["comm_ms"])
+    assert m["layer_us"] == pytest.approx(m["moe_ms"] * 1e3 / shape.moe_layers)
 
 
 def test_without_a_cost_model_the_time_metrics_are_undefined():

@@ -84,16 +84,16 @@ def test_counts_trace_validates_and_round_trips(tmp_path):
 
 def test_layer_counts_from_every_kind_of_file(tmp_path):
     from eplbsim.traces.counts import CountsTrace, save_counts_trace
-    from eplbsim.traces.formats import open_loads
+    from eplbsim.traces.formats import layer_loads, open_trace
     from eplbsim.traces.synth import synthesize
     from eplbsim.traces.trace import save_trace
     trace = synthesize("uniform", steps=3, tokens=8, layers=2, experts=6, top_k=2)
     save_trace(trace, tmp_path / "t.npz")
-    got = open_loads(tmp_path / "t.npz")
+    got = layer_loads(open_trace(tmp_path / "t.npz"))
     assert np.array_equal(got.load, trace.counts().sum(0).numpy()) and got.layers == (0, 1)
     save_counts_trace(CountsTrace(trace.counts().numpy(), {"model_layers": [1, 4]}),
                       tmp_path / "c.npz")
-    got = open_loads(tmp_path / "c.npz")
+    got = layer_loads(open_trace(tmp_path / "c.npz"))
     assert np.array_equal(got.load, trace.counts().sum(0).numpy()) and got.layers == (1, 4)
     with pytest.raises(InputError, match="where applies to a counts CSV source only"):
-        open_loads(tmp_path / "c.npz", "model=x")
+        open_trace(tmp_path / "c.npz", where="model=x")

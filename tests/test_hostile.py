@@ -388,7 +388,7 @@ def late_ranks_timeout_inf(d):
 
 
 def late_ranks_world_not_dividing_the_slots(d):
-    return ["ranks", "--world-size", "3"]
+    return ["ranks", "--world-size", "3", "--redundant", "16"]
 
 
 def late_ranks_world_of_64(d):
@@ -474,10 +474,13 @@ def test_large_source_ranks_survive_a_round_trip(tmp_path):
 def test_defaults_fit_the_values_given(capsys):
     code, out, err = run(capsys, "run", "--gpus", "2", "--steps", "2", "--tokens", "16",
                          "--policies", "row", "--mode", "none")
-    assert code == 0, err  # run's 4 GPUs per node gives way to 2 GPUs on one node
-    code, out, err = run(capsys, "run", "--gpus", "8", "--steps", "2", "--tokens", "16",
+    assert code == 0, err  # 8 GPUs per node gives way to 2 GPUs on one node
+    code, out, err = run(capsys, "run", "--gpus", "16", "--steps", "2", "--tokens", "16",
                          "--policies", "row", "--mode", "none")
-    assert code == 0 and "(4/node)" in out
+    assert code == 0 and "16 GPUs (8/node)" in out
+    code, out, err = run(capsys, "run", "--gpus", "3", "--steps", "2", "--tokens", "16",
+                         "--policies", "row", "--mode", "none")
+    assert code == 0 and "P=81 slots (redundant 17: the default 16" in out  # 80 would not fit
 
 
 def test_json_output_is_strict_json(tmp_path, capsys):

@@ -66,9 +66,12 @@ def test_dispatch_factor_is_exactly_one_for_an_even_split():
     cfg = RunSpec.of(policy="ordinal", mode="none", gpus=2, redundant=1,
                        placement=placement)
     even = replay(_even_trace([2, 4, 6, 8]), cfg)
-    assert (factors(even)["dispatch"] == 1.0).all()
+    assert (even.components["factor_dispatch"][0] == 1.0).all()
     odd = replay(_even_trace([3, 5, 7, 9]), cfg)  # one pair left over every step
-    assert (factors(odd)["dispatch"] != 1.0).all()
+    assert (odd.components["factor_dispatch"][0] != 1.0).all()
+    # a given placement was not solved: no solver or prediction to factor out
+    assert even.components["factor_solver"] is None
+    assert even.metrics["factor_prediction"] is None
 
 
 def test_time_series_columns_match_the_summary(burst):

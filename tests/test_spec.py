@@ -29,6 +29,16 @@ EXAMPLES = {
     "trace": ("FILE:t.npz", "FILE:t.npz", "missing.npz", "missing.npz: no such file", {}),
     "scenario": ("template", "template", "zipf", "unknown scenario 'zipf'", {}),
     "where": ("model=a", "model=a", "model", "COLUMN=VALUE", {"trace": "FILE:c.csv"}),
+    "request_key": ("rid", "rid", "", "must be non-empty text", {"trace": "FILE:t.npz"}),
+    "token_key": ("tok", "tok", "", "must be non-empty text", {"trace": "FILE:t.npz"}),
+    "layer_key": ("lay", "lay", "", "must be non-empty text", {"trace": "FILE:t.npz"}),
+    "ids_key": ("ids", "ids", "", "must be non-empty text", {"trace": "FILE:t.npz"}),
+    "step_key": ("it", "it", "", "must be non-empty text", {"trace": "FILE:t.npz"}),
+    "prompt_len_key": ("pl", "pl", "", "must be non-empty text", {"trace": "FILE:t.npz"}),
+    "skip_type": ("meta", "meta", "", "must be non-empty text", {"trace": "FILE:t.npz"}),
+    "select_steps": ("1:", "1:", "1:x", "is not a step", {}),
+    "drop_warmup": (True, True, "maybe", "must be true or false", {}),
+    "drop_outliers": (True, True, "maybe", "must be true or false", {}),
     "steps": ("5", 5, 0, "must be an integer >= 1, got 0", {}),
     "tokens": ("64", 64, 0, "must be an integer >= 1, got 0", {}),
     "layers": ("2", 2, 0, "must be an integer in [1, 4096], got 0", {}),
@@ -221,10 +231,23 @@ def test_replace_routes_flat_names_and_keeps_the_rest():
     assert [n for _, n, _ in run_knobs()] == list(spec.labels())
 
 
-def test_command_defaults_belong_to_their_command():
+def test_defaults_fit_the_cluster_and_the_trace():
     source, spec = _cli_values("run", "tokens", "64", {}, Path("."))
-    assert spec.topology.gpus_per_node == 4  # run's embedded scenario: two nodes of four
-    assert RunSpec().topology.gpus_per_node is None  # the library default: one node
+    assert spec.topology.gpus_per_node is None and spec.topology.redundant is None
+    assert spec.topology.topology().gpus_per_node == 8  # one box of eight
+    assert spec.labels()["gpus_per_node"] == 8
+    assert RunSpec.of(gpus=32).topology.topology().num_nodes == 4
+    assert RunSpec.of(gpus=12).topology.topology().num_nodes == 1  # 8 does not divide 12
+    # one redundant slot a GPU, at least 16, rounded up so the GPUs divide the slots
+    assert RunSpec.of(gpus=8).fit(64).topology.redundant == 16
+    assert RunSpec.of(gpus=32).fit(60).topology.redundant == 36
+    assert RunSpec.of(gpus=32, redundant=4).fit(60).topology.redundant == 4
+    with pytest.raises(InputError, match="92 slots do not divide over 32 GPUs; redundant 4 or "
+                                         "36 would"):
+        RunSpec.of(gpus=32, redundant=32).fit(60)
+    with pytest.raises(InputError, match="the placement decides the slots"):
+        RunSpec.of(gpus=2, redundant=2).fit(16, slots=20, file="p.json")
+    assert RunSpec.of(gpus=2).fit(16, slots=20).topology.redundant == 4
     args = build_parser().parse_args(["run"])
     _, lists = from_args(args, "run")
     assert lists == {"policy": ["static", "random", "row", "ordinal"], "mode": ["none", "a2a"]}

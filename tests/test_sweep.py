@@ -87,7 +87,7 @@ def reference(tmp_path_factory):
     ("[fixed]\ntrace = 'missing.npz'\n", "[fixed] trace: "),
     ("out = 3\n[fixed]\nscenario = 'skewed'\n", "out must be a path"),
     ("[fixed]\nscenario = 'skewed'\nexperts = 16\nredundant = 2\ngpus = 4\n",
-     "18 physical slots cannot be spread evenly over 4 GPUs"),
+     "18 slots do not divide over 4 GPUs; redundant 0 or 4 would"),
     ("[fixed]\nscenario = 'skewed'\ngpus = 6\ngpus_per_node = 4\n",
      "6 GPUs cannot be split into nodes of 4"),
     ("[fixed]\nscenario = 'skewed'\nexperts = 4\ntop_k = 8\n", "top_k=8 must not exceed"),
@@ -118,7 +118,7 @@ def test_cells_are_the_product_in_key_order_with_defaults_resolved():
         "scenario", *SIZES, "option.sigma", *flat_row(RunSpec().labels())]
     cfg = cells[0].config
     assert (cfg["steps"], cfg["tokens"], cfg["drift_p"], cfg["policy"], cfg["gpus"],
-            cfg["redundant"], cfg["gpus_per_node"]) == (4, 512, 0.0, "ordinal", 8, 16, None)
+            cfg["redundant"], cfg["gpus_per_node"]) == (4, 512, 0.0, "ordinal", 8, None, 8)
     quoted = parse_spec({**doc, "grid": {"scenario": ["skewed", "burst"],
                                          "option.sigma": [1.0, 2]}}, Path("."))
     assert [c.id for c in quoted] == [c.id for c in cells]
@@ -229,7 +229,9 @@ def test_a_failed_cell_stops_the_sweep_with_one_line_and_keeps_rows(tmp_path, ca
 def test_command_line_runs_and_reports_bad_input(reference, tmp_path, capsys):
     spec, out = reference
     assert main(["sweep", str(spec), "--out", str(out)]) == 0
-    assert capsys.readouterr().out.startswith("8 cells (0 run now, 8 done before); wrote ")
+    out_lines = capsys.readouterr().out.splitlines()
+    assert out_lines[0] == "8 cells (0 run now, 8 done before):"
+    assert out_lines[1].startswith("  gpu_imbalance: ") and out_lines[-1].startswith("wrote ")
     for argv, match in [([str(tmp_path / "none.toml"), "--out", str(tmp_path)], "no such file"),
                         ([str(spec)], "no output directory"),
                         ([str(spec), "--out", str(out), "--address", "auto"],

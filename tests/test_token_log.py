@@ -52,8 +52,10 @@ def test_header_and_token_index_restarts(tmp_path):
         assert torch.equal(tr.step(s), torch.from_numpy(ids).int())
     assert tr.meta["model_layers"] == [1, 3, 5] and tr.meta["skipped_records"] == 1
     assert tr.meta["steps_from"] == "token-index restarts"
-    with pytest.raises(InputError, match=r"log\.jsonl:1: missing key\(s\) token_idx, topk_ids "
-                                         r"\(records of another kind can be skipped"):
+    with pytest.raises(InputError, match=r"log\.jsonl:1: missing key\(s\) token_idx, topk_ids; "
+                                         r"this record has type, model, num_layers: name the "
+                                         r"log's keys with --token-key.* or skip records of "
+                                         r"another kind with --skip-type header \(in Python"):
         read_token_trace(log)
 
 

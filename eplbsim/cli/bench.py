@@ -6,8 +6,11 @@ from __future__ import annotations
 import argparse
 import math
 
+import torch
+
 from .. import bench as B
 from ..errors import InputError
+from ..progress import bar
 from ..replay import resolve_device
 from ..results import to_json
 from ..spec import Device
@@ -70,10 +73,15 @@ def handle(args: argparse.Namespace) -> int:
         if m not in B.REPLAY_MODES:
             raise InputError(f"unknown mode {m!r}; choose from {', '.join(B.REPLAY_MODES)}")
     ns = _pair_counts(args.n) if args.n is not None else None
-    rows = B.bench_dispatch(ns, policies, device, args.repeats, args.seed)
-    replay_rows = B.replay_throughput(device, args.replay_steps, args.replay_tokens,
-                                      args.replay_layers, policies, modes,
-                                      args.seed, args.replay_repeats) if args.replay else []
+    sizes = len(ns or B.DEFAULT_N.get(torch.device(device).type, B.DEFAULT_N["cpu"]))
+    total = len(policies) * (sizes + (len(modes) if args.replay else 0))
+    with bar(total, "bench", "row") as rows_done:
+        rows = B.bench_dispatch(ns, policies, device, args.repeats, args.seed,
+                                rows_done.update)
+        replay_rows = B.replay_throughput(device, args.replay_steps, args.replay_tokens,
+                                          args.replay_layers, policies, modes, args.seed,
+                                          args.replay_repeats, rows_done.update) \
+            if args.replay else []
     if args.json:
         print(to_json(rows + replay_rows))
         return 0

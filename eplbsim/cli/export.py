@@ -7,12 +7,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .. import spec
 from ..errors import InputError
 from ..files import atomic_file, check_output
 from ..limits import MAX_LAYERS
 from ..placement_io import (placement_experts, read_json, read_phy2log, sglang_logical_count,
                             sglang_placement)
-from ..traces import CountsTrace, open_trace
+from ..traces import CountsTrace
 from .common import positive, split
 
 HELP = "write a placement (or expert loads) in a form a serving engine loads"
@@ -33,28 +34,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--moe-layers", default=None,
                    help="model layer of each MoE layer, e.g. 1,2,3 (default: the file's "
                    "layers / model_layers, else 0..L-1)")
-    p.add_argument("--experts", type=positive, default=None,
-                   help="logical experts E (default: from the file)")
     p.add_argument("--out", type=Path, required=True, help="the JSON file to write")
+    spec.add_flags(p, "export")  # how --counts is read; --experts for a placement too
 
 
 def handle(args: argparse.Namespace) -> int:
     check_output(args.out, [args.placement, args.counts])
     meta: dict[str, Any] = {}
+    values, _ = spec.from_args(args, "export")
     if args.placement is not None:
+        reading = sorted(set(values) - {"experts"})
+        if reading:
+            raise InputError(f"{', '.join(reading)} apply to reading --counts only")
         data = read_json(args.placement, "a JSON placement")
-        experts = args.experts or placement_experts(data, args.placement)
+        experts = values.get("experts") or placement_experts(data, args.placement)
         phy2log = read_phy2log(data, args.placement, experts)
         if isinstance(data, dict) and data.get("layers") is not None:
             meta["model_layers"] = data["layers"]
         num_layers = len(phy2log)
     else:
-        trace = open_trace(args.counts)
+        trace = spec.Source(trace=str(args.counts), **values).open(0, spec.SchedulePart())
         counts = trace.counts if isinstance(trace, CountsTrace) else trace.counts().numpy()
         meta = trace.meta  # counts [S, L, E]
-        if args.experts is not None and args.experts != counts.shape[2]:
-            raise InputError(f"{args.counts}: holds {counts.shape[2]} experts, --experts says "
-                             f"{args.experts}")
         num_layers = counts.shape[1]
     model_layers = args.num_model_layers or meta.get("num_model_layers")
     if model_layers is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import textwrap
 from pathlib import Path
 
 from .common import check_out_dir, split
@@ -20,10 +21,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def handle(args: argparse.Namespace) -> int:
     from ..figures import FIGURES, build
-    from ..registry import lookup
+    from ..registry import first_sentence, lookup
     if args.list:
+        width = max(map(len, FIGURES)) + 2
         for name, fn in FIGURES.items():
-            print(f"{name:22s} {(fn.__doc__ or '').splitlines()[0]}")
+            print(textwrap.fill(first_sentence(fn.__doc__), 100, initial_indent=name.ljust(width),
+                                subsequent_indent=" " * width))
         return 0
     names = split(args.only, "only") if args.only else list(FIGURES)
     for name in names:

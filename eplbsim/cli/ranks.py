@@ -59,7 +59,7 @@ def handle(args: argparse.Namespace) -> int:
     if isinstance(trace, CountsTrace):
         raise InputError(f"{source.trace} holds expert counts, not token rows: ranks need "
                          f"tokens to dispatch")
-    check_fits(trace, base)  # what rank 0 would find only after every rank started
+    base = check_fits(trace, base)  # what rank 0 would find only after every rank started
     device = resolve_device(base.dispatch.device).partition(":")[0]
     specs = comparison(base, lists["policy"], lists["mode"])
     try:

@@ -7,6 +7,7 @@ import argparse
 import sys
 from typing import Any
 
+from ..registry import first_sentence
 from ..results import to_json
 
 POLICIES_HELP = "list the dispatch policies: rank-invariance class in \"none\" mode, source"
@@ -24,8 +25,8 @@ def solver_rows() -> list[dict[str, Any]]:
     """`name`, `source` (its module docstring's first sentence) and `summary` (its own
     docstring's) of every solver."""
     from ..solvers import SOLVERS
-    return [{"name": name, "source": _first_line(sys.modules[fn.__module__].__doc__),
-             "summary": _first_line(fn.__doc__)} for name, fn in SOLVERS.items()]
+    return [{"name": name, "source": first_sentence(sys.modules[fn.__module__].__doc__),
+             "summary": first_sentence(fn.__doc__)} for name, fn in SOLVERS.items()]
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
@@ -35,13 +36,6 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     lines += ["| " + " | ".join(f"`{r[k]}`" if k == "name" else str(r[k]) for k in keys) + " |"
               for r in rows]
     return "\n".join(lines)
-
-
-def _first_line(text: str | None) -> str:
-    """The first sentence of a docstring's first paragraph, on one line."""
-    paragraph = " ".join((text or "").strip().split("\n\n")[0].split())
-    head, dot, _ = paragraph.partition(". ")
-    return head + ("." if dot else "")
 
 
 def _print(rows: list[dict[str, Any]], args: argparse.Namespace) -> int:

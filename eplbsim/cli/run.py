@@ -9,8 +9,8 @@ from .. import spec
 from ..errors import InputError
 from ..progress import bar, run_label
 from ..replay import compare, replay
-from ..results import (describe, format_table, rebalance_report, series_rows, time_report,
-                       to_json, with_speedup, write_csv, write_results)
+from ..results import (describe, format_table, rebalance_report, series_rows, table_notes,
+                       time_report, to_json, with_speedup, write_csv, write_results)
 from ..traces.counts import CountsTrace
 from .common import check_out_dir
 
@@ -41,7 +41,8 @@ def handle(args: argparse.Namespace) -> int:
     trace = source.open(base.dispatch.seed, base.schedule)
     if isinstance(trace, CountsTrace):
         return _counts_only(args, trace, base)
-    results = compare(trace, lists["policy"], lists["mode"], base,
+    policies = lists["policy"]
+    results = compare(trace, policies, lists["mode"], base,
                       lambda one: bar(trace.num_steps, run_label(one)))
     rows = [r.row() for r in results]
     if args.baseline is not None:
@@ -51,11 +52,13 @@ def handle(args: argparse.Namespace) -> int:
     if args.json:
         print(to_json(rows))
     else:
-        print(describe(trace, results[0].spec))
+        print(describe(trace, results[0].spec, base, policies))
         print(format_table(rows))
+        for note in table_notes(rows):
+            print(note)
         if base.cost.cost is not None:
             print()
-            print(time_report(base, rows))
+            print(time_report(results[0].spec, rows, trace.num_layers))
         if base.schedule.rebalance_every is not None:
             print()
             print(rebalance_report(results[0], rows))
@@ -79,15 +82,13 @@ def _counts_only(args: argparse.Namespace, counts: CountsTrace, base: spec.RunSp
         raise InputError(f"{args.trace} holds expert counts, not token rows: dispatch policies "
                          f"choose a replica per (token, slot), so none can run on it; without "
                          f"--policies, run reports the placement's even-split promise")
-    rows = [replay(counts, base).row()]
+    result = replay(counts, base)
+    rows = [result.row()]
     if args.json:
         print(to_json(rows))
         return 0
-    topo = base.topology
-    print(f"{args.trace}: counts only, {counts.num_steps} steps, {counts.num_layers} layers, "
-          f"E={counts.num_experts} | {topo.gpus} GPUs, P={counts.num_experts + topo.redundant} "
-          f"slots, solver {rows[0]['solver']}: the placement's even-split promise (no token "
-          f"rows, so no dispatch)")
+    print(describe(counts, result.spec, base) + ": the placement's even-split promise (no "
+          "token rows, so no dispatch)")
     print(format_table(rows))
     if args.out:
         print("wrote " + ", ".join(str(p) for p in write_results(rows, args.out)))

@@ -14,7 +14,7 @@ from ..placement_io import read_json, read_phy2log
 from ..results import to_json
 from ..solvers import SOLVERS, as_load, solve_with_info
 from ..topology import Topology
-from ..traces.formats import open_loads
+from ..traces.formats import layer_loads
 from .common import nonnegative, positive
 
 HELP = "solve a placement for expert loads (a JSON [L][E] matrix or a counts CSV)"
@@ -26,10 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     loads.add_argument("--counts", type=Path,
                        help="a CSV with columns layer,expert,count (others can be filtered on), "
                        "a counts-only .npz, or any routing trace (summed over steps)")
-    p.add_argument("--where", default=None,
-                   help="filters for --counts, e.g. model=olmoe,domain=arxiv")
-    p.add_argument("--experts", type=positive, default=None,
-                   help="experts in --counts (default: the largest id + 1)")
+    spec.add_flags(p, "solve")  # how --counts is read
     slots = p.add_mutually_exclusive_group()
     slots.add_argument("--slots", type=positive, default=None,
                        help="physical slots P (default: experts + --redundant)")
@@ -58,12 +55,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def handle(args: argparse.Namespace) -> int:
     topology = Topology(args.gpus, args.gpus_per_node)
+    values, _ = spec.from_args(args, "solve")
     if args.counts is not None:
-        counts = open_loads(args.counts, args.where, args.experts)
+        counts = layer_loads(spec.Source(trace=str(args.counts), **values).open(
+            0, spec.SchedulePart()))
         load, layers = counts.load, list(counts.layers)
     else:
-        if args.where or args.experts:
-            raise InputError("--where and --experts apply to --counts only")
+        if values:
+            raise InputError(f"{', '.join(sorted(values))} apply to reading --counts only")
         load = read_json(args.load, "a JSON [layers][experts] load matrix")
         layers = None
     load = as_load(load)  # [L, E] validated

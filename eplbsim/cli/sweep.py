@@ -33,13 +33,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from ..sweep import read_spec, run_sweep
+    from ..sweep import read_spec, run_sweep, summary_lines
     sweep = read_spec(args.spec, args.max_cells)
     out = args.out or sweep.out
     if out is None:
         raise InputError(f"{args.spec}: no output directory; give --out DIR or out in the spec")
     run = run_sweep(sweep, out, args.executor, args.workers, args.address)
     n = len(sweep.cells)
-    print(f"{n} cells ({run.ran} run now, {n - run.ran} done before); wrote "
-          f"{', '.join(str(p) for p in run.paths)}")
+    print(f"{n} cells ({run.ran} run now, {n - run.ran} done before):")
+    for line in summary_lines(sweep, run.rows):
+        print(line)
+    print(f"wrote {', '.join(str(p) for p in run.paths)}")
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -13,8 +14,8 @@ from ..errors import InputError
 from ..files import check_output
 from ..progress import bar
 from ..results import to_json
-from ..traces import CountsTrace, open_trace, save_trace, summarize_trace
-from ..traces.formats import is_request_input, open_requests
+from ..traces import CountsTrace, save_trace, summarize_trace
+from ..traces.formats import is_request_input
 from ..traces.formats.token_log import is_token_log
 from ..traces.requests import save_requests
 from ..traces.workload import batch
@@ -22,28 +23,27 @@ from ..traces.counts import save_counts_trace
 from ..traces.directory import save_trace_dir, to_memory
 from ..traces.formats.jsonl import read_jsonl, write_jsonl
 from ..traces.formats.sglang import import_sglang
+from ..traces.steps import OUTLIER_FACTOR, describe_selection, flag_steps
 from ..traces.synth import SCENARIOS
 from .common import positive
 
 HELP = "inspect or generate traces"
 
 
-def _routing(path: Path, **options: object) -> object:
-    """The routing trace at `path` (any form with token rows); InputError for counts only."""
-    trace = open_trace(path, **options)
+def _routing(trace: Any, path: Path) -> Any:
+    """`trace` if it has token rows; InputError for counts only."""
     if isinstance(trace, CountsTrace):
         raise InputError(f"{path}: holds expert counts only, no token rows")
     return trace
 
 
-LOG_KEYS = ("request_key", "token_key", "layer_key", "ids_key", "step_key", "skip_type",
-            "prompt_len_key")
-
-
-def _reader_options(args: argparse.Namespace) -> dict[str, object]:
-    """The reader options given (`--experts` and the per-token log's keys)."""
-    return {k: getattr(args, k) for k in ("experts", *LOG_KEYS)
-            if getattr(args, k, None) is not None}
+def _source(args: argparse.Namespace, path: Path, command: str) -> tuple[spec.Source, bool]:
+    """The run schema's source for a file argument with the reading flags given, and whether
+    it holds requests (`is_request_input`) rather than steps."""
+    values, _ = spec.from_args(args, command)
+    options = {k: values[k] for k in spec.READER_OPTIONS if values.get(k) is not None}
+    requests = is_request_input(path, **options)
+    return spec.Source(**{**values, ("requests" if requests else "trace"): str(path)}), requests
 
 
 def _distribution(values: np.ndarray) -> str:
@@ -51,22 +51,39 @@ def _distribution(values: np.ndarray) -> str:
             f"max {values.max()}")
 
 
-def request_info(args: argparse.Namespace) -> int:
+def _flag_lines(flags: dict[str, list[int]], trace: Any) -> list[str]:
+    """What `trace info` says of the flagged steps (`traces.steps.flag_steps`)."""
+    tokens = trace.tokens_per_step
+    words = {"warmup": ("warm-up (every row routed alike)", "--drop-warmup"),
+             "outlier": (f"size outliers (over {OUTLIER_FACTOR}x the median "
+                         f"{float(tokens.double().median()):g} tokens)", "--drop-outliers")}
+    lines = []
+    for kind, steps in flags.items():
+        if steps:
+            shown = ", ".join(map(str, steps[:12])) + (", ..." if len(steps) > 12 else "")
+            lines.append(f"  flagged {words[kind][0]}: {len(steps)} step"
+                         f"{'' if len(steps) == 1 else 's'} ({shown}), "
+                         f"{int(tokens[steps].sum())} tokens; {words[kind][1]} leaves them out")
+    return lines
+
+
+def request_info(args: argparse.Namespace, source: spec.Source) -> int:
     """`trace info` of a request input: its requests and the steps the workload makes."""
-    requests = open_requests(args.file, **_reader_options(args))
-    values, _ = spec.from_args(args, "info")
-    batched = batch(requests, spec.workload_of(values, 0))
+    requests = source.request_set(0)
+    batched = batch(requests, source.workload(0))
+    flags = flag_steps(batched.trace)
+    trace = source.select(batched.trace)
     prompt, output = requests.lengths()
-    trace = batched.trace
     summary = {"requests": len(requests.requests), "prompt_len": prompt.tolist(),
                "output_len": output.tolist(), "layers": requests.num_layers,
                "experts": requests.num_experts, "top_k": requests.top_k,
                "workload": trace.meta["workload"], "steps": trace.num_steps,
-               "rows": batched.composition(), "meta": requests.meta}
+               "rows": batched.composition(), "flagged": flags, "meta": requests.meta}
     if args.json:
         print(to_json(summary))
         return 0
     tps = trace.tokens_per_step
+    selected = describe_selection(trace.meta)
     print(f"{args.file}")
     print(f"  requests {len(requests.requests)}, layers {requests.num_layers}, experts "
           f"{requests.num_experts}, top-k {requests.top_k}")
@@ -74,30 +91,40 @@ def request_info(args: argparse.Namespace) -> int:
     print(f"  output tokens: {_distribution(output)}")
     print(f"  batched ({', '.join(f'{k} {v}' for k, v in trace.meta['workload'].items())}):")
     print(f"  {trace.num_steps} steps of {int(tps.min())}..{int(tps.max())} rows (mean "
-          f"{float(tps.double().mean()):.1f}); rows: "
+          f"{float(tps.double().mean()):.1f}){'; ' + selected if selected else ''}; rows: "
           f"{', '.join(f'{k} {v}' for k, v in batched.composition().items())}")
+    for line in _flag_lines(flags, batched.trace):
+        print(line)
     return 0
 
 
 def info(args: argparse.Namespace) -> int:
-    if is_request_input(args.file, **_reader_options(args)):
-        return request_info(args)
-    summary = summarize_trace(_routing(args.file, **_reader_options(args)))
+    source, requests = _source(args, args.file, "info")
+    if requests:
+        return request_info(args, source)
+    whole = _routing(source.read(0, spec.SchedulePart()), args.file)
+    flags = flag_steps(whole)
+    trace = source.select(whole)
+    summary = {**summarize_trace(trace), "flagged": flags}
     if args.json:
         print(to_json(summary))
         return 0
     tps = summary["tokens_per_step"]
+    selected = describe_selection(trace.meta)
     print(f"{args.file}")
     print(f"  steps {summary['steps']}, tokens {summary['tokens']} (per step {tps['min']}.."
           f"{tps['max']}, mean {tps['mean']:.1f}), layers {summary['layers']}, "
-          f"experts {summary['experts']}, top-k {summary['top_k']}")
+          f"experts {summary['experts']}, top-k {summary['top_k']}"
+          + (f"; {selected}" if selected else ""))
     print(f"  groups {summary['groups'] or '-'}, src_rank "
           f"{'yes' if summary['src_rank'] else 'no'}, padding {summary['padding_frac']:.2%}, "
           f"source {summary['meta'].get('source', '-')}")
+    for line in _flag_lines(flags, whole):
+        print(line)
     print("  layer  max/mean load (whole trace)  mean per-step max/mean  hottest expert")
     for row in summary["layer_skew"]:
-        whole, step = row["max_over_mean"], row["per_step_max_over_mean"]
-        print(f"  {row['layer']:>5}  {'-' if whole is None else f'{whole:.3f}':>27}  "
+        skew, step = row["max_over_mean"], row["per_step_max_over_mean"]
+        print(f"  {row['layer']:>5}  {'-' if skew is None else f'{skew:.3f}':>27}  "
               f"{'-' if step is None else f'{step:.3f}':>22}  {row['hottest_expert']:>14}")
     return 0
 
@@ -117,12 +144,15 @@ def synth(args: argparse.Namespace) -> int:
 def convert(args: argparse.Namespace) -> int:
     out_kind = args.out.suffix.lower()
     check_output(args.out, [args.src], replaces=out_kind not in (".npz", ".jsonl"))
-    options = _reader_options(args)
-    if is_request_input(args.src, **options):
+    source, requests = _source(args, args.src, "convert")
+    if requests:
         if out_kind != ".npz":
             raise InputError(f"{args.src} holds requests: write them to an .npz request file "
                              f"(run --requests batches it into steps)")
-        requests = open_requests(args.src, **options)
+        if source.selects:
+            raise InputError(f"{args.src} holds requests, not steps: steps are selected where "
+                             f"they are batched (run --requests ... --select-steps)")
+        requests = source.request_set(0)
         save_requests(requests, args.out)
         prompt, output = requests.lengths()
         print(f"wrote {args.out} (request file): {len(requests.requests)} requests, "
@@ -131,12 +161,12 @@ def convert(args: argparse.Namespace) -> int:
               f"top-{requests.top_k}")
         return 0
     streamed = args.src.suffix.lower() == ".jsonl" and not is_token_log(args.src) \
-        and options.keys() <= {"experts"}
+        and source.reader_options().keys() <= {"experts"} and not source.selects
     if streamed and out_kind not in (".npz", ".jsonl"):
         with bar(None, "convert") as steps:  # streamed into the directory
-            trace = read_jsonl(args.src, args.experts, args.out, steps.update)
+            trace = read_jsonl(args.src, source.experts, args.out, steps.update)
     else:
-        trace = _routing(args.src, **options)
+        trace = _routing(source.open(0, spec.SchedulePart()), args.src)
         with bar(trace.num_steps, "convert") as steps:
             if out_kind == ".jsonl":
                 write_jsonl(trace, args.out, steps.update)
@@ -163,53 +193,48 @@ def import_dumps(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_reader_flags(cmd: argparse.ArgumentParser) -> None:
-    """`--experts` and the keys of a per-token JSONL router log (`traces.formats.token_log`)."""
-    cmd.add_argument("--experts", type=positive, default=None,
-                     help="logical experts E of a log (default: largest id + 1)")
-    keys = {"request_key": "the request id (the log is then read as requests)",
-            "token_key": "the token index (default token_idx)",
-            "layer_key": "the layer (default layer)", "ids_key": "the top-k ids (default "
-            "topk_ids)", "step_key": "the step (default: a new step when token indices "
-            "restart)", "prompt_len_key": "a request's prompt length (with --request-key)"}
-    for key, text in keys.items():
-        cmd.add_argument("--" + key.replace("_", "-"), default=None, metavar="KEY",
-                         help=f"per-token log: the key of {text}")
-    cmd.add_argument("--skip-type", default=None, metavar="TYPE",
-                     help="per-token log: skip records whose \"type\" is TYPE (a header)")
+SUBCOMMANDS = {
+    "info": "summarise a trace file (and flag its warm-up and outlier steps), or a request "
+            "file and the steps a workload batches it into",
+    "synth": "generate a synthetic trace",
+    "convert": "convert a trace between .npz, the directory form (memory-mapped, for traces "
+               "larger than memory) and a JSONL log; or read a request log into a request file",
+    "import-sglang": "import SGLang expert-distribution recorder dumps (per_token -> trace, "
+                     "per_pass/stat -> counts-only trace)",
+}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="trace_command", required=True)
-    cmd = sub.add_parser("info", help="summarise a trace file, or a request file and the "
-                         "steps a workload batches it into")
+
+    def command(name: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=SUBCOMMANDS[name], description=SUBCOMMANDS[name])
+
+    cmd = command("info")
     cmd.add_argument("file", type=Path, help="a trace in any form run reads, or a request "
                      "input (a request .npz, vLLM routed experts, a per-token log with "
                      "--request-key)")
     cmd.add_argument("--json", action="store_true", help="print only JSON")
-    _add_reader_flags(cmd)
     spec.add_flags(cmd, "info")
     cmd.set_defaults(handler=info)
 
-    cmd = sub.add_parser("synth", help="generate a synthetic trace")
+    cmd = command("synth")
     cmd.add_argument("scenario", choices=sorted(SCENARIOS),
                      help="the scenario: " + ", ".join(sorted(SCENARIOS)))
     cmd.add_argument("--out", type=Path, required=True, help="the .npz trace to write")
     spec.add_flags(cmd, "synth")
     cmd.set_defaults(handler=synth)
 
-    cmd = sub.add_parser("convert", help="convert a trace between .npz, the directory form "
-                         "(memory-mapped, for traces larger than memory) and a JSONL log")
-    cmd.add_argument("src", type=Path, help="an .npz trace, a trace directory or a .jsonl "
-                     "router log ({step, layer, topk_ids} per line)")
+    cmd = command("convert")
+    cmd.add_argument("src", type=Path, help="a trace in any form run reads (a .jsonl router "
+                     "log of {step, layer, topk_ids} lines is streamed), or a request input")
     cmd.add_argument("--out", type=Path, required=True,
                      help="DST: ending in .npz writes .npz, in .jsonl a router log, anything "
                      "else a directory (a .jsonl source is streamed into it)")
-    _add_reader_flags(cmd)
+    spec.add_flags(cmd, "convert")
     cmd.set_defaults(handler=convert)
 
-    cmd = sub.add_parser("import-sglang", help="import SGLang expert-distribution recorder "
-                         "dumps (per_token -> trace, per_pass/stat -> counts-only trace)")
+    cmd = command("import-sglang")
     cmd.add_argument("paths", type=Path, nargs="+", metavar="PATH",
                      help="dump files written by torch.save (one per rank; stat: rank 0's)")
     cmd.add_argument("--out", type=Path, required=True, help="the .npz to write")

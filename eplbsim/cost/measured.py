@@ -39,6 +39,7 @@ DISTRIBUTION = "balanced"
 COLUMNS = ["kernel_source", "moe_dtype", "num_tokens", "hidden_size", "inter_size", "topk",
            "num_experts", "moe_tp_size", "moe_ep_size", "distribution", "latency"]
 
+ROOFLINE = "--cost roofline prices every model on every device"  # said with each refusal
 
 @dataclass(frozen=True, eq=False)
 class MoETable:
@@ -74,7 +75,7 @@ def _package() -> tuple[Any, Any, Any, str]:
         root = resources.files("aiconfigurator_core") / "systems"
     except ImportError:
         raise InputError(f"the measured cost model reads NVIDIA aiconfigurator-core's tables, "
-                         f"which are not installed: {EXTRA} (or use --cost roofline)") from None
+                         f"which are not installed: {EXTRA} ({ROOFLINE})") from None
     return root, pq, yaml, importlib.metadata.version("aiconfigurator-core")
 
 
@@ -98,13 +99,13 @@ def moe_table(shape: ModelShape, device: DeviceProfile, num_gpus: int,
     root, pq, yaml, package = _package()
     system = device.aic_system
     if not system:
-        raise InputError("this device profile has no aiconfigurator-core tables (profiles with "
-                         "tables: h100-sxm, h200, b200, gb200); use --cost roofline")
+        raise InputError(f"this device profile has no aiconfigurator-core tables (profiles with "
+                         f"tables: h100-sxm, h200, b200, gb200; {ROOFLINE})")
     version = version or _version(root, yaml, system, framework)
     path = root / "data" / system / "moe" / framework / version / "moe_perf.parquet"
     if not path.is_file():
         raise InputError(f"aiconfigurator-core {package} has no {framework} {version} MoE "
-                         f"table for {system}")
+                         f"table for {system} ({ROOFLINE})")
     rows = pq.read_table(path, columns=COLUMNS, filters=[
         ("moe_tp_size", "=", 1), ("distribution", "=", DISTRIBUTION)]).to_pydict()
     key = (shape.hidden, shape.intermediate, shape.experts, shape.top_k,
@@ -117,12 +118,12 @@ def moe_table(shape: ModelShape, device: DeviceProfile, num_gpus: int,
         have = "; ".join(f"H {h} I {i} E {e} K {k} {d}" for h, i, e, k, d in sorted(set(keys)))
         raise InputError(f"{where} has no MoE kernel of hidden {key[0]}, intermediate {key[1]}, "
                          f"{key[2]} experts, top-{key[3]}, {key[4] or shape.weight_dtype} "
-                         f"weights; it has: {have}")
+                         f"weights ({ROOFLINE}); it has: {have}")
     at_ep = [i for i in mine if rows["moe_ep_size"][i] == num_gpus]
     if not at_ep:
         eps = sorted({rows["moe_ep_size"][i] for i in mine})
         raise InputError(f"{where} has this shape at EP sizes {', '.join(map(str, eps))}, not "
-                         f"at {num_gpus} GPUs")
+                         f"at {num_gpus} GPUs ({ROOFLINE})")
     kernel = sorted({rows["kernel_source"][i] for i in at_ep})[0]
     points: dict[int, float] = {}
     for i in at_ep:  # the first row of each token count, in the file's order
@@ -143,8 +144,8 @@ def measured(pairs: torch.Tensor, active: torch.Tensor, shape: ModelShape,
     if x.size and x.max() > table.tokens[-1]:
         raise InputError(f"a GPU executes {x.max() * shape.top_k / pairs.shape[-1]:.0f} pairs, "
                          f"what a balanced rank does at {x.max():.0f} tokens, beyond the measured "
-                         f"table's largest ({table.describe()}): replay fewer tokens a step or "
-                         f"use --cost roofline")
+                         f"table's largest ({table.describe()}): replay fewer tokens a step "
+                         f"({ROOFLINE})")
     x = np.maximum(x, table.tokens[0])
     hi = np.clip(np.searchsorted(table.tokens, x, side="right"), 1, len(table.tokens) - 1)
     x0, x1 = table.tokens[hi - 1], table.tokens[hi]

@@ -14,8 +14,6 @@ import torch
 from ..errors import InputError
 from ..placement import Placement
 
-# One DeepSeek-V3 routed expert in bf16: gate, up and down projections of 7168 x 2048, 2 bytes.
-DEEPSEEK_V3_EXPERT_BYTES = 3 * 7168 * 2048 * 2
 TRANSFER_KINDS = ("same_gpu", "same_node", "cross_node")
 
 

@@ -62,13 +62,18 @@ class Rebalance:
         """Slots whose expert changed, over all layers."""
         return int(self.transfers.sum())
 
+    def __repr__(self) -> str:
+        what = "skipped" if self.skipped else f"moved {self.moved_slots} slots"
+        return f"Rebalance(step {self.step}, {what}, balancedness {self.balancedness:.4f})"
+
 
 @dataclass(frozen=True, eq=False)
 class Segment:
     """Steps `[start, stop)` served by one placement decision.
 
     placement: the placement in service over these steps
-    best:      the solver's placement for these steps' true loads, at the same point
+    best:      the solver's placement for these steps' true loads, at the same point (the
+               placement itself when one is given: nothing is solved)
     rebalance: the decision that made it (taken at `rebalance.step`, which is `start` unless
                the copies land later: `async`); None for the first segment
     switch:    int64 `[G]` each rank's first step on `placement` when the ranks switch at
@@ -82,6 +87,10 @@ class Segment:
     best: Placement
     rebalance: Rebalance | None
     switch: np.ndarray | None = None
+
+    def __repr__(self) -> str:
+        made = "first" if self.rebalance is None else repr(self.rebalance)
+        return f"Segment(steps {self.start}:{self.stop}, {made}, {self.placement!r})"
 
 
 def plan(true_load: torch.Tensor, schedule: Any, solver: Any, topology: Topology,
@@ -112,13 +121,12 @@ def plan(true_load: torch.Tensor, schedule: Any, solver: Any, topology: Topology
         return solve(solver.solver, load, num_slots, topology, num_groups,
                      **{**solver.solver_options, **extra})
 
-    whole = summed(true_load, 0)  # [L, E]
     if placement is not None:
         given = _check_given(placement, L, E, topology, "given placement")
-        return (Segment(0, S, given, solve_for(whole, None, 0, S), None),)
+        return (Segment(0, S, given, given, None),)  # nothing solved: no solver to compare
     every = schedule.rebalance_every
     if every is None:
-        solved = solve_for(whole, None, 0, S)
+        solved = solve_for(summed(true_load, 0), None, 0, S)  # the whole trace's [L, E]
         return (Segment(0, S, solved, solved, None),)
 
     window = every if schedule.window is None else schedule.window

@@ -33,6 +33,9 @@ class LayerCounts:
     load: np.ndarray
     layers: tuple[int, ...]
 
+    def __repr__(self) -> str:
+        return f"LayerCounts(L={self.load.shape[0]}, E={self.load.shape[1]}, layers {self.layers})"
+
 
 def parse_where(text: str | None) -> dict[str, str]:
     """`"model=olmoe,domain=arxiv"` -> `{"model": "olmoe", "domain": "arxiv"}`."""
@@ -161,6 +164,10 @@ class CountsTrace:
     @property
     def num_groups(self) -> int | None:
         return self.meta.get("num_groups")
+
+    def __repr__(self) -> str:
+        return (f"CountsTrace({self.num_steps} steps, L={self.num_layers}, "
+                f"E={self.num_experts}, {int(self.counts.sum())} pairs)")
 
     def load(self) -> np.ndarray:
         """Pairs per expert summed over steps, float64 `[L, E]` (what a solver takes)."""

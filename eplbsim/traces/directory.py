@@ -35,7 +35,7 @@ from ..errors import InputError
 from ..files import atomic_dir, regular_file
 from ..limits import MAX_EXPERTS, MAX_GPUS
 from ..progress import Progress
-from .trace import Trace, TraceShape, check_sizes_of, id_dtype
+from .trace import Trace, TraceShape, check_sizes_of, id_dtype, shape_words
 
 IDS, OFFSETS, SRC, META = "topk_ids.npy", "step_offsets.npy", "src_rank.npy", "meta.json"
 CHUNK_ELEMENTS = 1 << 22  # ids per chunk when validating or counting (<= 32 MiB as int64)
@@ -187,6 +187,9 @@ class DirTrace(TraceShape):
     @property
     def ids_shape(self) -> tuple[int, int, int]:
         return tuple(self._ids.shape)
+
+    def __repr__(self) -> str:
+        return f"DirTrace({str(self.path)!r}: {shape_words(self)})"
 
     def _bounds(self, s: int) -> tuple[int, int]:
         if not 0 <= s < self.num_steps:

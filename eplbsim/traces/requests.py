@@ -47,6 +47,10 @@ class Request:
         """Output tokens: one decode step each."""
         return self.ids.shape[0] - self.prompt_len
 
+    def __repr__(self) -> str:
+        return (f"Request({self.id!r}, {self.prompt_len} prompt + {self.output_len} output "
+                f"tokens, arrival {self.arrival})")
+
 
 @dataclass(frozen=True, eq=False)
 class RequestSet:
@@ -55,6 +59,11 @@ class RequestSet:
     requests: tuple[Request, ...]
     num_experts: int
     meta: dict[str, Any] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        first = self.requests[0].ids.shape
+        return (f"RequestSet({len(self.requests)} requests, L={first[1]}, E={self.num_experts}, "
+                f"K={first[2]})")
 
     def __post_init__(self) -> None:
         reqs = tuple(self.requests)

@@ -161,6 +161,9 @@ class Trace(TraceShape):
     def ids_shape(self) -> tuple[int, int, int]:
         return tuple(self.topk_ids.shape)
 
+    def __repr__(self) -> str:
+        return f"Trace({shape_words(self)}{', src_rank' if self.src_rank is not None else ''})"
+
     def step(self, s: int) -> torch.Tensor:
         """Logical ids of step `s`, int32 `[T_s, L, K]` (a fresh copy, widened from storage)."""
         return self.stored_step(s).to(torch.int32)
@@ -191,6 +194,12 @@ class Trace(TraceShape):
         src = None if self.src_rank is None else self.src_rank[lo:hi]
         return Trace(self.topk_ids[lo:hi], self.step_offsets[idx.start:idx.stop + 1] - lo,
                      self.num_experts, src, self.meta)
+
+
+def shape_words(trace: TraceShape) -> str:
+    """"S steps, N tokens, L=.., E=.., K=..": a token trace's sizes, for a short repr."""
+    return (f"{trace.num_steps} steps, {trace.num_tokens} tokens, L={trace.num_layers}, "
+            f"E={trace.num_experts}, K={trace.top_k}")
 
 
 def id_dtype(num_experts: int) -> type:

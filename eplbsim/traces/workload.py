@@ -119,6 +119,9 @@ class Batched:
     dp_rank: np.ndarray
     kind: np.ndarray
 
+    def __repr__(self) -> str:
+        return f"Batched({self.trace!r}, rows {self.composition()})"
+
     def composition(self) -> dict[str, int]:
         """Rows of each kind over the whole trace."""
         counts = np.bincount(self.kind, minlength=len(ROW_KINDS))

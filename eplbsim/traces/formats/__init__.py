@@ -142,17 +142,10 @@ def open_trace(path: str | Path, **options: Any) -> Trace | DirTrace | CountsTra
     return _read(Path(path), FORMATS, "trace", options)
 
 
-def open_loads(path: str | Path, where: str | None = None,
-               experts: int | None = None) -> LayerCounts:
-    """Expert loads `[L, E]` from any trace form (a counts CSV filtered by `where`, counts
-    only, or routing rows summed over steps); `layers` are the model layer ids the file
-    records, else `0 .. L-1`. InputError when `experts` is given and differs from the file."""
-    trace = open_trace(path, where=where,
-                       experts=experts if Path(path).suffix.lower() in (".csv", ".jsonl")
-                       else None)
+def layer_loads(trace: Trace | DirTrace | CountsTrace) -> LayerCounts:
+    """Expert loads `[L, E]` of any trace form (counts only, or routing rows), summed over its
+    steps; `layers` are the model layer ids the trace records, else `0 .. L-1`."""
     load = trace.load() if isinstance(trace, CountsTrace) else \
         trace.counts().sum(0).double().numpy()
-    if experts is not None and experts != load.shape[1]:
-        raise InputError(f"{path}: holds {load.shape[1]} experts, not {experts}")
     layers = trace.meta.get("model_layers") or list(range(load.shape[0]))
     return LayerCounts(load, tuple(int(x) for x in layers))

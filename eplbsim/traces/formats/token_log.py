@@ -63,6 +63,19 @@ class _Token:
     layers: dict[int, np.ndarray] = field(default_factory=dict)
 
 
+def _key_hint(rec: dict[str, Any], skip_type: Any) -> str:
+    """What to do about a record that lacks a key: the keys it has, and the flags (and Python
+    options) that name the log's keys or skip records of another kind."""
+    keys = ", ".join(list(rec)[:10]) + (", ..." if len(rec) > 10 else "")
+    kind = rec.get("type")
+    skip = ("" if skip_type is not None else
+            f", or skip records of another kind with --skip-type "
+            f"{kind if isinstance(kind, str) else 'TYPE'}")
+    return (f"; this record has {keys or 'no keys'}: name the log's keys with --token-key, "
+            f"--layer-key, --ids-key, --step-key or --request-key{skip} (in Python, the options "
+            f"token_key=..., skip_type=...)")
+
+
 class _Log:
     """A token log read into groups (requests, step values or restart runs) of tokens."""
 
@@ -94,8 +107,8 @@ class _Log:
 
     def _add(self, where: str, n: int, rec: dict[str, Any]) -> None:
         k = self.keys
-        hint = "" if self.skip_type is not None or k["ids"] in rec else \
-            " (records of another kind can be skipped by their type with skip_type)"
+        hint = ("" if all(v is None or v in rec for v in k.values())
+                else _key_hint(rec, self.skip_type))
         require(where, rec, [v for v in (k["request"], k["step"], k["token"], k["ids"])
                              if v is not None],
                 hint)

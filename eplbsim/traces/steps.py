@@ -1,0 +1,177 @@
+"""Choosing a trace's steps: ranges and lists, and the steps that are not serving traffic.
+
+Dimensions: `S` steps, `T_s` tokens of step `s`, `L` layers, `K` top-k, `E` logical experts.
+
+Real logs hold steps that no placement should be solved from. An engine's start-up profiling
+pass (vLLM runs one of `max_num_batched_tokens` dummy tokens) routes every row alike: a
+**warm-up** step is one of two or more rows whose ids are all identical. A **size outlier** has
+more than `OUTLIER_FACTOR` times the median tokens per step (a warm-up pass usually is one too,
+and so may a legitimate burst: `trace info` shows which steps are flagged and why).
+
+A selection is text: comma-separated step numbers and Python-style ranges of the original
+trace (`0:100`, `200`, `5:`, `:-10`); steps it names that the trace lacks are an error, not
+silently dropped. `select(trace, ...)` returns a trace of the kept steps in their order: the same
+read interface (`StepView` for token traces, a new `CountsTrace` for counts), with
+`meta["steps"]` recording what was kept and dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from ..errors import InputError
+from .counts import CountsTrace
+from .trace import TraceShape, shape_words
+
+OUTLIER_FACTOR = 8  # a step with more than this many times the median tokens is an outlier
+FLAGS = ("warmup", "outlier")  # the kinds of flagged steps, as `flag_steps` names them
+
+
+def parse_steps(text: str, num_steps: int | None = None) -> list[int]:
+    """The steps a selection names, in order, without repeats: `"0:4,9"` -> `[0, 1, 2, 3, 9]`.
+    Without `num_steps` only the syntax is checked (ranges open at the end are kept open and
+    nothing is returned for them); InputError for bad text or a step outside the trace."""
+    if not isinstance(text, str) or not text.strip():
+        raise InputError(f"a step selection is comma-separated steps and ranges such as "
+                         f"0:100,150, got {text!r}")
+    out: dict[int, None] = {}
+    for item in (s.strip() for s in text.split(",")):
+        parts = item.split(":")
+        try:
+            numbers = [int(p) if p.strip() else None for p in parts]
+        except ValueError:
+            numbers = None
+        if not item or numbers is None or len(parts) > 2 or (len(parts) == 1
+                                                             and numbers[0] is None):
+            raise InputError(f"step selection {text!r}: {item!r} is not a step (12) or a range "
+                             f"(10:20, 10:, :20)")
+        if num_steps is None:
+            continue
+        if len(parts) == 1:
+            step = numbers[0] + num_steps if numbers[0] < 0 else numbers[0]
+            if not 0 <= step < num_steps:
+                raise InputError(f"step selection {text!r}: step {numbers[0]} is outside the "
+                                 f"trace's {num_steps} steps")
+            out[step] = None
+            continue
+        picked = range(num_steps)[slice(*numbers)]
+        if not len(picked):
+            raise InputError(f"step selection {text!r}: {item} selects none of the trace's "
+                             f"{num_steps} steps")
+        out.update(dict.fromkeys(picked))
+    return list(out)
+
+
+def _identical_rows(ids: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """bool `[S]`: steps of two or more rows whose ids `[sum T_s, L, K]` are all the same
+    (`offsets [S + 1]` relative to the first row of `ids`)."""
+    rows = ids.reshape(ids.shape[0], -1)
+    same = np.concatenate([[True], (rows[1:] == rows[:-1]).all(1)])  # row equals the one before
+    breaks = np.cumsum(~same)  # [N] changes so far: none within a step of identical rows
+    lo, hi = offsets[:-1], offsets[1:]
+    big = hi - lo >= 2
+    out = np.zeros(len(lo), dtype=bool)
+    out[big] = breaks[hi[big] - 1] == breaks[lo[big]]
+    return out
+
+
+def flag_steps(trace: Any) -> dict[str, list[int]]:
+    """The flagged steps of a token trace (module doc): `{"warmup": [...], "outlier": [...]}`,
+    ascending. Reads the ids a chunk of steps at a time (directories larger than memory)."""
+    tokens = trace.tokens_per_step.numpy()
+    median = float(np.median(tokens))
+    outliers = np.flatnonzero(tokens > OUTLIER_FACTOR * max(median, 1.0))
+    warm = []
+    offsets = trace.step_offsets.numpy()
+    S, s = trace.num_steps, 0
+    while s < S:  # chunks of whole steps of about a million ids
+        e = s + 1
+        while e < S and (offsets[e + 1] - offsets[s]) * trace.num_layers * trace.top_k < 2**20:
+            e += 1
+        ids = np.concatenate([trace.stored_step(t).numpy() for t in range(s, e)])
+        flagged = _identical_rows(ids, offsets[s:e + 1] - offsets[s])
+        warm += (np.flatnonzero(flagged) + s).tolist()
+        s = e
+    return {"warmup": warm, "outlier": outliers.tolist()}
+
+
+@dataclass(frozen=True, eq=False)
+class StepView(TraceShape):
+    """Some steps of a Trace or DirTrace (`base`), in the order of `steps` (int64 `[S']`, indices
+    into `base`): the same read interface, nothing copied until a step is read."""
+
+    base: Any
+    steps: torch.Tensor
+    meta: dict
+
+    def __post_init__(self) -> None:
+        sizes = self.base.tokens_per_step[self.steps]
+        object.__setattr__(self, "step_offsets", torch.cat([torch.zeros(1, dtype=torch.int64),
+                                                            sizes.cumsum(0)]))
+
+    @property
+    def ids_shape(self) -> tuple[int, int, int]:
+        return (int(self.step_offsets[-1]), self.base.num_layers, self.base.top_k)
+
+    @property
+    def num_experts(self) -> int:
+        return self.base.num_experts
+
+    def step(self, s: int) -> torch.Tensor:
+        return self.base.step(int(self.steps[s]))
+
+    def stored_step(self, s: int) -> torch.Tensor:
+        return self.base.stored_step(int(self.steps[s]))
+
+    def step_src_rank(self, s: int) -> torch.Tensor | None:
+        return self.base.step_src_rank(int(self.steps[s]))
+
+    def counts(self) -> torch.Tensor:
+        """Routed pairs per logical expert of the kept steps, `[S', L, E]`."""
+        return self.base.counts()[self.steps]
+
+    def __repr__(self) -> str:
+        return f"StepView({shape_words(self)}: of {self.base!r})"
+
+
+def select(trace: Any, steps: str | None = None, drop: Sequence[str] = ()) -> Any:
+    """The steps of `trace` named by `steps` (a selection, module doc; None: all) without those
+    flagged as any kind in `drop` (`FLAGS`; token traces only): `trace` itself when that is
+    every step in order. InputError when nothing is left, or for a flag on counts only."""
+    S = trace.num_steps
+    keep = parse_steps(steps, S) if steps is not None else list(range(S))
+    dropped: dict[str, list[int]] = {}
+    if drop:
+        if isinstance(trace, CountsTrace):
+            raise InputError("warm-up and outlier steps are found in token rows; a counts-only "
+                             "trace has none (select its steps by number instead)")
+        flags = flag_steps(trace)
+        for kind in drop:
+            dropped[kind] = [s for s in flags[kind] if s in set(keep)]
+        gone = {s for kind in drop for s in flags[kind]}
+        keep = [s for s in keep if s not in gone]
+    if not keep:
+        raise InputError(f"the step selection leaves none of the trace's {S} steps")
+    if keep == list(range(S)):
+        return trace
+    meta = dict(trace.meta, steps={"of": S, "kept": len(keep), "selection": steps,
+                                   "dropped": dropped})
+    if isinstance(trace, CountsTrace):
+        return CountsTrace(trace.counts[keep], meta)
+    return StepView(trace, torch.tensor(keep, dtype=torch.int64), meta)
+
+
+def describe_selection(meta: dict) -> str:
+    """", steps 2: of 32 (2 warm-up dropped)"-style words for a trace's `meta["steps"]`, or ""."""
+    info = meta.get("steps")
+    if not info:
+        return ""
+    why = [f"{len(v)} {'warm-up' if k == 'warmup' else 'outlier'}" for k, v in
+           info["dropped"].items() if v]
+    picked = f"steps {info['selection']}" if info["selection"] else "steps"
+    return (f"{picked}: {info['kept']} of {info['of']}"
+            + (f" ({', '.join(why)} dropped)" if why else ""))

@@ -1,0 +1,68 @@
+"""What a notebook shows of the objects a run makes: a short repr (never a dump of tensors), a
+comparison that prints as the run command's table, and pandas frames."""
+
+import pytest
+
+from eplbsim import RunSpec, compare
+from eplbsim.results import flat_row
+from eplbsim.traces.steps import select
+from eplbsim.traces.synth import synthesize
+from eplbsim.traces.workload import Workload, batch
+from eplbsim.traces.request_synth import synthesize_requests
+
+LONG = 300  # characters: a repr longer than this is a dump, not a summary
+
+
+@pytest.fixture(scope="module")
+def comparison():
+    trace = synthesize("skewed", steps=3, tokens=2048, layers=2, experts=16, top_k=4)
+    return trace, compare(trace, ["row", "static"], ["none"],
+                          RunSpec.of(gpus=4, rebalance_every=1, window=1))
+
+
+def test_every_object_of_a_run_has_a_short_repr(comparison):
+    trace, results = comparison
+    result = results[0]
+    requests = synthesize_requests("requests", layers=2, experts=16, top_k=4, seed=0,
+                                   num_requests=8)
+    objects = [trace, select(trace, "1:"), result, result.counters, result.segments[1],
+               result.segments[1].rebalance, result.segments[0].placement,
+               requests, requests.requests[0], batch(requests, Workload())]
+    for obj in objects:
+        text = repr(obj)
+        assert len(text) < LONG and "tensor(" not in text and "array(" not in text, text
+    assert repr(result).startswith("Results(row, none: 3 steps x 2 layers, P=32; "
+                                   "gpu_imbalance ")
+    assert repr(trace) == "Trace(3 steps, 6144 tokens, L=2, E=16, K=4)"
+
+
+def test_a_comparison_prints_as_the_run_table_and_is_still_a_list(comparison):
+    _, results = comparison
+    assert isinstance(results, list) and len(results) == 2
+    lines = repr(results).splitlines()
+    assert lines[0].split()[:3] == ["policy", "mode", "gpu_imb"]
+    assert [ln.split()[0] for ln in lines[1:]] == ["row", "static"]
+
+
+def test_results_turn_into_pandas_frames(comparison):
+    pd = pytest.importorskip("pandas")
+    _, results = comparison
+    frame = results.to_pandas()
+    assert isinstance(frame, pd.DataFrame) and list(frame["policy"]) == ["row", "static"]
+    assert list(frame.columns) == list(flat_row(results[0].row()))
+    assert frame.loc[1, "gpu_imbalance"] == results[1].metrics["gpu_imbalance"]
+    series = results[0].to_pandas(series=True)
+    assert list(series["step"]) == [0, 1, 2] and "gpu_imbalance" in series
+    assert len(results[0].to_pandas(series=True, per_layer=True)) == 6
+
+
+def test_the_plot_functions_return_figures_that_save(tmp_path, comparison):
+    from matplotlib.figure import Figure
+
+    from eplbsim.plots import policy_comparison
+    _, results = comparison
+    fig = policy_comparison(results)
+    assert isinstance(fig, Figure)
+    fig.savefig(tmp_path / "p.png")  # a Figure saves itself; pyplot's savefig saves pyplot's
+    assert (tmp_path / "p.png").stat().st_size > 1000
+
