@@ -1,0 +1,121 @@
+"""README.md is true: every command in its code blocks runs, and every output it shows is what the
+command prints today.
+
+- ```console blocks: each `$ eplbsim ...` line runs in order, in one scratch folder that sees the
+  repository's `traces/` and `sweeps/`; the lines under it, up to the next `$` line, must be
+  exactly what it prints (a line `...` stands for any number of lines).
+- ```bash blocks: the second is the test command `.ci/run` runs; the first ends in `eplbsim
+  run`, which runs here.
+- ```python blocks run as they are, in the same folder.
+The command reference in `docs/` is checked against the parsers in the same way: the pages
+`python -m eplbsim.cli.reference` writes are the committed ones.
+"""
+
+import os
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from eplbsim.cli import main
+from eplbsim.cli.reference import pages
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+ELLIPSIS = "..."
+
+
+def blocks(kind):
+    """The bodies of the README's ```kind blocks, in order."""
+    return re.findall(rf"^```{kind}\n(.*?)^```$", README, re.S | re.M)
+
+
+def examples():
+    """`(command, shown output lines)` of every `$` line of the console blocks, in order."""
+    out = []
+    for block in blocks("console"):
+        for line in block.splitlines():
+            if line.startswith("$ "):
+                out.append((line[2:], []))
+            else:
+                out[-1][1].append(line)
+    return out
+
+
+def matches(shown, printed):
+    """Whether `printed` lines are `shown`, a line `...` matching any number of lines."""
+    if not shown:
+        return not printed
+    if shown[0] == ELLIPSIS:
+        return any(matches(shown[1:], printed[i:]) for i in range(len(printed) + 1))
+    return bool(printed) and shown[0] == printed[0] and matches(shown[1:], printed[1:])
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    """A scratch folder with the repository's inputs linked in; the tests run there."""
+    where = tmp_path_factory.mktemp("readme")
+    for name in ("traces", "sweeps"):
+        (where / name).symlink_to(ROOT / name)
+    before = Path.cwd()
+    os.chdir(where)
+    yield where
+    os.chdir(before)
+
+
+def run_example(command, capsys):
+    """`(status, printed lines)` of one README command, run in-process."""
+    argv = shlex.split(command)
+    assert argv[0] == "eplbsim", command
+    status = main(argv[1:])
+    out, err = capsys.readouterr()
+    return status, out.splitlines(), err
+
+
+EXAMPLES = examples()
+
+
+def test_the_readme_has_its_examples():
+    assert len(EXAMPLES) >= 8 and len(blocks("bash")) == 2 and blocks("python")
+
+
+@pytest.mark.parametrize("command,shown", EXAMPLES, ids=[c[:60] for c, _ in EXAMPLES])
+def test_every_console_example_runs_and_prints_what_is_shown(workdir, capsys, command, shown):
+    status, printed, err = run_example(command, capsys)
+    assert status == 0, err
+    assert matches(shown, printed), "\n".join(["printed:", *printed])
+
+
+def test_the_set_up_commands(workdir, capsys):
+    install_and_run, install_and_test = blocks("bash")
+    assert "constraints-cpu" in install_and_run and "constraints-cpu" in install_and_test
+    assert install_and_test.strip().endswith("python -m pytest")  # what .ci/run runs
+    command = install_and_run.strip().split("&&")[-1].strip()
+    assert command == ".venv/bin/eplbsim run"
+    status, printed, err = run_example("eplbsim run", capsys)
+    assert status == 0 and printed[1].split()[:2] == ["policy", "mode"], err
+
+
+def test_the_python_example_runs(workdir, capsys):
+    for block in blocks("python"):
+        exec(compile(block, "README.md", "exec"), {})
+    printed = capsys.readouterr().out
+    assert printed.splitlines()[0].split()[:2] == ["policy", "mode"]
+    assert (workdir / "policies.png").stat().st_size > 1000
+
+
+def test_the_command_reference_is_current():
+    written = {p.name: p.read_text() for p in (ROOT / "docs").glob("*.md")}
+    assert written == pages(), "run: python -m eplbsim.cli.reference"
+
+
+def test_the_numbers_the_prose_states(capsys):
+    from eplbsim.sweep import read_spec
+    assert "(`sweeps/example.toml`, 144 cells)" in README
+    assert len(read_spec(ROOT / "sweeps" / "example.toml").cells) == 144
+    assert "(`--redundant -1`: `must be an integer in [0, 262144], got -1`)" in README
+    assert main(["run", "--redundant", "-1"]) == 2
+    assert "must be an integer in [0, 262144], got -1" in capsys.readouterr().err
+    assert "a 512-token profiling pass" in README  # shown by trace info's output above it
+    assert "flagged warm-up (every row routed alike): 1 step (0), 512 tokens" in README
