@@ -15,7 +15,10 @@ N = 4096
 
 @pytest.fixture(scope="module")
 def rows():
-    return bench.bench_dispatch([N], device="cpu", repeats=1)
+    done = []
+    rows = bench.bench_dispatch([N], device="cpu", repeats=1, progress=done.append)
+    assert done == [1] * len(rows)  # a bar moves after each row
+    return rows
 
 
 def test_rows_have_the_keys_and_positive_numbers(rows):
@@ -77,7 +80,10 @@ def test_best_time_is_the_minimum_after_warmup():
 
 
 def test_replay_throughput_rows_put_the_replay_beside_its_kernel_calls():
-    rows = bench.replay_throughput("cpu", steps=2, tokens=64, layers=2, repeats=1)
+    done = []
+    rows = bench.replay_throughput("cpu", steps=2, tokens=64, layers=2, repeats=1,
+                                   progress=done.append)
+    assert len(done) == len(rows)
     assert [(r["mode"], r["policy"]) for r in rows] == [
         (m, p) for m in bench.REPLAY_MODES for p in bench.BENCH_POLICIES]
     calls = {(r["mode"], r["policy"]): r["calls_per_step"] for r in rows}

@@ -368,7 +368,9 @@ def test_run_with_the_measured_cost_model_names_its_table(capsys):
     assert_input_error(capsys, *args[:-4], "--gpus", "10", "--gpus-per-node", "5",
                        match="not at 10 GPUs")
     assert_input_error(capsys, *args[:-6], "--model", "olmoe-1b-7b", "--device-profile", "h200",
-                       "--gpus", "8", match="has no MoE kernel of hidden 2048")
+                       "--gpus", "8", match="has no MoE kernel of hidden 2048, intermediate "
+                       "1024, 64 experts, top-8, bfloat16 weights (--cost roofline prices every "
+                       "model on every device); it has: ")
 
 
 def test_run_baseline_needs_a_cost_model_and_a_listed_policy(capsys):
@@ -403,3 +405,14 @@ def test_run_an_a2a_only_policy_beside_others_and_alone(capsys):
     assert code == 0 and "shared experts 1 (1 routed pair of work" in out
     code, _, err = run(capsys, "run", *SMALL, "--policies", "waterfill", "--mode", "none")
     assert code == 2 and "runs only in a2a mode" in err
+
+
+def test_gap_is_shown_only_when_it_differs_from_the_promise(capsys):
+    def header(*extra):
+        out = run(capsys, "run", *SMALL, "--policies", "row", "--mode", "none", *extra)[1]
+        return out.splitlines()[1].split()
+    rows = json.loads(run(capsys, "run", *SMALL, "--policies", "row", "--mode", "none",
+                          "--json")[1])
+    same = f"{rows[0]['placement_gap']:.4f}" == f"{rows[0]['placement_imbalance']:.4f}"
+    assert ("gap" in header()) != same
+    assert "work" not in header()  # every pair executed once: nothing to say

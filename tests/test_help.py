@@ -51,3 +51,13 @@ def test_every_flag_has_help_that_formats(path, parser):
 def test_version(capsys):
     assert main(["--version"]) == 0
     assert capsys.readouterr().out.startswith("eplbsim ")
+
+
+def test_figures_list_says_each_figure_in_a_whole_sentence(capsys):
+    from eplbsim.figures import FIGURES
+    from eplbsim.registry import first_sentence
+    assert main(["figures", "--list"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for name, fn in FIGURES.items():
+        sentence = first_sentence(fn.__doc__)
+        assert sentence.endswith(".") and f"{name} {sentence}" in text
