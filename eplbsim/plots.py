@@ -6,7 +6,8 @@ of one expert, `G` GPUs = EP ranks.
 Every figure function is pure: it reads `Results` (metrics, `slot_load [S, L, P]`,
 `true_load [S, L, E]`, `epochs`) and returns a new `matplotlib.figure.Figure`, built directly
 rather than through pyplot, so nothing here selects a backend or touches global state: a script
-saves it with :func:`save_figure`, and a notebook (after ``%matplotlib inline``) shows it as a
+saves it with ``fig.savefig(path)`` or :func:`save_figure` (``plt.savefig`` saves pyplot's
+current figure, which this is not), and a notebook (after ``%matplotlib inline``) shows it as a
 cell's last expression. Nothing is computed beyond what the plot needs; numbers come from the
 metrics `replay` already measured. Colours are the Okabe-Ito palette (colour-blind safe), and
 each policy has its own colour and marker (`policy_styles`). An axis of counts, shares or times
