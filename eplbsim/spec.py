@@ -490,12 +490,17 @@ class Source(Part):
         `open_requests`: each form takes its own and refuses the others)."""
         return {k: getattr(self, k) for k in READER_OPTIONS if getattr(self, k) is not None}
 
+    @property
+    def file(self) -> str | None:
+        """The file read: the trace's, or the request file's (not a request scenario's)."""
+        if self.trace is not None:
+            return self.trace
+        named = isinstance(self.requests, str) and self.requests not in REQUEST_SCENARIOS
+        return self.requests if named else None
+
     def relate(self) -> None:
         scenario_sizes = ("steps", "tokens", "layers", "top_k", "scenario_options")
-        file = self.trace if self.trace is not None else (
-            self.requests if isinstance(self.requests, str)
-            and self.requests not in REQUEST_SCENARIOS else None)
-        if file is None:
+        if self.file is None:
             unused = _changed(self, tuple(k for k in READER_OPTIONS if k != "experts"))
             if unused:
                 raise InputError(f"{', '.join(unused)} apply to reading a file (a trace or "
@@ -507,7 +512,7 @@ class Source(Part):
             if extra:
                 raise InputError(f"{', '.join(extra)} do not apply to requests (the workload "
                                  f"makes the steps)")
-            if file is None:
+            if self.file is None and not isinstance(self.requests, RequestSet):
                 unknown = sorted(set(self.scenario_options)
                                  - set(request_options(self.requests)))
                 if unknown:

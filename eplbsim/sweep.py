@@ -65,9 +65,10 @@ from .limits import MAX_CELLS
 from .progress import bar
 from .replay import replay
 from .results import csv_value, flat_row, write_csv
-from .spec import (BATCHING, RUN_PARTS, Device, File, Filter, Name, Options, build, knobs,
-                   sweep_keys, sweep_value)
+from .spec import (BATCHING, READER_OPTIONS, RUN_PARTS, SELECTION, Device, File, Filter, Name,
+                   Options, build, knobs, sweep_keys, sweep_value)
 from .traces.request_synth import REQUEST_SCENARIOS
+from .traces.requests import RequestSet
 
 SOURCES = ("scenario", "trace", "requests")
 SIZES = ("steps", "tokens", "layers", "experts", "top_k")
@@ -151,13 +152,15 @@ def _table(doc: dict[str, Any], name: str, where: str) -> dict[str, Any]:
 
 def _columns(keys: dict[str, Any]) -> list[str]:
     """The source columns of the cells: the trace's or the scenario's with its sizes and
-    options, in order."""
+    options, in order, then how the file is read and its steps selected, where given."""
+    reading = [k for k in (*READER_OPTIONS, *SELECTION) if k in keys
+               and k not in ("where", "experts")]
     if "trace" in keys:
-        return ["trace", "where"]
+        return ["trace", "where", *reading]
     options = [k for k in keys if k.startswith("option.")]
     if "requests" in keys:
-        return ["requests", "layers", "experts", "top_k", *options, *BATCHING]
-    return ["scenario", *SIZES, *options]
+        return ["requests", "layers", "experts", "top_k", *options, *BATCHING, *reading]
+    return ["scenario", *SIZES, *options, *reading]
 
 
 def _cell(index: int, given: dict[str, Any], where: str, base: Path) -> Cell:
@@ -171,9 +174,7 @@ def _cell(index: int, given: dict[str, Any], where: str, base: Path) -> Cell:
             values[name] = checked
     try:
         source, spec = build(values)
-        if source.trace is None and (source.requests is None
-                                     or isinstance(source.requests, str)
-                                     and source.requests in REQUEST_SCENARIOS):
+        if source.file is None and not isinstance(source.requests, RequestSet):
             experts = source.scenario_experts
             spec.fit(experts)
             if experts % (spec.topology.groups or 1):
@@ -181,9 +182,9 @@ def _cell(index: int, given: dict[str, Any], where: str, base: Path) -> Cell:
                                  f"experts")
     except InputError as exc:
         raise InputError(f"{where}: cell {_label(given)}: {exc}") from None
-    shown = {**{k: getattr(source, k) for k in ("scenario", *SIZES, "trace", "where",
-                                                "requests", *BATCHING)},
-             "experts": source.scenario_experts,
+    shown = {**{k: getattr(source, k) for k in ("scenario", *SIZES, "trace", "requests",
+                                                *BATCHING, *READER_OPTIONS, *SELECTION)},
+             "experts": source.experts if source.file else source.scenario_experts,
              **{f"option.{k}": v for k, v in source.scenario_options.items()}}
     shown["steps"] = source.steps or spec.schedule.steps()
     config = {c: given.get(c, shown[c]) for c in _columns(given)}

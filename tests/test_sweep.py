@@ -255,3 +255,10 @@ def test_ray_executor_gives_the_local_table(reference, tmp_path):
                     progress=False)
     assert run.ran == 8
     assert (tmp_path / "ray" / "results.csv").read_bytes() == (out / "results.csv").read_bytes()
+
+
+def test_a_grid_over_the_steps_read_gives_a_cell_each():
+    doc = {"grid": {"select_steps": ["0:2", "2:"]}, "fixed": {"scenario": "skewed", "steps": 4}}
+    cells = parse_spec(doc, Path("."))
+    assert [c.config["select_steps"] for c in cells] == ["0:2", "2:"]
+    assert len({c.id for c in cells}) == 2
