@@ -503,8 +503,8 @@ class Source(Part):
         if self.file is None:
             unused = _changed(self, tuple(k for k in READER_OPTIONS if k != "experts"))
             if unused:
-                raise InputError(f"{', '.join(unused)} apply to reading a file (a trace or "
-                                 f"requests), not to a scenario")
+                raise InputError(f"{', '.join(unused)} appl{'ies' if len(unused) == 1 else 'y'} "
+                                 f"to reading a file (a trace or requests), not to a scenario")
         if self.requests is not None:
             if self.trace is not None or self.scenario is not None:
                 raise InputError("give requests, a trace or a scenario, not two of them")
