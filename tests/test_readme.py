@@ -90,7 +90,7 @@ def test_every_console_example_runs_and_prints_what_is_shown(workdir, capsys, co
 def test_the_set_up_commands(workdir, capsys):
     install_and_run, install_and_test = blocks("bash")
     assert "constraints-cpu" in install_and_run and "constraints-cpu" in install_and_test
-    assert install_and_test.strip().endswith("python -m pytest")  # what .ci/run runs
+    assert install_and_test.strip().endswith("python -m pytest -n auto --dist loadfile")
     command = install_and_run.strip().split("&&")[-1].strip()
     assert command == ".venv/bin/eplbsim run"
     status, printed, err = run_example("eplbsim run", capsys)
