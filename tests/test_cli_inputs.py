@@ -138,3 +138,16 @@ def test_a_shared_expert_policy_says_why_every_row_counts_the_shared_expert(caps
 def _json(path, obj):
     path.write_text(json.dumps(obj))
     return path
+
+
+def test_out_never_writes_over_a_request_file(capsys, tmp_path):
+    rng = np.random.default_rng(0)
+    rows = [[rng.choice(E, K, replace=False).tolist() for _ in range(L)] for _ in range(6)]
+    response = {"id": "r", "object": "chat.completion", "model": "m",
+                "prompt_routed_experts": rows[:4],
+                "choices": [{"index": 0, "routed_experts": rows[4:]}]}
+    requests = _json(tmp_path / "results.json", response)  # a name run --out writes
+    before = requests.read_bytes()
+    assert_input_error(capsys, "run", "--requests", requests, "--gpus", "2", "--policies",
+                       "row", "--out", tmp_path, match="results.json")
+    assert requests.read_bytes() == before

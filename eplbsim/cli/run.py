@@ -36,7 +36,7 @@ def handle(args: argparse.Namespace) -> int:
     values, lists = spec.from_args(args, "run")
     source, base = spec.build(values)
     if args.out:
-        check_out_dir(args.out, [source.trace, base.solver.placement, base.schedule.initial],
+        check_out_dir(args.out, [source.file, base.solver.placement, base.schedule.initial],
                       OUTPUTS)
     trace = source.open(base.dispatch.seed, base.schedule)
     if isinstance(trace, CountsTrace):
