@@ -15,6 +15,7 @@ MAX_SEED = 2**32 - 1  # seeds are 32-bit
 MAX_HIDDEN = 1 << 12  # hidden size of the toy MoE layer
 MAX_CELLS = 10_000  # cells of a sweep unless --max-cells raises it
 MAX_LOAD = 2**53  # per-layer sums of loads: the largest exact integer of float64
+MAX_BATCH = 1 << 24  # rows of one step a workload makes (a CUDA-graph size, a token budget)
 
 
 def check_at_most(value: int, cap: int, what: str) -> int:

@@ -26,8 +26,8 @@ from .cost import check_options as check_cost_options
 from .cost import describe as describe_cost
 from .dispatch import POLICIES, DispatchPolicy, resolve_policy
 from .errors import InputError
-from .limits import (MAX_EXPERTS, MAX_GPUS, MAX_HIDDEN, MAX_LAYERS, MAX_SEED, MAX_SLOTS,
-                     MAX_TOP_K)
+from .limits import (MAX_BATCH, MAX_EXPERTS, MAX_GPUS, MAX_HIDDEN, MAX_LAYERS, MAX_SEED,
+                     MAX_SLOTS, MAX_TOP_K, check_at_most)
 from .placement import VIEWS, Placement
 from .ranks import MODES, RNG_RELATIONS
 from .registry import lookup, name_of
@@ -241,6 +241,8 @@ class Sizes:
                 or list(value) != sorted(set(value)):
             shown = list(value) if isinstance(value, (list, tuple)) else repr(value)
             raise InputError(f"must be increasing integers >= 1, got {shown}")
+        if value:
+            check_at_most(value[-1], MAX_BATCH, "the largest size")
         return tuple(value)
 
 
@@ -368,6 +370,12 @@ class Part:
 def _default(f: Any) -> Any:
     """A dataclass field's default value."""
     return f.default_factory() if f.default is MISSING else f.default
+
+
+def _they(names: Sequence[str], verb: str) -> str:
+    """`names` and `verb` agreeing with them: "dp applies", "dp, chunk apply", "dp does"."""
+    single = {"apply": "applies", "do": "does"}[verb]
+    return f"{', '.join(names)} {single if len(names) == 1 else verb}"
 
 
 def _changed(part: Part, names: tuple[str, ...]) -> list[str]:
@@ -503,14 +511,14 @@ class Source(Part):
         if self.file is None:
             unused = _changed(self, tuple(k for k in READER_OPTIONS if k != "experts"))
             if unused:
-                raise InputError(f"{', '.join(unused)} appl{'ies' if len(unused) == 1 else 'y'} "
-                                 f"to reading a file (a trace or requests), not to a scenario")
+                raise InputError(f"{_they(unused, 'apply')} to reading a file (a trace or "
+                                 f"requests), not to a scenario")
         if self.requests is not None:
             if self.trace is not None or self.scenario is not None:
                 raise InputError("give requests, a trace or a scenario, not two of them")
             extra = _changed(self, ("steps", "tokens"))
             if extra:
-                raise InputError(f"{', '.join(extra)} do not apply to requests (the workload "
+                raise InputError(f"{_they(extra, 'do')} not apply to requests (the workload "
                                  f"makes the steps)")
             if self.file is None and not isinstance(self.requests, RequestSet):
                 unknown = sorted(set(self.scenario_options)
@@ -525,7 +533,7 @@ class Source(Part):
             return
         unused = _changed(self, BATCHING)
         if unused:
-            raise InputError(f"{', '.join(unused)} apply to requests only (--requests)")
+            raise InputError(f"{_they(unused, 'apply')} to requests only (--requests)")
         if self.trace is not None:
             if is_request_input(self.trace, **self.reader_options()):
                 raise InputError(f"{self.trace} holds requests, not steps: give it as requests "
@@ -534,7 +542,7 @@ class Source(Part):
                 raise InputError("give a trace or a scenario, not both")
             extra = _changed(self, scenario_sizes)
             if extra:
-                raise InputError(f"{', '.join(extra)} apply to scenarios only, not to a trace")
+                raise InputError(f"{_they(extra, 'apply')} to scenarios only, not to a trace")
             return
         if self.top_k > self.scenario_experts:
             raise InputError(f"top_k={self.top_k} must not exceed experts="
@@ -1100,7 +1108,8 @@ def sweep_keys() -> dict[str, tuple[str, str, Knob]]:
 
 def sweep_value(key: str, value: Any, where: str, base: Path) -> tuple[str, Any]:
     """`(field name, checked value)` for one sweep key and TOML value; `PREFIX.NAME` keys give
-    `(field, (NAME, value))`, and relative paths are read against `base` (the spec's folder).
+    `(field, (NAME, value))`, and relative paths (of files, and of request files) are read
+    against `base` (the spec's folder).
     InputError naming `where` and the key."""
     keys = sweep_keys()
     prefix, dot, option = key.partition(".")
@@ -1114,4 +1123,7 @@ def sweep_value(key: str, value: Any, where: str, base: Path) -> tuple[str, Any]
     part, name, knob = keys[key]
     if isinstance(knob.type, File) and isinstance(value, str):
         value = None if value == knob.type.absent else str(base / value)
+    elif isinstance(knob.type, RequestInput) and isinstance(value, str) \
+            and value not in REQUEST_SCENARIOS:  # a request file, beside the spec
+        value = str(base / value)
     return name, checked(name, knob, value, f"{where} {key}")

@@ -427,6 +427,47 @@ def late_unparsable_flag(d):
     return ["run", "--redundant"]
 
 
+def silent_flag_abbreviation(d):  # --gpus is not --gpus-per-node
+    return ["ranks", "--world-size", "2", "--gpus", "2"]
+
+
+def silent_efficiency_above_one(d):
+    return ["run", *SIZES, "--cost", "roofline", "--cost-option", "eta_compute=2"]
+
+
+def silent_dp_on_a_step_trace(d):
+    save_trace(_trace(), d / "t.npz")
+    return ["trace", "info", d / "t.npz", "--dp", "2"]
+
+
+def silent_log_key_on_an_npz(d):
+    save_trace(_trace(), d / "t.npz")
+    return ["run", "--trace", d / "t.npz", "--token-key", "t"]
+
+
+def traceback_bench_n_1e20(d):
+    return ["bench", "--n", "1e20", "--no-replay"]
+
+
+def traceback_bench_seed_2_64(d):
+    return ["bench", "--seed", str(2**64), "--n", "1e3", "--no-replay"]
+
+
+def traceback_graph_size_1e20(d):
+    return ["run", "--requests", "requests", "--graph-sizes", "1,100000000000000000000"]
+
+
+def traceback_file_name_too_long(d):
+    return ["run", "--trace", d / ("a" * 300 + ".npz")]
+
+
+def inputs_destroyed_run_out_onto_a_request_file(d):
+    (d / "results.json").write_text(json.dumps({
+        "id": "r", "object": "chat.completion", "prompt_routed_experts": [[[0, 1]], [[2, 3]]],
+        "choices": [{"index": 0, "routed_experts": [[[1, 2]]]}]}))
+    return ["run", "--requests", d / "results.json", "--gpus", "2", "--out", d]
+
+
 CASES = [fn for name, fn in sorted(globals().items()) if name.split("_")[0] in
          ("inputs", "silent", "hangs", "traceback", "late")]
 # cases that could block or allocate without the checks: run apart, under a timeout
@@ -469,6 +510,37 @@ def test_large_source_ranks_survive_a_round_trip(tmp_path):
     assert int(open_trace(tmp_path / "w.npz").src_rank.max()) == 40000
     save_trace_dir(wide, tmp_path / "w")
     assert int(open_trace(tmp_path / "w").step_src_rank(0).max()) == 40000
+
+
+def test_big_endian_ids_are_read_as_their_values(tmp_path, capsys):
+    trace = _trace()
+    arrays = _trace_arrays(topk_ids=trace.topk_ids.numpy().astype(">i2"),
+                           step_offsets=trace.step_offsets.numpy().astype(">i8"))
+    swapped = open_trace(_npz(tmp_path / "be.npz", **arrays))
+    assert np.array_equal(swapped.topk_ids.numpy(), trace.topk_ids.numpy())
+    save_trace_dir(trace, tmp_path / "d")
+    ids = np.load(tmp_path / "d" / "topk_ids.npy")
+    np.save(tmp_path / "d" / "topk_ids.npy", ids.astype(">i2"))
+    args = ["--policies", "row", "--mode", "none", "--gpus", "4", "--json"]
+    code, native, _ = run(capsys, "run", "--trace", _npz(tmp_path / "n.npz", **_trace_arrays()),
+                          *args)
+    assert code == 0
+    for path in (tmp_path / "be.npz", tmp_path / "d"):
+        code, out, err = run(capsys, "run", "--trace", path, *args)
+        assert code == 0 and json.loads(out)[0]["gpu_imbalance"] == \
+            json.loads(native)[0]["gpu_imbalance"], err
+
+
+def test_a_sweeps_request_file_is_read_beside_the_spec(tmp_path, monkeypatch):
+    from eplbsim.traces.request_synth import synthesize_requests
+    from eplbsim.traces.requests import save_requests
+    (tmp_path / "spec").mkdir()
+    save_requests(synthesize_requests("requests", layers=2, experts=8, top_k=2, seed=0,
+                                      num_requests=4), tmp_path / "spec" / "r.npz")
+    (tmp_path / "spec" / "s.toml").write_text('[fixed]\nrequests = "r.npz"\n')
+    monkeypatch.chdir(tmp_path)  # a working folder without r.npz
+    cell, = read_spec(tmp_path / "spec" / "s.toml").cells
+    assert cell.values["requests"] == str(tmp_path / "spec" / "r.npz")
 
 
 def test_defaults_fit_the_values_given(capsys):

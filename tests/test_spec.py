@@ -212,7 +212,7 @@ def test_settings_that_need_a_schedule_or_exclude_one_are_refused():
     placement = Placement([[0, 1]], 2, Topology(2))
     with pytest.raises(InputError, match="cannot be combined with rebalance_every"):
         RunSpec.of(placement=placement, rebalance_every=2)
-    with pytest.raises(InputError, match="steps apply to scenarios only"):
+    with pytest.raises(InputError, match="steps applies to scenarios only"):
         Source(trace=str(Path(__file__)), steps=3)
     with pytest.raises(InputError, match="give a trace or a scenario, not both"):
         Source(trace=str(Path(__file__)), scenario="skewed")

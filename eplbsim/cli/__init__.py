@@ -19,7 +19,7 @@ import warnings
 import zipfile
 import zlib
 from importlib import metadata
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -44,7 +44,12 @@ DEBUG = "EPLBSIM_DEBUG"
 
 class Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are a short usage line and the error, not the whole
-    usage text."""
+    usage text, and which takes a flag only as written (no prefix matching: `--gpus` is never
+    taken for `--gpus-per-node`). Subcommands' parsers are Parsers too."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:
         self.exit(2, f"usage: {self.prog} ... (see {self.prog} --help)\n"
@@ -98,6 +103,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except (RecursionError, OverflowError, zipfile.BadZipFile, zlib.error) as exc:
         print(f"eplbsim: error: the input cannot be read ({_one_line(exc)})", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a path the user gave: too long, not permitted, disk full, ...
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"eplbsim: error: {where}{exc.strerror or _one_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("eplbsim: interrupted", file=sys.stderr)

@@ -14,7 +14,8 @@ from ..progress import bar
 from ..replay import resolve_device
 from ..results import to_json
 from ..spec import Device
-from .common import nonnegative, positive, split
+from ..files import check_memory
+from .common import nonnegative, positive, seed, split
 
 HELP = ("time the dispatch hot path against the torch expression and the roofline "
         "(DeepSeek-V3 shape), and a replay")
@@ -42,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--replay-repeats", type=positive, default=3,
                    help="timed replays (and kernel runs) per row; the best is reported "
                    "(default 3)")
-    p.add_argument("--seed", type=nonnegative, default=0,
+    p.add_argument("--seed", type=seed, default=0,
                    help="seeds the random ids and the replay's scenario (default 0)")
     p.add_argument("--json", action="store_true", help="print only a JSON array of rows")
 
@@ -57,6 +58,8 @@ def _pair_counts(text: str) -> list[int]:
             value = math.nan
         if not math.isfinite(value) or value < 1 or value != int(value):
             raise InputError(f"--n takes positive whole numbers such as 1e6, got {item!r}")
+        check_memory(value * 4 * B.BYTES_PER_PAIR, f"--n {item}: {value:.0f} pairs",
+                     "time fewer pairs")  # ids, slots and the contenders' temporaries
         counts.append(int(value))
     return counts
 

@@ -10,6 +10,7 @@ from typing import Any, Iterable
 
 from ..errors import InputError
 from ..files import check_output
+from ..limits import MAX_SEED
 
 
 def split(text: str, what: str) -> list[str]:
@@ -35,17 +36,18 @@ def check_out_dir(out: Path, inputs: Iterable[Any], names: Iterable[str]) -> Pat
     return out
 
 
-def _at_least(least: int):
-    """An argparse type: an integer >= `least`."""
+def _at_least(least: int, most: int | None = None):
+    """An argparse type: an integer >= `least` (and <= `most`)."""
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             value = None
-        if value is None or value < least:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {least}, got {text!r}")
+        if value is None or value < least or (most is not None and value > most):
+            bound = f">= {least}" if most is None else f"in [{least}, {most}]"
+            raise argparse.ArgumentTypeError(f"expected an integer {bound}, got {text!r}")
         return value
     return parse
 
 
-positive, nonnegative = _at_least(1), _at_least(0)
+positive, nonnegative, seed = _at_least(1), _at_least(0), _at_least(0, MAX_SEED)

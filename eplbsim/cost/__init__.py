@@ -38,7 +38,7 @@ COST_MODELS: dict[str, CostModel] = {
 def check_options(model: CostModel | str, options: dict[str, Any]) -> dict[str, Any]:
     """`options` if the cost model takes each as a keyword parameter (after `pairs, active,
     shape, device`) with a value of its default's kind (a number for a number, text for
-    text); else InputError listing its options."""
+    text; an `eta_*` efficiency in (0, 1]); else InputError listing its options."""
     fn = lookup(COST_MODELS, model, "cost model")
     params = list(inspect.signature(fn).parameters.values())[4:]
     defaults = {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
@@ -53,6 +53,10 @@ def check_options(model: CostModel | str, options: dict[str, Any]) -> dict[str, 
             raise InputError(f"cost option {key} must be text, got {value!r}")
         if isinstance(default, float) and not (number and value > 0):
             raise InputError(f"cost option {key} must be a number > 0, got {value!r}")
+        if key.startswith("eta_") and value > 1:  # an efficiency: a share of the peak
+            raise InputError(f"cost option {key} is an efficiency, a share of the device's "
+                             f"peak in (0, 1], got {value!r}: above 1 claims faster than the "
+                             f"device")
     return dict(options)
 
 

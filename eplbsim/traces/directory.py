@@ -52,14 +52,16 @@ class _Npy:
     offset: int
 
     def rows(self, lo: int, hi: int) -> np.ndarray:
-        """A private copy of rows `lo:hi` (mapped only while copying)."""
+        """A private copy of rows `lo:hi` (mapped only while copying), in this machine's byte
+        order whatever the file's."""
         row_shape = self.shape[1:]
+        native = self.dtype.newbyteorder("=")
         if hi <= lo:
-            return np.zeros((0, *row_shape), self.dtype)
+            return np.zeros((0, *row_shape), native)
         row_bytes = self.dtype.itemsize * int(np.prod(row_shape, dtype=np.int64))
         view = np.memmap(self.path, self.dtype, "r", self.offset + lo * row_bytes,
                          (hi - lo, *row_shape))
-        out = np.array(view)
+        out = view.astype(native)  # a copy
         del view
         return out
 

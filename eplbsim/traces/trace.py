@@ -209,8 +209,9 @@ def id_dtype(num_experts: int) -> type:
 
 
 def _int_array(x: Any, name: str) -> np.ndarray:
-    """An integer numpy array of an array-like (a torch tensor's values as they are); InputError
-    if it is not one. Values are compared in this dtype before any conversion, so none wraps."""
+    """An integer numpy array of an array-like (a torch tensor's values as they are), in this
+    machine's byte order; InputError if it is not one. Values are compared in this dtype
+    before any conversion, so none wraps."""
     if isinstance(x, torch.Tensor):
         if x.is_floating_point() or x.is_complex() or x.dtype == torch.bool:
             raise InputError(f"{name} must hold integers, got dtype {x.dtype}")
@@ -221,7 +222,7 @@ def _int_array(x: Any, name: str) -> np.ndarray:
         raise InputError(f"{name} is not a numeric array ({exc})") from None
     if arr.dtype.kind not in "iu":
         raise InputError(f"{name} must hold integers, got dtype {arr.dtype}")
-    return arr
+    return arr if arr.dtype.isnative else arr.astype(arr.dtype.newbyteorder("="))
 
 
 def _bounds(arr: np.ndarray) -> tuple[int, int]:

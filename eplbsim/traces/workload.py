@@ -47,6 +47,7 @@ import numpy as np
 import torch
 
 from ..errors import InputError
+from ..limits import MAX_BATCH, check_at_most
 from .requests import RequestSet
 from .trace import Trace, id_dtype
 
@@ -99,6 +100,8 @@ class Workload:
         if any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes) \
                 or list(sizes) != sorted(set(sizes)):
             raise InputError(f"graph sizes must be increasing integers >= 1, got {list(sizes)}")
+        if sizes:
+            check_at_most(sizes[-1], MAX_BATCH, "the largest CUDA-graph size")
         object.__setattr__(self, "graph_sizes", sizes)
 
     @property

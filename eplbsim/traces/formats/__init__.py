@@ -118,9 +118,11 @@ def _read(path: Path, forms: dict[str, Format], what: str, options: dict[str, An
     name, form = chosen
     for key in given:
         if key not in _options_of(form.read):
-            takers = [n for n, f in forms.items() if key in _options_of(f.read)]
-            raise InputError(f"{path}: {key} applies to a {' or '.join(takers) or 'no'} "
-                             f"source only, not to a {name}")
+            takers = list(dict.fromkeys(n.split(" (")[0] for n, f in forms.items()
+                                        if key in _options_of(f.read)))  # one name a form
+            which = f"applies to a {' or '.join(takers)} only" if takers else \
+                f"applies to no {what}"
+            raise InputError(f"{path}: {key} {which}, not to a {name}")
     return form.read(path, **given)
 
 
