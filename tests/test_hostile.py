@@ -461,6 +461,19 @@ def traceback_file_name_too_long(d):
     return ["run", "--trace", d / ("a" * 300 + ".npz")]
 
 
+def inputs_destroyed_convert_over_a_users_folder(d):
+    save_trace(_trace(), d / "t.npz")
+    (d / "mine").mkdir()
+    (d / "mine" / "notes.txt").write_text("the user's")
+    return ["trace", "convert", d / "t.npz", "--out", d / "mine"]
+
+
+def inputs_destroyed_convert_over_a_users_file(d):
+    save_trace(_trace(), d / "t.npz")
+    _npz(d / "weights.npz", w=np.ones(3))
+    return ["trace", "convert", d / "t.npz", "--out", d / "weights.npz"]
+
+
 def inputs_destroyed_run_out_onto_a_request_file(d):
     (d / "results.json").write_text(json.dumps({
         "id": "r", "object": "chat.completion", "prompt_routed_experts": [[[0, 1]], [[2, 3]]],
@@ -541,6 +554,17 @@ def test_a_sweeps_request_file_is_read_beside_the_spec(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # a working folder without r.npz
     cell, = read_spec(tmp_path / "spec" / "s.toml").cells
     assert cell.values["requests"] == str(tmp_path / "spec" / "r.npz")
+
+
+def test_convert_replaces_what_it_wrote_and_anything_with_force(tmp_path, capsys):
+    save_trace(_trace(), tmp_path / "t.npz")
+    for out in ("d", "d", "o.npz", "o.npz", "o.jsonl", "o.jsonl"):  # each twice: rewritten
+        assert run(capsys, "trace", "convert", tmp_path / "t.npz", "--out", tmp_path / out)[0] == 0
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("the user's")
+    code, _, err = run(capsys, "trace", "convert", tmp_path / "t.npz", "--out",
+                       tmp_path / "mine", "--force")
+    assert code == 0 and not (tmp_path / "mine" / "notes.txt").exists(), err
 
 
 def test_defaults_fit_the_values_given(capsys):

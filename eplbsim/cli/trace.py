@@ -4,6 +4,7 @@ traces."""
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +18,11 @@ from ..results import to_json
 from ..traces import CountsTrace, save_trace, summarize_trace
 from ..traces.formats import is_request_input
 from ..traces.formats.token_log import is_token_log
-from ..traces.requests import save_requests
+from ..traces.requests import is_request_file, save_requests
+from ..traces.trace import npz_names
 from ..traces.workload import batch
 from ..traces.counts import save_counts_trace
-from ..traces.directory import save_trace_dir, to_memory
+from ..traces.directory import TRACE_FILES, save_trace_dir, to_memory
 from ..traces.formats.jsonl import read_jsonl, write_jsonl
 from ..traces.formats.sglang import import_sglang
 from ..traces.steps import OUTLIER_FACTOR, describe_selection, flag_steps
@@ -141,9 +143,35 @@ def synth(args: argparse.Namespace) -> int:
     return 0
 
 
+def _written_by_convert(out: Path) -> bool:
+    """Whether `out` is absent, or holds only what `trace convert` writes there (an empty
+    folder or a trace directory; an .npz trace or request file; a JSONL router log, judged by
+    its first line): what it may replace without --force."""
+    if not (out.exists() or out.is_symlink()):
+        return True
+    if out.is_dir() and not out.is_symlink():
+        return {p.name for p in out.iterdir()} <= set(TRACE_FILES)
+    if out.suffix.lower() == ".npz":
+        names = npz_names(out)
+        return {"topk_ids.npy", "step_offsets.npy"} <= names or is_request_file(out)
+    if out.suffix.lower() == ".jsonl" and out.is_file():
+        with open(out, "rb") as f:
+            first = f.readline(1 << 16)
+        try:
+            record = json.loads(first)
+        except ValueError:
+            return False
+        return isinstance(record, dict) and {"step", "layer", "topk_ids"} <= set(record)
+    return False
+
+
 def convert(args: argparse.Namespace) -> int:
     out_kind = args.out.suffix.lower()
     check_output(args.out, [args.src], replaces=out_kind not in (".npz", ".jsonl"))
+    if not args.force and not _written_by_convert(args.out):
+        raise InputError(f"{args.out}: exists and is not what trace convert writes (a trace "
+                         f"directory, an .npz trace or request file, a JSONL router log), so "
+                         f"writing would replace it: give another --out, or --force")
     source, requests = _source(args, args.src, "convert")
     if requests:
         if out_kind != ".npz":
@@ -231,6 +259,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     cmd.add_argument("--out", type=Path, required=True,
                      help="DST: ending in .npz writes .npz, in .jsonl a router log, anything "
                      "else a directory (a .jsonl source is streamed into it)")
+    cmd.add_argument("--force", action="store_true",
+                     help="replace --out even when it is not what convert writes (an unrelated "
+                     "file, or a folder holding other files, which are deleted)")
     spec.add_flags(cmd, "convert")
     cmd.set_defaults(handler=convert)
 

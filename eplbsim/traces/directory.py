@@ -38,6 +38,7 @@ from ..progress import Progress
 from .trace import Trace, TraceShape, check_sizes_of, id_dtype, shape_words
 
 IDS, OFFSETS, SRC, META = "topk_ids.npy", "step_offsets.npy", "src_rank.npy", "meta.json"
+TRACE_FILES = (IDS, OFFSETS, SRC, META)  # everything a trace directory holds
 CHUNK_ELEMENTS = 1 << 22  # ids per chunk when validating or counting (<= 32 MiB as int64)
 _HEADER = 128  # bytes reserved for the .npy header written by save_trace_dir
 
