@@ -24,6 +24,18 @@ from typing import Iterable, Iterator
 from .errors import InputError
 
 MEMORY_CAP = "EPLBSIM_MAX_MEMORY"
+NPY_HEADER = 1 << 20  # bytes of an .npy header read (numpy's default, 10,000, refuses valid ones)
+
+
+def npy_refusal(exc: BaseException) -> str:
+    """Why numpy would not load an array, in words that never advise an unsafe load: numpy's
+    own messages suggest `allow_pickle=True` both for object arrays and for long headers."""
+    text = str(exc)
+    if "max_header_size" in text:
+        return f"its .npy header is longer than the {NPY_HEADER} bytes eplbsim reads"
+    if "pickle" in text:
+        return "it holds Python objects, which eplbsim never unpickles"
+    return text
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 

@@ -567,6 +567,27 @@ def test_convert_replaces_what_it_wrote_and_anything_with_force(tmp_path, capsys
     assert code == 0 and not (tmp_path / "mine" / "notes.txt").exists(), err
 
 
+def _npy_with_header(arr, pad):
+    """`arr` as .npy bytes (format 2.0) whose header is padded with `pad` spaces: valid."""
+    head = repr({"descr": np.lib.format.dtype_to_descr(arr.dtype), "fortran_order": False,
+                 "shape": arr.shape}) + " " * pad
+    head += " " * ((64 - (len(head) + 13) % 64) % 64) + "\n"
+    return (b"\x93NUMPY\x02\x00" + len(head).to_bytes(4, "little") + head.encode("latin1")
+            + arr.tobytes())
+
+
+@pytest.mark.parametrize("pad,ok", [(12_000, True), (1 << 21, False)])
+def test_a_long_npy_header_is_read_or_refused_without_pickle_advice(tmp_path, capsys, pad, ok):
+    arrays = _trace_arrays()
+    path = tmp_path / "long.npz"
+    with zipfile.ZipFile(path, "w") as z:
+        for name, arr in arrays.items():
+            z.writestr(f"{name}.npy", _npy_with_header(arr, pad if name == "topk_ids" else 0))
+    code, out, err = run(capsys, "trace", "info", path)
+    assert (code == 0) == ok, err
+    assert "pickle" not in err and (ok or "header is longer than the 1048576 bytes" in err)
+
+
 def test_defaults_fit_the_values_given(capsys):
     code, out, err = run(capsys, "run", "--gpus", "2", "--steps", "2", "--tokens", "16",
                          "--policies", "row", "--mode", "none")

@@ -138,8 +138,8 @@ def _bad(obj, tmp_path, name="bad.json"):
     (lambda: {"id": "c", "choices": [{"routed_experts": "not base64!", "token_ids": [1]}]},
      r"bad.json: choice 0 routed_experts: not base64"),
     (lambda: {"id": "c", "choices": [{"routed_experts": _pickled_npy64(), "token_ids": [1]}]},
-     r"bad.json: choice 0 routed_experts: not a readable \.npy array \(numpy would have to "
-     r"unpickle"),
+     r"bad.json: choice 0 routed_experts: not a readable \.npy array \(it holds Python "
+     r"objects, which eplbsim never unpickles"),
     (lambda: {"id": "c", "choices": [{"routed_experts": _npy64(_ids(0, 3)),
                                       "token_ids": [1] * 9}]},
      r"bad.json: choice 0: 3 routed rows do not fit 9 generated tokens"),
@@ -222,7 +222,7 @@ def test_a_trace_directory_is_not_vllm_arrays(tmp_path):
     (lambda d: np.save(d / "a.npy", np.zeros((2, 3))), {"prompt_len": 1},
      r"a.npy: expected integers \[tokens, layers, top_k\], got dtype float64"),
     (lambda d: np.save(d / "a.npy", np.array([[[1]]], dtype=object), allow_pickle=True),
-     {"prompt_len": 0}, r"a.npy: not a readable \.npy array \(numpy would have to unpickle"),
+     {"prompt_len": 0}, r"a.npy: not a readable \.npy array \(it holds Python objects, which eplbsim never unpickles"),
     (lambda d: np.savez(d / "a.npz", other=np.ones(2)), {}, r"a.npz: holds neither"),
     (lambda d: np.savez(d / "a.npz", routed_experts=_ids(0, 2), prompt_len=np.array([1, 2])),
      {}, r"a.npz: prompt_len must be a 0-d integer in \[0, 2\]"),

@@ -104,16 +104,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (RecursionError, OverflowError, zipfile.BadZipFile, zlib.error) as exc:
         print(f"eplbsim: error: the input cannot be read ({_one_line(exc)})", file=sys.stderr)
         return 2
-    except OSError as exc:  # a path the user gave: too long, not permitted, disk full, ...
-        where = f"{exc.filename}: " if exc.filename else ""
-        print(f"eplbsim: error: {where}{exc.strerror or _one_line(exc)}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print("eplbsim: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # the reader stopped early (`| head`): nothing more to say
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (the interpreter flushes it at exit)
         return 0
+    except OSError as exc:  # a path the user gave: too long, not permitted, disk full, ...
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"eplbsim: error: {where}{exc.strerror or _one_line(exc)}", file=sys.stderr)
+        return 2
     except Exception as exc:  # a bug: one line, the traceback only when asked for
         if os.environ.get(DEBUG):
             traceback.print_exc()

@@ -32,7 +32,7 @@ import torch
 
 from ..counting import expert_counts, first_duplicate
 from ..errors import InputError
-from ..files import atomic_dir, regular_file
+from ..files import NPY_HEADER, atomic_dir, npy_refusal, regular_file
 from ..limits import MAX_EXPERTS, MAX_GPUS
 from ..progress import Progress
 from .trace import Trace, TraceShape, check_sizes_of, id_dtype, shape_words
@@ -81,12 +81,12 @@ def _open_npy(path: Path, ndim: int) -> _Npy:
                     (2, 0): np.lib.format.read_array_header_2_0}.get(version)
             if read is None:
                 raise ValueError(f"unsupported .npy format version {version}")
-            shape, fortran, dtype = read(f)
+            shape, fortran, dtype = read(f, max_header_size=NPY_HEADER)
             offset = f.tell()
     except (OSError, ValueError, EOFError, SyntaxError, TypeError, tokenize.TokenError,
             MemoryError, RecursionError) as exc:  # a header is Python literal text: any of these
         raise InputError(f"{path}: not a readable uncompressed .npy array (truncated or "
-                         f"corrupt?): {exc}") from None
+                         f"corrupt?): {npy_refusal(exc)}") from None
     if dtype.kind not in "iu":
         raise InputError(f"{path}: must hold integers, got dtype {dtype}")
     if len(shape) != ndim or (fortran and ndim > 1):

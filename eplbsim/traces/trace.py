@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from ..errors import InputError
-from ..files import atomic_file, check_memory, regular_file
+from ..files import NPY_HEADER, atomic_file, check_memory, npy_refusal, regular_file
 from ..counting import expert_counts, first_duplicate
 from ..limits import MAX_EXPERTS, MAX_GPUS, MAX_LAYERS, MAX_TOP_K, check_at_most
 
@@ -286,7 +286,7 @@ def read_npz(path: str | Path, required: Sequence[str], what: str) -> dict[str, 
     if head not in _ZIP_MAGIC:
         raise InputError(f"{path}: not {what} (not an .npz archive)")
     try:
-        with np.load(path, allow_pickle=False) as npz:
+        with np.load(path, allow_pickle=False, max_header_size=NPY_HEADER) as npz:
             missing = [k for k in required if k not in npz.files]
             if missing:
                 raise InputError(f"{path}: not {what} (missing {', '.join(missing)}; found "
@@ -298,10 +298,8 @@ def read_npz(path: str | Path, required: Sequence[str], what: str) -> dict[str, 
         raise
     except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error,
             NotImplementedError, RuntimeError, MemoryError) as exc:
-        why = ("it holds Python objects, which eplbsim never unpickles" if "pickle" in str(exc)
-               else exc)
         raise InputError(f"{path}: not a readable {what} (truncated or corrupt?): "
-                         f"{why}") from None
+                         f"{npy_refusal(exc)}") from None
 
 
 def save_trace(trace: Trace, path: str | Path) -> None:

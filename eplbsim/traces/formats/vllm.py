@@ -65,7 +65,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import InputError
-from ...files import regular_file
+from ...files import NPY_HEADER, npy_refusal, regular_file
 from ...limits import MAX_EXPERTS
 from ..requests import RequestSet, requests_of
 from ..trace import check_distinct
@@ -243,11 +243,9 @@ def _ids(value: Any, what: str, experts: int | None) -> np.ndarray | None:
 def _load(source: Any, what: str, kind: type) -> Any:
     """`np.load(source)` without unpickling; InputError unless it gives a `kind`."""
     try:
-        out = np.load(source, allow_pickle=False)
+        out = np.load(source, allow_pickle=False, max_header_size=NPY_HEADER)
     except (ValueError, OSError, EOFError) as exc:
-        why = "numpy would have to unpickle it, which eplbsim never does" \
-            if "pickle" in str(exc) else exc
-        raise InputError(f"{what}: not a readable {_KINDS[kind]} ({why})") from None
+        raise InputError(f"{what}: not a readable {_KINDS[kind]} ({npy_refusal(exc)})") from None
     if not isinstance(out, kind):
         if isinstance(out, np.lib.npyio.NpzFile):
             out.close()
