@@ -427,6 +427,24 @@ def late_unparsable_flag(d):
     return ["run", "--redundant"]
 
 
+def _wrapping_counts(d):
+    """2048 steps of 2**53 pairs on one expert: int64 sums wrap to 0."""
+    counts = np.zeros((2048, 1, 4), dtype=np.int64)
+    counts[:, 0, 0] = 2**53
+    save_counts_trace(CountsTrace(counts[:1]), d / "c.npz")  # one step: valid; then widened
+    _npz(d / "c.npz", counts=counts, meta=np.array("{}"))
+    return d / "c.npz"
+
+
+def silent_counts_summing_past_2_53_solve(d):
+    return ["solve", "--counts", _wrapping_counts(d), "--gpus", "2", "--redundant", "2"]
+
+
+def silent_counts_summing_past_2_53_export(d):
+    return ["export", "--format", "sglang", "--counts", _wrapping_counts(d),
+            "--num-model-layers", "1", "--out", d / "o.json"]
+
+
 def silent_flag_abbreviation(d):  # --gpus is not --gpus-per-node
     return ["ranks", "--world-size", "2", "--gpus", "2"]
 

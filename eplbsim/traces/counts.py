@@ -131,6 +131,12 @@ class CountsTrace:
         if not whole or (counts < 0).any() or counts.max() > MAX_LOAD:
             raise InputError("counts must be finite, non-negative whole numbers of pairs, at "
                              "most 2**53")
+        summed = counts.sum((0, 2), dtype=np.float64)  # [L] pairs of each layer, every step
+        if summed.max() > MAX_LOAD:  # int64 sums would wrap, float64 ones round
+            layer = int(summed.argmax())
+            raise InputError(f"layer {layer}'s counts sum to about {summed[layer]:.3g} pairs "
+                             f"over the steps, more than 2**53: sums that large cannot be "
+                             f"exact")
         check_at_most(counts.shape[1], MAX_LAYERS, "the number of layers")
         check_at_most(counts.shape[2], MAX_EXPERTS, "the number of experts")
         meta = dict(self.meta or {})
