@@ -95,6 +95,8 @@ def _rows(rows: list, type_=None):
     (_rows([[1, 2, 3], [4, 99, 5]]), {"experts": 16},
      r"layer_02\.parquet: row 1: expert ids \[4, 99, 5\] outside \[-1, 16\)"),
     (_rows([[1, 2, 3], [4, 5, 4]]), {}, r"layer_02\.parquet: row 1 routes expert 4 twice"),
+    (_rows([[1, 2, 3], [4, 2**64 - 1, 5]], pa.list_(pa.uint64())), {},
+     r"layer_02\.parquet: row 1: expert ids \[4, 18446744073709551615, 5\] outside"),
     (_rows([[1.0, 2.0]], pa.list_(pa.float32())), {},
      r"layer_02\.parquet: indices must be lists of integer ids"),
     (_rows([]), {}, r"layer_02\.parquet: holds no rows"),

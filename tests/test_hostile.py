@@ -445,6 +445,45 @@ def silent_counts_summing_past_2_53_export(d):
             "--num-model-layers", "1", "--out", d / "o.json"]
 
 
+def _request_file(d, **change):
+    """A valid request file with `change`d arrays."""
+    from eplbsim.traces.request_synth import synthesize_requests
+    from eplbsim.traces.requests import save_requests
+    save_requests(synthesize_requests("requests", layers=2, experts=8, top_k=2, seed=0,
+                                      num_requests=3), d / "r.npz")
+    arrays = dict(np.load(d / "r.npz"))
+    arrays.update(change)
+    return _npz(d / "r.npz", **arrays)
+
+
+def silent_request_prompt_len_fraction(d):
+    return ["trace", "info", _request_file(d, prompt_len=np.array([2.7, 3.0, 4.0]))]
+
+
+def silent_request_prompt_len_boolean(d):
+    return ["trace", "info", _request_file(d, prompt_len=np.array([True, True, True]))]
+
+
+def silent_request_experts_fraction(d):
+    return ["trace", "info", _request_file(d, num_experts=np.array(8.7))]
+
+
+def silent_request_arrival_1e19(d):
+    return ["trace", "info", _request_file(d, arrival=np.array([1e19, 0.0, 0.0]))]
+
+
+def silent_vllm_true_as_an_id(d):
+    (d / "v.json").write_text(json.dumps({
+        "id": "r", "object": "chat.completion", "prompt_routed_experts": [[[0, True]]],
+        "choices": [{"index": 0, "routed_experts": [[[1, 2]]]}]}))
+    return ["trace", "info", d / "v.json"]
+
+
+def silent_csv_id_with_an_underscore(d):
+    (d / "c.csv").write_text("layer,expert,count\n0,1_0,5\n0,0,1\n")
+    return ["solve", "--counts", d / "c.csv", "--gpus", "1"]
+
+
 def silent_flag_abbreviation(d):  # --gpus is not --gpus-per-node
     return ["ranks", "--world-size", "2", "--gpus", "2"]
 

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -50,6 +52,18 @@ def parse_where(text: str | None) -> dict[str, str]:
     return out
 
 
+INTEGER = re.compile(r"\s*[+-]?\d+\s*")
+DECIMAL = re.compile(r"\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*")
+
+
+def _number(text: Any, form: re.Pattern) -> Any:
+    """`text` as an int (`INTEGER`) or a float (`DECIMAL`) when it is written as one; ValueError
+    otherwise (Python's int and float also take `1_0` for 10, and float takes `inf`)."""
+    if not isinstance(text, str) or not form.fullmatch(text):
+        raise ValueError(f"not a number: {text!r}")
+    return int(text) if form is INTEGER else float(text)
+
+
 def load_counts_csv(path: str | Path, where: dict[str, str] | None = None,
                     num_experts: int | None = None) -> LayerCounts:
     """Read `layer,expert,count` rows matching every `where` column=value; one `(layer, expert)`
@@ -77,10 +91,10 @@ def load_counts_csv(path: str | Path, where: dict[str, str] | None = None,
     if not rows:
         raise InputError(f"{path}: no rows match {where or 'the file'}")
     try:
-        ids = [(int(r["layer"]), int(r["expert"])) for r in rows]
-        count = np.array([float(r["count"]) for r in rows])
+        ids = [(_number(r["layer"], INTEGER), _number(r["expert"], INTEGER)) for r in rows]
+        count = np.array([_number(r["count"], DECIMAL) for r in rows])
     except (TypeError, ValueError) as exc:
-        raise InputError(f"{path}: layer and expert must be integers and count a number "
+        raise InputError(f"{path}: layer and expert must be integers and count a finite number "
                          f"({exc})") from None
     if not np.isfinite(count).all() or (count < 0).any() or count.max() > MAX_LOAD:
         raise InputError(f"{path}: counts must be finite, non-negative and at most 2**53")

@@ -26,7 +26,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..files import atomic_file
-from ..limits import MAX_EXPERTS, MAX_LAYERS, MAX_TOP_K
+from ..limits import MAX_EXPERTS, MAX_LAYERS, MAX_LOAD, MAX_TOP_K
 from .trace import id_dtype, npz_names, read_npz
 
 REQUEST_KEYS = ("ids", "offsets", "prompt_len", "arrival", "request_id", "num_experts", "meta")
@@ -99,9 +99,10 @@ class RequestSet:
                                  f"{ids.shape[0]}], got {r.prompt_len!r}")
             if ids.shape[0] == 0:
                 raise InputError(f"{where}: has no tokens")
-            if r.arrival is not None and not (math.isfinite(r.arrival) and r.arrival >= 0):
-                raise InputError(f"{where}: arrival must be a finite number >= 0, got "
-                                 f"{r.arrival!r}")
+            if r.arrival is not None and not (isinstance(r.arrival, (int, float))
+                                              and 0 <= r.arrival <= MAX_LOAD):
+                raise InputError(f"{where}: arrival must be a number of steps in [0, 2**53], "
+                                 f"got {r.arrival!r}")
             if r.id in seen:
                 raise InputError(f"request id {r.id!r} appears twice")
             seen.add(r.id)
@@ -127,9 +128,17 @@ def requests_of(ids: Sequence[np.ndarray], prompt_lens: Sequence[int], num_exper
     """A RequestSet from per-request `[n_r, L, K]` arrays (named `0, 1, ...` unless `names`)."""
     arrivals = [None] * len(ids) if arrivals is None else list(arrivals)
     names = [str(i) for i in range(len(ids))] if names is None else [str(n) for n in names]
-    return RequestSet(tuple(Request(n, int(p), np.asarray(a), t)
+    return RequestSet(tuple(Request(n, _whole(p), np.asarray(a), t)
                             for n, p, a, t in zip(names, prompt_lens, ids, arrivals)),
-                      num_experts, dict(meta or {}))
+                      _whole(num_experts), dict(meta or {}))
+
+
+def _whole(value: Any) -> Any:
+    """A numpy or Python integer as an int; anything else (a float, a bool) as it is, for the
+    checks to refuse rather than truncate."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        return int(value)
+    return value.item() if isinstance(value, np.generic) else value
 
 
 def save_requests(requests: RequestSet, path: str | Path) -> None:
@@ -173,7 +182,7 @@ def load_requests(path: str | Path) -> RequestSet:
     arrivals = [None if math.isnan(a) else float(a) for a in data["arrival"]]
     chunks = [ids[lo:hi] for lo, hi in zip(offsets[:-1], offsets[1:])]
     try:
-        return requests_of(chunks, data["prompt_len"].tolist(), int(data["num_experts"]),
+        return requests_of(chunks, data["prompt_len"].tolist(), data["num_experts"][()],
                            arrivals, data["request_id"].tolist(), meta)
     except (InputError, TypeError, ValueError) as exc:
         raise InputError(f"{path}: {exc}") from None

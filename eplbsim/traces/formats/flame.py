@@ -214,10 +214,10 @@ def _read_layer(opened: Any, path: Path, N: int, limit: int, K: int | None = Non
     if values.null_count:
         row = int(np.flatnonzero(values.is_null().to_numpy(zero_copy_only=False))[0]) // width
         raise InputError(f"{path}: row {row}: indices holds a null id")
-    ids = values.to_numpy(zero_copy_only=False).astype(np.int64).reshape(N, width)
-    wrong = np.flatnonzero(((ids < -1) | (ids >= limit)).any(1))
+    raw = values.to_numpy(zero_copy_only=False).reshape(N, width)
+    wrong = np.flatnonzero(((raw < -1) | (raw >= limit)).any(1))  # in the file's own dtype
     if wrong.size:
         row = int(wrong[0])
-        raise InputError(f"{path}: row {row}: expert ids {ids[row].tolist()} outside "
+        raise InputError(f"{path}: row {row}: expert ids {raw[row].tolist()} outside "
                          f"[-1, {limit})")
-    return ids
+    return raw.astype(np.int64)

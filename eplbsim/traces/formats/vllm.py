@@ -234,6 +234,9 @@ def _ids(value: Any, what: str, experts: int | None) -> np.ndarray | None:
         except (ValueError, TypeError, OverflowError):
             raise InputError(f"{what}: ragged lists; expected [tokens][layers][top_k] "
                              f"integers") from None
+        if arr.dtype.kind in "iu" and arr.ndim == 3 and any(
+                type(x) is bool for t in value for r in t for x in r):  # numpy took them as 1, 0
+            raise InputError(f"{what}: ids must be integers; true and false are not expert ids")
     else:
         raise InputError(f"{what}: expected nested lists or a base64 .npy string, got "
                          f"{type(value).__name__}")
