@@ -484,6 +484,11 @@ def silent_csv_id_with_an_underscore(d):
     return ["solve", "--counts", d / "c.csv", "--gpus", "1"]
 
 
+def hangs_fifo_named_like_a_log(d):
+    os.mkfifo(d / "routes")
+    return ["trace", "info", d / "routes"]
+
+
 def silent_flag_abbreviation(d):  # --gpus is not --gpus-per-node
     return ["ranks", "--world-size", "2", "--gpus", "2"]
 
@@ -645,6 +650,18 @@ def test_a_long_npy_header_is_read_or_refused_without_pickle_advice(tmp_path, ca
     assert "pickle" not in err and (ok or "header is longer than the 1048576 bytes" in err)
 
 
+@pytest.mark.parametrize("make,match", [
+    (lambda d: (d / "x.json").write_text('{"a": 1}') and d / "x.json",
+     "not a trace (one of: Megatron router trace, "),
+    (lambda d: (save_trace_dir(_trace(), d / "t"), (d / "t" / "topk_ids.npy").unlink())
+     and d / "t", "topk_ids.npy: missing (a trace directory needs"),
+])
+def test_a_file_of_no_trace_form_is_named_for_what_it_lacks(tmp_path, capsys, make, match):
+    path = make(tmp_path)
+    code, _, err = run(capsys, "run", "--trace", path)
+    assert code == 2 and match in err, err
+
+
 def test_defaults_fit_the_values_given(capsys):
     code, out, err = run(capsys, "run", "--gpus", "2", "--steps", "2", "--tokens", "16",
                          "--policies", "row", "--mode", "none")
@@ -712,8 +729,48 @@ def _valid_inputs(folder: Path) -> dict[str, Path]:
                 "average_utilization_rate_over_window": 0.5}, folder / "stat.pt")
     return {"pt": folder / "stat.pt", "npz": folder / "t.npz",
             "dir": folder / "d" / "topk_ids.npy", "offsets": folder / "d" / "step_offsets.npy",
-            "meta": folder / "d" / "meta.json", "jsonl": folder / "t.jsonl", "csv": folder / "c.csv", "counts": folder / "c.npz",
-            "json": folder / "p.json", "toml": folder / "s.toml"}
+            "meta": folder / "d" / "meta.json", "jsonl": folder / "t.jsonl",
+            "csv": folder / "c.csv", "counts": folder / "c.npz", "json": folder / "p.json",
+            "toml": folder / "s.toml", **_engine_logs(folder, trace)}
+
+
+def _engine_logs(folder: Path, trace: Trace) -> dict[str, Path]:
+    """One valid input of every engine's log and request form, written by the writers of each
+    reader's own tests; the file the fuzz mutates, by kind."""
+    from eplbsim.traces.request_synth import synthesize_requests
+    from eplbsim.traces.requests import save_requests
+    from test_flame import _layer_file
+    from test_megatron import _rank_file
+    from test_trtllm_stats import _safetensors
+    from test_vllm import _split
+    ids = [trace.step(s).numpy() for s in range(trace.num_steps)]  # [T, L, K] each
+    (folder / "v.json").write_text(json.dumps(_split("r", ids[0], [ids[1], ids[2]])))
+    records = [{"type": "meta", "model": "m"}] + [
+        {"type": "route", "token_idx": t, "topk_ids": row.tolist()}
+        for step in ids for t, row in enumerate(step)]
+    (folder / "tok.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (folder / "m").mkdir()
+    _rank_file(folder / "m", 0, ids)
+    (folder / "tr").mkdir()
+    (folder / "tr" / "meta_info.json").write_text(json.dumps({"num_experts": 8,
+                                                             "num_experts_per_token": 2}))
+    _safetensors(folder / "tr" / "rank0.safetensors",
+                 {f"{s}_{layer}": trace.counts()[s, layer].numpy().astype(np.int64)
+                  for s in range(trace.num_steps) for layer in range(trace.num_layers)})
+    (folder / "fl").mkdir()
+    for layer in range(trace.num_layers):
+        _layer_file(folder / "fl" / f"layer_{layer:02d}.parquet",
+                    np.concatenate(ids)[:, layer].astype(np.int16))
+    save_requests(synthesize_requests("requests", layers=2, experts=8, top_k=2, seed=0,
+                                      num_requests=3), folder / "r.npz")
+    (folder / "sf.toml").write_text('[fixed]\ntrace = "t.npz"\nplacement = "p.json"\n'
+                                    '[grid]\npolicy = ["row", "ordinal"]\n')
+    return {"vllm": folder / "v.json", "tokens": folder / "tok.jsonl",
+            "megatron": folder / "m" / "router_trace_rank0.jsonl",
+            "trtllm": folder / "tr" / "rank0.safetensors",
+            "trtllm_meta": folder / "tr" / "meta_info.json",
+            "flame": folder / "fl" / "layer_01.parquet", "requests": folder / "r.npz",
+            "sweep_files": folder / "sf.toml"}
 
 
 def _command(kind: str, files: dict[str, Path]) -> list[str]:
@@ -722,6 +779,13 @@ def _command(kind: str, files: dict[str, Path]) -> list[str]:
         target = files["npz"] if kind == "npz" else files["jsonl"] if kind == "jsonl" else \
             files["dir"].parent
         return ["trace", "info", str(target)]
+    if kind in ("vllm", "requests", "megatron", "flame"):
+        target = files[kind].parent if kind in ("megatron", "flame") else files[kind]
+        return ["trace", "info", str(target)]
+    if kind == "tokens":
+        return ["trace", "info", str(files[kind]), "--skip-type", "meta"]
+    if kind in ("trtllm", "trtllm_meta"):
+        return ["solve", "--counts", str(files[kind].parent), "--gpus", "2"]
     if kind == "pt":
         return ["trace", "import-sglang", str(files["pt"]), "--out",
                 str(files["pt"].parent / "imported.npz")]
@@ -732,7 +796,18 @@ def _command(kind: str, files: dict[str, Path]) -> list[str]:
             str(files["json"])]
 
 
-KINDS = ["npz", "dir", "offsets", "meta", "jsonl", "csv", "counts", "json", "toml", "pt"]
+KINDS = ["npz", "dir", "offsets", "meta", "jsonl", "csv", "counts", "json", "toml", "pt", "vllm",
+         "tokens", "megatron", "trtllm", "trtllm_meta", "flame", "requests", "sweep_files"]
+
+
+def test_every_fuzzed_input_is_read_before_it_is_mutated(tmp_path, capsys):
+    files = _valid_inputs(tmp_path)
+    for kind in KINDS:
+        if kind in ("toml", "sweep_files"):
+            assert read_spec(files[kind]).cells, kind
+            continue
+        code, _, err = run(capsys, *_command(kind, files))
+        assert code == 0, (kind, err)
 
 
 @st.composite
@@ -743,7 +818,7 @@ def mutations(draw):
                                                            max_size=8))
 
 
-@settings(max_examples=200, deadline=None,
+@settings(max_examples=300, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=mutations())
 def test_mutated_files_are_read_or_refused_cleanly(case, tmp_path_factory, capsys):
@@ -759,9 +834,9 @@ def test_mutated_files_are_read_or_refused_cleanly(case, tmp_path_factory, capsy
     files[kind].write_bytes(bytes(data))
     before = {k: v for k, v in _digest(folder).items() if k != "imported.npz"}
     start = time.monotonic()
-    if kind == "toml":  # a sweep would run its cells: read the spec only
+    if kind in ("toml", "sweep_files"):  # a sweep would run its cells: read the spec only
         try:
-            read_spec(files["toml"])
+            read_spec(files[kind])
         except InputError as exc:
             assert "\n" not in str(exc)
     else:
@@ -770,6 +845,38 @@ def test_mutated_files_are_read_or_refused_cleanly(case, tmp_path_factory, capsy
         assert code == 0 or (len(err.strip().splitlines()) == 1 and "Traceback" not in err)
     assert time.monotonic() - start < TIME_LIMIT
     assert {k: v for k, v in _digest(folder).items() if k != "imported.npz"} == before
+
+
+# the options a run takes as KEY=VALUE, with the settings that make each apply
+OPTIONS = {"--cost-option": (["eta_compute", "eta_memory", "framework", "version"],
+                             ["--cost", "roofline"]),
+           "--solver-option": (["z", "depth", "width", "history"], ["--solver", "flashlb"]),
+           "-o": (["sigma", "drift"], ["--scenario", "skewed"])}
+TEXTS = st.one_of(st.integers(-2**70, 2**70).map(str), st.floats().map(repr),
+                  st.sampled_from(["true", "false", "null", "nan", "1e400", "-0", "1_0", "0x10",
+                                   "[1]", '{"a": 1}', '"text"', ""]),
+                  st.text(max_size=6))
+
+
+@st.composite
+def option_values(draw):
+    flag = draw(st.sampled_from(sorted(OPTIONS)))
+    names, settings_ = OPTIONS[flag]
+    return flag, draw(st.sampled_from(names + ["nope"])), draw(TEXTS), settings_
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=option_values())
+def test_any_option_value_is_taken_or_refused_in_one_line(case, capsys):
+    flag, key, text, needs = case
+    start = time.monotonic()
+    code, _, err = run(capsys, "run", *SIZES, *needs, "--policies", "row", "--mode", "none",
+                       flag, f"{key}={text}")
+    assert code in (0, 2), err
+    assert code == 0 or (len(err.strip().splitlines()) == 1 and "Traceback" not in err), err
+    assert "internal error" not in err
+    assert time.monotonic() - start < TIME_LIMIT
 
 
 @st.composite

@@ -244,3 +244,14 @@ def test_malformed_array_files_name_the_file(tmp_path, write, options, match):
     write(tmp_path)
     with pytest.raises(InputError, match=match):
         read_vllm_arrays(tmp_path, **options)
+
+
+def test_a_response_is_detected_however_long_its_prompt_routing(tmp_path):
+    response = _split("long", _ids(0, 3000), [_ids(1, 2)])  # ~100 KiB of ids before choices
+    ordered = {k: response[k] for k in ("id", "prompt_routed_experts")}
+    ordered.update(response)
+    path = _write(tmp_path / "long.json", ordered)
+    assert path.read_bytes().index(b'"choices"') > 1 << 16
+    assert is_vllm_json(path)
+    requests = read_vllm_json(path)
+    assert requests.requests[0].prompt_len == 3000

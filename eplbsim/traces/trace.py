@@ -272,6 +272,18 @@ def npz_names(path: str | Path) -> frozenset[str]:
         return frozenset()
 
 
+def is_zip(path: str | Path) -> bool:
+    """Whether `path` is a regular file (never a FIFO: opening one waits) that starts as a zip
+    archive (an `.npz`) does."""
+    if not Path(path).is_file():
+        return False
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) in _ZIP_MAGIC
+    except OSError:
+        return False
+
+
 def read_npz(path: str | Path, required: Sequence[str], what: str) -> dict[str, np.ndarray]:
     """The arrays of the `.npz` archive at `path`, read without unpickling. InputError naming
     the file when it is not a regular file or not a zip archive, lacks a `required` member,

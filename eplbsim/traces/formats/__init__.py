@@ -25,7 +25,7 @@ from ..counts import (CountsTrace, LayerCounts, is_counts_file, load_counts_csv,
                       load_counts_trace, parse_where)
 from ..directory import DirTrace, load_trace_dir
 from ..requests import RequestSet, is_request_file, load_requests
-from ..trace import Trace, load_trace
+from ..trace import Trace, is_zip, load_trace
 from .jsonl import read_jsonl
 from .megatron import is_megatron_trace, read_megatron
 from .flame import is_flame, read_flame
@@ -78,7 +78,7 @@ FORMATS: dict[str, Format] = {
     "per-token router log": Format(is_token_log, read_token_trace),
     "JSONL router log": Format(_jsonl, read_router_log),
     "per-token router log (keys given)": Format(_jsonl, read_token_trace),
-    ".npz trace": Format(lambda p: True, read_npz),
+    ".npz trace": Format(lambda p: p.suffix.lower() == ".npz" or is_zip(p), read_npz),
 }
 
 

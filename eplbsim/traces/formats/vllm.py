@@ -67,6 +67,7 @@ import numpy as np
 from ...errors import InputError
 from ...files import NPY_HEADER, npy_refusal, regular_file
 from ...limits import MAX_EXPERTS
+from ..directory import TRACE_FILES
 from ..requests import RequestSet, requests_of
 from ..trace import check_distinct
 
@@ -76,21 +77,31 @@ _KINDS = {np.ndarray: ".npy array", np.lib.npyio.NpzFile: ".npz archive"}
 
 
 def is_vllm_json(path: Path) -> bool:
-    """Whether `path` is a `.json` / `.jsonl` file whose first 64 KiB name `"choices"` (an
-    OpenAI-style response, which router logs and other JSON never hold)."""
-    if path.suffix.lower() not in (".json", ".jsonl") or not path.is_file():
+    """Whether `path` is a `.json` file, or a `.jsonl` file's first record, naming `"choices"`
+    (an OpenAI-style response, which router logs and other JSON never hold): read in chunks,
+    however long the routing before the key (a long prompt's ids come first)."""
+    suffix = path.suffix.lower()
+    if suffix not in (".json", ".jsonl") or not path.is_file():
         return False
+    key, tail = b'"choices"', b""
     try:
         with open(path, "rb") as f:
-            return b'"choices"' in f.read(1 << 16)
+            if suffix == ".jsonl":
+                first = next((line for line in f if line.strip()), b"")
+                return key in first
+            while chunk := f.read(1 << 20):
+                if key in tail + chunk:
+                    return True
+                tail = chunk[-len(key):]  # a key across two chunks
     except OSError:
         return False
+    return False
 
 
 def is_vllm_arrays(path: Path) -> bool:
     """Whether `path` is a directory of per-request `.npy` / `.npz` files (and not an eplbsim
-    trace directory, which holds `topk_ids.npy`)."""
-    return path.is_dir() and not (path / "topk_ids.npy").exists() and any(
+    trace directory, whole or missing a file: one holding any of `TRACE_FILES`)."""
+    return path.is_dir() and not any((path / name).exists() for name in TRACE_FILES) and any(
         p.suffix.lower() in _ARRAY_SUFFIXES and p.is_file() for p in path.iterdir())
 
 
