@@ -429,6 +429,9 @@ class Source(Part):
                                       commands=READS)
     skip_type: str | None = knob(None, "per-token log: skip records whose \"type\" is TYPE (a "
                                  "header)", Text(), metavar="TYPE", commands=READS)
+    prompt_len: int | None = knob(None, "vLLM routed-expert arrays: the prompt rows of every "
+                                  ".npy file (an .npz names its own)",
+                                  Integer(0, optional=True), metavar="N", commands=READS)
     select_steps: str | None = knob(
         None, "replay only these steps of the trace: steps and ranges of its own numbering, "
         "e.g. 2:, 0:100,150 or :-1 (trace info numbers them)", StepSelection(),
@@ -596,7 +599,7 @@ class Source(Part):
 # What reading a file takes (`Source.reader_options`): a log's experts, a counts CSV's filter,
 # a per-token log's keys.
 READER_OPTIONS = ("experts", "where", "request_key", "token_key", "layer_key", "ids_key",
-                  "step_key", "prompt_len_key", "skip_type")
+                  "step_key", "prompt_len_key", "skip_type", "prompt_len")
 
 
 @dataclass(frozen=True)

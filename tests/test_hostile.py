@@ -489,6 +489,25 @@ def hangs_fifo_named_like_a_log(d):
     return ["trace", "info", d / "routes"]
 
 
+def _vllm_arrays(d):
+    """A folder of per-request vLLM routing arrays."""
+    (d / "reqs").mkdir()
+    for i in range(2):
+        np.save(d / "reqs" / f"{i}.npy", _trace().step(i).numpy().astype(np.int16))
+    return d / "reqs"
+
+
+def inputs_destroyed_run_out_into_a_request_folder(d):
+    folder = _vllm_arrays(d)
+    return ["run", "--requests", folder, "--gpus", "2", "--out", folder]
+
+
+def inputs_destroyed_sweep_out_into_its_request_folder(d):
+    _vllm_arrays(d)
+    (d / "s.toml").write_text('[fixed]\nrequests = "reqs"\ngpus = 2\n')
+    return ["sweep", d / "s.toml", "--out", d / "reqs"]
+
+
 def silent_flag_abbreviation(d):  # --gpus is not --gpus-per-node
     return ["ranks", "--world-size", "2", "--gpus", "2"]
 

@@ -36,6 +36,7 @@ EXAMPLES = {
     "step_key": ("it", "it", "", "must be non-empty text", {"trace": "FILE:t.npz"}),
     "prompt_len_key": ("pl", "pl", "", "must be non-empty text", {"trace": "FILE:t.npz"}),
     "skip_type": ("meta", "meta", "", "must be non-empty text", {"trace": "FILE:t.npz"}),
+    "prompt_len": ("4", 4, -1, "must be an integer >= 0, got -1", {"trace": "FILE:t.npz"}),
     "select_steps": ("1:", "1:", "1:x", "is not a step", {}),
     "drop_warmup": (True, True, "maybe", "must be true or false", {}),
     "drop_outliers": (True, True, "maybe", "must be true or false", {}),

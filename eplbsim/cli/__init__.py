@@ -24,6 +24,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import InputError
+from ..files import available_memory, size_text
 from . import bench, export, figures, ranks, registries, run, solve, sweep, trace
 
 COMMANDS = {
@@ -98,7 +99,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"eplbsim: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
     except MemoryError:
-        print("eplbsim: error: out of memory: the input asks for more than this machine has",
+        print(f"eplbsim: error: out of memory: eplbsim {args.command} asks for more than the "
+              f"{size_text(available_memory())} this machine has; give it fewer steps "
+              f"(--select-steps, --steps), tokens, layers or slots, or a smaller grid",
               file=sys.stderr)
         return 2
     except (RecursionError, OverflowError, zipfile.BadZipFile, zlib.error) as exc:
