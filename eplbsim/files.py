@@ -167,7 +167,9 @@ def available_memory() -> int:
 
 
 def size_text(nbytes: float) -> str:
-    """`1536` -> "1.5 KiB"."""
+    """`1536` -> "1.5 KiB"; beyond 1024 PiB, "3.1e+300 bytes"."""
+    if abs(nbytes) >= 1024 ** 6:
+        return f"{nbytes:.2g} bytes"
     for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
         if abs(nbytes) < 1024 or unit == "PiB":
             return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"

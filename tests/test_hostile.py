@@ -508,6 +508,18 @@ def inputs_destroyed_sweep_out_into_its_request_folder(d):
     return ["sweep", d / "s.toml", "--out", d / "reqs"]
 
 
+def traceback_template_of_1e21_rows(d):
+    return ["run", "--scenario", "template", "-o", "template_len=1000000000000000000000"]
+
+
+def traceback_requests_scenario_of_1e21_requests(d):
+    return ["run", "--requests", "requests", "-o", "num_requests=1000000000000000000000"]
+
+
+def traceback_requests_scenario_of_1e300_tokens(d):
+    return ["run", "--requests", "requests", "-o", "prompt_mean=1e300"]
+
+
 def silent_flag_abbreviation(d):  # --gpus is not --gpus-per-node
     return ["ranks", "--world-size", "2", "--gpus", "2"]
 
@@ -679,6 +691,13 @@ def test_a_file_of_no_trace_form_is_named_for_what_it_lacks(tmp_path, capsys, ma
     path = make(tmp_path)
     code, _, err = run(capsys, "run", "--trace", path)
     assert code == 2 and match in err, err
+
+
+def test_a_phase_longer_than_the_trace_is_all_prefill(capsys):
+    code, out, err = run(capsys, "run", *SIZES, "--scenario", "phases", "-o",
+                         "phase_len=1000000000000000000000", "--policies", "row", "--mode",
+                         "none")
+    assert code == 0 and "2 steps x 16 tokens" in out, err  # both steps prefill-sized
 
 
 def test_defaults_fit_the_values_given(capsys):

@@ -17,11 +17,13 @@ A generator is `gen(*, layers, experts, top_k, seed, **options) -> RequestSet`, 
 from __future__ import annotations
 
 import inspect
+import math
 from typing import Any, Callable
 
 import numpy as np
 
 from ..errors import InputError
+from ..files import check_memory
 from ..registry import lookup
 from .requests import RequestSet, requests_of
 from .trace import id_dtype
@@ -52,6 +54,13 @@ def requests(*, layers: int, experts: int, top_k: int, seed: int, num_requests: 
     for name, value in (("length_sigma", length_sigma), ("sigma", sigma)):
         if not (isinstance(value, (int, float)) and 0 <= value <= 10):
             raise InputError(f"{name} must be a number in [0, 10], got {value!r}")
+    tokens = num_requests * (prompt_mean + output_mean) * math.exp(length_sigma ** 2 / 2)
+    longest = (prompt_mean + output_mean) * math.exp(4 * length_sigma)  # a generous request
+    check_memory(2 * layers * top_k * (tokens + templates * template_len)  # the ids
+                 + 16 * layers * experts * (longest + template_len),  # one request's draws
+                 f"the requests scenario: {num_requests} requests of about "
+                 f"{prompt_mean + output_mean:g} tokens, {layers} layers, {experts} experts",
+                 "ask for fewer or shorter requests")
     rng = np.random.default_rng(seed)
     popularity = rng.normal(0.0, sigma, (topics, layers, experts))  # log-popularity logits
     prefixes = [_draw(rng, popularity[t % topics], template_len, top_k)

@@ -211,6 +211,8 @@ def template(*, steps: int, tokens: int, layers: int, experts: int, top_k: int, 
         raise InputError(f"template: period={C} splits experts={E} into classes of {E // C} "
                          f"experts, fewer than top_k={K}; use a smaller period, more experts "
                          f"or a smaller top_k")
+    check_memory(24 * L * J * E, f"a template of {J} rows x {L} layers x {E} experts",
+                 "use a shorter template_len")
     rng = np.random.default_rng(seed)
     perm = np.argsort(rng.random((L, E)), axis=-1)  # [L, E] random order of experts per layer
     cls = np.empty((L, E), dtype=np.int64)  # [L, E] class of each expert; sizes differ by <= 1
@@ -342,7 +344,7 @@ def phases(*, steps: int, tokens: int, layers: int, experts: int, top_k: int, se
     a = sigma * rng.standard_normal((L, E))  # [L, E] prefill log-popularity
     c = sigma * rng.standard_normal((L, E))  # [L, E] independent part of decode's
     logw = np.stack([a, rho * a + math.sqrt(1.0 - rho * rho) * c]).astype(np.float32)  # [2, L, E]
-    phase = (np.arange(S) // J) % 2  # [S] 0 prefill, 1 decode
+    phase = (np.arange(S) // min(J, S)) % 2  # [S] 0 prefill, 1 decode (J >= S: all prefill)
     sizes = np.where(phase == 0, T, Td).astype(np.int64)  # [S] rows T_s of each step
     ids = np.empty((int(sizes.sum()), L, K), dtype=np.int32)  # [sum T_s, L, K]
     row = 0
