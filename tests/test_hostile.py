@@ -803,12 +803,15 @@ def _engine_logs(folder: Path, trace: Trace) -> dict[str, Path]:
                                       num_requests=3), folder / "r.npz")
     (folder / "sf.toml").write_text('[fixed]\ntrace = "t.npz"\nplacement = "p.json"\n'
                                     '[grid]\npolicy = ["row", "ordinal"]\n')
+    (folder / "va").mkdir()
+    for i, step in enumerate(ids):  # each .npy: one request's prompt then output rows
+        np.save(folder / "va" / f"{i}.npy", step.astype(np.int16))
     return {"vllm": folder / "v.json", "tokens": folder / "tok.jsonl",
             "megatron": folder / "m" / "router_trace_rank0.jsonl",
             "trtllm": folder / "tr" / "rank0.safetensors",
             "trtllm_meta": folder / "tr" / "meta_info.json",
             "flame": folder / "fl" / "layer_01.parquet", "requests": folder / "r.npz",
-            "sweep_files": folder / "sf.toml"}
+            "sweep_files": folder / "sf.toml", "vllm_arrays": folder / "va" / "1.npy"}
 
 
 def _command(kind: str, files: dict[str, Path]) -> list[str]:
@@ -822,6 +825,8 @@ def _command(kind: str, files: dict[str, Path]) -> list[str]:
         return ["trace", "info", str(target)]
     if kind == "tokens":
         return ["trace", "info", str(files[kind]), "--skip-type", "meta"]
+    if kind == "vllm_arrays":
+        return ["trace", "info", str(files[kind].parent), "--prompt-len", "4"]
     if kind in ("trtllm", "trtllm_meta"):
         return ["solve", "--counts", str(files[kind].parent), "--gpus", "2"]
     if kind == "pt":
@@ -835,7 +840,8 @@ def _command(kind: str, files: dict[str, Path]) -> list[str]:
 
 
 KINDS = ["npz", "dir", "offsets", "meta", "jsonl", "csv", "counts", "json", "toml", "pt", "vllm",
-         "tokens", "megatron", "trtllm", "trtllm_meta", "flame", "requests", "sweep_files"]
+         "tokens", "megatron", "trtllm", "trtllm_meta", "flame", "requests", "sweep_files",
+         "vllm_arrays"]
 
 
 def test_every_fuzzed_input_is_read_before_it_is_mutated(tmp_path, capsys):
