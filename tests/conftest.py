@@ -1,19 +1,18 @@
 """Shared fixtures: the devices to test on (CUDA only where torch sees one); hypothesis drawing
 the same examples on every run (the `derandomized` profile), so a test's verdict and its time do
 not change from one CI run to the next (`HYPOTHESIS_PROFILE=explore` draws new ones); and, when
-pytest-xdist runs a worker process per core, one torch and numba thread in each, so the workers
-do not fight over the cores."""
+pytest-xdist runs a worker process per core, one thread in each worker and in every process it
+starts (notebook kernels, ranks, sweep workers), so they do not fight over the cores."""
 
 import os
 
-import pytest
-import torch
-from hypothesis import settings
+if os.environ.get("PYTEST_XDIST_WORKER"):  # set before torch and numba start their threads
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
+        os.environ[name] = "1"
 
-if os.environ.get("PYTEST_XDIST_WORKER"):  # a process per core (-n auto): one thread each
-    import numba
-    torch.set_num_threads(1)
-    numba.set_num_threads(1)
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from hypothesis import settings  # noqa: E402
 
 settings.register_profile("derandomized", derandomize=True)
 settings.register_profile("explore", derandomize=False)
