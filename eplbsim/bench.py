@@ -330,7 +330,7 @@ def kernel_calls(trace: Trace, spec: RunSpec) -> tuple[Callable[[], None], int]:
     placement = schedule_of(trace, spec, routed_loads(trace))[0].placement
     G = spec.topology.gpus
     ranks = make_ranks(d.rng, d.seed, G, device)
-    views = [rank_view(d.view, placement, r).to(device) for r in range(G)]
+    views = [rank_view(d.view, placement, r, d.mode).to(device) for r in range(G)]
     steps = [trace.step(s).to(device) for s in range(trace.num_steps)]
     if d.mode == "none":  # (rank, rows) per call
         calls = [(group[0], slice(None)) for group in rank_groups(views, policy)]

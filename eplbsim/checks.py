@@ -46,7 +46,7 @@ def _rank_choices(policy: str | Policy, ids: torch.Tensor, placement: Placement,
         raise InputError(f"topk_ids hold ids outside [-1, {placement.num_experts})")
     name, entry = resolve_policy(policy)
     ranks = make_ranks(rng, seed, G)
-    views = tuple(rank_view(view, placement, r) for r in range(G))
+    views = tuple(rank_view(view, placement, r, mode) for r in range(G))
     epoch = Epoch(name, entry, placement, ranks, views, rank_groups(views, entry), G, mode,
                   seed, keep_choices=True)
     step_fn = lookup(MODES, mode, "mode")

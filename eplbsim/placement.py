@@ -142,13 +142,14 @@ class View:
         return View(self.log2phy.to(device), self.logcnt.to(device), self.placement, self.rank)
 
 
-def full_view(placement: Placement, rank: int | None = None) -> View:
-    """Every replica of every expert, the same on every rank."""
+def full_view(placement: Placement, rank: int | None = None, mode: str = "none") -> View:
+    """Every replica of every expert in ascending slot id, the same on every rank and mode."""
     return View(placement.log2phy, placement.logcnt, placement, rank)
 
 
-def nearest_view(placement: Placement, rank: int) -> View:
-    """The view a rank had before the fix (DESIGN.md §3).
+def nearest_legacy_view(placement: Placement, rank: int, mode: str = "none") -> View:
+    """The view a rank had in an older SGLang, before its fix (DESIGN.md §3); not SGLang
+    0.5.23's (that is `sglang_view`). The same in every mode.
 
     For each expert: the lowest-id replica on this rank's GPU if any; else the lowest-id replica
     on its node if any; else all replicas.
@@ -172,6 +173,36 @@ def nearest_view(placement: Placement, rank: int) -> View:
     return View(out, cnt, placement, rank)
 
 
+def sglang_view(placement: Placement, rank: int, mode: str = "none") -> View:
+    """SGLang 0.5.23's candidate lists on `rank` at start-up (`init_by_mapping`), equal to the
+    engine's own (`eplbsim engines conform`).
+
+    Without an a2a backend (mode "none") every replica, in ascending slot id. With one ("a2a"),
+    per expert: the lowest-id replica on the rank's GPU if any; else the lowest-id one on its
+    node when the node holds some but not all of the expert's replicas; else all replicas.
+    """
+    if mode == "none":
+        return full_view(placement, rank)
+    topo = placement.topology
+    if not 0 <= rank < topo.num_gpus:
+        raise InputError(f"rank {rank} is outside [0, {topo.num_gpus})")
+    log2phy = placement.log2phy  # [L, E, R]
+    valid = log2phy >= 0
+    safe = log2phy.clamp(min=0)
+    on_gpu = valid & (placement.slot_gpu[safe] == rank)
+    on_node = valid & (placement.slot_node[safe] == topo.node_of_gpu(rank))
+    gpu_first = _first_where(log2phy, on_gpu)  # [L, E], -1 when none
+    same_node = on_node.sum(-1)  # [L, E]
+    narrows = (same_node > 0) & (same_node < placement.logcnt)
+    node_first = torch.where(narrows, _first_where(log2phy, on_node), -1)
+    single = torch.where(gpu_first >= 0, gpu_first, node_first)  # [L, E]
+    narrowed = torch.full_like(log2phy, -1)
+    narrowed[..., 0] = single
+    out = torch.where((single >= 0).unsqueeze(-1), narrowed, log2phy)
+    cnt = torch.where(single >= 0, torch.ones_like(placement.logcnt), placement.logcnt)
+    return View(out, cnt, placement, rank)
+
+
 def _first_where(log2phy: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """The first (lowest-id) slot of `log2phy [L, E, R]` where `mask`, -1 where none: `[L, E]`."""
     idx = torch.argmax(mask.to(torch.int8), dim=-1, keepdim=True)
@@ -179,16 +210,20 @@ def _first_where(log2phy: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(mask.any(-1), first, torch.full_like(first, -1))
 
 
-VIEWS: dict[str, Callable[[Placement, int], View]] = {
+# name -> `(placement, rank, mode) -> View`
+VIEWS: dict[str, Callable[[Placement, int, str], View]] = {
     "full": full_view,
-    "nearest": nearest_view,
+    "sglang": sglang_view,
+    "nearest-legacy": nearest_legacy_view,
 }
 
 
 def rank_view(view: str | Callable[[Placement, int], View], placement: Placement,
-              rank: int) -> View:
-    """The view of `rank`, by registry name or callable."""
-    return lookup(VIEWS, view, "view")(placement, rank)
+              rank: int, mode: str = "none") -> View:
+    """The view of `rank` in `mode`, by registry name, or a callable's `(placement, rank)`."""
+    if callable(view):
+        return view(placement, rank)
+    return lookup(VIEWS, view, "view")(placement, rank, mode)
 
 
 def as_placement(obj: Any, num_experts: int, topology: Topology) -> Placement:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping, TypeVar
+from typing import Any, Iterator, Mapping, TypeVar
 
 from .errors import InputError
 
@@ -38,3 +38,24 @@ def first_sentence(text: str | None) -> str:
     paragraph = " ".join((text or "").strip().split("\n\n")[0].split())
     head, dot, _ = paragraph.partition(". ")
     return head + ("." if dot else "")
+
+
+class Joined(Mapping):
+    """Several registries read as one, in order (each read when used, so entries registered
+    later count): what a name check accepts and lists."""
+
+    def __init__(self, *registries: Mapping[str, Any]) -> None:
+        self.registries = registries
+
+    def __getitem__(self, key: str) -> Any:
+        for registry in self.registries:
+            if key in registry:
+                return registry[key]
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[str]:
+        for registry in self.registries:
+            yield from registry
+
+    def __len__(self) -> int:
+        return sum(len(r) for r in self.registries)

@@ -12,11 +12,13 @@ has no token rows: nothing is dispatched, and the results hold the placement's p
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 import torch
 
 from .dispatch import resolve_policy
+from .engines import is_engine_name
 from .errors import InputError
 from .files import check_memory
 from .metrics import Counters
@@ -29,6 +31,7 @@ from .registry import lookup
 from .results import Comparison, Results
 from .schedule.plan import Segment, plan
 from .schedule.switch import held_experts, phases
+from .solvers import find_solver
 from .spec import RunSpec, label
 from .traces.counts import CountsTrace
 
@@ -109,7 +112,10 @@ def schedule_of(trace: Any, spec: RunSpec, true_load: torch.Tensor) -> tuple[Seg
     model_layers = trace.meta.get("model_layers")
     placement, initial = (load_placement(value, E, topo, L, model_layers)
                           for value in (spec.solver.placement, spec.schedule.initial))
-    return plan(true_load, spec.schedule, spec.solver, topo, E + spec.topology.redundant,
+    solver = spec.solver
+    if is_engine_name(solver.solver):  # run from the spec's engine source
+        solver = replace(solver, solver=find_solver(solver.solver, spec.dispatch.engine_source))
+    return plan(true_load, spec.schedule, solver, topo, E + spec.topology.redundant,
                 spec.topology.groups or trace.num_groups or 1, placement, initial,
                 spec.dispatch.seed)
 
@@ -126,7 +132,7 @@ def run_steps(trace: Any, spec: RunSpec, segments: Sequence[Segment],
     they stay `UNMEASURED`: nothing reads them, the relative error being 0). `progress` is
     told of each step done."""
     d = spec.dispatch
-    name, policy = resolve_policy(d.policy)
+    name, policy = resolve_policy(d.policy, d.engine_source)
     mode_step = lookup(MODES, d.mode, "mode")
     device = device or resolve_device(d.device)
     S, L, E, G = trace.num_steps, trace.num_layers, trace.num_experts, spec.topology.gpus
@@ -138,7 +144,7 @@ def run_steps(trace: Any, spec: RunSpec, segments: Sequence[Segment],
     read = getattr(trace, "stored_step", trace.step)  # ids as stored: the steps widen them
     for start, stop, placement, serving in phases(segments):
         views = tuple(rank_view(d.view, placement if serving is None else serving[r.rank],
-                                r.rank).to(device) for r in ranks)
+                                r.rank, d.mode).to(device) for r in ranks)
         epoch = Epoch(name, policy, placement, ranks, views,
                       rank_groups(views, policy, d.rank_offset), G,
                       d.mode, d.seed, d.rank_offset, d.drift_p, moe, comm, fast=fast,

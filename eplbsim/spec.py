@@ -25,15 +25,16 @@ from .cost import COST_MODELS, DEVICES, MODELS, DeviceProfile, ModelShape
 from .cost import check_options as check_cost_options
 from .cost import describe as describe_cost
 from .dispatch import POLICIES, DispatchPolicy, resolve_policy
+from .engines import ENGINE_POLICIES, ENGINE_SOLVERS, as_sources
 from .errors import InputError
 from .limits import (MAX_BATCH, MAX_EXPERTS, MAX_GPUS, MAX_HIDDEN, MAX_LAYERS, MAX_SEED,
                      MAX_SLOTS, MAX_TOP_K, check_at_most)
 from .placement import VIEWS, Placement
 from .ranks import MODES, RNG_RELATIONS
-from .registry import lookup, name_of
+from .registry import Joined, lookup, name_of
 from .schedule.predictors import PREDICTORS
 from .schedule.switch import REBALANCE_MODES
-from .solvers import SOLVERS, check_options
+from .solvers import SOLVERS, check_options, find_solver
 from .solvers.lplb import TOPOLOGIES as LPLB_TOPOLOGIES
 from .topology import Topology
 from .traces.counts import parse_where
@@ -608,7 +609,8 @@ class DispatchPart(Part):
     generator, and the run's seed and device."""
 
     policy: Any = knob("ordinal", "dispatch policies",
-                       Name(POLICIES, "policy", callables=True, entry=DispatchPolicy),
+                       Name(Joined(POLICIES, ENGINE_POLICIES), "policy", callables=True,
+                            entry=DispatchPolicy),
                        flags=("--policies",), listed="static,random,row,ordinal",
                        metavar="NAME,..")
     mode: str = knob("none", "none (every rank dispatches every token) or a2a (each token "
@@ -638,8 +640,14 @@ class DispatchPart(Part):
         "rank in a2a unless the policy sends it, split over the GPUs in none); default: the "
         "model's when a policy dispatches them (waterfill), else none",
         Integer(0, optional=True, most=MAX_TOP_K))
+    engine_source: dict = knob({}, "run an engine's own code from this folder (a checkout's "
+                               "package parent: SGLang's python/) instead of the pinned "
+                               "version, for sglang:* and vllm:* policies and solvers",
+                               Options("engine_source"), flags=("--engine-source",),
+                               metavar="ENGINE=PATH")
 
     def relate(self) -> None:
+        object.__setattr__(self, "engine_source", dict(as_sources(self.engine_source)))
         name, entry = resolve_policy(self.policy)
         if self.mode not in entry.modes:
             raise InputError(f"policy {name} runs only in {' or '.join(entry.modes)} mode: "
@@ -650,7 +658,8 @@ class DispatchPart(Part):
 class SolverPart(Part):
     """How placements are solved, or the placement to use instead."""
 
-    solver: Any = knob("deepseek", "placement solver", Name(SOLVERS, "solver", callables=True))
+    solver: Any = knob("deepseek", "placement solver (an engine's own: sglang:deepseek, ...)",
+                       Name(Joined(SOLVERS, ENGINE_SOLVERS), "solver", callables=True))
     solver_options: dict = knob({}, "solver option, e.g. time_limit=10 or "
                                 "anti_colocation=true (repeat for several)",
                                 Options("solver_option"), flags=("--solver-option",),
@@ -665,7 +674,7 @@ class SolverPart(Part):
         Name(LPLB_TOPOLOGIES, "redundancy topology", optional=True))
 
     def relate(self) -> None:
-        fn = lookup(SOLVERS, self.solver, "solver")
+        fn = find_solver(self.solver)
         options = dict(self.solver_options)
         if self.lplb_topology is not None:
             if fn is not SOLVERS["lplb"]:

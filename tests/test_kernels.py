@@ -12,7 +12,7 @@ from hypothesis import given, settings, strategies as st
 from eplbsim.dispatch import POLICIES
 from eplbsim.dispatch.kernels import cpu, dispatch_step, reference_step, step_kernel, torch_step
 from eplbsim.dispatch.policies import DispatchContext, layer_offsets
-from eplbsim.placement import Placement, full_view, nearest_view
+from eplbsim.placement import Placement, full_view, nearest_legacy_view
 from eplbsim.topology import Topology
 
 KERNEL_POLICIES = sorted(name for name, entry in POLICIES.items() if entry.kernels)
@@ -57,7 +57,7 @@ def ctx(rank, step, seed=3):
 
 
 @pytest.mark.parametrize("name", KERNEL_POLICIES)
-@pytest.mark.parametrize("view_fn", [full_view, nearest_view])
+@pytest.mark.parametrize("view_fn", [full_view, nearest_legacy_view])
 @settings(max_examples=30, deadline=None)
 @given(case=steps())
 def test_step_kernels_equal_the_reference(name, view_fn, case):

@@ -48,12 +48,12 @@ def test_rank_invariant_policies_are_exact_in_none_mode(trace, policy):
 
 def test_nearest_view_breaks_even_a_rank_invariant_formula(trace):
     """Per-rank candidate lists (the pre-fix view) make `row` rank-variant too."""
-    m = replay(trace, CFG.replace(policy="row", view="nearest")).metrics
+    m = replay(trace, CFG.replace(policy="row", view="nearest-legacy")).metrics
     assert m["rank_agreement"] < 1 and m["output_rel_error"] > 1e-3
 
 
 @pytest.mark.parametrize("policy", [p for p in sorted(POLICIES) if "none" in POLICIES[p].modes])
-@pytest.mark.parametrize("view", ["full", "nearest"])
+@pytest.mark.parametrize("view", ["full", "nearest-legacy"])
 def test_without_redundancy_every_policy_agrees_and_is_exact(trace, policy, view):
     m = replay(trace, CFG.replace(policy=policy, view=view, redundant=0)).metrics
     assert m["rank_agreement"] == 1.0

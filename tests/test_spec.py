@@ -48,7 +48,7 @@ EXAMPLES = {
     "scenario_options": ("sigma=2", {"sigma": 2}, "nope=1", "has no option nope", {}),
     "policy": ("row", "row", "modulo", "unknown policy 'modulo'", {}),
     "mode": ("a2a", "a2a", "both", "unknown mode 'both'", {}),
-    "view": ("nearest", "nearest", "far", "unknown view 'far'", {}),
+    "view": ("nearest-legacy", "nearest-legacy", "far", "unknown view 'far'", {}),
     "rng": ("shared", "shared", "chaos", "unknown rng relation 'chaos'", {}),
     "drift_p": ("0.5", 0.5, 2, "must be a number in [0, 1], got 2", {}),
     "rank_offset": (True, True, "maybe", "must be true or false", {}),
@@ -57,6 +57,8 @@ EXAMPLES = {
     "hidden": ("4", 4, 0, "must be an integer in [1, 4096], got 0", {}),
     "tp": ("2", 2, 0, "must be an integer in [1, 65536], got 0", {}),
     "shared_experts": ("2", 2, -1, "must be an integer in [0, 1024], got -1", {}),
+    "engine_source": ("sglang=FILE:eng", {"sglang": "FILE:eng"}, "tgi=x",
+                      "unknown engine 'tgi'", {}),
     "solver": ("lpt", "lpt", "greedy", "unknown solver 'greedy'", {}),
     "solver_options": ("anti_colocation=true", {"anti_colocation": True}, "nope=1",
                        "has no option nope", {}),
@@ -114,10 +116,18 @@ def files(tmp_path_factory):
                base / "t.npz")
     (base / "c.csv").write_text("model,layer,expert,count\na,0,0,3\na,0,1,1\n")
     (base / "p.json").write_text(json.dumps({"phy2log": [list(range(8))]}))
+    (base / "eng" / "sglang").mkdir(parents=True)  # an engine source (a checkout's python/)
     return base
 
 
 def _text(value, base):
+    """`value` with its `FILE:name` placeholders (whole, after `KEY=`, or a mapping's values)
+    made paths under `base`."""
+    if isinstance(value, dict):
+        return {k: _text(v, base) for k, v in value.items()}
+    if isinstance(value, str) and "=FILE:" in value:
+        key, _, rest = value.partition("=")
+        return f"{key}={_text(rest, base)}"
     return str(base / value[5:]) if isinstance(value, str) and value.startswith("FILE:") \
         else value
 
@@ -148,7 +158,7 @@ def _get(source, spec, name):
 def _sweep_doc(name, value, context, base, in_grid=False):
     doc = {k: _text(v, base) for k, v in context.items()}
     key, entry = name, value
-    if name in ("solver_options", "scenario_options", "cost_options"):
+    if name in ("solver_options", "scenario_options", "cost_options", "engine_source"):
         (option, entry), = value.items()
         key = f"{BY_NAME[name].type.prefix}.{option}"
     if not {"trace", "requests"} & set(doc) and name not in ("trace", "scenario", "requests"):
@@ -173,7 +183,7 @@ def test_every_field_is_settable_from_run_ranks_and_a_sweep(part, name, knob, fi
             source, spec = _cli_values(command, name, text, context, files)
             assert _get(source, spec, name) == want, command
     assert "sweep" in knob.commands
-    sweep_value = value if isinstance(value, dict) else _text(value, files)
+    sweep_value = _text(value, files)
     (cell,) = parse_spec(_sweep_doc(name, sweep_value, context, files), files)
     assert cell.values[name] == want
     (cell,) = parse_spec(_sweep_doc(name, sweep_value, context, files, in_grid=True), files)

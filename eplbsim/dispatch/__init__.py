@@ -14,7 +14,7 @@ knows, no kernel) or a `DispatchPolicy` of one's own.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 
@@ -185,11 +185,17 @@ POLICIES: dict[str, DispatchPolicy] = {
 }
 
 
-def resolve_policy(policy: str | Policy | DispatchPolicy) -> tuple[str, DispatchPolicy]:
-    """`(name, entry)` of a registry name, a `DispatchPolicy` or a bare policy callable (wrapped
-    as a rank-variant entry without kernels); InputError for an unknown name."""
+def resolve_policy(policy: str | Policy | DispatchPolicy,
+                   sources: Any = ()) -> tuple[str, DispatchPolicy]:
+    """`(name, entry)` of a registry name, an engine algorithm (`ENGINE:ALGORITHM`, run from
+    the engine source `sources` names, else the pinned version: `eplbsim.engines`), a
+    `DispatchPolicy` or a bare policy callable (wrapped as a rank-variant entry without
+    kernels); InputError for an unknown name."""
     if isinstance(policy, DispatchPolicy):
         return name_of(policy, POLICIES), policy
+    if isinstance(policy, str) and ":" in policy:
+        from ..engines import engine_policy
+        return policy, engine_policy(policy, sources)
     entry = lookup(POLICIES, policy, "policy")
     if isinstance(entry, DispatchPolicy):
         return name_of(policy), entry

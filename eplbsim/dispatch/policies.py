@@ -12,16 +12,15 @@ the oracle of the fast kernels; `eplbsim.dispatch.POLICIES` registers them with 
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Callable
 
-import numba
 import numpy as np
 import torch
 
 from . import batch_lp
-from ..counting import JIT
 from ..errors import InputError
 from ..placement import Placement, View
 
@@ -214,97 +213,65 @@ def ordinal_policy(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> 
     return replica_slots(topk_ids, view, ctx.layer, replica)
 
 
-@lru_cache(maxsize=16)
-def _leftover_places(placement: Placement) -> np.ndarray:
-    """`static`'s ranks left over for each expert, judged on the full placement (no replica on
-    their GPU or node): int64 `[L, E, G]`, at `[l, e, r]` the number of leftover ranks up to
-    and including `r`, minus one (rank `r`'s place among them when it is one)."""
-    topo = placement.topology
-    places = np.empty(placement.log2phy.shape[:2] + (topo.num_gpus,), np.int64)
-    _leftover_counts(placement.log2phy.cpu().long().numpy(), placement.slot_gpu.numpy(),
-                     topo.gpus_per_node, places)
-    return places
+STATIC_SEED = 42  # SGLang seeds its tables' random.Random with 42
 
 
-@numba.jit(**JIT)
-def _leftover_counts(log2phy, slot_gpu, gpus_per_node, places):  # pragma: no cover - compiled
-    L, E, G = places.shape
-    on_gpu = np.empty(G, np.bool_)
-    on_node = np.empty(G // gpus_per_node, np.bool_)
-    for layer in range(L):
-        for e in range(E):
-            on_gpu[:] = False
-            on_node[:] = False
-            for slot in log2phy[layer, e]:
-                if slot >= 0:
-                    on_gpu[slot_gpu[slot]] = True
-                    on_node[slot_gpu[slot] // gpus_per_node] = True
-            count = -1
-            for r in range(G):
-                if not (on_gpu[r] or on_node[r // gpus_per_node]):
-                    count += 1
-                places[layer, e, r] = count
+@lru_cache(maxsize=64)
+def _static_tables(log2phy: torch.Tensor, placement: Placement, seed: int) -> np.ndarray:
+    """Every rank's `static` table built from one view's candidate lists `log2phy [L, E, R]`
+    (in the view's order, -1 padded), int64 `[G, L, E]` (keyed by the view's tensor: ranks
+    sharing a view share the work). SGLang's construction: per (layer, expert) in order, each
+    rank takes its nearest candidate (the only one; else the first on its GPU; else the first
+    on its node when the node holds some but not all candidates); the ranks left over, in rank
+    order, take `fair_choices` of the candidates from one `random.Random(42 + seed)` that runs
+    through all layers and experts."""
+    cands = log2phy.cpu().long().numpy()
+    valid = cands >= 0
+    safe = np.where(valid, cands, 0)
+    G = placement.topology.num_gpus
+    gpu = placement.slot_gpu.numpy()[safe]  # [L, E, R]
+    node = placement.slot_node.numpy()[safe]
+    ranks = np.arange(G)
+    rank_node = np.array([placement.topology.node_of_gpu(r) for r in ranks])
+    cnt = valid.sum(-1)  # [L, E]
+    on_gpu = valid[..., None] & (gpu[..., None] == ranks)  # [L, E, R, G]
+    on_node = valid[..., None] & (node[..., None] == rank_node)
+    same_node = on_node.sum(2)  # [L, E, G]
+    gpu_first = _first(cands, on_gpu)  # [L, E, G], -1 where none
+    node_first = np.where((same_node > 0) & (same_node < cnt[..., None]),
+                          _first(cands, on_node), -1)
+    table = np.where(gpu_first >= 0, gpu_first, node_first)
+    table = np.where((cnt == 1)[..., None], cands[..., :1], table)  # [L, E, G]
+    draw = random.Random(STATIC_SEED + seed)
+    for layer, e in zip(*np.nonzero((table < 0).any(-1))):
+        left = np.nonzero(table[layer, e] < 0)[0]
+        table[layer, e, left] = fair_choices(cands[layer, e, :cnt[layer, e]].tolist(),
+                                             len(left), draw)
+    return np.ascontiguousarray(table.transpose(2, 0, 1))
 
 
-@lru_cache(maxsize=16)
-def _static_candidates(log2phy: torch.Tensor, logcnt: torch.Tensor, placement: Placement,
-                       seed: int) -> tuple[np.ndarray, ...]:
-    """What `static_table` reads of a view that is the same for every rank sharing it (keyed
-    by the view's tensors): `(cands [L, E, R], cnt [L, E], gpu, node [L, E, R], perm)`, int64
-    numpy arrays on the CPU, `perm` the seeded permutation of each expert's candidates (first
-    `cnt` entries)."""
-    cands, cnt = log2phy.cpu().long(), logcnt.cpu().long()
-    safe = cands.clamp(min=0)
-    gen = torch.Generator().manual_seed(seed)
-    keys = torch.rand(cands.shape, generator=gen).masked_fill(cands < 0, float("inf"))
-    return tuple(a.numpy() for a in (cands, cnt, placement.slot_gpu[safe].long(),
-                                     placement.slot_node[safe].long(), torch.argsort(keys, -1)))
+def _first(cands: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """The first candidate of `cands [L, E, R]` where `mask [L, E, R, G]`, -1 where none:
+    `[L, E, G]`."""
+    first = np.take_along_axis(cands[..., None], mask.argmax(2)[:, :, None, :], 2)[:, :, 0, :]
+    return np.where(mask.any(2), first, -1)
 
 
-@lru_cache(maxsize=256)
+def fair_choices(candidates: list[int], k: int, draw: random.Random) -> list[int]:
+    """`k` picks from `candidates`, each taken `k // n` times plus a sample without
+    replacement for the rest, shuffled by `draw` (the picks differ in count by at most one)."""
+    whole, rest = divmod(k, len(candidates))
+    picks = candidates * whole + draw.sample(candidates, k=rest)
+    draw.shuffle(picks)
+    return picks
+
+
 def static_table(view: View, rank: int, seed: int) -> torch.Tensor:
-    """The fixed expert -> slot table of `rank`, int64 `[L, E]`, built from its view.
-
-    Where the nearest rule leaves one candidate (the only one, else the lowest-id candidate on
-    the rank's GPU, else on its node) the rank takes it; otherwise the ranks left over for that
-    expert (those with no replica on their GPU or node), in rank order, take the candidates of a
-    permutation seeded by `seed` alone, cycling through it.
-    """
-    placement = view.placement
-    cands, cnt, gpu, node, perm = _static_candidates(view.log2phy, view.logcnt, placement, seed)
-    table = np.empty(cnt.shape, np.int64)
-    _static_choices(cands, cnt, gpu, node, perm,
-                    np.ascontiguousarray(_leftover_places(placement)[..., rank]), rank,
-                    placement.topology.node_of_gpu(rank), table)
+    """The fixed expert -> slot table of `rank`, int64 `[L, E]`, built from its view as SGLang
+    builds it (`_static_tables`; equal to SGLang 0.5.23's at seed 0, `eplbsim engines
+    conform`)."""
+    table = _static_tables(view.log2phy, view.placement, seed)[rank]
     return torch.from_numpy(table).to(view.log2phy.device)
-
-
-@numba.jit(**JIT)
-def _static_choices(cands, cnt, gpu, node, perm, place, rank, rank_node,
-                    table):  # pragma: no cover - compiled
-    """`static_table`'s rule for every (layer, expert): the candidates `[L, E, R]` (-1 padding)
-    and their GPUs and nodes, `perm` the seeded permutation, `place [L, E]` the rank's place
-    among the leftover ranks (-1 when it is not one) -> `table [L, E]`."""
-    L, E, R = cands.shape
-    for layer in range(L):
-        for e in range(E):
-            c = cands[layer, e]
-            if cnt[layer, e] == 1:
-                table[layer, e] = c[0]
-                continue
-            near = -1
-            for j in range(R):  # the lowest candidate on the rank's GPU
-                if c[j] >= 0 and gpu[layer, e, j] == rank:
-                    near = c[j]
-                    break
-            if near < 0:
-                for j in range(R):  # else on its node
-                    if c[j] >= 0 and node[layer, e, j] == rank_node:
-                        near = c[j]
-                        break
-            if near < 0:  # a leftover rank: its turn in the permutation
-                near = c[perm[layer, e, max(place[layer, e], 0) % cnt[layer, e]]]
-            table[layer, e] = near
 
 
 def static_policy(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> torch.Tensor:

@@ -33,7 +33,7 @@ from ..counting import summed
 from ..errors import InputError
 from ..placement import Placement, trivial_placement
 from ..registry import lookup, name_of
-from ..solvers import SOLVERS, solve, solver_options
+from ..solvers import find_solver, solve, solver_options
 from ..topology import Topology
 from .migration import transfer_counts
 from .predictors import PREDICTORS
@@ -110,7 +110,7 @@ def plan(true_load: torch.Tensor, schedule: Any, solver: Any, topology: Topology
     """
     S, L, E = true_load.shape
 
-    takes_history = "history" in solver_options(lookup(SOLVERS, solver.solver, "solver"))
+    takes_history = "history" in solver_options(find_solver(solver.solver))
 
     def solve_for(load: torch.Tensor, previous: Placement | None, lo: int, hi: int) -> Placement:
         """The solver's placement for `load [L, E]`; a solver that takes `history` (e.g.

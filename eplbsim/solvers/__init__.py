@@ -58,6 +58,16 @@ SOLVERS: dict[str, Solver] = {
 KEEP_LAYOUT = frozenset({lplb})
 
 
+def find_solver(solver: str | Solver, sources: Any = ()) -> Solver:
+    """The solver a registry name, an engine solver (`ENGINE:ALGORITHM`, run from the engine
+    source `sources` names, else the pinned version: `eplbsim.engines`) or a callable names;
+    InputError for an unknown name."""
+    if isinstance(solver, str) and ":" in solver:
+        from ..engines import engine_solver
+        return engine_solver(solver, sources)
+    return lookup(SOLVERS, solver, "solver")
+
+
 def solve_with_info(solver: str | Solver, load: Any, num_slots: int, topology: Topology,
                     num_groups: int = 1, *, previous: Any = None,
                     migration_tolerance: float = 0.005,
@@ -77,7 +87,7 @@ def solve_with_info(solver: str | Solver, load: Any, num_slots: int, topology: T
     unless the solver returned `(phy2log, info)` or `previous` was given). InputError on bad
     input.
     """
-    fn = lookup(SOLVERS, solver, "solver")
+    fn = find_solver(solver)
     array = as_load(load)  # [L, E] private float64 copy
     num_layers, num_experts = array.shape
     _check_shape(num_experts, num_slots, topology, num_groups)

@@ -1,0 +1,212 @@
+"""The engines' own EPLB code as policies and solvers (DESIGN.md §11).
+
+Dimensions: `L` layers, `E` logical experts, `P` physical slots, `T` tokens, `K` top-k.
+
+`ENGINES` names each supported engine with its pinned version, the files its adapter reads and
+the functions it exposes. An engine algorithm is a policy or solver named `ENGINE:ALGORITHM`
+(`ENGINE_POLICIES`, `ENGINE_SOLVERS`) in every entry point; it runs the code of an engine
+source: by default the pinned version in the user cache (`eplbsim engines fetch`), or a folder
+given per engine (`sources`: `{"sglang": PATH}`, `--engine-source sglang=PATH`), such as a
+branch's checkout. Adapters load on first use, so naming one costs nothing until it runs.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import numpy as np
+import torch
+
+from ..errors import InputError
+from . import sglang as _sglang, vllm as _vllm
+from .source import fetch, missing_files, pinned_folder
+
+
+@dataclass(frozen=True)
+class Engine:
+    """A supported engine: its pinned `version`, the package-relative `files` its adapter
+    reads, the adapter class and the engine functions it `exposes` (name -> what for)."""
+
+    version: str
+    files: tuple[str, ...]
+    adapter: type
+    exposes: Mapping[str, str]
+
+
+ENGINES: dict[str, Engine] = {
+    "sglang": Engine(_sglang.VERSION, _sglang.FILES, _sglang.SGLang, _sglang.EXPOSES),
+    "vllm": Engine(_vllm.VERSION, _vllm.FILES, _vllm.VLLM, _vllm.EXPOSES),
+}
+
+# name -> (engine, algorithm, what it is, in one line)
+ENGINE_POLICIES: dict[str, tuple[str, str, str]] = {
+    "sglang:static": ("sglang", "static", "SGLang's per-rank static tables"),
+    "sglang:dynamic": ("sglang", "dynamic", "SGLang's dynamic dispatch: row % n without an "
+                       "a2a backend, randint(0, 65536) % n from the rank's default generator "
+                       "with one"),
+    "sglang:fake": ("sglang", "fake", "SGLang's fake dispatch (its router logits are drawn "
+                    "anew; the trace's ids are kept): dispatched as dynamic"),
+    "vllm:hash": ("vllm", "hash", "vLLM's map kernel: Knuth's hash of the token index"),
+}
+ENGINE_SOLVERS: dict[str, tuple[str, str, str]] = {
+    **{f"sglang:{s}": ("sglang", s, f"SGLang's eplb_algorithms {s}")
+       for s in _sglang.SOLVER_NAMES},
+    "vllm:default": ("vllm", "default", "vLLM's DefaultEplbPolicy"),
+}
+
+Sources = tuple[tuple[str, str], ...]  # ((engine, path), ...): the engine sources in use
+
+
+def as_sources(sources: Mapping[str, Any] | Sources | None) -> Sources:
+    """`{engine: path}` as a sorted tuple of pairs; InputError for an unknown engine or a
+    path that is not a folder holding the engine's package."""
+    items = dict(sources or {})
+    for engine, path in items.items():
+        if engine not in ENGINES:
+            raise InputError(f"unknown engine {engine!r} in an engine source; choose one of "
+                             f"{', '.join(ENGINES)}")
+        folder = Path(str(path))
+        if not (folder / engine).is_dir():
+            raise InputError(f"engine source {engine}={path}: no folder {engine}/ there (give "
+                             f"the folder holding the package: SGLang's python/, vLLM's "
+                             f"checkout)")
+    return tuple(sorted((e, str(Path(str(p)).resolve())) for e, p in items.items()))
+
+
+def label(engine: str, sources: Sources = ()) -> str:
+    """What rows say ran: `sglang 0.5.23` for the pinned version, `sglang at PATH` for a
+    given source."""
+    path = dict(sources).get(engine)
+    return f"{engine} at {path}" if path else f"{engine} {ENGINES[engine].version}"
+
+
+@lru_cache(maxsize=8)
+def adapter(engine: str, sources: Sources = ()) -> Any:
+    """The adapter of `engine` on its source (the given one, else the pinned version in the
+    cache); InputError when the pinned version is not fetched or the source lacks a file or
+    function the adapter needs."""
+    spec = ENGINES[engine]
+    path = dict(sources).get(engine)
+    folder = Path(path) if path else pinned_folder(engine, spec.version)
+    lacking = missing_files(folder, spec.files)
+    if lacking:
+        if path is None:
+            raise InputError(f"{engine} {spec.version} is not fetched: run `eplbsim engines "
+                             f"fetch` (it downloads the wheel, no dependencies)")
+        raise InputError(f"engine source {folder} lacks {lacking[0]} (the adapter is for "
+                         f"{engine} {spec.version})")
+    return spec.adapter(folder, label(engine, sources))
+
+
+def fetch_engine(engine: str, version: str | None = None) -> Path:
+    """Fetch `engine` (its pinned version; another `version` is refused: the adapter is per
+    version) into the cache: `source.fetch`."""
+    spec = ENGINES[engine]
+    if version is not None and version != spec.version:
+        raise InputError(f"eplbsim has an adapter for {engine}=={spec.version} only, not "
+                         f"{version} (run a checkout of another version with --engine-source)")
+    return fetch(engine, spec.version, spec.files)
+
+
+def is_engine_name(name: Any) -> bool:
+    """Whether `name` names an engine algorithm (`ENGINE:ALGORITHM`)."""
+    return isinstance(name, str) and ":" in name
+
+
+def _entry(table: Mapping[str, tuple[str, str, str]], name: str, kind: str
+           ) -> tuple[str, str, str]:
+    if name not in table:
+        raise InputError(f"unknown {kind} {name!r}; the engines' are {', '.join(table)}")
+    return table[name]
+
+
+# placement -> {(label, algorithm, a2a, rank): per-layer dispatch state}
+_STATE: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+
+
+def _cached(placement: Any, key: tuple, make: Callable[[], Any]) -> Any:
+    per = _STATE.setdefault(placement, {})
+    if key not in per:
+        per[key] = make()
+    return per[key]
+
+
+def _layout(placement: Any, algorithm: str, a2a: bool) -> _sglang.Layout:
+    topo = placement.topology
+    return _sglang.Layout(placement.num_layers, placement.num_experts, placement.num_slots,
+                          topo.num_gpus, topo.num_nodes, None, algorithm, a2a)
+
+
+def sglang_infos(adapter_: Any, placement: Any, algorithm: str, a2a: bool, rank: int) -> list:
+    """Rank `rank`'s per-layer `ExpertLocationDispatchInfo` for `placement`, built through the
+    engine (start-up: `init_by_mapping`; after a live rebalance, when the placement carries its
+    solver's replica `order`: `_init_raw`, as `init_by_eplb` does), cached per placement."""
+    def make() -> list:
+        layout = _layout(placement, algorithm, a2a)
+        order = getattr(placement, "order", None)
+        meta = (adapter_.startup(layout, placement.phy2log, rank) if order is None else
+                adapter_.rebalanced(layout, placement.phy2log, order, rank))
+        return adapter_.infos(layout, meta)
+    return _cached(placement, (adapter_.label, algorithm, a2a, rank), make)
+
+
+def engine_policy(name: str, sources: Sources = ()) -> Any:
+    """The `DispatchPolicy` that runs engine algorithm `name` from its source."""
+    return _engine_policy(name, as_sources(sources))
+
+
+@lru_cache(maxsize=64)
+def _engine_policy(name: str, sources: Sources) -> Any:
+    from ..dispatch import DispatchPolicy
+
+    engine, algorithm, summary = _entry(ENGINE_POLICIES, name, "policy")
+    if engine == "sglang":
+        def fn(topk_ids: torch.Tensor, view: Any, ctx: Any) -> torch.Tensor:
+            run = adapter("sglang", sources)
+            infos = sglang_infos(run, view.placement, algorithm, ctx.mode == "a2a", ctx.rank)
+            ids = topk_ids.cpu()
+            gen = ctx.generator if ctx.generator is None or ctx.generator.device.type == "cpu" \
+                else None
+            return run.dispatch(ids, infos[ctx.layer], gen).to(topk_ids.device)
+    else:
+        def fn(topk_ids: torch.Tensor, view: Any, ctx: Any) -> torch.Tensor:
+            run = adapter("vllm", sources)
+            log2phy, counts = _cached(view.placement, (run.label, "maps"), lambda: run.logical_maps(
+                view.placement.phy2log, view.placement.num_experts))
+            phys, _ = run.dispatch(topk_ids.cpu(), log2phy[ctx.layer], counts[ctx.layer])
+            return phys.to(topk_ids.device)
+    fn.__name__ = name
+    return DispatchPolicy(fn, False, {}, label(engine, sources) + "'s own code", summary)
+
+
+def engine_solver(name: str, sources: Sources = ()) -> Callable:
+    """The solver callable that runs engine solver `name` from its source: `(load [L, E],
+    num_slots, topology, num_groups=1) -> (phy2log [L, P], {"order": log2phy [L, E, R]})` for
+    SGLang (its replica order), `phy2log` for vLLM."""
+    return _engine_solver(name, as_sources(sources))
+
+
+@lru_cache(maxsize=64)
+def _engine_solver(name: str, sources: Sources) -> Callable:
+    engine, algorithm, _ = _entry(ENGINE_SOLVERS, name, "solver")
+
+    def solver(load: np.ndarray, num_slots: int, topology: Any, num_groups: int = 1) -> Any:
+        run = adapter(engine, sources)
+        weight = torch.from_numpy(np.asarray(load, dtype=np.float64))
+        if engine == "vllm":
+            return run.solve(weight, num_slots, topology.num_gpus, topology.num_nodes,
+                             num_groups).numpy()
+        phy2log, log2phy = run.solve(algorithm, weight, num_slots, topology.num_gpus,
+                                     topology.num_nodes, num_groups)
+        return phy2log.numpy(), {"order": log2phy.numpy()}
+    solver.__name__ = name
+    solver.__doc__ = f"{label(engine, sources)}'s own {algorithm} solver."
+    return solver
+
+
+__all__ = ["ENGINES", "ENGINE_POLICIES", "ENGINE_SOLVERS", "adapter", "as_sources",
+           "engine_policy", "engine_solver", "fetch_engine", "is_engine_name", "label"]

@@ -1,0 +1,201 @@
+"""Engine sources: where an engine's own EPLB files come from, and loading them without the
+engine's package `__init__` (DESIGN.md §11).
+
+An *engine source* is a folder holding the engine's package folder (`sglang/`, `vllm/`): either
+an unpacked wheel of a pinned version, fetched into the user cache by `fetch` (pip, by package
+name, `--no-deps`, only the files an adapter reads), or a developer's checkout (its package's
+parent folder: SGLang's `python/`, vLLM's repository root).
+
+`Modules` loads one source's modules. Every package above the files it needs becomes an empty
+module whose `__path__` is the real folder, so submodules load from their files and no package
+`__init__` that pulls the serving stack runs; the few names those modules import from the rest
+of the engine are modules the adapter supplies (`stubs`). While a call into the engine runs
+(`Modules.active`), `sys.modules` holds this source's modules under the engine's package name,
+so imports inside engine functions find them; before and after it holds whatever it held.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import zipfile
+from contextlib import contextmanager
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Iterator, Mapping, Sequence
+
+from ..errors import InputError
+
+_LOCK = threading.RLock()
+
+
+def cache_root() -> Path:
+    """Where fetched engines live: `$EPLBSIM_CACHE/engines`, else
+    `$XDG_CACHE_HOME/eplbsim/engines`, else `~/.cache/eplbsim/engines`."""
+    base = os.environ.get("EPLBSIM_CACHE")
+    if base:
+        return Path(base) / "engines"
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg) / "eplbsim" / "engines"
+
+
+def pinned_folder(engine: str, version: str) -> Path:
+    """The cache folder of `engine==version` (it holds the package folder once fetched)."""
+    return cache_root() / f"{engine}-{version}"
+
+
+def missing_files(folder: Path, files: Sequence[str]) -> list[str]:
+    """The package-relative `files` that `folder` lacks."""
+    return [f for f in files if not (folder / f).is_file()]
+
+
+def fetch(engine: str, version: str, files: Sequence[str], quiet: bool = True) -> Path:
+    """Download the wheel of `engine==version` without dependencies through pip, unpack only
+    `files` into its cache folder and return the folder; a no-op when they are all there.
+    InputError when pip cannot get the wheel or the wheel lacks a file."""
+    folder = pinned_folder(engine, version)
+    if not missing_files(folder, files):
+        return folder
+    with tempfile.TemporaryDirectory(prefix="eplbsim-fetch-") as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+               "-d", tmp, f"{engine}=={version}"]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        wheels = sorted(Path(tmp).glob("*.whl"))
+        if done.returncode or not wheels:
+            last = (done.stderr.strip().splitlines() or ["no wheel"])[-1]
+            raise InputError(f"pip could not download {engine}=={version}: {last}")
+        staging = Path(tempfile.mkdtemp(prefix=f".{engine}-{version}-", dir=_made(cache_root())))
+        try:
+            with zipfile.ZipFile(wheels[0]) as wheel:
+                names = set(wheel.namelist())
+                lacking = [f for f in files if f not in names]
+                if lacking:
+                    raise InputError(f"the {engine}=={version} wheel lacks {', '.join(lacking)}")
+                for f in files:
+                    wheel.extract(f, staging)
+            if folder.exists():
+                shutil.rmtree(folder)
+            staging.rename(folder)
+        finally:
+            if staging.exists():
+                shutil.rmtree(staging)
+    return folder
+
+
+def _made(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+class Modules:
+    """One engine source's modules, loaded on demand from `root` (the folder holding the package
+    `package`), with `stubs` (module name -> module) standing in for the rest of the engine.
+
+    `load(name)` imports `name` from its file (its parents made empty packages); `extract(name,
+    functions, namespace)` compiles only the named top-level functions of a module file (also
+    those nested in a top-level `if`), keeping its file name and line numbers, for a module whose
+    own imports pull in the serving stack. Engine code runs inside `active()`.
+    """
+
+    def __init__(self, root: Path, package: str, stubs: Mapping[str, ModuleType]) -> None:
+        self.root, self.package = Path(root), package
+        self._mods: dict[str, ModuleType] = dict(stubs)
+
+    def _file(self, name: str) -> Path:
+        return self.root.joinpath(*name.split("."))
+
+    def _package(self, name: str) -> None:
+        """Make `name` and its parents empty packages (unless stubbed or loaded)."""
+        parts = name.split(".")
+        for i in range(1, len(parts) + 1):
+            pkg = ".".join(parts[:i])
+            if pkg not in self._mods:
+                mod = ModuleType(pkg)
+                mod.__path__ = [str(self._file(pkg))]
+                mod.__package__ = pkg
+                self._mods[pkg] = mod
+                sys.modules[pkg] = mod
+                if i > 1:
+                    setattr(self._mods[".".join(parts[:i - 1])], parts[i - 1], mod)
+
+    @contextmanager
+    def active(self) -> Iterator["Modules"]:
+        """`sys.modules` holds this source's modules while the block runs (one thread at a
+        time); the engine's names there before are put back after."""
+        with _LOCK:
+            prefix = self.package + "."
+            saved = {k: v for k, v in sys.modules.items() if k == self.package
+                     or k.startswith(prefix)}
+            for k in saved:
+                del sys.modules[k]
+            sys.modules.update(self._mods)
+            importlib.invalidate_caches()
+            try:
+                yield self
+            finally:
+                for k in [k for k in sys.modules if k == self.package or k.startswith(prefix)]:
+                    self._mods[k] = sys.modules.pop(k)
+                sys.modules.update(saved)
+
+    def load(self, name: str) -> ModuleType:
+        """The engine module `name` (e.g. `sglang.srt.eplb.expert_location`), from its file."""
+        with self.active():
+            if name in self._mods:
+                return self._mods[name]
+            parent, _, leaf = name.rpartition(".")
+            self._package(parent)
+            path = self._file(name)
+            file = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+            if not file.is_file():
+                raise InputError(f"{self.root}: the engine source lacks {file.relative_to(self.root)}")
+            spec = importlib.util.spec_from_file_location(
+                name, file, submodule_search_locations=[str(path)] if path.is_dir() else None)
+            mod = importlib.util.module_from_spec(spec)
+            sys.modules[name] = mod
+            try:
+                spec.loader.exec_module(mod)
+            except BaseException:
+                sys.modules.pop(name, None)
+                raise
+            setattr(self._mods[parent], leaf, mod)
+            self._mods[name] = mod
+            return mod
+
+    def extract(self, name: str, functions: Sequence[str], namespace: dict[str, Any]) -> dict:
+        """Compile the top-level functions `functions` of module `name`'s file (the first
+        definition of each, looking inside top-level `if` blocks too) into `namespace`, with the
+        file's name and line numbers; returns the namespace. InputError naming a function the
+        file lacks."""
+        file = self._file(name).with_suffix(".py")
+        if not file.is_file():
+            raise InputError(f"{self.root}: the engine source lacks {file.relative_to(self.root)}")
+        tree = ast.parse(file.read_text(), str(file))
+        found: dict[str, ast.stmt] = {}
+        for node in _top_level(tree.body):
+            if isinstance(node, ast.FunctionDef) and node.name in functions:
+                found.setdefault(node.name, node)
+        lacking = [f for f in functions if f not in found]
+        if lacking:
+            raise InputError(f"{file}: no function {', '.join(lacking)}")
+        module = ast.Module(body=[found[f] for f in functions], type_ignores=[])
+        namespace.setdefault("__name__", name)
+        with self.active():
+            exec(compile(module, str(file), "exec"), namespace)  # noqa: S102 - engine's code
+        return namespace
+
+
+def _top_level(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    """The statements of `body`, and those of its `if` blocks, in order."""
+    for node in body:
+        if isinstance(node, ast.If):
+            yield from _top_level(node.body)
+            yield from _top_level(node.orelse)
+        else:
+            yield node
