@@ -26,12 +26,16 @@ class Placement:
     """A validated placement: `phy2log [L, P]` over `num_experts` experts on `topology`.
 
     Every expert has at least one replica in every layer and `G` divides `P`. The maps below are
-    derived on first use and never taken from a solver.
+    derived on first use and never taken from a solver. `order`, when given, is the order in
+    which a live rebalance published each expert's replicas (its solver's, `[L, E, R]`, -1
+    padded: what SGLang's ranks hold after `init_by_eplb`, read by the `sglang` view); None for
+    a placement served from start-up.
     """
 
     phy2log: torch.Tensor
     num_experts: int
     topology: Topology
+    order: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -56,6 +60,23 @@ class Placement:
             layer, expert = (counts == 0).nonzero()[0].tolist()
             raise InputError(f"expert {expert} has no replica in layer {layer} of the placement")
         object.__setattr__(self, "phy2log", p2l)
+        if self.order is not None:
+            object.__setattr__(self, "order", self._checked_order(self.order))
+
+    def _checked_order(self, order: Any) -> torch.Tensor:
+        """`order` as int64 `[L, E, R]`: each expert's replica slots in some order, -1 padded
+        at the end; InputError otherwise."""
+        order = torch.as_tensor(order).to("cpu", torch.int64)
+        R = int(self.logcnt.max())
+        if order.dim() != 3 or order.shape[:2] != self.logcnt.shape or order.shape[2] < R:
+            raise InputError(f"a replica order must have shape [layers, experts, >= {R}], got "
+                             f"{tuple(order.shape)}")
+        order = order[..., :R]
+        ranked = torch.where(order < 0, self.num_slots, order).sort(-1).values
+        if not torch.equal(torch.where(ranked == self.num_slots, -1, ranked), self.log2phy) \
+                or ((order < 0).long().diff(dim=-1) < 0).any():
+            raise InputError("a replica order must list each expert's replica slots, then -1")
+        return order.contiguous()
 
     def __repr__(self) -> str:
         t = self.topology
@@ -174,13 +195,16 @@ def nearest_legacy_view(placement: Placement, rank: int, mode: str = "none") -> 
 
 
 def sglang_view(placement: Placement, rank: int, mode: str = "none") -> View:
-    """SGLang 0.5.23's candidate lists on `rank` at start-up (`init_by_mapping`), equal to the
-    engine's own (`eplbsim engines conform`).
+    """SGLang 0.5.23's candidate lists on `rank`, equal to the engine's own (`eplbsim engines
+    conform`). After a live rebalance (the placement has an `order`): every replica in that
+    order, on every rank and in every mode. At start-up (`init_by_mapping`):
 
     Without an a2a backend (mode "none") every replica, in ascending slot id. With one ("a2a"),
     per expert: the lowest-id replica on the rank's GPU if any; else the lowest-id one on its
     node when the node holds some but not all of the expert's replicas; else all replicas.
     """
+    if placement.order is not None:
+        return View(placement.order, placement.logcnt, placement, rank)
     if mode == "none":
         return full_view(placement, rank)
     topo = placement.topology

@@ -26,6 +26,7 @@ import torch
 from . import metrics as M
 from .errors import InputError
 from .files import atomic_file
+from .engines import ran
 from .metrics import METRICS, Counters
 from .placement import Placement
 from .registry import name_of
@@ -105,6 +106,10 @@ class Results:
         """The run's settings, then its metrics: one table row. A counts-only run reports the
         policy "(even split)" and "-" for every other dispatch setting."""
         labels = self.spec.labels()
+        engine = ran((self.spec.dispatch.policy, self.spec.solver.solver),
+                     self.spec.dispatch.engine_source)
+        if engine is not None:
+            labels["engine"] = engine
         if self.slot_load is None:
             labels.update({name: "-" for _, name, _ in knobs(("dispatch",))},
                           policy=COUNTS_ONLY_POLICY)

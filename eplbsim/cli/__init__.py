@@ -25,7 +25,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..files import available_memory, size_text
-from . import bench, export, figures, ranks, registries, run, solve, sweep, trace
+from . import bench, engines, export, figures, ranks, registries, run, solve, sweep, trace
 
 COMMANDS = {
     "run": (run.HELP, run.add_arguments, run.handle),
@@ -39,6 +39,7 @@ COMMANDS = {
     "policies": (registries.POLICIES_HELP, registries.add_arguments,
                  registries.handle_policies),
     "solvers": (registries.SOLVERS_HELP, registries.add_arguments, registries.handle_solvers),
+    "engines": (engines.HELP, engines.add_arguments, None),
 }
 DEBUG = "EPLBSIM_DEBUG"
 

@@ -112,6 +112,13 @@ def fetch_engine(engine: str, version: str | None = None) -> Path:
     return fetch(engine, spec.version, spec.files)
 
 
+def ran(names: Any, sources: Any = ()) -> str | None:
+    """What engine code the engine algorithms among `names` ran (`label`, joined by ", "), or
+    None when none of them is an engine's."""
+    engines = sorted({n.partition(":")[0] for n in names if is_engine_name(n)})
+    return ", ".join(label(e, as_sources(sources)) for e in engines) or None
+
+
 def is_engine_name(name: Any) -> bool:
     """Whether `name` names an engine algorithm (`ENGINE:ALGORITHM`)."""
     return isinstance(name, str) and ":" in name
@@ -147,7 +154,7 @@ def sglang_infos(adapter_: Any, placement: Any, algorithm: str, a2a: bool, rank:
     solver's replica `order`: `_init_raw`, as `init_by_eplb` does), cached per placement."""
     def make() -> list:
         layout = _layout(placement, algorithm, a2a)
-        order = getattr(placement, "order", None)
+        order = placement.order
         meta = (adapter_.startup(layout, placement.phy2log, rank) if order is None else
                 adapter_.rebalanced(layout, placement.phy2log, order, rank))
         return adapter_.infos(layout, meta)
@@ -209,4 +216,4 @@ def _engine_solver(name: str, sources: Sources) -> Callable:
 
 
 __all__ = ["ENGINES", "ENGINE_POLICIES", "ENGINE_SOLVERS", "adapter", "as_sources",
-           "engine_policy", "engine_solver", "fetch_engine", "is_engine_name", "label"]
+           "engine_policy", "engine_solver", "fetch_engine", "is_engine_name", "label", "ran"]

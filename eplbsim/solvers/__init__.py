@@ -84,8 +84,9 @@ def solve_with_info(solver: str | Solver, load: Any, num_slots: int, topology: T
     options: keyword options the solver takes (e.g. `anti_colocation`, `time_limit`); an option
       it does not take is an InputError naming the ones it does
     -> (Placement over `E` experts with `phy2log [L, P]`, the solver's report: a dict, empty
-    unless the solver returned `(phy2log, info)` or `previous` was given). InputError on bad
-    input.
+    unless the solver returned `(phy2log, info)` or `previous` was given). A solver's
+    `info["order"]` (`[L, E, R]`, an engine solver's replica order) becomes the placement's
+    `order` unless the placement was laid over `previous`. InputError on bad input.
     """
     fn = find_solver(solver)
     array = as_load(load)  # [L, E] private float64 copy
@@ -100,6 +101,7 @@ def solve_with_info(solver: str | Solver, load: Any, num_slots: int, topology: T
         raise InputError(f"solver {name_of(fn)} returned shape {phy2log.shape}, "
                          f"expected [layers, slots] = {(num_layers, num_slots)}")
     info = dict(info)
+    order = info.pop("order", None)  # the solver's replica order (an engine's solver gives it)
     if previous is not None and fn in KEEP_LAYOUT:
         prev = np.asarray(previous.phy2log.numpy() if isinstance(previous, Placement)
                           else previous)
@@ -109,8 +111,9 @@ def solve_with_info(solver: str | Solver, load: Any, num_slots: int, topology: T
         prev = previous.phy2log.numpy() if isinstance(previous, Placement) else previous
         phy2log = migrate(array, np.asarray(phy2log), np.asarray(prev), topology, num_groups,
                           migration_tolerance, bool(options.get("anti_colocation")), info)
+        order = None  # laid over the previous placement: the solver's order no longer applies
     placement = Placement(torch.from_numpy(np.array(phy2log, dtype=np.int64)), num_experts,
-                          topology)
+                          topology, None if order is None else torch.as_tensor(order))
     return placement, info
 
 

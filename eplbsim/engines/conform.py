@@ -1,0 +1,226 @@
+"""Conformance: each eplbsim twin of an engine algorithm against the engine function it models
+(DESIGN.md §11).
+
+Dimensions: `L` layers, `E` logical experts, `P` physical slots, `G` ranks, `T` tokens,
+`K` top-k.
+
+Every row runs its engine function and its twin on the same seeded cases: random placements
+(every expert at least once, the rest drawn, slots shuffled), on one node (4 GPUs) and on two
+(8 GPUs, 4 a node), in both modes where the engine has two behaviours, at start-up
+(`init_by_mapping`) and after a live rebalance (`init_by_eplb`'s lists, in its solver's replica
+order), with padding rows (-1) in every batch. Deterministic paths must be equal bit for bit;
+SGLang's `randint` draws come from torch's CPU generator, the same as the twin's, so they are
+compared bit for bit too. Solvers are compared on the placements they return and, where those
+differ (ties, float32), on the max GPU load, which is reported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import torch
+
+from ..dispatch.policies import DispatchContext, hash_policy, random_policy, row_policy, static_table
+from ..placement import Placement, full_view, sglang_view
+from ..solvers import solve
+from ..topology import Topology
+from . import ENGINES, ENGINE_SOLVERS, adapter, label, sglang_infos
+
+LAYOUTS = ((4, 4), (8, 4))  # (GPUs, GPUs a node): one node, two nodes
+CASES = 6  # random placements per layout
+
+
+@dataclass
+class Row:
+    """One conformance row: the `twin` against the engine's `function`, on `path` (start-up,
+    rebalance or a solve), over `cases` comparisons of which `equal` were bit for bit equal;
+    `note` says what differed and by how much."""
+
+    engine: str
+    function: str
+    twin: str
+    path: str
+    cases: int
+    equal: int
+    note: str = ""
+
+    @property
+    def conforms(self) -> bool:
+        return self.cases > 0 and self.equal == self.cases
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"engine": self.engine, "function": self.function, "twin": self.twin,
+                "path": self.path, "cases": self.cases, "equal": self.equal,
+                "conforms": self.conforms, "note": self.note}
+
+
+def _placements(seed: int) -> Iterator[Placement]:
+    """`CASES` random placements per layout: `E = 8` experts, 1 to 2 spare slots a GPU."""
+    gen = torch.Generator().manual_seed(seed)
+    for G, per_node in LAYOUTS:
+        topo = Topology(G, per_node)
+        for _ in range(CASES):
+            E, L = 8, 2
+            P = E + G * int(torch.randint(1, 3, (1,), generator=gen))
+            rows = [torch.cat([torch.randperm(E, generator=gen),
+                               torch.randint(0, E, (P - E,), generator=gen)])
+                    [torch.randperm(P, generator=gen)] for _ in range(L)]
+            yield Placement(torch.stack(rows), E, topo)
+
+
+def _batch(placement: Placement, gen: torch.Generator, tokens: int = 24, k: int = 3
+           ) -> torch.Tensor:
+    """A batch of ids `[T, K]` for the placement's experts with padding rows (-1) and one
+    padded slot."""
+    ids = torch.randint(0, placement.num_experts, (tokens, k), generator=gen)
+    ids[::7] = -1
+    ids[1, 0] = -1
+    return ids
+
+
+def _ordered(placement: Placement, order: torch.Tensor) -> Placement:
+    """`placement` published by a live rebalance, its lists in the solver's order `[L, E, R]`."""
+    return Placement(placement.phy2log, placement.num_experts, placement.topology, order)
+
+
+def _rebalanced(run: Any, placement: Placement, seed: int) -> Placement:
+    """The placement SGLang's `init_by_eplb` publishes for seeded loads, with its order."""
+    topo = placement.topology
+    gen = torch.Generator().manual_seed(seed)
+    load = torch.randint(1, 1000, (placement.num_layers, placement.num_experts), generator=gen)
+    phy2log, order = run.solve("deepseek", load.double(), placement.num_slots, topo.num_gpus,
+                               topo.num_nodes, None)
+    return _ordered(Placement(phy2log, placement.num_experts, topo), order)
+
+
+def _sglang_rows(sources: Any, seed: int) -> list[Row]:
+    run = adapter("sglang", sources)
+    who = label("sglang", sources)
+    tally: dict[tuple[str, str, str], list[int]] = {}
+
+    def count(function: str, twin: str, path: str, same: bool) -> None:
+        cell = tally.setdefault((function, twin, path), [0, 0])
+        cell[0] += 1
+        cell[1] += bool(same)
+
+    gen = torch.Generator().manual_seed(seed)
+    for i, start in enumerate(_placements(seed)):
+        for path, placement in (("start-up", start), ("rebalance", _rebalanced(run, start, seed + i))):
+            G = placement.topology.num_gpus
+            for mode in ("none", "a2a"):
+                a2a = mode == "a2a"
+                ids = _batch(placement, gen)
+                for r in range(G):
+                    view = sglang_view(placement, r, mode)
+                    infos = sglang_infos(run, placement, "static", a2a, r)
+                    lists = torch.stack([x.partial_logical_to_all_physical_map for x in infos])
+                    R = view.log2phy.shape[-1]
+                    count("ExpertLocationMetadata lists", "view sglang", f"{path}, {mode}",
+                          torch.equal(lists[..., :R], view.log2phy)
+                          and bool((lists[..., R:] == -1).all()))
+                    table = torch.stack([x.partial_logical_to_rank_dispatch_physical_map
+                                         for x in infos])
+                    count("static tables", "static (view sglang)", f"{path}, {mode}",
+                          torch.equal(table, static_table(view, r, 0)))
+                    dyn = sglang_infos(run, placement, "dynamic", a2a, r)
+                    for layer in range(placement.num_layers):
+                        ctx = DispatchContext(layer=layer, rank=r, mode=mode,
+                                              generator=torch.Generator().manual_seed(seed + r))
+                        engine_gen = torch.Generator().manual_seed(seed + r)
+                        got = run.dispatch(ids, dyn[layer], engine_gen)
+                        twin = random_policy if a2a else row_policy
+                        name = f"{'random' if a2a else 'row'} (view sglang)"
+                        count("dynamic dispatch", name, f"{path}, {mode}",
+                              torch.equal(got, twin(ids, view, ctx)))
+    rows = [Row(who, f, t, p, n, e) for (f, t, p), (n, e) in tally.items()]
+    return rows + _solver_rows("sglang", sources, seed)
+
+
+def _vllm_rows(sources: Any, seed: int) -> list[Row]:
+    run = adapter("vllm", sources)
+    who = label("vllm", sources)
+    maps = [0, 0]
+    kernel = [0, 0]
+    gen = torch.Generator().manual_seed(seed)
+    for placement in _placements(seed):
+        log2phy, counts = run.logical_maps(placement.phy2log, placement.num_experts)
+        view = full_view(placement)
+        R = view.log2phy.shape[-1]
+        maps[0] += 1
+        maps[1] += torch.equal(log2phy[..., :R], view.log2phy) and torch.equal(counts, view.logcnt)
+        for layer in range(placement.num_layers):
+            ids = _batch(placement, gen)
+            phys, load = run.dispatch(ids, log2phy[layer], counts[layer])
+            twin = hash_policy(ids, view, DispatchContext(layer=layer))
+            mine = torch.bincount(twin[twin >= 0], minlength=load.numel())
+            kernel[0] += 1
+            kernel[1] += torch.equal(phys, twin) and torch.equal(load, mine)
+    return [Row(who, "compute_logical_maps", "view full", "start-up", *maps),
+            Row(who, "eplb_map_to_physical_and_record (interpreted)", "hash",
+                "start-up and rebalance", *kernel, "recorded load compared too"),
+            *_solver_rows("vllm", sources, seed)]
+
+
+def _solver_rows(engine: str, sources: Any, seed: int) -> list[Row]:
+    """`engine`'s solvers that eplbsim's `deepseek` models, against it: on tie-free loads the
+    placements must be equal; on loads with ties (the engines sort float32 loads with torch,
+    unstably, where numpy's stable sort breaks ties by index) the max GPU load must be, and the
+    note says how many placements differed. `deepseek_vec` is another algorithm: no twin."""
+    gen = torch.Generator().manual_seed(seed)
+    run = adapter(engine, sources)
+    rows = []
+    for name, (owner, algorithm, _) in ENGINE_SOLVERS.items():
+        if owner != engine or algorithm == "deepseek_vec":
+            continue
+        free, tied = [0, 0], [0, 0, 0]
+        for G, per_node in LAYOUTS:
+            topo = Topology(G, per_node)
+            for case in range(CASES):
+                E, L = 16, 2
+                P = E + G
+                load = torch.randperm(10_000, generator=gen)[:L * E].view(L, E).double() + 1
+                ties = torch.randint(1, 3, (L, E), generator=gen).double()
+                for cell, weights in ((free, load), (tied, ties)):
+                    mine = solve("deepseek", weights, P, topo)
+                    theirs = (run.solve(weights, P, G, topo.num_nodes, 1) if engine == "vllm"
+                              else run.solve(algorithm, weights, P, G, topo.num_nodes, 1)[0])
+                    same = torch.equal(theirs, mine.phy2log)
+                    cell[0] += 1
+                    cell[1] += same if cell is free else _max_gpu(
+                        weights, Placement(theirs, E, topo)) == _max_gpu(weights, mine)
+                    if cell is tied:
+                        cell[2] += same
+        who = label(engine, sources)
+        rows.append(Row(who, f"{name} solver", "solver deepseek", "solve, tie-free loads",
+                        *free))
+        rows.append(Row(who, f"{name} solver", "solver deepseek",
+                        "solve, loads with ties (max GPU load)", *tied[:2],
+                        f"{tied[2]}/{tied[0]} placements equal"))
+    return rows
+
+
+def _max_gpu(load: torch.Tensor, placement: Placement) -> float:
+    """Max over layers of the max GPU load of `placement`'s even-split promise."""
+    slot = placement.expected_load(load)  # [L, P]
+    G = placement.topology.num_gpus
+    return float(slot.view(slot.shape[0], G, -1).sum(-1).max())
+
+
+_ENGINE_ROWS: dict[str, Callable[[Any, int], list[Row]]] = {
+    "sglang": _sglang_rows,
+    "vllm": _vllm_rows,
+}
+
+
+def conformance(engines: Any = None, sources: Any = (), seed: int = 0) -> list[Row]:
+    """The conformance rows of `engines` (default all in `ENGINES`) on their sources."""
+    chosen = list(ENGINES) if not engines else list(engines)
+    rows: list[Row] = []
+    for engine in chosen:
+        rows += _ENGINE_ROWS[engine](sources, seed)
+    return rows
+
+
+__all__ = ["Row", "conformance"]

@@ -1,0 +1,187 @@
+"""The engines' own EPLB code in the simulator (eplbsim.engines): conformance of every twin,
+engine policies equal to their twins through the CLI and Python, a modified branch run through
+--engine-source, and one clear line for a missing or old source. The pinned sources come from
+`eplbsim engines fetch` (the README's test command runs it)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from eplbsim import engines
+from eplbsim.cli import main
+from eplbsim.engines.conform import conformance
+from eplbsim.engines.source import missing_files, pinned_folder
+from eplbsim.replay import replay
+from eplbsim.spec import RunSpec
+from eplbsim.traces.synth import synthesize
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _fetched(engine: str) -> Path:
+    spec = engines.ENGINES[engine]
+    folder = pinned_folder(engine, spec.version)
+    if missing_files(folder, spec.files):
+        pytest.skip(f"{engine} {spec.version} is not fetched (eplbsim engines fetch)")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def sglang_source() -> Path:
+    return _fetched("sglang")
+
+
+def _run_json(capsys, argv):
+    assert main(argv + ["--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_every_twin_conforms_to_its_engine_function(sglang_source):
+    _fetched("vllm")
+    rows = conformance()
+    assert all(r.conforms for r in rows), [r.as_dict() for r in rows if not r.conforms]
+    covered = {(r.function, r.path) for r in rows}
+    for path in ("start-up, none", "start-up, a2a", "rebalance, none", "rebalance, a2a"):
+        for function in ("ExpertLocationMetadata lists", "static tables", "dynamic dispatch"):
+            assert (function, path) in covered
+    assert {r.function for r in rows} >= {
+        "compute_logical_maps", "eplb_map_to_physical_and_record (interpreted)",
+        "sglang:deepseek solver", "sglang:elasticity_aware solver", "vllm:default solver"}
+
+
+def test_conform_command_exits_0_and_prints_json(sglang_source, capsys):
+    rows = _run_json(capsys, ["engines", "conform", "--engine", "sglang"])
+    assert rows and all(r["conforms"] for r in rows)
+    assert {r["engine"] for r in rows} == {"sglang 0.5.23"}
+
+
+TWINS = {"sglang:static": ("static", "static"), "sglang:dynamic": ("row", "random")}
+
+
+@pytest.mark.parametrize("trace", ["skewed", "template", "moe_routes_small.jsonl"])
+def test_engine_policies_equal_their_twins_row_for_row(sglang_source, trace, capsys, tmp_path):
+    source = (["--trace", str(ROOT / "traces" / trace), "--skip-type", "meta",
+               "--token-key", "token_idx", "--ids-key", "topk_ids"] if "." in trace else
+              ["--scenario", trace, "--steps", "4", "--tokens", "64", "--layers", "2",
+               "--experts", "16", "--top-k", "4"])
+    common = ["run", *source, "--gpus", "8", "--gpus-per-node", "4", "--view", "sglang"]
+    for mode in ("none", "a2a"):
+        ours = _run_json(capsys, common + ["--mode", mode, "--policies", "sglang:static,sglang:dynamic"])
+        twins = _run_json(capsys, common + ["--mode", mode, "--policies",
+                                            ",".join(t[mode == "a2a"] for t in TWINS.values())])
+        assert len(ours) == len(twins) == 2
+        for engine_row, twin_row in zip(ours, twins):
+            assert engine_row.pop("engine") == "sglang 0.5.23"
+            engine_row.pop("policy"), twin_row.pop("policy")
+            assert engine_row == twin_row, mode
+
+
+def test_python_api_runs_the_engine(sglang_source):
+    trace = synthesize("skewed", steps=3, tokens=32, layers=2, experts=16, top_k=4)
+    spec = RunSpec.of(gpus=4, policy="sglang:dynamic", mode="a2a", view="sglang")
+    ours = replay(trace, spec)
+    twin = replay(trace, spec.replace(policy="random"))
+    assert ours.metrics == twin.metrics
+    assert ours.row()["engine"] == "sglang 0.5.23"
+
+
+def test_engine_solver_runs_in_a_schedule(sglang_source, capsys):
+    rows = _run_json(capsys, ["run", "--scenario", "skewed", "--steps", "6", "--tokens", "32",
+                              "--layers", "2", "--experts", "16", "--gpus", "4",
+                              "--policies", "row", "--solver", "sglang:deepseek",
+                              "--rebalance-every", "2"])
+    twin = _run_json(capsys, ["run", "--scenario", "skewed", "--steps", "6", "--tokens", "32",
+                              "--layers", "2", "--experts", "16", "--gpus", "4",
+                              "--policies", "row", "--solver", "deepseek",
+                              "--rebalance-every", "2"])
+    assert rows[0]["engine"] == "sglang 0.5.23"
+    assert rows[0]["gpu_imbalance"] == pytest.approx(twin[0]["gpu_imbalance"])
+
+
+def _branch(source: Path, tmp_path: Path) -> Path:
+    """A copy of the fetched SGLang whose rank-invariant dispatch line draws at random."""
+    branch = tmp_path / "branch"
+    shutil.copytree(source, branch)
+    file = branch / "sglang/srt/eplb/expert_location_dispatch.py"
+    text = file.read_text()
+    line = "        chosen_dispatch_index = row_index % num_valid\n"
+    assert line in text
+    file.write_text(text.replace(line, "        chosen_dispatch_index = (torch.randint(0, 65536, "
+                                       "topk_ids.shape, dtype=torch.int32, device=device) "
+                                       "% num_valid)\n"))
+    return branch
+
+
+def test_engine_source_runs_a_modified_branch_unchanged(sglang_source, tmp_path, capsys):
+    branch = _branch(sglang_source, tmp_path)
+    argv = ["run", "--scenario", "skewed", "--steps", "3", "--tokens", "64", "--layers", "2",
+            "--experts", "16", "--gpus", "4", "--policies", "sglang:dynamic"]
+    pinned = _run_json(capsys, argv)[0]
+    mine = _run_json(capsys, argv + ["--engine-source", f"sglang={branch}"])[0]
+    assert pinned["rank_agreement"] == 1 and pinned["output_rel_error"] == 0
+    assert mine["rank_agreement"] < 1
+    assert mine["output_rel_error"] > 0
+    assert mine["engine"] == f"sglang at {branch.resolve()}"
+
+
+def _one_error_line(capsys, argv, fragment):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and fragment in err[0], err
+
+
+def test_missing_or_old_sources_are_one_line(sglang_source, tmp_path, capsys, monkeypatch):
+    argv = ["run", "--scenario", "skewed", "--steps", "2", "--tokens", "16", "--layers", "1",
+            "--experts", "8", "--gpus", "2", "--policies", "sglang:static"]
+    _one_error_line(capsys, argv + ["--engine-source", f"sglang={tmp_path}"], "no folder sglang/")
+    old = tmp_path / "old"
+    shutil.copytree(sglang_source, old)
+    file = old / "sglang/srt/eplb/expert_location.py"
+    file.write_text(file.read_text().replace("def init_by_eplb(", "def init_from_eplb("))
+    _one_error_line(capsys, argv + ["--engine-source", f"sglang={old}"], "has no init_by_eplb")
+    monkeypatch.setenv("EPLBSIM_CACHE", str(tmp_path / "empty"))
+    engines.adapter.cache_clear()
+    _one_error_line(capsys, argv, "is not fetched: run `eplbsim engines fetch`")
+    _one_error_line(capsys, ["engines", "fetch", "sglang==0.4.0"], "has an adapter for")
+
+
+def test_list_says_what_is_fetched_and_exposed(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("EPLBSIM_CACHE", str(tmp_path))
+    rows = _run_json(capsys, ["engines", "list"])
+    assert [r["engine"] for r in rows] == list(engines.ENGINES)
+    assert all(r["fetched"] is None and r["exposes"] for r in rows)
+    assert "sglang:static" in rows[0]["policies"]
+
+
+def test_the_engine_generator_is_the_ranks_and_comes_back():
+    torch.manual_seed(5)
+    before = torch.get_rng_state()
+    gen = torch.Generator().manual_seed(1)
+    from eplbsim.engines.sglang import _default_generator
+    with _default_generator(gen, torch.device("cpu")):
+        drawn = torch.randint(0, 100, (4,))
+    again = torch.Generator().manual_seed(1)
+    assert torch.equal(drawn, torch.randint(0, 100, (4,), generator=again))
+    assert torch.equal(gen.get_state(), again.get_state())
+    assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_an_engine_solvers_order_reaches_the_sglang_view(sglang_source, capsys):
+    """SGLang publishes a solved placement through init_by_eplb: every rank's lists in the
+    solver's order. The sglang view reads that order, so row equals the engine's dynamic."""
+    argv = ["run", "--scenario", "skewed", "--steps", "4", "--tokens", "64", "--layers", "2",
+            "--experts", "16", "--gpus", "4", "--solver", "sglang:deepseek", "--view", "sglang",
+            "--no-migration-aware", "--rebalance-every", "2"]
+    ours = _run_json(capsys, argv + ["--policies", "sglang:dynamic"])[0]
+    twin = _run_json(capsys, argv + ["--policies", "row"])[0]
+    full = _run_json(capsys, argv + ["--policies", "row", "--view", "full"])[0]
+    for row in (ours, twin, full):
+        row.pop("policy"), row.pop("view")
+    assert ours == twin
+    assert full["replica_skew_max"] != ours["replica_skew_max"] \
+        or full["gpu_imbalance"] != ours["gpu_imbalance"]
