@@ -79,7 +79,8 @@ def conform(args: argparse.Namespace) -> int:
         head = [*keys, "conforms", "note"]
         widths = [max(len(str(c[i])) for c in [head, *cells]) for i in range(len(head) - 1)]
         for line in [head, *cells]:
-            print("  ".join(f"{c:{w}s}" for c, w in zip(line, widths)) + "  " + line[-1])
+            print(("  ".join(f"{c:{w}s}" for c, w in zip(line, widths)) + "  "
+                   + line[-1]).rstrip())
         bad = sum(not r.conforms for r in rows)
         print(f"{len(rows) - bad} of {len(rows)} rows conform")
     return 0 if all(r.conforms for r in rows) else 1

@@ -185,6 +185,11 @@ POLICIES: dict[str, DispatchPolicy] = {
 }
 
 
+# `ENGINE:ALGORITHM` -> `(sources) -> DispatchPolicy` running that engine's own code, filled in
+# by `eplbsim.engines` (which needs this module, not the other way round).
+ENGINE_POLICIES: dict[str, Callable[[Any], DispatchPolicy]] = {}
+
+
 def resolve_policy(policy: str | Policy | DispatchPolicy,
                    sources: Any = ()) -> tuple[str, DispatchPolicy]:
     """`(name, entry)` of a registry name, an engine algorithm (`ENGINE:ALGORITHM`, run from
@@ -193,9 +198,8 @@ def resolve_policy(policy: str | Policy | DispatchPolicy,
     kernels); InputError for an unknown name."""
     if isinstance(policy, DispatchPolicy):
         return name_of(policy, POLICIES), policy
-    if isinstance(policy, str) and ":" in policy:
-        from ..engines import engine_policy
-        return policy, engine_policy(policy, sources)
+    if isinstance(policy, str) and ":" in policy and policy in ENGINE_POLICIES:
+        return policy, ENGINE_POLICIES[policy](sources)
     entry = lookup(POLICIES, policy, "policy")
     if isinstance(entry, DispatchPolicy):
         return name_of(policy), entry

@@ -21,6 +21,8 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import torch
 
+from .. import dispatch
+from ..dispatch import DispatchPolicy
 from ..errors import InputError
 from . import sglang as _sglang, vllm as _vllm
 from .source import fetch, missing_files, pinned_folder
@@ -161,15 +163,13 @@ def sglang_infos(adapter_: Any, placement: Any, algorithm: str, a2a: bool, rank:
     return _cached(placement, (adapter_.label, algorithm, a2a, rank), make)
 
 
-def engine_policy(name: str, sources: Sources = ()) -> Any:
+def engine_policy(name: str, sources: Sources = ()) -> DispatchPolicy:
     """The `DispatchPolicy` that runs engine algorithm `name` from its source."""
     return _engine_policy(name, as_sources(sources))
 
 
 @lru_cache(maxsize=64)
-def _engine_policy(name: str, sources: Sources) -> Any:
-    from ..dispatch import DispatchPolicy
-
+def _engine_policy(name: str, sources: Sources) -> DispatchPolicy:
     engine, algorithm, summary = _entry(ENGINE_POLICIES, name, "policy")
     if engine == "sglang":
         def fn(topk_ids: torch.Tensor, view: Any, ctx: Any) -> torch.Tensor:
@@ -188,6 +188,10 @@ def _engine_policy(name: str, sources: Sources) -> Any:
             return phys.to(topk_ids.device)
     fn.__name__ = name
     return DispatchPolicy(fn, False, {}, label(engine, sources) + "'s own code", summary)
+
+
+dispatch.ENGINE_POLICIES.update(
+    {name: (lambda sources, name=name: engine_policy(name, sources)) for name in ENGINE_POLICIES})
 
 
 def engine_solver(name: str, sources: Sources = ()) -> Callable:
