@@ -175,23 +175,8 @@ def nearest_legacy_view(placement: Placement, rank: int, mode: str = "none") -> 
     For each expert: the lowest-id replica on this rank's GPU if any; else the lowest-id replica
     on its node if any; else all replicas.
     """
-    topo = placement.topology
-    if not 0 <= rank < topo.num_gpus:
-        raise InputError(f"rank {rank} is outside [0, {topo.num_gpus})")
-    log2phy = placement.log2phy  # [L, E, R]
-    valid = log2phy >= 0
-    safe = log2phy.clamp(min=0)
-    on_gpu = valid & (placement.slot_gpu[safe] == rank)
-    on_node = valid & (placement.slot_node[safe] == topo.node_of_gpu(rank))
-    gpu_first = _first_where(log2phy, on_gpu)  # [L, E], -1 when none
-    node_first = _first_where(log2phy, on_node)
-    single = torch.where(gpu_first >= 0, gpu_first, node_first)  # [L, E]
-    narrowed = torch.full_like(log2phy, -1)
-    narrowed[..., 0] = single
-    keep = (single >= 0).unsqueeze(-1)
-    out = torch.where(keep, narrowed, log2phy)
-    cnt = torch.where(single >= 0, torch.ones_like(placement.logcnt), placement.logcnt)
-    return View(out, cnt, placement, rank)
+    on_gpu, on_node = _local(placement, rank)
+    return _narrowed(placement, rank, on_gpu, _first_where(placement.log2phy, on_node))
 
 
 def sglang_view(placement: Placement, rank: int, mode: str = "none") -> View:
@@ -207,19 +192,33 @@ def sglang_view(placement: Placement, rank: int, mode: str = "none") -> View:
         return View(placement.order, placement.logcnt, placement, rank)
     if mode == "none":
         return full_view(placement, rank)
+    on_gpu, on_node = _local(placement, rank)
+    same_node = on_node.sum(-1)  # [L, E]
+    narrows = (same_node > 0) & (same_node < placement.logcnt)
+    return _narrowed(placement, rank, on_gpu,
+                     torch.where(narrows, _first_where(placement.log2phy, on_node), -1))
+
+
+def _local(placement: Placement, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which replicas of `log2phy [L, E, R]` are on `rank`'s GPU and on its node: bool
+    `[L, E, R]` each; InputError for a rank outside the topology."""
     topo = placement.topology
     if not 0 <= rank < topo.num_gpus:
         raise InputError(f"rank {rank} is outside [0, {topo.num_gpus})")
-    log2phy = placement.log2phy  # [L, E, R]
+    log2phy = placement.log2phy
     valid = log2phy >= 0
     safe = log2phy.clamp(min=0)
-    on_gpu = valid & (placement.slot_gpu[safe] == rank)
-    on_node = valid & (placement.slot_node[safe] == topo.node_of_gpu(rank))
+    return (valid & (placement.slot_gpu[safe] == rank),
+            valid & (placement.slot_node[safe] == topo.node_of_gpu(rank)))
+
+
+def _narrowed(placement: Placement, rank: int, on_gpu: torch.Tensor,
+              fallback: torch.Tensor) -> View:
+    """`rank`'s view keeping, per expert, only its first replica on the rank's GPU, else the
+    slot `fallback [L, E]` names, else (-1) every replica."""
+    log2phy = placement.log2phy  # [L, E, R]
     gpu_first = _first_where(log2phy, on_gpu)  # [L, E], -1 when none
-    same_node = on_node.sum(-1)  # [L, E]
-    narrows = (same_node > 0) & (same_node < placement.logcnt)
-    node_first = torch.where(narrows, _first_where(log2phy, on_node), -1)
-    single = torch.where(gpu_first >= 0, gpu_first, node_first)  # [L, E]
+    single = torch.where(gpu_first >= 0, gpu_first, fallback)  # [L, E]
     narrowed = torch.full_like(log2phy, -1)
     narrowed[..., 0] = single
     out = torch.where((single >= 0).unsqueeze(-1), narrowed, log2phy)
