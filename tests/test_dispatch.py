@@ -286,7 +286,7 @@ def test_ascend_fixed_adds_tp_rank_dp_rank_and_expert_only_with_attention_tp():
 
 
 @pytest.mark.parametrize("name, offset, agrees", [
-    ("sglang-lp", False, False), ("sglang-lp-golden", False, True),
+    ("sglang-lp", False, False), ("lp-golden", False, True),
     ("trtllm", False, True), ("trtllm", True, False)])
 def test_engine_policies_in_none_mode_agree_or_corrupt_as_classed(name, offset, agrees):
     from eplbsim.replay import replay

@@ -47,7 +47,8 @@ def test_every_twin_conforms_to_its_engine_function(sglang_source):
     assert all(r.conforms for r in rows), [r.as_dict() for r in rows if not r.conforms]
     covered = {(r.function, r.path) for r in rows}
     for path in ("start-up, none", "start-up, a2a", "rebalance, none", "rebalance, a2a"):
-        for function in ("ExpertLocationMetadata lists", "static tables", "dynamic dispatch"):
+        for function in ("ExpertLocationMetadata lists", "static tables", "dynamic dispatch",
+                         "fake dispatch", "lp dispatch"):
             assert (function, path) in covered
     assert {r.function for r in rows} >= {
         "compute_logical_maps", "eplb_map_to_physical_and_record (interpreted)",
@@ -60,7 +61,8 @@ def test_conform_command_exits_0_and_prints_json(sglang_source, capsys):
     assert {r["engine"] for r in rows} == {"sglang 0.5.23"}
 
 
-TWINS = {"sglang:static": ("static", "static"), "sglang:dynamic": ("row", "random")}
+TWINS = {"sglang:static": ("static", "static"), "sglang:dynamic": ("row", "random"),
+         "sglang:lp": ("sglang-lp", "sglang-lp")}
 
 
 @pytest.mark.parametrize("trace", ["skewed", "template", "moe_routes_small.jsonl"])
@@ -71,10 +73,10 @@ def test_engine_policies_equal_their_twins_row_for_row(sglang_source, trace, cap
                "--experts", "16", "--top-k", "4"])
     common = ["run", *source, "--gpus", "8", "--gpus-per-node", "4", "--view", "sglang"]
     for mode in ("none", "a2a"):
-        ours = _run_json(capsys, common + ["--mode", mode, "--policies", "sglang:static,sglang:dynamic"])
+        ours = _run_json(capsys, common + ["--mode", mode, "--policies", ",".join(TWINS)])
         twins = _run_json(capsys, common + ["--mode", mode, "--policies",
                                             ",".join(t[mode == "a2a"] for t in TWINS.values())])
-        assert len(ours) == len(twins) == 2
+        assert len(ours) == len(twins) == len(TWINS)
         for engine_row, twin_row in zip(ours, twins):
             assert engine_row.pop("engine") == "sglang 0.5.23"
             engine_row.pop("policy"), twin_row.pop("policy")
@@ -185,3 +187,18 @@ def test_an_engine_solvers_order_reaches_the_sglang_view(sglang_source, capsys):
     assert ours == twin
     assert full["replica_skew_max"] != ours["replica_skew_max"] \
         or full["gpu_imbalance"] != ours["gpu_imbalance"]
+
+
+def test_a_singular_lp_system_is_not_converged_in_engine_and_twin(sglang_source):
+    """One expert's every pair on a batch of one token: the KKT system is singular, which
+    torch.linalg.solve refuses; both sides take it as the kernel's not-converged 0.5."""
+    from eplbsim.dispatch.sglang_lp import barrier
+    A = torch.tensor([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
+    x = barrier(A, torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0, 1000.0]))
+    assert torch.equal(x, torch.full((3,), 0.5))
+    run = engines.adapter("sglang")
+    from eplbsim.engines.sglang import _lp_kernels
+    out = torch.empty(3)
+    _lp_kernels(run).solve_ipm(A, torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0, 1000.0]),
+                               result=out)
+    assert torch.equal(out, x)

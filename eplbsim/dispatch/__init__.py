@@ -27,6 +27,7 @@ from .policies import (DispatchContext, Policy, ascend_fixed_policy, ascend_poli
                        lplb_policy, occurrence_index,
                        ordinal_policy, quota_policy, random_policy, replica_slots, row_policy,
                        static_policy, static_table, trtllm_policy)
+from .sglang_lp import sglang_lp_policy
 from .shared import WATERFILL, SharedInputs, SharedRule, waterfill_dynamic, waterfill_static
 
 StepKernel = Callable  # (topk_ids [T, L, K], view, ctx) -> phys int64 [T, L, K]
@@ -94,8 +95,8 @@ class DispatchPolicy:
 
 _ROW = {"cpu": ("cpu.row_step",), "cuda": ("cuda.row_step", "torch_step.row_step")}
 _TABLE = {"cpu": ("cpu.static_step",), "cuda": ("torch_step.static_step",)}
-SGLANG_LP = ("SGLang's LP dispatch (sgl-project/sglang python/sglang/srt/eplb/lplb_solver.py "
-             "@6c9afcd8, the draw in cuda_solver.py dispatch_probability @25b379e4)")
+SGLANG_LP = ("SGLang 0.5.23's LP dispatch (python/sglang/srt/eplb/lplb_solver.py LPLBSolver, "
+             "its torch references in sglang/test/kernels/lplb.py)")
 TRTLLM_ROUTE = ("TensorRT-LLM's MoE route kernel (NVIDIA/TensorRT-LLM cpp/tensorrt_llm/kernels/"
                 "moeLoadBalance/moeLoadBalanceKernels.cu moeComputeRouteKernel @ada8389e)")
 LPLB = ("DeepSeek LPLB (deepseek-ai/LPLB lplb/resources/csrc-tmpl/minilp.cu kernel_solve and "
@@ -147,11 +148,13 @@ POLICIES: dict[str, DispatchPolicy] = {
         lp_policy, False, {}, "eplbsim (after SGLang's LP dispatch)",
         "samples the batch's LP-optimal replica fractions with the rank's generator"),
     "sglang-lp": DispatchPolicy(
-        lp_policy, False, {}, SGLANG_LP,
-        "the batch's LP fractions, each pair drawn from the rank's own default generator"),
-    "sglang-lp-golden": DispatchPolicy(
-        lp_golden_policy, True, {}, SGLANG_LP + "; the golden-ratio draw of its non-fused path",
-        "the batch's LP fractions, pair i drawn as frac(i x 0.618...)"),
+        sglang_lp_policy, False, {}, SGLANG_LP,
+        "the batch's LP shares by SGLang's 5 float32 barrier steps, each pair drawn (float32) "
+        "from the rank's own generator"),
+    "lp-golden": DispatchPolicy(
+        lp_golden_policy, True, {}, "eplbsim, after a fix proposed for SGLang's LP dispatch "
+        "(the golden-ratio draw of its earlier non-fused path)",
+        "the batch's LP-optimal fractions, pair i drawn as frac(i x 0.618...)"),
     "trtllm": DispatchPolicy(
         trtllm_policy, True, {}, TRTLLM_ROUTE,
         "(earlier pairs of the expert in the 1024-pair block + block index "

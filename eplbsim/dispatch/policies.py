@@ -27,7 +27,7 @@ from ..placement import Placement, View
 HASH_MULTIPLIER = 2654435769  # Knuth's multiplicative hash constant, floor(2**32 / phi)
 RANDOM_RANGE = 65536  # the serving engine's randint(0, 65536) draw
 TRTLLM_BLOCK = 1024  # pairs per block of TensorRT-LLM's route kernel
-GOLDEN = (5 ** 0.5 - 1) / 2  # 0.6180339887...: the golden-ratio draws of sglang-lp-golden
+GOLDEN = (5 ** 0.5 - 1) / 2  # 0.6180339887...: the golden-ratio draws of lp-golden
 LPLB_MULTIPLIER, LPLB_INCREMENT = 499, 41  # LPLB's permutation k' = (499 k + 41) mod total_e
 LPLB_BLOCKS = 132  # thread blocks LPLB's mapping kernel splits a batch over (one per SM, H800)
 

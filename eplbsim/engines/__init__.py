@@ -52,6 +52,9 @@ ENGINE_POLICIES: dict[str, tuple[str, str, str]] = {
                        "with one"),
     "sglang:fake": ("sglang", "fake", "SGLang's fake dispatch (its router logits are drawn "
                     "anew; the trace's ids are kept): dispatched as dynamic"),
+    "sglang:lp": ("sglang", "lp", "SGLang's LP dispatch: its LPLBSolver per layer and batch, "
+                  "the barrier method by its torch reference, one float32 draw a pair from "
+                  "the rank's generator"),
     "vllm:hash": ("vllm", "hash", "vLLM's map kernel: Knuth's hash of the token index"),
 }
 ENGINE_SOLVERS: dict[str, tuple[str, str, str]] = {
@@ -150,17 +153,24 @@ def _layout(placement: Any, algorithm: str, a2a: bool) -> _sglang.Layout:
                           topo.num_gpus, topo.num_nodes, None, algorithm, a2a)
 
 
-def sglang_infos(adapter_: Any, placement: Any, algorithm: str, a2a: bool, rank: int) -> list:
-    """Rank `rank`'s per-layer `ExpertLocationDispatchInfo` for `placement`, built through the
-    engine (start-up: `init_by_mapping`; after a live rebalance, when the placement carries its
+def sglang_metadata(adapter_: Any, placement: Any, algorithm: str, a2a: bool, rank: int) -> Any:
+    """Rank `rank`'s `ExpertLocationMetadata` for `placement`, built through the engine
+    (start-up: `init_by_mapping`; after a live rebalance, when the placement carries its
     solver's replica `order`: `_init_raw`, as `init_by_eplb` does), cached per placement."""
-    def make() -> list:
+    def make() -> Any:
         layout = _layout(placement, algorithm, a2a)
         order = placement.order
-        meta = (adapter_.startup(layout, placement.phy2log, rank) if order is None else
+        return (adapter_.startup(layout, placement.phy2log, rank) if order is None else
                 adapter_.rebalanced(layout, placement.phy2log, order, rank))
-        return adapter_.infos(layout, meta)
-    return _cached(placement, (adapter_.label, algorithm, a2a, rank), make)
+    return _cached(placement, (adapter_.label, "metadata", algorithm, a2a, rank), make)
+
+
+def sglang_infos(adapter_: Any, placement: Any, algorithm: str, a2a: bool, rank: int) -> list:
+    """Rank `rank`'s per-layer `ExpertLocationDispatchInfo` for `placement` (`init_new` on
+    `sglang_metadata`), cached per placement."""
+    return _cached(placement, (adapter_.label, algorithm, a2a, rank), lambda: adapter_.infos(
+        _layout(placement, algorithm, a2a),
+        sglang_metadata(adapter_, placement, algorithm, a2a, rank)))
 
 
 def engine_policy(name: str, sources: Sources = ()) -> DispatchPolicy:
@@ -174,10 +184,15 @@ def _engine_policy(name: str, sources: Sources) -> DispatchPolicy:
     if engine == "sglang":
         def fn(topk_ids: torch.Tensor, view: Any, ctx: Any) -> torch.Tensor:
             run = adapter("sglang", sources)
-            infos = sglang_infos(run, view.placement, algorithm, ctx.mode == "a2a", ctx.rank)
+            a2a = ctx.mode == "a2a"
+            infos = sglang_infos(run, view.placement, algorithm, a2a, ctx.rank)
             ids = topk_ids.cpu()
             gen = ctx.generator if ctx.generator is None or ctx.generator.device.type == "cpu" \
                 else None
+            if algorithm == "lp":
+                meta = sglang_metadata(run, view.placement, algorithm, a2a, ctx.rank)
+                return run.lp_dispatch(ids, meta, infos[ctx.layer], ctx.layer,
+                                       gen).to(topk_ids.device)
             return run.dispatch(ids, infos[ctx.layer], gen).to(topk_ids.device)
     else:
         def fn(topk_ids: torch.Tensor, view: Any, ctx: Any) -> torch.Tensor:

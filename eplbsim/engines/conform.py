@@ -16,7 +16,7 @@ differ (ties, float32), on the max GPU load, which is reported.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -26,7 +26,8 @@ from ..dispatch.policies import DispatchContext, hash_policy, random_policy, row
 from ..placement import Placement, full_view, sglang_view
 from ..solvers import solve
 from ..topology import Topology
-from . import ENGINES, ENGINE_SOLVERS, adapter, label, sglang_infos
+from ..dispatch.sglang_lp import sglang_lp_policy
+from . import ENGINES, ENGINE_SOLVERS, adapter, engine_policy, label, sglang_infos
 
 LAYOUTS = ((4, 4), (8, 4))  # (GPUs, GPUs a node): one node, two nodes
 CASES = 6  # random placements per layout
@@ -124,16 +125,19 @@ def _sglang_rows(sources: Any, seed: int) -> list[Row]:
                                          for x in infos])
                     count("static tables", "static (view sglang)", f"{path}, {mode}",
                           torch.equal(table, static_table(view, r, 0)))
-                    dyn = sglang_infos(run, placement, "dynamic", a2a, r)
-                    for layer in range(placement.num_layers):
-                        ctx = DispatchContext(layer=layer, rank=r, mode=mode,
-                                              generator=torch.Generator().manual_seed(seed + r))
-                        engine_gen = torch.Generator().manual_seed(seed + r)
-                        got = run.dispatch(ids, dyn[layer], engine_gen)
-                        twin = random_policy if a2a else row_policy
-                        name = f"{'random' if a2a else 'row'} (view sglang)"
-                        count("dynamic dispatch", name, f"{path}, {mode}",
-                              torch.equal(got, twin(ids, view, ctx)))
+                    twin = random_policy if a2a else row_policy
+                    name = f"{'random' if a2a else 'row'} (view sglang)"
+                    for algorithm, engine in (("dynamic", "sglang:dynamic"),
+                                              ("fake", "sglang:fake"), ("lp", "sglang:lp")):
+                        for layer in range(placement.num_layers):
+                            ctx = DispatchContext(layer=layer, rank=r, mode=mode,
+                                                  generator=torch.Generator().manual_seed(seed + r))
+                            got = engine_policy(engine, sources)(ids, view, replace(
+                                ctx, generator=torch.Generator().manual_seed(seed + r)))
+                            mine = (sglang_lp_policy if algorithm == "lp" else twin)(ids, view, ctx)
+                            count(f"{algorithm} dispatch",
+                                  "sglang-lp (view sglang)" if algorithm == "lp" else name,
+                                  f"{path}, {mode}", torch.equal(got, mine))
     rows = [Row(who, f, t, p, n, e) for (f, t, p), (n, e) in tally.items()]
     return rows + _solver_rows("sglang", sources, seed)
 

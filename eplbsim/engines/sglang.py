@@ -46,15 +46,19 @@ FILES = (
     _EPLB + "eplb_algorithms/deepseek.py",
     _EPLB + "eplb_algorithms/deepseek_vec.py",
     _EPLB + "eplb_algorithms/elasticity_aware.py",
+    _EPLB + "lplb_solver.py",
     "sglang/test/kernels/lplb.py",
 )
-ALGORITHMS = ("static", "dynamic", "fake")  # topk_ids_logical_to_physical's CPU algorithms
 SOLVER_NAMES = ("deepseek", "deepseek_vec", "elasticity_aware")
 EXPOSES = {
     "ExpertLocationMetadata.init_by_mapping": "per-rank candidate lists at start-up",
     "ExpertLocationMetadata._init_raw": "the lists init_by_eplb publishes after a rebalance",
     "ExpertLocationDispatchInfo.init_new": "a layer's dispatch info",
     "topk_ids_logical_to_physical": "dispatch: static, dynamic, fake",
+    "LPLBSolver": "lp: its LP per layer and batch, the barrier method by its torch reference "
+                  "(sglang/test/kernels/lplb.py), the two CUDA kernels around it by eplbsim's "
+                  "CPU stand-ins (eplbsim.dispatch.sglang_lp), the draw by "
+                  "dispatch_probability_torch_reference",
     "eplb_algorithms.rebalance_experts": "solvers: " + ", ".join(SOLVER_NAMES),
 }
 A2A_BACKEND = "deepep"  # any backend but "none" turns on per-rank narrowing and randint
@@ -102,6 +106,10 @@ class SGLang:
                                            "topk_ids_logical_to_physical"))
         self.algorithms = self._need("sglang.srt.eplb.eplb_algorithms",
                                      ("rebalance_experts", "EplbAlgorithm"))
+        self.lplb = self._need("sglang.srt.eplb.lplb_solver", ("LPLBSolver",))
+        self.references = self._need("sglang.test.kernels.lplb",
+                                     ("solve_ipm_torch_reference",
+                                      "dispatch_probability_torch_reference"))
         for name in ("init_by_mapping", "init_by_eplb", "_init_raw"):
             if not hasattr(self.location.ExpertLocationMetadata, name):
                 raise InputError(f"{self.label}: ExpertLocationMetadata has no {name} "
@@ -148,7 +156,9 @@ class SGLang:
         elastic.ElasticEPStateManager = ElasticEPStateManager
         loader = ModuleType("sglang.srt.model_loader")
         loader.get_model_architecture = lambda model_config: (_model_class(self), "eplbsim")
-        return {m.__name__: m for m in (runtime, elastic, loader)}
+        warm = ModuleType("sglang.kernels.ops.lplb.torch_solver")
+        warm.warmup = lambda *args, **kwargs: None  # it JIT-compiles CUDA code
+        return {m.__name__: m for m in (runtime, elastic, loader, warm, _lp_kernels(self))}
 
     @contextmanager
     def _configured(self, layout: Layout) -> Iterator[None]:
@@ -213,6 +223,28 @@ class SGLang:
             phys = self.dispatch_module.topk_ids_logical_to_physical(ids, info)
         return torch.where(valid, phys.long(), -1)
 
+    def lp_dispatch(self, topk_ids: torch.Tensor, metadata: Any, info: Any, layer: int,
+                    generator: torch.Generator | None) -> torch.Tensor:
+        """SGLang's LP dispatch of one layer (`ep_dispatch_algorithm="lp"`): the engine's
+        `LPLBSolver` for the layer of `metadata`, its `solve` on the batch's valid ids (no
+        all-reduce: each simulated rank counts the ids it dispatches), then
+        `dispatch_probability_torch_reference` with one float32 `torch.rand` a pair from
+        `generator`, as the CUDA path draws when given none. -> int64 `[T, K]`, -1 at padding."""
+        valid = topk_ids >= 0
+        with self.modules.active(), _default_generator(generator, torch.device("cpu")):
+            solver = self.lplb.LPLBSolver(
+                phy2log=metadata.physical_to_logical_map[layer],
+                log2phy=metadata.logical_to_all_physical_map[layer],
+                num_gpus=metadata.ep_size, ep_group=None,
+                logical_to_all_physical_map_num_valid=(
+                    metadata.logical_to_all_physical_map_num_valid[layer]))
+            prob = solver.solve(topk_ids[valid].to(torch.int32).view(-1, 1))
+            ids = topk_ids.clamp(min=0).to(torch.int32)
+            u = torch.rand(ids.numel(), dtype=torch.float32)
+            phys = self.references.dispatch_probability_torch_reference(
+                ids, prob, info.partial_logical_to_all_physical_map, u)
+        return torch.where(valid, phys.long(), -1)
+
     def solve(self, solver: str, load: torch.Tensor, num_slots: int, num_gpus: int,
               num_nodes: int, num_groups: int | None) -> tuple[torch.Tensor, torch.Tensor]:
         """The engine's solver `solver` on `load [L, E]` (`eplb_algorithms.rebalance_experts`,
@@ -234,6 +266,44 @@ class SGLang:
         if solver not in SOLVER_NAMES or not hasattr(self.algorithms.EplbAlgorithm, solver):
             raise InputError(f"{self.label} has no EPLB algorithm {solver!r}; choose one of "
                              f"{', '.join(SOLVER_NAMES)}")
+
+
+def _lp_kernels(adapter: SGLang) -> ModuleType:
+    """A CPU `sglang.kernels.ops.lplb.cuda_solver`: the barrier solve is the engine's own torch
+    reference (a singular system, which it refuses and the kernel's clamped pivots get
+    through, is taken as not converged: 0.5 everywhere, the kernel's answer to that); its two
+    other kernels, which have none, are eplbsim's stand-ins computing what their CUDA sources
+    do (`dispatch.sglang_lp.lp_inputs`, `slot_shares`), written into the engine's buffers as the
+    kernels write."""
+    from ..dispatch import sglang_lp
+
+    mod = ModuleType("sglang.kernels.ops.lplb.cuda_solver")
+
+    def prep_lp_inputs(A_full, b, t1, global_counts, log_single, log_replicated, B1,
+                       A_base_row_sum):
+        A, b_new, t1_new = sglang_lp.lp_inputs(
+            {"single": log_single, "replicated": log_replicated, "B1": B1, "A": A_full,
+             "base_row_sum": A_base_row_sum}, global_counts)
+        A_full.copy_(A)
+        b.copy_(b_new)
+        t1.copy_(t1_new)
+
+    def solve_ipm(A, b, c, num_iters=sglang_lp.IPM_STEPS, result=None):
+        try:
+            x = adapter.references.solve_ipm_torch_reference(A, b, c, num_iters)
+        except torch.linalg.LinAlgError:  # singular: the kernel's clamped pivots go on, and
+            x = torch.full_like(c, 0.5)  # its result on such a system is taken as failed
+        return x if result is None else result.copy_(x)
+
+    def extract_log2phy_prob(log2phy_prob, x, t1, phy_single, phy_replicated, log2phy):
+        slots = phy_single.numel() + phy_replicated.numel()
+        log2phy_prob.copy_(sglang_lp.slot_shares(
+            {"replicated_slots": phy_replicated, "single_slot": phy_single}, x, t1, log2phy,
+            slots))
+
+    mod.prep_lp_inputs, mod.solve_ipm = prep_lp_inputs, solve_ipm
+    mod.extract_log2phy_prob = extract_log2phy_prob
+    return mod
 
 
 def _model_class(adapter: SGLang) -> type:

@@ -107,12 +107,17 @@ class Modules:
     def __init__(self, root: Path, package: str, stubs: Mapping[str, ModuleType]) -> None:
         self.root, self.package = Path(root), package
         self._mods: dict[str, ModuleType] = dict(stubs)
+        for name, stub in stubs.items():
+            parent, _, leaf = name.rpartition(".")
+            self._package(parent)
+            setattr(self._mods[parent], leaf, stub)
 
     def _file(self, name: str) -> Path:
         return self.root.joinpath(*name.split("."))
 
     def _package(self, name: str) -> None:
-        """Make `name` and its parents empty packages (unless stubbed or loaded)."""
+        """Make `name` and its parents empty packages of this source (unless stubbed or
+        loaded); `sys.modules` holds them while the source is active."""
         parts = name.split(".")
         for i in range(1, len(parts) + 1):
             pkg = ".".join(parts[:i])
@@ -121,7 +126,6 @@ class Modules:
                 mod.__path__ = [str(self._file(pkg))]
                 mod.__package__ = pkg
                 self._mods[pkg] = mod
-                sys.modules[pkg] = mod
                 if i > 1:
                     setattr(self._mods[".".join(parts[:i - 1])], parts[i - 1], mod)
 
@@ -151,6 +155,7 @@ class Modules:
                 return self._mods[name]
             parent, _, leaf = name.rpartition(".")
             self._package(parent)
+            sys.modules.update(self._mods)
             path = self._file(name)
             file = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
             if not file.is_file():
