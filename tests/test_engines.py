@@ -50,15 +50,17 @@ def test_every_twin_conforms_to_its_engine_function(sglang_source):
         for function in ("ExpertLocationMetadata lists", "static tables", "dynamic dispatch",
                          "fake dispatch", "lp dispatch"):
             assert (function, path) in covered
+    assert {r.twin for r in rows} >= {"waterfill shared rule", "waterfill-dynamic shared rule"}
     assert {r.function for r in rows} >= {
         "compute_logical_maps", "eplb_map_to_physical_and_record (interpreted)",
         "sglang:deepseek solver", "sglang:elasticity_aware solver", "vllm:default solver"}
 
 
-def test_conform_command_exits_0_and_prints_json(sglang_source, capsys):
-    rows = _run_json(capsys, ["engines", "conform", "--engine", "sglang"])
+def test_conform_command_exits_0_and_prints_json(capsys):
+    _fetched("vllm")
+    rows = _run_json(capsys, ["engines", "conform", "--engine", "vllm"])
     assert rows and all(r["conforms"] for r in rows)
-    assert {r["engine"] for r in rows} == {"sglang 0.5.23"}
+    assert {r["engine"] for r in rows} == {"vllm 0.33.0"}
 
 
 TWINS = {"sglang:static": ("static", "static"), "sglang:dynamic": ("row", "random"),

@@ -26,7 +26,9 @@ from .policies import DispatchContext
 
 WATERFILL = ("SGLang's DeepEP Waterfill (sgl-project/sglang python/sglang/srt/layers/moe/"
              "deepep_waterfill.py _waterfill_expand_kernel and DeepEPWaterfillBalancer "
-             "@0389b977; the routed pairs by SGLang's row rule)")
+             "@0389b977; equal to 0.5.23's WaterfillBalancer, eplbsim engines conform; the "
+             "routed pairs by row, where 0.5.23 with an a2a backend draws them at random: "
+             "sglang:waterfill runs that)")
 MIN_BATCH = 64  # a rank with fewer tokens keeps their shared work (MIN_BATCH_FOR_BALANCE)
 LOCAL_NUMER, LOCAL_DENOM = 11, 10  # the local rank's preference: others' weights x 10 // 11
 SEED_MULTIPLIER = 0x9E3779B9  # token seed = index ^ (source rank x this), mod 2**32

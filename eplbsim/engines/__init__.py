@@ -55,6 +55,11 @@ ENGINE_POLICIES: dict[str, tuple[str, str, str]] = {
     "sglang:lp": ("sglang", "lp", "SGLang's LP dispatch: its LPLBSolver per layer and batch, "
                   "the barrier method by its torch reference, one float32 draw a pair from "
                   "the rank's generator"),
+    "sglang:waterfill": ("sglang", "waterfill", "SGLang's dynamic dispatch, each token's "
+                         "shared expert placed by its Waterfill (static mode)"),
+    "sglang:waterfill-dynamic": ("sglang", "waterfill-dynamic", "SGLang's dynamic dispatch, "
+                                 "each token's shared expert placed by its Waterfill (dynamic "
+                                 "mode, SGLANG_DISABLE_STATIC_WATERFILL=1)"),
     "vllm:hash": ("vllm", "hash", "vLLM's map kernel: Knuth's hash of the token index"),
 }
 ENGINE_SOLVERS: dict[str, tuple[str, str, str]] = {
@@ -202,7 +207,31 @@ def _engine_policy(name: str, sources: Sources) -> DispatchPolicy:
             phys, _ = run.dispatch(topk_ids.cpu(), log2phy[ctx.layer], counts[ctx.layer])
             return phys.to(topk_ids.device)
     fn.__name__ = name
+    if algorithm.startswith("waterfill"):
+        return DispatchPolicy(_engine_dispatch(sources, "dynamic"), False, {},
+                              label(engine, sources) + "'s own code", summary,
+                              shared=_waterfill_rule(sources, algorithm.endswith("dynamic")),
+                              modes=("a2a",))
     return DispatchPolicy(fn, False, {}, label(engine, sources) + "'s own code", summary)
+
+
+def _engine_dispatch(sources: Sources, algorithm: str) -> Callable:
+    """SGLang's `algorithm` dispatch as a policy function (what `sglang:ALGORITHM` runs)."""
+    return _engine_policy(f"sglang:{algorithm}", sources).fn
+
+
+def _waterfill_rule(sources: Sources, dynamic: bool) -> Callable:
+    """SGLang's Waterfill as a shared rule (`dispatch.shared`): every layer's
+    `WaterfillBalancer.expand_topk` on the rank's tokens, its all-reduce answered with every
+    rank's routed pairs per GPU and tokens."""
+    def rule(inputs: Any, ctx: Any) -> torch.Tensor:
+        run = adapter("sglang", sources)
+        gpu = inputs.gpu.cpu()
+        out = torch.stack([run.waterfill(gpu[:, layer], ctx.rank, layer, dynamic,
+                                         inputs.routed[layer].cpu(), inputs.tokens.cpu())
+                           for layer in range(gpu.shape[1])], 1)
+        return out.to(inputs.gpu.device)
+    return rule
 
 
 dispatch.ENGINE_POLICIES.update(

@@ -26,6 +26,7 @@ from ..dispatch.policies import DispatchContext, hash_policy, random_policy, row
 from ..placement import Placement, full_view, sglang_view
 from ..solvers import solve
 from ..topology import Topology
+from ..dispatch.shared import SharedInputs, per_gpu, waterfill_dynamic, waterfill_static
 from ..dispatch.sglang_lp import sglang_lp_policy
 from . import ENGINES, ENGINE_SOLVERS, adapter, engine_policy, label, sglang_infos
 
@@ -139,7 +140,38 @@ def _sglang_rows(sources: Any, seed: int) -> list[Row]:
                                   "sglang-lp (view sglang)" if algorithm == "lp" else name,
                                   f"{path}, {mode}", torch.equal(got, mine))
     rows = [Row(who, f, t, p, n, e) for (f, t, p), (n, e) in tally.items()]
-    return rows + _solver_rows("sglang", sources, seed)
+    return rows + _waterfill_rows(run, who, seed) + _solver_rows("sglang", sources, seed)
+
+
+def _waterfill_rows(run: Any, who: str, seed: int) -> list[Row]:
+    """SGLang's `WaterfillBalancer` (its Triton kernels interpreted) against the `waterfill`
+    and `waterfill-dynamic` shared rules, on every rank of seeded batches: random GPUs for the
+    pairs, padding rows, 80 tokens a rank (the fused kernel) and 32 (below its 64-token
+    threshold: the shared work stays home)."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = []
+    for dynamic, rule, name in ((False, waterfill_static, "waterfill"),
+                                (True, waterfill_dynamic, "waterfill-dynamic")):
+        cases = equal = 0
+        for (G, _), T in ((layout, T) for layout in LAYOUTS for T in (80, 32)):
+            L, K = 2, 3
+            gpus = [torch.randint(0, G, (T, L, K), generator=gen) for _ in range(G)]
+            for g in gpus:
+                g[::9] = -1
+            local = [per_gpu(g, G) for g in gpus]
+            routed, tokens = sum(local), torch.full((G,), T)
+            for r in range(G):
+                mine = rule(SharedInputs(gpus[r], local[r], routed, tokens),
+                            DispatchContext(rank=r, mode="a2a"))
+                for layer in range(L):
+                    got = run.waterfill(gpus[r][:, layer], r, layer, dynamic, routed[layer],
+                                        tokens)
+                    cases += 1
+                    equal += torch.equal(got, mine[:, layer])
+        mode = "SGLANG_DISABLE_STATIC_WATERFILL=1" if dynamic else "static"
+        rows.append(Row(who, f"WaterfillBalancer ({mode}, interpreted)", f"{name} shared rule",
+                        "a2a, 80 and 32 tokens a rank", cases, equal))
+    return rows
 
 
 def _vllm_rows(sources: Any, seed: int) -> list[Row]:
@@ -201,8 +233,22 @@ def _solver_rows(engine: str, sources: Any, seed: int) -> list[Row]:
                         *free))
         rows.append(Row(who, f"{name} solver", "solver deepseek",
                         "solve, loads with ties (max GPU load)", *tied[:2],
-                        f"{tied[2]}/{tied[0]} placements equal"))
+                        f"{tied[2]}/{tied[0]} placements equal; " + _float32_case(run, engine,
+                                                                                 algorithm)))
     return rows
+
+
+def _float32_case(run: Any, engine: str, algorithm: str) -> str:
+    """The engine's float32 loads against the twin's float64 ones where it shows: loads
+    `[2^24 + 1, 2^24, 1, 1]` on 2 GPUs of 3 slots, the max GPU load of each side."""
+    topo = Topology(2)
+    load = torch.tensor([[2.0 ** 24 + 1, 2.0 ** 24, 1.0, 1.0]], dtype=torch.float64)
+    theirs = (run.solve(load, 6, 2, 1, 1) if engine == "vllm"
+              else run.solve(algorithm, load, 6, 2, 1, 1)[0])
+    engine_max = _max_gpu(load, Placement(theirs, 4, topo))
+    twin_max = _max_gpu(load, solve("deepseek", load, 6, topo))
+    return (f"loads [2^24+1, 2^24, 1, 1] (float32 in the engine): max GPU load {engine_max:.1f} "
+            f"vs {twin_max:.1f}")
 
 
 def _max_gpu(load: torch.Tensor, placement: Placement) -> float:

@@ -24,16 +24,17 @@ generator as torch's default generator during the call.
 
 from __future__ import annotations
 
+import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 
 import torch
 
 from ..errors import InputError
-from .source import Modules
+from .source import Modules, interpreted
 
 VERSION = "0.5.23"
 PACKAGE = "sglang"
@@ -48,6 +49,8 @@ FILES = (
     _EPLB + "eplb_algorithms/elasticity_aware.py",
     _EPLB + "lplb_solver.py",
     "sglang/test/kernels/lplb.py",
+    "sglang/srt/layers/moe/waterfill.py",
+    "sglang/kernels/ops/moe/deepep_waterfill_kernels.py",
 )
 SOLVER_NAMES = ("deepseek", "deepseek_vec", "elasticity_aware")
 EXPOSES = {
@@ -60,6 +63,8 @@ EXPOSES = {
                   "CPU stand-ins (eplbsim.dispatch.sglang_lp), the draw by "
                   "dispatch_probability_torch_reference",
     "eplb_algorithms.rebalance_experts": "solvers: " + ", ".join(SOLVER_NAMES),
+    "WaterfillBalancer.expand_topk": "Waterfill's shared-expert placement, static and dynamic, "
+                                     "its Triton kernels under the interpreter",
 }
 A2A_BACKEND = "deepep"  # any backend but "none" turns on per-rank narrowing and randint
 
@@ -97,7 +102,8 @@ class SGLang:
                                      ep_join_rank_offset=0, moe_ep_group=None),
             device=SimpleNamespace(device="cpu"),
             resources=SimpleNamespace(expert_location_metadata=None, lplb_solvers={}),
-            model=None)
+            model=None, waterfill_dynamic=False, all_reduced=None)
+        self._waterfill: ModuleType | None = None
         self.modules = Modules(self.root, PACKAGE, self._stubs())
         self.location = self._need("sglang.srt.eplb.expert_location",
                                    ("ExpertLocationMetadata", "ModelConfigForExpertLocation"))
@@ -158,7 +164,16 @@ class SGLang:
         loader.get_model_architecture = lambda model_config: (_model_class(self), "eplbsim")
         warm = ModuleType("sglang.kernels.ops.lplb.torch_solver")
         warm.warmup = lambda *args, **kwargs: None  # it JIT-compiles CUDA code
-        return {m.__name__: m for m in (runtime, elastic, loader, warm, _lp_kernels(self))}
+        environ = ModuleType("sglang.srt.environ")
+        environ.envs = SimpleNamespace(SGLANG_DISABLE_STATIC_WATERFILL=SimpleNamespace(
+            get=lambda: s.waterfill_dynamic))
+        topk = ModuleType("sglang.srt.layers.moe.topk")
+        topk.StandardTopKOutput = NamedTuple("StandardTopKOutput", [
+            ("topk_weights", torch.Tensor), ("topk_ids", torch.Tensor), ("router_logits", Any)])
+        comm = ModuleType("sglang.srt.distributed.communication_op")
+        comm.moe_expert_parallel_all_reduce = lambda buf: s.all_reduced.clone()
+        return {m.__name__: m for m in (runtime, elastic, loader, warm, _lp_kernels(self),
+                                        environ, topk, comm)}
 
     @contextmanager
     def _configured(self, layout: Layout) -> Iterator[None]:
@@ -244,6 +259,36 @@ class SGLang:
             phys = self.references.dispatch_probability_torch_reference(
                 ids, prob, info.partial_logical_to_all_physical_map, u)
         return torch.where(valid, phys.long(), -1)
+
+    def waterfill(self, gpu: torch.Tensor, rank: int, layer: int, dynamic: bool,
+                  routed: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """Where SGLang's Waterfill sends each of rank `rank`'s tokens' shared expert in one
+        layer: its `WaterfillBalancer.expand_topk` on the tokens' routed pairs, given as the
+        GPU of each pair's slot `gpu [T, K]` (-1 padding; the balancer reads only GPUs, so each
+        GPU goes in as one slot of its own), in its
+        static or `dynamic` mode (`SGLANG_DISABLE_STATIC_WATERFILL`), where its all-reduce
+        answers every rank's routed pairs per GPU `routed [G]` and tokens `tokens [G]`.
+        torch.compile is off during the call (its small-batch helper then runs eagerly).
+        -> the GPU of each token's shared work, int64 `[T]`, -1 for a token with no pair."""
+        G = routed.numel()
+        if self._waterfill is None:
+            with interpreted():
+                self._waterfill = self._need("sglang.srt.layers.moe.waterfill",
+                                             ("WaterfillBalancer",))
+        s = self._settings
+        s.waterfill_dynamic = dynamic
+        s.all_reduced = torch.cat([routed, tokens]).to(torch.int64)
+        s.parallel.moe_ep_group = SimpleNamespace(world_size=G, rank_in_group=rank)
+        ids = gpu.to(torch.int32).contiguous()
+        weights = torch.ones(ids.shape, dtype=torch.float32)
+        with self.modules.active(), torch._dynamo.config.patch(disable=True):
+            balancer = self._waterfill.WaterfillBalancer(
+                num_routed_experts=G, world_size=G, rank=rank, layer_id=layer,
+                shared_weight=1.0)
+            topk = sys.modules["sglang.srt.layers.moe.topk"].StandardTopKOutput
+            out = balancer.expand_topk(topk(weights, ids, None), ids.shape[0])
+        shared = out.topk_ids[:, -1].long()
+        return torch.where(shared >= 0, shared // 2, -1)  # 2 experts a rank once expanded
 
     def solve(self, solver: str, load: torch.Tensor, num_slots: int, num_gpus: int,
               num_nodes: int, num_groups: int | None) -> tuple[torch.Tensor, torch.Tensor]:

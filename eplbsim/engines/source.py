@@ -56,7 +56,7 @@ def missing_files(folder: Path, files: Sequence[str]) -> list[str]:
     return [f for f in files if not (folder / f).is_file()]
 
 
-def fetch(engine: str, version: str, files: Sequence[str], quiet: bool = True) -> Path:
+def fetch(engine: str, version: str, files: Sequence[str]) -> Path:
     """Download the wheel of `engine==version` without dependencies through pip, unpack only
     `files` into its cache folder and return the folder; a no-op when they are all there.
     InputError when pip cannot get the wheel or the wheel lacks a file."""
@@ -204,3 +204,58 @@ def _top_level(body: list[ast.stmt]) -> Iterator[ast.stmt]:
             yield from _top_level(node.orelse)
         else:
             yield node
+
+
+@contextmanager
+def interpreted() -> Iterator[None]:
+    """`TRITON_INTERPRET=1` while the block defines kernels (Triton reads it at `@jit`), and
+    two gaps of Triton's interpreter mended (`_mend_atomic_mask`, `_mend_nested_jit`)."""
+    _mend_atomic_mask()  # imports triton, before the switch: its own library stays as it is
+    _mend_nested_jit()
+    saved = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = saved
+
+
+def _mend_atomic_mask() -> None:
+    """Triton's interpreter refuses an atomic's mask built as `block & scalar` (its dtype is
+    then not numpy's bool: "mask has unsupported dtype"); cast the mask to bool first. A fix in
+    Triton's interpreter alone: the engine's kernel runs unchanged."""
+    import numpy as np
+    from triton.runtime import interpreter
+
+    builder = interpreter.InterpreterBuilder
+    if getattr(builder.create_atomic_rmw, "mended", False):
+        return
+    original = builder.create_atomic_rmw
+
+    def create_atomic_rmw(self, rmw_op, ptr, val, mask, sem, scope):
+        mask = interpreter.TensorHandle(np.asarray(mask.data, dtype=np.bool_), mask.dtype)
+        return original(self, rmw_op, ptr, val, mask, sem, scope)
+
+    create_atomic_rmw.mended = True
+    builder.create_atomic_rmw = create_atomic_rmw
+
+
+def _mend_nested_jit() -> None:
+    """A jit function Triton defined before the interpreter was on (`tl.zeros` and the rest of
+    `triton.language.standard`, when triton was imported without `TRITON_INTERPRET`) refuses to
+    be called ("outside of the scope of a kernel") when an interpreted kernel calls it;
+    interpret it as the interpreter does its own nested functions. Only reached from
+    interpreted kernels: compiled kernels never call `JITFunction.__call__`."""
+    from triton.runtime import interpreter, jit
+
+    if getattr(jit.JITFunction.__call__, "mended", False):
+        return
+
+    def call(self, *args, **kwargs):
+        return interpreter.InterpretedFunction(self.fn)(*args, **kwargs)
+
+    call.mended = True
+    jit.JITFunction.__call__ = call

@@ -15,15 +15,13 @@ Dimensions: `L` layers, `E` logical experts, `P` physical slots, `R` max replica
 
 from __future__ import annotations
 
-import os
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
 from ..errors import InputError
-from .source import Modules
+from .source import Modules, interpreted
 
 VERSION = "0.33.0"
 PACKAGE = "vllm"
@@ -93,7 +91,7 @@ class VLLM:
             except ImportError:
                 raise InputError(f"{self.label}: vLLM's map kernel is Triton code; install "
                                  f"triton (the dev extra has it)") from None
-            with _interpreted():
+            with interpreted():
                 self._kernel = self.modules.extract(
                     "vllm.model_executor.layers.fused_moe.router.base_router", MAP_FUNCTIONS,
                     {"torch": torch, "triton": triton, "tl": tl})
@@ -111,39 +109,3 @@ class VLLM:
             phys = kernel(topk_ids.to(torch.int64).contiguous(), load, log2phy.contiguous(),
                           counts.contiguous(), torch.ones(1, dtype=torch.bool))
         return phys.long(), load
-
-
-@contextmanager
-def _interpreted() -> Iterator[None]:
-    """`TRITON_INTERPRET=1` while the block defines kernels (Triton reads it at `@jit`), and
-    the interpreter's atomic read-modify-write mended (`_mend_atomic_mask`)."""
-    _mend_atomic_mask()
-    saved = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        yield
-    finally:
-        if saved is None:
-            del os.environ["TRITON_INTERPRET"]
-        else:
-            os.environ["TRITON_INTERPRET"] = saved
-
-
-def _mend_atomic_mask() -> None:
-    """Triton's interpreter refuses an atomic's mask built as `block & scalar` (its dtype is
-    then not numpy's bool: "mask has unsupported dtype"); cast the mask to bool first. A fix in
-    Triton's interpreter alone: the engine's kernel runs unchanged."""
-    import numpy as np
-    from triton.runtime import interpreter
-
-    builder = interpreter.InterpreterBuilder
-    if getattr(builder.create_atomic_rmw, "mended", False):
-        return
-    original = builder.create_atomic_rmw
-
-    def create_atomic_rmw(self, rmw_op, ptr, val, mask, sem, scope):
-        mask = interpreter.TensorHandle(np.asarray(mask.data, dtype=np.bool_), mask.dtype)
-        return original(self, rmw_op, ptr, val, mask, sem, scope)
-
-    create_atomic_rmw.mended = True
-    builder.create_atomic_rmw = create_atomic_rmw
