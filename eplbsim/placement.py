@@ -27,9 +27,9 @@ class Placement:
 
     Every expert has at least one replica in every layer and `G` divides `P`. The maps below are
     derived on first use and never taken from a solver. `order`, when given, is the order in
-    which a live rebalance published each expert's replicas (its solver's, `[L, E, R]`, -1
-    padded: what SGLang's ranks hold after `init_by_eplb`, read by the `sglang` view); None for
-    a placement served from start-up.
+    which a solver published each expert's replicas (`[L, E, R]`, -1 padded: what SGLang's
+    ranks hold after `init_by_eplb`, at a rebalance or from counts at start-up; read by the
+    `sglang` view); None for a placement given as a mapping (`init_by_mapping`).
     """
 
     phy2log: torch.Tensor
@@ -181,8 +181,9 @@ def nearest_legacy_view(placement: Placement, rank: int, mode: str = "none") -> 
 
 def sglang_view(placement: Placement, rank: int, mode: str = "none") -> View:
     """SGLang 0.5.23's candidate lists on `rank`, equal to the engine's own (`eplbsim engines
-    conform`). After a live rebalance (the placement has an `order`): every replica in that
-    order, on every rank and in every mode. At start-up (`init_by_mapping`):
+    conform`). A placement a solver published (it has an `order`, as after `init_by_eplb`):
+    every replica in that order, on every rank and in every mode. A placement given as a
+    mapping (`init_by_mapping`):
 
     Without an a2a backend (mode "none") every replica, in ascending slot id. With one ("a2a"),
     per expert: the lowest-id replica on the rank's GPU if any; else the lowest-id one on its

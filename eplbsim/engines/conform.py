@@ -210,7 +210,7 @@ def _solver_rows(engine: str, sources: Any, seed: int) -> list[Row]:
     for name, (owner, algorithm, _) in ENGINE_SOLVERS.items():
         if owner != engine or algorithm == "deepseek_vec":
             continue
-        free, tied = [0, 0], [0, 0, 0]
+        free, tied, ordered = [0, 0], [0, 0, 0], 0
         for G, per_node in LAYOUTS:
             topo = Topology(G, per_node)
             for case in range(CASES):
@@ -223,14 +223,20 @@ def _solver_rows(engine: str, sources: Any, seed: int) -> list[Row]:
                     theirs = (run.solve(weights, P, G, topo.num_nodes, 1) if engine == "vllm"
                               else run.solve(algorithm, weights, P, G, topo.num_nodes, 1)[0])
                     same = torch.equal(theirs, mine.phy2log)
+                    if cell is free and engine == "sglang":
+                        order = run.solve(algorithm, weights, P, G, topo.num_nodes, 1)[1]
+                        R = mine.order.shape[-1]
+                        ordered += torch.equal(order[..., :R], mine.order)
                     cell[0] += 1
                     cell[1] += same if cell is free else _max_gpu(
                         weights, Placement(theirs, E, topo)) == _max_gpu(weights, mine)
                     if cell is tied:
                         cell[2] += same
         who = label(engine, sources)
+        note = (f"replica order equal in {ordered}/{free[0]} (the engine sorts equal-load "
+                f"replicas with torch's unstable sort)" if engine == "sglang" else "")
         rows.append(Row(who, f"{name} solver", "solver deepseek", "solve, tie-free loads",
-                        *free))
+                        *free, note))
         rows.append(Row(who, f"{name} solver", "solver deepseek",
                         "solve, loads with ties (max GPU load)", *tied[:2],
                         f"{tied[2]}/{tied[0]} placements equal; " + _float32_case(run, engine,

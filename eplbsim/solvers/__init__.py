@@ -85,8 +85,10 @@ def solve_with_info(solver: str | Solver, load: Any, num_slots: int, topology: T
       it does not take is an InputError naming the ones it does
     -> (Placement over `E` experts with `phy2log [L, P]`, the solver's report: a dict, empty
     unless the solver returned `(phy2log, info)` or `previous` was given). A solver's
-    `info["order"]` (`[L, E, R]`, an engine solver's replica order) becomes the placement's
-    `order` unless the placement was laid over `previous`. InputError on bad input.
+    `info["order"]` (`[L, E, R]`, its replica order: `deepseek`'s and the engines' solvers
+    give one) becomes the placement's `order`, as an engine publishes a solved placement
+    (ascending when the placement was laid over `previous`, which loses the solver's ranks).
+    InputError on bad input.
     """
     fn = find_solver(solver)
     array = as_load(load)  # [L, E] private float64 copy
@@ -111,9 +113,11 @@ def solve_with_info(solver: str | Solver, load: Any, num_slots: int, topology: T
         prev = previous.phy2log.numpy() if isinstance(previous, Placement) else previous
         phy2log = migrate(array, np.asarray(phy2log), np.asarray(prev), topology, num_groups,
                           migration_tolerance, bool(options.get("anti_colocation")), info)
-        order = None  # laid over the previous placement: the solver's order no longer applies
     placement = Placement(torch.from_numpy(np.array(phy2log, dtype=np.int64)), num_experts,
-                          topology, None if order is None else torch.as_tensor(order))
+                          topology)
+    if order is not None:  # laid over the previous placement, the solver's ranks are lost:
+        order = placement.log2phy if previous is not None and fn not in KEEP_LAYOUT else order
+        placement = Placement(placement.phy2log, num_experts, topology, torch.as_tensor(order))
     return placement, info
 
 

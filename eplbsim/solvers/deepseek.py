@@ -97,11 +97,13 @@ def _inverse(perm: np.ndarray) -> np.ndarray:
 
 
 def hierarchical(load: np.ndarray, num_slots: int, num_groups: int, num_nodes: int,
-                 num_gpus: int, anti_colocation: bool = False) -> np.ndarray:
+                 num_gpus: int, anti_colocation: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Hierarchical EPLB; requires `num_groups % num_nodes == 0` and the divisibilities of
     `E` by `num_groups`, `P` by `num_gpus`, `num_gpus` by `num_nodes`.
 
-    load: float64 `[L, E]` pairs per logical expert -> phy2log int64 `[L, P]`.
+    load: float64 `[L, E]` pairs per logical expert -> (phy2log int64 `[L, P]`, each expert's
+    slots in replica order int64 `[L, E, R]`: the original first, then the replicas in the
+    order replication made them, as the published algorithm's `log2phy`).
     anti_colocation: see the module docstring; InputError when it cannot be honoured.
     """
     num_layers, num_experts = load.shape
@@ -143,19 +145,44 @@ def hierarchical(load: np.ndarray, num_slots: int, num_groups: int, num_nodes: i
                          f"solver or fewer slots") from None
     phy2pphy = gpu * slots_per_gpu + gpu_rank  # [L*N, P/N] node-local slot of each replica
     pphy2mlog = np.take_along_axis(phy2mlog, _inverse(phy2pphy), axis=1)  # [L*N, P/N]
+    # each slot's replica rank: how many replicas of its expert replication made before it
+    pphy_rank = np.take_along_axis(_occurrences(phy2mlog), _inverse(phy2pphy), axis=1)
 
     # 4. back to global ids
     node_offset = (np.arange(num_nodes, dtype=np.int64) * log_per_node)[None, :, None]
     pphy2mlog = (pphy2mlog.reshape(num_layers, num_nodes, -1) + node_offset).reshape(
         num_layers, -1)  # [L, P]
-    return np.take_along_axis(mlog2log, pphy2mlog, axis=1)  # [L, P]
+    phy2log = np.take_along_axis(mlog2log, pphy2mlog, axis=1)  # [L, P]
+    return phy2log, replica_order(phy2log, pphy_rank.reshape(num_layers, -1), num_experts)
+
+
+def _occurrences(items: np.ndarray) -> np.ndarray:
+    """How many earlier entries of each row equal each entry, int64 like `items [L, X]`."""
+    out = np.empty_like(items)
+    for row in range(items.shape[0]):
+        seen: dict[int, int] = {}
+        for i, item in enumerate(items[row].tolist()):
+            out[row, i] = seen.get(item, 0)
+            seen[item] = out[row, i] + 1
+    return out
+
+
+def replica_order(phy2log: np.ndarray, rank: np.ndarray, num_experts: int) -> np.ndarray:
+    """Each expert's slots by replica rank `rank [L, P]`, -1 padded: int64 `[L, E, R]` (the
+    lists a serving engine publishes after its solver, `Placement.order`)."""
+    L, P = phy2log.shape
+    order = np.full((L, num_experts, int(rank.max()) + 1), -1, dtype=np.int64)
+    layers = np.repeat(np.arange(L), P)
+    order[layers, phy2log.reshape(-1), rank.reshape(-1)] = np.tile(np.arange(P), L)
+    return order
 
 
 def deepseek(load: np.ndarray, num_slots: int, topology: Topology, num_groups: int = 1, *,
-             anti_colocation: bool = False) -> np.ndarray:
+             anti_colocation: bool = False) -> tuple[np.ndarray, dict]:
     """DeepSeek EPLB: hierarchical when `num_groups % N == 0`, else global (one group, one node).
 
-    load: float64 `[L, E]` pairs per logical expert, `num_slots` = `P` -> phy2log int64 `[L, P]`.
+    load: float64 `[L, E]` pairs per logical expert, `num_slots` = `P` -> (phy2log int64
+    `[L, P]`, {"order": each expert's slots in replica order `[L, E, R]`}).
     anti_colocation: no GPU holds two replicas of one expert (module docstring); InputError
     when it cannot be honoured.
     """
@@ -163,5 +190,7 @@ def deepseek(load: np.ndarray, num_slots: int, topology: Topology, num_groups: i
     num_nodes, num_gpus = topology.num_nodes, topology.num_gpus
     anti = bool(anti_colocation)
     if num_groups % num_nodes == 0:
-        return hierarchical(load, num_slots, num_groups, num_nodes, num_gpus, anti)
-    return hierarchical(load, num_slots, 1, 1, num_gpus, anti)
+        phy2log, order = hierarchical(load, num_slots, num_groups, num_nodes, num_gpus, anti)
+    else:
+        phy2log, order = hierarchical(load, num_slots, 1, 1, num_gpus, anti)
+    return phy2log, {"order": order}

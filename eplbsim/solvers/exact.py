@@ -248,6 +248,6 @@ def _fallback(load: np.ndarray, num_slots: int, num_gpus: int,
     """DeepSeek's global placement `[L, P]` (None where it cannot honour anti-colocation)."""
     try:
         return np.asarray(deepseek(load, num_slots, Topology(num_gpus), 1,
-                                   anti_colocation=anti_colocation))
+                                   anti_colocation=anti_colocation)[0])
     except InputError:
         return None

@@ -73,7 +73,7 @@ def lplb(load: np.ndarray, num_slots: int, topology: Topology, num_groups: int =
                          f"redundant slot(s) a link: {G} GPUs with {redundant} redundant slots "
                          f"each do not fit it (GPUs a multiple of {n}, redundant slots a "
                          f"multiple of {D}, at most {per_gpu})")
-    originals = deepseek(load, E, topology, num_groups).reshape(L, G, per_gpu)  # [L, G, E/G]
+    originals = deepseek(load, E, topology, num_groups)[0].reshape(L, G, per_gpu)  # [L, G, E/G]
     out = np.empty((L, G, per_gpu + redundant), dtype=np.int64)
     for layer in range(L):
         ranked = np.array([sorted(row, key=lambda e: -load[layer, e]) for row in
