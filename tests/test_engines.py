@@ -204,3 +204,41 @@ def test_a_singular_lp_system_is_not_converged_in_engine_and_twin(sglang_source)
     _lp_kernels(run).solve_ipm(A, torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0, 1000.0]),
                                result=out)
     assert torch.equal(out, x)
+
+
+def test_fetch_is_a_no_op_when_the_files_are_there(tmp_path, monkeypatch):
+    from eplbsim.engines import source
+    spec = engines.ENGINES["vllm"]
+    folder = tmp_path / "engines" / f"vllm-{spec.version}"
+    for name in spec.files:
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text("# present\n")
+    monkeypatch.setenv("EPLBSIM_CACHE", str(tmp_path))
+
+    def no_pip(*args, **kwargs):
+        raise AssertionError("pip ran although every file is there")
+    monkeypatch.setattr(source.subprocess, "run", no_pip)
+    assert engines.fetch_engine("vllm") == folder
+
+
+def test_vllm_hash_equals_its_twin(capsys):
+    _fetched("vllm")
+    argv = ["run", "--scenario", "template", "--steps", "2", "--tokens", "48", "--layers", "2",
+            "--experts", "16", "--top-k", "4", "--gpus", "4"]
+    ours = _run_json(capsys, argv + ["--policies", "vllm:hash"])[0]
+    twin = _run_json(capsys, argv + ["--policies", "hash"])[0]
+    assert ours.pop("engine") == "vllm 0.33.0"
+    ours.pop("policy"), twin.pop("policy")
+    assert ours == twin
+
+
+def test_deepseek_publishes_its_replica_order():
+    from eplbsim.solvers import solve
+    from eplbsim.topology import Topology
+    load = torch.tensor([[90.0, 5.0, 3.0, 2.0], [1.0, 1.0, 1.0, 60.0]])
+    placement = solve("deepseek", load, 8, Topology(2))
+    order = placement.order  # each expert's slots, then -1
+    assert sorted(order[0, 0].tolist()) == placement.log2phy[0, 0].tolist()
+    assert (placement.logcnt[0, 0], placement.logcnt[1, 3]) == (5, 5)
+    laid = solve("deepseek", load, 8, Topology(2), previous=placement)
+    assert torch.equal(laid.order, laid.log2phy)  # ascending once laid over the previous one
