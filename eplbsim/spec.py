@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 from .cost import COST_MODELS, DEVICES, MODELS, DeviceProfile, ModelShape
 from .cost import check_options as check_cost_options
 from .cost import describe as describe_cost
-from .dispatch import POLICIES, DispatchPolicy, resolve_policy
+from .dispatch import POLICIES, DispatchPolicy, FilePolicies, resolve_policy
 from .engines import ENGINE_POLICIES, ENGINE_SOLVERS, as_sources
 from .errors import InputError
 from .limits import (MAX_BATCH, MAX_EXPERTS, MAX_GPUS, MAX_HIDDEN, MAX_LAYERS, MAX_SEED,
@@ -609,8 +609,8 @@ class DispatchPart(Part):
     generator, and the run's seed and device."""
 
     policy: Any = knob("ordinal", "dispatch policies",
-                       Name(Joined(POLICIES, ENGINE_POLICIES), "policy", callables=True,
-                            entry=DispatchPolicy),
+                       Name(Joined(POLICIES, ENGINE_POLICIES, FilePolicies()), "policy",
+                            callables=True, entry=DispatchPolicy),
                        flags=("--policies",), listed="static,random,row,ordinal",
                        metavar="NAME,..")
     mode: str = knob("none", "none (every rank dispatches every token) or a2a (each token "

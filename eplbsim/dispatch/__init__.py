@@ -13,7 +13,10 @@ knows, no kernel) or a `DispatchPolicy` of one's own.
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import torch
@@ -188,6 +191,56 @@ POLICIES: dict[str, DispatchPolicy] = {
 }
 
 
+def is_file_policy(name: Any) -> bool:
+    """Whether `name` names a function in a Python file, `path/to/file.py:function`."""
+    return isinstance(name, str) and ".py:" in name
+
+
+def file_policy(name: str) -> Policy:
+    """The function `path/to/file.py:function` names (the file run as a module of its own,
+    read again when it changes); InputError when the file or the function is missing, the file
+    does not run, or the name is not a callable."""
+    path, _, function = name.rpartition(":")
+    file = Path(path).expanduser().resolve()
+    if not file.is_file():
+        raise InputError(f"policy {name}: no file {path}")
+    return _loaded(str(file), file.stat().st_mtime_ns, function, name)
+
+
+@lru_cache(maxsize=32)
+def _loaded(file: str, mtime: int, function: str, name: str) -> Policy:
+    spec = importlib.util.spec_from_file_location(f"eplbsim_user_policy_{abs(hash(file))}", file)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # the user's file: say what went wrong in it, in one line
+        raise InputError(f"policy {name}: the file does not run ({type(exc).__name__}: "
+                         f"{' '.join(str(exc).split())})") from None
+    fn = getattr(module, function, None)
+    if not callable(fn):
+        raise InputError(f"policy {name}: {file} has no function {function!r}")
+    return fn
+
+
+class FilePolicies(Mapping):
+    """The `file.py:function` policy names as a registry a name check reads: it holds every
+    such name whose file exists (it lists none)."""
+
+    def __getitem__(self, key: str) -> Policy:
+        if not is_file_policy(key):
+            raise KeyError(key)
+        return file_policy(key)
+
+    def __contains__(self, key: object) -> bool:
+        return is_file_policy(key)
+
+    def __iter__(self):
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+
 # `ENGINE:ALGORITHM` -> `(sources) -> DispatchPolicy` running that engine's own code, filled in
 # by `eplbsim.engines` (which needs this module, not the other way round).
 ENGINE_POLICIES: dict[str, Callable[[Any], DispatchPolicy]] = {}
@@ -203,6 +256,8 @@ def resolve_policy(policy: str | Policy | DispatchPolicy,
         return name_of(policy, POLICIES), policy
     if isinstance(policy, str) and ":" in policy and policy in ENGINE_POLICIES:
         return policy, ENGINE_POLICIES[policy](sources)
+    if is_file_policy(policy):
+        return policy, DispatchPolicy(file_policy(policy), source=f"{USER} ({policy})")
     entry = lookup(POLICIES, policy, "policy")
     if isinstance(entry, DispatchPolicy):
         return name_of(policy), entry

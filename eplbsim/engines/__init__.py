@@ -130,8 +130,8 @@ def ran(names: Any, sources: Any = ()) -> str | None:
 
 
 def is_engine_name(name: Any) -> bool:
-    """Whether `name` names an engine algorithm (`ENGINE:ALGORITHM`)."""
-    return isinstance(name, str) and ":" in name
+    """Whether `name` names an engine algorithm (`ENGINE:ALGORITHM`, a policy or a solver)."""
+    return isinstance(name, str) and (name in ENGINE_POLICIES or name in ENGINE_SOLVERS)
 
 
 def _entry(table: Mapping[str, tuple[str, str, str]], name: str, kind: str

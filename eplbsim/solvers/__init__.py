@@ -62,7 +62,7 @@ def find_solver(solver: str | Solver, sources: Any = ()) -> Solver:
     """The solver a registry name, an engine solver (`ENGINE:ALGORITHM`, run from the engine
     source `sources` names, else the pinned version: `eplbsim.engines`) or a callable names;
     InputError for an unknown name."""
-    if isinstance(solver, str) and ":" in solver:
+    if isinstance(solver, str) and ":" in solver:  # an engine's (unknown ones are refused)
         from ..engines import engine_solver
         return engine_solver(solver, sources)
     return lookup(SOLVERS, solver, "solver")
