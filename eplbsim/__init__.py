@@ -3,7 +3,8 @@ dispatch.
 
 What a notebook reaches for, importable from here: `replay`, `compare` and their settings
 `RunSpec`; traces (`open_trace`, `load_trace`, `synthesize`); the registries `POLICIES`,
-`SOLVERS`, `SCENARIOS`, `VIEWS`, `PREDICTORS`, `MODES` and `METRICS`. The modules hold the rest
+`SOLVERS`, `SCENARIOS`, `VIEWS`, `PREDICTORS`, `MODES` and `METRICS`; `review` (a verdict on a
+dispatch change, a `Report`). The modules hold the rest
 (DESIGN.md §6).
 """
 
@@ -14,6 +15,7 @@ from .placement import VIEWS, Placement
 from .ranks import MODES
 from .replay import compare, replay
 from .results import Results
+from .review import Report, review
 from .schedule.predictors import PREDICTORS
 from .solvers import SOLVERS, solve
 from .spec import RunSpec
@@ -21,5 +23,5 @@ from .topology import Topology
 from .traces import SCENARIOS, load_trace, open_trace, synthesize
 
 __all__ = ["METRICS", "MODES", "POLICIES", "PREDICTORS", "SCENARIOS", "SOLVERS", "VIEWS",
-           "DispatchPolicy", "InputError", "Metric", "Placement", "Results", "RunSpec",
+           "DispatchPolicy", "InputError", "Report", "review", "Metric", "Placement", "Results", "RunSpec",
            "Topology", "compare", "load_trace", "open_trace", "replay", "solve", "synthesize"]

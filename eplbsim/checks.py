@@ -12,6 +12,7 @@ for every pair, which "none" mode needs (DESIGN.md §1).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -34,7 +35,8 @@ def _as_step(topk_ids: torch.Tensor) -> torch.Tensor:
 
 
 def _rank_choices(policy: str | Policy, ids: torch.Tensor, placement: Placement, view: str,
-                  rng: str, seed: int, steps: range, mode: str) -> torch.Tensor:
+                  rng: str, seed: int, steps: range, mode: str,
+                  sources: Any = ()) -> torch.Tensor:
     """Every rank's choices for the same ids dispatched as each step of `steps` in turn, each
     rank with its own view and generator, through the mode's rank step: int64
     `[len(steps), G, T, L, K]` (-1 outside a rank's own rows in "a2a")."""
@@ -44,7 +46,7 @@ def _rank_choices(policy: str | Policy, ids: torch.Tensor, placement: Placement,
                          f"{placement.num_layers}")
     if ids.numel() and (int(ids.min()) < -1 or int(ids.max()) >= placement.num_experts):
         raise InputError(f"topk_ids hold ids outside [-1, {placement.num_experts})")
-    name, entry = resolve_policy(policy)
+    name, entry = resolve_policy(policy, sources)
     ranks = make_ranks(rng, seed, G)
     views = tuple(rank_view(view, placement, r, mode) for r in range(G))
     epoch = Epoch(name, entry, placement, ranks, views, rank_groups(views, entry), G, mode,
@@ -81,14 +83,15 @@ class RankInvariance:
 
 def rank_invariance(policy: str | Policy, topk_ids: torch.Tensor, placement: Placement, *,
                     view: str = "full", rng: str = "independent", seed: int = 0,
-                    step: int = 0) -> RankInvariance:
+                    step: int = 0, sources: Any = ()) -> RankInvariance:
     """Dispatch one step of `topk_ids` (`[T, K]` or `[T, L, K]`) on every rank of `placement`'s
-    topology, each with its own view (`full` or `nearest`) and generator (related as `rng`),
-    in "none" mode, and compare the choices. A rank-invariant policy agrees everywhere whatever
-    the ranks' generators; InputError if it breaks its contract (`check_policy`)."""
+    topology, each with its own view (a `VIEWS` name) and generator (related as `rng`), in
+    "none" mode, and compare the choices. A rank-invariant policy agrees everywhere whatever
+    the ranks' generators; InputError if it breaks its contract (`check_policy`). `sources`
+    names the engine sources an engine policy runs from."""
     ids = _as_step(topk_ids)
     choices = _rank_choices(policy, ids, placement, view, rng, seed, range(step, step + 1),
-                            "none")[0]
+                            "none", sources)[0]
     valid = ids >= 0
     agree = (choices == choices[0]).all(0) & valid  # [T, L, K]
     total = int(valid.sum())

@@ -48,7 +48,7 @@ from .traces.synth import (DEFAULT_SCENARIO, DEFAULT_SIZES, SCENARIOS, scenario_
                             synthesize)
 
 KNOB = "eplbsim.knob"  # the metadata key of a declared field
-COMMANDS = frozenset({"run", "ranks", "sweep"})
+COMMANDS = frozenset({"run", "ranks", "sweep", "review"})
 SYNTH = COMMANDS | {"synth"}  # what `trace synth` also takes: the scenario's sizes and seed
 READS = COMMANDS | {"info", "convert", "solve", "export"}  # commands that read a trace file
 NODE_GPUS = 8  # GPUs a node by default, as H100/H200/B200 boxes have
@@ -612,6 +612,7 @@ class DispatchPart(Part):
                        Name(Joined(POLICIES, ENGINE_POLICIES, FilePolicies()), "policy",
                             callables=True, entry=DispatchPolicy),
                        flags=("--policies",), listed="static,random,row,ordinal",
+                       commands=COMMANDS - {"review"},  # a review names its CANDIDATE
                        metavar="NAME,..")
     mode: str = knob("none", "none (every rank dispatches every token) or a2a (each token "
                      "once, by its owner)", Name(MODES, "mode"), listed="none,a2a",
@@ -760,7 +761,7 @@ class TopologyPart(Part):
     """The cluster: EP ranks = GPUs, nodes, redundant slots, expert groups."""
 
     gpus: int = knob(8, "GPUs = EP ranks", Integer(1, most=MAX_GPUS),
-                     commands=frozenset({"run", "sweep"}))
+                     commands=frozenset({"run", "sweep", "review"}))
     gpus_per_node: int | None = knob(
         None, f"GPUs per node (default: {NODE_GPUS} when the GPUs are a multiple of "
         f"{NODE_GPUS}, as H100/H200/B200 boxes have, else all on one node; for ranks under "

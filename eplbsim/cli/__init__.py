@@ -25,7 +25,8 @@ import numpy as np
 
 from ..errors import InputError
 from ..files import available_memory, size_text
-from . import bench, engines, export, figures, ranks, registries, run, solve, sweep, trace
+from . import (bench, engines, export, figures, ranks, registries, review, run, solve, sweep,
+               trace)
 
 COMMANDS = {
     "run": (run.HELP, run.add_arguments, run.handle),
@@ -40,6 +41,7 @@ COMMANDS = {
                  registries.handle_policies),
     "solvers": (registries.SOLVERS_HELP, registries.add_arguments, registries.handle_solvers),
     "engines": (engines.HELP, engines.add_arguments, None),
+    "review": (review.HELP, review.add_arguments, review.handle),
 }
 DEBUG = "EPLBSIM_DEBUG"
 

@@ -1,0 +1,68 @@
+"""`eplbsim review`: one verdict, one page, before a dispatch change goes upstream
+(`eplbsim.review`). Exit status 0 recommend, 1 not recommended, 3 insufficient evidence, 2 a
+usage or input error: a CI job can gate on it."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .. import spec
+from ..dispatch import is_file_policy, resolve_policy
+from ..errors import InputError
+from ..report import html, markdown
+from ..review import review, to_json
+from .common import check_out_dir
+
+HELP = ("judge a dispatch change before upstreaming it: correctness, held-out balance and "
+        "time against a baseline, one verdict")
+OUTPUTS = ("report.md", "report.html", "report.json")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("candidate", metavar="CANDIDATE", help="the policy under review: a "
+                   "registered policy, an engine algorithm (sglang:dynamic, with "
+                   "--engine-source for a branch) or a function in a file, path/to/file.py:"
+                   "function")
+    p.add_argument("--baseline", metavar="POLICY", help="what it is judged against, any form "
+                   "CANDIDATE takes (default: SGLang's dispatch for the mode, row in none, "
+                   "random in a2a)")
+    p.add_argument("--holdout", type=float, default=0.5, metavar="FRACTION",
+                   help="the share of the trace's steps scored; the placement is solved on the "
+                   "steps before them (default 0.5)")
+    p.add_argument("--seeds", type=int, default=3, metavar="N", help="seeds the spread of the "
+                   "time difference is measured over (default 3)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--out", type=Path, help="write report.md, report.html (self-contained, its "
+                   "figures embedded) and report.json")
+    spec.add_flags(p, "review")
+
+
+def handle(args: argparse.Namespace) -> int:
+    if args.mode is None:  # one mode, not the listed default of run
+        args.mode = "none"
+    values, lists = spec.from_args(args, "review")
+    if len(lists.get("mode", [])) > 1:
+        raise InputError("--mode: a review runs in one mode, none or a2a")
+    source, base = spec.build(values)
+    sources = base.dispatch.engine_source
+    for policy in (args.candidate, args.baseline):
+        if policy is not None:
+            resolve_policy(policy, sources)  # an unknown name is refused before any work
+    if args.out:
+        files = [p.rpartition(":")[0] for p in (args.candidate, args.baseline)
+                 if is_file_policy(p)]
+        check_out_dir(args.out, [source.file, base.solver.placement, base.schedule.initial,
+                                 *files], OUTPUTS)
+    trace = source.open(base.dispatch.seed, base.schedule)
+    report = review(trace, args.candidate, args.baseline, base, holdout=args.holdout,
+                    seeds=args.seeds)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "report.md").write_text(markdown(report))
+        (args.out / "report.html").write_text(html(report))
+        (args.out / "report.json").write_text(to_json(report) + "\n")
+    print(to_json(report) if args.json else markdown(report))
+    if args.out and not args.json:
+        print("wrote " + ", ".join(str(args.out / name) for name in OUTPUTS))
+    return report.exit_status

@@ -1,0 +1,124 @@
+"""A review's page (`review.Report`) as Markdown and as self-contained HTML (its figures
+embedded as PNG data), one screen of headings: verdict, correctness, balance, time,
+rebalancing, set-up."""
+
+from __future__ import annotations
+
+import html as _html
+from typing import Any
+
+from .review import Report, _num, figure_png
+
+
+def _table(rows: list[list[Any]], head: list[str]) -> list[str]:
+    """A Markdown table."""
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    out += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    return out
+
+
+def _cell(value: Any) -> str:
+    return _num(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
+        else str(value)
+
+
+def sections(report: Report) -> list[tuple[str, list[str]]]:
+    """`(heading, Markdown lines)` of each section of the page."""
+    r = report
+    inv = r.invariance
+    ce = inv["counterexample"]
+    correctness = [f"Claimed: {inv['claimed']}. Observed: {inv['observed']} "
+                   f"({inv['searched']} batch(es) searched)."]
+    if ce:
+        correctness += ["", f"Smallest counterexample: step {ce['step']}, layer {ce['layer']}, "
+                            f"token {ce['token']} of a {ce['rows']}-row batch, expert "
+                            f"{ce['expert']}.", ""]
+        correctness += _table([[rank, slot] for rank, slot in ce["choices"].items()],
+                              ["rank", "slot chosen"])
+    correctness += ["", f"Toy MoE output error on the scored steps: "
+                        f"{_num(inv['output_rel_error'])}; rank agreement "
+                        f"{_num(inv['rank_agreement'])}."]
+    b = r.balance
+    balance = _table([[k, b["candidate"][k], b["baseline"][k]] for k in b["candidate"]],
+                     ["metric", r.candidate, r.baseline])
+    balance += ["", "Worst layers (GPU imbalance): " + ", ".join(
+        f"layer {w['layer']} {_num(w['candidate'])} (baseline {_num(w['baseline'])})"
+        for w in b["worst_layers"]) + "."]
+    for who in ("candidate", "baseline"):
+        for s in b["starved"][who]:
+            balance.append(f"- {getattr(r, who)} starves slot {s['slot']} (layer {s['layer']}, "
+                           f"expert {s['expert']}, {s['replicas']} replicas): "
+                           f"{_num(s['share_of_even'])} of its even share; the expert's pairs "
+                           f"by row % {s['replicas']}: {s['row_residues']}")
+    t = r.time
+    time = _table([[k, t["candidate"][k], t["baseline"][k]] for k in t["candidate"]],
+                  ["", r.candidate, r.baseline])
+    time += ["", f"Difference {_num(t['difference_ms'])} ms a step (spread across seeds "
+                 f"{_num(t['spread_ms'])} ms), cost model {t['cost']} ({t['model']} on "
+                 f"{t['device']}). The {t['decides']['term']} term decides: "
+             + ", ".join(f"{k} {_num(v)} ms" for k, v in t["decides"]["ms_per_step"].items())
+             + "."]
+    out = [("Verdict: " + r.verdict, [f"- {reason}" for reason in r.reasons]),
+           ("Correctness", correctness), ("Balance, held out", balance), ("Time", time)]
+    if r.rebalance:
+        rb = r.rebalance
+        out.append(("Rebalancing", [
+            f"Every {rb['every']} steps ({rb['mode']}): {rb['rebalances']} rebalance(s), "
+            f"{rb['moved_slots']} slots moved, stalls {_num(rb['stall_ms'])} ms, hazard steps "
+            f"{rb['hazard_steps']}. {_num(rb['ms_per_step_with'])} ms a step against "
+            f"{_num(rb['ms_per_step_without'])} without: net {_num(rb['net_ms'])} ms over the "
+            f"scored steps."]))
+    s = r.setup
+    out.append(("Set-up", [f"{r.candidate} against {r.baseline} in \"{r.mode}\" mode; placed "
+                           f"on steps {s['placed_on'][0]}-{s['placed_on'][1] - 1}, scored on "
+                           f"{s['scored_on'][0]}-{s['scored_on'][1] - 1}; {s['gpus']} GPUs, "
+                           f"{s['slots']} slots, solver {s['solver']}, {s['seeds']} seeds."]))
+    return out
+
+
+def markdown(report: Report) -> str:
+    """The page as Markdown (`report.md`)."""
+    lines = [f"# Review: {report.candidate} against {report.baseline}", ""]
+    for heading, body in sections(report):
+        lines += [f"## {heading}", "", *body, ""]
+    return "\n".join(lines)
+
+
+def html(report: Report) -> str:
+    """The page as one self-contained HTML document (`report.html`): the Markdown's sections,
+    and the small multiples embedded."""
+    parts = [f"<h1>Review: {_html.escape(report.candidate)} against "
+             f"{_html.escape(report.baseline)}</h1>"]
+    figures = figure_png(report)
+    for i, (heading, body) in enumerate(sections(report)):
+        parts.append(f"<h2>{_html.escape(heading)}</h2>")
+        parts.append(_body_html(body))
+        if i == 0:
+            parts += [f'<img alt="{name}" src="data:image/png;base64,{data}" '
+                      f'style="max-width:100%">' for name, data in figures.items()]
+    style = ("body{font-family:sans-serif;max-width:70em;margin:1em auto;line-height:1.35}"
+             "table{border-collapse:collapse}td,th{border:1px solid #bbb;padding:2px 8px}")
+    return (f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>eplbsim review"
+            f"</title><style>{style}</style></head><body>{''.join(parts)}</body></html>")
+
+
+def _body_html(lines: list[str]) -> str:
+    """Markdown lines of one section (paragraphs, bullets, tables) as HTML."""
+    out, table = [], []
+    for line in lines + [""]:
+        if line.startswith("|"):
+            table.append(line)
+            continue
+        if table:
+            rows = [[c.strip() for c in row.strip("|").split("|")] for row in table
+                    if not set(row) <= set("|-")]
+            cells = "".join("<tr>" + "".join(f"<{'th' if i == 0 else 'td'}>{_html.escape(c)}"
+                                             f"</{'th' if i == 0 else 'td'}>" for c in row)
+                            + "</tr>" for i, row in enumerate(rows))
+            out.append(f"<table>{cells}</table>")
+            table = []
+        if line.startswith("- "):
+            out.append(f"<li>{_html.escape(line[2:])}</li>")
+        elif line:
+            out.append(f"<p>{_html.escape(line)}</p>")
+    return "".join(out)
