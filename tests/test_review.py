@@ -170,3 +170,21 @@ def test_a_rank_variant_engine_branch_is_not_recommended(tmp_path, capsys):
                             "--scenario", "skewed", *SMALL], EXIT["not recommended"])
     assert report["invariance"]["observed"] == "variant"
     assert len(set(report["invariance"]["counterexample"]["choices"].values())) > 1
+
+
+def test_run_ranks_and_sweeps_take_a_policy_from_a_file(tmp_path, capsys):
+    from eplbsim.sweep import parse_spec
+    file = tmp_path / "mine.py"
+    file.write_text("from eplbsim.dispatch.policies import row_policy as mine\n")
+    name = f"{file}:mine"
+    rows = _json(capsys, ["run", "--policies", f"row,{name}", *SMALL], 0)
+    assert [r["policy"] for r in rows[:2]] == ["row", name]
+    assert {k: v for k, v in rows[0].items() if k != "policy"} == \
+        {k: v for k, v in rows[1].items() if k != "policy"}
+    assert main(["ranks", "--world-size", "2", "--policies", name, "--scenario", "skewed",
+                 "--steps", "2", "--tokens", "16", "--layers", "1", "--experts", "8"]) == 0
+    capsys.readouterr()
+    (cell,) = parse_spec({"fixed": {"scenario": "skewed", "policy": name}}, tmp_path)
+    assert cell.values["policy"] == name
+    assert main(["run", "--policies", f"{file}:missing", *SMALL]) == 2
+    assert "has no function 'missing'" in capsys.readouterr().err
