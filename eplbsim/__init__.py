@@ -23,5 +23,6 @@ from .topology import Topology
 from .traces import SCENARIOS, load_trace, open_trace, synthesize
 
 __all__ = ["METRICS", "MODES", "POLICIES", "PREDICTORS", "SCENARIOS", "SOLVERS", "VIEWS",
-           "DispatchPolicy", "InputError", "Report", "review", "Metric", "Placement", "Results", "RunSpec",
-           "Topology", "compare", "load_trace", "open_trace", "replay", "solve", "synthesize"]
+           "DispatchPolicy", "InputError", "Metric", "Placement", "Report", "Results", "RunSpec",
+           "Topology", "compare", "load_trace", "open_trace", "replay", "review", "solve",
+           "synthesize"]

@@ -787,3 +787,25 @@ __all__ = ["OKABE_ITO", "PAPER_STYLE", "POLICY_MARKERS", "expert_load_heatmap", 
            "policy_comparison", "policy_mode_bars", "policy_styles", "predictor_time_series",
            "redundancy_curves", "replica_loads_over_time", "replica_loads_pair", "save_figure",
            "solver_gap_lines", "time_series_figure"]
+
+
+def review_figure(series: dict[str, Any], candidate: str, baseline: str) -> Figure:
+    """A review's small multiples (`review.Report.series`), candidate beside baseline: GPU
+    imbalance by layer, ms a step over the scored steps, and each replicated slot's executed
+    pairs over its even share (sorted)."""
+    fig = Figure(figsize=(10.5, 2.8), dpi=100, layout="constrained")
+    axes = fig.subplots(1, 3)
+    for name, label, style in (("candidate", candidate, "-o"), ("baseline", baseline, "--s")):
+        axes[0].plot(series["layer_imbalance"][name], style, ms=3, label=label)
+        if series["step_ms"][name] is not None:
+            axes[1].plot(series["step_ms"][name], style, ms=3, label=label)
+        axes[2].plot(series["replica_share"][name], style, ms=2, label=label)
+    for ax, title, xlabel in zip(axes, ("GPU imbalance by layer", "ms a step",
+                                        "replica load / even share"),
+                                 ("layer", "scored step", "replicated slot (sorted)")):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel(xlabel, fontsize=9)
+        ax.tick_params(labelsize=8)
+    axes[0].legend(fontsize=8)
+    return fig

@@ -1,13 +1,33 @@
 """A review's page (`review.Report`) as Markdown and as self-contained HTML (its figures
 embedded as PNG data), one screen of headings: verdict, correctness, balance, time,
-rebalancing, set-up."""
+rebalancing, set-up. It reads a report's fields only (no import of `review`, which imports
+this module), and matplotlib only when it draws."""
 
 from __future__ import annotations
 
+import base64
 import html as _html
+import io
+import math
 from typing import Any
 
-from .review import Report, _num, figure_png
+Report = Any  # a `review.Report`
+
+
+def number(value: Any) -> str:
+    """A number in 4 significant digits, `-` when undefined."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{float(value):.4g}"
+
+
+def figure_png(report: Report) -> dict[str, str]:
+    """The report's small multiples (`plots.review_figure`) as base64 PNG data by name."""
+    from .plots import review_figure
+
+    buffer = io.BytesIO()
+    review_figure(report.series, report.candidate, report.baseline).savefig(buffer, format="png")
+    return {"summary": base64.b64encode(buffer.getvalue()).decode("ascii")}
 
 
 def _table(rows: list[list[Any]], head: list[str]) -> list[str]:
@@ -18,7 +38,7 @@ def _table(rows: list[list[Any]], head: list[str]) -> list[str]:
 
 
 def _cell(value: Any) -> str:
-    return _num(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
+    return number(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
         else str(value)
 
 
@@ -36,27 +56,27 @@ def sections(report: Report) -> list[tuple[str, list[str]]]:
         correctness += _table([[rank, slot] for rank, slot in ce["choices"].items()],
                               ["rank", "slot chosen"])
     correctness += ["", f"Toy MoE output error on the scored steps: "
-                        f"{_num(inv['output_rel_error'])}; rank agreement "
-                        f"{_num(inv['rank_agreement'])}."]
+                        f"{number(inv['output_rel_error'])}; rank agreement "
+                        f"{number(inv['rank_agreement'])}."]
     b = r.balance
     balance = _table([[k, b["candidate"][k], b["baseline"][k]] for k in b["candidate"]],
                      ["metric", r.candidate, r.baseline])
     balance += ["", "Worst layers (GPU imbalance): " + ", ".join(
-        f"layer {w['layer']} {_num(w['candidate'])} (baseline {_num(w['baseline'])})"
+        f"layer {w['layer']} {number(w['candidate'])} (baseline {number(w['baseline'])})"
         for w in b["worst_layers"]) + "."]
     for who in ("candidate", "baseline"):
         for s in b["starved"][who]:
             balance.append(f"- {getattr(r, who)} starves slot {s['slot']} (layer {s['layer']}, "
                            f"expert {s['expert']}, {s['replicas']} replicas): "
-                           f"{_num(s['share_of_even'])} of its even share; the expert's pairs "
+                           f"{number(s['share_of_even'])} of its even share; the expert's pairs "
                            f"by row % {s['replicas']}: {s['row_residues']}")
     t = r.time
     time = _table([[k, t["candidate"][k], t["baseline"][k]] for k in t["candidate"]],
                   ["", r.candidate, r.baseline])
-    time += ["", f"Difference {_num(t['difference_ms'])} ms a step (spread across seeds "
-                 f"{_num(t['spread_ms'])} ms), cost model {t['cost']} ({t['model']} on "
+    time += ["", f"Difference {number(t['difference_ms'])} ms a step (spread across seeds "
+                 f"{number(t['spread_ms'])} ms), cost model {t['cost']} ({t['model']} on "
                  f"{t['device']}). The {t['decides']['term']} term decides: "
-             + ", ".join(f"{k} {_num(v)} ms" for k, v in t["decides"]["ms_per_step"].items())
+             + ", ".join(f"{k} {number(v)} ms" for k, v in t["decides"]["ms_per_step"].items())
              + "."]
     out = [("Verdict: " + r.verdict, [f"- {reason}" for reason in r.reasons]),
            ("Correctness", correctness), ("Balance, held out", balance), ("Time", time)]
@@ -64,9 +84,9 @@ def sections(report: Report) -> list[tuple[str, list[str]]]:
         rb = r.rebalance
         out.append(("Rebalancing", [
             f"Every {rb['every']} steps ({rb['mode']}): {rb['rebalances']} rebalance(s), "
-            f"{rb['moved_slots']} slots moved, stalls {_num(rb['stall_ms'])} ms, hazard steps "
-            f"{rb['hazard_steps']}. {_num(rb['ms_per_step_with'])} ms a step against "
-            f"{_num(rb['ms_per_step_without'])} without: net {_num(rb['net_ms'])} ms over the "
+            f"{rb['moved_slots']} slots moved, stalls {number(rb['stall_ms'])} ms, hazard steps "
+            f"{rb['hazard_steps']}. {number(rb['ms_per_step_with'])} ms a step against "
+            f"{number(rb['ms_per_step_without'])} without: net {number(rb['net_ms'])} ms over the "
             f"scored steps."]))
     s = r.setup
     out.append(("Set-up", [f"{r.candidate} against {r.baseline} in \"{r.mode}\" mode; placed "

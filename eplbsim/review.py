@@ -26,8 +26,6 @@ share), candidate beside baseline, in one mode:
 
 from __future__ import annotations
 
-import base64
-import io
 import json
 import math
 from dataclasses import asdict, dataclass, field
@@ -45,6 +43,7 @@ from .errors import InputError
 from .placement import Placement
 from .registry import lookup
 from .replay import fitted, replay, routed_loads, schedule_of
+from .report import html, number
 from .results import Results
 from .spec import RunSpec
 from .traces.counts import CountsTrace
@@ -93,7 +92,6 @@ class Report:
         return f"Report({self.candidate} vs {self.baseline}, {self.mode}: {self.verdict})"
 
     def _repr_html_(self) -> str:
-        from .report import html
         return html(self)
 
 
@@ -376,8 +374,8 @@ def _verdict(invariance: dict, balance: dict, time: dict, rebalance: dict | None
                  f"{sorted(set(ce['choices'].values()))}" if ce else "the replay")
         return "not recommended", [
             f"ranks choose different replicas in \"none\" mode ({where}); output error "
-            f"{_num(invariance['output_rel_error'])}, rank agreement "
-            f"{_num(invariance['rank_agreement'])}: it corrupts the layer's output"]
+            f"{number(invariance['output_rel_error'])}, rank agreement "
+            f"{number(invariance['rank_agreement'])}: it corrupts the layer's output"]
     reasons = []
     if scored < MIN_SCORED_STEPS:
         reasons.append(f"only {scored} scored step(s); at least {MIN_SCORED_STEPS} are needed")
@@ -389,57 +387,22 @@ def _verdict(invariance: dict, balance: dict, time: dict, rebalance: dict | None
     if rebalance is not None and rebalance["net_ms"] < 0:
         return "not recommended", [
             f"rebalancing every {rebalance['every']} steps ({rebalance['mode']}) saves "
-            f"{_num(rebalance['saved_ms_per_step'])} ms a step over {scored} steps but stalls "
-            f"{_num(rebalance['stall_ms'])} ms: net {_num(rebalance['net_ms'])} ms"]
+            f"{number(rebalance['saved_ms_per_step'])} ms a step over {scored} steps but stalls "
+            f"{number(rebalance['stall_ms'])} ms: net {number(rebalance['net_ms'])} ms"]
     d, spread = time["difference_ms"], time["spread_ms"]
     term = time["decides"]["term"]
     base_ms = time["baseline"]["ms_per_step"]
     if d == 0 or abs(d) <= spread:
         return "insufficient evidence", [
-            f"the difference in time, {_num(d)} ms a step, lies within its spread across "
-            f"seeds, {_num(spread)} ms"]
+            f"the difference in time, {number(d)} ms a step, lies within its spread across "
+            f"seeds, {number(spread)} ms"]
+    share = f"{number(abs(d) / base_ms * 100)}% of its {number(base_ms)} ms; spread across " \
+        f"seeds {number(spread)} ms"
     if d < 0:
-        return "recommend", [f"{_num(-d)} ms a step faster than the baseline "
-                             f"({_num(-d / base_ms * 100)}% of its {_num(base_ms)} ms; spread "
-                             f"across seeds {_num(spread)} ms); {term} decide the time"]
-    return "not recommended", [f"{_num(d)} ms a step slower than the baseline ({_num(d / base_ms * 100)}% "
-                               f"of its {_num(base_ms)} ms; spread across seeds "
-                               f"{_num(spread)} ms); {term} decide the time"]
-
-
-def _num(value: Any) -> str:
-    """A number in 4 significant digits, `-` when undefined."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    return f"{float(value):.4g}"
-
-
-def figure_png(report: Report) -> dict[str, str]:
-    """The report's small multiples as base64 PNGs: per-layer GPU imbalance, ms a step, and the
-    replicated slots' executed share of their even share (sorted)."""
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
-
-    fig = Figure(figsize=(10.5, 2.8), dpi=100, layout="constrained")
-    axes = fig.subplots(1, 3)
-    s = report.series
-    for name, style in (("candidate", "-o"), ("baseline", "--s")):
-        label = getattr(report, name)
-        axes[0].plot(s["layer_imbalance"][name], style, ms=3, label=label)
-        if s["step_ms"][name] is not None:
-            axes[1].plot(s["step_ms"][name], style, ms=3, label=label)
-        axes[2].plot(s["replica_share"][name], style, ms=2, label=label)
-    for ax, title, xlabel in zip(axes, ("GPU imbalance by layer", "ms a step",
-                                        "replica load / even share"),
-                                 ("layer", "scored step", "replicated slot (sorted)")):
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_title(title, fontsize=10)
-        ax.set_xlabel(xlabel, fontsize=9)
-        ax.tick_params(labelsize=8)
-    axes[0].legend(fontsize=8)
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png")
-    return {"summary": base64.b64encode(buffer.getvalue()).decode("ascii")}
+        return "recommend", [f"{number(-d)} ms a step faster than the baseline ({share}); "
+                             f"{term} decide the time"]
+    return "not recommended", [f"{number(d)} ms a step slower than the baseline ({share}); "
+                               f"{term} decide the time"]
 
 
 def to_json(report: Report) -> str:

@@ -56,8 +56,9 @@ def listing(args: argparse.Namespace) -> int:
         print(to_json(rows))
         return 0
     for r in rows:
-        print(f"{r['engine']} {r['version']}: "
-              f"{'fetched, ' + r['fetched'] if r['fetched'] else 'not fetched (eplbsim engines fetch)'}")
+        state = (f"fetched, {r['fetched']}" if r["fetched"]
+                 else "not fetched (eplbsim engines fetch)")
+        print(f"{r['engine']} {r['version']}: {state}")
         print(f"  policies: {', '.join(r['policies'])}")
         print(f"  solvers:  {', '.join(r['solvers'])}")
         for fn, what in r["exposes"].items():

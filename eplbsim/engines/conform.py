@@ -22,7 +22,8 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
-from ..dispatch.policies import DispatchContext, hash_policy, random_policy, row_policy, static_table
+from ..dispatch.policies import (DispatchContext, hash_policy, random_policy, row_policy,
+                                 static_table)
 from ..placement import Placement, full_view, sglang_view
 from ..solvers import solve
 from ..topology import Topology
@@ -109,7 +110,8 @@ def _sglang_rows(sources: Any, seed: int) -> list[Row]:
 
     gen = torch.Generator().manual_seed(seed)
     for i, start in enumerate(_placements(seed)):
-        for path, placement in (("start-up", start), ("rebalance", _rebalanced(run, start, seed + i))):
+        rebalanced = _rebalanced(run, start, seed + i)
+        for path, placement in (("start-up", start), ("rebalance", rebalanced)):
             G = placement.topology.num_gpus
             for mode in ("none", "a2a"):
                 a2a = mode == "a2a"

@@ -159,7 +159,8 @@ class Modules:
             path = self._file(name)
             file = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
             if not file.is_file():
-                raise InputError(f"{self.root}: the engine source lacks {file.relative_to(self.root)}")
+                raise InputError(f"{self.root}: the engine source lacks "
+                                 f"{file.relative_to(self.root)}")
             spec = importlib.util.spec_from_file_location(
                 name, file, submodule_search_locations=[str(path)] if path.is_dir() else None)
             mod = importlib.util.module_from_spec(spec)
