@@ -78,6 +78,11 @@ def sections(report: Report) -> list[tuple[str, list[str]]]:
                  f"{t['device']}). The {t['decides']['term']} term decides: "
              + ", ".join(f"{k} {number(v)} ms" for k, v in t["decides"]["ms_per_step"].items())
              + "."]
+    m = t["measured"]
+    time.append("Measured (aiconfigurator-core): " + (
+        f"{number(m['candidate_ms_per_step'])} ms a step against "
+        f"{number(m['baseline_ms_per_step'])} ({m['source']})." if "unavailable" not in m
+        else f"not priced: {m['unavailable']}"))
     out = [("Verdict: " + r.verdict, [f"- {reason}" for reason in r.reasons]),
            ("Correctness", correctness), ("Balance, held out", balance), ("Time", time)]
     if r.rebalance:

@@ -14,7 +14,8 @@ share), candidate beside baseline, in one mode:
   with the worst named, and the replicas a policy starves (with the share of their expert's
   pairs each row residue class carries, the pattern that starves a replica under `row`).
 - **time**: ms a step and tokens/s under the cost model (roofline unless the spec names one),
-  which term bounds the slowest GPU (weight reads, arithmetic or communication), and with a
+  and under `measured` too when its extra and a table for the shape are there, which term
+  bounds the slowest GPU (weight reads, arithmetic or communication), and with a
   rebalance schedule its stalls or hazard steps and its net benefit (time saved a step x steps
   minus stalls, against the same candidate on the held-out placement without rebalancing).
 - **verdict**: `not recommended` when the candidate corrupts "none" mode, or when its
@@ -310,6 +311,7 @@ def _time(runs: dict[str, list[Results]], spec: RunSpec) -> dict[str, Any]:
     diff = [c - b for c, b in zip(ms["candidate"], ms["baseline"])]
     cand, base = runs["candidate"][0].metrics, runs["baseline"][0].metrics
     return {
+        "measured": _measured(runs["candidate"][0], runs["baseline"][0]),
         "cost": str(spec.cost.cost), "model": spec.cost.model, "device": spec.cost.device_profile,
         "candidate": {"ms_per_step": cand["moe_ms"], "tokens_per_s": cand["moe_tokens_per_s"],
                       "compute_ms": cand["compute_ms"], "comm_ms": cand["comm_ms"]},
@@ -320,6 +322,22 @@ def _time(runs: dict[str, list[Results]], spec: RunSpec) -> dict[str, Any]:
         "spread_ms": float(max(diff) - min(diff)),
         "decides": _deciding_term(runs["candidate"][0], spec),
     }
+
+
+def _measured(cand: Results, base: Results) -> dict[str, Any]:
+    """ms a step of both under the `measured` cost model (aiconfigurator-core's tables), priced
+    from the same counted loads, when the run's cost model is another and the tables have the
+    model and EP size; else why not."""
+    if cand.spec.cost.cost == "measured":
+        return {"unavailable": "the run's own cost model is measured"}
+    try:
+        priced = [Results(r.spec.replace(cost="measured", cost_options={}), r.slot_load,
+                          r.true_load, r.segments, r.counters) for r in (cand, base)]
+        return {"candidate_ms_per_step": priced[0].metrics["moe_ms"],
+                "baseline_ms_per_step": priced[1].metrics["moe_ms"],
+                "source": priced[0].metrics.get("cost_source")}
+    except InputError as exc:  # no extra, or no table for this model, device or EP size
+        return {"unavailable": str(exc)}
 
 
 def _deciding_term(results: Results, spec: RunSpec) -> dict[str, Any]:
