@@ -55,6 +55,12 @@ def sections(report: Report) -> list[tuple[str, list[str]]]:
                             f"{ce['expert']}.", ""]
         correctness += _table([[rank, slot] for rank, slot in ce["choices"].items()],
                               ["rank", "slot chosen"])
+    late = inv.get("replay_disagrees")
+    if late:
+        correctness += ["", f"The replay disagrees from scored step {late['step']}, layer "
+                            f"{late['layer']} ({late['agreed']} of {late['pairs']} pairs agreed"
+                            + ("; ranks were switching placements at different steps"
+                               if late["during_switch"] else "") + ")."]
     correctness += ["", f"Toy MoE output error on the scored steps: "
                         f"{number(inv['output_rel_error'])}; rank agreement "
                         f"{number(inv['rank_agreement'])}."]

@@ -8,8 +8,9 @@ share), candidate beside baseline, in one mode:
 - **correctness**: the candidate's claimed rank-invariance class against what it does. In
   "none" a search dispatches small adversarial batches on every rank (one token, odd counts,
   repeated rows, padding rows, then whole steps), each rank with its own view and generator,
-  and keeps the smallest batch on which ranks choose differently; the toy MoE layer's output
-  error on the scored steps says what that costs.
+  and keeps the smallest batch on which ranks choose differently; failing that, the first
+  step and layer where the scored replay disagreed (as when ranks switch to a rebalance at
+  different steps). The toy MoE layer's output error on the scored steps says what it costs.
 - **balance**: GPU imbalance, replica skew (mean, max, cumulative), idle replicas, per layer
   with the worst named, and the replicas a policy starves (with the share of their expert's
   pairs each row residue class carries, the pattern that starves a replica under `row`).
@@ -46,7 +47,7 @@ from .registry import lookup
 from .replay import fitted, replay, routed_loads, schedule_of
 from .report import html, number
 from .results import Results
-from .spec import RunSpec
+from .spec import RunSpec, default_of
 from .traces.counts import CountsTrace
 from .traces.steps import select
 
@@ -142,9 +143,8 @@ def review(trace: Any, candidate: Any, baseline: Any = None, spec: RunSpec | Non
     held = None
     if rebalancing:
         note(f"candidate {names[0]} without rebalancing")
-        held = replay(test, spec.replace(policy=candidate, placement=placement,
-                                         rebalance_every=None, window=None, skip_above=None,
-                                         rebalance_mode="sync"))
+        held = replay(test, _without_schedule(spec).replace(policy=candidate,
+                                                            placement=placement))
 
     invariance = _invariance(candidate, names[0], test, placement, scoring, cand)
     balance = _balance(cand, base, test, placement)
@@ -168,10 +168,17 @@ def review(trace: Any, candidate: Any, baseline: Any = None, spec: RunSpec | Non
 
 def _placement(train: Any, spec: RunSpec) -> Placement:
     """The placement the spec's solver makes from the placed steps' loads (or the given one)."""
-    segments = schedule_of(train, spec.replace(rebalance_every=None, window=None,
-                                               skip_above=None, initial=None),
-                           routed_loads(train))
+    segments = schedule_of(train, _without_schedule(spec), routed_loads(train))
     return segments[0].placement
+
+
+SCHEDULE = ("rebalance_every", "window", "predictor", "decay", "initial", "skip_above",
+            "rebalance_mode", "copy_steps", "switch_delay")  # what only a schedule reads
+
+
+def _without_schedule(spec: RunSpec) -> RunSpec:
+    """`spec` serving one placement: its schedule's settings at their defaults."""
+    return spec.replace(**{name: default_of("schedule", name) for name in SCHEDULE})
 
 
 # Correctness ----------------------------------------------------------------------------------
@@ -208,10 +215,27 @@ def _invariance(policy: Any, name: str, test: Any, placement: Placement, spec: R
                 "rows": int(ids.shape[0]), "choices": {r: c for r, c in enumerate(choices)},
                 "batch": ids.tolist() if ids.shape[0] <= max(SEARCH_ROWS) else None}
             break
+    if out["counterexample"] is None:  # the replay may still disagree: across a switch
+        out["replay_disagrees"] = _first_disagreement(results, spec)
     agreed = results.metrics.get("rank_agreement")
     corrupt = out["counterexample"] is not None or (agreed is not None and agreed < 1)
     out["observed"] = "variant" if corrupt else "invariant (none found)"
     return out
+
+
+def _first_disagreement(results: Results, spec: RunSpec) -> dict[str, Any] | None:
+    """The first (step, layer) of the scored replay on which ranks disagreed, and whether the
+    ranks were then serving different placements (a rebalance they switch to at different
+    steps); None when they always agreed."""
+    c = results.counters
+    split = (c.agreed < c.valid).nonzero()
+    if not len(split):
+        return None
+    step, layer = split[0].tolist()
+    switching = any(seg.switch is not None and bool((seg.switch > step).any())
+                    and seg.start <= step for seg in results.segments)
+    return {"step": step, "layer": layer, "pairs": int(c.valid[step, layer]),
+            "agreed": int(c.agreed[step, layer]), "during_switch": switching}
 
 
 def _search_batches(test: Any) -> list[tuple[int, torch.Tensor]]:
@@ -387,9 +411,13 @@ def _verdict(invariance: dict, balance: dict, time: dict, rebalance: dict | None
     """The verdict and its reasons, each with the numbers behind it (module doc)."""
     ce = invariance["counterexample"]
     if mode == "none" and invariance["observed"] == "variant":
+        late = invariance.get("replay_disagrees")
         where = (f"step {ce['step']}, layer {ce['layer']}, token {ce['token']}, expert "
                  f"{ce['expert']} of a {ce['rows']}-row batch: ranks chose "
-                 f"{sorted(set(ce['choices'].values()))}" if ce else "the replay")
+                 f"{sorted(set(ce['choices'].values()))}" if ce else
+                 f"from scored step {late['step']}, layer {late['layer']} of the replay"
+                 + (", while ranks switched placements at different steps"
+                    if late["during_switch"] else "") if late else "the replay")
         return "not recommended", [
             f"ranks choose different replicas in \"none\" mode ({where}); output error "
             f"{number(invariance['output_rel_error'])}, rank agreement "

@@ -191,3 +191,13 @@ def test_run_ranks_and_sweeps_take_a_policy_from_a_file(tmp_path, capsys):
     assert cell.values["policy"] == name
     assert main(["run", "--policies", f"{file}:missing", *SMALL]) == 2
     assert "has no function 'missing'" in capsys.readouterr().err
+
+
+def test_ranks_switching_placements_at_different_steps_are_caught(capsys):
+    """Even row disagrees while ranks serve different placements: the review says where."""
+    report = _json(capsys, ["review", "row", "--rebalance-every", "4", "--rebalance-mode",
+                            "async", "--switch-delay", "2", "--scenario", "skewed", "--steps",
+                            "16", *SMALL[2:]], EXIT["not recommended"])
+    late = report["invariance"]["replay_disagrees"]
+    assert late["during_switch"] and late["agreed"] < late["pairs"]
+    assert "switched placements at different steps" in report["reasons"][0]
