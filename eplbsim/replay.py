@@ -178,13 +178,19 @@ def run_steps(trace: Any, spec: RunSpec, segments: Sequence[Segment],
 
 
 def replay(trace: Any, spec: RunSpec | None = None,
-           progress: Progress | None = None) -> Results:
+           progress: Progress | None = None,
+           planned: tuple[torch.Tensor, tuple[Segment, ...]] | None = None) -> Results:
     """Replay `trace` (a Trace, DirTrace or CountsTrace) under `spec` (default `RunSpec()`);
-    the same inputs give the same numbers. `progress` is told of each step dispatched."""
+    the same inputs give the same numbers. `progress` is told of each step dispatched.
+    `planned`, when given, is `(routed loads [S, L, E], segments)` already made for this trace
+    by a spec whose topology, solver and schedule are `spec`'s (`compare` counts and solves
+    once for all its rows); they are not made again."""
     spec = fitted(trace, RunSpec() if spec is None else spec)
     check_memory_of(trace, spec)
-    true_load = routed_loads(trace)
-    segments = schedule_of(trace, spec, true_load)
+    if planned is None:
+        true_load = routed_loads(trace)
+        planned = true_load, schedule_of(trace, spec, true_load)
+    true_load, segments = planned
     if isinstance(trace, CountsTrace):
         return Results(spec, None, true_load, segments, None)
     slot_load, counters = run_steps(trace, spec, segments, progress=progress)
@@ -207,14 +213,18 @@ def comparison(spec: RunSpec, policies: Sequence[Any], modes: Sequence[str]) -> 
 def compare(trace: Any, policies: Sequence[Any], modes: Sequence[str],
             spec: RunSpec | None = None,
             progress: Callable[[RunSpec], Any] | None = None) -> Comparison:
-    """Replay every spec of `comparison` on the same trace: a list of Results that prints as a
-    table (`Comparison`). `progress(spec)`, when given, makes a bar for one replay (a context
-    manager with `update`, as `progress.bar` does)."""
+    """Replay every spec of `comparison` on the same trace, counting its loads and solving its
+    schedule once for all (the specs differ in policy and mode only): a list of Results that
+    prints as a table (`Comparison`). `progress(spec)`, when given, makes a bar for one
+    replay (a context manager with `update`, as `progress.bar` does)."""
     out = Comparison()
-    for one in comparison(fitted(trace, RunSpec() if spec is None else spec), policies, modes):
+    specs = comparison(fitted(trace, RunSpec() if spec is None else spec), policies, modes)
+    true_load = routed_loads(trace)  # counted and solved once: only the dispatch differs
+    planned = true_load, schedule_of(trace, specs[0], true_load)
+    for one in specs:
         if progress is None:
-            out.append(replay(trace, one))
+            out.append(replay(trace, one, planned=planned))
             continue
         with progress(one) as steps:
-            out.append(replay(trace, one, steps.update))
+            out.append(replay(trace, one, steps.update, planned))
     return out

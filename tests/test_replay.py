@@ -226,3 +226,28 @@ def test_summary_in_chunks_equals_the_whole(monkeypatch, trace):
     assert chunked.keys() == whole.keys()
     for key, value in whole.items():
         assert chunked[key] == (pytest.approx(value) if isinstance(value, float) else value)
+
+
+def test_compare_counts_and_solves_once_for_all_its_rows(monkeypatch):
+    import importlib
+    R = importlib.import_module("eplbsim.replay")  # the module: eplbsim.replay is the function
+    trace = synthesize("skewed", steps=4, tokens=32, layers=2, experts=16, top_k=4)
+    spec = RunSpec.of(gpus=4, rebalance_every=2)
+    calls = {"count": 0, "plan": 0}
+    count, plan = R.routed_loads, R.schedule_of
+
+    def counted(*args, **kwargs):
+        calls["count"] += 1
+        return count(*args, **kwargs)
+
+    def planned(*args, **kwargs):
+        calls["plan"] += 1
+        return plan(*args, **kwargs)
+    monkeypatch.setattr(R, "routed_loads", counted)
+    monkeypatch.setattr(R, "schedule_of", planned)
+    rows = R.compare(trace, ["row", "ordinal", "random"], ["none", "a2a"], spec)
+    assert len(rows) == 6 and calls == {"count": 1, "plan": 1}
+    monkeypatch.setattr(R, "routed_loads", count)
+    monkeypatch.setattr(R, "schedule_of", plan)
+    alone = R.replay(trace, spec.replace(policy="ordinal", mode="a2a"))
+    assert rows[4].metrics == alone.metrics  # the same numbers as replaying one alone
