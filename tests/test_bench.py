@@ -26,8 +26,9 @@ def test_rows_have_the_keys_and_positive_numbers(rows):
     for row in rows:
         assert set(row) == set(bench.DISPATCH_KEYS)
         assert row["n"] == N and row["device"] == "cpu"
-        for key in bench.DISPATCH_KEYS[3:]:
+        for key in bench.DISPATCH_KEYS[3:-1]:
             assert isinstance(row[key], float) and math.isfinite(row[key]) and row[key] > 0, key
+        assert row["roofline_wrong"] == (row["ours_over_roofline"] * bench.ROOFLINE_SLACK < 1)
         assert row["ours_over_roofline"] == pytest.approx(
             row["ns_per_pair_ours"] / row["ns_per_pair_roofline"])
         assert row["gbps_ours"] == pytest.approx(
@@ -130,3 +131,22 @@ def test_cli_bench_bad_input(capsys, argv, match):
     code = main(["bench", "--no-replay", "--device", "cpu", *argv])
     _, err = capsys.readouterr()
     assert code == 2 and match in err and err.startswith("eplbsim: error:")
+
+
+def test_a_roofline_beaten_by_more_than_ten_percent_is_called_wrong(rows):
+    fast = dict(rows[0], ours_over_roofline=0.5, roofline_wrong=True)
+    slow = dict(rows[0], ours_over_roofline=1.2, roofline_wrong=False)
+    table = bench.format_dispatch_table([fast, slow])
+    assert "roofline wrong" in table and "0.50" not in table and "1.20" in table
+
+
+def test_the_cpu_roofline_copies_the_bytes_dispatch_moves():
+    prob = bench.make_problem(4096, "cpu")
+    copies = bench.roofline(prob)
+    assert len(copies) == 2
+    for copy in copies:
+        copy()
+    src = torch.arange(10, dtype=torch.uint8).numpy()
+    dst = torch.zeros(10, dtype=torch.uint8).numpy()
+    bench._stream_copy(src, dst, 3)
+    assert dst.tolist() == list(range(10))
