@@ -412,6 +412,64 @@ def replay_throughput(device: str = "auto", steps: int | None = None, tokens: in
     return rows
 
 
+E2E_STEPS = (2, 34)  # the two run lengths whose difference is the end-to-end throughput
+
+
+def end_to_end(steps: Sequence[int] = E2E_STEPS, tokens: int = REPLAY_SIZE["tokens"],
+               layers: int = REPLAY_SIZE["layers"], policy: str = "row", mode: str = "none",
+               seed: int = 0, repeats: int = 3, folder: Any = None) -> dict[str, Any]:
+    """The whole `eplbsim run` as a user meets it, a file in and JSON out: the DeepSeek-V3-shaped
+    trace (`skewed_trace`, 32 ranks) of each of two lengths written as `.npz` into `folder`
+    (a temporary one by default), then `eplbsim run --trace FILE --json` timed as a separate
+    process for each, the fastest of `repeats` runs after one warm-up run. The difference of the two lengths' pairs over the difference of their
+    wall times is the throughput of the run beyond its fixed start-up (imports, numba's cache),
+    which the shorter run's time minus its share gives: `{"e2e_pairs_per_s", "startup_s",
+    ...}`."""
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from .traces import save_trace
+
+    short, long = sorted(int(s) for s in steps)
+    if short < 1 or long <= short:
+        raise ValueError(f"end_to_end needs two run lengths, the second longer, got {steps}")
+    with tempfile.TemporaryDirectory(prefix="eplbsim-e2e-", dir=folder) as tmp:
+        seconds, pairs = [], []
+        for S in (short, long):
+            path = Path(tmp) / f"trace{S}.npz"
+            save_trace(skewed_trace(S, tokens, layers, seed), path)
+            cmd = [sys.executable, "-m", "eplbsim.cli", "run", "--trace", str(path),
+                   "--policies", policy, "--mode", mode, "--gpus", str(GPUS),
+                   "--gpus-per-node", str(GPUS_PER_NODE), "--redundant", str(REDUNDANT),
+                   "--seed", str(seed), "--json"]
+            times = []
+            for _ in range(repeats + 1):  # the first warms numba's cache and the page cache
+                start = time.perf_counter()
+                done = subprocess.run(cmd, capture_output=True, text=True)
+                times.append(time.perf_counter() - start)
+                if done.returncode:
+                    raise RuntimeError(f"eplbsim run failed: {done.stderr.strip()[-300:]}")
+            seconds.append(min(times[1:]))
+            pairs.append(S * tokens * layers * TOP_K)
+    rate = (pairs[1] - pairs[0]) / (seconds[1] - seconds[0])
+    return {"kind": "end_to_end", "policy": policy, "mode": mode, "ranks": GPUS,
+            "steps": [short, long], "tokens": tokens, "layers": layers,
+            "seconds": seconds, "pairs": pairs, "e2e_pairs_per_s": rate,
+            "startup_s": seconds[0] - pairs[0] / rate}
+
+
+def format_end_to_end(row: dict[str, Any]) -> str:
+    """The end-to-end row as two lines of text."""
+    (s1, s2), (t1, t2) = row["steps"], row["seconds"]
+    return (f"end to end (eplbsim run, a .npz in, JSON out, {row['ranks']} ranks, "
+            f"{row['policy']}, \"{row['mode']}\"): {s1} steps in {t1:.2f} s, {s2} steps in "
+            f"{t2:.2f} s of {row['tokens']} tokens x {row['layers']} layers\n"
+            f"{row['e2e_pairs_per_s'] / 1e6:.0f} M trace pairs/s beyond a fixed "
+            f"{row['startup_s']:.2f} s (the two lengths' difference)")
+
+
 # ----------------------------------------------------------------------------- text
 
 def _num(x: float) -> str:

@@ -7,7 +7,8 @@ Dimensions: `S` steps, `N` token rows, `T` tokens of a step, `L` layers, `K` top
 - `summed`: a sum of int32 counts over one dimension, in int64, without a whole int64 copy.
 - `expert_counts`: routed pairs per (step, layer, expert) of ids `[N, L, K]` (any row ranges:
   `slot_counts` counts choices per slot in row chunks with it).
-- `first_duplicate`: the first token row that routes an expert twice in a layer.
+- `first_duplicate`: the first token row that routes an expert twice in a layer;
+  `counts_and_first_duplicate` both, in one pass.
 - `slot_counts`: pairs per (layer, slot) of choices `[T, L, K]` and valid pairs per layer.
 - `Executed` / `execute`: what a group of ranks with identical choices executes, pair by pair,
   accumulated over the groups of a step; `pair_counts` then reads the per-layer counters.
@@ -102,10 +103,50 @@ def first_duplicate(ids: np.ndarray) -> tuple[int, int, int] | None:
     chunks = row_chunks(N, 1024)
     found = np.empty(len(chunks) - 1, np.int64)
     _duplicates(np.ascontiguousarray(ids), chunks, found)
+    return _duplicate_at(ids, found)
+
+
+@numba.jit(parallel=True, **JIT)
+def _counts_and_duplicates(ids, offsets, out, found):  # pragma: no cover - compiled
+    S = offsets.shape[0] - 1
+    L, K, E = ids.shape[1], ids.shape[2], out.shape[2]
+    for s in numba.prange(S):
+        seen = np.zeros(E, np.int64)  # the (row, layer) + 1 that last routed each expert
+        found[s] = -1
+        for t in range(offsets[s], offsets[s + 1]):
+            for layer in range(L):
+                stamp = t * L + layer + 1
+                for k in range(K):
+                    e = ids[t, layer, k]
+                    if e >= 0:
+                        out[s, layer, e] += 1
+                        if seen[e] == stamp and found[s] < 0:
+                            found[s] = stamp - 1
+                        seen[e] = stamp
+
+
+def counts_and_first_duplicate(ids: np.ndarray, offsets: np.ndarray, num_experts: int,
+                               dtype: Any = np.int64
+                               ) -> tuple[np.ndarray, tuple[int, int, int] | None]:
+    """`expert_counts` and `first_duplicate` of the same ids in one pass over them (a trace's
+    bytes read once): `(counts [S, L, E], (row, layer, expert) or None)`."""
+    offsets = np.ascontiguousarray(offsets, dtype=np.int64)
+    if isinstance(dtype, torch.dtype):
+        dtype = torch.empty(0, dtype=dtype).numpy().dtype
+    ids = np.ascontiguousarray(ids)
+    out = np.zeros((offsets.shape[0] - 1, ids.shape[1], num_experts), dtype)
+    found = np.empty(offsets.shape[0] - 1, np.int64)
+    _counts_and_duplicates(ids, offsets, out, found)
+    return out, _duplicate_at(ids, found)
+
+
+def _duplicate_at(ids: np.ndarray, found: np.ndarray) -> tuple[int, int, int] | None:
+    """`(row, layer, expert)` of the first `row * L + layer` in `found` (-1: none in that part;
+    parts in row order), its lowest repeated expert; None when there is none."""
     hits = found[found >= 0]
     if not hits.size:
         return None
-    row, layer = divmod(int(hits[0]), L)
+    row, layer = divmod(int(hits[0]), ids.shape[1])
     ordered = np.sort(ids[row, layer])
     same = (ordered[1:] == ordered[:-1]) & (ordered[1:] >= 0)
     return row, layer, int(ordered[1:][same][0])

@@ -103,8 +103,8 @@ def test_replay_throughput_rows_put_the_replay_beside_its_kernel_calls():
 
 
 def test_cli_bench_json(capsys):
-    code = main(["bench", "--n", "4096", "--no-replay", "--json", "--device", "cpu",
-                 "--repeats", "1", "--policies", "row,ordinal"])
+    code = main(["bench", "--n", "4096", "--no-replay", "--no-end-to-end", "--json",
+                 "--device", "cpu", "--repeats", "1", "--policies", "row,ordinal"])
     out, _ = capsys.readouterr()
     assert code == 0
     rows = json.loads(out)
@@ -114,7 +114,8 @@ def test_cli_bench_json(capsys):
 
 def test_cli_bench_table(capsys):
     code = main(["bench", "--n", "4096", "--device", "cpu", "--repeats", "1", "--policies",
-                 "static", "--replay-steps", "1", "--replay-tokens", "16", "--replay-layers", "1"])
+                 "static", "--replay-steps", "1", "--replay-tokens", "16", "--replay-layers", "1",
+                 "--no-end-to-end"])
     out, _ = capsys.readouterr()
     assert code == 0
     assert "ours/roof" in out and "replay/kernel" in out
@@ -150,3 +151,13 @@ def test_the_cpu_roofline_copies_the_bytes_dispatch_moves():
     dst = torch.zeros(10, dtype=torch.uint8).numpy()
     bench._stream_copy(src, dst, 3)
     assert dst.tolist() == list(range(10))
+
+
+def test_end_to_end_times_the_whole_run_at_two_lengths(tmp_path):
+    row = bench.end_to_end(steps=(1, 3), tokens=64, layers=2, repeats=1, folder=tmp_path)
+    assert row["pairs"] == [1 * 64 * 2 * bench.TOP_K, 3 * 64 * 2 * bench.TOP_K]
+    assert all(s > 0 for s in row["seconds"]) and math.isfinite(row["e2e_pairs_per_s"])
+    assert row["e2e_pairs_per_s"] == pytest.approx(
+        (row["pairs"][1] - row["pairs"][0]) / (row["seconds"][1] - row["seconds"][0]))
+    assert "M trace pairs/s" in bench.format_end_to_end(row)
+    assert not list(tmp_path.iterdir())  # its trace files are gone

@@ -232,3 +232,25 @@ def test_counting_fast_is_exact_for_every_policy_mode_and_view(policy, mode, vie
     assert_fast_is_exact(trace, RunSpec.of(
         policy=_user_policy if policy == "user" else policy, mode=mode, view=view, gpus=4,
         gpus_per_node=2, redundant=4, rebalance_every=2, window=2))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**31 - 1))
+def test_one_pass_counts_and_finds_the_first_duplicate_as_the_two_passes_do(seed):
+    from eplbsim.counting import counts_and_first_duplicate, expert_counts, first_duplicate
+    rng = np.random.default_rng(seed)
+    S, L, K, E = int(rng.integers(1, 5)), int(rng.integers(1, 4)), int(rng.integers(1, 5)), 9
+    sizes = rng.integers(0, 7, S)
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    ids = rng.integers(-1, E, (int(offsets[-1]), L, K)).astype(np.int16)
+    counts, duplicate = counts_and_first_duplicate(ids, offsets, E, np.int32)
+    assert np.array_equal(counts, expert_counts(ids, offsets, E, np.int32))
+    assert duplicate == first_duplicate(ids)
+
+
+def test_a_trace_hands_its_validation_counts_to_the_first_counts_call():
+    trace = synthesize("skewed", steps=3, tokens=16, layers=2, experts=8, top_k=2)
+    first, again = trace.counts(), trace.counts()
+    assert torch.equal(first, again) and first is not again and first.dtype == trace.load_dtype
+    first[0, 0, 0] += 5  # the caller owns what it got
+    assert torch.equal(trace.counts(), again)

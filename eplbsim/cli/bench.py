@@ -43,6 +43,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--replay-repeats", type=positive, default=3,
                    help="timed replays (and kernel runs) per row; the best is reported "
                    "(default 3)")
+    p.add_argument("--end-to-end", action=argparse.BooleanOptionalAction, default=True,
+                   help="also time the whole `eplbsim run` on a DeepSeek-V3-shaped .npz of "
+                   "2 and of 34 steps, a process each: its throughput is the two lengths' "
+                   "difference (default on)")
     p.add_argument("--seed", type=seed, default=0,
                    help="seeds the random ids and the replay's scenario (default 0)")
     p.add_argument("--json", action="store_true", help="print only a JSON array of rows")
@@ -85,11 +89,15 @@ def handle(args: argparse.Namespace) -> int:
                                           args.replay_layers, policies, modes, args.seed,
                                           args.replay_repeats, rows_done.update) \
             if args.replay else []
+    e2e = [B.end_to_end(seed=args.seed)] if args.end_to_end else []
     if args.json:
-        print(to_json(rows + replay_rows))
+        print(to_json(rows + replay_rows + e2e))
         return 0
     print(B.format_dispatch_table(rows))
     if replay_rows:
         print()
         print(B.format_replay_table(replay_rows))
+    for row in e2e:
+        print()
+        print(B.format_end_to_end(row))
     return 0

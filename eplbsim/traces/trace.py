@@ -22,7 +22,7 @@ import torch
 
 from ..errors import InputError
 from ..files import NPY_HEADER, atomic_file, check_memory, npy_refusal, regular_file
-from ..counting import expert_counts, first_duplicate
+from ..counting import counts_and_first_duplicate, expert_counts, first_duplicate
 from ..limits import MAX_EXPERTS, MAX_GPUS, MAX_LAYERS, MAX_TOP_K, check_at_most
 
 
@@ -67,8 +67,13 @@ class TraceShape:
         """The dtype of per-(step, layer, expert or slot) pair counts: int32, which holds them
         (a count is at most its step's tokens: a token routes an expert once), unless a step
         has 2**31 tokens or more."""
-        big = self.num_steps and int(self.tokens_per_step.max()) >= 2 ** 31
-        return torch.int64 if big else torch.int32
+        return count_dtype(int(self.tokens_per_step.max()) if self.num_steps else 0)
+
+
+def count_dtype(most_tokens: int) -> torch.dtype:
+    """int32 for the pair counts of steps of at most `most_tokens` tokens, unless that is
+    2**31 or more (`TraceShape.load_dtype`)."""
+    return torch.int64 if most_tokens >= 2 ** 31 else torch.int32
 
 
 @dataclass(frozen=True, eq=False)
@@ -114,7 +119,9 @@ class Trace(TraceShape):
             raise InputError("step_offsets must be non-decreasing")
         if ids.shape[0] == 0:
             raise InputError("the trace holds no token rows")
-        check_distinct(ids, "topk_ids")
+        counts, duplicate = counts_and_first_duplicate(  # one pass: ids read once
+            ids, offsets.numpy(), num_experts, count_dtype(int((offsets[1:] - offsets[:-1]).max())))
+        raise_duplicate(duplicate, "topk_ids")
         ids = torch.from_numpy(ids.astype(id_dtype(num_experts)))  # a private copy
         src = None
         if self.src_rank is not None:
@@ -138,6 +145,7 @@ class Trace(TraceShape):
         object.__setattr__(self, "num_experts", num_experts)
         object.__setattr__(self, "src_rank", src)
         object.__setattr__(self, "meta", meta)
+        self.__dict__["_counts"] = torch.from_numpy(counts)  # handed to the first `counts()`
 
     @classmethod
     def from_steps(cls, steps: Sequence[Any], num_experts: int,
@@ -179,9 +187,20 @@ class Trace(TraceShape):
             return None
         return self.src_rank[self.step_offsets[s]:self.step_offsets[s + 1]]
 
+    def __getstate__(self) -> dict[str, Any]:
+        """The trace to pickle, without the counts its validation made (they wait for this
+        process's first `counts()`; another process counts again)."""
+        state = dict(self.__dict__)
+        state.pop("_counts", None)
+        return state
+
     def counts(self) -> torch.Tensor:
         """(token, slot) pairs per logical expert, `load_dtype` `[S, L, E]`; padding is not
-        counted."""
+        counted. The first call gets the counts validation made in the same pass over the ids
+        (the caller owns them, as every call's); later calls count again."""
+        made = self.__dict__.pop("_counts", None)
+        if made is not None:
+            return made
         return torch.from_numpy(expert_counts(self.topk_ids.numpy(), self.step_offsets.numpy(),
                                               self.num_experts, self.load_dtype))
 
@@ -253,7 +272,11 @@ _ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")  # a zip archive (an .npz), or an em
 def check_distinct(ids: np.ndarray, what: str) -> None:
     """InputError naming `what` unless every token row of `ids [N, L, K]` routes distinct
     experts in each layer (`counting.first_duplicate`; padding -1 repeats freely)."""
-    duplicate = first_duplicate(ids)
+    raise_duplicate(first_duplicate(ids), what)
+
+
+def raise_duplicate(duplicate: tuple[int, int, int] | None, what: str) -> None:
+    """InputError naming `what` and the `(row, layer, expert)` found routed twice, if any."""
     if duplicate is not None:
         row, layer, expert = duplicate
         raise InputError(f"{what}: token row {row} routes expert {expert} twice in layer "
