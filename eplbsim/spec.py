@@ -31,7 +31,7 @@ from .limits import (MAX_BATCH, MAX_EXPERTS, MAX_GPUS, MAX_HIDDEN, MAX_LAYERS, M
                      MAX_SLOTS, MAX_TOP_K, check_at_most)
 from .placement import VIEWS, Placement
 from .ranks import MODES, RNG_RELATIONS
-from .registry import Joined, lookup, name_of
+from .registry import Joined, name_of
 from .schedule.predictors import PREDICTORS
 from .schedule.switch import REBALANCE_MODES
 from .solvers import SOLVERS, check_options, find_solver

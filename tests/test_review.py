@@ -8,7 +8,6 @@ import json
 import shutil
 import subprocess
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch

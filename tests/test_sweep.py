@@ -13,7 +13,6 @@ from eplbsim.replay import replay
 from eplbsim.spec import RunSpec
 from eplbsim.results import flat_row
 from eplbsim.cli import main
-from eplbsim.spec import RunSpec
 from eplbsim.sweep import SIZES, cell_row, parse_spec, read_spec, run_sweep
 from eplbsim.traces.synth import synthesize
 from eplbsim.traces.trace import load_trace, save_trace

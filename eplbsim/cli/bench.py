@@ -15,7 +15,7 @@ from ..replay import resolve_device
 from ..results import to_json
 from ..spec import Device
 from ..files import check_memory
-from .common import nonnegative, positive, seed, split
+from .common import positive, seed, split
 
 HELP = ("time the dispatch hot path against the torch expression and the roofline "
         "(DeepSeek-V3 shape), and a replay")

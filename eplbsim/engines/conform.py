@@ -19,7 +19,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator
 
-import numpy as np
 import torch
 
 from ..dispatch.policies import (DispatchContext, hash_policy, random_policy, row_policy,
