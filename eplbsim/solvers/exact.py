@@ -28,16 +28,17 @@ from __future__ import annotations
 
 import itertools
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
-from scipy.sparse import csr_matrix
 
 from ..errors import InputError
 from ..topology import Topology
 from .bounds import peak_gpu_load
 from .deepseek import deepseek
+
+if TYPE_CHECKING:  # scipy loads on first use, not with eplbsim
+    from scipy.optimize import Bounds, LinearConstraint
 
 # The largest model built: E * C * G integer variables w (8 experts, 16 slots, 8 GPUs: 576).
 MAX_INTEGER_VARIABLES = 20_000
@@ -153,6 +154,8 @@ class _Model:
         total = float(load.sum())
         if total <= 0:  # any placement is optimal; p % E also has anti-colocation (S <= E)
             return np.arange(self.S * self.G, dtype=np.int64) % self.E, 0.0, 0
+        from scipy.optimize import milp  # scipy loads on first use, not with eplbsim
+
         scale = total / self.G  # the model's loads have mean GPU load 1
         res = milp(self.cost, integrality=self.integrality,
                    bounds=self._bounds(load / scale, known / scale * (1 + 1e-9)),
@@ -175,6 +178,8 @@ class _Model:
         """Variable bounds for loads `[E]`, with z <= `known` and the replica counts that
         cannot beat it excluded: c < l_e / known (a replica alone would exceed it) or c so large
         that the other experts' least counts do not fit in the slots."""
+        from scipy.optimize import Bounds
+
         upper = self.upper.copy()
         upper[self.z] = known
         if np.isfinite(known):
@@ -227,6 +232,9 @@ class _Model:
                 first, second = min(a, b), max(a, b)
                 add(np.concatenate([self.u[first], self.u[second]]),
                     np.concatenate([self.copies, -self.copies]), 0, np.inf)
+        from scipy.optimize import LinearConstraint
+        from scipy.sparse import csr_matrix
+
         matrix = csr_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
                             shape=(len(lower), self.z + 1))
         return LinearConstraint(matrix, np.array(lower), np.array(upper))

@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from scipy.optimize import linear_sum_assignment
 
 from ..errors import InputError
 from ..placement import Placement
@@ -41,6 +40,8 @@ def _overlap(new: np.ndarray, old: np.ndarray, num_experts: int) -> np.ndarray:
 def _match(new: np.ndarray, old: np.ndarray, num_experts: int) -> np.ndarray:
     """For groups `new [A, X]`, `old [A, X]`: order[i] = the new group placed at old position i,
     maximising the replicas left in place."""
+    from scipy.optimize import linear_sum_assignment  # scipy loads on first use
+
     rows, cols = linear_sum_assignment(_overlap(new, old, num_experts), maximize=True)
     order = np.empty(len(rows), dtype=np.int64)
     order[cols] = rows
