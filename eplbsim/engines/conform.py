@@ -58,12 +58,12 @@ class Row:
                 "conforms": self.conforms, "note": self.note}
 
 
-def _placements(seed: int) -> Iterator[Placement]:
-    """`CASES` random placements per layout: `E = 8` experts, 1 to 2 spare slots a GPU."""
+def _placements(seed: int, cases: int = CASES) -> Iterator[Placement]:
+    """`cases` random placements per layout: `E = 8` experts, 1 to 2 spare slots a GPU."""
     gen = torch.Generator().manual_seed(seed)
     for G, per_node in LAYOUTS:
         topo = Topology(G, per_node)
-        for _ in range(CASES):
+        for _ in range(cases):
             E, L = 8, 2
             P = E + G * int(torch.randint(1, 3, (1,), generator=gen))
             rows = [torch.cat([torch.randperm(E, generator=gen),
@@ -97,7 +97,7 @@ def _rebalanced(run: Any, placement: Placement, seed: int) -> Placement:
     return _ordered(Placement(phy2log, placement.num_experts, topo), order)
 
 
-def _sglang_rows(sources: Any, seed: int) -> list[Row]:
+def _sglang_rows(sources: Any, seed: int, cases: int) -> list[Row]:
     run = adapter("sglang", sources)
     who = label("sglang", sources)
     tally: dict[tuple[str, str, str], list[int]] = {}
@@ -108,7 +108,7 @@ def _sglang_rows(sources: Any, seed: int) -> list[Row]:
         cell[1] += bool(same)
 
     gen = torch.Generator().manual_seed(seed)
-    for i, start in enumerate(_placements(seed)):
+    for i, start in enumerate(_placements(seed, cases)):
         rebalanced = _rebalanced(run, start, seed + i)
         for path, placement in (("start-up", start), ("rebalance", rebalanced)):
             G = placement.topology.num_gpus
@@ -141,7 +141,7 @@ def _sglang_rows(sources: Any, seed: int) -> list[Row]:
                                   "sglang-lp (view sglang)" if algorithm == "lp" else name,
                                   f"{path}, {mode}", torch.equal(got, mine))
     rows = [Row(who, f, t, p, n, e) for (f, t, p), (n, e) in tally.items()]
-    return rows + _waterfill_rows(run, who, seed) + _solver_rows("sglang", sources, seed)
+    return rows + _waterfill_rows(run, who, seed) + _solver_rows("sglang", sources, seed, cases)
 
 
 def _waterfill_rows(run: Any, who: str, seed: int) -> list[Row]:
@@ -175,13 +175,13 @@ def _waterfill_rows(run: Any, who: str, seed: int) -> list[Row]:
     return rows
 
 
-def _vllm_rows(sources: Any, seed: int) -> list[Row]:
+def _vllm_rows(sources: Any, seed: int, cases: int) -> list[Row]:
     run = adapter("vllm", sources)
     who = label("vllm", sources)
     maps = [0, 0]
     kernel = [0, 0]
     gen = torch.Generator().manual_seed(seed)
-    for placement in _placements(seed):
+    for placement in _placements(seed, cases):
         log2phy, counts = run.logical_maps(placement.phy2log, placement.num_experts)
         view = full_view(placement)
         R = view.log2phy.shape[-1]
@@ -197,10 +197,10 @@ def _vllm_rows(sources: Any, seed: int) -> list[Row]:
     return [Row(who, "compute_logical_maps", "view full", "start-up", *maps),
             Row(who, "eplb_map_to_physical_and_record (interpreted)", "hash",
                 "start-up and rebalance", *kernel, "recorded load compared too"),
-            *_solver_rows("vllm", sources, seed)]
+            *_solver_rows("vllm", sources, seed, cases)]
 
 
-def _solver_rows(engine: str, sources: Any, seed: int) -> list[Row]:
+def _solver_rows(engine: str, sources: Any, seed: int, cases: int) -> list[Row]:
     """`engine`'s solvers that eplbsim's `deepseek` models, against it: on tie-free loads the
     placements must be equal; on loads with ties (the engines sort float32 loads with torch,
     unstably, where numpy's stable sort breaks ties by index) the max GPU load must be, and the
@@ -214,7 +214,7 @@ def _solver_rows(engine: str, sources: Any, seed: int) -> list[Row]:
         free, tied, ordered = [0, 0], [0, 0, 0], 0
         for G, per_node in LAYOUTS:
             topo = Topology(G, per_node)
-            for case in range(CASES):
+            for case in range(cases):
                 E, L = 16, 2
                 P = E + G
                 load = torch.randperm(10_000, generator=gen)[:L * E].view(L, E).double() + 1
@@ -265,18 +265,20 @@ def _max_gpu(load: torch.Tensor, placement: Placement) -> float:
     return float(slot.view(slot.shape[0], G, -1).sum(-1).max())
 
 
-_ENGINE_ROWS: dict[str, Callable[[Any, int], list[Row]]] = {
+_ENGINE_ROWS: dict[str, Callable[[Any, int, int], list[Row]]] = {
     "sglang": _sglang_rows,
     "vllm": _vllm_rows,
 }
 
 
-def conformance(engines: Any = None, sources: Any = (), seed: int = 0) -> list[Row]:
-    """The conformance rows of `engines` (default all in `ENGINES`) on their sources."""
+def conformance(engines: Any = None, sources: Any = (), seed: int = 0,
+                cases: int = CASES) -> list[Row]:
+    """The conformance rows of `engines` (default all in `ENGINES`) on their sources, over
+    `cases` random placements (and solver loads) per layout."""
     chosen = list(ENGINES) if not engines else list(engines)
     rows: list[Row] = []
     for engine in chosen:
-        rows += _ENGINE_ROWS[engine](sources, seed)
+        rows += _ENGINE_ROWS[engine](sources, seed, cases)
     return rows
 
 
