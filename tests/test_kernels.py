@@ -122,3 +122,17 @@ def test_dispatch_step_on_device_equals_cpu_reference(name, device):
     want = reference_step(POLICIES[name], ids.to(device), view.to(device), dev_ref)
     assert got.device.type == torch.device(device).type
     assert torch.equal(got.cpu(), want.cpu())
+
+
+@pytest.mark.parametrize("replicas", [3, 40])  # stepped `t % n` (R <= L K), and the division
+def test_cpu_row_steps_its_remainders_or_divides_as_the_reference(replicas):
+    E, G = 2, 2
+    P = E + replicas - 1 + (E + replicas - 1) % G  # expert 0 holds `replicas` slots, or one more
+    p2l = torch.tensor([[0] * (P - 1) + [1]])
+    placement = Placement(p2l, E, Topology(G))
+    assert int(placement.logcnt.max()) >= replicas
+    ids = torch.randint(-1, E, (1001, 1, 2), generator=torch.Generator().manual_seed(replicas))
+    view = full_view(placement)
+    ctx = DispatchContext()
+    want = reference_step(POLICIES["row"], ids, view, ctx)
+    assert torch.equal(cpu.row_step(ids, view, ctx), want)

@@ -16,18 +16,37 @@ import numba
 import numpy as np
 import torch
 
-from ...counting import JIT, pair_table
+from ...counting import JIT, pair_table, row_chunks
 from ..policies import DispatchContext, layer_draws, layer_offsets, static_table
 from ...placement import View
 
 @numba.jit(parallel=True, **JIT)
-def _row(ids, log2phy, logcnt, out):  # pragma: no cover - compiled
+def _row(ids, log2phy, logcnt, out, chunks):  # pragma: no cover - compiled
+    """`row % n` without a division a pair: each chunk of rows keeps `t % n` for every
+    candidate count `n <= R` and steps it on by one a row (R additions a row instead of L K
+    divisions; with more candidates than that saves, the division)."""
     T, L, K = ids.shape
-    for t in numba.prange(T):
-        for layer in range(L):
-            for k in range(K):
-                e = ids[t, layer, k]
-                out[t, layer, k] = -1 if e < 0 else log2phy[layer, e, t % logcnt[layer, e]]
+    R = log2phy.shape[2]
+    stepped = R <= L * K
+    for c in numba.prange(chunks.shape[0] - 1):
+        lo, hi = chunks[c], chunks[c + 1]
+        mods = np.empty(R + 1, np.int64)  # mods[n] = t % n
+        for n in range(1, R + 1):
+            mods[n] = lo % n
+        for t in range(lo, hi):
+            for layer in range(L):
+                for k in range(K):
+                    e = ids[t, layer, k]
+                    if e < 0:
+                        out[t, layer, k] = -1
+                    else:
+                        n = logcnt[layer, e]
+                        out[t, layer, k] = log2phy[layer, e, mods[n] if stepped else t % n]
+            if stepped:
+                for n in range(1, R + 1):
+                    mods[n] += 1
+                    if mods[n] == n:
+                        mods[n] = 0
 
 
 @numba.jit(parallel=True, **JIT)
@@ -80,7 +99,7 @@ def _arrays(topk_ids: torch.Tensor, view: View) -> tuple[np.ndarray, ...]:
 def row_step(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> torch.Tensor:
     """`row` for `[T, L, K]` ids in one pass."""
     ids, log2phy, logcnt, out = _arrays(topk_ids, view)
-    _row(ids, log2phy, logcnt, out)
+    _row(ids, log2phy, logcnt, out, row_chunks(ids.shape[0]))
     return torch.from_numpy(out)
 
 
