@@ -68,16 +68,20 @@ def _ordinal(ids, log2phy, logcnt, offsets, out, num_blocks):  # pragma: no cove
                 base[layer, b, e] += base[layer, b - 1, e]
     for job in numba.prange(L * num_blocks):
         layer, b = job // num_blocks, job % num_blocks
-        seen = base[layer, b].copy()  # [E] occurrences before this block
         off = offsets[layer]
+        turn = np.empty(E, np.int64)  # [E] (occurrences before + offset) % n, stepped a pair
+        for e in range(E):
+            turn[e] = (base[layer, b, e] + off) % logcnt[layer, e]
         for t in range(b * rows, min(T, (b + 1) * rows)):
             for k in range(K):
                 e = ids[t, layer, k]
                 if e < 0:
                     out[t, layer, k] = -1
                 else:
-                    out[t, layer, k] = log2phy[layer, e, (seen[e] + off) % logcnt[layer, e]]
-                    seen[e] += 1
+                    out[t, layer, k] = log2phy[layer, e, turn[e]]
+                    turn[e] += 1
+                    if turn[e] == logcnt[layer, e]:
+                        turn[e] = 0
 
 
 @numba.jit(parallel=True, **JIT)
