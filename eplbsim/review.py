@@ -40,7 +40,8 @@ from . import metrics as M
 from .checks import rank_invariance
 from .cost import DEVICES, MODELS
 from .cost.compute import ETA_COMPUTE, ETA_MEMORY
-from .dispatch import resolve_policy
+from .dispatch import USER, resolve_policy
+from .engines import is_engine_name
 from .errors import InputError
 from .placement import Placement
 from .registry import lookup
@@ -51,7 +52,6 @@ from .spec import RunSpec, default_of
 from .traces.counts import CountsTrace
 from .traces.steps import select
 
-VERDICTS = ("recommend", "not recommended", "insufficient evidence")
 EXIT = {"recommend": 0, "not recommended": 1, "insufficient evidence": 3}
 MIN_SCORED_STEPS = 4  # fewer scored steps than this is too little to judge
 SEARCH_ROWS = (1, 2, 3, 5, 7)  # the small batches the invariance search tries first
@@ -186,8 +186,7 @@ def _without_schedule(spec: RunSpec) -> RunSpec:
 def _claimed(policy: Any, sources: Any) -> str:
     """The rank-invariance class the candidate claims: its registry entry's, else unknown."""
     name, entry = resolve_policy(policy, sources)
-    if entry.source.startswith("a callable given by the user") or not entry.rank_invariant \
-            and entry.source.endswith("own code"):
+    if entry.source.startswith(USER) or is_engine_name(name):
         return "unknown (not registered: nothing is claimed)"
     return entry.invariance()
 
@@ -276,8 +275,7 @@ def _balance(cand: Results, base: Results, test: Any, placement: Placement) -> d
         "worst_layers": [{"layer": int(i), "candidate": float(layers["candidate"][i]),
                           "baseline": float(layers["baseline"][i])} for i in worst],
         "replicated_loaded_pairs": int(routed[loaded].sum()),
-        "starved": {"candidate": _starved(cand, test, placement),
-                    "baseline": _starved(base, test, placement)},
+        "starved": {"candidate": _starved(cand, test), "baseline": _starved(base, test)},
     }
 
 
@@ -287,29 +285,35 @@ def _layer_imbalance(results: Results) -> np.ndarray:
     return torch.nanmean(M.max_over_mean(gpu), 0).numpy()
 
 
-def _replica_shares(results: Results) -> np.ndarray:
-    """Each replicated slot's executed pairs over its even share, over the scored steps: the
-    sorted shares of every (layer, slot) whose expert has replicas and load."""
+def _shares(results: Results) -> torch.Tensor:
+    """Each slot's executed pairs over its even share over the scored steps, float64 `[L, P]`
+    on the first segment's placement; `inf` for a slot whose expert has one replica or no
+    load."""
     placement = results.segments[0].placement
     executed = results.slot_load.to(torch.float64).sum(0)  # [L, P]
     even = placement.expected_load(results.true_load.sum(0))  # [L, P]
-    keep = (placement.logcnt.gather(1, placement.phy2log) > 1) & (even > 0)
-    return np.sort((executed[keep] / even[keep]).numpy())
+    replicated = placement.logcnt.gather(1, placement.phy2log) > 1
+    return torch.where(replicated & (even > 0), executed / even.clamp(min=1e-12), math.inf)
 
 
-def _starved(results: Results, test: Any, placement: Placement) -> list[dict[str, Any]]:
+def _replica_shares(results: Results) -> np.ndarray:
+    """The replicated, loaded slots' shares (`_shares`), sorted."""
+    share = _shares(results)
+    return np.sort(share[torch.isfinite(share)].numpy())
+
+
+def _starved(results: Results, test: Any) -> list[dict[str, Any]]:
     """The replicas executing under `STARVED_SHARE` of their even share (worst first), each with
     the share of its expert's pairs each row residue class `row % n` carries."""
-    executed = results.slot_load.to(torch.float64).sum(0)  # [L, P]
-    even = placement.expected_load(results.true_load.sum(0))  # [L, P]
-    count = placement.logcnt.gather(1, placement.phy2log)  # [L, P]
-    share = torch.where((count > 1) & (even > 0), executed / even.clamp(min=1e-12), math.inf)
+    placement = results.segments[0].placement
+    share = _shares(results)
     out = []
     for flat in torch.argsort(share.flatten())[:WORST].tolist():
         layer, slot = divmod(flat, placement.num_slots)
         if share[layer, slot] >= STARVED_SHARE:
             break
-        expert, n = int(placement.phy2log[layer, slot]), int(count[layer, slot])
+        expert = int(placement.phy2log[layer, slot])
+        n = int(placement.logcnt[layer, expert])
         out.append({"layer": layer, "slot": slot, "expert": expert, "replicas": n,
                     "share_of_even": round(float(share[layer, slot]), 4),
                     "row_residues": _residues(test, layer, expert, n)})
@@ -464,4 +468,4 @@ def _plain(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON")
 
 
-__all__ = ["EXIT", "Report", "VERDICTS", "review", "to_json"]
+__all__ = ["EXIT", "Report", "review", "to_json"]

@@ -159,9 +159,9 @@ def _layout(placement: Any, algorithm: str, a2a: bool) -> _sglang.Layout:
 
 
 def sglang_metadata(adapter_: Any, placement: Any, algorithm: str, a2a: bool, rank: int) -> Any:
-    """Rank `rank`'s `ExpertLocationMetadata` for `placement`, built through the engine
-    (start-up: `init_by_mapping`; after a live rebalance, when the placement carries its
-    solver's replica `order`: `_init_raw`, as `init_by_eplb` does), cached per placement."""
+    """Rank `rank`'s `ExpertLocationMetadata` for `placement`, built through the engine (a
+    placement given as a mapping: `init_by_mapping`; one a solver published, which carries its
+    replica `order`: `_init_raw`, as `init_by_eplb` ends), cached per placement."""
     def make() -> Any:
         layout = _layout(placement, algorithm, a2a)
         order = placement.order
@@ -186,6 +186,11 @@ def engine_policy(name: str, sources: Sources = ()) -> DispatchPolicy:
 @lru_cache(maxsize=64)
 def _engine_policy(name: str, sources: Sources) -> DispatchPolicy:
     engine, algorithm, summary = _entry(ENGINE_POLICIES, name, "policy")
+    source = label(engine, sources) + "'s own code"
+    if algorithm.startswith("waterfill"):  # routed by its dynamic dispatch, shared by Waterfill
+        return DispatchPolicy(_engine_policy("sglang:dynamic", sources).fn, False, {}, source,
+                              summary, shared=_waterfill_rule(sources, algorithm.endswith(
+                                  "dynamic")), modes=("a2a",))
     if engine == "sglang":
         def fn(topk_ids: torch.Tensor, view: Any, ctx: Any) -> torch.Tensor:
             run = adapter("sglang", sources)
@@ -207,17 +212,7 @@ def _engine_policy(name: str, sources: Sources) -> DispatchPolicy:
             phys, _ = run.dispatch(topk_ids.cpu(), log2phy[ctx.layer], counts[ctx.layer])
             return phys.to(topk_ids.device)
     fn.__name__ = name
-    if algorithm.startswith("waterfill"):
-        return DispatchPolicy(_engine_dispatch(sources, "dynamic"), False, {},
-                              label(engine, sources) + "'s own code", summary,
-                              shared=_waterfill_rule(sources, algorithm.endswith("dynamic")),
-                              modes=("a2a",))
-    return DispatchPolicy(fn, False, {}, label(engine, sources) + "'s own code", summary)
-
-
-def _engine_dispatch(sources: Sources, algorithm: str) -> Callable:
-    """SGLang's `algorithm` dispatch as a policy function (what `sglang:ALGORITHM` runs)."""
-    return _engine_policy(f"sglang:{algorithm}", sources).fn
+    return DispatchPolicy(fn, False, {}, source, summary)
 
 
 def _waterfill_rule(sources: Sources, dynamic: bool) -> Callable:
