@@ -43,7 +43,8 @@ import torch
 from .counting import JIT
 from .dispatch import POLICIES, resolve_policy
 from .dispatch.kernels import dispatch_step, reference_step
-from .dispatch.policies import RANDOM_RANGE, DispatchContext, ordinal_offset, static_table
+from .dispatch.policies import DispatchContext, ordinal_offset, static_table
+from .dispatch.streams import Stream, stream_key
 from .placement import View, full_view, rank_view
 from .progress import Progress
 from .ranks import make_ranks, rank_context, rank_groups, share_bounds
@@ -130,13 +131,10 @@ class Problem:
     def device(self) -> torch.device:
         return self.flat.device
 
-    def context(self, generator: torch.Generator | None = None) -> DispatchContext:
+    def context(self) -> DispatchContext:
+        """Rank 0's context at step `BENCH_STEP`, its stream keyed by the seed."""
         return DispatchContext(step=BENCH_STEP, layer=0, rank=0, seed=self.seed,
-                               generator=generator, mode="none")
-
-    def generator(self) -> torch.Generator:
-        """A fresh generator on the problem's device, seeded the same every time."""
-        return torch.Generator(device=self.device).manual_seed(self.seed)
+                               stream=Stream(stream_key(self.seed), BENCH_STEP), mode="none")
 
 
 def make_problem(n: int, device: str | torch.device = "cpu", seed: int = 0) -> Problem:
@@ -154,10 +152,10 @@ def make_problem(n: int, device: str | torch.device = "cpu", seed: int = 0) -> P
 
 # ----------------------------------------------------------------------------- the contenders
 
-def straightforward(policy: str, prob: Problem,
-                    generator: torch.Generator | None = None) -> torch.Tensor:
-    """The serving engine's torch expression for `policy`, each step a separate op:
-    phys int64 `[N]` (the ids carry no padding, so no masking)."""
+def straightforward(policy: str, prob: Problem) -> torch.Tensor:
+    """The serving engine's torch expression for `policy`, each step a separate op (random's
+    draws the stream's, by torch ops): phys int64 `[N]` (the ids carry no padding, so no
+    masking)."""
     ids, log2phy, logcnt = prob.flat, prob.log2phy, prob.logcnt
     n, device = ids.numel(), ids.device
     if policy == "row":
@@ -176,14 +174,14 @@ def straightforward(policy: str, prob: Problem,
     if policy == "static":
         return prob.table[ids]
     if policy == "random":
-        draws = torch.randint(0, RANDOM_RANGE, (n,), generator=generator, device=device)
+        draws = prob.context().stream.draws(n, 0, device)
         return log2phy[ids, draws % logcnt[ids]]
     raise ValueError(f"no straightforward expression for policy {policy!r}")
 
 
-def ours(policy: str, prob: Problem, generator: torch.Generator | None = None) -> torch.Tensor:
+def ours(policy: str, prob: Problem) -> torch.Tensor:
     """`dispatch_step` on the `[T, 1, K]` ids: phys int64 `[T, 1, K]`."""
-    return dispatch_step(POLICIES[policy], prob.ids, prob.view, prob.context(generator))
+    return dispatch_step(POLICIES[policy], prob.ids, prob.view, prob.context())
 
 
 def roofline(prob: Problem) -> list[Callable[[], Any]]:
@@ -215,11 +213,10 @@ def _stream_copy(src, dst, chunk):  # pragma: no cover - compiled
 
 def check_against_reference(policy: str, prob: Problem) -> None:
     """Raise BenchMismatch unless ours and the straightforward expression both equal the
-    reference policy on `prob` (random: every generator seeded identically)."""
-    expected = reference_step(POLICIES[policy], prob.ids, prob.view,
-                              prob.context(prob.generator())).reshape(-1)
-    got = {"ours": ours(policy, prob, prob.generator()).reshape(-1),
-           "straightforward": straightforward(policy, prob, prob.generator())}
+    reference policy on `prob`."""
+    expected = reference_step(POLICIES[policy], prob.ids, prob.view, prob.context()).reshape(-1)
+    got = {"ours": ours(policy, prob).reshape(-1),
+           "straightforward": straightforward(policy, prob)}
     for who, phys in got.items():
         if phys.shape != expected.shape or not torch.equal(phys.long(), expected):
             bad = (phys.long() != expected).sum() if phys.shape == expected.shape else "shape"
@@ -272,7 +269,7 @@ def warm_up_kernels(device: str, policies: Sequence[str] = BENCH_POLICIES) -> No
     compile time lands in a measurement."""
     prob = make_problem(4096, device)
     for policy in policies:
-        ours(policy, prob, prob.generator())
+        ours(policy, prob)
     _sync(torch.device(device))
 
 
@@ -303,9 +300,8 @@ def _bench_n(prob: Problem, policies: Sequence[str], repeats: int,
     rows = []
     for policy in policies:
         check_against_reference(policy, prob)
-        gen = prob.generator() if policy == "random" else None
-        t_ours = best_time(partial(ours, policy, prob, gen), device, repeats)
-        t_str = best_time(partial(straightforward, policy, prob, gen), device, repeats)
+        t_ours = best_time(partial(ours, policy, prob), device, repeats)
+        t_str = best_time(partial(straightforward, policy, prob), device, repeats)
         (ns_o, gb_o), (ns_s, gb_s), (ns_r, gb_r) = (_rate(t, prob.n)
                                                     for t in (t_ours, t_str, roof))
         rows.append({"policy": policy, "n": prob.n, "device": device.split(":")[0],
@@ -345,7 +341,7 @@ def kernel_calls(trace: Trace, spec: RunSpec) -> tuple[Callable[[], None], int]:
     device = resolve_device(d.device)
     placement = schedule_of(trace, spec, routed_loads(trace))[0].placement
     G = spec.topology.gpus
-    ranks = make_ranks(d.rng, d.seed, G, device)
+    ranks = make_ranks(d.rng, d.seed, G, drift_p=d.drift_p)
     views = [rank_view(d.view, placement, r, d.mode).to(device) for r in range(G)]
     steps = [trace.step(s).to(device) for s in range(trace.num_steps)]
     if d.mode == "none":  # (rank, rows) per call

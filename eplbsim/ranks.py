@@ -35,7 +35,7 @@ left to the caller (`UNMEASURED`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Callable, Sequence
 
@@ -46,6 +46,8 @@ from . import counting
 from .cost.comm import a2a_crossings, a2a_token_counts
 from .dispatch import DispatchContext, DispatchPolicy, SharedInputs
 from .dispatch.kernels import dispatch_step, flat_index
+from .dispatch.kernels.cpu import StreamedViews
+from .dispatch.streams import Stream, coin_hits, stream_key
 from .dispatch.shared import even_split, has_pairs, home, per_gpu
 from .errors import InputError
 from .metrics import multiplicity_counts
@@ -71,56 +73,55 @@ LOCAL = Collectives(all_reduce=lambda t: t, all_gather=lambda t: t.unsqueeze(0))
 
 @dataclass(frozen=True, eq=False)
 class Rank:
-    """One EP rank's own state across the run: its id, its generator (random and lp draw from
-    it) and, for the rng relation "drift", the separate coin that decides before each step
-    whether it consumes one extra batch of draws."""
+    """One EP rank's own state across the run: its id, the key of its counter-based stream
+    (`dispatch.streams`: random and the torch-drawing policies draw from it) and, for the rng
+    relation "drift", the key of its coin, which before each step decides with probability
+    `drift_p` whether the rank consumes one extra batch of draws: from then on its draws sit one
+    layer further along the stream (its shift, the coin's hits so far)."""
 
     rank: int
-    generator: torch.Generator
-    coin: torch.Generator | None = None
+    key: int
+    coin: int | None = None
+    drift_p: float = 0.0
+    _shifts: list = field(default_factory=list, repr=False)  # cache: cumulative hits [S']
+
+    def drifted(self, step: int) -> bool:
+        """Whether the rank's coin hit before step `step`."""
+        return self.shift(step) > (self.shift(step - 1) if step else 0)
+
+    def shift(self, step: int) -> int:
+        """The coin's hits before steps `0 .. step` (0 without a coin)."""
+        if self.coin is None:
+            return 0
+        if not self._shifts or len(self._shifts[0]) <= step:  # extended by doubling
+            stop = max(step + 1, 2 * len(self._shifts[0]) if self._shifts else 64)
+            self._shifts[:] = [np.cumsum(coin_hits(self.coin, self.drift_p, stop))]
+        return int(self._shifts[0][step])
+
+    def stream(self, step: int) -> Stream:
+        """Where the rank draws in step `step`."""
+        return Stream(self.key, step, self.shift(step))
 
 
-def _seed(*parts: int) -> int:
-    """A 32-bit seed derived from integers (numpy's SeedSequence hashing)."""
-    return int(np.random.SeedSequence(list(parts)).generate_state(1)[0])
-
-
-def make_ranks(relation: str, seed: int, num_ranks: int, device: torch.device | str = "cpu",
-               ranks: Sequence[int] | None = None) -> tuple[Rank, ...]:
-    """Ranks whose generators are related as `independent` (rank `r` seeded from `(seed, r)`),
-    `shared` (all seeded from `seed`) or `drift` (as shared, plus coins). `ranks` (default all)
-    picks whose to make: a real rank makes only its own, equal to the simulation's rank."""
+def make_ranks(relation: str, seed: int, num_ranks: int, ranks: Sequence[int] | None = None,
+               drift_p: float = 0.0) -> tuple[Rank, ...]:
+    """Ranks whose streams are related as `independent` (rank `r` keyed from `(seed, r)`),
+    `shared` (all keyed from `seed`) or `drift` (as shared, plus coins keyed from
+    `(seed, r, 1)` hitting with probability `drift_p`). `ranks` (default all) picks whose to
+    make: a real rank makes only its own, equal to the simulation's rank."""
     if relation not in RNG_RELATIONS:
         raise InputError(f"unknown rng relation {relation!r}; choose one of "
                          f"{', '.join(RNG_RELATIONS)}")
-    out = []
-    for r in range(num_ranks) if ranks is None else ranks:
-        gen = torch.Generator(device=device).manual_seed(
-            _seed(seed, r) if relation == "independent" else _seed(seed))
-        coin = torch.Generator().manual_seed(_seed(seed, r, 1)) if relation == "drift" else None
-        out.append(Rank(r, gen, coin))
-    return tuple(out)
-
-
-def drift_before_step(ranks: Sequence[Rank], draws_per_rank: Sequence[int],
-                      drift_p: float) -> list[bool]:
-    """For "drift": each rank flips its coin and, on heads (probability `drift_p`), consumes
-    `draws_per_rank[i]` extra draws (one batch), as when only some ranks sample. Returns which
-    ranks drifted (all False for the other relations)."""
-    drifted = []
-    for rank, n in zip(ranks, draws_per_rank):
-        hit = rank.coin is not None and bool(torch.rand(1, generator=rank.coin) < drift_p)
-        if hit:
-            torch.randint(0, 65536, (n,), generator=rank.generator, device=rank.generator.device)
-        drifted.append(hit)
-    return drifted
+    return tuple(Rank(r, stream_key(seed, r) if relation == "independent" else stream_key(seed),
+                      stream_key(seed, r, 1) if relation == "drift" else None, drift_p)
+                 for r in (range(num_ranks) if ranks is None else ranks))
 
 
 def rank_context(step: int, rank: Rank, mode: str, seed: int,
                  rank_offset: bool | None, tp: int = 1) -> DispatchContext:
     """The context `rank` dispatches step `step` with (layer 0; step kernels set the layer)."""
     return DispatchContext(step=step, layer=0, rank=rank.rank, seed=seed,
-                           generator=rank.generator, mode=mode, rank_offset=rank_offset, tp=tp)
+                           stream=rank.stream(step), mode=mode, rank_offset=rank_offset, tp=tp)
 
 
 def rank_groups(views: Sequence[View], policy: DispatchPolicy,
@@ -151,7 +152,7 @@ class Epoch:
     placement:    the placement in service; `views[i]` is what `ranks[i]` knows of it
     groups:       positions in `ranks` with provably identical choices (`rank_groups`)
     num_ranks:    `G`, the group's ranks over every process
-    mode, seed, rank_offset, drift_p: the run's dispatch settings
+    mode, seed, rank_offset: the run's dispatch settings
     moe:          the toy MoE layer whose output error "none" measures (None: not measured)
     comm:         how this process's counts combine with the others'
     keep_choices: return every held rank's choices (the checkers read them)
@@ -177,7 +178,6 @@ class Epoch:
     mode: str
     seed: int = 0
     rank_offset: bool | None = None
-    drift_p: float = 0.0
     moe: ToyMoE | None = None
     comm: Collectives = LOCAL
     keep_choices: bool = False
@@ -191,10 +191,20 @@ class Epoch:
         """The context held rank `i` dispatches step `step` with (`rank_context`)."""
         return rank_context(step, self.ranks[i], self.mode, self.seed, self.rank_offset, self.tp)
 
+    @property
+    def device(self) -> torch.device:
+        """The device the epoch's views (and so its collectives' tensors) live on."""
+        return self.views[0].log2phy.device
+
     def counts_fast(self, device: torch.device) -> bool:
         """Whether this epoch's steps on `device` are counted by the compiled loops."""
         return (self.fast and device.type == "cpu" and self.comm is LOCAL
                 and len(self.ranks) == self.num_ranks and not self.keep_choices)
+
+    @cached_property
+    def streamed(self) -> StreamedViews:
+        """The views arranged for counting a streamed policy (`DispatchPolicy.streamed`)."""
+        return StreamedViews.of(list(self.views), self.placement.slot_gpu)
 
     @cached_property
     def table(self) -> "Table":
@@ -244,11 +254,10 @@ def _dispatch(epoch: Epoch, i: int, step: int, topk_ids: torch.Tensor) -> torch.
     return dispatch_step(epoch.policy, topk_ids, epoch.views[i], ctx, epoch.name)
 
 
-def _drift(epoch: Epoch, draws: Sequence[int]) -> torch.Tensor:
-    """Every rank's drift flag for this step, bool `[G]` (held ranks flip, the group gathers)."""
-    hits = torch.tensor(drift_before_step(epoch.ranks, draws, epoch.drift_p), dtype=torch.int64)
-    device = epoch.ranks[0].generator.device
-    return epoch.comm.all_gather(hits.to(device)).reshape(-1).bool().cpu()
+def _drift(epoch: Epoch, step: int) -> torch.Tensor:
+    """Every rank's drift flag for step `step`, bool `[G]` (held ranks' coins, gathered)."""
+    hits = torch.tensor([rank.drifted(step) for rank in epoch.ranks], dtype=torch.int64)
+    return epoch.comm.all_gather(hits.to(epoch.device)).reshape(-1).bool().cpu()
 
 
 def _slot_counts(phys: torch.Tensor, executed: torch.Tensor, num_slots: int) -> torch.Tensor:
@@ -270,7 +279,7 @@ def none_step(epoch: Epoch, step: int, topk_ids: torch.Tensor,
     topk_ids = _own_ids(topk_ids)
     T, L, K = topk_ids.shape
     device, P = topk_ids.device, epoch.placement.num_slots
-    drifted = _drift(epoch, [T * K] * len(epoch.ranks))
+    drifted = _drift(epoch, step)
     valid = topk_ids >= 0
     slot_gpu = epoch.placement.slot_gpu.to(device)
     executed_here = torch.zeros(topk_ids.shape, dtype=torch.int64, device=device)
@@ -319,7 +328,7 @@ def a2a_step(epoch: Epoch, step: int, topk_ids: torch.Tensor,
     else:
         owners = token_owners(T, epoch.num_ranks, src_rank).to(device)
         rows = [(owners == rank.rank).nonzero().squeeze(1) for rank in epoch.ranks]
-    drifted = _drift(epoch, [len(r) * K for r in rows])
+    drifted = _drift(epoch, step)
     if epoch.counts_fast(device):
         return _a2a_counted(epoch, step, topk_ids, src_rank, rows, drifted)
     topk_ids = _own_ids(topk_ids)
@@ -351,13 +360,18 @@ def _none_counted(epoch: Epoch, step: int, topk_ids: torch.Tensor) -> StepOutcom
     """`none_step` counted fast (module doc): one held process, CPU, every rank held."""
     T, L, K = topk_ids.shape
     P = epoch.placement.num_slots
-    drifted = _drift(epoch, [T * K] * len(epoch.ranks))
+    drifted = _drift(epoch, step)
     mult = None  # [T, L, K] where some pair may be executed other than once
     if epoch.policy.table is not None:
         ids = topk_ids.numpy()  # as stored
         slot_load, counts, agreed = epoch.table.count(ids)
         if counts[:, 0].any() or counts[:, 2].any():
             mult = epoch.table.multiplicity(ids)
+    elif epoch.policy.streamed:
+        streams = [rank.stream(step) for rank in epoch.ranks]
+        slot_load, counts, agreed, done = epoch.streamed.count(topk_ids.numpy(), streams)
+        if counts[:, 0].any() or counts[:, 2].any():
+            mult = done
     elif len(epoch.groups) == 1:  # every rank chooses alike: each valid pair executed once
         topk_ids = _own_ids(topk_ids)
         slot_load, agreed = counting.slot_counts(_dispatch(epoch, 0, step, topk_ids).numpy(), P)

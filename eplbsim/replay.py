@@ -136,7 +136,7 @@ def run_steps(trace: Any, spec: RunSpec, segments: Sequence[Segment],
     mode_step = lookup(MODES, d.mode, "mode")
     device = device or resolve_device(d.device)
     S, L, E, G = trace.num_steps, trace.num_layers, trace.num_experts, spec.topology.gpus
-    ranks = make_ranks(d.rng, d.seed, G, device, held)
+    ranks = make_ranks(d.rng, d.seed, G, held, d.drift_p)
     moe = make_toy_moe(L, E, d.hidden, d.seed, device)
     slot_load = torch.zeros(S, L, segments[0].placement.num_slots, dtype=trace.load_dtype)
     shared = spec.shared_work() > 0
@@ -147,7 +147,7 @@ def run_steps(trace: Any, spec: RunSpec, segments: Sequence[Segment],
                                 r.rank, d.mode).to(device) for r in ranks)
         epoch = Epoch(name, policy, placement, ranks, views,
                       rank_groups(views, policy, d.rank_offset), G,
-                      d.mode, d.seed, d.rank_offset, d.drift_p, moe, comm, fast=fast,
+                      d.mode, d.seed, d.rank_offset, moe, comm, fast=fast,
                       count_links=spec.cost.cost is not None,
                       held=None if serving is None else held_experts(serving).to(device),
                       shared=shared, tp=d.tp)

@@ -619,7 +619,7 @@ class DispatchPart(Part):
                      metavar="MODE,..")
     view: Any = knob("full", "what each rank knows of the placement",
                      Name(VIEWS, "view", callables=True))
-    rng: str = knob("independent", "how the ranks' generators relate (random, lp)",
+    rng: str = knob("independent", "how the ranks' random streams relate (random, lp)",
                     Name(RNG_RELATIONS, "rng relation"))
     drift_p: float = knob(0.05, "per-step drift probability for --rng drift", Number(0, 1))
     rank_offset: bool | None = knob(
@@ -627,7 +627,7 @@ class DispatchPart(Part):
         "balances best, and never trtllm); --rank-offset: trtllm too, in every mode (its "
         "offset_by_ep_rank, rank-variant in none); --no-rank-offset: neither",
         Switch(optional=True))
-    seed: int = knob(0, "seeds every random choice: the scenario, the rank generators, "
+    seed: int = knob(0, "seeds every random choice: the scenario, the rank streams, "
                      "static's tables, the toy MoE layer", Integer(0, most=MAX_SEED),
                      commands=SYNTH)
     device: str = knob("cpu", "where dispatch runs: cpu, cuda or auto", Device())

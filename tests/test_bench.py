@@ -69,7 +69,7 @@ def test_guard_catches_a_wrong_ours(monkeypatch, policy):
 def test_guard_catches_a_wrong_straightforward(monkeypatch):
     real = bench.straightforward
     monkeypatch.setattr(bench, "straightforward",
-                        lambda policy, prob, gen=None: real(policy, prob, gen).flip(0))
+                        lambda policy, prob: real(policy, prob).flip(0))
     with pytest.raises(bench.BenchMismatch, match="straightforward"):
         bench.check_against_reference("ordinal", bench.make_problem(N, "cpu"))
 

@@ -15,8 +15,8 @@ from eplbsim.dispatch.kernels import check_choices
 from eplbsim.errors import InputError
 from eplbsim.moe import make_toy_moe
 from eplbsim.placement import Placement, full_view, nearest_legacy_view
-from eplbsim.ranks import (MODES, Collectives, drift_before_step, make_ranks,
-                           rank_context, rank_groups, token_owners)
+from eplbsim.ranks import (MODES, Collectives, make_ranks, rank_context, rank_groups,
+                           token_owners)
 from eplbsim.topology import Topology
 
 from rank_helpers import epoch, step
@@ -132,29 +132,35 @@ def test_a_policy_returning_a_wrong_slot_is_an_input_error():
                       "bad")
 
 
-def test_rank_generators_relations():
-    def draws(rs):
-        return [torch.randint(0, 65536, (8,), generator=r.generator).tolist() for r in rs]
+def test_rank_streams_relations():
+    def draws(rs, step=0):
+        return [r.stream(step).draws(8, 0, "cpu").tolist() for r in rs]
 
     ind = draws(make_ranks("independent", 3, 4))
     assert len({tuple(d) for d in ind}) == 4
     assert ind == draws(make_ranks("independent", 3, 4)), "seeded: same every run"
     assert draws(make_ranks("independent", 3, 4, ranks=[2])) == [ind[2]], "a real rank's own"
+    assert draws(make_ranks("independent", 3, 4), 1) != ind, "each step draws anew"
     shared = draws(make_ranks("shared", 3, 4))
     assert all(d == shared[0] for d in shared)
     with pytest.raises(InputError, match="unknown rng relation"):
         make_ranks("chaos", 0, 2)
 
 
-def test_drift_consumes_one_extra_batch_on_heads_only():
-    drifting = make_ranks("drift", 0, 6)
-    drifted = drift_before_step(drifting, [5] * 6, 0.5)
-    assert 0 < sum(drifted) < 6  # seed 0 gives a mix (checked, deterministic)
-    for rank, ref, hit in zip(drifting, make_ranks("shared", 0, 6), drifted):
-        if hit:
-            torch.randint(0, 65536, (5,), generator=ref.generator)
-        assert torch.equal(rank.generator.get_state(), ref.generator.get_state())
-    assert drift_before_step(make_ranks("shared", 0, 3), [1] * 3, 0.5) == [False] * 3
+def test_drift_shifts_a_rank_one_batch_along_its_stream_per_coin_hit():
+    drifting, shared = make_ranks("drift", 0, 6, drift_p=0.5), make_ranks("shared", 0, 6)
+    hits = [[rank.drifted(s) for s in range(40)] for rank in drifting]
+    assert 0 < sum(map(sum, hits)) < 6 * 40
+    for rank, ref, hit in zip(drifting, shared, hits):
+        for s in range(40):
+            shift = sum(hit[:s + 1])
+            assert rank.shift(s) == shift and rank.stream(s).shift == shift
+            # the drifted rank's layer 0 is where the others draw layer `shift`
+            assert torch.equal(rank.stream(s).draws(16, 0, "cpu"),
+                               ref.stream(s).draws(16, shift, "cpu"))
+    assert not any(r.drifted(s) for r in make_ranks("shared", 0, 3) for s in range(40))
+    late = make_ranks("drift", 0, 6, drift_p=0.5)[1]
+    assert late.shift(300) == drifting[1].shift(300), "counter-based: any step, any order"
 
 
 def test_contexts_are_built_in_one_place():
@@ -162,7 +168,7 @@ def test_contexts_are_built_in_one_place():
     ctx = rank_context(5, rank, "a2a", 7, True)
     assert (ctx.step, ctx.layer, ctx.rank, ctx.seed, ctx.mode, ctx.rank_offset) == (
         5, 0, 3, 7, "a2a", True)
-    assert ctx.generator is rank.generator
+    assert ctx.stream == rank.stream(5) and ctx.generator is None
 
 
 class ThreadGroup:

@@ -76,15 +76,15 @@ def test_a_tie_inside_the_seed_spread_is_insufficient_evidence(tmp_path, capsys)
     file = tmp_path / "flip.py"
     file.write_text(textwrap.dedent("""
         import torch
-        from eplbsim.dispatch.policies import RANDOM_RANGE, candidate_counts, replica_slots
+        from eplbsim.dispatch.policies import candidate_counts, layer_draws, replica_slots
 
         def flipped(topk_ids, view, ctx):
             n = candidate_counts(topk_ids, view, ctx.layer)
-            draw = torch.randint(0, RANDOM_RANGE, topk_ids.shape, generator=ctx.generator)
+            draw = layer_draws(ctx, topk_ids.numel(), 1, "cpu").view(topk_ids.shape)
             return replica_slots(topk_ids, view, ctx.layer, n - 1 - draw % n)
     """))
     report = _json(capsys, ["review", "random", "--baseline", f"{file}:flipped", "--mode",
-                            "a2a", "--scenario", "skewed", "--steps", "8", "--tokens", "256",
+                            "a2a", "--scenario", "skewed", "--steps", "12", "--tokens", "256",
                             "--layers", "2", "--experts", "16", "--top-k", "4", "--gpus", "4"],
                    EXIT["insufficient evidence"])
     t = report["time"]

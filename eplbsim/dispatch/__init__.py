@@ -62,6 +62,9 @@ class DispatchPolicy:
     shared:         where each token's shared-expert work runs in "a2a" (`shared.SharedRule`);
                     None: on the token's own rank
     modes:          the modes the policy runs in
+    streamed:       the choice is candidate `draw % n_e` of the rank's view, the draw its
+                    stream's (`dispatch.streams`, as `random`): "none" is then counted from the
+                    draws that decide something (`kernels.cpu.StreamedViews`)
     """
 
     fn: Policy
@@ -73,6 +76,7 @@ class DispatchPolicy:
     offset_by_rank: bool = False
     shared: SharedRule | None = None
     modes: tuple[str, ...] = ("none", "a2a")
+    streamed: bool = False
 
     @property
     def places_shared(self) -> bool:
@@ -135,7 +139,8 @@ POLICIES: dict[str, DispatchPolicy] = {
     "random": DispatchPolicy(
         random_policy, False, {"cpu": ("cpu.random_step",), "cuda": ("torch_step.random_step",)},
         "SGLang before its fix (per-rank randint)",
-        "randint(0, 65536) % n_e from the rank's own generator"),
+        "a draw in [0, 65536) % n_e from the rank's own stream (Philox, counter-based)",
+        streamed=True),
     "row": DispatchPolicy(
         row_policy, True, _ROW, "SGLang's fix", "the token's row in the batch, row % n_e"),
     "ordinal": DispatchPolicy(

@@ -21,8 +21,8 @@ import numpy as np
 import torch
 
 from . import batch_lp
-from ..errors import InputError
 from ..placement import Placement, View
+from .streams import Stream, torch_generator
 
 HASH_MULTIPLIER = 2654435769  # Knuth's multiplicative hash constant, floor(2**32 / phi)
 RANDOM_RANGE = 65536  # the serving engine's randint(0, 65536) draw
@@ -37,8 +37,12 @@ class DispatchContext:
     """What a rank knows at dispatch time besides the ids and its view.
 
     step, layer: shared by every rank.  rank: the dispatching rank.  seed: the scenario seed
-    (static's permutation).  generator: the rank's own random generator (random, on the
-    policy's device).  mode: "none" or "a2a".  rank_offset: whether policies add the rank to
+    (static's permutation).  stream: the rank's counter-based stream for this step
+    (`streams.Stream`: random's draws, and the torch generator of each layer for the policies
+    that draw with torch), what the replay gives.  generator: a torch generator to draw from
+    instead, advancing call by call as a serving engine's does (random then draws
+    `randint(0, 65536)` from it: the engine's own draw, which the conformance checks compare;
+    on the policy's device).  mode: "none" or "a2a".  rank_offset: whether policies add the rank to
     their offset: None (the default) for each policy's automatic choice (`ordinal` adds it in
     "a2a", where rank invariance is not needed and it balances best; `trtllm` does not), True
     for both (`trtllm` in every mode), False for neither.
@@ -49,6 +53,7 @@ class DispatchContext:
     rank: int = 0
     seed: int = 0
     generator: torch.Generator | None = None
+    stream: Stream | None = None
     mode: str = "none"
     rank_offset: bool | None = None
     tp: int = 1
@@ -104,22 +109,26 @@ def hash_policy(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> tor
 
 def layer_draws(ctx: DispatchContext, num_pairs: int, num_layers: int,
                 device: torch.device | str) -> torch.Tensor:
-    """random's draws for every layer of a step, int64 `[L, T*K]`: one `randint(0, 65536)` batch
-    of `T*K` per layer from the rank's generator, in layer order, as the reference draws."""
-    if ctx.generator is None:
-        raise InputError("the random policy needs a generator in its dispatch context")
+    """random's draws for layers `ctx.layer .. ctx.layer + num_layers - 1` of a step, int64
+    `[num_layers, T*K]` in `[0, 65536)`, one per pair of each layer's batch: the stream's
+    (`Stream.draws`), else one `randint(0, 65536)` batch a layer from `ctx.generator`, in layer
+    order."""
+    if ctx.stream is not None and ctx.generator is None:
+        return torch.stack([ctx.stream.draws(num_pairs, ctx.layer + layer, device)
+                            for layer in range(num_layers)])
+    generator = torch_generator(ctx.generator, None, ctx.layer, device, "random")
     out = torch.empty(num_layers, num_pairs, dtype=torch.int64, device=device)
     for layer in range(num_layers):
-        out[layer] = torch.randint(0, RANDOM_RANGE, (num_pairs,), generator=ctx.generator,
+        out[layer] = torch.randint(0, RANDOM_RANGE, (num_pairs,), generator=generator,
                                    device=device)
     return out
 
 
 def random_policy(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> torch.Tensor:
-    """`randint(0, 65536) % n_e` from the rank's generator, one draw per pair of `[T, K]`.
+    """`draw % n_e`, one draw in `[0, 65536)` per pair of `[T, K]` (`layer_draws`).
 
     Draws are taken for the whole flattened batch, padding and single-replica experts included,
-    as the serving engine does, so the generator advances by `T * K` draws per call.
+    as the serving engine does (with a generator, it advances by `T * K` draws per call).
     """
     draws = layer_draws(ctx, topk_ids.numel(), 1, topk_ids.device).view(topk_ids.shape)
     n = candidate_counts(topk_ids, view, ctx.layer)
@@ -316,9 +325,8 @@ def lp_policy(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> torch
     never). The expected split is load-optimal for the batch; the draws are the rank's own, so
     with independent generators ranks disagree (rank-variant, like the serving engine's).
     """
-    if ctx.generator is None:
-        raise InputError("the lp policy needs a generator in its dispatch context")
-    u = torch.rand(topk_ids.numel(), generator=ctx.generator, device=topk_ids.device,
+    generator = torch_generator(ctx.generator, ctx.stream, ctx.layer, topk_ids.device, "lp")
+    u = torch.rand(topk_ids.numel(), generator=generator, device=topk_ids.device,
                    dtype=torch.float64).view(topk_ids.shape)
     return _lp_pick(topk_ids, view, ctx.layer, u)
 
@@ -366,13 +374,13 @@ def lplb_atomic_policy(topk_ids: torch.Tensor, view: View,
     occurrences of an expert in an order the hardware picks, modelled by a permutation of each
     block's pairs from one float64 draw per pair of the rank's generator (rank-variant in
     "none" mode)."""
-    if ctx.generator is None:
-        raise InputError("the lplb-atomic policy needs a generator in its dispatch context")
+    generator = torch_generator(ctx.generator, ctx.stream, ctx.layer, topk_ids.device,
+                                "lplb-atomic")
     T, K = topk_ids.shape
     n = topk_ids.numel()
     block = torch.arange(n, device=topk_ids.device) * LPLB_BLOCKS // max(n, 1)
     # block + a draw in [0, 1): sorting keeps the blocks in order and shuffles each one
-    draw = torch.rand(n, generator=ctx.generator, device=topk_ids.device, dtype=torch.float64)
+    draw = torch.rand(n, generator=generator, device=topk_ids.device, dtype=torch.float64)
     order = torch.argsort(block + draw)  # the pairs in the order the counters serve them
     k = torch.empty(n, dtype=torch.int64, device=topk_ids.device)
     k[order] = occurrence_index(topk_ids.reshape(1, n)[:, order]).view(n)

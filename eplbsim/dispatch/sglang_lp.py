@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import InputError
 from ..placement import View
+from .streams import torch_generator
 
 IPM_STEPS = 5  # SGLang's barrier iterations
 BIG_M = 1000.0  # its objective weight on the auxiliary column
@@ -147,9 +147,9 @@ def layer_shares(topk_ids: torch.Tensor, view: View, layer: int) -> torch.Tensor
 def sglang_lp_policy(topk_ids: torch.Tensor, view: View, ctx: "object") -> torch.Tensor:
     """SGLang's LP dispatch (module doc): the batch's float32 barrier shares, one float32
     `torch.rand` per pair of the flattened `[T, K]` batch from the rank's generator."""
-    if ctx.generator is None:
-        raise InputError("the sglang-lp policy needs a generator in its dispatch context")
+    generator = torch_generator(ctx.generator, ctx.stream, ctx.layer, topk_ids.device,
+                                "sglang-lp")
     shares = layer_shares(topk_ids, view, ctx.layer)
-    u = torch.rand(topk_ids.numel(), generator=ctx.generator, dtype=torch.float32,
+    u = torch.rand(topk_ids.numel(), generator=generator, dtype=torch.float32,
                    device=topk_ids.device).cpu()
     return pick(topk_ids.cpu(), shares, view.log2phy[ctx.layer].cpu(), u).to(topk_ids.device)

@@ -197,8 +197,11 @@ def _engine_policy(name: str, sources: Sources) -> DispatchPolicy:
             a2a = ctx.mode == "a2a"
             infos = sglang_infos(run, view.placement, algorithm, a2a, ctx.rank)
             ids = topk_ids.cpu()
-            gen = ctx.generator if ctx.generator is None or ctx.generator.device.type == "cpu" \
-                else None
+            gen = ctx.generator  # the engine draws on the CPU: its stream's, there
+            if gen is None and ctx.stream is not None:
+                gen = ctx.stream.generator(ctx.layer, "cpu")
+            elif gen is not None and gen.device.type != "cpu":
+                gen = None
             if algorithm == "lp":
                 meta = sglang_metadata(run, view.placement, algorithm, a2a, ctx.rank)
                 return run.lp_dispatch(ids, meta, infos[ctx.layer], ctx.layer,

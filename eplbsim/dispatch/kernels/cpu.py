@@ -12,12 +12,15 @@ Every kernel writes int64 `[T, L, K]`, -1 where the id is -1.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numba
 import numpy as np
 import torch
 
 from ...counting import JIT, pair_table, row_chunks
 from ..policies import DispatchContext, layer_draws, layer_offsets, static_table
+from ..streams import DRAW, Stream, philox, split_key
 from ...placement import View
 
 @numba.jit(parallel=True, **JIT)
@@ -95,6 +98,31 @@ def _drawn(ids, log2phy, logcnt, draws, out):  # pragma: no cover - compiled
                 out[t, layer, k] = -1 if e < 0 else log2phy[layer, e, d % logcnt[layer, e]]
 
 
+@numba.jit(parallel=True, **JIT)
+def _streamed(ids, log2phy, logcnt, k0, k1, shift, step, out):  # pragma: no cover - compiled
+    T, L, K = ids.shape
+    for t in numba.prange(T):
+        for layer in range(L):
+            block = -1
+            words = (np.uint64(0), np.uint64(0), np.uint64(0), np.uint64(0))
+            for k in range(K):
+                e = ids[t, layer, k]
+                if e < 0:
+                    out[t, layer, k] = -1
+                    continue
+                n = logcnt[layer, e]
+                if n == 1:  # draw % 1 == 0: the draw is not needed
+                    out[t, layer, k] = log2phy[layer, e, 0]
+                    continue
+                i = t * K + k
+                if i >> 3 != block:  # one Philox block serves 8 consecutive pairs
+                    block = i >> 3
+                    words = philox(k0, k1, block, layer + shift, step, DRAW)
+                w = words[(i & 7) >> 1]
+                d = np.int64((w >> np.uint64(16 * (i & 1))) & np.uint64(0xFFFF))
+                out[t, layer, k] = log2phy[layer, e, d % n]
+
+
 def _arrays(topk_ids: torch.Tensor, view: View) -> tuple[np.ndarray, ...]:
     ids = np.ascontiguousarray(topk_ids.numpy(), dtype=np.int32)  # one compiled signature
     return ids, view.log2phy.numpy(), view.logcnt.numpy(), np.empty(ids.shape, np.int64)
@@ -124,8 +152,161 @@ def static_step(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> tor
 
 
 def random_step(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> torch.Tensor:
-    """`random`: one `randint(0, 65536)` batch of `T * K` draws per layer, in layer order."""
+    """`random`: each pair's draw from the stream, computed where it is needed (an expert with
+    one candidate needs none); with a generator instead, one `randint(0, 65536)` batch of
+    `T * K` draws per layer, in layer order."""
     ids, log2phy, logcnt, out = _arrays(topk_ids, view)
     T, L, K = ids.shape
-    _drawn(ids, log2phy, logcnt, layer_draws(ctx, T * K, L, "cpu").numpy(), out)
+    if ctx.stream is not None and ctx.generator is None:
+        stream = ctx.stream
+        _streamed(ids, log2phy, logcnt, *stream.words, stream.shift + ctx.layer, stream.step,
+                  out)
+    else:
+        _drawn(ids, log2phy, logcnt, layer_draws(ctx, T * K, L, "cpu").numpy(), out)
     return torch.from_numpy(out)
+
+
+@numba.jit(**JIT, inline="always")
+def _choice(log2phy, logcnt, vclass, keys, shifts, sid, r, layer, e, i, step, block,
+            words):  # pragma: no cover - compiled
+    """Rank `r`'s `random` slot for pair `i` of expert `e`: its stream's (`sid[r]`: key
+    `keys[s]`, shift `shifts[s]`) draw, none when its view (`vclass[r]`) lists one candidate.
+    Each stream's last Philox block is kept in `words [S, 4]` (`block [S]` says which, -1:
+    none): a block serves 8 consecutive pairs."""
+    v = vclass[r]
+    n = logcnt[v, layer, e]
+    if n == 1:
+        return log2phy[v, layer, e, 0]
+    s = sid[r]
+    b = i >> 3
+    if block[s] != b:
+        w = philox(keys[s, 0], keys[s, 1], b, layer + shifts[s], step, DRAW)
+        words[s, 0], words[s, 1], words[s, 2], words[s, 3] = w
+        block[s] = b
+    d = np.int64((words[s, (i & 7) >> 1] >> np.uint64(16 * (i & 1))) & np.uint64(0xFFFF))
+    return log2phy[v, layer, e, d % n]
+
+
+@numba.jit(parallel=True, **JIT)
+def _streamed_none(ids, log2phy, logcnt, vclass, keys, shifts, sid, step, slot_gpu, hosts,
+                   nhosts, fixed, reps, chunks, hist, counts, agreed,
+                   mult):  # pragma: no cover - compiled
+    T, L, K = ids.shape
+    S = keys.shape[0]
+    for c in numba.prange(chunks.shape[0] - 1):
+        words = np.zeros((S, 4), np.uint64)
+        block = np.empty(S, np.int64)
+        for t in range(chunks[c], chunks[c + 1]):
+            for layer in range(L):
+                block[:] = -1  # the blocks of another layer
+                for k in range(K):
+                    e = ids[t, layer, k]
+                    if e < 0:
+                        continue
+                    f = fixed[layer, e]
+                    if f >= 0:  # every rank's only candidate: one GPU executes it
+                        hist[c, layer, f] += 1
+                        counts[c, layer, 1] += 1
+                        agreed[c, layer] += 1
+                        mult[t, layer, k] = 1
+                        continue
+                    i = t * K + k
+                    m = 0
+                    for h in range(nhosts[layer, e]):  # only a replica's GPU can execute it
+                        r = hosts[layer, e, h]
+                        p = _choice(log2phy, logcnt, vclass, keys, shifts, sid, r, layer, e, i,
+                                    step, block, words)
+                        if slot_gpu[p] == r:
+                            m += 1
+                            hist[c, layer, p] += 1
+                    mult[t, layer, k] = m
+                    counts[c, layer, min(m, 2)] += 1
+                    first = _choice(log2phy, logcnt, vclass, keys, shifts, sid, reps[0], layer,
+                                    e, i, step, block, words)
+                    same = 1
+                    for j in range(1, reps.shape[0]):  # stops at the first disagreement
+                        if _choice(log2phy, logcnt, vclass, keys, shifts, sid, reps[j], layer,
+                                   e, i, step, block, words) != first:
+                            same = 0
+                            break
+                    agreed[c, layer] += same
+
+
+@dataclass(frozen=True, eq=False)
+class StreamedViews:
+    """Every rank's view of one placement, arranged for counting `random` in "none" from the
+    draws that decide something: a pair is executed only by a rank whose GPU holds a replica of
+    its expert (its draw alone says whether), and the ranks agree unless two of them with
+    different streams or views differ (checked rank by rank, stopping at the first difference).
+
+    log2phy: int32 `[V, L, E, R]` (padded with -1) and logcnt int32 `[V, L, E]`: the distinct
+             views (one copy each: small enough to stay in cache), rank `r`'s `vclass[r]`
+    hosts:   int32 `[L, E, H]` the ranks whose view lists a slot on their own GPU, `nhosts
+             [L, E]` how many
+    fixed:   int64 `[L, E]` the slot of an expert every view lists alone, the same; else -1
+    slot_gpu: int64 `[P]`
+    """
+
+    log2phy: np.ndarray
+    logcnt: np.ndarray
+    vclass: np.ndarray
+    hosts: np.ndarray
+    nhosts: np.ndarray
+    fixed: np.ndarray
+    slot_gpu: np.ndarray
+
+    @classmethod
+    def of(cls, views: "list[View]", slot_gpu: torch.Tensor) -> "StreamedViews":
+        """The arrangement of `views` (one per rank, in rank order) over `slot_gpu [P]`."""
+        G = len(views)
+        R = max(v.log2phy.shape[-1] for v in views)
+        L, E = views[0].logcnt.shape
+        distinct: list[tuple[np.ndarray, np.ndarray]] = []
+        vclass = np.zeros(G, np.int64)
+        for r, v in enumerate(views):
+            lists = np.full((L, E, R), -1, np.int32)
+            lists[..., :v.log2phy.shape[-1]] = v.log2phy.cpu().numpy()
+            count = v.logcnt.cpu().numpy().astype(np.int32)
+            same = [j for j, (a, n) in enumerate(distinct)
+                    if np.array_equal(a, lists) and np.array_equal(n, count)]
+            if not same:
+                distinct.append((lists, count))
+            vclass[r] = same[0] if same else len(distinct) - 1
+        log2phy = np.stack([a for a, _ in distinct])  # [V, L, E, R]
+        logcnt = np.stack([n for _, n in distinct])  # [V, L, E]
+        gpu = slot_gpu.cpu().numpy().astype(np.int64)
+        listed = np.arange(R) < logcnt[..., None]  # [V, L, E, R]
+        on = np.where(log2phy >= 0, gpu[log2phy.clip(0)], -1)[vclass]  # [G, L, E, R]
+        hosting = ((on == np.arange(G).reshape(G, 1, 1, 1)) & listed[vclass]).any(-1)
+        nhosts = hosting.sum(0).astype(np.int32)  # [L, E]
+        hosts = np.argsort(~hosting, axis=0, kind="stable")[:max(1, int(nhosts.max()))]
+        single = (logcnt == 1).all(0) & (log2phy[..., 0] == log2phy[:1, ..., 0]).all(0)
+        return cls(log2phy, logcnt, vclass,
+                   np.ascontiguousarray(hosts.transpose(1, 2, 0)).astype(np.int32), nhosts,
+                   np.where(single, log2phy[0, ..., 0], -1).astype(np.int64), gpu)
+
+    def count(self, ids: np.ndarray, streams: "list[Stream]"
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """`(slot_load [L, P], counts [L, 3], agreed [L], mult [T, L, K])` (int64, int64,
+        int64, int32) of one step's ids `[T, L, K]` (any integer dtype), rank `r` drawing from
+        `streams[r]` (all of one step)."""
+        distinct: dict[tuple[int, int], int] = {}  # (key, shift) -> stream index
+        sid = np.array([distinct.setdefault((s.key, s.shift), len(distinct)) for s in streams],
+                       np.int64)
+        words = np.array([split_key(key) for key, _ in distinct], np.uint64).reshape(-1, 2)
+        shifts = np.array([shift for _, shift in distinct], np.int64)
+        seen: dict[tuple[int, int], int] = {}
+        for r in range(len(streams)):  # one representative of equal (view, stream)
+            seen.setdefault((int(self.vclass[r]), int(sid[r])), r)
+        reps = np.array(sorted(seen.values()), np.int64)
+        T, L, _ = ids.shape
+        chunks = row_chunks(T)
+        C = len(chunks) - 1
+        hist = np.zeros((C, L, len(self.slot_gpu)), np.int64)
+        counts = np.zeros((C, L, 3), np.int64)
+        agreed = np.zeros((C, L), np.int64)
+        mult = np.zeros(ids.shape, np.int32)
+        _streamed_none(np.ascontiguousarray(ids), self.log2phy, self.logcnt, self.vclass, words,
+                       shifts, sid, streams[0].step, self.slot_gpu, self.hosts, self.nhosts,
+                       self.fixed, reps, chunks, hist, counts, agreed, mult)
+        return hist.sum(0), counts.sum(0), agreed.sum(0), mult

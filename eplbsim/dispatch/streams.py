@@ -1,0 +1,155 @@
+"""Counter-based random streams: every draw of a run is Philox4x32-10 of a key and a counter.
+
+A rank's stream is a 64-bit key (`stream_key`) and a per-step shift (the rng relation "drift":
+the rank's coin hits so far). Any draw is computed from where it sits, without the draws before
+it, so a step's draws do not depend on the steps before (a run may be split over workers by
+steps) and the replay computes only the draws it reads (a rank whose GPU holds no replica of a
+pair's expert never needs that pair's draw).
+
+Counter words `(c0, c1, c2, c3)` of Philox4x32-10 (Salmon et al., SC'11, the generator of
+torch's CUDA generator and of Triton's `tl.randint`), by what they draw:
+- `random`'s draw of pair `i` (its flat position `t K + k` in the batch the rank dispatches) in
+  layer `l` of step `s`: 16-bit lane `i % 8` of Philox(key, `(i // 8, l + shift, s, 0)`), the
+  lanes being the four 32-bit words low half first. In `[0, 65536)`, as the engine's
+  `randint(0, 65536)`.
+- the seed of the torch generator a torch-drawing policy (lp, lplb-atomic, an engine's own code)
+  gets for layer `l` of step `s`: words 0 and 1 of Philox(key, `(0, l + shift, s, 1)`).
+- the drift coin of step `s`: word 0 of Philox(coin key, `(s, 0, 0, 2)`) / 2^32 < `drift_p`.
+
+Philox is written twice, bit for bit: scalar for compiled loops (`philox`, numba; callable from
+Python) and vectorized in torch on any device (`philox_torch`: `batch_draws`, the reference
+policy's and the CUDA path's draws).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+import torch
+
+from ..errors import InputError
+
+M0, M1 = 0xD2511F53, 0xCD9E8D57  # Philox4x32 multipliers
+W0, W1 = 0x9E3779B9, 0xBB67AE85  # its key increments (Weyl sequence)
+ROUNDS = 10
+MASK = 0xFFFFFFFF
+DRAW, SEED, COIN = 0, 1, 2  # the counter's last word: what a Philox block draws
+LANES = 8  # 16-bit draws of one block
+JIT = dict(nopython=True, nogil=True, cache=True)
+
+
+@numba.jit(**JIT)
+def philox(k0, k1, c0, c1, c2, c3):  # pragma: no cover - compiled
+    """Philox4x32-10 of key `(k0, k1)` and counter `(c0, c1, c2, c3)`, each word in
+    `[0, 2^32)`: four uint64 words in `[0, 2^32)`."""
+    mask = np.uint64(MASK)
+    m0, m1 = np.uint64(M0), np.uint64(M1)
+    x0, x1, x2, x3 = np.uint64(c0), np.uint64(c1), np.uint64(c2), np.uint64(c3)
+    a, b = np.uint64(k0), np.uint64(k1)
+    for r in range(ROUNDS):
+        p0 = m0 * x0
+        p1 = m1 * x2
+        x0, x1, x2, x3 = ((p1 >> np.uint64(32)) ^ x1 ^ a, p1 & mask,
+                          (p0 >> np.uint64(32)) ^ x3 ^ b, p0 & mask)
+        a = (a + np.uint64(W0)) & mask
+        b = (b + np.uint64(W1)) & mask
+    return x0, x1, x2, x3
+
+
+@numba.jit(parallel=True, **JIT)
+def _coins(k0, k1, stop, threshold, out):  # pragma: no cover - compiled
+    for s in numba.prange(stop):
+        out[s] = philox(k0, k1, s, 0, 0, COIN)[0] < threshold
+
+
+def _mulhilo(x: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(high, low)` 32-bit words of `x * m` for int64 `x` in `[0, 2^32)`, without leaving
+    int64 (the product is split in 16-bit halves of `x`)."""
+    low16, high16 = x & 0xFFFF, x >> 16
+    a, b = low16 * m, high16 * m  # each < 2^48
+    return (b + (a >> 16)) >> 16, (((b & 0xFFFF) << 16) + a) & MASK
+
+
+def philox_torch(key: tuple[int, int], c0: torch.Tensor, c1: int, c2: int,
+                 c3: int) -> torch.Tensor:
+    """`philox` of key `key` and counters `(c0[j], c1, c2, c3)` for every entry of int64 `c0
+    [N]`, on its device: int64 `[N, 4]`."""
+    x0, x1 = c0, torch.full_like(c0, c1)
+    x2, x3 = torch.full_like(c0, c2), torch.full_like(c0, c3)
+    a, b = key
+    for _ in range(ROUNDS):
+        h0, l0 = _mulhilo(x0, M0)
+        h1, l1 = _mulhilo(x2, M1)
+        x0, x1, x2, x3 = h1 ^ x1 ^ a, l1, h0 ^ x3 ^ b, l0
+        a, b = (a + W0) & MASK, (b + W1) & MASK
+    return torch.stack([x0, x1, x2, x3], 1)
+
+
+def batch_draws(key: tuple[int, int], num_pairs: int, layer: int, step: int,
+                device: torch.device | str) -> torch.Tensor:
+    """`random`'s draws of pairs `0 .. num_pairs - 1` at counter row `(layer, step)`, int64
+    `[num_pairs]` in `[0, 65536)` on `device`."""
+    blocks = torch.arange((num_pairs + LANES - 1) // LANES, dtype=torch.int64, device=device)
+    words = philox_torch(key, blocks, layer, step, DRAW)  # [B, 4]
+    halves = torch.stack([words & 0xFFFF, words >> 16], -1)  # [B, 4, 2]: low half first
+    return halves.reshape(-1)[:num_pairs]
+
+
+def split_key(key: int) -> tuple[int, int]:
+    """A 64-bit key as Philox's two 32-bit key words."""
+    return key & MASK, (key >> 32) & MASK
+
+
+def stream_key(*parts: int) -> int:
+    """A 64-bit key derived from integers (numpy's SeedSequence hashing)."""
+    words = np.random.SeedSequence(list(parts)).generate_state(2)
+    return int(words[0]) | int(words[1]) << 32
+
+
+def coin_hits(key: int, drift_p: float, steps: int) -> np.ndarray:
+    """The drift coin of each of steps `0 .. steps - 1` under `key`: bool `[steps]`, each True
+    with probability `drift_p` (module doc)."""
+    out = np.zeros(steps, np.bool_)
+    _coins(*split_key(key), steps, np.uint64(min(int(drift_p * 2 ** 32), 2 ** 32)), out)
+    return out
+
+
+@dataclass(frozen=True)
+class Stream:
+    """Where one rank draws in one step: its key and its shift (0 unless it drifted).
+
+    Draws of layer `l` sit at counter row `(l + shift, step)` (module doc)."""
+
+    key: int
+    step: int
+    shift: int = 0
+
+    @property
+    def words(self) -> tuple[int, int]:
+        return split_key(self.key)
+
+    def draws(self, num_pairs: int, layer: int, device: torch.device | str) -> torch.Tensor:
+        """`random`'s draws of the layer's batch of `num_pairs`, int64 `[num_pairs]`."""
+        return batch_draws(self.words, num_pairs, layer + self.shift, self.step, device)
+
+    def generator(self, layer: int, device: torch.device | str) -> torch.Generator:
+        """A torch generator on `device` for the layer's torch-drawn draws, seeded from the
+        stream (module doc)."""
+        words = philox(*self.words, 0, layer + self.shift, self.step, SEED)
+        seed = (int(words[0]) | int(words[1]) << 32) & (2 ** 63 - 1)
+        return torch.Generator(device=device).manual_seed(seed)
+
+
+def torch_generator(generator: torch.Generator | None, stream: Stream | None, layer: int,
+                    device: torch.device | str, who: str) -> torch.Generator:
+    """The generator a torch-drawing policy draws layer `layer` from: the one it was given
+    (`generator`, advancing call by call as an engine's does), else its stream's for the layer;
+    InputError naming the policy `who` when it has neither."""
+    if generator is not None:
+        return generator
+    if stream is None:
+        raise InputError(f"the {who} policy needs a generator or a stream in its dispatch "
+                         "context")
+    return stream.generator(layer, device)
