@@ -217,6 +217,12 @@ class Counters:
         """The counters of steps `[lo, hi)` (views)."""
         return Counters(**{f.name: getattr(self, f.name)[lo:hi] for f in fields(self)})
 
+    def put(self, lo: int, part: "Counters") -> None:
+        """Copy `part`, the counters of steps `[lo, lo + len)`, into these."""
+        for f in fields(self):
+            value = getattr(part, f.name)
+            getattr(self, f.name)[lo:lo + value.shape[0]] = value
+
 
 # ----------------------------------------------------------------------------- chunks
 

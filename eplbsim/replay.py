@@ -128,21 +128,39 @@ def run_steps(trace: Any, spec: RunSpec, segments: Sequence[Segment],
     combining counts with the group through `comm`. Returns the executed pairs per slot,
     `trace.load_dtype` (int32) `[S, L, P]`, and the rank counters, both summed over the
     group. `fast` counts with compiled loops where that is possible (`ranks`), with the same
-    results; exact norms it leaves out are computed when some step's error is not 0 (else
-    they stay `UNMEASURED`: nothing reads them, the relative error being 0). `progress` is
-    told of each step done."""
+    results; exact norms it leaves out are filled in by `fill_norms`. `progress` is told of
+    each step done."""
+    slot_load, counters = dispatch_steps(trace, spec, segments, range(trace.num_steps), held,
+                                         comm, device, fast, progress)
+    fill_norms(trace, spec, counters, device)
+    return slot_load, counters
+
+
+def dispatch_steps(trace: Any, spec: RunSpec, segments: Sequence[Segment], steps: range,
+                   held: Sequence[int] | None = None, comm: Collectives = LOCAL,
+                   device: str | None = None, fast: bool = True,
+                   progress: Progress | None = None) -> tuple[torch.Tensor, Counters]:
+    """`run_steps` for the contiguous `steps` of the run alone: `(slot_load [len(steps), L,
+    P], counters of those steps)`, norms left `UNMEASURED` where the fast path left them. A
+    step's outcome depends on nothing but its index, its ids and its segment (every draw is
+    counter-based, `dispatch.streams`), so ranges dispatched apart and concatenated equal the
+    whole run bit for bit."""
     d = spec.dispatch
     name, policy = resolve_policy(d.policy, d.engine_source)
     mode_step = lookup(MODES, d.mode, "mode")
     device = device or resolve_device(d.device)
-    S, L, E, G = trace.num_steps, trace.num_layers, trace.num_experts, spec.topology.gpus
+    L, E, G = trace.num_layers, trace.num_experts, spec.topology.gpus
     ranks = make_ranks(d.rng, d.seed, G, held, d.drift_p)
     moe = make_toy_moe(L, E, d.hidden, d.seed, device)
-    slot_load = torch.zeros(S, L, segments[0].placement.num_slots, dtype=trace.load_dtype)
+    slot_load = torch.zeros(len(steps), L, segments[0].placement.num_slots,
+                            dtype=trace.load_dtype)
     shared = spec.shared_work() > 0
-    counters = Counters.zeros(S, L, G, shared)
+    counters = Counters.zeros(len(steps), L, G, shared)
     read = getattr(trace, "stored_step", trace.step)  # ids as stored: the steps widen them
     for start, stop, placement, serving in phases(segments):
+        start, stop = max(start, steps.start), min(stop, steps.stop)
+        if start >= stop:
+            continue
         views = tuple(rank_view(d.view, placement if serving is None else serving[r.rank],
                                 r.rank, d.mode).to(device) for r in ranks)
         epoch = Epoch(name, policy, placement, ranks, views,
@@ -154,27 +172,39 @@ def run_steps(trace: Any, spec: RunSpec, segments: Sequence[Segment],
         for s in range(start, stop):
             ids = read(s).to(device)  # [T, L, K]
             out = mode_step(epoch, s, ids, trace.step_src_rank(s))
-            slot_load[s] = out.slot_load
-            counters.valid[s], counters.multiplicity[s] = out.valid, out.counts
-            counters.drift[s] = out.drifted
-            counters.tokens[s] = ids.shape[0]
+            i = s - steps.start
+            slot_load[i] = out.slot_load
+            counters.valid[i], counters.multiplicity[i] = out.valid, out.counts
+            counters.drift[i] = out.drifted
+            counters.tokens[i] = ids.shape[0]
             if out.crossings is not None:
-                counters.crossings[s] = out.crossings
+                counters.crossings[i] = out.crossings
             if out.agreed is not None:
-                counters.agreed[s] = out.agreed
+                counters.agreed[i] = out.agreed
             if out.wrong is not None:
-                counters.wrong[s] = out.wrong
+                counters.wrong[i] = out.wrong
             if out.shared is not None:
-                counters.shared[s] = out.shared
+                counters.shared[i] = out.shared
             if out.error is not None:
-                counters.error[s] = out.error
+                counters.error[i] = out.error
             if progress is not None:
                 progress(1)
-    unmeasured = torch.isinf(counters.error[:, :, 1]).any(1)  # [S]
-    if unmeasured.any() and (counters.error[:, :, 0] > 0).any():
-        for s in unmeasured.nonzero().flatten().tolist():
-            counters.error[s, :, 1] = exact_norms(step_sums(moe, s, trace.step(s))[0])
     return slot_load, counters
+
+
+def fill_norms(trace: Any, spec: RunSpec, counters: Counters,
+               device: str | None = None) -> None:
+    """Compute, in place, the exact norms the fast path left `UNMEASURED` in the whole run's
+    `counters` when some step's error is not 0 (else nothing reads them: every relative error
+    is 0), with the toy MoE layer on `device` (default the spec's)."""
+    unmeasured = torch.isinf(counters.error[:, :, 1]).any(1)  # [S]
+    if not (unmeasured.any() and (counters.error[:, :, 0] > 0).any()):
+        return
+    d = spec.dispatch
+    moe = make_toy_moe(trace.num_layers, trace.num_experts, d.hidden, d.seed,
+                       device or resolve_device(d.device))
+    for s in unmeasured.nonzero().flatten().tolist():
+        counters.error[s, :, 1] = exact_norms(step_sums(moe, s, trace.step(s))[0])
 
 
 def replay(trace: Any, spec: RunSpec | None = None,
@@ -212,19 +242,21 @@ def comparison(spec: RunSpec, policies: Sequence[Any], modes: Sequence[str]) -> 
 
 def compare(trace: Any, policies: Sequence[Any], modes: Sequence[str],
             spec: RunSpec | None = None,
-            progress: Callable[[RunSpec], Any] | None = None) -> Comparison:
+            progress: Callable[[RunSpec], Any] | None = None,
+            run: Callable[..., Results] = replay) -> Comparison:
     """Replay every spec of `comparison` on the same trace, counting its loads and solving its
     schedule once for all (the specs differ in policy and mode only): a list of Results that
     prints as a table (`Comparison`). `progress(spec)`, when given, makes a bar for one
-    replay (a context manager with `update`, as `progress.bar` does)."""
+    replay (a context manager with `update`, as `progress.bar` does). `run` replays one spec,
+    called as `replay` is (`workers.Workers.replay` splits it over processes)."""
     out = Comparison()
     specs = comparison(fitted(trace, RunSpec() if spec is None else spec), policies, modes)
     true_load = routed_loads(trace)  # counted and solved once: only the dispatch differs
     planned = true_load, schedule_of(trace, specs[0], true_load)
     for one in specs:
         if progress is None:
-            out.append(replay(trace, one, planned=planned))
+            out.append(run(trace, one, planned=planned))
             continue
         with progress(one) as steps:
-            out.append(replay(trace, one, steps.update, planned))
+            out.append(run(trace, one, steps.update, planned))
     return out

@@ -43,10 +43,8 @@ import io
 import itertools
 import json
 import math
-import multiprocessing
 import os
-import threading
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -60,6 +58,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from .errors import InputError
+from .executors import check_executor, local_pool, ray_session
 from .files import atomic_file, check_output, regular_file
 from .limits import MAX_CELLS
 from .progress import bar
@@ -72,7 +71,6 @@ from .traces.requests import RequestSet
 
 SOURCES = ("scenario", "trace", "requests")
 SIZES = ("steps", "tokens", "layers", "experts", "top_k")
-EXECUTORS = ("local", "ray")
 SPEC, CSV, PARQUET = "spec.toml", "results.csv", "results.parquet"
 _TRACES_KEPT = 4  # traces a worker keeps for its next cells
 
@@ -302,13 +300,6 @@ def _cell_failure(cell: Cell, exc: BaseException) -> InputError:
 Emit = Callable[[Cell, dict[str, Any]], None]
 
 
-def _exit_with_parent() -> None:
-    """Pool initializer: end the worker when the sweep's process dies (a killed sweep leaves
-    no worker waiting for tasks forever)."""
-    parent = multiprocessing.parent_process()
-    threading.Thread(target=lambda: (parent.join(), os._exit(1)), daemon=True).start()
-
-
 def _on_cuda(cell: Cell) -> bool:
     """Whether a cell runs on a CUDA device (a Ray task then asks for a GPU)."""
     return str(cell.values.get("device", "cpu")).startswith("cuda")
@@ -316,8 +307,7 @@ def _on_cuda(cell: Cell) -> bool:
 
 def _run_local(cells: list[Cell], workers: int, emit: Emit) -> None:
     """Run `cells` on `workers` spawned processes, emitting each row as its cell finishes."""
-    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=_exit_with_parent)
+    pool = local_pool(workers)
     try:
         futures = {pool.submit(_run_cell, cell): cell for cell in cells}
         for future in as_completed(futures):
@@ -332,38 +322,25 @@ def _run_local(cells: list[Cell], workers: int, emit: Emit) -> None:
 
 def _run_ray(cells: list[Cell], workers: int, address: str | None, emit: Emit) -> None:
     """Run each cell as a Ray task (one CPU; one GPU for device cuda) on the cluster at
-    `address`, or on a local instance of `workers` CPUs; emit rows as cells finish. Ray's usage
-    statistics stay off unless the environment turns them on (its report waits for the network:
-    a local instance without one started in about 35 s instead of 8)."""
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    try:
-        import ray
-    except ImportError:
-        raise InputError("--executor ray needs Ray: install the ray extra: "
-                         "pip install 'eplbsim[ray]'") from None
-    started = not ray.is_initialized()
-    if started and address is not None:
-        ray.init(address=address, logging_level="warning", log_to_driver=False)
-    elif started:
-        ray.init(num_cpus=workers, include_dashboard=False, _node_ip_address="127.0.0.1",
-                 logging_level="warning", log_to_driver=False)
+    `address`, or on a local instance of `workers` CPUs (`ray_session`); emit rows as cells
+    finish."""
     pending: list[Any] = []
-    try:
-        task = ray.remote(num_cpus=1)(_run_cell)
-        refs = {task.options(num_gpus=int(_on_cuda(cell))).remote(cell): cell for cell in cells}
-        pending = list(refs)
-        while pending:
-            (ref,), pending = ray.wait(pending, num_returns=1)
-            try:
-                row = ray.get(ref)
-            except ray.exceptions.RayError as exc:
-                raise _cell_failure(refs[ref], getattr(exc, "cause", None) or exc) from None
-            emit(refs[ref], row)
-    finally:
-        for ref in pending:
-            ray.cancel(ref)
-        if started:
-            ray.shutdown()
+    with ray_session(workers, address) as ray:
+        try:
+            task = ray.remote(num_cpus=1)(_run_cell)
+            refs = {task.options(num_gpus=int(_on_cuda(cell))).remote(cell): cell
+                    for cell in cells}
+            pending = list(refs)
+            while pending:
+                (ref,), pending = ray.wait(pending, num_returns=1)
+                try:
+                    row = ray.get(ref)
+                except ray.exceptions.RayError as exc:
+                    raise _cell_failure(refs[ref], getattr(exc, "cause", None) or exc) from None
+                emit(refs[ref], row)
+        finally:
+            for ref in pending:
+                ray.cancel(ref)
 
 
 # ----------------------------------------------------------------------------- the table
@@ -439,11 +416,7 @@ def run_sweep(sweep: Sweep, out: str | Path, executor: str = "local",
     bad arguments, an `out` that would touch an input (the spec, a trace, a placement file), a
     directory holding another sweep, or a failed cell (the rows written so far stay).
     """
-    if executor not in EXECUTORS:
-        raise InputError(f"unknown executor {executor!r}; choose one of {', '.join(EXECUTORS)}")
-    if address is not None and (executor != "ray" or workers is not None):
-        raise InputError("--address is for --executor ray, and then the cluster's CPUs are "
-                         "the workers (no --workers)")
+    check_executor(executor, workers, address)
     if address is None and any(map(_on_cuda, sweep.cells)) and not torch.cuda.is_available():
         raise InputError(f"{sweep.path}: device cuda, but torch sees no CUDA device here")
     workers = workers or os.cpu_count() or 1

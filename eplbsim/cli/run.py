@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, Callable, Iterator
 
 from .. import spec
 from ..errors import InputError
@@ -11,8 +13,10 @@ from ..progress import bar, run_label
 from ..replay import compare, replay
 from ..results import (describe, format_table, rebalance_report, series_rows, table_notes,
                        time_report, to_json, with_speedup, write_csv, write_results)
+from ..executors import EXECUTORS, check_executor
 from ..traces.counts import CountsTrace
-from .common import check_out_dir
+from ..workers import Workers
+from .common import check_out_dir, positive
 
 HELP = "compare dispatch policies on a trace or scenario"
 
@@ -23,6 +27,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --out, the time series per step and layer")
     p.add_argument("--baseline", metavar="POLICY", help="with --cost, each row's speedup: the "
                    "baseline policy's moe_ms in the same mode over the row's")
+    p.add_argument("--workers", type=positive, default=1, metavar="N",
+                   help="split the trace's steps over N worker processes, each replaying a "
+                   "contiguous range for every rank (the same numbers bit for bit; default 1: "
+                   "this process)")
+    p.add_argument("--executor", choices=EXECUTORS, default="local",
+                   help="with --workers: local processes (default) or Ray tasks (the ray extra)")
+    p.add_argument("--address", default=None, metavar="RAY_ADDRESS",
+                   help="with --executor ray: the Ray cluster (default: start a local instance "
+                   "of N CPUs)")
     p.add_argument("--json", action="store_true", help="print only JSON")
     p.add_argument("--out", type=Path, help="write results.json, results.csv, timeseries.csv, "
                    "migrations.csv and the figures policies.png and timeseries.png (with PDFs)")
@@ -42,8 +55,9 @@ def handle(args: argparse.Namespace) -> int:
     if isinstance(trace, CountsTrace):
         return _counts_only(args, trace, base)
     policies = lists["policy"]
-    results = compare(trace, policies, lists["mode"], base,
-                      lambda one: bar(trace.num_steps, run_label(one)))
+    with _runner(args, trace) as run:
+        results = compare(trace, policies, lists["mode"], base,
+                          lambda one: bar(trace.num_steps, run_label(one)), run)
     rows = [r.row() for r in results]
     if args.baseline is not None:
         if base.cost.cost is None:
@@ -74,6 +88,17 @@ def handle(args: argparse.Namespace) -> int:
         if not args.json:
             print("wrote " + ", ".join(str(p) for p in paths))
     return 0
+
+
+@contextmanager
+def _runner(args: argparse.Namespace, trace: Any) -> Iterator[Callable[..., Any]]:
+    """How each row is replayed: in this process, or split over `--workers`."""
+    if args.executor == "local" and args.address is None and args.workers == 1:
+        yield replay
+        return
+    check_executor(args.executor, None, args.address)
+    with Workers(trace, args.workers, args.executor, args.address) as workers:
+        yield workers.replay
 
 
 def _counts_only(args: argparse.Namespace, counts: CountsTrace, base: spec.RunSpec) -> int:

@@ -13,7 +13,7 @@ HELP = "run a grid of replays from a TOML spec into one table"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ..sweep import EXECUTORS
+    from ..executors import EXECUTORS
     p.description = ("Run the cells of a sweep spec (scenarios or traces x solvers x policies "
                      "x modes x topologies x seeds, any setting of the run schema) into "
                      "DIR/results.csv (and .parquet with pyarrow), resuming what DIR already "

@@ -1,0 +1,180 @@
+"""One trace over many workers: a run's steps split into contiguous ranges, one a worker.
+
+The schedule (the routed counts, every placement and segment) is planned once, here, from the
+whole trace; each worker dispatches its range of steps for every rank (`replay.dispatch_steps`)
+and its counters are put in place. A step's outcome depends only on its index, its ids and its
+segment (every random draw is counter-based, `dispatch.streams`), so the result is the
+one-process result bit for bit (`tests/test_workers.py` checks every policy, both modes and an
+async rebalance schedule).
+
+Executors (`executors`): "local" spawns `workers` processes; "ray" runs a task per range on the
+cluster at an address, or on a local instance. The trace goes to each worker once: a directory
+trace as its path (each worker reads its own steps from the files), a trace in memory pickled
+once per local process or put once in Ray's object store. Each local process takes its share
+of the cores for its compiled loops and torch; a Ray task takes one CPU.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from typing import Any, Sequence
+
+import numba
+import numpy as np
+import torch
+
+from .errors import InputError
+from .executors import check_executor, local_pool, ray_session
+from .metrics import Counters
+from .progress import Progress
+from .replay import (check_memory_of, dispatch_steps, fill_norms, fitted, replay,
+                     routed_loads, schedule_of)
+from .results import Results
+from .schedule.plan import Segment
+from .spec import RunSpec
+from .traces.counts import CountsTrace
+
+_TRACE: list[Any] = []  # a local worker's trace, set once by `_hold`
+
+
+def step_ranges(tokens: np.ndarray, parts: int) -> list[tuple[int, int]]:
+    """`parts` (at most one a step) contiguous, non-empty ranges `[lo, hi)` covering the steps
+    whose token counts are `tokens [S]`, cut where the running token count crosses each
+    `1 / parts` of the total (equal steps: equal ranges)."""
+    S = len(tokens)
+    parts = max(1, min(parts, S))
+    weight = np.cumsum(np.asarray(tokens, np.float64) + 1e-9)  # a step of no tokens still counts
+    cuts = np.searchsorted(weight, weight[-1] * np.arange(1, parts) / parts, "right")
+    bounds = np.unique(np.concatenate([[0], np.clip(cuts, 1, S - 1), [S]]))
+    return [(int(lo), int(hi)) for lo, hi in zip(bounds, bounds[1:])]
+
+
+def _hold(trace: Any, threads: int) -> None:
+    """Local worker initializer: keep the trace, take `threads` cores."""
+    _TRACE[:] = [trace]
+    _threads(threads)
+
+
+def _threads(threads: int) -> None:
+    """Compiled loops and torch on `threads` cores."""
+    numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
+    torch.set_num_threads(max(1, threads))
+
+
+def _range(trace: Any, spec: RunSpec, segments: Sequence[Segment], lo: int,
+           hi: int) -> tuple[torch.Tensor, Counters]:
+    """A worker's task: dispatch steps `[lo, hi)` (`replay.dispatch_steps`)."""
+    return dispatch_steps(trace, spec, segments, range(lo, hi))
+
+
+def _local_range(spec: RunSpec, segments: Sequence[Segment], lo: int,
+                 hi: int) -> tuple[torch.Tensor, Counters]:
+    return _range(_TRACE[0], spec, segments, lo, hi)
+
+
+def _ray_range(trace: Any, spec: RunSpec, segments: Sequence[Segment], lo: int,
+               hi: int) -> tuple[torch.Tensor, Counters]:
+    _threads(1)
+    return _range(trace, spec, segments, lo, hi)
+
+
+class Workers:
+    """`workers` processes replaying ranges of `trace`'s steps, as a context manager: the
+    processes start (and the trace is shipped) on entry and stop on exit. `replay` is called as
+    `replay.replay` is, so `replay.compare(..., run=workers.replay)` splits every row.
+
+    executor: "local" (default) or "ray"; address: the Ray cluster (default a local instance of
+    `workers` CPUs). InputError for an unknown executor, an address without Ray, a trace that
+    cannot be shipped (a policy given as a function of this process)."""
+
+    def __init__(self, trace: Any, workers: int, executor: str = "local",
+                 address: str | None = None) -> None:
+        check_executor(executor, None, address)
+        if workers < 1:
+            raise InputError(f"--workers must be at least 1, got {workers}")
+        self.trace, self.workers, self.executor, self.address = trace, workers, executor, address
+        self._pool: Any = None
+        self._ray: Any = None
+        self._session: Any = None
+        self._trace_ref: Any = None
+
+    def __enter__(self) -> "Workers":
+        if self.executor == "local":
+            threads = max(1, (os.cpu_count() or 1) // self.workers)
+            self._pool = local_pool(self.workers, _hold, (self.trace, threads))
+        else:
+            self._session = ray_session(self.workers, self.address)
+            self._ray = self._session.__enter__()
+            self._trace_ref = self._ray.put(self.trace)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._session is not None:
+            self._session.__exit__(*exc)
+
+    def replay(self, trace: Any, spec: RunSpec | None = None, progress: Progress | None = None,
+               planned: tuple[torch.Tensor, tuple[Segment, ...]] | None = None) -> Results:
+        """`replay.replay(trace, spec, progress, planned)` with the steps split over the
+        workers (`trace` must be the one they hold); the same Results bit for bit."""
+        if trace is not self.trace:
+            raise ValueError("Workers.replay replays the trace its workers hold")
+        spec = fitted(trace, RunSpec() if spec is None else spec)
+        if isinstance(trace, CountsTrace):  # nothing to dispatch
+            return replay(trace, spec, progress, planned)
+        check_memory_of(trace, spec)
+        _shippable(spec, "the run's settings (a policy given as a function)")
+        if planned is None:
+            true_load = routed_loads(trace)
+            planned = true_load, schedule_of(trace, spec, true_load)
+        true_load, segments = planned
+        S, L = trace.num_steps, trace.num_layers
+        ranges = step_ranges(trace.tokens_per_step.numpy(), self.workers)
+        slot_load = torch.zeros(S, L, segments[0].placement.num_slots, dtype=trace.load_dtype)
+        counters = Counters.zeros(S, L, spec.topology.gpus, spec.shared_work() > 0)
+        for (lo, hi), (part_load, part) in zip(ranges, self._run(spec, segments, ranges)):
+            slot_load[lo:hi] = part_load
+            counters.put(lo, part)
+            if progress is not None:
+                progress(hi - lo)
+        fill_norms(trace, spec, counters)
+        return Results(spec, slot_load, true_load, segments, counters)
+
+    def _run(self, spec: RunSpec, segments: Sequence[Segment],
+             ranges: list[tuple[int, int]]) -> Any:
+        """Each range's `(slot_load, counters)`, in order of the ranges."""
+        if self._pool is not None:
+            futures = [self._pool.submit(_local_range, spec, segments, lo, hi)
+                       for lo, hi in ranges]
+            try:
+                for future in futures:
+                    yield future.result()
+            finally:
+                for future in futures:
+                    future.cancel()
+            return
+        ray = self._ray
+        task = ray.remote(num_cpus=1)(_ray_range)
+        refs = [task.remote(self._trace_ref, spec, segments, lo, hi) for lo, hi in ranges]
+        try:
+            for ref in refs:
+                try:
+                    yield ray.get(ref)
+                except ray.exceptions.RayError as exc:
+                    cause = getattr(exc, "cause", None) or exc
+                    raise (cause if isinstance(cause, InputError) else
+                           InputError(f"a worker failed: {type(cause).__name__}: {cause}"))
+        finally:
+            for ref in refs:
+                ray.cancel(ref)
+
+
+def _shippable(value: Any, what: str) -> None:
+    """InputError unless `value` pickles (what goes to a worker process must)."""
+    try:
+        pickle.dumps(value)
+    except (pickle.PicklingError, AttributeError, TypeError) as exc:
+        raise InputError(f"{what} cannot be sent to worker processes ({exc}); give policies "
+                         "as file.py:function and traces as files") from None
