@@ -2,10 +2,11 @@
 replay it in "none" mode for 32 ranks (8 a node, 32 redundant slots) in a child process; report
 throughput and the child's peak RSS (issue 5's target: under 2 GB for a trace of at least 8 GB;
 issue 14's: also for a run 3x as long, `--repeat 3`: the trace's steps three times over as one
-run).
+run, `traces.repeated.Repeated`; issue 27's: an hour of DeepSeek-V3 routing, 1e11 pairs, with
+`--workers 2`). `peak_rss_mib` is the largest process's peak (the child, or one of its workers).
 
     python benchmarks/bench_big_trace.py --gigabytes 8 --dir /tmp/big_trace [--keep] [--reuse]
-        [--repeat 3] [--policy row] [--gpus 32]
+        [--repeat 3] [--policy row] [--gpus 32] [--workers 2 [--executor ray]]
 
 Dimensions: `S` steps, `T` tokens a step, `L = 58` layers, `K = 8`, `E = 256`.
 The ids are `--pool` synthesized skewed steps, reused with a per-step random relabelling of the
@@ -31,52 +32,37 @@ from eplbsim.traces.directory import write_steps
 
 L, K, E = 58, 8, 256
 CHILD = """
-import json, sys, time
-import torch
+import hashlib, json, sys, time
+from dataclasses import fields
 from eplbsim.replay import replay
 from eplbsim.spec import RunSpec
 from eplbsim.traces.directory import DirTrace
-from eplbsim.traces.trace import TraceShape
-
-
-class Repeated(TraceShape):
-    \"\"\"`trace`'s steps `times` times over, as one run (steps are read again, not kept).\"\"\"
-
-    def __init__(self, trace, times):
-        self.trace, self.times = trace, times
-        offsets, n = trace.step_offsets, trace.num_tokens
-        self.step_offsets = torch.cat([offsets[:-1] + i * n for i in range(times)]
-                                      + [offsets[-1:] + (times - 1) * n])
-        self.meta, self.num_experts = trace.meta, trace.num_experts
-
-    @property
-    def ids_shape(self):
-        return (self.trace.num_tokens * self.times, *self.trace.ids_shape[1:])
-
-    def step(self, s):
-        return self.trace.step(s % self.trace.num_steps)
-
-    def stored_step(self, s):
-        return self.trace.stored_step(s % self.trace.num_steps)
-
-    def step_src_rank(self, s):
-        return self.trace.step_src_rank(s % self.trace.num_steps)
-
-    def counts(self):
-        return self.trace.counts().repeat(self.times, 1, 1)
-
+from eplbsim.traces.repeated import Repeated
+from eplbsim.workers import Workers
 
 path, policy, gpus, times = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+workers, executor = int(sys.argv[5]), sys.argv[6]
 t0 = time.perf_counter()
 trace = DirTrace(path)
 opened = time.perf_counter() - t0
 trace = trace if times == 1 else Repeated(trace, times)
-res = replay(trace, RunSpec.of(policy=policy, mode="none", gpus=gpus,
-                               gpus_per_node=min(gpus, 8), redundant=32))
+spec = RunSpec.of(policy=policy, mode="none", gpus=gpus, gpus_per_node=min(gpus, 8),
+                  redundant=32)
+if workers == 1 and executor == "local":
+    res = replay(trace, spec)
+else:
+    with Workers(trace, workers, executor) as pool:
+        res = pool.replay(trace, spec)
+metrics = res.metrics
 print(json.dumps({"open_seconds": opened, "seconds": time.perf_counter() - t0,
                   "steps": trace.num_steps, "tokens": trace.num_tokens,
-                  "gpu_imbalance": res.metrics["gpu_imbalance"],
-                  "rank_agreement": res.metrics["rank_agreement"]}))
+                  "gpu_imbalance": metrics["gpu_imbalance"],
+                  "rank_agreement": metrics["rank_agreement"],
+                  "slot_load_sum": int(res.slot_load.sum()),
+                  "slot_load_sha256": hashlib.sha256(res.slot_load.numpy().tobytes()).hexdigest(),
+                  "counters_sha256": hashlib.sha256(b"".join(
+                      getattr(res.counters, f.name).numpy().tobytes()
+                      for f in fields(res.counters))).hexdigest()}))
 """
 
 
@@ -113,6 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=1,
                         help="replay the trace's steps this many times over as one run")
     parser.add_argument("--policy", default="row")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="replay on this many worker processes (eplbsim.workers; 1: in the "
+                        "child itself)")
+    parser.add_argument("--executor", default="local", choices=["local", "ray"])
     parser.add_argument("--gpus", type=int, default=32)
     args = parser.parse_args(argv)
     if args.reuse and args.dir.is_dir():
@@ -123,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         written = write(args.dir, args.gigabytes, args.tokens, args.pool, args.seed)
     try:
         done = subprocess.run([sys.executable, "-c", CHILD, str(args.dir), args.policy,
-                               str(args.gpus), str(args.repeat)], check=True,
+                               str(args.gpus), str(args.repeat), str(args.workers),
+                               args.executor], check=True,
                               capture_output=True, text=True)
     finally:
         if not args.keep:
@@ -132,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # KiB on Linux
     pairs = child["tokens"] * L * K
     report = {**written, **child, "policy": args.policy, "gpus": args.gpus,
-              "repeat": args.repeat, "peak_rss_mib": peak_kib / 1024,
+              "repeat": args.repeat, "workers": args.workers, "executor": args.executor,
+              "peak_rss_mib": peak_kib / 1024,
               "trace_pairs_per_second": pairs / child["seconds"]}
     print(json.dumps(report, indent=2))
     return 0

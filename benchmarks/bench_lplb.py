@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 
-import numpy as np
 import torch
 
 from eplbsim.dispatch import POLICIES

@@ -8,13 +8,14 @@
 #    on random inputs, poisoned outputs, -1 padding, E not a power of two); 4. times the Triton
 #    step kernels directly at N = 1e8 pairs against a device copy of the same bytes; 5. runs
 #    `eplbsim bench --device cuda --json` (the dispatch rows, and the replay on the device beside
-#    its kernel calls in both modes); 6. runs `eplbsim ranks` on NCCL with one rank per
-#    GPU (world size 1 when there is one GPU) and checks it against the simulation; 7. prints a
-#    short summary table.
+#    its kernel calls in both modes, `random` among the policies); 6. times the whole
+#    `eplbsim run --device cuda` end to end (a file in, JSON out, two lengths) for `row` and
+#    `random`; 7. runs `eplbsim ranks` on NCCL with one rank per GPU (world size 1 when there is
+#    one GPU) and checks it against the simulation; 8. prints a short summary table.
 # Every step has a timeout; the whole script stays well under 10 minutes. Logs and JSON go to
 # $OUT (when set, e.g. by a device runner) or to a fresh temporary folder. Exit status 0 only if
 # every step passed. Timeouts can be overridden: TEST_TIMEOUT, KERNEL_TIMEOUT, BENCH_TIMEOUT
-# (seconds), RANKS_TIMEOUT.
+# (seconds), E2E_TIMEOUT, RANKS_TIMEOUT.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -125,10 +126,26 @@ step kernels "${KERNEL_TIMEOUT:-120}" bash -c kernel_bench
 
 bench_json() {
     set -euo pipefail
-    "$PY" -m eplbsim.cli bench --device cuda --replay-repeats 1 --json > "$OUTDIR/bench.json"
+    "$PY" -m eplbsim.cli bench --device cuda --replay-repeats 1 --no-end-to-end --json \
+        > "$OUTDIR/bench.json"
 }
 export -f bench_json
 step bench "${BENCH_TIMEOUT:-240}" bash -c bench_json
+
+e2e_json() {  # the whole `eplbsim run --device cuda`, a file in and JSON out, row and random
+    set -euo pipefail
+    "$PY" - "$OUTDIR/e2e.json" <<'EOF'
+import json, sys
+from eplbsim.bench import end_to_end, format_end_to_end
+rows = [end_to_end(steps=(2, 66), policy=p, device="cuda", repeats=2, form="dir")
+        for p in ("row", "random")]
+for r in rows:
+    print(format_end_to_end(r))
+json.dump(rows, open(sys.argv[1], "w"), indent=1)
+EOF
+}
+export -f e2e_json
+step e2e "${E2E_TIMEOUT:-180}" bash -c e2e_json
 
 ranks_nccl() {
     set -euo pipefail
@@ -142,7 +159,7 @@ step ranks "${RANKS_TIMEOUT:-180}" bash -c ranks_nccl
 
 echo
 echo "=== summary (logs and JSON in $OUTDIR) ==="
-for name in tests kernels bench ranks; do
+for name in tests kernels bench e2e ranks; do
     printf '%-8s %s\n' "$name" "${STATUS[$name]:-skipped}"
 done
 grep -hE '^[0-9]+ passed|passed|failed|error' "$OUTDIR/tests.log" 2>/dev/null | tail -1 || true
@@ -180,8 +197,15 @@ if rep:
         print(f"{r['mode']:5s} {r['policy']:8s} {r['ranks']:5d} {r['steps']:3d} {r['tokens']:5d} "
               f"{r['layers']:3d} {r['replay_seconds']:9.3f} {r['replay_pairs_per_s'] / 1e6:10.1f} "
               f"{r['kernel_seconds']:9.3f} {r['replay_over_kernel']:14.2f}")
+e2e = load("e2e.json")
+if e2e:
+    print(f"\n{'end to end':10s} {'device':6s} {'M pairs/s':>10s} {'start-up s':>11s}")
+    for r in e2e:
+        rate, start = r["e2e_pairs_per_s"], r["startup_s"]
+        print(f"{r['policy']:10s} {r['device']:6s} "
+              + ("lost in the noise" if rate is None else f"{rate / 1e6:10.1f} {start:11.2f}"))
 EOF
 echo "total ${SECONDS}s"
-for name in tests kernels bench ranks; do
+for name in tests kernels bench e2e ranks; do
     case "${STATUS[$name]:-ok}" in ok*) ;; *) exit 1 ;; esac
 done

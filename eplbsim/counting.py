@@ -246,10 +246,11 @@ def _pair_table(table, ids, fill, out):  # pragma: no cover - compiled
                 out[t, layer, k] = fill if e < 0 else table[layer, e]
 
 
-def pair_table(table: np.ndarray, ids: np.ndarray, fill: int = 0) -> np.ndarray:
+def pair_table(table: np.ndarray, ids: np.ndarray, fill: int = 0,
+               out: np.ndarray | None = None) -> np.ndarray:
     """`table [L, E]` looked up at every pair of `ids [T, L, K]`, `[T, L, K]` of the table's
-    dtype, `fill` at padding."""
-    out = np.empty(ids.shape, table.dtype)
+    dtype (into `out` when given), `fill` at padding."""
+    out = np.empty(ids.shape, table.dtype) if out is None else out
     _pair_table(np.ascontiguousarray(table), np.ascontiguousarray(ids), fill, out)
     return out
 

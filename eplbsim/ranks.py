@@ -202,6 +202,19 @@ class Epoch:
                 and len(self.ranks) == self.num_ranks and not self.keep_choices)
 
     @cached_property
+    def _scratch(self) -> list[np.ndarray]:
+        return []
+
+    def scratch(self, shape: tuple[int, ...]) -> np.ndarray:
+        """An int64 array of `shape`, the same memory at every step of the epoch (what a step's
+        fast count consumes before the next: a fresh array of tens of MB a step costs more in
+        page faults than the dispatch that fills it)."""
+        n = int(np.prod(shape))
+        if not self._scratch or self._scratch[0].size < n:
+            self._scratch[:] = [np.empty(n, np.int64)]
+        return self._scratch[0][:n].reshape(shape)
+
+    @cached_property
     def streamed(self) -> StreamedViews:
         """The views arranged for counting a streamed policy (`DispatchPolicy.streamed`)."""
         return StreamedViews.of(list(self.views), self.placement.slot_gpu)
@@ -248,10 +261,12 @@ class StepOutcome:
     shared: torch.Tensor | None = None
 
 
-def _dispatch(epoch: Epoch, i: int, step: int, topk_ids: torch.Tensor) -> torch.Tensor:
-    """Held rank `i`'s checked choices for `topk_ids [T, L, K]`: int64 `[T, L, K]`."""
+def _dispatch(epoch: Epoch, i: int, step: int, topk_ids: torch.Tensor,
+              out: np.ndarray | None = None) -> torch.Tensor:
+    """Held rank `i`'s checked choices for `topk_ids [T, L, K]`: int64 `[T, L, K]` (written
+    into `out` by a named CPU kernel, `dispatch_step`)."""
     ctx = epoch.context(step, i)
-    return dispatch_step(epoch.policy, topk_ids, epoch.views[i], ctx, epoch.name)
+    return dispatch_step(epoch.policy, topk_ids, epoch.views[i], ctx, epoch.name, out)
 
 
 def _drift(epoch: Epoch, step: int) -> torch.Tensor:
@@ -374,7 +389,8 @@ def _none_counted(epoch: Epoch, step: int, topk_ids: torch.Tensor) -> StepOutcom
             mult = done
     elif len(epoch.groups) == 1:  # every rank chooses alike: each valid pair executed once
         topk_ids = _own_ids(topk_ids)
-        slot_load, agreed = counting.slot_counts(_dispatch(epoch, 0, step, topk_ids).numpy(), P)
+        phys = _dispatch(epoch, 0, step, topk_ids, epoch.scratch(topk_ids.shape))
+        slot_load, agreed = counting.slot_counts(phys.numpy(), P)
         counts = _executed_once(agreed)
     else:
         topk_ids = _own_ids(topk_ids)
@@ -422,11 +438,14 @@ def _a2a_counted(epoch: Epoch, step: int, topk_ids: torch.Tensor,
                            torch.from_numpy(_executed_once(valid)), torch.from_numpy(valid),
                            drifted)
     topk_ids = _own_ids(topk_ids)
-    phys = torch.empty(topk_ids.shape, dtype=torch.int64)
+    out = epoch.scratch(topk_ids.shape)
+    phys = torch.from_numpy(out)
     for i, own in enumerate(rows):
-        if src_rank is None and len(own):  # contiguous: a view, not a copy
+        if src_rank is None and len(own):  # contiguous: views, no copies
             lo, hi = int(own[0]), int(own[-1]) + 1
-            phys[lo:hi] = _dispatch(epoch, i, step, topk_ids[lo:hi])
+            chosen = _dispatch(epoch, i, step, topk_ids[lo:hi], out[lo:hi])
+            if chosen.data_ptr() != phys[lo:hi].data_ptr():  # not a named kernel: copy
+                phys[lo:hi] = chosen
         else:
             phys[own] = _dispatch(epoch, i, step, topk_ids[own])
     slot_load, valid = counting.slot_counts(phys.numpy(), epoch.placement.num_slots)

@@ -12,6 +12,7 @@ from hypothesis import given, settings, strategies as st
 from eplbsim.dispatch import POLICIES
 from eplbsim.dispatch.kernels import cpu, dispatch_step, reference_step, step_kernel, torch_step
 from eplbsim.dispatch.policies import DispatchContext, layer_offsets
+from eplbsim.dispatch.streams import Stream, stream_key
 from eplbsim.placement import Placement, full_view, nearest_legacy_view
 from eplbsim.topology import Topology
 
@@ -51,23 +52,29 @@ def steps(draw):
     return placement, ids.to(dtype), draw(st.integers(0, G - 1)), draw(st.integers(0, 9))
 
 
-def ctx(rank, step, seed=3):
+def ctx(rank, step, seed=3, streamed=False):
+    """Rank `rank`'s context at `step`: drawing from a fresh generator (an engine's way), or
+    from its counter-based stream, shifted by `step % 3` layers (the replay's way)."""
+    if streamed:
+        return DispatchContext(step=step, rank=rank, seed=seed,
+                               stream=Stream(stream_key(seed, rank), step, step % 3))
     return DispatchContext(step=step, rank=rank, seed=seed,
                            generator=torch.Generator().manual_seed(11 + rank))
 
 
 @pytest.mark.parametrize("name", KERNEL_POLICIES)
 @pytest.mark.parametrize("view_fn", [full_view, nearest_legacy_view])
+@pytest.mark.parametrize("streamed", [False, True])
 @settings(max_examples=30, deadline=None)
 @given(case=steps())
-def test_step_kernels_equal_the_reference(name, view_fn, case):
+def test_step_kernels_equal_the_reference(name, view_fn, streamed, case):
     placement, ids, rank, step = case
     view = view_fn(placement, rank)
     policy = POLICIES[name]
-    want = reference_step(policy, ids, view, ctx(rank, step))
+    want = reference_step(policy, ids, view, ctx(rank, step, streamed=streamed))
     kernels = [step_kernel(policy, "cpu"), getattr(torch_step, f"{name}_step", None)]
     for kernel in filter(None, kernels):
-        got = kernel(ids, view, ctx(rank, step))
+        got = kernel(ids, view, ctx(rank, step, streamed=streamed))
         assert got.dtype == torch.int64 and torch.equal(got, want), kernel
 
 
@@ -136,3 +143,18 @@ def test_cpu_row_steps_its_remainders_or_divides_as_the_reference(replicas):
     ctx = DispatchContext()
     want = reference_step(POLICIES["row"], ids, view, ctx)
     assert torch.equal(cpu.row_step(ids, view, ctx), want)
+
+
+@pytest.mark.parametrize("name", [n for n in KERNEL_POLICIES if "cpu" in POLICIES[n].kernels])
+def test_cpu_kernels_write_into_the_callers_scratch(name):
+    placement = Placement(torch.tensor([[0, 1, 0, 2, 3, 1, 2, 3]] * 2), 4, Topology(4, 2))
+    view = full_view(placement)
+    ids = torch.randint(-1, 4, (33, 2, 2), generator=torch.Generator().manual_seed(4))
+    c = DispatchContext(step=2, rank=1, seed=3, stream=Stream(stream_key(3, 1), 2))
+    want = dispatch_step(POLICIES[name], ids, view, c)
+    out = np.full(ids.shape, 12345, np.int64)  # poisoned: every entry must be written
+    got = dispatch_step(POLICIES[name], ids, view, c, out=out)
+    assert torch.equal(got, want) and np.array_equal(out, want.numpy())
+    assert got.data_ptr() == out.ctypes.data, "a view of the scratch, not a copy"
+    with pytest.raises(ValueError, match="out must be int64"):
+        dispatch_step(POLICIES[name], ids, view, c, out=np.empty((1, 2, 2), np.int64))

@@ -75,9 +75,9 @@ def test_rank_variant_policies_are_never_short_circuited(monkeypatch, name):
     calls = []
     real = ranks.dispatch_step
 
-    def spy(policy, ids, view, ctx, label):
+    def spy(policy, ids, view, ctx, label, out=None):
         calls.append(ctx.rank)
-        return real(policy, ids, view, ctx, label)
+        return real(policy, ids, view, ctx, label, out)
 
     monkeypatch.setattr(ranks, "dispatch_step", spy)
     placement = Placement(torch.tensor([[0, 1, 0, 2, 3, 1, 2, 3]]), 4, Topology(4, 2))

@@ -17,6 +17,7 @@ from eplbsim.errors import InputError
 from eplbsim.replay import compare, replay
 from eplbsim.spec import RunSpec
 from eplbsim.traces.directory import save_trace_dir
+from eplbsim.traces.repeated import Repeated
 from eplbsim.traces.synth import synthesize
 from eplbsim.workers import Workers, step_ranges
 
@@ -77,10 +78,19 @@ def test_a_local_ray_cluster_gives_the_same_bits(trace):
 
 
 def test_a_directory_trace_is_read_by_each_worker_from_its_path(trace, tmp_path):
+    """Read twice over (`Repeated`) as one run, too: a step is its base step again."""
     on_disk = save_trace_dir(trace, tmp_path / "trace")
     spec = RunSpec.of(gpus=4, redundant=4, policy="random")
     with Workers(on_disk, 2) as workers:
         _same(workers.replay(on_disk, spec), replay(trace, spec))
+    twice = Repeated(on_disk, 2)
+    assert twice.num_steps == 2 * trace.num_steps and torch.equal(
+        twice.counts(), torch.cat([trace.counts()] * 2))
+    assert torch.equal(twice.step(trace.num_steps + 3), trace.step(3))
+    with Workers(twice, 3) as workers:
+        _same(workers.replay(twice, spec), replay(twice, spec))
+    with pytest.raises(InputError, match="at least once"):
+        Repeated(trace, 0)
 
 
 def test_bad_requests_are_input_errors(trace):

@@ -89,7 +89,7 @@ def handle(args: argparse.Namespace) -> int:
                                           args.replay_layers, policies, modes, args.seed,
                                           args.replay_repeats, rows_done.update) \
             if args.replay else []
-    e2e = [B.end_to_end(seed=args.seed)] if args.end_to_end else []
+    e2e = [B.end_to_end(seed=args.seed, device=device)] if args.end_to_end else []
     if args.json:
         print(to_json(rows + replay_rows + e2e))
         return 0

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..counting import expert_counts, first_duplicate
+from ..counting import counts_and_first_duplicate, expert_counts
 from ..errors import InputError
 from ..files import NPY_HEADER, atomic_dir, npy_refusal, regular_file
 from ..limits import MAX_EXPERTS, MAX_GPUS
@@ -146,12 +146,15 @@ class DirTrace(TraceShape):
         self._check_values()
 
     def _check_values(self) -> None:
-        """Stream over ids (and src ranks) in chunks: ids in `[-1, E)` compared in their own
-        dtype, no expert twice in a token's top-k, ranks in `[0, MAX_GPUS)`; InputError naming
-        file, row and step."""
+        """Stream over ids (and src ranks) in chunks of whole steps: ids in `[-1, E)` compared
+        in their own dtype, no expert twice in a token's top-k, ranks in `[0, MAX_GPUS)`;
+        InputError naming file, row and step. The pairs per (step, layer, expert) are counted
+        in the same pass and handed to the first `counts()`."""
         E = self.num_experts
         offsets = self.step_offsets.numpy()
-        for lo, hi in _row_chunks(self._ids, self.num_tokens):
+        counts = torch.zeros(self.num_steps, self.num_layers, E, dtype=self.load_dtype)
+        for a, b in self._step_chunks():
+            lo, hi = int(offsets[a]), int(offsets[b])
             chunk = self._ids.rows(lo, hi)
             if chunk.size and (chunk.min() < -1 or chunk.max() >= E):
                 row = lo + int(np.flatnonzero(((chunk < -1) | (chunk >= E)).reshape(
@@ -160,13 +163,16 @@ class DirTrace(TraceShape):
                 step = int(np.searchsorted(offsets, row, "right")) - 1
                 raise InputError(f"{self._ids.path}: expert id {int(bad[0])} at token row "
                                  f"{row} (step {step}); ids must lie in [-1, {E})")
-            duplicate = first_duplicate(chunk)
+            made, duplicate = counts_and_first_duplicate(chunk, offsets[a:b + 1] - lo, E,
+                                                         self.load_dtype)
             if duplicate is not None:
                 row, layer, expert = lo + duplicate[0], duplicate[1], duplicate[2]
                 step = int(np.searchsorted(offsets, row, "right")) - 1
                 raise InputError(f"{self._ids.path}: token row {row} (step {step}) routes "
                                  f"expert {expert} twice in layer {layer}; a router picks "
                                  f"top_k distinct experts")
+            counts[a:b] = torch.from_numpy(made)
+        self.__dict__["_counts"] = counts  # handed to the first `counts()`
         if self._src is not None:
             for lo, hi in _row_chunks(self._src, self.num_tokens):
                 chunk = self._src.rows(lo, hi)
@@ -216,23 +222,41 @@ class DirTrace(TraceShape):
         return torch.from_numpy(self._src.rows(lo, hi).astype(np.int64))
 
     def counts(self) -> torch.Tensor:
-        """(token, slot) pairs per logical expert, `load_dtype` `[S, L, E]`, read in chunks of
-        steps."""
+        """(token, slot) pairs per logical expert, `load_dtype` `[S, L, E]`. The first call
+        gets the counts validation made in its pass over the ids (the caller owns them, as
+        every call's); later calls read the ids again in chunks of steps."""
+        made = self.__dict__.pop("_counts", None)
+        if made is not None:
+            return made
         S, L, E = self.num_steps, self.num_layers, self.num_experts
         out = torch.zeros(S, L, E, dtype=self.load_dtype)
-        per_row = max(L * self.top_k, 1)
         offsets = self.step_offsets.numpy()
-        a = 0
-        while a < S:
-            b = a + 1  # at least one step; more while the chunk stays small
-            while b < S and int(offsets[b + 1] - offsets[a]) * per_row <= CHUNK_ELEMENTS:
-                b += 1
+        for a, b in self._step_chunks():
             lo, hi = int(offsets[a]), int(offsets[b])
             out[a:b] = torch.from_numpy(expert_counts(self._ids.rows(lo, hi),
                                                       offsets[a:b + 1] - lo, E,
                                                       self.load_dtype))
-            a = b
         return out
+
+    def _step_chunks(self) -> Iterator[tuple[int, int]]:
+        """Steps `[a, b)` read together: at least one, more while their ids stay within
+        `CHUNK_ELEMENTS`."""
+        S, offsets = self.num_steps, self.step_offsets.numpy()
+        per_row = max(self.num_layers * self.top_k, 1)
+        a = 0
+        while a < S:
+            b = a + 1
+            while b < S and int(offsets[b + 1] - offsets[a]) * per_row <= CHUNK_ELEMENTS:
+                b += 1
+            yield a, b
+            a = b
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The trace to pickle, without the counts its validation made (they wait for this
+        process's first `counts()`): another process gets the path and reads what it needs."""
+        state = dict(self.__dict__)
+        state.pop("_counts", None)
+        return state
 
 
 def _row_chunks(npy: _Npy, rows: int) -> Iterator[tuple[int, int]]:

@@ -85,13 +85,16 @@ def reference_step(policy: Any, topk_ids: torch.Tensor, view: View, ctx: Dispatc
 
 
 def dispatch_step(policy: Any, topk_ids: torch.Tensor, view: View, ctx: DispatchContext,
-                  name: str | None = None) -> torch.Tensor:
+                  name: str | None = None, out: Any = None) -> torch.Tensor:
     """Every layer of a step, `topk_ids [T, L, K]` -> phys int64 `[T, L, K]`, for the
     `DispatchPolicy` `policy`: its fast kernel where one loads on this device, else the guarded
     reference, checked unless the kernel is a named one (`ctx.layer` is ignored; `name` names
-    the policy in errors)."""
+    the policy in errors). `out`: an int64 numpy array `[T, L, K]` a named CPU kernel writes
+    into (the result is then a view of it); ignored by everything else."""
     kernel, trusted = _kernel(policy, topk_ids.device)
     if trusted:
+        if out is not None and topk_ids.device.type == "cpu":
+            return kernel(topk_ids, view, ctx, out=out)
         return kernel(topk_ids, view, ctx)
     name = name or getattr(policy.fn, "__name__", repr(policy.fn))
     phys = (reference_step(policy, topk_ids, view, ctx, name) if kernel is None

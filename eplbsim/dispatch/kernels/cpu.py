@@ -123,21 +123,31 @@ def _streamed(ids, log2phy, logcnt, k0, k1, shift, step, out):  # pragma: no cov
                 out[t, layer, k] = log2phy[layer, e, d % n]
 
 
-def _arrays(topk_ids: torch.Tensor, view: View) -> tuple[np.ndarray, ...]:
+def _arrays(topk_ids: torch.Tensor, view: View,
+            out: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+    """`(ids int32, log2phy, logcnt, out int64 [T, L, K])`: `out` the caller's when given
+    (scratch it reuses from step to step: a fresh array of tens of MB costs more in page faults
+    than the dispatch that fills it), else a new one."""
     ids = np.ascontiguousarray(topk_ids.numpy(), dtype=np.int32)  # one compiled signature
-    return ids, view.log2phy.numpy(), view.logcnt.numpy(), np.empty(ids.shape, np.int64)
+    if out is None:
+        out = np.empty(ids.shape, np.int64)
+    elif out.shape != ids.shape or out.dtype != np.int64:
+        raise ValueError(f"out must be int64 {ids.shape}, got {out.dtype} {out.shape}")
+    return ids, view.log2phy.numpy(), view.logcnt.numpy(), out
 
 
-def row_step(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> torch.Tensor:
-    """`row` for `[T, L, K]` ids in one pass."""
-    ids, log2phy, logcnt, out = _arrays(topk_ids, view)
+def row_step(topk_ids: torch.Tensor, view: View, ctx: DispatchContext,
+             out: np.ndarray | None = None) -> torch.Tensor:
+    """`row` for `[T, L, K]` ids in one pass (into `out`, when given: `_arrays`)."""
+    ids, log2phy, logcnt, out = _arrays(topk_ids, view, out)
     _row(ids, log2phy, logcnt, out, row_chunks(ids.shape[0]))
     return torch.from_numpy(out)
 
 
-def ordinal_step(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> torch.Tensor:
+def ordinal_step(topk_ids: torch.Tensor, view: View, ctx: DispatchContext,
+                 out: np.ndarray | None = None) -> torch.Tensor:
     """`ordinal` for `[T, L, K]` ids: per-layer offsets from (step, layer[, rank])."""
-    ids, log2phy, logcnt, out = _arrays(topk_ids, view)
+    ids, log2phy, logcnt, out = _arrays(topk_ids, view, out)
     L = ids.shape[1]
     offsets = layer_offsets(ctx, L).numpy()
     blocks = max(1, min(numba.get_num_threads() * 2 // L, ids.shape[0] // 4096))
@@ -145,17 +155,20 @@ def ordinal_step(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> to
     return torch.from_numpy(out)
 
 
-def static_step(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> torch.Tensor:
+def static_step(topk_ids: torch.Tensor, view: View, ctx: DispatchContext,
+                out: np.ndarray | None = None) -> torch.Tensor:
     """`static`: the rank's fixed table `[L, E]`, looked up for every pair."""
     table = static_table(view, ctx.rank, ctx.seed).numpy()  # [L, E]
-    return torch.from_numpy(pair_table(table, _arrays(topk_ids, view)[0], -1))
+    ids, _, _, out = _arrays(topk_ids, view, out)
+    return torch.from_numpy(pair_table(table, ids, -1, out))
 
 
-def random_step(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> torch.Tensor:
+def random_step(topk_ids: torch.Tensor, view: View, ctx: DispatchContext,
+                out: np.ndarray | None = None) -> torch.Tensor:
     """`random`: each pair's draw from the stream, computed where it is needed (an expert with
     one candidate needs none); with a generator instead, one `randint(0, 65536)` batch of
     `T * K` draws per layer, in layer order."""
-    ids, log2phy, logcnt, out = _arrays(topk_ids, view)
+    ids, log2phy, logcnt, out = _arrays(topk_ids, view, out)
     T, L, K = ids.shape
     if ctx.stream is not None and ctx.generator is None:
         stream = ctx.stream
