@@ -145,7 +145,7 @@ json.dump(rows, open(sys.argv[1], "w"), indent=1)
 EOF
 }
 export -f e2e_json
-step e2e "${E2E_TIMEOUT:-180}" bash -c e2e_json
+step e2e "${E2E_TIMEOUT:-240}" bash -c e2e_json
 
 ranks_nccl() {
     set -euo pipefail

@@ -174,7 +174,7 @@ def straightforward(policy: str, prob: Problem) -> torch.Tensor:
     if policy == "static":
         return prob.table[ids]
     if policy == "random":
-        draws = prob.context().stream.draws(n, 0, device)
+        draws = prob.context().stream.draws(n, 0, device)[0]
         return log2phy[ids, draws % logcnt[ids]]
     raise ValueError(f"no straightforward expression for policy {policy!r}")
 

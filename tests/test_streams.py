@@ -38,7 +38,7 @@ def test_torch_and_compiled_philox_agree_and_lanes_are_16_bit_halves():
     torch_words = philox_torch(key, c0, 4, 9, 0)
     assert torch_words.tolist() == [[int(w) for w in philox(*key, c, 4, 9, 0)]
                                     for c in c0.tolist()]
-    draws = batch_draws(key, 21, 4, 9, "cpu")  # pair i: block i // 8, lane i % 8
+    draws = batch_draws(key, 21, [4], 9, "cpu")[0]  # pair i: block i // 8, lane i % 8
     for i in range(21):
         word = int(philox(*key, i // 8, 4, 9, 0)[(i % 8) // 2])
         assert draws[i] == (word >> (16 * (i % 2))) & 0xFFFF
@@ -49,7 +49,9 @@ def test_streams_are_counter_based_and_keyed():
     a, b = Stream(stream_key(0), 5), Stream(stream_key(0, 1), 5)
     assert torch.equal(a.draws(64, 2, "cpu"), Stream(stream_key(0), 5).draws(64, 2, "cpu"))
     assert not torch.equal(a.draws(64, 2, "cpu"), b.draws(64, 2, "cpu"))
-    assert torch.equal(a.draws(64, 2, "cpu")[:10], a.draws(10, 2, "cpu")), "a prefix"
+    assert torch.equal(a.draws(64, 2, "cpu")[:, :10], a.draws(10, 2, "cpu")), "a prefix"
+    three = a.draws(64, 2, "cpu", num_layers=3)  # every layer at once, as layer by layer
+    assert torch.equal(three, torch.cat([a.draws(64, layer, "cpu") for layer in (2, 3, 4)]))
     shifted = Stream(stream_key(0), 5, shift=1)
     assert torch.equal(shifted.draws(64, 0, "cpu"), a.draws(64, 1, "cpu"))
     g1, g2 = a.generator(3, "cpu"), a.generator(3, "cpu")

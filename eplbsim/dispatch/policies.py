@@ -114,8 +114,7 @@ def layer_draws(ctx: DispatchContext, num_pairs: int, num_layers: int,
     (`Stream.draws`), else one `randint(0, 65536)` batch a layer from `ctx.generator`, in layer
     order."""
     if ctx.stream is not None and ctx.generator is None:
-        return torch.stack([ctx.stream.draws(num_pairs, ctx.layer + layer, device)
-                            for layer in range(num_layers)])
+        return ctx.stream.draws(num_pairs, ctx.layer, device, num_layers)
     generator = torch_generator(ctx.generator, None, ctx.layer, device, "random")
     out = torch.empty(num_layers, num_pairs, dtype=torch.int64, device=device)
     for layer in range(num_layers):

@@ -72,29 +72,31 @@ def _mulhilo(x: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
     return (b + (a >> 16)) >> 16, (((b & 0xFFFF) << 16) + a) & MASK
 
 
-def philox_torch(key: tuple[int, int], c0: torch.Tensor, c1: int, c2: int,
+def philox_torch(key: tuple[int, int], c0: torch.Tensor, c1: int | torch.Tensor, c2: int,
                  c3: int) -> torch.Tensor:
-    """`philox` of key `key` and counters `(c0[j], c1, c2, c3)` for every entry of int64 `c0
-    [N]`, on its device: int64 `[N, 4]`."""
-    x0, x1 = c0, torch.full_like(c0, c1)
-    x2, x3 = torch.full_like(c0, c2), torch.full_like(c0, c3)
+    """`philox` of key `key` and counters `(c0[j], c1[j], c2, c3)` for every entry of int64 `c0
+    [...]` (`c1` an int, or int64 broadcasting with `c0`), on its device: int64 `[..., 4]`."""
+    x1 = c1 + torch.zeros_like(c0)
+    x0, x2, x3 = c0 + torch.zeros_like(x1), torch.full_like(x1, c2), torch.full_like(x1, c3)
     a, b = key
     for _ in range(ROUNDS):
         h0, l0 = _mulhilo(x0, M0)
         h1, l1 = _mulhilo(x2, M1)
         x0, x1, x2, x3 = h1 ^ x1 ^ a, l1, h0 ^ x3 ^ b, l0
         a, b = (a + W0) & MASK, (b + W1) & MASK
-    return torch.stack([x0, x1, x2, x3], 1)
+    return torch.stack([x0, x1, x2, x3], -1)
 
 
-def batch_draws(key: tuple[int, int], num_pairs: int, layer: int, step: int,
+def batch_draws(key: tuple[int, int], num_pairs: int, layers: torch.Tensor, step: int,
                 device: torch.device | str) -> torch.Tensor:
-    """`random`'s draws of pairs `0 .. num_pairs - 1` at counter row `(layer, step)`, int64
-    `[num_pairs]` in `[0, 65536)` on `device`."""
+    """`random`'s draws of pairs `0 .. num_pairs - 1` at counter rows `(layers[l], step)`, int64
+    `[len(layers), num_pairs]` in `[0, 65536)` on `device`: every layer at once (one Philox
+    over `[L, B]` blocks, a few dozen tensor ops whatever `L`)."""
     blocks = torch.arange((num_pairs + LANES - 1) // LANES, dtype=torch.int64, device=device)
-    words = philox_torch(key, blocks, layer, step, DRAW)  # [B, 4]
-    halves = torch.stack([words & 0xFFFF, words >> 16], -1)  # [B, 4, 2]: low half first
-    return halves.reshape(-1)[:num_pairs]
+    rows = torch.as_tensor(layers, dtype=torch.int64, device=device).view(-1, 1)
+    words = philox_torch(key, blocks.view(1, -1), rows, step, DRAW)  # [L, B, 4]
+    halves = torch.stack([words & 0xFFFF, words >> 16], -1)  # [L, B, 4, 2]: low half first
+    return halves.reshape(rows.shape[0], -1)[:, :num_pairs]
 
 
 def split_key(key: int) -> tuple[int, int]:
@@ -130,9 +132,12 @@ class Stream:
     def words(self) -> tuple[int, int]:
         return split_key(self.key)
 
-    def draws(self, num_pairs: int, layer: int, device: torch.device | str) -> torch.Tensor:
-        """`random`'s draws of the layer's batch of `num_pairs`, int64 `[num_pairs]`."""
-        return batch_draws(self.words, num_pairs, layer + self.shift, self.step, device)
+    def draws(self, num_pairs: int, layer: int, device: torch.device | str,
+              num_layers: int = 1) -> torch.Tensor:
+        """`random`'s draws of a batch of `num_pairs` in each of layers `layer .. layer +
+        num_layers - 1`, int64 `[num_layers, num_pairs]`."""
+        layers = torch.arange(layer, layer + num_layers) + self.shift
+        return batch_draws(self.words, num_pairs, layers, self.step, device)
 
     def generator(self, layer: int, device: torch.device | str) -> torch.Generator:
         """A torch generator on `device` for the layer's torch-drawn draws, seeded from the
