@@ -100,22 +100,24 @@ def replica_loads(slot_load: torch.Tensor, placement: Placement) -> torch.Tensor
     return loads.masked_fill(log2phy < 0, math.nan)
 
 
-def replica_skew(slot_load: torch.Tensor, placement: Placement) -> torch.Tensor:
+def replica_skew(slot_load: torch.Tensor, placement: Placement,
+                 loads: torch.Tensor | None = None) -> torch.Tensor:
     """max / mean replica load of each expert `[..., L, P] -> [..., L, E]`; NaN unless the
-    expert has >= 2 replicas and nonzero load."""
-    loads = replica_loads(slot_load, placement)
+    expert has >= 2 replicas and nonzero load. `loads`: `replica_loads(slot_load, placement)`
+    when the caller has it."""
+    loads = replica_loads(slot_load, placement) if loads is None else loads
     peak = loads.nan_to_num(-math.inf).amax(-1)
-    mean = loads.nanmean(-1)
+    mean = loads.nan_to_num(0.0).sum(-1) / placement.logcnt  # its logcnt replicas' mean
     defined = (placement.logcnt >= 2) & (mean > 0)
     return torch.where(defined, peak / torch.where(defined, mean, 1.0), math.nan)
 
 
-def idle_replicas(slot_load: torch.Tensor, true_load: torch.Tensor,
-                  placement: Placement) -> tuple[torch.Tensor, torch.Tensor]:
+def idle_replicas(slot_load: torch.Tensor, true_load: torch.Tensor, placement: Placement,
+                  loads: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(idle, eligible) replica counts, int64 `[..., L]`, for `[..., L, P]` executed and
     `[..., L, E]` routed loads: eligible replicas belong to experts with >= 2 replicas and at
-    least `n_e` pairs; idle ones among them executed nothing."""
-    loads = replica_loads(slot_load, placement)  # [..., L, E, R]
+    least `n_e` pairs; idle ones among them executed nothing. `loads`: as `replica_skew`'s."""
+    loads = replica_loads(slot_load, placement) if loads is None else loads  # [..., L, E, R]
     eligible_expert = (placement.logcnt >= 2) & (true_load >= placement.logcnt)  # [..., L, E]
     eligible = eligible_expert.unsqueeze(-1) & ~loads.isnan()
     return (eligible & (loads == 0)).sum((-2, -1)), eligible.sum((-2, -1))
@@ -318,9 +320,14 @@ class Chunk:
                 else _promise(self.best, self.routed, self.num_gpus, self.shared_even))
 
     @cached_property
+    def replicas(self) -> torch.Tensor:
+        """Executed load of every replica, float64 `[c, L, E, R]` (`replica_loads`)."""
+        return replica_loads(self.executed, self.placement)
+
+    @cached_property
     def skew(self) -> torch.Tensor:
         """Replica skew of every expert, `[c, L, E]`, NaN where undefined."""
-        return replica_skew(self.executed, self.placement)
+        return replica_skew(self.executed, self.placement, self.replicas)
 
 
 def layer_scale(cost: Any, num_layers: int) -> float:
@@ -573,7 +580,7 @@ METRICS: dict[str, Metric] = {
     "replica_skew_max": Metric("skew_max", _skew_peak, peak, needs=EXECUTED),
     "replica_skew_cumulative": Metric("skew_cum", whole=_skew_cumulative, needs=EXECUTED),
     "idle_replica_frac": Metric(
-        "idle", lambda c: idle_replicas(c.executed, c.routed, c.placement), ratio,
+        "idle", lambda c: idle_replicas(c.executed, c.routed, c.placement, c.replicas), ratio,
         needs=EXECUTED),
     "placement_imbalance": Metric("promise", lambda c: (c.promise,)),
     "placement_gap": Metric("gap", lambda c: (placement_gap(c.placement, c.routed),),
