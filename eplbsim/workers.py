@@ -157,17 +157,19 @@ class Workers:
             return
         ray = self._ray
         task = ray.remote(num_cpus=1)(_ray_range)
-        refs = [task.remote(self._trace_ref, spec, segments, lo, hi) for lo, hi in ranges]
+        pending = [task.remote(self._trace_ref, spec, segments, lo, hi) for lo, hi in ranges]
         try:
-            for ref in refs:
+            while pending:
                 try:
-                    yield ray.get(ref)
+                    part = ray.get(pending[0])
                 except ray.exceptions.RayError as exc:
                     cause = getattr(exc, "cause", None) or exc
                     raise (cause if isinstance(cause, InputError) else
                            InputError(f"a worker failed: {type(cause).__name__}: {cause}"))
-        finally:
-            for ref in refs:
+                pending.pop(0)
+                yield part
+        finally:  # only the tasks not yet returned: cancelling a finished one can abort Ray
+            for ref in pending:
                 ray.cancel(ref)
 
 
