@@ -53,13 +53,13 @@ def trace():
 
 
 def test_every_policy_in_both_modes_splits_bit_for_bit_on_local_processes(trace):
-    """Three processes, an async rebalance schedule (segments and switches cut across the
+    """Two processes, an async rebalance schedule (segments and switches cut across the
     ranges), drifting rank streams, shared-expert work and link counts."""
     spec = RunSpec.of(gpus=4, gpus_per_node=2, redundant=4, rebalance_every=4,
                       rebalance_mode="async", copy_steps=2, rng="drift", drift_p=0.3,
                       shared_experts=1, cost="roofline")
     whole = compare(trace, POLICY_NAMES, ["none", "a2a"], spec)
-    with Workers(trace, 3) as workers:
+    with Workers(trace, 2) as workers:
         split = compare(trace, POLICY_NAMES, ["none", "a2a"], spec, run=workers.replay)
     assert len(whole) == len(split) > len(POLICY_NAMES)
     for ours, theirs in zip(split, whole):
@@ -78,11 +78,10 @@ def test_a_local_ray_cluster_gives_the_same_bits(trace):
 
 
 def test_a_directory_trace_is_read_by_each_worker_from_its_path(trace, tmp_path):
-    """Read twice over (`Repeated`) as one run, too: a step is its base step again."""
+    """Read twice over (`Repeated`) as one run: a step is its base step again, and three
+    workers each read their own steps (ranges cutting across the repeats)."""
     on_disk = save_trace_dir(trace, tmp_path / "trace")
     spec = RunSpec.of(gpus=4, redundant=4, policy="random")
-    with Workers(on_disk, 2) as workers:
-        _same(workers.replay(on_disk, spec), replay(trace, spec))
     twice = Repeated(on_disk, 2)
     assert twice.num_steps == 2 * trace.num_steps and torch.equal(
         twice.counts(), torch.cat([trace.counts()] * 2))
