@@ -419,11 +419,11 @@ def end_to_end(steps: Sequence[int] = E2E_STEPS, tokens: int = REPLAY_SIZE["toke
     trace (`skewed_trace`, 32 ranks) of each of two lengths written into `folder` (a temporary
     one by default) as `form`: "npz" (`save_trace`: compressed) or "dir" (`save_trace_dir`: the
     uncompressed directory form), then `eplbsim run --trace PATH --device DEVICE --json` timed
-    as a separate
-    process for each, the fastest of `repeats` runs after one warm-up run. The difference of the two lengths' pairs over the difference of their
-    wall times is the throughput of the run beyond its fixed start-up (imports, numba's cache),
-    which the shorter run's time minus its share gives: `{"e2e_pairs_per_s", "startup_s",
-    ...}`."""
+    as a separate process for each, the fastest of `repeats` runs after one warm-up run. The
+    difference of the two lengths' pairs over the difference of their wall times is the
+    throughput of the run beyond its fixed start-up (imports, numba's cache), which the shorter
+    run's time minus its share gives: `{"e2e_pairs_per_s", "startup_s", ...}`, both None when
+    the longer run was not slower (the difference lost in the noise)."""
     import subprocess
     import sys
     import tempfile
@@ -467,8 +467,8 @@ def format_end_to_end(row: dict[str, Any]) -> str:
     (s1, s2), (t1, t2) = row["steps"], row["seconds"]
     what = "a .npz" if row["form"] == "npz" else "a trace directory"
     return (f"end to end (eplbsim run on {row['device']}, {what} in, JSON out, "
-            f"{row['ranks']} ranks, {row['policy']}, \"{row['mode']}\"): {s1} steps in {t1:.2f} s, {s2} steps in "
-            f"{t2:.2f} s of {row['tokens']} tokens x {row['layers']} layers\n"
+            f"{row['ranks']} ranks, {row['policy']}, \"{row['mode']}\"): {s1} steps in "
+            f"{t1:.2f} s, {s2} steps in {t2:.2f} s of {row['tokens']} tokens x {row['layers']} layers\n"
             + ("the longer run was not slower: the difference is lost in the noise; lengthen "
                "the runs" if row["e2e_pairs_per_s"] is None else
                f"{row['e2e_pairs_per_s'] / 1e6:.0f} M trace pairs/s beyond a fixed "

@@ -28,9 +28,10 @@ what real ranks and the checkers run) builds every pair's multiplicity as torch 
 `Epoch.fast`, when one CPU process holds every rank and no choices are kept, compiled loops
 (`counting`) count instead, only what a configuration needs: one group of identical ranks
 executes every pair exactly once (its slot counts are all there is to count); a policy with a
-`table` is counted from the step's expert counts alone; the toy-MoE error is computed only for a
-step where some pair is not executed exactly once, else it is exactly 0 and the exact norm is
-left to the caller (`UNMEASURED`).
+`table` is counted from the step's expert counts alone; a `streamed` policy (`random`) from the
+draws of the ranks that hold a replica of each pair's expert; the toy-MoE error is computed
+only for a step where some pair is not executed exactly once, else it is exactly 0 and the
+exact norm is left to the caller (`UNMEASURED`).
 """
 
 from __future__ import annotations

@@ -6,8 +6,14 @@ Torch has no running-count primitive, so on the CPU `ordinal` would need a gener
 O(N log N) stable argsort, ~10x a gather); a compiled loop counts occurrences in one pass.
 `ordinal` splits each layer's pairs into blocks: a per-block expert histogram, an exclusive scan
 over blocks, then each block counts on from its base, so blocks run in parallel and the result
-does not depend on the number of threads.
-Every kernel writes int64 `[T, L, K]`, -1 where the id is -1.
+does not depend on the number of threads. `random` computes each pair's Philox block where it
+needs one (`dispatch.streams`). Every kernel writes int64 `[T, L, K]`, -1 where the id is -1,
+into a new array or the caller's scratch (`out`).
+
+`StreamedViews` counts `random` in "none" for every rank at once without dispatching every
+pair for every rank: only a rank whose GPU holds a replica of the pair's expert can execute it,
+so only its draw decides the pair's multiplicity, and agreement is checked rank by rank up to
+the first difference.
 """
 
 from __future__ import annotations
