@@ -16,9 +16,10 @@ from eplbsim import engines
 from eplbsim.cli import main
 from eplbsim.engines.conform import conformance
 from eplbsim.engines.source import missing_files, pinned_folder
-from eplbsim.replay import replay
+from eplbsim.replay import compare, replay
 from eplbsim.spec import RunSpec
 from eplbsim.traces.synth import synthesize
+from eplbsim.workers import Workers
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -260,3 +261,16 @@ def test_deepseek_publishes_its_replica_order():
     assert (placement.logcnt[0, 0], placement.logcnt[1, 3]) == (5, 5)
     laid = solve("deepseek", load, 8, Topology(2), previous=placement)
     assert torch.equal(laid.order, laid.log2phy)  # ascending once laid over the previous one
+
+
+def test_the_engines_own_code_runs_split_over_workers(sglang_source):
+    """Each worker process loads the engine from the same cache; its rows equal one process's
+    bit for bit (the engine's draws come from torch generators seeded by step and layer)."""
+    trace = synthesize("skewed", steps=4, tokens=32, layers=2, experts=16, top_k=4)
+    spec = RunSpec.of(gpus=4, view="sglang")
+    policies = ["sglang:dynamic", "sglang:static"]
+    whole = compare(trace, policies, ["none", "a2a"], spec)
+    with Workers(trace, 2) as workers:
+        split = compare(trace, policies, ["none", "a2a"], spec, run=workers.replay)
+    assert [r.row() for r in split] == [r.row() for r in whole]
+    assert {r.row()["engine"] for r in split} == {"sglang 0.5.23"}
