@@ -9,7 +9,8 @@ one layer. For each policy and `N`, three things are timed on the same device an
 
 - **straightforward**: the torch expression a serving engine writes, each step a separate op
   (`row = arange(N) // K`, then `log2phy[ids, row % logcnt[ids]]`; a stable argsort for
-  `ordinal`; a table gather for `static`; `randint(0, 65536) % logcnt[ids]` for `random`);
+  `ordinal`; a table gather for `static`; for `random`, the stream's draws made by torch ops
+  (`streams.batch_draws`) `% logcnt[ids]`);
 - **ours**: `eplbsim.dispatch.kernels.dispatch_step` on the `[T, 1, K]` ids;
 - **roofline**: the machine's memory bandwidth, a streaming copy moving the same bytes as
   dispatch must (a copy of `6N` bytes: `6N` read + `6N` written = the `4N` id bytes read +
@@ -468,7 +469,8 @@ def format_end_to_end(row: dict[str, Any]) -> str:
     what = "a .npz" if row["form"] == "npz" else "a trace directory"
     return (f"end to end (eplbsim run on {row['device']}, {what} in, JSON out, "
             f"{row['ranks']} ranks, {row['policy']}, \"{row['mode']}\"): {s1} steps in "
-            f"{t1:.2f} s, {s2} steps in {t2:.2f} s of {row['tokens']} tokens x {row['layers']} layers\n"
+            f"{t1:.2f} s, {s2} steps in {t2:.2f} s of {row['tokens']} tokens x "
+            f"{row['layers']} layers\n"
             + ("the longer run was not slower: the difference is lost in the noise; lengthen "
                "the runs" if row["e2e_pairs_per_s"] is None else
                f"{row['e2e_pairs_per_s'] / 1e6:.0f} M trace pairs/s beyond a fixed "

@@ -38,7 +38,7 @@ def _rank_choices(policy: str | Policy, ids: torch.Tensor, placement: Placement,
                   rng: str, seed: int, steps: range, mode: str,
                   sources: Any = ()) -> torch.Tensor:
     """Every rank's choices for the same ids dispatched as each step of `steps` in turn, each
-    rank with its own view and generator, through the mode's rank step: int64
+    rank with its own view and random stream, through the mode's rank step: int64
     `[len(steps), G, T, L, K]` (-1 outside a rank's own rows in "a2a")."""
     G = placement.topology.num_gpus
     if ids.shape[1] != placement.num_layers:
@@ -85,9 +85,9 @@ def rank_invariance(policy: str | Policy, topk_ids: torch.Tensor, placement: Pla
                     view: str = "full", rng: str = "independent", seed: int = 0,
                     step: int = 0, sources: Any = ()) -> RankInvariance:
     """Dispatch one step of `topk_ids` (`[T, K]` or `[T, L, K]`) on every rank of `placement`'s
-    topology, each with its own view (a `VIEWS` name) and generator (related as `rng`), in
+    topology, each with its own view (a `VIEWS` name) and random stream (related as `rng`), in
     "none" mode, and compare the choices. A rank-invariant policy agrees everywhere whatever
-    the ranks' generators; InputError if it breaks its contract (`check_policy`). `sources`
+    the ranks' streams; InputError if it breaks its contract (`check_policy`). `sources`
     names the engine sources an engine policy runs from."""
     ids = _as_step(topk_ids)
     choices = _rank_choices(policy, ids, placement, view, rng, seed, range(step, step + 1),

@@ -4,7 +4,7 @@ Dimensions: `S` steps, `T` tokens in a step, `L` layers, `E` logical experts, `K
 `P` physical slots, `G` ranks = GPUs, `D` hidden size of the toy MoE layer.
 
 Each rank is one process holding only what an EP rank of a serving engine holds: its rank id,
-its view of the placement, its own random generator (related to the others' as `independent`,
+its view of the placement, its own random stream (related to the others' as `independent`,
 `shared` or `drift`, exactly as in the simulation), and in "a2a" only its own tokens (it
 dispatches its rows alone). It runs the very step the simulation runs (`ranks.MODES`, through
 `replay.run_steps`) with the group's all-reduce and all-gather as its `Collectives`, so per

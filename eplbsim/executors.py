@@ -21,12 +21,14 @@ from .errors import InputError
 EXECUTORS = ("local", "ray")
 
 
-def check_executor(executor: str, workers: int | None, address: str | None) -> None:
-    """InputError for an unknown executor, or an address given to anything but Ray's own
-    cluster (whose CPUs are then the workers: no worker count with it)."""
+def check_executor(executor: str, address: str | None, workers: int | None = None) -> None:
+    """InputError for an unknown executor, an address given to anything but Ray, or (a sweep,
+    whose workers are a cluster's CPUs) an address with a worker count."""
     if executor not in EXECUTORS:
         raise InputError(f"unknown executor {executor!r}; choose one of {', '.join(EXECUTORS)}")
-    if address is not None and (executor != "ray" or workers is not None):
+    if address is not None and executor != "ray":
+        raise InputError("--address is for --executor ray")
+    if address is not None and workers is not None:
         raise InputError("--address is for --executor ray, and then the cluster's CPUs are "
                          "the workers (no --workers)")
 

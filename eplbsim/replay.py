@@ -209,12 +209,15 @@ def fill_norms(trace: Any, spec: RunSpec, counters: Counters,
 
 def replay(trace: Any, spec: RunSpec | None = None,
            progress: Progress | None = None,
-           planned: tuple[torch.Tensor, tuple[Segment, ...]] | None = None) -> Results:
+           planned: tuple[torch.Tensor, tuple[Segment, ...]] | None = None,
+           steps: Callable[..., tuple[torch.Tensor, Counters]] = run_steps) -> Results:
     """Replay `trace` (a Trace, DirTrace or CountsTrace) under `spec` (default `RunSpec()`);
     the same inputs give the same numbers. `progress` is told of each step dispatched.
     `planned`, when given, is `(routed loads [S, L, E], segments)` already made for this trace
     by a spec whose topology, solver and schedule are `spec`'s (`compare` counts and solves
-    once for all its rows); they are not made again."""
+    once for all its rows); they are not made again. `steps(trace, spec, segments,
+    progress=)` dispatches every step as `run_steps` does (`workers.Workers` splits them over
+    processes)."""
     spec = fitted(trace, RunSpec() if spec is None else spec)
     check_memory_of(trace, spec)
     if planned is None:
@@ -223,7 +226,7 @@ def replay(trace: Any, spec: RunSpec | None = None,
     true_load, segments = planned
     if isinstance(trace, CountsTrace):
         return Results(spec, None, true_load, segments, None)
-    slot_load, counters = run_steps(trace, spec, segments, progress=progress)
+    slot_load, counters = steps(trace, spec, segments, progress=progress)
     return Results(spec, slot_load, true_load, segments, counters)
 
 

@@ -7,7 +7,7 @@ A review places on the first part of the trace and scores on the rest (`holdout`
 share), candidate beside baseline, in one mode:
 - **correctness**: the candidate's claimed rank-invariance class against what it does. In
   "none" a search dispatches small adversarial batches on every rank (one token, odd counts,
-  repeated rows, padding rows, then whole steps), each rank with its own view and generator,
+  repeated rows, padding rows, then whole steps), each rank with its own view and random stream,
   and keeps the smallest batch on which ranks choose differently; failing that, the first
   step and layer where the scored replay disagreed (as when ranks switch to a rebalance at
   different steps). The toy MoE layer's output error on the scored steps says what it costs.
@@ -132,13 +132,14 @@ def review(trace: Any, candidate: Any, baseline: Any = None, spec: RunSpec | Non
     scoring = (spec.replace(initial=placement) if rebalancing
                else spec.replace(placement=placement))
 
-    runs: dict[str, list[Results]] = {}
-    for which, policy in (("candidate", candidate), ("baseline", baseline)):
-        runs[which] = []
-        for i in range(seeds):
+    runs: dict[str, list[Results]] = {"candidate": [], "baseline": []}
+    routed = routed_loads(test)  # counted once; each seed's schedule solved once for both
+    for i in range(seeds):
+        seeded = fitted(test, scoring.replace(seed=spec.dispatch.seed + i))
+        planned = routed, schedule_of(test, seeded, routed)
+        for which, policy in (("candidate", candidate), ("baseline", baseline)):
             note(f"{which} {names[which == 'baseline']}, seed {spec.dispatch.seed + i}")
-            runs[which].append(replay(test, scoring.replace(policy=policy,
-                                                            seed=spec.dispatch.seed + i)))
+            runs[which].append(replay(test, seeded.replace(policy=policy), planned=planned))
     cand, base = runs["candidate"][0], runs["baseline"][0]
     held = None
     if rebalancing:
@@ -266,7 +267,7 @@ def _balance(cand: Results, base: Results, test: Any, placement: Placement) -> d
     layers = {n: _layer_imbalance(r) for n, r in (("candidate", cand), ("baseline", base))}
     worst = np.argsort(-np.nan_to_num(layers["candidate"], nan=-1.0))[:WORST].tolist()
     loaded = placement.logcnt > 1  # [L, E]
-    routed = routed_loads(test).sum(0)  # [L, E]
+    routed = cand.true_load.sum(0)  # [L, E] the test steps' routed pairs
     return {
         "candidate": {k: cand.metrics.get(k) for k in BALANCE_KEYS},
         "baseline": {k: base.metrics.get(k) for k in BALANCE_KEYS},

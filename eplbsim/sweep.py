@@ -416,7 +416,7 @@ def run_sweep(sweep: Sweep, out: str | Path, executor: str = "local",
     bad arguments, an `out` that would touch an input (the spec, a trace, a placement file), a
     directory holding another sweep, or a failed cell (the rows written so far stay).
     """
-    check_executor(executor, workers, address)
+    check_executor(executor, address, workers)
     if address is None and any(map(_on_cuda, sweep.cells)) and not torch.cuda.is_available():
         raise InputError(f"{sweep.path}: device cuda, but torch sees no CUDA device here")
     workers = workers or os.cpu_count() or 1

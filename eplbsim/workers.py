@@ -28,12 +28,10 @@ from .errors import InputError
 from .executors import check_executor, local_pool, ray_session
 from .metrics import Counters
 from .progress import Progress
-from .replay import (check_memory_of, dispatch_steps, fill_norms, fitted, replay,
-                     routed_loads, schedule_of)
+from .replay import dispatch_steps, fill_norms, replay
 from .results import Results
 from .schedule.plan import Segment
 from .spec import RunSpec
-from .traces.counts import CountsTrace
 
 _TRACE: list[Any] = []  # a local worker's trace, set once by `_hold`
 
@@ -62,21 +60,17 @@ def _threads(threads: int) -> None:
     torch.set_num_threads(max(1, threads))
 
 
-def _range(trace: Any, spec: RunSpec, segments: Sequence[Segment], lo: int,
-           hi: int) -> tuple[torch.Tensor, Counters]:
-    """A worker's task: dispatch steps `[lo, hi)` (`replay.dispatch_steps`)."""
-    return dispatch_steps(trace, spec, segments, range(lo, hi))
-
-
 def _local_range(spec: RunSpec, segments: Sequence[Segment], lo: int,
                  hi: int) -> tuple[torch.Tensor, Counters]:
-    return _range(_TRACE[0], spec, segments, lo, hi)
+    """A local worker's task: steps `[lo, hi)` of the trace it holds (`dispatch_steps`)."""
+    return dispatch_steps(_TRACE[0], spec, segments, range(lo, hi))
 
 
 def _ray_range(trace: Any, spec: RunSpec, segments: Sequence[Segment], lo: int,
                hi: int) -> tuple[torch.Tensor, Counters]:
+    """A Ray task: steps `[lo, hi)` of `trace` on the task's one CPU."""
     _threads(1)
-    return _range(trace, spec, segments, lo, hi)
+    return dispatch_steps(trace, spec, segments, range(lo, hi))
 
 
 class Workers:
@@ -85,12 +79,12 @@ class Workers:
     `replay.replay` is, so `replay.compare(..., run=workers.replay)` splits every row.
 
     executor: "local" (default) or "ray"; address: the Ray cluster (default a local instance of
-    `workers` CPUs). InputError for an unknown executor, an address without Ray, a trace that
-    cannot be shipped (a policy given as a function of this process)."""
+    `workers` CPUs). InputError for an unknown executor, an address without Ray, or settings
+    that cannot be sent to a worker (a policy given as a function of this process)."""
 
     def __init__(self, trace: Any, workers: int, executor: str = "local",
                  address: str | None = None) -> None:
-        check_executor(executor, None, address)
+        check_executor(executor, address)
         if workers < 1:
             raise InputError(f"--workers must be at least 1, got {workers}")
         self.trace, self.workers, self.executor, self.address = trace, workers, executor, address
@@ -121,15 +115,13 @@ class Workers:
         workers (`trace` must be the one they hold); the same Results bit for bit."""
         if trace is not self.trace:
             raise ValueError("Workers.replay replays the trace its workers hold")
-        spec = fitted(trace, RunSpec() if spec is None else spec)
-        if isinstance(trace, CountsTrace):  # nothing to dispatch
-            return replay(trace, spec, progress, planned)
-        check_memory_of(trace, spec)
-        _shippable(spec, "the run's settings (a policy given as a function)")
-        if planned is None:
-            true_load = routed_loads(trace)
-            planned = true_load, schedule_of(trace, spec, true_load)
-        true_load, segments = planned
+        return replay(trace, spec, progress, planned, self.run_steps)
+
+    def run_steps(self, trace: Any, spec: RunSpec, segments: Sequence[Segment],
+                  progress: Progress | None = None) -> tuple[torch.Tensor, Counters]:
+        """`replay.run_steps` for every step of the trace the workers hold, one contiguous
+        range a worker (balanced by tokens), the ranges' counts put in place."""
+        _shippable(spec)
         S, L = trace.num_steps, trace.num_layers
         ranges = step_ranges(trace.tokens_per_step.numpy(), self.workers)
         slot_load = torch.zeros(S, L, segments[0].placement.num_slots, dtype=trace.load_dtype)
@@ -140,7 +132,7 @@ class Workers:
             if progress is not None:
                 progress(hi - lo)
         fill_norms(trace, spec, counters)
-        return Results(spec, slot_load, true_load, segments, counters)
+        return slot_load, counters
 
     def _run(self, spec: RunSpec, segments: Sequence[Segment],
              ranges: list[tuple[int, int]]) -> Any:
@@ -173,10 +165,11 @@ class Workers:
                 ray.cancel(ref)
 
 
-def _shippable(value: Any, what: str) -> None:
-    """InputError unless `value` pickles (what goes to a worker process must)."""
+def _shippable(spec: RunSpec) -> None:
+    """InputError unless `spec` pickles, as what goes to a worker process must (a policy given
+    as a function of this process does not)."""
     try:
-        pickle.dumps(value)
+        pickle.dumps(spec)
     except (pickle.PicklingError, AttributeError, TypeError) as exc:
-        raise InputError(f"{what} cannot be sent to worker processes ({exc}); give policies "
-                         "as file.py:function and traces as files") from None
+        raise InputError(f"the run's settings cannot be sent to worker processes ({exc}); "
+                         "give a policy of your own as file.py:function") from None

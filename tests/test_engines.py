@@ -105,11 +105,10 @@ def _close_in_distribution(engine_row, twin_row):
 
 def test_python_api_runs_the_engine(sglang_source):
     trace = synthesize("skewed", steps=3, tokens=32, layers=2, experts=16, top_k=4)
-    spec = RunSpec.of(gpus=4, policy="sglang:dynamic", mode="a2a", view="sglang")
+    spec = RunSpec.of(gpus=4, policy="sglang:dynamic", mode="none", view="sglang")
     ours = replay(trace, spec)
-    twin = replay(trace, spec.replace(policy="random"))
-    assert ours.metrics["multiplicity"] == twin.metrics["multiplicity"] == {
-        "0": 0.0, "1": 1.0, "2+": 0.0}
+    twin = replay(trace, spec.replace(policy="row"))  # its dispatch without an a2a backend
+    assert ours.metrics == twin.metrics
     assert ours.row()["engine"] == "sglang 0.5.23"
 
 

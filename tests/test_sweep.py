@@ -234,7 +234,9 @@ def test_command_line_runs_and_reports_bad_input(reference, tmp_path, capsys):
     for argv, match in [([str(tmp_path / "none.toml"), "--out", str(tmp_path)], "no such file"),
                         ([str(spec)], "no output directory"),
                         ([str(spec), "--out", str(out), "--address", "auto"],
-                         "--address is for --executor ray")]:
+                         "--address is for --executor ray"),
+                        ([str(spec), "--out", str(out), "--executor", "ray", "--address", "auto",
+                          "--workers", "2"], "(no --workers)")]:
         assert main(["sweep", *argv]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("eplbsim: error:") and match in err[0], err

@@ -13,7 +13,7 @@ from ..progress import bar, run_label
 from ..replay import compare, replay
 from ..results import (describe, format_table, rebalance_report, series_rows, table_notes,
                        time_report, to_json, with_speedup, write_csv, write_results)
-from ..executors import EXECUTORS, check_executor
+from ..executors import EXECUTORS
 from ..traces.counts import CountsTrace
 from ..workers import Workers
 from .common import check_out_dir, positive
@@ -96,7 +96,6 @@ def _runner(args: argparse.Namespace, trace: Any) -> Iterator[Callable[..., Any]
     if args.executor == "local" and args.address is None and args.workers == 1:
         yield replay
         return
-    check_executor(args.executor, None, args.address)
     with Workers(trace, args.workers, args.executor, args.address) as workers:
         yield workers.replay
 

@@ -58,6 +58,11 @@ class DispatchContext:
     rank_offset: bool | None = None
     tp: int = 1
 
+    @property
+    def draws_streamed(self) -> bool:
+        """Whether random draws from the stream (given one and no generator)."""
+        return self.stream is not None and self.generator is None
+
 
 Policy = Callable[[torch.Tensor, View, DispatchContext], torch.Tensor]
 
@@ -113,7 +118,7 @@ def layer_draws(ctx: DispatchContext, num_pairs: int, num_layers: int,
     `[num_layers, T*K]` in `[0, 65536)`, one per pair of each layer's batch: the stream's
     (`Stream.draws`), else one `randint(0, 65536)` batch a layer from `ctx.generator`, in layer
     order."""
-    if ctx.stream is not None and ctx.generator is None:
+    if ctx.draws_streamed:
         return ctx.stream.draws(num_pairs, ctx.layer, device, num_layers)
     generator = torch_generator(ctx.generator, None, ctx.layer, device, "random")
     out = torch.empty(num_layers, num_pairs, dtype=torch.int64, device=device)

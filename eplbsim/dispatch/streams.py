@@ -29,6 +29,7 @@ import numba
 import numpy as np
 import torch
 
+from ..counting import JIT
 from ..errors import InputError
 
 M0, M1 = 0xD2511F53, 0xCD9E8D57  # Philox4x32 multipliers
@@ -37,7 +38,6 @@ ROUNDS = 10
 MASK = 0xFFFFFFFF
 DRAW, SEED, COIN = 0, 1, 2  # the counter's last word: what a Philox block draws
 LANES = 8  # 16-bit draws of one block
-JIT = dict(nopython=True, nogil=True, cache=True)
 
 
 @numba.jit(**JIT)
@@ -56,6 +56,13 @@ def philox(k0, k1, c0, c1, c2, c3):  # pragma: no cover - compiled
         a = (a + np.uint64(W0)) & mask
         b = (b + np.uint64(W1)) & mask
     return x0, x1, x2, x3
+
+
+@numba.jit(**JIT, inline="always")
+def lane(word, i):  # pragma: no cover - compiled
+    """Pair `i`'s 16-bit draw from `word`, the block's 32-bit word `(i % 8) // 2` (low half
+    first): an int64 in `[0, 65536)`."""
+    return np.int64((np.uint64(word) >> np.uint64(16 * (i & 1))) & np.uint64(0xFFFF))
 
 
 @numba.jit(parallel=True, **JIT)

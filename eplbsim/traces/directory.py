@@ -225,7 +225,7 @@ class DirTrace(TraceShape):
         """(token, slot) pairs per logical expert, `load_dtype` `[S, L, E]`. The first call
         gets the counts validation made in its pass over the ids (the caller owns them, as
         every call's); later calls read the ids again in chunks of steps."""
-        made = self.__dict__.pop("_counts", None)
+        made = self._validated_counts()
         if made is not None:
             return made
         S, L, E = self.num_steps, self.num_layers, self.num_experts
@@ -250,13 +250,6 @@ class DirTrace(TraceShape):
                 b += 1
             yield a, b
             a = b
-
-    def __getstate__(self) -> dict[str, Any]:
-        """The trace to pickle, without the counts its validation made (they wait for this
-        process's first `counts()`): another process gets the path and reads what it needs."""
-        state = dict(self.__dict__)
-        state.pop("_counts", None)
-        return state
 
 
 def _row_chunks(npy: _Npy, rows: int) -> Iterator[tuple[int, int]]:

@@ -69,6 +69,18 @@ class TraceShape:
         has 2**31 tokens or more."""
         return count_dtype(int(self.tokens_per_step.max()) if self.num_steps else 0)
 
+    def _validated_counts(self) -> torch.Tensor | None:
+        """The pair counts validation made in its pass over the ids, handed over once (the
+        caller owns them); None after that, or when validation made none."""
+        return self.__dict__.pop("_counts", None)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The trace to pickle, without the counts its validation made (they wait for this
+        process's first `counts()`; another process counts, or reads only what it needs)."""
+        state = dict(self.__dict__)
+        state.pop("_counts", None)
+        return state
+
 
 def count_dtype(most_tokens: int) -> torch.dtype:
     """int32 for the pair counts of steps of at most `most_tokens` tokens, unless that is
@@ -187,18 +199,11 @@ class Trace(TraceShape):
             return None
         return self.src_rank[self.step_offsets[s]:self.step_offsets[s + 1]]
 
-    def __getstate__(self) -> dict[str, Any]:
-        """The trace to pickle, without the counts its validation made (they wait for this
-        process's first `counts()`; another process counts again)."""
-        state = dict(self.__dict__)
-        state.pop("_counts", None)
-        return state
-
     def counts(self) -> torch.Tensor:
         """(token, slot) pairs per logical expert, `load_dtype` `[S, L, E]`; padding is not
         counted. The first call gets the counts validation made in the same pass over the ids
         (the caller owns them, as every call's); later calls count again."""
-        made = self.__dict__.pop("_counts", None)
+        made = self._validated_counts()
         if made is not None:
             return made
         return torch.from_numpy(expert_counts(self.topk_ids.numpy(), self.step_offsets.numpy(),

@@ -26,7 +26,7 @@ import torch
 
 from ...counting import JIT, pair_table, row_chunks
 from ..policies import DispatchContext, layer_draws, layer_offsets, static_table
-from ..streams import DRAW, Stream, philox, split_key
+from ..streams import DRAW, Stream, lane, philox, split_key
 from ...placement import View
 
 @numba.jit(parallel=True, **JIT)
@@ -124,9 +124,7 @@ def _streamed(ids, log2phy, logcnt, k0, k1, shift, step, out):  # pragma: no cov
                 if i >> 3 != block:  # one Philox block serves 8 consecutive pairs
                     block = i >> 3
                     words = philox(k0, k1, block, layer + shift, step, DRAW)
-                w = words[(i & 7) >> 1]
-                d = np.int64((w >> np.uint64(16 * (i & 1))) & np.uint64(0xFFFF))
-                out[t, layer, k] = log2phy[layer, e, d % n]
+                out[t, layer, k] = log2phy[layer, e, lane(words[(i & 7) >> 1], i) % n]
 
 
 def _arrays(topk_ids: torch.Tensor, view: View,
@@ -176,7 +174,7 @@ def random_step(topk_ids: torch.Tensor, view: View, ctx: DispatchContext,
     `T * K` draws per layer, in layer order."""
     ids, log2phy, logcnt, out = _arrays(topk_ids, view, out)
     T, L, K = ids.shape
-    if ctx.stream is not None and ctx.generator is None:
+    if ctx.draws_streamed:
         stream = ctx.stream
         _streamed(ids, log2phy, logcnt, *stream.words, stream.shift + ctx.layer, stream.step,
                   out)
@@ -202,8 +200,7 @@ def _choice(log2phy, logcnt, vclass, keys, shifts, sid, r, layer, e, i, step, bl
         w = philox(keys[s, 0], keys[s, 1], b, layer + shifts[s], step, DRAW)
         words[s, 0], words[s, 1], words[s, 2], words[s, 3] = w
         block[s] = b
-    d = np.int64((words[s, (i & 7) >> 1] >> np.uint64(16 * (i & 1))) & np.uint64(0xFFFF))
-    return log2phy[v, layer, e, d % n]
+    return log2phy[v, layer, e, lane(words[s, (i & 7) >> 1], i) % n]
 
 
 @numba.jit(parallel=True, **JIT)
