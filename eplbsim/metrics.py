@@ -42,7 +42,7 @@ from .schedule.switch import phases
 from .solvers.bounds import lower_bound
 
 RATIO, TIME_FMT, COUNT, PERCENT = "ratio", "time", "count", "percent"  # how a table shows it
-SUMMARY_CHUNK = 128  # steps per chunk: per-replica intermediates stay small
+SUMMARY_CHUNK = 128  # steps per chunk: per-expert intermediates stay small
 WHOLE, PER_STEP, PER_LAYER = (0, 1), (1,), ()  # the axes of `[S, L]` a reduction sums over
 
 
@@ -90,37 +90,55 @@ def balancedness(gpu_load: torch.Tensor) -> torch.Tensor:
     return torch.where(peak > 0, gpu_load.mean(-1) / peak, math.nan)
 
 
-def replica_loads(slot_load: torch.Tensor, placement: Placement) -> torch.Tensor:
-    """Load of each replica `[..., L, P] -> float64 [..., L, E, R]`, NaN past `logcnt`."""
-    log2phy = placement.log2phy  # [L, E, R]
-    L, E, R = log2phy.shape
-    lead = slot_load.shape[:-2]
-    index = log2phy.clamp(min=0).reshape(L, E * R).expand(*lead, L, E * R)
-    loads = torch.gather(slot_load.to(torch.float64), -1, index).reshape(*lead, L, E, R)
-    return loads.masked_fill(log2phy < 0, math.nan)
+@dataclass(frozen=True)
+class ReplicaStats:
+    """What every expert's replicas executed, `[..., L, E]` each (`replica_stats`).
+
+    peak: float64 the most any one replica executed; total: float64 all its replicas together;
+    idle: int64 how many of its replicas executed nothing.
+    """
+
+    peak: torch.Tensor
+    total: torch.Tensor
+    idle: torch.Tensor
+
+
+def replica_stats(slot_load: torch.Tensor, placement: Placement) -> ReplicaStats:
+    """Executed loads `[..., L, P]` reduced over each expert's replicas (its slots in
+    `phy2log`) into `[..., L, E]`: one pass over the slots, no `[..., L, E, R]` array."""
+    *lead, L, P = slot_load.shape
+    index = placement.phy2log.to(slot_load.device).expand(*lead, L, P)
+    loads = slot_load.to(torch.float64)
+    shape = (*lead, L, placement.num_experts)
+    total = loads.new_zeros(shape).scatter_add_(-1, index, loads)
+    peak = loads.new_full(shape, -math.inf).scatter_reduce_(-1, index, loads, "amax")
+    idle = torch.zeros(shape, dtype=torch.int64, device=slot_load.device).scatter_add_(
+        -1, index, (slot_load == 0).to(torch.int64))
+    return ReplicaStats(peak, total, idle)
 
 
 def replica_skew(slot_load: torch.Tensor, placement: Placement,
-                 loads: torch.Tensor | None = None) -> torch.Tensor:
+                 stats: ReplicaStats | None = None) -> torch.Tensor:
     """max / mean replica load of each expert `[..., L, P] -> [..., L, E]`; NaN unless the
-    expert has >= 2 replicas and nonzero load. `loads`: `replica_loads(slot_load, placement)`
+    expert has >= 2 replicas and nonzero load. `stats`: `replica_stats(slot_load, placement)`
     when the caller has it."""
-    loads = replica_loads(slot_load, placement) if loads is None else loads
-    peak = loads.nan_to_num(-math.inf).amax(-1)
-    mean = loads.nan_to_num(0.0).sum(-1) / placement.logcnt  # its logcnt replicas' mean
-    defined = (placement.logcnt >= 2) & (mean > 0)
-    return torch.where(defined, peak / torch.where(defined, mean, 1.0), math.nan)
+    stats = replica_stats(slot_load, placement) if stats is None else stats
+    logcnt = placement.logcnt.to(slot_load.device)
+    mean = stats.total / logcnt  # its logcnt replicas' mean
+    defined = (logcnt >= 2) & (mean > 0)
+    return torch.where(defined, stats.peak / torch.where(defined, mean, 1.0), math.nan)
 
 
 def idle_replicas(slot_load: torch.Tensor, true_load: torch.Tensor, placement: Placement,
-                  loads: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  stats: ReplicaStats | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(idle, eligible) replica counts, int64 `[..., L]`, for `[..., L, P]` executed and
     `[..., L, E]` routed loads: eligible replicas belong to experts with >= 2 replicas and at
-    least `n_e` pairs; idle ones among them executed nothing. `loads`: as `replica_skew`'s."""
-    loads = replica_loads(slot_load, placement) if loads is None else loads  # [..., L, E, R]
-    eligible_expert = (placement.logcnt >= 2) & (true_load >= placement.logcnt)  # [..., L, E]
-    eligible = eligible_expert.unsqueeze(-1) & ~loads.isnan()
-    return (eligible & (loads == 0)).sum((-2, -1)), eligible.sum((-2, -1))
+    least `n_e` pairs; idle ones among them executed nothing. `stats`: as `replica_skew`'s."""
+    stats = replica_stats(slot_load, placement) if stats is None else stats
+    logcnt = placement.logcnt.to(slot_load.device)
+    eligible = (logcnt >= 2) & (true_load >= logcnt)  # [..., L, E]
+    return ((stats.idle * eligible).sum(-1),
+            (logcnt * eligible).expand_as(eligible).sum(-1))
 
 
 def nanmean_or_none(values: torch.Tensor) -> float | None:
@@ -320,9 +338,9 @@ class Chunk:
                 else _promise(self.best, self.routed, self.num_gpus, self.shared_even))
 
     @cached_property
-    def replicas(self) -> torch.Tensor:
-        """Executed load of every replica, float64 `[c, L, E, R]` (`replica_loads`)."""
-        return replica_loads(self.executed, self.placement)
+    def replicas(self) -> ReplicaStats:
+        """What every expert's replicas executed, `[c, L, E]` each (`replica_stats`)."""
+        return replica_stats(self.executed, self.placement)
 
     @cached_property
     def skew(self) -> torch.Tensor:

@@ -129,6 +129,18 @@ def test_lower_bound_examples():
     assert lower_bound(load, 16, 8).tolist() == [181.25]
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 12), st.integers(0, 20), st.integers(0, 2**31 - 1))
+def test_lower_bound_water_fills_only_the_heaviest_with_the_value_of_all(E, extra, seed):
+    rng = np.random.default_rng(seed)
+    load = rng.lognormal(0, 2, size=(3, 2, E)) * rng.integers(0, 3, (3, 2, E))
+    load[0] = np.round(load[0])  # ties
+    G = math.gcd(E + extra, 4)
+    counts = water_fill_counts(load.reshape(-1, E), E + extra).reshape(load.shape)
+    every = np.maximum(load.sum(-1) / G, (load / counts).max(-1))  # [3, 2]
+    assert np.array_equal(lower_bound(load, E + extra, G), every)
+
+
 def test_group_partitions():
     parts = group_partitions(6, 3)
     assert parts.shape == (15, 3, 2)  # 6! / (2!^3 3!)
@@ -245,11 +257,3 @@ def test_placement_gap_values():
     skewed = np.array([[600.0, 10, 10, 10]])
     trivial = solve("trivial", skewed, 4, Topology(2))
     assert placement_gap(trivial, skewed).tolist() == [pytest.approx(610 / 600)]
-
-
-def test_node_bound_matches_lower_bound():
-    rng = np.random.default_rng(13)
-    for E, P, G in [(16, 20, 4), (16, 16, 4), (8, 40, 8), (12, 24, 4), (6, 12, 3)]:
-        load = np.vstack([rng.lognormal(0, 2, size=(5, E)), np.round(rng.random((3, E)) * 3),
-                          np.zeros((1, E))])  # [L, E] with ties
-        assert np.array_equal(bounds._node_bound(load[None], P, G)[0], lower_bound(load, P, G))

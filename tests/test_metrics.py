@@ -1,6 +1,6 @@
 """Tests of eplbsim.metrics on hand-computed examples (DESIGN.md §4).
 
-Dimensions: `S` steps, `L` layers, `E` experts, `P` slots, `G` GPUs, `R` max replicas.
+Dimensions: `S` steps, `L` layers, `E` experts, `P` slots, `G` GPUs.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from eplbsim.metrics import (
     overhead,
     peak,
     ratio,
-    replica_loads,
+    replica_stats,
     replica_skew,
     root_ratio,
     shares,
@@ -181,15 +181,52 @@ def test_balancedness_is_inverse_of_imbalance(values):
 PL = Placement([[0, 0, 0, 1, 1, 2]], 3, Topology(2))
 
 
-def test_replica_loads_hand_example():
+def test_replica_stats_hand_example():
     slot = torch.tensor([[3, 0, 0, 2, 2, 7]])  # [L, P]
-    _same(replica_loads(slot, PL), [[[3, 0, 0], [2, 2, NAN], [7, NAN, NAN]]])
+    stats = replica_stats(slot, PL)
+    _same(stats.peak, [[3, 2, 7]])
+    _same(stats.total, [[3, 4, 7]])
+    assert stats.idle.tolist() == [[2, 0, 0]]
 
 
-def test_replica_loads_follow_log2phy_not_slot_order():
+def test_replica_stats_follow_phy2log_not_slot_order():
     pl = Placement([[2, 0, 1, 0]], 3, Topology(2))  # e0 on 1, 3; e1 on 2; e2 on 0
-    slot = torch.tensor([[10, 20, 30, 40]])
-    _same(replica_loads(slot, pl), [[[20, 40], [30, NAN], [10, NAN]]])
+    stats = replica_stats(torch.tensor([[[10, 20, 0, 40]], [[0, 0, 0, 0]]]), pl)  # [S, L, P]
+    _same(stats.peak, [[[40, 0, 10]], [[0, 0, 0]]])
+    _same(stats.total, [[[60, 0, 10]], [[0, 0, 0]]])
+    assert stats.idle.tolist() == [[[0, 1, 0]], [[2, 1, 1]]]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 4), st.integers(0, 2**31 - 1))
+def test_replica_metrics_equal_their_per_replica_definitions(S, E, seed):
+    """Against the definitions written replica by replica: every expert's replicas are its
+    slots; skew = max / mean of their loads; idle counts the eligible replicas at 0."""
+    g = torch.Generator().manual_seed(seed)
+    L, G = 2, 2
+    P = G * (E + int(torch.randint(0, 3, (), generator=g)))
+    phy2log = torch.cat([torch.arange(E).repeat(L, 1),
+                         torch.randint(0, E, (L, P - E), generator=g)], 1)
+    pl = Placement(phy2log, E, Topology(G))
+    slot = torch.randint(0, 4, (S, L, P), generator=g) * torch.randint(0, 2, (S, L, P),
+                                                                        generator=g)
+    true = torch.randint(0, 6, (S, L, E), generator=g)
+    skew = replica_skew(slot, pl)
+    idle, eligible = idle_replicas(slot, true, pl)
+    for s in range(S):
+        want_idle = want_eligible = 0
+        for layer in range(L):
+            for e in range(E):
+                loads = slot[s, layer][phy2log[layer] == e].double()
+                n = loads.numel()
+                if n >= 2 and loads.sum() > 0:
+                    assert skew[s, layer, e] == loads.max() / loads.mean()
+                else:
+                    assert skew[s, layer, e].isnan()
+                if n >= 2 and true[s, layer, e] >= n:
+                    want_idle += int((loads == 0).sum())
+                    want_eligible += n
+        assert (int(idle[s].sum()), int(eligible[s].sum())) == (want_idle, want_eligible)
 
 
 def test_replica_skew_hand_example():

@@ -81,31 +81,24 @@ def water_fill_counts(load: np.ndarray, num_slots: int) -> np.ndarray:
 
 
 def lower_bound(load: np.ndarray, num_slots: int, num_gpus: int) -> np.ndarray:
-    """A lower bound on the max GPU load (even split) of every placement: float64 `[L]`.
+    """A lower bound on the max GPU load (even split) of every placement: float64 `[...]`.
 
-    load: `[L, E]` pairs per logical expert; `max(total / G, max_e load_e / c_e)` with `c` the
+    load: `[..., E]` pairs per logical expert; `max(total / G, max_e load_e / c_e)` with `c` the
     water-filling counts for `num_slots` slots. Holds for any placement, with or without
-    anti-colocation or node constraints.
+    anti-colocation or node constraints. Only the `m + 1` heaviest experts are water-filled
+    (`m = num_slots - E` extra replicas): one of them keeps a single replica, so the max ratio
+    is at least the load of every lighter expert, and a replica given to a lighter one could
+    not lower it; the value is that of water-filling them all.
     """
     load = np.asarray(load, dtype=np.float64)
-    counts = water_fill_counts(load, num_slots)  # [L, E]
-    return np.maximum(load.sum(1) / num_gpus, (load / counts).max(1))
-
-
-def _node_bound(load: np.ndarray, num_slots: int, num_gpus: int) -> np.ndarray:
-    """`lower_bound` of sub-problems `load [..., X]` -> `[...]`. Only the `m + 1` heaviest
-    experts of each are water-filled (`m = num_slots - X` extra replicas): one of them keeps a
-    single replica, so the max ratio is at least the load of every lighter expert, and a replica
-    given to a lighter one could not lower it; the value is that of `lower_bound`.
-    """
     lead, num_log = load.shape[:-1], load.shape[-1]
-    flat = load.reshape(-1, num_log)  # [rows, X]
+    flat = load.reshape(-1, num_log)  # [rows, E]
     extra = num_slots - num_log
     if extra + 1 < num_log:
         flat_top = -np.partition(-flat, extra, axis=1)[:, :extra + 1]  # [rows, m + 1] heaviest
     else:
         flat_top = flat
-    ratio = (flat_top / replicate(flat_top, flat_top.shape[1] + extra)[1]).max(1)  # [rows]
+    ratio = (flat_top / water_fill_counts(flat_top, flat_top.shape[1] + extra)).max(1)
     return np.maximum(flat.sum(1) / num_gpus, ratio).reshape(lead)
 
 
@@ -163,7 +156,7 @@ def hierarchical_assignment(load: np.ndarray, num_slots: int, topology: Topology
     block_index = {b: i for i, b in enumerate(blocks)}
     experts = (np.array(blocks)[:, :, None] * group_size
                + np.arange(group_size)).reshape(len(blocks), -1)  # [blocks, E/N]
-    cost = _node_bound(load[:, experts], num_slots // num_nodes,
+    cost = lower_bound(load[:, experts], num_slots // num_nodes,
                        topology.num_gpus // num_nodes)  # [L, blocks]
     part_blocks = np.array([[block_index[tuple(b)] for b in p] for p in parts.tolist()])
     part_cost = cost[:, part_blocks].max(-1)  # [L, parts]
