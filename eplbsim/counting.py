@@ -8,7 +8,7 @@ Dimensions: `S` steps, `N` token rows, `T` tokens of a step, `L` layers, `K` top
 - `expert_counts`: routed pairs per (step, layer, expert) of ids `[N, L, K]` (any row ranges:
   `slot_counts` counts choices per slot in row chunks with it).
 - `first_duplicate`: the first token row that routes an expert twice in a layer;
-  `counts_and_first_duplicate` both, in one pass.
+  `counts_and_first_duplicate` both, and the first id out of range, in one pass.
 - `slot_counts`: pairs per (layer, slot) of choices `[T, L, K]` and valid pairs per layer.
 - `Executed` / `execute`: what a group of ranks with identical choices executes, pair by pair,
   accumulated over the groups of a step; `pair_counts` then reads the per-layer counters.
@@ -107,37 +107,49 @@ def first_duplicate(ids: np.ndarray) -> tuple[int, int, int] | None:
 
 
 @numba.jit(parallel=True, **JIT)
-def _counts_and_duplicates(ids, offsets, out, found):  # pragma: no cover - compiled
+def _counts_and_duplicates(ids, offsets, out, found, bad):  # pragma: no cover - compiled
     S = offsets.shape[0] - 1
     L, K, E = ids.shape[1], ids.shape[2], out.shape[2]
     for s in numba.prange(S):
         seen = np.zeros(E, np.int64)  # the (row, layer) + 1 that last routed each expert
         found[s] = -1
+        bad[s] = -1
         for t in range(offsets[s], offsets[s + 1]):
             for layer in range(L):
                 stamp = t * L + layer + 1
                 for k in range(K):
                     e = ids[t, layer, k]
-                    if e >= 0:
+                    if e >= 0 and e < E:
                         out[s, layer, e] += 1
                         if seen[e] == stamp and found[s] < 0:
                             found[s] = stamp - 1
                         seen[e] = stamp
+                    elif e != -1 and bad[s] < 0:
+                        bad[s] = (stamp - 1) * K + k
 
 
 def counts_and_first_duplicate(ids: np.ndarray, offsets: np.ndarray, num_experts: int,
                                dtype: Any = np.int64
-                               ) -> tuple[np.ndarray, tuple[int, int, int] | None]:
+                               ) -> tuple[np.ndarray, tuple[int, int, int] | None,
+                                          tuple[int, int, int] | None]:
     """`expert_counts` and `first_duplicate` of the same ids in one pass over them (a trace's
-    bytes read once): `(counts [S, L, E], (row, layer, expert) or None)`."""
+    bytes read once), which also finds the first id outside `[-1, E)` in row, layer, slot
+    order: `(counts [S, L, E], (row, layer, expert) or None, (row, layer, k) or None)`; the
+    counts are meaningless when there is such an id."""
     offsets = np.ascontiguousarray(offsets, dtype=np.int64)
     if isinstance(dtype, torch.dtype):
         dtype = torch.empty(0, dtype=dtype).numpy().dtype
     ids = np.ascontiguousarray(ids)
     out = np.zeros((offsets.shape[0] - 1, ids.shape[1], num_experts), dtype)
     found = np.empty(offsets.shape[0] - 1, np.int64)
-    _counts_and_duplicates(ids, offsets, out, found)
-    return out, _duplicate_at(ids, found)
+    bad = np.empty(offsets.shape[0] - 1, np.int64)
+    _counts_and_duplicates(ids, offsets, out, found, bad)
+    wrong = bad[bad >= 0]
+    where = None
+    if wrong.size:
+        row_layer, k = divmod(int(wrong[0]), ids.shape[2])
+        where = (*divmod(row_layer, ids.shape[1]), k)
+    return out, _duplicate_at(ids, found), where
 
 
 def _duplicate_at(ids: np.ndarray, found: np.ndarray) -> tuple[int, int, int] | None:

@@ -243,9 +243,15 @@ def test_one_pass_counts_and_finds_the_first_duplicate_as_the_two_passes_do(seed
     sizes = rng.integers(0, 7, S)
     offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     ids = rng.integers(-1, E, (int(offsets[-1]), L, K)).astype(np.int16)
-    counts, duplicate = counts_and_first_duplicate(ids, offsets, E, np.int32)
+    counts, duplicate, bad = counts_and_first_duplicate(ids, offsets, E, np.int32)
     assert np.array_equal(counts, expert_counts(ids, offsets, E, np.int32))
-    assert duplicate == first_duplicate(ids)
+    assert duplicate == first_duplicate(ids) and bad is None
+    if ids.size:  # ids outside [-1, E): the first in row, layer, slot order is found
+        wrong = rng.random(ids.shape) < 0.1
+        ids[wrong] = rng.choice([-7, -2, E, 300], int(wrong.sum()))
+        at = np.argwhere((ids < -1) | (ids >= E))
+        assert counts_and_first_duplicate(ids, offsets, E)[2] == (
+            tuple(int(x) for x in at[0]) if len(at) else None)
 
 
 def test_a_trace_hands_its_validation_counts_to_the_first_counts_call():

@@ -241,3 +241,13 @@ def test_replay_in_bounded_memory(tmp_path):
           f"{bound // 1024} MiB)")
     assert replay_kib < bound
     assert write_kib < bound
+
+
+def test_a_file_cut_short_after_its_checks_is_an_input_error(tmp_path):
+    tr = _trace(steps=(3, 4, 5))
+    d = save_trace_dir(tr, tmp_path / "d")
+    path = tmp_path / "d" / "topk_ids.npy"
+    path.write_bytes(path.read_bytes()[:-4])  # the last row's last pairs gone
+    assert torch.equal(d.step(0), tr.step(0))
+    with pytest.raises(InputError, match=r"topk_ids.npy: ended 4 bytes short of rows 7:12"):
+        d.step(2)

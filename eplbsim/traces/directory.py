@@ -4,7 +4,7 @@ Dimensions: `S` steps, `T_s` tokens of step `s`, `N = sum T_s` token rows, `L` M
 `E` logical experts, `K` top-k. A routing id of -1 is padding.
 
 A trace directory holds (DESIGN.md §5, the `.npz` arrays as separate `.npy` files, uncompressed
-so they can be memory-mapped):
+so any rows can be read without the rest):
 
     topk_ids.npy      int16 or int32 `[N, L, K]`, ids in `[-1, E)`
     step_offsets.npy  int64 `[S + 1]`, rows of step `s` are `offsets[s]:offsets[s + 1]`
@@ -12,9 +12,10 @@ so they can be memory-mapped):
     meta.json         `num_experts`, `top_k`, `num_layers`, optional `num_groups`, provenance
 
 :class:`DirTrace` has the read interface `replay` uses; it keeps only `step_offsets` and `meta`
-in memory. Every read maps just the rows it needs for as long as it copies them, so resident
-pages never pile up: replaying a trace far larger than RAM needs memory for one step (plus the
-`[S, L, E]` counts and replay's per-step counters), not for the file. Nothing is unpickled.
+in memory. Every read copies just the rows it needs from the file into a fresh array, so
+resident pages never pile up: replaying a trace far larger than RAM needs memory for one step
+(plus the `[S, L, E]` counts and replay's per-step counters), not for the file. Nothing is
+unpickled.
 """
 
 from __future__ import annotations
@@ -53,18 +54,20 @@ class _Npy:
     offset: int
 
     def rows(self, lo: int, hi: int) -> np.ndarray:
-        """A private copy of rows `lo:hi` (mapped only while copying), in this machine's byte
-        order whatever the file's."""
+        """A private copy of rows `lo:hi`, read from the file straight into a fresh array, in
+        this machine's byte order whatever the file's; InputError if the file has been cut
+        short since its header was checked."""
         row_shape = self.shape[1:]
-        native = self.dtype.newbyteorder("=")
-        if hi <= lo:
-            return np.zeros((0, *row_shape), native)
-        row_bytes = self.dtype.itemsize * int(np.prod(row_shape, dtype=np.int64))
-        view = np.memmap(self.path, self.dtype, "r", self.offset + lo * row_bytes,
-                         (hi - lo, *row_shape))
-        out = view.astype(native)  # a copy
-        del view
-        return out
+        out = np.empty((max(hi - lo, 0), *row_shape), self.dtype)
+        if out.size:
+            row_bytes = self.dtype.itemsize * int(np.prod(row_shape, dtype=np.int64))
+            with open(self.path, "rb") as f:
+                f.seek(self.offset + lo * row_bytes)
+                got = f.readinto(out)
+            if got != out.nbytes:
+                raise InputError(f"{self.path}: ended {out.nbytes - got} bytes short of rows "
+                                 f"{lo}:{hi} (truncated while in use?)")
+        return out if self.dtype.isnative else out.astype(self.dtype.newbyteorder("="))
 
 
 def _open_npy(path: Path, ndim: int) -> _Npy:
@@ -146,25 +149,23 @@ class DirTrace(TraceShape):
         self._check_values()
 
     def _check_values(self) -> None:
-        """Stream over ids (and src ranks) in chunks of whole steps: ids in `[-1, E)` compared
-        in their own dtype, no expert twice in a token's top-k, ranks in `[0, MAX_GPUS)`;
-        InputError naming file, row and step. The pairs per (step, layer, expert) are counted
-        in the same pass and handed to the first `counts()`."""
+        """Stream over ids (and src ranks) in chunks of whole steps: ids in `[-1, E)`, no
+        expert twice in a token's top-k (both found in the pass that counts the pairs per
+        (step, layer, expert), handed to the first `counts()`), ranks in `[0, MAX_GPUS)`;
+        InputError naming file, row and step."""
         E = self.num_experts
         offsets = self.step_offsets.numpy()
         counts = torch.zeros(self.num_steps, self.num_layers, E, dtype=self.load_dtype)
         for a, b in self._step_chunks():
             lo, hi = int(offsets[a]), int(offsets[b])
             chunk = self._ids.rows(lo, hi)
-            if chunk.size and (chunk.min() < -1 or chunk.max() >= E):
-                row = lo + int(np.flatnonzero(((chunk < -1) | (chunk >= E)).reshape(
-                    hi - lo, -1).any(1))[0])
-                bad = chunk[row - lo][(chunk[row - lo] < -1) | (chunk[row - lo] >= E)]
+            made, duplicate, bad = counts_and_first_duplicate(chunk, offsets[a:b + 1] - lo, E,
+                                                              self.load_dtype)
+            if bad is not None:
+                row = lo + bad[0]
                 step = int(np.searchsorted(offsets, row, "right")) - 1
-                raise InputError(f"{self._ids.path}: expert id {int(bad[0])} at token row "
+                raise InputError(f"{self._ids.path}: expert id {int(chunk[bad])} at token row "
                                  f"{row} (step {step}); ids must lie in [-1, {E})")
-            made, duplicate = counts_and_first_duplicate(chunk, offsets[a:b + 1] - lo, E,
-                                                         self.load_dtype)
             if duplicate is not None:
                 row, layer, expert = lo + duplicate[0], duplicate[1], duplicate[2]
                 step = int(np.searchsorted(offsets, row, "right")) - 1

@@ -131,7 +131,7 @@ class Trace(TraceShape):
             raise InputError("step_offsets must be non-decreasing")
         if ids.shape[0] == 0:
             raise InputError("the trace holds no token rows")
-        counts, duplicate = counts_and_first_duplicate(  # one pass: ids read once
+        counts, duplicate, _ = counts_and_first_duplicate(  # one pass: ids read once
             ids, offsets.numpy(), num_experts, count_dtype(int((offsets[1:] - offsets[:-1]).max())))
         raise_duplicate(duplicate, "topk_ids")
         ids = torch.from_numpy(ids.astype(id_dtype(num_experts)))  # a private copy
