@@ -25,6 +25,7 @@ an integer sum and every toy-MoE sum is exact, so no result depends on the numbe
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +36,8 @@ import torch
 from .simd import LANES, pair_lanes
 
 JIT = dict(nopython=True, nogil=True, cache=True)  # every compiled loop's options
-GRID = float(2 ** 24)  # toy-MoE pair outputs are multiples of 1 / GRID (`moe.GRID_BITS`)
+GRID_BITS = 24  # toy-MoE pair outputs are multiples of 1 / GRID (`moe` defines them)
+GRID = float(2 ** GRID_BITS)
 INV_GRID = 1.0 / GRID  # exact: a power of two
 
 
@@ -419,10 +421,34 @@ def _square_sums(rows, out):  # pragma: no cover - compiled
         out[r] = _fsum_squares(rows[r], np.empty(room, np.float64))
 
 
+@numba.jit(parallel=True, **JIT)
+def _grid_squares(rows, high, low, on_grid):  # pragma: no cover - compiled
+    for r in numba.prange(rows.shape[0]):
+        hi, lo, ok = 0, 0, True
+        for v in rows[r]:
+            inside = abs(v) < 128.0
+            ok &= inside & (np.rint(v * GRID) == v * GRID)
+            w = v if inside else 0.0  # (any value outside is not summed here)
+            m = np.int64(w * w * (GRID * GRID))  # exact on the grid (moe.grid_square_sums)
+            hi += m >> 31
+            lo += m & 0x7FFFFFFF
+        high[r], low[r], on_grid[r] = hi, lo, ok
+
+
 def square_sums(rows: np.ndarray) -> np.ndarray:
     """The exactly rounded sum of the squares (each rounded to float64) of each row of finite
     float64 `rows [R, n]`, float64 `[R]`: `math.fsum(v * v for v in row)` (its algorithm),
-    rows in parallel."""
-    out = np.empty(rows.shape[0], np.float64)
-    _square_sums(np.ascontiguousarray(rows, dtype=np.float64), out)
+    rows in parallel. A row of multiples of `1 / GRID` below 128 in magnitude (toy-MoE
+    output differences), with fewer than `2**32` values, is summed in integers instead, as
+    `moe.grid_square_sums` does, at a fraction of the cost."""
+    rows = np.ascontiguousarray(rows, dtype=np.float64)
+    R, n = rows.shape
+    high, low, on_grid = np.empty(R, np.int64), np.empty(R, np.int64), np.empty(R, np.bool_)
+    _grid_squares(rows, high, low, on_grid)
+    on_grid &= n < 2 ** 32
+    out = np.empty(R, np.float64)
+    if not on_grid.all():
+        _square_sums(rows, out)
+    for r in np.flatnonzero(on_grid).tolist():  # one correctly rounded int -> float each
+        out[r] = math.ldexp(float((int(high[r]) << 31) + int(low[r])), -2 * GRID_BITS)
     return out

@@ -27,7 +27,7 @@ import torch
 
 from . import counting
 
-GRID_BITS = 24  # pair outputs are multiples of 2**-GRID_BITS
+GRID_BITS = counting.GRID_BITS  # pair outputs are multiples of 2**-GRID_BITS
 
 
 @dataclass(frozen=True)

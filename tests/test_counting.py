@@ -157,6 +157,22 @@ def test_square_sums_are_math_fsum_of_the_squares():
     assert [float(g) for g in got] == [math.fsum(v * v for v in row.tolist()) for row in rows]
 
 
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2**31 - 1))
+def test_square_sums_of_grid_rows_are_math_fsum_too(seed):
+    """Rows of multiples of 1 / GRID below 128 (summed in integers) beside rows off the grid or
+    too large (summed by fsum): each is `math.fsum` of its squares."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 400))
+    rows = rng.integers(-2**31 + 1, 2**31, (5, n)) * counting.INV_GRID  # |v| < 128 on the grid
+    rows[1] = rows[1] * 2.0 ** int(rng.integers(-30, 0))  # still on it, or partly not
+    if n:
+        rows[2, 0] = 128.0  # too large
+        rows[3, int(rng.integers(0, n))] += counting.INV_GRID / 2  # off the grid
+    got = counting.square_sums(rows)
+    assert [float(g) for g in got] == [math.fsum(v * v for v in row.tolist()) for row in rows]
+
+
 # ---------------------------------------------------------------- fast replay == oracle
 
 POLICY_NAMES = sorted(POLICIES)

@@ -65,6 +65,13 @@ def lane(word, i):  # pragma: no cover - compiled
     return np.int64((np.uint64(word) >> np.uint64(16 * (i & 1))) & np.uint64(0xFFFF))
 
 
+@numba.jit(**JIT, inline="always")
+def lane_mod(word, i, n):  # pragma: no cover - compiled
+    """`lane(word, i) % n` for `n` in `[1, 2^32)`, an int64, divided in 32 bits (a 64-bit
+    division costs several times more, and it is most of a replicated pair's work)."""
+    return np.int64(np.uint32(lane(word, i)) % np.uint32(n))
+
+
 @numba.jit(parallel=True, **JIT)
 def _coins(k0, k1, stop, threshold, out):  # pragma: no cover - compiled
     for s in numba.prange(stop):

@@ -12,8 +12,8 @@ into a new array or the caller's scratch (`out`).
 
 `StreamedViews` counts `random` in "none" for every rank at once without dispatching every
 pair for every rank: only a rank whose GPU holds a replica of the pair's expert can execute it,
-so only its draw decides the pair's multiplicity, and agreement is checked rank by rank up to
-the first difference.
+so only its draw decides the pair's multiplicity, and agreement is checked on those draws
+first (two hosts that differ settle it), then rank by rank up to the first difference.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import torch
 
 from ...counting import JIT, pair_table, row_chunks
 from ..policies import DispatchContext, layer_draws, layer_offsets, static_table
-from ..streams import DRAW, Stream, lane, philox, split_key
+from ..streams import DRAW, Stream, lane_mod, philox, split_key
 from ...placement import View
 
 @numba.jit(parallel=True, **JIT)
@@ -124,7 +124,7 @@ def _streamed(ids, log2phy, logcnt, k0, k1, shift, step, out):  # pragma: no cov
                 if i >> 3 != block:  # one Philox block serves 8 consecutive pairs
                     block = i >> 3
                     words = philox(k0, k1, block, layer + shift, step, DRAW)
-                out[t, layer, k] = log2phy[layer, e, lane(words[(i & 7) >> 1], i) % n]
+                out[t, layer, k] = log2phy[layer, e, lane_mod(words[(i & 7) >> 1], i, n)]
 
 
 def _arrays(topk_ids: torch.Tensor, view: View,
@@ -200,7 +200,7 @@ def _choice(log2phy, logcnt, vclass, keys, shifts, sid, r, layer, e, i, step, bl
         w = philox(keys[s, 0], keys[s, 1], b, layer + shifts[s], step, DRAW)
         words[s, 0], words[s, 1], words[s, 2], words[s, 3] = w
         block[s] = b
-    return log2phy[v, layer, e, lane(words[s, (i & 7) >> 1], i) % n]
+    return log2phy[v, layer, e, lane_mod(words[s, (i & 7) >> 1], i, n)]
 
 
 @numba.jit(parallel=True, **JIT)
@@ -228,6 +228,8 @@ def _streamed_none(ids, log2phy, logcnt, vclass, keys, shifts, sid, step, slot_g
                         continue
                     i = t * K + k
                     m = 0
+                    first = -1  # the first choice seen: a host's, else the first rep's
+                    same = 1
                     for h in range(nhosts[layer, e]):  # only a replica's GPU can execute it
                         r = hosts[layer, e, h]
                         p = _choice(log2phy, logcnt, vclass, keys, shifts, sid, r, layer, e, i,
@@ -235,16 +237,21 @@ def _streamed_none(ids, log2phy, logcnt, vclass, keys, shifts, sid, step, slot_g
                         if slot_gpu[p] == r:
                             m += 1
                             hist[c, layer, p] += 1
+                        if first < 0:
+                            first = p
+                        elif p != first:
+                            same = 0  # two hosts differ: no further draw is needed
                     mult[t, layer, k] = m
                     counts[c, layer, min(m, 2)] += 1
-                    first = _choice(log2phy, logcnt, vclass, keys, shifts, sid, reps[0], layer,
-                                    e, i, step, block, words)
-                    same = 1
-                    for j in range(1, reps.shape[0]):  # stops at the first disagreement
-                        if _choice(log2phy, logcnt, vclass, keys, shifts, sid, reps[j], layer,
-                                   e, i, step, block, words) != first:
-                            same = 0
-                            break
+                    if same:  # every (view, stream) asked, up to the first difference
+                        for j in range(reps.shape[0]):
+                            q = _choice(log2phy, logcnt, vclass, keys, shifts, sid, reps[j],
+                                        layer, e, i, step, block, words)
+                            if first < 0:
+                                first = q
+                            elif q != first:
+                                same = 0
+                                break
                     agreed[c, layer] += same
 
 
@@ -253,7 +260,8 @@ class StreamedViews:
     """Every rank's view of one placement, arranged for counting `random` in "none" from the
     draws that decide something: a pair is executed only by a rank whose GPU holds a replica of
     its expert (its draw alone says whether), and the ranks agree unless two of them with
-    different streams or views differ (checked rank by rank, stopping at the first difference).
+    different streams or views differ (the hosts' choices compared first, then one rank of each
+    distinct (view, stream), stopping at the first difference).
 
     log2phy: int32 `[V, L, E, R]` (padded with -1) and logcnt int32 `[V, L, E]`: the distinct
              views (one copy each: small enough to stay in cache), rank `r`'s `vclass[r]`
