@@ -90,6 +90,18 @@ def balancedness(gpu_load: torch.Tensor) -> torch.Tensor:
     return torch.where(peak > 0, gpu_load.mean(-1) / peak, math.nan)
 
 
+def replica_loads(slot_load: torch.Tensor, placement: Placement) -> torch.Tensor:
+    """Load of each replica `[..., L, P] -> float64 [..., L, E, R]`, NaN past `logcnt` (replica
+    `j` of expert `e` is slot `log2phy[l, e, j]`), for looking at replicas one by one; the
+    metrics reduce over them with `replica_stats` instead."""
+    log2phy = placement.log2phy  # [L, E, R]
+    L, E, R = log2phy.shape
+    lead = slot_load.shape[:-2]
+    index = log2phy.clamp(min=0).reshape(L, E * R).expand(*lead, L, E * R)
+    loads = torch.gather(slot_load.to(torch.float64), -1, index).reshape(*lead, L, E, R)
+    return loads.masked_fill(log2phy < 0, math.nan)
+
+
 @dataclass(frozen=True)
 class ReplicaStats:
     """What every expert's replicas executed, `[..., L, E]` each (`replica_stats`).

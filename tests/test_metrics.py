@@ -1,6 +1,6 @@
 """Tests of eplbsim.metrics on hand-computed examples (DESIGN.md §4).
 
-Dimensions: `S` steps, `L` layers, `E` experts, `P` slots, `G` GPUs.
+Dimensions: `S` steps, `L` layers, `E` experts, `P` slots, `G` GPUs, `R` max replicas.
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ from eplbsim.metrics import (
     overhead,
     peak,
     ratio,
-    replica_stats,
+    replica_loads,
     replica_skew,
+    replica_stats,
     root_ratio,
     shares,
     step_time,
@@ -179,6 +180,17 @@ def test_balancedness_is_inverse_of_imbalance(values):
 
 # L = 1, E = 3, P = 6 on 2 GPUs: e0 on slots 0, 1, 2; e1 on 3, 4; e2 on 5.
 PL = Placement([[0, 0, 0, 1, 1, 2]], 3, Topology(2))
+
+
+def test_replica_loads_hand_example():
+    slot = torch.tensor([[3, 0, 0, 2, 2, 7]])  # [L, P]
+    _same(replica_loads(slot, PL), [[[3, 0, 0], [2, 2, NAN], [7, NAN, NAN]]])
+
+
+def test_replica_loads_follow_log2phy_not_slot_order():
+    pl = Placement([[2, 0, 1, 0]], 3, Topology(2))  # e0 on 1, 3; e1 on 2; e2 on 0
+    slot = torch.tensor([[10, 20, 30, 40]])
+    _same(replica_loads(slot, pl), [[[20, 40], [30, NAN], [10, NAN]]])
 
 
 def test_replica_stats_hand_example():
