@@ -37,11 +37,10 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable, Sequence
 
-import numba
 import numpy as np
 import torch
 
-from .counting import JIT
+from .compiled import JIT, jit, prange
 from .dispatch import POLICIES, resolve_policy
 from .dispatch.kernels import dispatch_step, reference_step
 from .dispatch.policies import DispatchContext, ordinal_offset, static_table
@@ -202,11 +201,11 @@ def roofline(prob: Problem) -> list[Callable[[], Any]]:
 COPY_CHUNK = 1 << 20  # bytes each parallel task of the CPU roofline copies
 
 
-@numba.jit(parallel=True, **JIT)
+@jit(parallel=True, **JIT)
 def _stream_copy(src, dst, chunk):  # pragma: no cover - compiled
     """`dst[:] = src` in chunks of `chunk` bytes, the chunks spread over every core."""
     n = src.shape[0]
-    for c in numba.prange((n + chunk - 1) // chunk):
+    for c in prange((n + chunk - 1) // chunk):
         lo = c * chunk
         hi = min(n, lo + chunk)
         dst[lo:hi] = src[lo:hi]

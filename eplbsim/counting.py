@@ -29,13 +29,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import numba
 import numpy as np
 import torch
 
+from .compiled import JIT, jit, prange, threads
 from .simd import LANES, pair_lanes
 
-JIT = dict(nopython=True, nogil=True, cache=True)  # every compiled loop's options
 GRID_BITS = 24  # toy-MoE pair outputs are multiples of 1 / GRID (`moe` defines them)
 GRID = float(2 ** GRID_BITS)
 INV_GRID = 1.0 / GRID  # exact: a power of two
@@ -52,15 +51,15 @@ def summed(counts: torch.Tensor, dim: int) -> torch.Tensor:
 def row_chunks(rows: int, least: int = 256) -> np.ndarray:
     """Bounds of the row chunks the parallel loops split `rows` rows into, int64 `[C + 1]`:
     a few per thread, none much smaller than `least` rows."""
-    count = max(1, min(4 * numba.get_num_threads(), rows // least))
+    count = max(1, min(4 * threads(), rows // least))
     return np.linspace(0, rows, count + 1).astype(np.int64)
 
 
-@numba.jit(parallel=True, **JIT)
+@jit(parallel=True, **JIT)
 def _expert_counts(ids, offsets, out):  # pragma: no cover - compiled
     S = offsets.shape[0] - 1
     L, K = ids.shape[1], ids.shape[2]
-    for s in numba.prange(S):
+    for s in prange(S):
         for t in range(offsets[s], offsets[s + 1]):
             for layer in range(L):
                 for k in range(K):
@@ -82,10 +81,10 @@ def expert_counts(ids: np.ndarray, offsets: np.ndarray, num_experts: int,
     return out
 
 
-@numba.jit(parallel=True, **JIT)
+@jit(parallel=True, **JIT)
 def _duplicates(ids, chunks, found):  # pragma: no cover - compiled
     N, L, K = ids.shape
-    for c in numba.prange(chunks.shape[0] - 1):
+    for c in prange(chunks.shape[0] - 1):
         found[c] = -1
         for t in range(chunks[c], chunks[c + 1]):
             for layer in range(L):
@@ -108,11 +107,11 @@ def first_duplicate(ids: np.ndarray) -> tuple[int, int, int] | None:
     return _duplicate_at(ids, found)
 
 
-@numba.jit(parallel=True, **JIT)
+@jit(parallel=True, **JIT)
 def _counts_and_duplicates(ids, offsets, out, found, bad):  # pragma: no cover - compiled
     S = offsets.shape[0] - 1
     L, K, E = ids.shape[1], ids.shape[2], out.shape[2]
-    for s in numba.prange(S):
+    for s in prange(S):
         seen = np.zeros(E, np.int64)  # the (row, layer) + 1 that last routed each expert
         found[s] = -1
         bad[s] = -1
@@ -202,10 +201,10 @@ class Executed:
         return self.hist.sum(0)
 
 
-@numba.jit(parallel=True, **JIT)
+@jit(parallel=True, **JIT)
 def _execute(phys, member, slot_gpu, first, chunks, agree, mult, hist):  # pragma: no cover
     T, L, K = phys.shape
-    for c in numba.prange(chunks.shape[0] - 1):
+    for c in prange(chunks.shape[0] - 1):
         for t in range(chunks[c], chunks[c + 1]):
             for layer in range(L):
                 for k in range(K):
@@ -225,10 +224,10 @@ def execute(done: Executed, phys: np.ndarray, member: np.ndarray, slot_gpu: np.n
              done.mult, done.hist)
 
 
-@numba.jit(parallel=True, **JIT)
+@jit(parallel=True, **JIT)
 def _pair_counts(ids, mult, agree, chunks, counts, agreed):  # pragma: no cover - compiled
     T, L, K = ids.shape
-    for c in numba.prange(chunks.shape[0] - 1):
+    for c in prange(chunks.shape[0] - 1):
         for t in range(chunks[c], chunks[c + 1]):
             for layer in range(L):
                 for k in range(K):
@@ -250,10 +249,10 @@ def pair_counts(ids: np.ndarray, done: Executed) -> tuple[np.ndarray, np.ndarray
     return counts.sum(0), agreed.sum(0)
 
 
-@numba.jit(parallel=True, **JIT)
+@jit(parallel=True, **JIT)
 def _pair_table(table, ids, fill, out):  # pragma: no cover - compiled
     T, L, K = ids.shape
-    for t in numba.prange(T):
+    for t in prange(T):
         for layer in range(L):
             for k in range(K):
                 e = ids[t, layer, k]
@@ -269,10 +268,10 @@ def pair_table(table: np.ndarray, ids: np.ndarray, fill: int = 0,
     return out
 
 
-@numba.jit(parallel=True, **JIT)
+@jit(parallel=True, **JIT)
 def _table_loads(tables, counts, executed, out):  # pragma: no cover - compiled
     G, L, E = tables.shape
-    for layer in numba.prange(L):  # each layer its own row of `out`
+    for layer in prange(L):  # each layer its own row of `out`
         for r in range(G):
             for e in range(E):
                 if executed[r, layer, e]:
@@ -290,10 +289,10 @@ def table_loads(tables: np.ndarray, counts: np.ndarray, executed: np.ndarray,
     return out
 
 
-@numba.jit(parallel=True, **JIT)
+@jit(parallel=True, **JIT)
 def _sent_loads(tables, ids, offsets, groups, out):  # pragma: no cover - compiled
     L, K = ids.shape[1], ids.shape[2]
-    for c in numba.prange(groups.shape[0] - 1):  # consecutive ranks, each group its own `out[c]`
+    for c in prange(groups.shape[0] - 1):  # consecutive ranks, each group its own `out[c]`
         for r in range(groups[c], groups[c + 1]):
             table = tables[r]
             for t in range(offsets[r], offsets[r + 1]):
@@ -316,14 +315,14 @@ def sent_loads(tables: np.ndarray, ids: np.ndarray, offsets: np.ndarray,
     return out.sum(0)
 
 
-@numba.jit(parallel=True, **JIT)
+@jit(parallel=True, **JIT)
 def _layer_sums(wt, x, gates, ids, mult, weigh, chunks, exact, weighted):  # pragma: no cover
     T, L, K = ids.shape
     E, D = wt.shape[1], x.shape[1]
     vector = D - D % LANES  # lanes [0, vector) as vectors (`simd`), the rest one by one
     C = chunks.shape[0] - 1
     flat_w, flat_exact, flat_weighted = wt.reshape(-1), exact.reshape(-1), weighted.reshape(-1)
-    for job in numba.prange(L * C):
+    for job in prange(L * C):
         layer, c = job // C, job % C
         for t in range(chunks[c], chunks[c + 1]):
             xt = x[t]
@@ -370,7 +369,7 @@ def layer_sums(wt: np.ndarray, x: np.ndarray, gates: np.ndarray, ids: np.ndarray
     return exact, weighted
 
 
-@numba.jit(**JIT)
+@jit(**JIT)
 def _fsum_squares(values, partials):  # pragma: no cover - compiled
     n = 0
     for v in values:  # Shewchuk's partials, as CPython's math.fsum keeps them
@@ -413,17 +412,17 @@ def _fsum_squares(values, partials):  # pragma: no cover - compiled
     return hi
 
 
-@numba.jit(parallel=True, **JIT)
+@jit(parallel=True, **JIT)
 def _square_sums(rows, out):  # pragma: no cover - compiled
     # nonoverlapping partials: at most one per bit of float64's exponent range, or per value
     room = min(rows.shape[1], 2200) + 1
-    for r in numba.prange(rows.shape[0]):
+    for r in prange(rows.shape[0]):
         out[r] = _fsum_squares(rows[r], np.empty(room, np.float64))
 
 
-@numba.jit(parallel=True, **JIT)
+@jit(parallel=True, **JIT)
 def _grid_squares(rows, high, low, on_grid):  # pragma: no cover - compiled
-    for r in numba.prange(rows.shape[0]):
+    for r in prange(rows.shape[0]):
         hi, lo, ok = 0, 0, True
         for v in rows[r]:
             inside = abs(v) < 128.0

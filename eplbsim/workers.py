@@ -20,10 +20,10 @@ import os
 import pickle
 from typing import Any, Sequence
 
-import numba
 import numpy as np
 import torch
 
+from .compiled import set_threads
 from .errors import InputError
 from .executors import check_executor, local_pool, ray_session
 from .metrics import Counters
@@ -56,7 +56,7 @@ def _hold(trace: Any, threads: int) -> None:
 
 def _threads(threads: int) -> None:
     """Compiled loops and torch on `threads` cores."""
-    numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
+    set_threads(threads)
     torch.set_num_threads(max(1, threads))
 
 

@@ -25,11 +25,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numba
 import numpy as np
 import torch
 
-from ..counting import JIT
+from ..compiled import JIT, jit, prange
 from ..errors import InputError
 
 M0, M1 = 0xD2511F53, 0xCD9E8D57  # Philox4x32 multipliers
@@ -40,7 +39,7 @@ DRAW, SEED, COIN = 0, 1, 2  # the counter's last word: what a Philox block draws
 LANES = 8  # 16-bit draws of one block
 
 
-@numba.jit(**JIT)
+@jit(**JIT)
 def philox(k0, k1, c0, c1, c2, c3):  # pragma: no cover - compiled
     """Philox4x32-10 of key `(k0, k1)` and counter `(c0, c1, c2, c3)`, each word in
     `[0, 2^32)`: four uint64 words in `[0, 2^32)`."""
@@ -58,23 +57,23 @@ def philox(k0, k1, c0, c1, c2, c3):  # pragma: no cover - compiled
     return x0, x1, x2, x3
 
 
-@numba.jit(**JIT, inline="always")
+@jit(**JIT, inline="always")
 def lane(word, i):  # pragma: no cover - compiled
     """Pair `i`'s 16-bit draw from `word`, the block's 32-bit word `(i % 8) // 2` (low half
     first): an int64 in `[0, 65536)`."""
     return np.int64((np.uint64(word) >> np.uint64(16 * (i & 1))) & np.uint64(0xFFFF))
 
 
-@numba.jit(**JIT, inline="always")
+@jit(**JIT, inline="always")
 def lane_mod(word, i, n):  # pragma: no cover - compiled
     """`lane(word, i) % n` for `n` in `[1, 2^32)`, an int64, divided in 32 bits (a 64-bit
     division costs several times more, and it is most of a replicated pair's work)."""
     return np.int64(np.uint32(lane(word, i)) % np.uint32(n))
 
 
-@numba.jit(parallel=True, **JIT)
+@jit(parallel=True, **JIT)
 def _coins(k0, k1, stop, threshold, out):  # pragma: no cover - compiled
-    for s in numba.prange(stop):
+    for s in prange(stop):
         out[s] = philox(k0, k1, s, 0, 0, COIN)[0] < threshold
 
 

@@ -34,18 +34,16 @@ solved on its own, so the result does not depend on the number of threads.
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
+from ..compiled import JIT, jit, prange
 from ..errors import InputError
 from ..topology import Topology
 from .bounds import hierarchical_assignment, replicate
 from .deepseek import balanced_packing
 
-_JIT = {"nopython": True, "nogil": True, "cache": True}
 
-
-@numba.jit(**_JIT)
+@jit(**JIT)
 def _sift_down(heap, size, load, i):  # pragma: no cover - compiled
     """Restore the min-heap `heap[:size]` of GPUs keyed by `(load[g], g)` below position `i`."""
     while True:
@@ -63,7 +61,7 @@ def _sift_down(heap, size, load, i):  # pragma: no cover - compiled
         i = child
 
 
-@numba.jit(**_JIT)
+@jit(**JIT)
 def _pack_greedy(weight, order, table, load):  # pragma: no cover - compiled
     """Items in `order` each to the least-loaded GPU with a free slot (lowest index on ties):
     fills `table [Gr, S]` and `load [Gr]`."""
@@ -82,7 +80,7 @@ def _pack_greedy(weight, order, table, load):  # pragma: no cover - compiled
         _sift_down(heap, size, load, 0)
 
 
-@numba.jit(**_JIT)
+@jit(**JIT)
 def _pack_anti(weight, expert, order, table, load, holds):  # pragma: no cover - compiled
     """`_pack_greedy` skipping GPUs that hold the item's expert (`holds [Gr, E]`, kept up to
     date); at a dead end a replica of another expert moves from the lightest GPU lacking the
@@ -125,7 +123,7 @@ def _pack_anti(weight, expert, order, table, load, holds):  # pragma: no cover -
         holds[full, e] = True
 
 
-@numba.jit(**_JIT)
+@jit(**JIT)
 def _sort_slots(wt, table, j):  # pragma: no cover - compiled
     """Move entry `j` of `wt [S]` (and `table [S]` alongside) to its place in ascending order,
     the rest of `wt` being ascending."""
@@ -140,7 +138,7 @@ def _sort_slots(wt, table, j):  # pragma: no cover - compiled
     wt[j], table[j] = w, t
 
 
-@numba.jit(**_JIT)
+@jit(**JIT)
 def _refine(weight, expert, table, load, anti, holds):  # pragma: no cover - compiled
     """Improving swaps with the most-loaded GPU until none lowers it (module docstring, step 3);
     updates `table [Gr, S]`, `load [Gr]` and, with `anti`, `holds [Gr, E]`."""
@@ -213,7 +211,7 @@ def _refine(weight, expert, table, load, anti, holds):  # pragma: no cover - com
             by_load[k] = g
 
 
-@numba.jit(**_JIT)
+@jit(**JIT)
 def _solve_row(weight, expert, num_gpus, anti, num_experts, out):  # pragma: no cover - compiled
     """Pack items `weight [X]` (of experts `expert [X]`) onto `num_gpus` GPUs of `X / num_gpus`
     slots and refine; writes the item held by each local slot into `out [X]`, GPU-major."""
@@ -230,10 +228,10 @@ def _solve_row(weight, expert, num_gpus, anti, num_experts, out):  # pragma: no 
     out[:] = table.ravel()
 
 
-@numba.jit(parallel=True, **_JIT)
+@jit(parallel=True, **JIT)
 def _pack_rows(weight, expert, num_gpus, anti, num_experts, out):  # pragma: no cover - compiled
     """`_solve_row` for every row of `weight [R, X]`, `expert [R, X]` into `out [R, X]`."""
-    for r in numba.prange(weight.shape[0]):
+    for r in prange(weight.shape[0]):
         _solve_row(weight[r], expert[r], num_gpus, anti, num_experts, out[r])
 
 
@@ -282,7 +280,7 @@ def lpt(load: np.ndarray, num_slots: int, topology: Topology, num_groups: int = 
     return _core(load, num_slots, num_gpus, bool(anti_colocation))
 
 
-@numba.jit(**_JIT)
+@jit(**JIT)
 def _node_cost(load, group_ids, group_size, slots, gpus):  # pragma: no cover - compiled
     """`bounds.lower_bound` of the node holding groups `group_ids` (water-filled ratio bound
     and load over its GPUs)."""
@@ -304,12 +302,12 @@ def _node_cost(load, group_ids, group_size, slots, gpus):  # pragma: no cover - 
     return max(w.sum() / gpus, ratio)
 
 
-@numba.jit(parallel=True, **_JIT)
+@jit(parallel=True, **JIT)
 def _improve_groups(load, node_groups, group_size, slots, gpus):  # pragma: no cover - compiled
     """Swap groups between the node with the highest cost and another while that lowers the
     larger of the two costs: `node_groups [L, N, k]` is updated in place."""
     L, N, k = node_groups.shape
-    for layer in numba.prange(L):
+    for layer in prange(L):
         groups = node_groups[layer]
         cost = np.empty(N)
         for n in range(N):

@@ -20,16 +20,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numba
 import numpy as np
 import torch
 
-from ...counting import JIT, pair_table, row_chunks
+from ...compiled import JIT, jit, prange, threads
+from ...counting import pair_table, row_chunks
 from ..policies import DispatchContext, layer_draws, layer_offsets, static_table
 from ..streams import DRAW, Stream, lane_mod, philox, split_key
 from ...placement import View
 
-@numba.jit(parallel=True, **JIT)
+@jit(parallel=True, **JIT)
 def _row(ids, log2phy, logcnt, out, chunks):  # pragma: no cover - compiled
     """`row % n` without a division a pair: each chunk of rows keeps `t % n` for every
     candidate count `n <= R` and steps it on by one a row (R additions a row instead of L K
@@ -37,7 +37,7 @@ def _row(ids, log2phy, logcnt, out, chunks):  # pragma: no cover - compiled
     T, L, K = ids.shape
     R = log2phy.shape[2]
     stepped = R <= L * K
-    for c in numba.prange(chunks.shape[0] - 1):
+    for c in prange(chunks.shape[0] - 1):
         lo, hi = chunks[c], chunks[c + 1]
         mods = np.empty(R + 1, np.int64)  # mods[n] = t % n
         for n in range(1, R + 1):
@@ -58,24 +58,24 @@ def _row(ids, log2phy, logcnt, out, chunks):  # pragma: no cover - compiled
                         mods[n] = 0
 
 
-@numba.jit(parallel=True, **JIT)
+@jit(parallel=True, **JIT)
 def _ordinal(ids, log2phy, logcnt, offsets, out, num_blocks):  # pragma: no cover - compiled
     T, L, K = ids.shape
     E = logcnt.shape[1]
     rows = (T + num_blocks - 1) // num_blocks
     base = np.zeros((L, num_blocks + 1, E), np.int64)  # [L, B + 1, E] counts before block b
-    for job in numba.prange(L * num_blocks):
+    for job in prange(L * num_blocks):
         layer, b = job // num_blocks, job % num_blocks
         for t in range(b * rows, min(T, (b + 1) * rows)):
             for k in range(K):
                 e = ids[t, layer, k]
                 if e >= 0:
                     base[layer, b + 1, e] += 1
-    for layer in numba.prange(L):
+    for layer in prange(L):
         for b in range(1, num_blocks + 1):
             for e in range(E):
                 base[layer, b, e] += base[layer, b - 1, e]
-    for job in numba.prange(L * num_blocks):
+    for job in prange(L * num_blocks):
         layer, b = job // num_blocks, job % num_blocks
         off = offsets[layer]
         turn = np.empty(E, np.int64)  # [E] (occurrences before + offset) % n, stepped a pair
@@ -93,10 +93,10 @@ def _ordinal(ids, log2phy, logcnt, offsets, out, num_blocks):  # pragma: no cove
                         turn[e] = 0
 
 
-@numba.jit(parallel=True, **JIT)
+@jit(parallel=True, **JIT)
 def _drawn(ids, log2phy, logcnt, draws, out):  # pragma: no cover - compiled
     T, L, K = ids.shape
-    for t in numba.prange(T):
+    for t in prange(T):
         for layer in range(L):
             for k in range(K):
                 e = ids[t, layer, k]
@@ -104,10 +104,10 @@ def _drawn(ids, log2phy, logcnt, draws, out):  # pragma: no cover - compiled
                 out[t, layer, k] = -1 if e < 0 else log2phy[layer, e, d % logcnt[layer, e]]
 
 
-@numba.jit(parallel=True, **JIT)
+@jit(parallel=True, **JIT)
 def _streamed(ids, log2phy, logcnt, k0, k1, shift, step, out):  # pragma: no cover - compiled
     T, L, K = ids.shape
-    for t in numba.prange(T):
+    for t in prange(T):
         for layer in range(L):
             block = -1
             words = (np.uint64(0), np.uint64(0), np.uint64(0), np.uint64(0))
@@ -154,7 +154,7 @@ def ordinal_step(topk_ids: torch.Tensor, view: View, ctx: DispatchContext,
     ids, log2phy, logcnt, out = _arrays(topk_ids, view, out)
     L = ids.shape[1]
     offsets = layer_offsets(ctx, L).numpy()
-    blocks = max(1, min(numba.get_num_threads() * 2 // L, ids.shape[0] // 4096))
+    blocks = max(1, min(threads() * 2 // L, ids.shape[0] // 4096))
     _ordinal(ids, log2phy, logcnt, offsets, out, blocks)
     return torch.from_numpy(out)
 
@@ -183,7 +183,7 @@ def random_step(topk_ids: torch.Tensor, view: View, ctx: DispatchContext,
     return torch.from_numpy(out)
 
 
-@numba.jit(**JIT, inline="always")
+@jit(**JIT, inline="always")
 def _choice(log2phy, logcnt, vclass, keys, shifts, sid, r, layer, e, i, step, block,
             words):  # pragma: no cover - compiled
     """Rank `r`'s `random` slot for pair `i` of expert `e`: its stream's (`sid[r]`: key
@@ -203,13 +203,13 @@ def _choice(log2phy, logcnt, vclass, keys, shifts, sid, r, layer, e, i, step, bl
     return log2phy[v, layer, e, lane_mod(words[s, (i & 7) >> 1], i, n)]
 
 
-@numba.jit(parallel=True, **JIT)
+@jit(parallel=True, **JIT)
 def _streamed_none(ids, log2phy, logcnt, vclass, keys, shifts, sid, step, slot_gpu, hosts,
                    nhosts, fixed, reps, chunks, hist, counts, agreed,
                    mult):  # pragma: no cover - compiled
     T, L, K = ids.shape
     S = keys.shape[0]
-    for c in numba.prange(chunks.shape[0] - 1):
+    for c in prange(chunks.shape[0] - 1):
         words = np.zeros((S, 4), np.uint64)
         block = np.empty(S, np.int64)
         for t in range(chunks[c], chunks[c + 1]):
