@@ -44,9 +44,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="timed replays (and kernel runs) per row; the best is reported "
                    "(default 3)")
     p.add_argument("--end-to-end", action=argparse.BooleanOptionalAction, default=True,
-                   help="also time the whole `eplbsim run` on a DeepSeek-V3-shaped .npz of "
-                   "2 and of 34 steps, a process each: its throughput is the two lengths' "
+                   help="also time the whole `eplbsim run` on a DeepSeek-V3-shaped trace of "
+                   "2 and of 130 steps, a process each: its throughput is the two lengths' "
                    "difference (default on)")
+    p.add_argument("--end-to-end-form", choices=("dir", "npz"), default="dir",
+                   help="the trace file the end-to-end run reads: dir (the uncompressed "
+                   "directory form, default) or npz (compressed)")
     p.add_argument("--seed", type=seed, default=0,
                    help="seeds the random ids and the replay's scenario (default 0)")
     p.add_argument("--json", action="store_true", help="print only a JSON array of rows")
@@ -89,7 +92,8 @@ def handle(args: argparse.Namespace) -> int:
                                           args.replay_layers, policies, modes, args.seed,
                                           args.replay_repeats, rows_done.update) \
             if args.replay else []
-    e2e = [B.end_to_end(seed=args.seed, device=device)] if args.end_to_end else []
+    e2e = ([B.end_to_end(seed=args.seed, device=device, form=args.end_to_end_form)]
+           if args.end_to_end else [])
     if args.json:
         print(to_json(rows + replay_rows + e2e))
         return 0
