@@ -446,8 +446,11 @@ def square_sums(rows: np.ndarray) -> np.ndarray:
     _grid_squares(rows, high, low, on_grid)
     on_grid &= n < 2 ** 32
     out = np.empty(R, np.float64)
-    if not on_grid.all():
-        _square_sums(rows, out)
+    if not on_grid.all():  # fsum for the other rows only
+        off = np.flatnonzero(~on_grid)
+        fsums = np.empty(off.size, np.float64)
+        _square_sums(rows[off], fsums)
+        out[off] = fsums
     for r in np.flatnonzero(on_grid).tolist():  # one correctly rounded int -> float each
         out[r] = math.ldexp(float((int(high[r]) << 31) + int(low[r])), -2 * GRID_BITS)
     return out

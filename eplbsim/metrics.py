@@ -149,8 +149,7 @@ def idle_replicas(slot_load: torch.Tensor, true_load: torch.Tensor, placement: P
     stats = replica_stats(slot_load, placement) if stats is None else stats
     logcnt = placement.logcnt.to(slot_load.device)
     eligible = (logcnt >= 2) & (true_load >= logcnt)  # [..., L, E]
-    return ((stats.idle * eligible).sum(-1),
-            (logcnt * eligible).expand_as(eligible).sum(-1))
+    return (stats.idle * eligible).sum(-1), (logcnt * eligible).sum(-1)
 
 
 def nanmean_or_none(values: torch.Tensor) -> float | None:
