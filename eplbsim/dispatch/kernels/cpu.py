@@ -229,18 +229,16 @@ def _streamed_none(ids, log2phy, logcnt, vclass, keys, shifts, sid, step, slot_g
                     i = t * K + k
                     m = 0
                     first = -1  # the first choice seen: a host's, else the first rep's
-                    same = 1
+                    same = True
                     for h in range(nhosts[layer, e]):  # only a replica's GPU can execute it
                         r = hosts[layer, e, h]
                         p = _choice(log2phy, logcnt, vclass, keys, shifts, sid, r, layer, e, i,
                                     step, block, words)
-                        if slot_gpu[p] == r:
-                            m += 1
-                            hist[c, layer, p] += 1
-                        if first < 0:
-                            first = p
-                        elif p != first:
-                            same = 0  # two hosts differ: no further draw is needed
+                        own = np.int64(slot_gpu[p] == r)  # counted without a branch
+                        m += own
+                        hist[c, layer, p] += own
+                        first = p if h == 0 else first
+                        same &= p == first  # two hosts differ: no further draw is needed
                     mult[t, layer, k] = m
                     counts[c, layer, min(m, 2)] += 1
                     if same:  # every (view, stream) asked, up to the first difference
@@ -250,7 +248,7 @@ def _streamed_none(ids, log2phy, logcnt, vclass, keys, shifts, sid, step, slot_g
                             if first < 0:
                                 first = q
                             elif q != first:
-                                same = 0
+                                same = False
                                 break
                     agreed[c, layer] += same
 
