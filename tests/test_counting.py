@@ -14,6 +14,7 @@ from hypothesis import given, settings, strategies as st
 
 from eplbsim import counting
 from eplbsim.dispatch import POLICIES
+from eplbsim.dispatch.kernels import cpu as cpu_kernels
 from eplbsim.ranks import UNMEASURED
 from eplbsim.replay import routed_loads, run_steps, schedule_of
 from eplbsim.spec import RunSpec
@@ -248,6 +249,16 @@ def test_counting_fast_is_exact_for_every_policy_mode_and_view(policy, mode, vie
     assert_fast_is_exact(trace, RunSpec.of(
         policy=_user_policy if policy == "user" else policy, mode=mode, view=view, gpus=4,
         gpus_per_node=2, redundant=4, rebalance_every=2, window=2))
+
+
+@pytest.mark.parametrize("eager", [0, 128])
+def test_random_counted_fast_draws_all_streams_at_once_or_one_at_a_time(eager, monkeypatch):
+    """Up to `EAGER_STREAMS` distinct streams every stream's Philox block is made at once,
+    beyond it each stream's alone: both give the straightforward model's bits."""
+    monkeypatch.setattr(cpu_kernels, "EAGER_STREAMS", eager)
+    trace = synthesize("skewed", seed=5, steps=4, tokens=40, layers=2, experts=8, top_k=3)
+    assert_fast_is_exact(trace, RunSpec.of(policy="random", mode="none", rng="drift",
+                                           drift_p=0.5, gpus=4, gpus_per_node=2, redundant=8))
 
 
 @settings(max_examples=40, deadline=None)

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from eplbsim.dispatch.streams import (MASK, Stream, batch_draws, coin_hits, philox,
+from eplbsim.dispatch.streams import (DRAW, MASK, Stream, batch_draws, coin_hits, philox,
+                                      philox_lanes,
                                       philox_torch, split_key, stream_key)
 from eplbsim.placement import Placement
 from eplbsim.replay import replay
@@ -43,6 +44,18 @@ def test_torch_and_compiled_philox_agree_and_lanes_are_16_bit_halves():
         word = int(philox(*key, i // 8, 4, 9, 0)[(i % 8) // 2])
         assert draws[i] == (word >> (16 * (i % 2))) & 0xFFFF
     assert draws.dtype == torch.int64 and 0 <= int(draws.min()) and int(draws.max()) < 65536
+
+
+@pytest.mark.parametrize("count", [1, 32, 96])
+def test_philox_lanes_are_philox_of_each_key(count):
+    """Every key's block at once (the vector loop), each the scalar `philox` of its key and
+    its shifted counter."""
+    keys = np.array([split_key(stream_key(7, j)) for j in range(count)], np.uint64).T  # [2, S]
+    shifts = np.arange(count, dtype=np.uint64) * np.uint64(3)
+    words = np.zeros((4, count), np.uint64)
+    philox_lanes(keys[0].copy(), keys[1].copy(), shifts, 11, 5, 2, DRAW, words)
+    assert words.T.tolist() == [[int(w) for w in philox(*keys[:, j], 11, 5 + 3 * j, 2, DRAW)]
+                                for j in range(count)]
 
 
 def test_streams_are_counter_based_and_keyed():

@@ -26,7 +26,7 @@ import torch
 from ...compiled import JIT, jit, prange, threads
 from ...counting import pair_table, row_chunks
 from ..policies import DispatchContext, layer_draws, layer_offsets, static_table
-from ..streams import DRAW, Stream, lane_mod, philox, split_key
+from ..streams import DRAW, LANE_KEYS, Stream, lane_mod, philox, philox_lanes, split_key
 from ...placement import View
 
 @jit(parallel=True, **JIT)
@@ -183,35 +183,45 @@ def random_step(topk_ids: torch.Tensor, view: View, ctx: DispatchContext,
     return torch.from_numpy(out)
 
 
+EAGER_STREAMS = 128  # up to this many streams, a pair's first draw makes every stream's block
+
+
 @jit(**JIT, inline="always")
-def _choice(log2phy, logcnt, vclass, keys, shifts, sid, r, layer, e, i, step, block,
+def _choice(log2phy, logcnt, vclass, k0, k1, shifts, sid, r, layer, e, i, step, block,
             words):  # pragma: no cover - compiled
     """Rank `r`'s `random` slot for pair `i` of expert `e`: its stream's (`sid[r]`: key
-    `keys[s]`, shift `shifts[s]`) draw, none when its view (`vclass[r]`) lists one candidate.
-    Each stream's last Philox block is kept in `words [S, 4]` (`block [S]` says which, -1:
-    none): a block serves 8 consecutive pairs."""
+    `(k0[s], k1[s])`, shift `shifts[s]`) draw, none when its view (`vclass[r]`) lists one
+    candidate. The streams' last Philox blocks are kept in `words [4, S]`, `block` saying
+    which (-1: none); a block serves 8 consecutive pairs. Up to `EAGER_STREAMS` streams
+    (padded to a multiple of `LANE_KEYS`) every stream's block is made at once, as vector code
+    (`block [1]`: a token's pairs draw from about 7 streams of 32, and 32 blocks at once cost
+    less than 7 one at a time); beyond, each stream's alone (`block [S]`)."""
     v = vclass[r]
     n = logcnt[v, layer, e]
     if n == 1:
         return log2phy[v, layer, e, 0]
     s = sid[r]
     b = i >> 3
-    if block[s] != b:
-        w = philox(keys[s, 0], keys[s, 1], b, layer + shifts[s], step, DRAW)
-        words[s, 0], words[s, 1], words[s, 2], words[s, 3] = w
+    if block.shape[0] == 1:
+        if block[0] != b:
+            philox_lanes(k0, k1, shifts, b, layer, step, DRAW, words)
+            block[0] = b
+    elif block[s] != b:
+        words[0, s], words[1, s], words[2, s], words[3, s] = philox(
+            k0[s], k1[s], b, np.uint64(layer) + shifts[s], step, DRAW)
         block[s] = b
-    return log2phy[v, layer, e, lane_mod(words[s, (i & 7) >> 1], i, n)]
+    return log2phy[v, layer, e, lane_mod(words[(i & 7) >> 1, s], i, n)]
 
 
 @jit(parallel=True, **JIT)
-def _streamed_none(ids, log2phy, logcnt, vclass, keys, shifts, sid, step, slot_gpu, hosts,
-                   nhosts, fixed, reps, chunks, hist, counts, agreed,
+def _streamed_none(ids, log2phy, logcnt, vclass, k0, k1, shifts, eager, sid, step, slot_gpu,
+                   hosts, nhosts, fixed, reps, chunks, hist, counts, agreed,
                    mult):  # pragma: no cover - compiled
     T, L, K = ids.shape
-    S = keys.shape[0]
+    S = k0.shape[0]
     for c in prange(chunks.shape[0] - 1):
-        words = np.zeros((S, 4), np.uint64)
-        block = np.empty(S, np.int64)
+        words = np.zeros((4, S), np.uint64)
+        block = np.empty(1 if eager else S, np.int64)
         for t in range(chunks[c], chunks[c + 1]):
             for layer in range(L):
                 block[:] = -1  # the blocks of another layer
@@ -232,8 +242,8 @@ def _streamed_none(ids, log2phy, logcnt, vclass, keys, shifts, sid, step, slot_g
                     same = True
                     for h in range(nhosts[layer, e]):  # only a replica's GPU can execute it
                         r = hosts[layer, e, h]
-                        p = _choice(log2phy, logcnt, vclass, keys, shifts, sid, r, layer, e, i,
-                                    step, block, words)
+                        p = _choice(log2phy, logcnt, vclass, k0, k1, shifts, sid, r, layer, e,
+                                    i, step, block, words)
                         own = np.int64(slot_gpu[p] == r)  # counted without a branch
                         m += own
                         hist[c, layer, p] += own
@@ -243,7 +253,7 @@ def _streamed_none(ids, log2phy, logcnt, vclass, keys, shifts, sid, step, slot_g
                     counts[c, layer, min(m, 2)] += 1
                     if same:  # every (view, stream) asked, up to the first difference
                         for j in range(reps.shape[0]):
-                            q = _choice(log2phy, logcnt, vclass, keys, shifts, sid, reps[j],
+                            q = _choice(log2phy, logcnt, vclass, k0, k1, shifts, sid, reps[j],
                                         layer, e, i, step, block, words)
                             if first < 0:
                                 first = q
@@ -315,8 +325,13 @@ class StreamedViews:
         distinct: dict[tuple[int, int], int] = {}  # (key, shift) -> stream index
         sid = np.array([distinct.setdefault((s.key, s.shift), len(distinct)) for s in streams],
                        np.int64)
-        words = np.array([split_key(key) for key, _ in distinct], np.uint64).reshape(-1, 2)
-        shifts = np.array([shift for _, shift in distinct], np.int64)
+        eager = 1 < len(distinct) <= EAGER_STREAMS  # else one at a time (`_choice`)
+        S = -(-len(distinct) // LANE_KEYS) * LANE_KEYS if eager else len(distinct)
+        keys = np.zeros((2, S), np.uint64)  # padded with unused streams
+        keys[:, :len(distinct)] = np.array([split_key(key) for key, _ in distinct],
+                                           np.uint64).reshape(-1, 2).T
+        shifts = np.zeros(S, np.uint64)
+        shifts[:len(distinct)] = [shift for _, shift in distinct]
         seen: dict[tuple[int, int], int] = {}
         for r in range(len(streams)):  # one representative of equal (view, stream)
             seen.setdefault((int(self.vclass[r]), int(sid[r])), r)
@@ -328,7 +343,8 @@ class StreamedViews:
         counts = np.zeros((C, L, 3), np.int64)
         agreed = np.zeros((C, L), np.int64)
         mult = np.zeros(ids.shape, np.int32)
-        _streamed_none(np.ascontiguousarray(ids), self.log2phy, self.logcnt, self.vclass, words,
-                       shifts, sid, streams[0].step, self.slot_gpu, self.hosts, self.nhosts,
-                       self.fixed, reps, chunks, hist, counts, agreed, mult)
+        _streamed_none(np.ascontiguousarray(ids), self.log2phy, self.logcnt, self.vclass,
+                       keys[0], keys[1], shifts, eager, sid, streams[0].step, self.slot_gpu,
+                       self.hosts, self.nhosts, self.fixed, reps, chunks, hist, counts, agreed,
+                       mult)
         return hist.sum(0), counts.sum(0), agreed.sum(0), mult
