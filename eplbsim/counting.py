@@ -17,7 +17,8 @@ Dimensions: `S` steps, `N` token rows, `T` tokens of a step, `L` layers, `K` top
   expert counts) or sends ("a2a", from its rows) an expert's pairs to its table's slot.
 - `layer_sums`: the toy MoE layer's exact output of every token and its output weighted by
   each pair's multiplicity, every layer (the definition of a pair's output is in `moe`).
-- `square_sums`: the exactly rounded sum of squares of a float64 array per row (`math.fsum`).
+- `square_sums`: the exactly rounded sum of squares of a float64 array per row (`math.fsum`);
+  `error_squares` both of the toy MoE's error terms of a step in one pass, without its outputs.
 
 Row chunks run in parallel, each into its own histogram, summed in chunk order: every count is
 an integer sum and every toy-MoE sum is exact, so no result depends on the number of threads.
@@ -315,36 +316,41 @@ def sent_loads(tables: np.ndarray, ids: np.ndarray, offsets: np.ndarray,
     return out.sum(0)
 
 
+@jit(**JIT, inline="always")
+def _add_pair(flat_w, at, xt, g, out, out_at, weighted, m, weigh):  # pragma: no cover
+    """One toy-MoE pair's output `v` (its expert matrix transposed at `flat_w[at:]`, the token's
+    vector `xt [D]`, its gate `g`) added to `out[out_at:out_at + D]`, and `m * v` to
+    `weighted` there when `weigh`: lanes in `LANES` blocks as vectors (`simd.pair_lanes`), the
+    rest one by one, the same operations in the same order."""
+    D = xt.shape[0]
+    vector = D - D % LANES
+    for i in range(0, vector, LANES):
+        pair_lanes(flat_w, at + i, xt, g, GRID, out, out_at + i, weighted, m, weigh)
+    for i in range(vector, D):  # float32, j in order, no fused multiply-add
+        acc = flat_w[at + i] * xt[0]
+        for j in range(1, D):
+            acc += flat_w[at + j * D + i] * xt[j]
+        v = np.rint(np.float64(acc * g) * GRID) * INV_GRID
+        out[out_at + i] += v
+        if weigh:
+            weighted[out_at + i] += m * v
+
+
 @jit(parallel=True, **JIT)
 def _layer_sums(wt, x, gates, ids, mult, weigh, chunks, exact, weighted):  # pragma: no cover
     T, L, K = ids.shape
     E, D = wt.shape[1], x.shape[1]
-    vector = D - D % LANES  # lanes [0, vector) as vectors (`simd`), the rest one by one
     C = chunks.shape[0] - 1
     flat_w, flat_exact, flat_weighted = wt.reshape(-1), exact.reshape(-1), weighted.reshape(-1)
     for job in prange(L * C):
         layer, c = job // C, job % C
         for t in range(chunks[c], chunks[c + 1]):
-            xt = x[t]
-            out = (layer * T + t) * D
             for k in range(K):
                 e = ids[t, layer, k]
-                if e < 0:
-                    continue
-                g = gates[t, k]
-                m = np.float64(mult[t, layer, k]) if weigh else 1.0
-                at = (layer * E + e) * D * D
-                for i in range(0, vector, LANES):
-                    pair_lanes(flat_w, at + i, xt, g, GRID, flat_exact, out + i, flat_weighted,
-                               m, weigh)
-                for i in range(vector, D):  # float32, j in order, no fused multiply-add
-                    acc = flat_w[at + i] * xt[0]
-                    for j in range(1, D):
-                        acc += flat_w[at + j * D + i] * xt[j]
-                    v = np.rint(np.float64(acc * g) * GRID) * INV_GRID
-                    flat_exact[out + i] += v
-                    if weigh:
-                        flat_weighted[out + i] += m * v
+                if e >= 0:
+                    m = np.float64(mult[t, layer, k]) if weigh else 1.0
+                    _add_pair(flat_w, (layer * E + e) * D * D, x[t], gates[t, k], flat_exact,
+                              (layer * T + t) * D, flat_weighted, m, weigh)
 
 
 def layer_sums(wt: np.ndarray, x: np.ndarray, gates: np.ndarray, ids: np.ndarray,
@@ -420,18 +426,87 @@ def _square_sums(rows, out):  # pragma: no cover - compiled
         out[r] = _fsum_squares(rows[r], np.empty(room, np.float64))
 
 
+@jit(**JIT, inline="always")
+def _grid_square(v):  # pragma: no cover - compiled
+    """`(m, ok)`: `v * v` rounded to float64 is `m / GRID**2`, an int64 below 2**62, when `ok`:
+    `v` is a multiple of `1 / GRID` below 128 in magnitude (rounding such a square keeps it a
+    multiple of `1 / GRID**2`: `moe.grid_square_sums`); else `m` is 0. Without a branch."""
+    inside = abs(v) < 128.0
+    w = v if inside else 0.0
+    return np.int64(w * w * (GRID * GRID)), inside & (np.rint(v * GRID) == v * GRID)
+
+
 @jit(parallel=True, **JIT)
 def _grid_squares(rows, high, low, on_grid):  # pragma: no cover - compiled
     for r in prange(rows.shape[0]):
         hi, lo, ok = 0, 0, True
         for v in rows[r]:
-            inside = abs(v) < 128.0
-            ok &= inside & (np.rint(v * GRID) == v * GRID)
-            w = v if inside else 0.0  # (any value outside is not summed here)
-            m = np.int64(w * w * (GRID * GRID))  # exact on the grid (moe.grid_square_sums)
+            m, fits = _grid_square(v)
+            ok &= fits
             hi += m >> 31
             lo += m & 0x7FFFFFFF
         high[r], low[r], on_grid[r] = hi, lo, ok
+
+
+def _grid_value(high: int, low: int) -> float:
+    """`(high * 2**31 + low) / GRID**2`, correctly rounded (Python's int -> float)."""
+    return math.ldexp(float((int(high) << 31) + int(low)), -2 * GRID_BITS)
+
+
+@jit(parallel=True, **JIT)
+def _error_squares(wt, x, gates, ids, mult, chunks, sums):  # pragma: no cover - compiled
+    T, L, K = ids.shape
+    E, D = wt.shape[1], x.shape[1]
+    C = chunks.shape[0] - 1
+    flat_w = wt.reshape(-1)
+    for job in prange(L * C):
+        layer, c = job // C, job % C
+        exact, diff = np.empty(D, np.float64), np.empty(D, np.float64)  # one token's [D]
+        dh, dl, eh, el, ok = 0, 0, 0, 0, True
+        for t in range(chunks[c], chunks[c + 1]):
+            for i in range(D):
+                exact[i] = 0.0
+                diff[i] = 0.0
+            for k in range(K):
+                e = ids[t, layer, k]
+                if e >= 0:
+                    _add_pair(flat_w, (layer * E + e) * D * D, x[t], gates[t, k], exact, 0, diff,
+                              np.float64(mult[t, layer, k] - 1), True)
+            for i in range(D):
+                m, fits = _grid_square(diff[i])
+                n, fits_too = _grid_square(exact[i])
+                ok &= fits & fits_too
+                dh += m >> 31
+                dl += m & 0x7FFFFFFF
+                eh += n >> 31
+                el += n & 0x7FFFFFFF
+        sums[job, 0], sums[job, 1], sums[job, 2], sums[job, 3] = dh, dl, eh, el
+        sums[job, 4] = ok
+
+
+def error_squares(wt: np.ndarray, x: np.ndarray, gates: np.ndarray, ids: np.ndarray,
+                  mult: np.ndarray) -> np.ndarray | None:
+    """The toy MoE's error terms of one step in one pass, without its `[L, T, D]` outputs:
+    float64 `[L, 2]` of `(||Y - Y_exact||^2, ||Y_exact||^2)` per layer, `Y` counting pair
+    `(t, k)` `mult[t, l, k]` times; each the exactly rounded sum of the squares, bit for bit
+    `square_sums` of `layer_sums`' `weighted - exact` and of its `exact`. None when some
+    output is not a multiple of `1 / GRID` below 128 in magnitude (`square_sums` then).
+
+    wt, x, gates, ids: as `layer_sums`; mult: int `[T, L, K]`."""
+    T, L, _ = ids.shape
+    if T * x.shape[1] >= 2 ** 32:
+        return None
+    chunks = row_chunks(T, 64)
+    C = chunks.shape[0] - 1
+    sums = np.zeros((L * C, 5), np.int64)  # per (layer, chunk): error, norm (high, low); ok
+    _error_squares(np.ascontiguousarray(wt), np.ascontiguousarray(x),
+                   np.ascontiguousarray(gates), np.ascontiguousarray(ids),
+                   np.ascontiguousarray(mult), chunks, sums)
+    if not sums[:, 4].all():
+        return None
+    total = sums[:, :4].reshape(L, C, 4).sum(1).tolist()  # [L, 4], each below 2**63
+    return np.array([[_grid_value(a, b), _grid_value(c, d)] for a, b, c, d in total],
+                    np.float64).reshape(L, 2)
 
 
 def square_sums(rows: np.ndarray) -> np.ndarray:
@@ -452,5 +527,5 @@ def square_sums(rows: np.ndarray) -> np.ndarray:
         _square_sums(rows[off], fsums)
         out[off] = fsums
     for r in np.flatnonzero(on_grid).tolist():  # one correctly rounded int -> float each
-        out[r] = math.ldexp(float((int(high[r]) << 31) + int(low[r])), -2 * GRID_BITS)
+        out[r] = _grid_value(high[r], low[r])
     return out

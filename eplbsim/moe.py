@@ -121,19 +121,39 @@ def all_reduced_error_terms(moe: ToyMoE, step: int, topk_ids: torch.Tensor,
     return error_terms(all_reduce(partial) - exact, exact)
 
 
+def local_error_terms(moe: ToyMoE, step: int, topk_ids: torch.Tensor,
+                      executed: torch.Tensor) -> torch.Tensor:
+    """`all_reduced_error_terms` where one process holds every rank (`executed` counts all of
+    them), the same bits: on the CPU one compiled pass that sums each token's output and error
+    and squares them there (`counting.error_squares`, no `[L, T, D]` arrays), unless some
+    output is off the grid."""
+    if topk_ids.device.type == "cpu":
+        x, gates = token_inputs(moe, step, topk_ids.shape[0], topk_ids.shape[2])
+        terms = counting.error_squares(moe.transposed, x.numpy(), gates.numpy(),
+                                       topk_ids.numpy(), executed.numpy())
+        if terms is not None:
+            return torch.from_numpy(terms)
+    return all_reduced_error_terms(moe, step, topk_ids, executed, lambda t: t)
+
+
 def error_terms(diff: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
     """`(||diff[l]||^2, ||exact[l]||^2)` of every layer, float64 `[L, 2]` on the CPU, for
     `diff [L, R, D]` (any rows of `Y - Y_exact`; zero rows may be left out) and `exact
-    [L, T, D]`, on their device. The first is summed exactly rounded (as `math.fsum`), so it
-    does not depend on which zero rows are included or in what order: on the CPU by
-    `counting.square_sums`, elsewhere on the device by `grid_square_sums` (only `[L]` integer
-    pairs cross to the CPU), or on the CPU where that does not apply. The second is torch's
-    sum of each layer."""
-    rows = diff.reshape(diff.shape[0], -1)
+    [L, T, D]`, on their device: each `square_sums`, exactly rounded, so neither depends on
+    which zero rows are included, in what order, or on the device."""
+    return torch.stack([square_sums(diff), square_sums(exact)], 1)
+
+
+def square_sums(rows: torch.Tensor) -> torch.Tensor:
+    """The exactly rounded sum of the squares (each rounded to float64) of each `rows[l]`
+    (float64 `[L, ...]` on any device), float64 `[L]` on the CPU, as `math.fsum`: on the CPU
+    by `counting.square_sums`; elsewhere by `grid_square_sums` on the device (only `[L]`
+    integer pairs cross to the CPU), or on the CPU where that does not apply."""
+    rows = rows.reshape(rows.shape[0], -1)
     squares = None if rows.device.type == "cpu" else grid_square_sums(rows)
     if squares is None:
         squares = torch.from_numpy(counting.square_sums(rows.cpu().numpy()))
-    return torch.stack([squares, exact_norms(exact)], 1)
+    return squares
 
 
 def grid_square_sums(rows: torch.Tensor) -> torch.Tensor | None:
@@ -155,9 +175,3 @@ def grid_square_sums(rows: torch.Tensor) -> torch.Tensor | None:
     high, low = torch.stack([(m >> 31).sum(1), (m & (2 ** 31 - 1)).sum(1)]).cpu().tolist()
     return torch.tensor([math.ldexp(float((h << 31) + lo), -2 * GRID_BITS)
                          for h, lo in zip(high, low)], dtype=torch.float64)
-
-
-def exact_norms(exact: torch.Tensor) -> torch.Tensor:
-    """`||exact[l]||^2` of every layer of `exact [L, T, D]`, float64 `[L]` on the CPU: each
-    layer's torch sum, brought to the CPU together."""
-    return torch.stack([(e * e).sum() for e in exact]).cpu()

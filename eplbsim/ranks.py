@@ -52,7 +52,7 @@ from .dispatch.streams import Stream, coin_hits, stream_key
 from .dispatch.shared import even_split, has_pairs, home, per_gpu
 from .errors import InputError
 from .metrics import multiplicity_counts
-from .moe import ToyMoE, all_reduced_error_terms
+from .moe import ToyMoE, all_reduced_error_terms, local_error_terms
 from .placement import Placement, View
 
 RNG_RELATIONS = ("independent", "shared", "drift")
@@ -416,8 +416,7 @@ def _none_counted(epoch: Epoch, step: int, topk_ids: torch.Tensor) -> StepOutcom
         error = torch.zeros(L, 2, dtype=torch.float64)
         error[:, 1] = torch.from_numpy(np.where(valid > 0, UNMEASURED, 0.0))
     else:
-        error = all_reduced_error_terms(epoch.moe, step, topk_ids, torch.from_numpy(mult),
-                                        LOCAL.all_reduce)
+        error = local_error_terms(epoch.moe, step, topk_ids, torch.from_numpy(mult))
     return StepOutcome(torch.from_numpy(slot_load), None, torch.from_numpy(counts),
                        torch.from_numpy(valid), drifted, torch.from_numpy(agreed), error,
                        shared=_shared_split(epoch, topk_ids))

@@ -22,7 +22,7 @@ from .engines import is_engine_name
 from .errors import InputError
 from .files import check_memory
 from .metrics import Counters
-from .moe import exact_norms, make_toy_moe, step_sums
+from .moe import make_toy_moe, square_sums, step_sums
 from .placement import rank_view
 from .placement_io import load_placement
 from .progress import Progress
@@ -204,7 +204,7 @@ def fill_norms(trace: Any, spec: RunSpec, counters: Counters,
     moe = make_toy_moe(trace.num_layers, trace.num_experts, d.hidden, d.seed,
                        device or resolve_device(d.device))
     for s in unmeasured.nonzero().flatten().tolist():
-        counters.error[s, :, 1] = exact_norms(step_sums(moe, s, trace.step(s))[0])
+        counters.error[s, :, 1] = square_sums(step_sums(moe, s, trace.step(s))[0])
 
 
 def replay(trace: Any, spec: RunSpec | None = None,

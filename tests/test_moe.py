@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import torch
 
+from eplbsim import counting
 from eplbsim.moe import (GRID_BITS, all_reduced_error_terms, error_terms, grid_square_sums,
-                         make_toy_moe, pair_outputs, step_sums, token_inputs)
+                         local_error_terms, make_toy_moe, pair_outputs, step_sums, token_inputs)
 
 
 def test_pair_outputs_match_the_definition_and_zero_padding():
@@ -112,6 +113,40 @@ def test_partial_outputs_summed_by_the_all_reduce_give_the_same_bits():
         all_reduced_error_terms(moe, 1, ids, part, lambda t: partials.append(t) or t)
     summed = all_reduced_error_terms(moe, 1, ids, half, lambda t: partials[0] + partials[1])
     assert torch.equal(whole, summed)
+
+
+@pytest.mark.parametrize("hidden", [3, 8, 12])
+def test_one_pass_error_terms_equal_the_all_reduced_ones(hidden):
+    """`local_error_terms` (one compiled pass, no `[L, T, D]` outputs) gives the general path's
+    bits, padding and every multiplicity included: `math.fsum` of the squares of the error
+    and of the exact output."""
+    moe = make_toy_moe(3, 6, hidden=hidden, seed=hidden)
+    gen = torch.Generator().manual_seed(hidden)
+    ids = torch.randint(-1, 6, (300, 3, 4), generator=gen, dtype=torch.int32)  # [T, L, K]
+    executed = torch.randint(0, 5, ids.shape, generator=gen, dtype=torch.int32)
+    fused = local_error_terms(moe, 2, ids, executed)
+    assert torch.equal(fused, all_reduced_error_terms(moe, 2, ids, executed, lambda t: t))
+    exact, weighted = step_sums(moe, 2, ids, executed)
+    for layer in range(3):
+        diff = (weighted[layer] - exact[layer]).flatten().tolist()
+        assert fused[layer, 0] == math.fsum(v * v for v in diff) > 0
+        assert fused[layer, 1] == math.fsum(v * v for v in exact[layer].flatten().tolist())
+
+
+def test_one_pass_error_terms_leave_outputs_off_the_grid_to_the_general_path():
+    """An output of 128 or more: `counting.error_squares` says None, and `local_error_terms`
+    still gives the general path's terms."""
+    moe = make_toy_moe(1, 2, hidden=8, seed=0)
+    ids = torch.zeros(4, 1, 1, dtype=torch.int32)
+    twice = torch.full((4, 1, 1), 2, dtype=torch.int32)
+    x, gates = token_inputs(moe, 0, 4, 1)
+    args = (x.numpy(), gates.numpy(), ids.numpy(), twice.numpy())
+    assert counting.error_squares(moe.transposed, *args) is not None
+    assert counting.error_squares(moe.transposed * 1e4, *args) is None
+    moe.__dict__["weights"] = moe.weights * 1e4  # (its cached matrices, scaled)
+    moe.__dict__["transposed"] = moe.transposed * 1e4
+    assert torch.equal(local_error_terms(moe, 0, ids, twice),
+                       all_reduced_error_terms(moe, 0, ids, twice, lambda t: t))
 
 
 def test_inputs_are_seeded():
