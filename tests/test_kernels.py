@@ -39,7 +39,8 @@ def steps(draw):
     G = draw(st.sampled_from([1, 2, 4]))
     E = draw(st.integers(1, 13))
     per_gpu = draw(st.integers(-(-E // G), -(-E // G) + 3))
-    L, T, K = draw(st.integers(1, 3)), draw(st.integers(0, 50)), draw(st.integers(1, 4))
+    L, K = draw(st.integers(1, 3)), draw(st.integers(1, 4))
+    T = draw(st.integers(0, 50) | st.integers(150, 300))  # several chunks and spans of tokens
     seed = draw(st.integers(0, 2**20))
     gen = torch.Generator().manual_seed(seed)
     P = G * per_gpu
