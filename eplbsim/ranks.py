@@ -30,8 +30,9 @@ what real ranks and the checkers run) builds every pair's multiplicity as torch 
 executes every pair exactly once (its slot counts are all there is to count); a policy with a
 `table` is counted from the step's expert counts alone; a `streamed` policy (`random`) from the
 draws of the ranks that hold a replica of each pair's expert; the toy-MoE error is computed
-only for a step where some pair is not executed exactly once, else it is exactly 0 and the
-exact norm is left to the caller (`UNMEASURED`).
+only for a step where some pair is not executed exactly once, in one pass with its exact norm
+(`moe.local_error_terms`), else it is exactly 0 and the exact norm is left to the caller
+(`UNMEASURED`).
 """
 
 from __future__ import annotations
