@@ -224,7 +224,8 @@ def _streamed_none(ids, log2phy, logcnt, vclass, k0, k1, shifts, eager, sid, ste
         block = np.empty(1 if eager else S, np.int64)
         for t in range(chunks[c], chunks[c + 1]):
             for layer in range(L):
-                block[:] = -1  # the blocks of another layer
+                for j in range(block.shape[0]):  # the blocks of another layer
+                    block[j] = -1
                 for k in range(K):
                     e = ids[t, layer, k]
                     if e < 0:
