@@ -448,8 +448,9 @@ def _grid_squares(rows, high, low, on_grid):  # pragma: no cover - compiled
         high[r], low[r], on_grid[r] = hi, lo, ok
 
 
-def _grid_value(high: int, low: int) -> float:
-    """`(high * 2**31 + low) / GRID**2`, correctly rounded (Python's int -> float)."""
+def grid_value(high: int, low: int) -> float:
+    """`(high * 2**31 + low) / GRID**2`, correctly rounded (Python's int -> float): a sum of
+    grid squares kept as high and low 31-bit parts (`square_sums`, `moe.grid_square_sums`)."""
     return math.ldexp(float((int(high) << 31) + int(low)), -2 * GRID_BITS)
 
 
@@ -505,7 +506,7 @@ def error_squares(wt: np.ndarray, x: np.ndarray, gates: np.ndarray, ids: np.ndar
     if not sums[:, 4].all():
         return None
     total = sums[:, :4].reshape(L, C, 4).sum(1).tolist()  # [L, 4], each below 2**63
-    return np.array([[_grid_value(a, b), _grid_value(c, d)] for a, b, c, d in total],
+    return np.array([[grid_value(a, b), grid_value(c, d)] for a, b, c, d in total],
                     np.float64).reshape(L, 2)
 
 
@@ -527,5 +528,5 @@ def square_sums(rows: np.ndarray) -> np.ndarray:
         _square_sums(rows[off], fsums)
         out[off] = fsums
     for r in np.flatnonzero(on_grid).tolist():  # one correctly rounded int -> float each
-        out[r] = _grid_value(high[r], low[r])
+        out[r] = grid_value(high[r], low[r])
     return out

@@ -17,7 +17,6 @@ CUDA `pair_outputs` (torch) does, layer by layer.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Callable
@@ -173,5 +172,5 @@ def grid_square_sums(rows: torch.Tensor) -> torch.Tensor | None:
         return None
     m = (rows * rows * 2.0 ** (2 * GRID_BITS)).to(torch.int64)  # [L, n] exact integers
     high, low = torch.stack([(m >> 31).sum(1), (m & (2 ** 31 - 1)).sum(1)]).cpu().tolist()
-    return torch.tensor([math.ldexp(float((h << 31) + lo), -2 * GRID_BITS)
-                         for h, lo in zip(high, low)], dtype=torch.float64)
+    return torch.tensor([counting.grid_value(h, lo) for h, lo in zip(high, low)],
+                        dtype=torch.float64)

@@ -251,13 +251,16 @@ def test_counting_fast_is_exact_for_every_policy_mode_and_view(policy, mode, vie
         gpus_per_node=2, redundant=4, rebalance_every=2, window=2))
 
 
+@pytest.mark.parametrize("rng", ["independent", "drift"])
 @pytest.mark.parametrize("eager", [0, 128])
-def test_random_counted_fast_draws_all_streams_at_once_or_one_at_a_time(eager, monkeypatch):
+def test_random_counted_fast_draws_all_streams_at_once_or_one_at_a_time(eager, rng,
+                                                                        monkeypatch):
     """Up to `EAGER_STREAMS` distinct streams every stream's Philox block is made at once,
-    beyond it each stream's alone: both give the straightforward model's bits."""
+    beyond it each stream's alone: both give the straightforward model's bits, with streams of
+    different keys (independent) and of one key at different shifts (drift)."""
     monkeypatch.setattr(cpu_kernels, "EAGER_STREAMS", eager)
     trace = synthesize("skewed", seed=5, steps=4, tokens=40, layers=2, experts=8, top_k=3)
-    assert_fast_is_exact(trace, RunSpec.of(policy="random", mode="none", rng="drift",
+    assert_fast_is_exact(trace, RunSpec.of(policy="random", mode="none", rng=rng,
                                            drift_p=0.5, gpus=4, gpus_per_node=2, redundant=8))
 
 
