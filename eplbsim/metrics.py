@@ -14,6 +14,12 @@ The summary (`Results.metrics`), rows, JSON, CSV, text tables and time series al
 `METRICS` in order: adding a metric is one function and one entry. Keys are DESIGN.md §4's,
 then the decomposition of the executed imbalance (`factor_*`, below) and the migration totals.
 
+One definition of balance: `gpu_imbalance`, `balancedness`, the promise, the gap, the factors
+and every per-layer figure count routed (token, slot) pairs, whatever the cost settings. Time
+(`moe_ms` and the rest) prices each GPU's whole work: its routed pairs plus, when the run counts
+them (`RunSpec.shared_work`), the shared experts' tokens it runs; `gpu_imbalance_with_shared` is
+that work's max / mean, defined only when the run counts them.
+
 Decomposition, per (step, layer), of the executed `gpu_imbalance` into three factors whose
 product it is:
   solver     = the segment's best placement's promise on the true loads (`Segment.best`)
@@ -270,7 +276,8 @@ class Chunk:
     cost:      the run's `spec.CostPart` when it names a cost model, else None
     mode:      the run's mode
     shared_work: each token's shared-expert work in routed pairs (`RunSpec.shared_work`; 0:
-               not counted), added to each GPU's load as `shared_work x Counters.shared`
+               not counted): in the time (`work`) and `imbalance_with_shared`, never in the
+               balance figures, which count routed pairs
     """
 
     lo: int
@@ -289,18 +296,13 @@ class Chunk:
     @cached_property
     def seconds(self) -> dict[str, torch.Tensor]:
         """Every layer's time, float64 `[c, L]` each (`cost.layer_seconds`: `compute`,
-        `compute_balanced`, `comm`, `total`, `total_balanced`) under the run's cost model.
-        A GPU running shared-expert work also reads the shared experts' weights, `shared_work`
-        routed experts' worth (a `1 / G` share each in "none", tensor-parallel)."""
+        `compute_balanced`, `comm`, `total`, `total_balanced`) under the run's cost model, on
+        the GPUs' whole work (`work`: the shared experts' too, when counted)."""
         c = self.cost
         shape, device = c.profiles()
         comm = layer_comm_seconds(self.mode, self.counters.tokens, self.counters.crossings,
                                   self.placement.topology, shape, device)
-        active = gpu_loads(self.executed > 0, self.num_gpus)
-        if self.shared_work:
-            share = 1.0 if self.mode == "a2a" else 1.0 / self.num_gpus
-            active = active + self.shared_work * share * (self.counters.shared > 0)
-        return cost.layer_seconds(self.gpu_load, active, comm, shape, device, c.cost, c.overlap,
+        return cost.layer_seconds(*self.work, comm, shape, device, c.cost, c.overlap,
                                   c.cost_options)
 
     @property
@@ -316,37 +318,40 @@ class Chunk:
 
     @cached_property
     def gpu_load(self) -> torch.Tensor:
-        """Executed pairs per GPU, float64 `[c, L, G]`, plus the shared-expert work each runs
-        when counted (`shared_work`)."""
-        routed = gpu_loads(self.executed, self.num_gpus)
-        if not self.shared_work:
-            return routed
-        return routed + self.shared_work * self.counters.shared
+        """Executed routed pairs per GPU, float64 `[c, L, G]`: what every balance figure
+        counts, whatever the cost settings (DESIGN.md §4)."""
+        return gpu_loads(self.executed, self.num_gpus)
 
     @cached_property
-    def shared_even(self) -> torch.Tensor | float:
-        """The shared-expert work spread evenly, float64 `[c, L, 1]` (0 when not counted): what
-        an even split adds to every GPU's promised load."""
-        if not self.shared_work:
-            return 0.0
-        return self.shared_work * self.counters.shared.mean(-1, keepdim=True)
+    def work(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """`gpu_work` of these steps: `(pairs, active)`, float64 `[c, L, G]` each, the
+        shared experts' work included when counted: what time is priced on."""
+        return gpu_work(self.executed, self.counters, self.num_gpus, self.shared_work,
+                        self.mode, self.gpu_load)
 
     @cached_property
     def imbalance(self) -> torch.Tensor:
-        """Executed max / mean GPU load, `[c, L]`."""
+        """Executed max / mean GPU load of the routed pairs, `[c, L]`."""
         return gpu_imbalance(self.gpu_load)
 
     @cached_property
+    def imbalance_with_shared(self) -> torch.Tensor:
+        """Executed max / mean GPU load with the shared experts' work, `[c, L]`; NaN when the
+        run does not count it."""
+        if not self.shared_work:
+            return torch.full(self.gpu_load.shape[:-1], math.nan, dtype=torch.float64)
+        return gpu_imbalance(self.work[0])
+
+    @cached_property
     def promise(self) -> torch.Tensor:
-        """The placement in service's even-split GPU imbalance on the routed loads (plus the
-        shared-expert work spread evenly, when counted), `[c, L]`."""
-        return _promise(self.placement, self.routed, self.num_gpus, self.shared_even)
+        """The placement in service's even-split GPU imbalance on the routed loads, `[c, L]`."""
+        return _promise(self.placement, self.routed, self.num_gpus)
 
     @cached_property
     def best_promise(self) -> torch.Tensor:
         """The best placement's even-split GPU imbalance, `[c, L]`."""
         return (self.promise if self.best is self.placement
-                else _promise(self.best, self.routed, self.num_gpus, self.shared_even))
+                else _promise(self.best, self.routed, self.num_gpus))
 
     @cached_property
     def replicas(self) -> ReplicaStats:
@@ -366,11 +371,28 @@ def layer_scale(cost: Any, num_layers: int) -> float:
     return cost.profiles()[0].moe_layers / num_layers
 
 
-def _promise(placement: Placement, routed: torch.Tensor, num_gpus: int,
-             extra: torch.Tensor | float = 0.0) -> torch.Tensor:
-    """GPU imbalance of `placement`'s even split of `routed [..., L, E]` with `extra` (`[..., L,
-    1]`) on every GPU: `[..., L]`."""
-    return gpu_imbalance(gpu_loads(placement.expected_load(routed), num_gpus) + extra)
+def _promise(placement: Placement, routed: torch.Tensor, num_gpus: int) -> torch.Tensor:
+    """GPU imbalance of `placement`'s even split of `routed [..., L, E]`: `[..., L]`."""
+    return gpu_imbalance(gpu_loads(placement.expected_load(routed), num_gpus))
+
+
+def gpu_work(executed: torch.Tensor, counters: Counters, num_gpus: int, shared_work: float,
+             mode: str, routed_gpu: torch.Tensor | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """What each GPU computes in each (step, layer), the shared experts' work included when the
+    run counts it (`shared_work` routed pairs a token, `Counters.shared` tokens a GPU):
+    `(pairs, active)`, float64 `[..., L, G]` each, for `executed [..., L, P]` pairs per slot.
+    `pairs`: its routed pairs plus `shared_work x` its shared tokens; `active`: its slots with
+    pairs plus, where it runs shared work, the shared experts' weights (`shared_work` routed
+    experts' worth, a `1 / G` share each in "none", tensor-parallel). `routed_gpu`:
+    `gpu_loads(executed, num_gpus)` when the caller has it."""
+    pairs = gpu_loads(executed, num_gpus) if routed_gpu is None else routed_gpu
+    active = gpu_loads(executed > 0, num_gpus)
+    if shared_work:
+        share = 1.0 if mode == "a2a" else 1.0 / num_gpus
+        pairs = pairs + shared_work * counters.shared
+        active = active + shared_work * share * (counters.shared > 0)
+    return pairs, active
 
 
 def chunks(slot_load: torch.Tensor | None, true_load: torch.Tensor,
@@ -604,6 +626,9 @@ DECOMPOSITION, TIME = frozenset({"decomposition"}), frozenset({"time"})
 METRICS: dict[str, Metric] = {
     "gpu_imbalance": Metric("gpu_imb", lambda c: (c.imbalance,), needs=EXECUTED,
                             tables=frozenset({"main", "decomposition"})),
+    "gpu_imbalance_with_shared": Metric(
+        "imb+shared", lambda c: (c.imbalance_with_shared,), needs=EXECUTED,
+        shown=lambda rows: any(r.get("gpu_imbalance_with_shared") is not None for r in rows)),
     "balancedness": Metric("balanced", lambda c: (balancedness(c.gpu_load),), needs=EXECUTED),
     "replica_skew_mean": Metric("skew_mean", _skew_parts, ratio, needs=EXECUTED),
     "replica_skew_max": Metric("skew_max", _skew_peak, peak, needs=EXECUTED),

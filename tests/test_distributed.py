@@ -75,7 +75,7 @@ def test_real_ranks_place_the_shared_expert_as_the_simulation_does():
     configs = [base.replace(policy=p) for p in ("row", "waterfill", "waterfill-dynamic")]
     rows = launch(source, configs, 2, timeout=60)
     _check_rows(rows, configs)
-    imbalance = [r["metrics"]["gpu_imbalance"]["real"] for r in rows]
+    imbalance = [r["metrics"]["gpu_imbalance_with_shared"]["real"] for r in rows]
     assert imbalance[1] < imbalance[0] and imbalance[2] < imbalance[0]
 
 

@@ -356,3 +356,27 @@ def test_gini_brute_force_on_random_loads():
     diffs = (load.unsqueeze(-1) - load.unsqueeze(-2)).abs().sum((-1, -2))
     want = diffs / (2 * 7 * load.sum(-1))
     assert torch.allclose(gini(load), want)
+
+
+BALANCE_KEYS = ("gpu_imbalance", "balancedness", "placement_imbalance", "placement_gap",
+                "factor_solver", "factor_prediction", "factor_dispatch")
+
+
+@settings(max_examples=12, deadline=None)
+@given(scenario=st.sampled_from(["skewed", "template", "uniform", "drift"]),
+       mode=st.sampled_from(["none", "a2a"]), gpus=st.sampled_from([2, 4, 8]),
+       shared=st.sampled_from([None, 0, 2]), seed=st.integers(0, 2**16),
+       rebalance=st.sampled_from([None, 2]))
+def test_balance_counts_routed_pairs_whatever_the_cost_and_gap_stays_under_promise(
+        scenario, mode, gpus, shared, seed, rebalance):
+    from eplbsim import RunSpec, replay, synthesize
+    trace = synthesize(scenario, steps=6, tokens=40, layers=2, experts=16, top_k=4, seed=seed)
+    spec = RunSpec.of(gpus=gpus, mode=mode, policy="ordinal", shared_experts=shared,
+                      rebalance_every=rebalance, window=2 if rebalance else None, seed=seed)
+    costs = ({}, {"cost": "roofline"}, {"cost": "roofline", "model": "qwen1.5-moe-a2.7b"})
+    rows = [replay(trace, spec.replace(**extra)).metrics for extra in costs]
+    for row in rows:
+        assert {k: row[k] for k in BALANCE_KEYS} == {k: rows[0][k] for k in BALANCE_KEYS}
+        assert row["placement_gap"] <= row["placement_imbalance"] + 1e-12
+        counted = row["gpu_imbalance_with_shared"] is not None
+        assert counted == (shared != 0 and (shared is not None or row is not rows[0]))

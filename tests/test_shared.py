@@ -141,17 +141,33 @@ def test_every_token_runs_its_shared_work_once_in_a2a_and_split_in_none(trace):
     assert torch.allclose(split.counters.shared * 4, tokens.view(-1, 1, 1))
 
 
-def test_shared_work_adds_to_gpu_load_and_the_promise(trace):
+BALANCE = ("gpu_imbalance", "balancedness", "placement_imbalance", "placement_gap",
+           "factor_solver", "factor_prediction", "factor_dispatch")
+
+
+def test_shared_work_has_its_own_figure_and_leaves_balance_alone(trace):
     plain = replay(trace, _spec(policy="row", mode="a2a"))
     shared = replay(trace, _spec(policy="row", mode="a2a", shared_experts=1))
     assert plain.counters.shared.shape[-1] == 0
     assert torch.equal(plain.slot_load, shared.slot_load)  # the routed pairs are unchanged
-    assert shared.metrics["gpu_imbalance"] < plain.metrics["gpu_imbalance"]
-    assert shared.metrics["placement_imbalance"] < plain.metrics["placement_imbalance"]
+    assert {k: shared.metrics[k] for k in BALANCE} == {k: plain.metrics[k] for k in BALANCE}
+    assert plain.metrics["gpu_imbalance_with_shared"] is None
+    assert shared.metrics["gpu_imbalance_with_shared"] < shared.metrics["gpu_imbalance"]
+
+
+def test_balance_is_the_same_with_and_without_a_cost_model(trace):
+    for mode in ("none", "a2a"):
+        rows = [replay(trace, _spec(policy="ordinal", mode=mode, **extra)).metrics
+                for extra in ({}, {"cost": "roofline"},
+                              {"cost": "roofline", "model": "qwen1.5-moe-a2.7b"})]
+        assert rows[1]["gpu_imbalance_with_shared"] is not None
+        for row in rows[1:]:
+            assert {k: row[k] for k in BALANCE} == {k: rows[0][k] for k in BALANCE}
+            assert row["placement_gap"] <= row["placement_imbalance"]
 
 
 def test_waterfill_balances_the_gpus_better_than_keeping_shared_work_home(trace):
-    rows = {r.policy: r.metrics["gpu_imbalance"]
+    rows = {r.policy: r.metrics["gpu_imbalance_with_shared"]
             for r in compare(trace, ["row", "waterfill", "waterfill-dynamic"], ["a2a"],
                              _spec())}
     assert rows["waterfill"] < rows["row"] and rows["waterfill-dynamic"] < rows["row"]
