@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from .cost.shapes import trace_model
 from .dispatch import resolve_policy
 from .engines import is_engine_name
 from .errors import InputError
@@ -55,9 +56,14 @@ def routed_loads(trace: Any) -> torch.Tensor:
 
 
 def fitted(trace: Any, spec: RunSpec) -> RunSpec:
-    """`spec` with its redundant slots decided for `trace` (`RunSpec.fit`): those of the
-    placement it serves (`placement`, or `initial` before the first rebalance: a file is read
-    for the trace's experts and layers), else the given number, else the default."""
+    """`spec` decided for `trace`: its redundant slots (`RunSpec.fit`: those of the placement
+    it serves, `placement` or `initial` before the first rebalance, a file read for the
+    trace's experts and layers; else the given number, else the default), and its model when
+    none is given (`cost.shapes.trace_model`: the one the trace's meta names, checked against
+    its experts and top-k, else the default)."""
+    if spec.cost.model is None:
+        spec = spec.replace(model=trace_model(trace.meta, trace.num_experts,
+                                              getattr(trace, "top_k", None)))
     given, what = ((spec.solver.placement, "given placement") if spec.schedule.initial is None
                    else (spec.schedule.initial, "initial placement"))
     slots = None

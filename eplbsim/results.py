@@ -32,13 +32,14 @@ from .placement import Placement
 from .registry import name_of
 from .schedule.migration import migration_rows
 from .schedule.plan import Segment, epochs
-from .cost import MODELS
+from .cost.shapes import model_mismatch, model_named
 from .dispatch import POLICIES, resolve_policy
 from .spec import MIN_REDUNDANT, Options, RunSpec, knobs, label
 from .traces.counts import CountsTrace
-from .traces.steps import describe_selection
+from .traces.steps import describe_selection, flag_steps, flag_words
 
 COUNTS_ONLY_POLICY = "(even split)"  # the policy a counts-only run reports: no dispatch ran
+FLAG_SCAN_IDS = 2**28  # a run's header scans a trace of at most this many ids for warm-up steps
 
 
 @dataclass(frozen=True, eq=False)
@@ -244,7 +245,8 @@ def table_notes(rows: Sequence[dict[str, Any]]) -> list[str]:
 def describe(trace: Any, spec: RunSpec, asked: RunSpec | None = None,
              policies: Sequence[Any] = ()) -> str:
     """One line: the trace's sizes (and the steps selected), the run's topology, slots,
-    solver or given placement, view, rng and seed, and the shared experts when counted.
+    solver or given placement, view, rng and seed, the model and where it came from when time
+    is priced or the shared experts counted, and the shared experts when counted.
     `asked`: the spec as given, before the slots were fitted to the trace (`RunSpec.fit`) and
     the shared experts shared by a comparison of `policies` (`RunSpec.sharing`), so the line
     can say where each came from."""
@@ -263,8 +265,45 @@ def describe(trace: Any, spec: RunSpec, asked: RunSpec | None = None,
             f"layers, E={trace.num_experts}{'' if counts_only else f', K={trace.top_k}'} | "
             f"{topo.num_gpus} GPUs ({topo.gpus_per_node}/node), P={P} slots"
             f"{_slot_words(spec, asked, trace)}, {decided}"
-            + ("" if counts_only else f", view {name_of(d.view)}, rng {d.rng}, seed {d.seed}"
-               + _shared_words(spec, asked, policies)))
+            + ("" if counts_only else f", view {name_of(d.view)}, rng {d.rng}, seed {d.seed}")
+            + (f", model {spec.cost.name} ({model_origin(trace.meta, asked)})"
+               if spec.cost.cost is not None or spec.shared_work() else "")
+            + ("" if counts_only else _shared_words(spec, asked, policies)))
+
+
+def model_origin(meta: dict, asked: RunSpec | None) -> str:
+    """Where a run's model came from: "given" (`asked`, the spec before `replay.fitted`, names
+    one; or `asked` is None), the trace's meta, or the default."""
+    if asked is None or asked.cost.model is not None:
+        return "given"
+    named = meta.get("model")
+    if model_named(named) is not None:
+        return f"named by the trace's meta: {named!r}"
+    return (f"the default: the trace names {named!r}, which eplbsim does not know"
+            if isinstance(named, str) else "the default: the trace names no model")
+
+
+def warnings(trace: Any, spec: RunSpec, asked: RunSpec | None,
+             windows: Sequence[tuple[str, int, int]] = ()) -> list[str]:
+    """What a run's header warns of: a given model whose experts or top-k differ from the
+    trace's (when a cost model prices the time), and the flagged warm-up and outlier steps
+    (`traces.steps.flag_steps`) in each `(name, start, stop)` window of steps (default: the
+    whole trace, "the trace"). A trace of more than `FLAG_SCAN_IDS` ids is not scanned for
+    them: that would read it all once more (`trace info` scans any trace)."""
+    out = []
+    if spec.cost.cost is not None and (asked is None or asked.cost.model is not None):
+        mismatch = model_mismatch(spec.cost.name, trace.num_experts,
+                                  getattr(trace, "top_k", None))
+        if mismatch:
+            out.append(f"warning: {mismatch}")
+    if isinstance(trace, CountsTrace) or math.prod(trace.ids_shape) > FLAG_SCAN_IDS:
+        return out
+    flags = flag_steps(trace)
+    for name, lo, hi in windows or [("the trace", 0, trace.num_steps)]:
+        words = flag_words(flags, lo, hi)
+        if words:
+            out.append(f"warning: {name} holds {words}")
+    return out
 
 
 def _slot_words(spec: RunSpec, asked: RunSpec | None, trace: Any) -> str:
@@ -290,13 +329,13 @@ def _shared_words(spec: RunSpec, asked: RunSpec | None = None,
         return ""
     given = (asked or spec).dispatch.shared_experts
     count = given if given is not None else (spec.dispatch.shared_experts
-                                             or MODELS[spec.cost.model].shared_experts)
+                                             or spec.cost.shape.shared_experts)
     placers = [name_of(p, POLICIES) for p in policies if resolve_policy(p)[1].places_shared]
     why = ("given" if given is not None else
            f"{', '.join(placers)} place{'s' if len(placers) == 1 else ''} them, so every row "
            f"counts them" if placers else "the cost model prices the model's whole layer")
     return (f", shared experts {count} ({work:g} routed pair{'' if work == 1 else 's'} of work "
-            f"a token and layer, model {spec.cost.model}: {why})")
+            f"a token and layer: {why})")
 
 
 def with_speedup(rows: Sequence[dict[str, Any]], baseline: str) -> list[dict[str, Any]]:
@@ -324,7 +363,7 @@ def time_report(spec: RunSpec, rows: Sequence[dict[str, Any]], num_layers: int) 
         columns += (("speedup", "speedup", None),)
         shown = [{**r, "speedup": "corrupt"} if r.get("output_corrupt") else r for r in rows]
     corrupt = [f"{r['policy']} ({r['mode']})" for r in rows if r.get("output_corrupt")]
-    lines = [f"time of the whole model ({c.model}: {shape.moe_layers} MoE layers, the trace's "
+    lines = [f"time of the whole model ({c.name}: {shape.moe_layers} MoE layers, the trace's "
              f"{num_layers} standing for them; layer_us: one layer's mean), cost "
              f"{name_of(c.cost)}, device {c.device_profile}, "
              f"{'overlapped' if c.overlap else 'compute + communication'}:",
@@ -351,7 +390,7 @@ def rebalance_report(result: Results, rows: Sequence[dict[str, Any]]) -> str:
                      "placement for the true loads (the solver is a heuristic)")
     lines += ["", f"rebalances (predictor {name_of(s.predictor)}, every {s.rebalance_every}, "
               f"window {s.window or s.rebalance_every}, expert {spec.expert_bytes():,} bytes"
-              f"{given or f', one {spec.cost.model} expert'}):"]
+              f"{given or f', one {spec.cost.name} expert'}):"]
     lines.append(format_table(migrations, MIGRATION_COLUMNS, labels=0) if migrations else
                  "  none: the trace ends before the first window does")
     return "\n".join(lines)

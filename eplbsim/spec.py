@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from .cost import COST_MODELS, DEVICES, MODELS, DeviceProfile, ModelShape
+from .cost.shapes import DEFAULT_MODEL
 from .cost import check_options as check_cost_options
 from .cost import describe as describe_cost
 from .dispatch import POLICIES, DispatchPolicy, FilePolicies, resolve_policy
@@ -824,9 +825,10 @@ class CostPart(Part):
                               "trtllm, sglang or vllm) or eta_compute=0.7 (roofline)",
                               Options("cost_option"), flags=("--cost-option",),
                               metavar="KEY=VALUE")
-    model: str = knob("deepseek-v3", "model shape the cost model reads (--cost), and the size "
-                      "of its shared expert",
-                      Name(MODELS, "model"))
+    model: str | None = knob(None, f"model shape the cost model reads (--cost), and the size "
+                             f"of its shared expert (default: the model the trace's meta "
+                             f"names, when eplbsim knows it, else {DEFAULT_MODEL})",
+                             Name(MODELS, "model", optional=True))
     device_profile: str = knob("h200", "device profile the cost model reads (--cost)",
                                Name(DEVICES, "device profile"))
     overlap: bool = knob(False, "layer time = max(compute, communication) instead of their sum",
@@ -844,9 +846,9 @@ class CostPart(Part):
     def model_shared_experts(self) -> int:
         """The model's shared experts; InputError when it has none (for a policy that places
         them)."""
-        count = MODELS[self.model].shared_experts
+        count = self.shape.shared_experts
         if not count:
-            raise InputError(f"the policy dispatches the shared expert, but model {self.model} "
+            raise InputError(f"the policy dispatches the shared expert, but model {self.name} "
                              f"has none: give shared_experts (--shared-experts N) or a model "
                              f"with one (--model)")
         return count
@@ -858,12 +860,23 @@ class CostPart(Part):
         model's shared expert over a routed one (`ModelShape.shared_ratio`)."""
         if shared_experts is None:
             shared_experts = (self.model_shared_experts() if placed else
-                              MODELS[self.model].shared_experts if self.cost is not None else 0)
-        return shared_experts * MODELS[self.model].shared_ratio
+                              self.shape.shared_experts if self.cost is not None else 0)
+        return shared_experts * self.shape.shared_ratio
 
     def profiles(self) -> tuple[ModelShape, DeviceProfile]:
         """The model shape and device profile the cost model reads."""
-        return MODELS[self.model], DEVICES[self.device_profile]
+        return self.shape, DEVICES[self.device_profile]
+
+    @property
+    def name(self) -> str:
+        """The model's name: `model`, or `DEFAULT_MODEL` before a trace has decided it
+        (`replay.fitted`)."""
+        return self.model or DEFAULT_MODEL
+
+    @property
+    def shape(self) -> ModelShape:
+        """The model's shape (`name`)."""
+        return MODELS[self.name]
 
     def describe(self, num_gpus: int) -> str:
         """What the compute times come from (`cost.describe`; for `measured`, the table, read
@@ -1011,16 +1024,22 @@ def flags_of(name: str, knob: Knob) -> tuple[str, ...]:
 
 
 def add_flags(parser: argparse.ArgumentParser, command: str,
-              parts: tuple[str, ...] | None = None) -> None:
+              parts: tuple[str, ...] | None = None, helps: dict[str, str] | None = None) -> None:
     """One flag per field settable from `command` (of `parts`, default all), in a group per
-    part (`group_title`). Values stay text until `from_args` parses and checks them, so a bad
-    one gets the same message as anywhere."""
+    part (`group_title`); `helps` replaces the help of the fields it names (a command whose
+    defaults differ says so). Values stay text until `from_args` parses and checks them, so a
+    bad one gets the same message as anywhere."""
     groups: dict[str, Any] = {}
+    helps = helps or {}
     for part, name, knob in knobs(parts, command):
         title = group_title(part, name)
         if title not in groups:
             groups[title] = parser.add_argument_group(title)
         group = groups[title]
+        if name in helps:
+            group.add_argument(*flags_of(name, knob), metavar=knob.metavar, dest=name,
+                               help=helps[name].replace("%", "%%"), default=None)
+            continue
         default = knob.listed or default_of(part, name)
         text = knob.help + (", comma-separated" if knob.listed else "")
         if isinstance(knob.type, Name):

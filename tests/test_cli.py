@@ -321,8 +321,9 @@ def test_time_counts_the_models_shared_experts(capsys):
     left_out = json.loads(run(capsys, *args, "--shared-experts", "0")[1])[0]
     assert counted["compute_ms"] > left_out["compute_ms"]
     out = run(capsys, *args[:-1])[1]
-    assert "shared experts 1 (1 routed pair of work a token and layer, model deepseek-v3: the " \
-           "cost model prices the model's whole layer)" in out
+    assert "model deepseek-v3 (the default: the trace names no model), shared experts 1 (1 " \
+           "routed pair of work a token and layer: the cost model prices the model's whole " \
+           "layer)" in out
 
 
 def test_corrupt_rows_show_no_speedup(capsys):
@@ -368,9 +369,8 @@ def test_run_with_the_measured_cost_model_names_its_table(capsys):
     assert_input_error(capsys, *args[:-4], "--gpus", "10", "--gpus-per-node", "5",
                        match="not at 10 GPUs")
     assert_input_error(capsys, *args[:-6], "--model", "olmoe-1b-7b", "--device-profile", "h200",
-                       "--gpus", "8", match="has no MoE kernel of hidden 2048, intermediate "
-                       "1024, 64 experts, top-8, bfloat16 weights (--cost roofline prices every "
-                       "model on every device); it has: ")
+                       "--gpus", "8", match="has no MoE kernel of H 2048 I 1024 E 64 K 8 "
+                       "bfloat16; nearest of its ")
 
 
 def test_run_baseline_needs_a_cost_model_and_a_listed_policy(capsys):

@@ -59,6 +59,19 @@ def test_header_and_token_index_restarts(tmp_path):
         read_token_trace(log)
 
 
+def test_a_skipped_header_names_the_model_and_the_experts(tmp_path):
+    ids = _ids(4, E=5)
+    records = [{"type": "meta", "model": "Qwen/Qwen1.5-MoE-A2.7B-Chat", "num_experts": 60},
+               *_per_layer(ids, [0, 1, 2], type="route")]
+    tr = read_token_trace(_write(tmp_path / "log.jsonl", records), skip_type="meta")
+    assert tr.meta["model"] == "Qwen/Qwen1.5-MoE-A2.7B-Chat" and tr.num_experts == 60
+    assert read_token_trace(tmp_path / "log.jsonl", skip_type="meta", experts=8).num_experts == 8
+    records = [*_per_layer(ids, [0, 1, 2]), {"type": "meta", "num_experts": 3}]
+    with pytest.raises(InputError, match=r"log\.jsonl:13: num_experts 3, but an earlier record "
+                                         r"routes to expert 4"):
+        read_token_trace(_write(tmp_path / "log.jsonl", records), skip_type="meta")
+
+
 def test_restart_on_any_decrease(tmp_path):
     a, b = _ids(2, L=1, seed=5), _ids(2, L=1, seed=6)
     log = _write(tmp_path / "log.jsonl", [

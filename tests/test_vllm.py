@@ -71,6 +71,15 @@ def test_split_layout_makes_one_request_per_choice(tmp_path):
     assert rs.num_layers == L and rs.top_k == K
     assert rs.num_experts == max(int(a.max()) for a in [prompt, *outs]) + 1
     assert rs.meta["source"] == "vllm" and rs.meta["created"] == [1700000000] * 2
+    assert rs.meta["model"] == "m"  # the served model, as the responses name it
+
+
+def test_the_served_model_reaches_the_batched_trace(tmp_path):
+    from eplbsim.traces.workload import Workload, batch
+    response = _split("chatcmpl-a", _ids(0, 4), [_ids(1, 3)])
+    response["model"] = "Qwen/Qwen1.5-MoE-A2.7B-Chat"
+    rs = read_vllm_json(_write(tmp_path / "resp.json", response))
+    assert batch(rs, Workload()).trace.meta["model"] == "Qwen/Qwen1.5-MoE-A2.7B-Chat"
 
 
 def test_either_field_may_be_a_base64_npy(tmp_path):

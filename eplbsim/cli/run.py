@@ -12,7 +12,8 @@ from ..errors import InputError
 from ..progress import bar, run_label
 from ..replay import compare, replay
 from ..results import (describe, format_table, rebalance_report, series_rows, table_notes,
-                       time_report, to_json, with_speedup, write_csv, write_results)
+                       time_report, to_json, warnings, with_speedup, write_csv,
+                       write_results)
 from ..executors import EXECUTORS
 from ..traces.counts import CountsTrace
 from ..workers import Workers
@@ -67,6 +68,8 @@ def handle(args: argparse.Namespace) -> int:
         print(to_json(rows))
     else:
         print(describe(trace, results[0].spec, base, policies))
+        for line in warnings(trace, results[0].spec, base):
+            print(line)
         print(format_table(rows))
         for note in table_notes(rows):
             print(note)
@@ -113,6 +116,8 @@ def _counts_only(args: argparse.Namespace, counts: CountsTrace, base: spec.RunSp
         return 0
     print(describe(counts, result.spec, base) + ": the placement's even-split promise (no "
           "token rows, so no dispatch)")
+    for line in warnings(counts, result.spec, base):
+        print(line)
     print(format_table(rows))
     if args.out:
         print("wrote " + ", ".join(str(p) for p in write_results(rows, args.out)))

@@ -88,3 +88,50 @@ MODELS: dict[str, ModelShape] = {
     "olmoe-1b-7b": ModelShape(2048, 1024, 64, 8, 16, source="huggingface.co/allenai/"
                               "OLMoE-1B-7B-0924 config.json (BF16)"),
 }
+
+DEFAULT_MODEL = "deepseek-v3"  # the model time is priced as when neither a flag nor the trace says
+SUFFIX_BREAKS = "-_.:"  # what may follow a known model's name in a longer one (`-Chat`, `-0324`)
+
+
+def model_named(name: object) -> str | None:
+    """The `MODELS` key a model name denotes, or None: a Hugging Face id or a free name, case
+    and suffix tolerant (`Qwen/Qwen1.5-MoE-A2.7B-Chat` is `qwen1.5-moe-a2.7b`): the part after
+    the last `/`, lower case, `_` and spaces read as `-`, is a key or starts with one followed
+    by `-`, `_`, `.` or `:` (the longest such key)."""
+    if not isinstance(name, str):
+        return None
+    text = name.strip().rsplit("/", 1)[-1].lower().replace("_", "-").replace(" ", "-")
+    known = [key for key in MODELS if text == key or (
+        text.startswith(key) and text[len(key)] in SUFFIX_BREAKS)]
+    return max(known, key=len) if known else None
+
+
+def trace_model(meta: dict, experts: int, top_k: int | None) -> str:
+    """The model a trace of `experts` experts and `top_k` (None: counts only) is priced as
+    when none is given: the one its `meta["model"]` names (`model_named`), else
+    `DEFAULT_MODEL`. InputError when the named model's experts or top-k differ from the
+    trace's (a flag naming the model prices it anyway)."""
+    named = model_named(meta.get("model"))
+    if named is None:
+        return DEFAULT_MODEL
+    shape = MODELS[named]
+    if shape.experts != experts or top_k not in (None, shape.top_k):
+        fewer = experts < shape.experts and top_k in (None, shape.top_k)
+        raise InputError(f"the trace's meta names model {meta['model']!r} ({named}: "
+                         f"{shape.experts} experts, top-{shape.top_k}), but the trace has "
+                         f"{experts} experts" + (f", top-{top_k}" if top_k else "") + ": "
+                         + (f"read it with --experts {shape.experts} if its ids never reach "
+                            f"the last experts, or " if fewer else "")
+                         + f"name the model to price it as with --model (--model {named} "
+                         f"prices it so anyway)")
+    return named
+
+
+def model_mismatch(model: str, experts: int, top_k: int | None) -> str | None:
+    """Words saying how `model`'s experts or top-k differ from a trace's, or None."""
+    shape = MODELS[model]
+    if shape.experts == experts and top_k in (None, shape.top_k):
+        return None
+    return (f"model {model} has {shape.experts} experts, top-{shape.top_k}; the trace has "
+            f"{experts}" + (f", top-{top_k}" if top_k else "") + ": its loads are priced as "
+            f"that model's")

@@ -99,6 +99,28 @@ def flag_steps(trace: Any) -> dict[str, list[int]]:
     return {"warmup": warm, "outlier": outliers.tolist()}
 
 
+FLAG_WORDS = {"warmup": ("warm-up step", "--drop-warmup"),
+              "outlier": ("size-outlier step", "--drop-outliers")}  # kind: (what, the flag)
+
+
+def flag_words(flags: dict[str, list[int]], lo: int, hi: int) -> str:
+    """What `flags` (`flag_steps`) holds within steps `[lo, hi)`, with the flags that leave
+    them out: "1 flagged warm-up step (0): --drop-warmup leaves them out"; "" for none."""
+    parts, fixes = [], []
+    for kind, steps in flags.items():
+        inside = [s for s in steps if lo <= s < hi]
+        if inside:
+            shown = ", ".join(map(str, inside[:6])) + (", ..." if len(inside) > 6 else "")
+            what, fix = FLAG_WORDS[kind]
+            parts.append(f"{len(inside)} flagged {what}{'' if len(inside) == 1 else 's'} "
+                         f"({shown})")
+            fixes.append(fix)
+    if not parts:
+        return ""
+    return (f"{' and '.join(parts)}: {' and '.join(fixes)} "
+            f"leave{'s' if len(fixes) == 1 else ''} them out")
+
+
 @dataclass(frozen=True, eq=False)
 class StepView(TraceShape):
     """Some steps of a Trace or DirTrace (`base`), in the order of `steps` (int64 `[S']`, indices

@@ -255,6 +255,8 @@ def batch(requests: RequestSet, workload: Workload | None = None) -> Batched:
     origin_of = requests.meta.get("scenario") or requests.meta.get("source") or "requests"
     meta = {"source": f"{origin_of}, batched", "requests": len(reqs),
             "request_meta": requests.meta, "workload": asdict(w)}
+    if "model" in requests.meta:  # the model the requests ran on (`cost.shapes.trace_model`)
+        meta["model"] = requests.meta["model"]
     trace = Trace(torch.from_numpy(ids), torch.from_numpy(np.concatenate([[0],
                                                                          np.cumsum(sizes)])),
                   requests.num_experts, torch.from_numpy(dp_rank) if w.dp > 1 else None, meta)

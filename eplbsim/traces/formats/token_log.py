@@ -10,8 +10,9 @@ record (the key names are options; the defaults are shown):
 - one record per token holding every layer: `{"token_idx": t, "topk_ids": [[K ids], ...]}`, the
   `[L][K]` ids of layers `0..L-1` (such a record names no layer).
 
-Records whose `"type"` field equals `skip_type` (a header, say) are skipped; every other record
-must hold the keys its form needs (a record lacking the ids is an error, not skipped). Tokens are
+Records whose `"type"` field equals `skip_type` (a header, say) are skipped, but the first one
+naming a `model` (text) gives `meta["model"]`, and the first naming `num_experts` gives `E` (unless
+`experts` is given); every other record must hold the keys its form needs (a record lacking the ids is an error, not skipped). Tokens are
 grouped, and the groups read as follows:
 
 - `read_token_requests`: a :class:`~eplbsim.traces.requests.RequestSet`, one request per
@@ -92,18 +93,33 @@ class _Log:
         self.K: int | None = None
         self.top = -1
         self.skipped = 0
+        self.header: dict[str, Any] = {}  # what the skipped records say of the model
         self.previous: int | None = None  # the token index of the previous record (restarts)
 
     def read(self) -> None:
         for n, rec in records(self.path, "token router log"):
             if self.skip_type is not None and rec.get("type") == self.skip_type:
                 self.skipped += 1
+                self._header(f"{self.path}:{n}", rec)
             else:
                 self._add(f"{self.path}:{n}", n, rec)
         if not self.groups:
             skipped = f" ({self.skipped} of type {self.skip_type!r} skipped)" if self.skipped \
                 else ""
             raise InputError(f"{self.path}: no token records{skipped}")
+
+    def _header(self, where: str, rec: dict[str, Any]) -> None:
+        """Keep the model a skipped record names (`model`, text) and its experts
+        (`num_experts`), the first of each."""
+        if isinstance(rec.get("model"), str):
+            self.header.setdefault("model", rec["model"])
+        if "num_experts" in rec and "num_experts" not in self.header:
+            E = self.header["num_experts"] = integer(where, rec, "num_experts", 1, MAX_EXPERTS)
+            if self.limit == MAX_EXPERTS:  # not given: the header's bounds the ids
+                self.limit = E
+                if self.top >= E:
+                    raise InputError(f"{where}: num_experts {E}, but an earlier record routes "
+                                     f"to expert {self.top}")
 
     def _add(self, where: str, n: int, rec: dict[str, Any]) -> None:
         k = self.keys
@@ -246,10 +262,12 @@ def _read(path: Path, keys: dict[str, str | None], skip_type: Any,
     log.read()
     meta: dict[str, Any] = {"source": str(path), "format": "token_log",
                             "skipped_records": log.skipped}
+    if "model" in log.header:
+        meta["model"] = log.header["model"]
     if log.per_layer:
         meta["model_layers"] = sorted(log.layer_ids)
     order = sorted(log.groups) if keys["step"] is not None else list(log.groups)
-    E = experts if experts is not None else max(log.top + 1, 1)
+    E = experts if experts is not None else log.header.get("num_experts", max(log.top + 1, 1))
     return log, order, log.arrays(order), E, meta
 
 
@@ -265,7 +283,7 @@ def read_token_trace(path: str | Path, *, token_key: str = "token_idx",
     ids_key:   the key of the `[K]` (one layer) or `[L][K]` (every layer) ids
     step_key:  the step's key (None: steps from token-index restarts)
     skip_type: records whose "type" field equals it are skipped (None: none)
-    experts:   `E` (None: the largest id + 1)
+    experts:   `E` (None: a skipped header's `num_experts`, else the largest id + 1)
     """
     keys = {"request": None, "token": token_key, "layer": layer_key, "ids": ids_key,
             "step": step_key, "prompt_len": None}

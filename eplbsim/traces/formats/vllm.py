@@ -33,7 +33,8 @@ read with `allow_pickle=False`). Each choice is one request (the choices of an `
 response each repeat its prompt rows), named by the response's `id` (`custom_id` for a batch
 line), with `/{index}` appended when the response has several choices. Requests keep file
 order and carry no arrival: vLLM's `created` is whole Unix seconds, not a step, so it is kept
-in `meta["created"]` (one entry per request, None where absent).
+in `meta["created"]` (one entry per request, None where absent); the first `model` a response
+names is `meta["model"]`.
 
 **Arrays, one file per request** in a directory, in natural name order (`r2` before `r10`),
 each named by its file's stem; other files are ignored:
@@ -111,14 +112,18 @@ def read_vllm_json(path: Path, *, experts: int | None = None) -> RequestSet:
     """vLLM OpenAI-server responses (module doc) as a RequestSet; `experts` defaults to the
     largest id + 1."""
     path = Path(path)
-    names, prompts, arrays, created = [], [], [], []
+    names, prompts, arrays, created, models = [], [], [], [], []
     for where, record in _records(path):
-        for name, prompt_len, ids, stamp in _requests_of_record(record, where, experts):
+        for name, prompt_len, ids, stamp, model in _requests_of_record(record, where, experts):
             names.append(name)
             prompts.append(prompt_len)
             arrays.append(ids)
             created.append(stamp)
+            models.append(model)
     meta = {"source": "vllm", "format": "openai-json", "file": str(path), "created": created}
+    named = next((m for m in models if isinstance(m, str)), None)
+    if named is not None:  # the served model, as the responses name it
+        meta["model"] = named
     return _request_set(path, arrays, prompts, names, experts, meta)
 
 
@@ -161,8 +166,9 @@ def _jsonl(path: Path, text: str, whole_error: ValueError) -> list[tuple[str, An
 
 
 def _requests_of_record(record: Any, where: str, experts: int | None
-                        ) -> list[tuple[str, int, np.ndarray, int | None]]:
-    """`(name, prompt_len, ids [n, L, K], created)` of each choice of one response."""
+                        ) -> list[tuple[str, int, np.ndarray, int | None, Any]]:
+    """`(name, prompt_len, ids [n, L, K], created, model)` of each choice of one response
+    (`model`: the response's, as given)."""
     if not isinstance(record, dict):
         raise InputError(f"{where}: a response must be a JSON object")
     body, name = record, record.get("id")
@@ -205,7 +211,8 @@ def _requests_of_record(record: Any, where: str, experts: int | None
             prompt_len = _combined_prompt_len(choice, usage, len(choices), ids, what)
         if ids is None:
             raise InputError(f"{what}: no routed rows")
-        out.append((name if len(choices) == 1 else f"{name}/{index}", prompt_len, ids, created))
+        out.append((name if len(choices) == 1 else f"{name}/{index}", prompt_len, ids, created,
+                    body.get("model")))
     return out
 
 
