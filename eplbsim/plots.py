@@ -25,7 +25,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
-from .dispatch import POLICIES
+from .dispatch import POLICIES, resolve_policy
 from .errors import InputError
 from .files import atomic_file
 from .metrics import rebalance_stalls
@@ -53,6 +53,17 @@ _LOAD_PANELS = (  # (metric, panel title, axis label) of `policy_comparison`'s r
     ("replica_skew_max", "Replica skew,\nworst step", "max / mean\nreplica load"),
     ("replica_skew_cumulative", "Replica skew,\nsummed over steps", "max / mean\nreplica load"),
 )
+_SHARED_PANEL = ("gpu_imbalance_with_shared", "GPU imbalance,\nshared experts too",
+                 "max / mean\nGPU work")
+
+
+def _load_panels(results: Sequence[Results]) -> tuple[tuple[str, str, str], ...]:
+    """`_LOAD_PANELS`, GPU imbalance counting the shared experts' work too when some policy
+    places that work (Waterfill) and so every result counts it."""
+    if any(resolve_policy(r.spec.dispatch.policy)[1].places_shared for r in results) and \
+            all(r.metrics.get(_SHARED_PANEL[0]) is not None for r in results):
+        return (_SHARED_PANEL, *_LOAD_PANELS[1:])
+    return _LOAD_PANELS
 
 
 # ----------------------------------------------------------------------------- figures
@@ -61,7 +72,8 @@ def policy_comparison(results: Sequence[Results]) -> Figure:
     """Small multiples comparing the policies (and modes) of `results`, e.g. from
     `replay.compare`: one row per label, shared by every panel, and one panel per metric.
 
-    Panels: `gpu_imbalance`, `replica_skew_max`, `replica_skew_cumulative` of every result, a
+    Panels: `gpu_imbalance` (`gpu_imbalance_with_shared` when every result counts the shared
+    experts), `replica_skew_max`, `replica_skew_cumulative` of every result, a
     dot per (label, mode) on an axis starting at the ideal 1.0, in the policy's own colour and
     marker (`policy_styles`), filled for "none" and hollow for "a2a" (a row's two dots, top
     down in the order the modes first come); then, only when some results are in "none" mode, `rank_agreement` (dots,
@@ -82,14 +94,15 @@ def policy_comparison(results: Sequence[Results]) -> Figure:
     none_idx = [i for i, r in enumerate(results) if r.spec.dispatch.mode == "none"]
     styles = policy_styles(r.policy for r in results)
 
-    n_panels = len(_LOAD_PANELS) + (2 if none_idx else 0)
+    panels = _load_panels(results)
+    n_panels = len(panels) + (2 if none_idx else 0)
     lines = max(label.count("\n") + 1 for label in rows)
     scale = rcParams["font.size"] / PAPER_STYLE["font.size"]  # sizes grow with the text
     fig = Figure(figsize=(scale * min(8.0, 1.6 + 1.45 * n_panels),
                           scale * (1.7 + (0.1 + 0.13 * lines) * len(rows))), layout="constrained")
     axes = fig.subplots(1, n_panels, sharey=True)
     offsets = {m: (i - (len(modes) - 1) / 2) * 0.36 for i, m in enumerate(modes)}
-    for ax, (key, title, xlabel) in zip(axes, _LOAD_PANELS):
+    for ax, (key, title, xlabel) in zip(axes, panels):
         for r, label in zip(results, labels):
             _dot(ax, r.metrics.get(key), rows.index(label) + offsets[r.spec.dispatch.mode],
                  r.policy, styles[r.policy], r.spec.dispatch.mode, baseline=1.0)
@@ -103,7 +116,7 @@ def policy_comparison(results: Sequence[Results]) -> Figure:
 
     if none_idx:
         by_label = {labels[i]: results[i] for i in none_idx}  # last one wins on duplicates
-        ax_agree, ax_mult = axes[len(_LOAD_PANELS):]
+        ax_agree, ax_mult = axes[len(panels):]
         for y, label in enumerate(rows):
             r = by_label.get(label)
             if r is None:  # no result of this label in "none" mode
@@ -789,14 +802,25 @@ __all__ = ["OKABE_ITO", "PAPER_STYLE", "POLICY_MARKERS", "expert_load_heatmap", 
            "solver_gap_lines", "time_series_figure"]
 
 
+REVIEW_BARS = 16  # up to this many layers, the review draws GPU imbalance by layer as bars
+
+
 def review_figure(series: dict[str, Any], candidate: str, baseline: str) -> Figure:
     """A review's small multiples (`review.Report.series`), candidate beside baseline: GPU
-    imbalance by layer, ms a step over the scored steps, and each replicated slot's executed
-    pairs over its even share (sorted)."""
+    imbalance by layer (grouped bars rising from 1 up to `REVIEW_BARS` layers, lines beyond),
+    ms a step over the scored steps, and each replicated slot's executed pairs over its even
+    share (sorted)."""
     fig = Figure(figsize=(10.5, 2.8), dpi=100, layout="constrained")
     axes = fig.subplots(1, 3)
-    for name, label, style in (("candidate", candidate, "-o"), ("baseline", baseline, "--s")):
-        axes[0].plot(series["layer_imbalance"][name], style, ms=3, label=label)
+    layers = len(series["layer_imbalance"]["candidate"])
+    for i, (name, label, style) in enumerate((("candidate", candidate, "-o"),
+                                              ("baseline", baseline, "--s"))):
+        per_layer = np.array(series["layer_imbalance"][name], dtype=float)  # None -> NaN
+        if layers <= REVIEW_BARS:
+            axes[0].bar(np.arange(layers) + (i - 0.5) * 0.4, per_layer - 1, width=0.4, bottom=1,
+                        label=label)
+        else:
+            axes[0].plot(per_layer, style, ms=3, label=label)
         if series["step_ms"][name] is not None:
             axes[1].plot(series["step_ms"][name], style, ms=3, label=label)
         axes[2].plot(series["replica_share"][name], style, ms=2, label=label)
@@ -807,5 +831,9 @@ def review_figure(series: dict[str, Any], candidate: str, baseline: str) -> Figu
         ax.set_title(title, fontsize=10)
         ax.set_xlabel(xlabel, fontsize=9)
         ax.tick_params(labelsize=8)
-    axes[0].legend(fontsize=8)
+    if layers <= REVIEW_BARS:
+        axes[0].set_xticks(range(layers))
+        axes[0].set_xlim(-0.75, layers - 0.25)
+        axes[0].set_ylim(top=axes[0].get_ylim()[1] * 1.02 + 0.02)  # room for the legend
+    axes[0].legend(fontsize=8, loc="upper right", ncols=2)
     return fig

@@ -1,24 +1,18 @@
 """A review's page (`review.Report`) as Markdown and as self-contained HTML (its figures
 embedded as PNG data), one screen of headings: verdict, correctness, balance, time,
-rebalancing, set-up. It reads a report's fields only (no import of `review`, which imports
-this module), and matplotlib only when it draws."""
+rebalancing, the rules, set-up. It reads a report's fields only (no import of `review`, which
+imports this module), and matplotlib only when it draws."""
 
 from __future__ import annotations
 
 import base64
 import html as _html
 import io
-import math
 from typing import Any
 
+from .verdict import number, rules
+
 Report = Any  # a `review.Report`
-
-
-def number(value: Any) -> str:
-    """A number in 4 significant digits, `-` when undefined."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    return f"{float(value):.4g}"
 
 
 def figure_png(report: Report) -> dict[str, str]:
@@ -45,52 +39,12 @@ def _cell(value: Any) -> str:
 def sections(report: Report) -> list[tuple[str, list[str]]]:
     """`(heading, Markdown lines)` of each section of the page."""
     r = report
-    inv = r.invariance
-    ce = inv["counterexample"]
-    correctness = [f"Claimed: {inv['claimed']}. Observed: {inv['observed']} "
-                   f"({inv['searched']} batch(es) searched)."]
-    if ce:
-        correctness += ["", f"Smallest counterexample: step {ce['step']}, layer {ce['layer']}, "
-                            f"token {ce['token']} of a {ce['rows']}-row batch, expert "
-                            f"{ce['expert']}.", ""]
-        correctness += _table([[rank, slot] for rank, slot in ce["choices"].items()],
-                              ["rank", "slot chosen"])
-    late = inv.get("replay_disagrees")
-    if late:
-        correctness += ["", f"The replay disagrees from scored step {late['step']}, layer "
-                            f"{late['layer']} ({late['agreed']} of {late['pairs']} pairs agreed"
-                            + ("; ranks were switching placements at different steps"
-                               if late["during_switch"] else "") + ")."]
-    correctness += ["", f"Toy MoE output error on the scored steps: "
-                        f"{number(inv['output_rel_error'])}; rank agreement "
-                        f"{number(inv['rank_agreement'])}."]
-    b = r.balance
-    balance = _table([[k, b["candidate"][k], b["baseline"][k]] for k in b["candidate"]],
-                     ["metric", r.candidate, r.baseline])
-    balance += ["", "Worst layers (GPU imbalance): " + ", ".join(
-        f"layer {w['layer']} {number(w['candidate'])} (baseline {number(w['baseline'])})"
-        for w in b["worst_layers"]) + "."]
-    for who in ("candidate", "baseline"):
-        for s in b["starved"][who]:
-            balance.append(f"- {getattr(r, who)} starves slot {s['slot']} (layer {s['layer']}, "
-                           f"expert {s['expert']}, {s['replicas']} replicas): "
-                           f"{number(s['share_of_even'])} of its even share; the expert's pairs "
-                           f"by row % {s['replicas']}: {s['row_residues']}")
     t = r.time
-    time = _table([[k, t["candidate"][k], t["baseline"][k]] for k in t["candidate"]],
-                  ["", r.candidate, r.baseline])
-    time += ["", f"Difference {number(t['difference_ms'])} ms a step (spread across seeds "
-                 f"{number(t['spread_ms'])} ms), cost model {t['cost']} ({t['model']} on "
-                 f"{t['device']}). The {t['decides']['term']} term decides: "
-             + ", ".join(f"{k} {number(v)} ms" for k, v in t["decides"]["ms_per_step"].items())
-             + "."]
-    m = t["measured"]
-    time.append("Measured (aiconfigurator-core): " + (
-        f"{number(m['candidate_ms_per_step'])} ms a step against "
-        f"{number(m['baseline_ms_per_step'])} ({m['source']})." if "unavailable" not in m
-        else f"not priced: {m['unavailable']}"))
-    out = [("Verdict: " + r.verdict, [f"- {reason}" for reason in r.reasons]),
-           ("Correctness", correctness), ("Balance, held out", balance), ("Time", time)]
+    verdict = [*r.headline, "", "Why:", *[f"- {reason}" for reason in r.reasons]]
+    if r.warnings:
+        verdict += ["", *[f"- {w}" for w in r.warnings]]
+    out = [("Verdict: " + r.verdict, verdict), ("Correctness", _correctness(r)),
+           ("Balance, held out", _balance(r)), ("Time", _time(r))]
     if r.rebalance:
         rb = r.rebalance
         out.append(("Rebalancing", [
@@ -99,12 +53,89 @@ def sections(report: Report) -> list[tuple[str, list[str]]]:
             f"{rb['hazard_steps']}. {number(rb['ms_per_step_with'])} ms a step against "
             f"{number(rb['ms_per_step_without'])} without: net {number(rb['net_ms'])} ms over the "
             f"scored steps."]))
+    out.append(("How the verdict is reached", [
+        f"{i}. {rule}" for i, rule in enumerate(rules(t["min_effect_pct"], t["level"]), 1)]))
     s = r.setup
     out.append(("Set-up", [f"{r.candidate} against {r.baseline} in \"{r.mode}\" mode; placed "
                            f"on steps {s['placed_on'][0]}-{s['placed_on'][1] - 1}, scored on "
                            f"{s['scored_on'][0]}-{s['scored_on'][1] - 1}; {s['gpus']} GPUs, "
-                           f"{s['slots']} slots, solver {s['solver']}, {s['seeds']} seeds."]))
+                           f"{s['slots']} slots, solver {s['solver']}, {s['seeds']} "
+                           f"seed(s)."]))
     return out
+
+
+def _correctness(r: Report) -> list[str]:
+    inv = r.invariance
+    ce = inv["counterexample"]
+    lines = [f"Claimed: {inv['claimed']}. Observed: {inv['observed']} "
+             f"({inv['searched']} batch(es) searched)."]
+    if ce:
+        lines += ["", f"Smallest counterexample: step {ce['step']}, layer {ce['layer']}, "
+                      f"token {ce['token']} of a {ce['rows']}-row batch, expert "
+                      f"{ce['expert']}.", ""]
+        lines += _table([[rank, slot] for rank, slot in ce["choices"].items()],
+                        ["rank", "slot chosen"])
+    late = inv.get("replay_disagrees")
+    if late:
+        lines += ["", f"The replay disagrees from scored step {late['step']}, layer "
+                      f"{late['layer']} ({late['agreed']} of {late['pairs']} pairs agreed"
+                  + ("; ranks were switching placements at different steps"
+                     if late["during_switch"] else "") + ")."]
+    return lines + ["", f"Toy MoE output error on the scored steps: "
+                        f"{number(inv['output_rel_error'])}; rank agreement "
+                        f"{number(inv['rank_agreement'])}."]
+
+
+def _balance(r: Report) -> list[str]:
+    b = r.balance
+    d = b["difference"]
+    lines = _table([[k, b["candidate"][k], b["baseline"][k]] for k in b["candidate"]],
+                   ["metric", r.candidate, r.baseline])
+    lines += ["", f"GPU imbalance (routed pairs), candidate less baseline: "
+                  f"{number(d['difference'])}, {_interval(d['interval'])}."]
+    if len(b["per_layer"]["candidate"]) > 1:
+        lines.append("Worst layers (GPU imbalance): " + ", ".join(
+            f"layer {w['layer']} {number(w['candidate'])} (baseline {number(w['baseline'])})"
+            for w in b["worst_layers"]) + ".")
+    for who in ("candidate", "baseline"):
+        for s in b["starved"][who]:
+            lines.append(f"- {getattr(r, who)} starves slot {s['slot']} (layer {s['layer']}, "
+                         f"expert {s['expert']}, {s['replicas']} replicas): "
+                         f"{number(s['share_of_even'])} of its even share; the expert's pairs "
+                         f"by row % {s['replicas']}: {s['row_residues']}")
+    return lines
+
+
+def _time(r: Report) -> list[str]:
+    t = r.time
+    boot = t["bootstrap"]
+    lines = _table([[k, t["candidate"][k], t["baseline"][k]] for k in t["candidate"]],
+                   ["", r.candidate, r.baseline])
+    lines += ["", f"Difference {number(t['difference_ms'])} ms a step, "
+                  f"{number(t['difference_pct'])}% ({_interval(t['interval_ms'])} ms, "
+                  f"{number(t['interval_pct'][0])}% to {number(t['interval_pct'][1])}%: a block "
+                  f"bootstrap of {boot['resamples']} resamples, blocks of {boot['block_steps']} "
+                  f"steps, over {boot['seeds']} seed(s), whose spread is "
+                  f"{number(t['spread_ms'])} ms). Minimum effect {number(t['min_effect_pct'])}%.",
+              f"Cost model {t['cost']} ({t['model']}, {t['model_from']}, on {t['device']}). "
+              f"The {t['decides']['term']} term decides: "
+              + ", ".join(f"{k} {number(v)} ms" for k, v in t["decides"]["ms_per_step"].items())
+              + "."]
+    m = t["measured"]
+    lines.append("Measured: " + (
+        f"{number(m['candidate_ms_per_step'])} ms a step against "
+        f"{number(m['baseline_ms_per_step'])} ({m['source']})." if "unavailable" not in m
+        else f"not priced: {m['unavailable']}"))
+    lines += ["", "Held-out windows (each placed on every step before it):", ""]
+    lines += _table([[f"{w['scored_on'][0]}-{w['scored_on'][1] - 1}",
+                      f"0-{w['placed_on'][1] - 1}", w["difference_ms"], w["difference_pct"],
+                      w["gpu_imbalance_difference"]] for w in t["windows"]],
+                    ["scored steps", "placed on", "ms a step", "%", "GPU imbalance"])
+    return lines
+
+
+def _interval(bounds: list[float]) -> str:
+    return f"95% interval {number(bounds[0])} to {number(bounds[1])}"
 
 
 def markdown(report: Report) -> str:

@@ -11,19 +11,22 @@ share), candidate beside baseline, in one mode:
   and keeps the smallest batch on which ranks choose differently; failing that, the first
   step and layer where the scored replay disagreed (as when ranks switch to a rebalance at
   different steps). The toy MoE layer's output error on the scored steps says what it costs.
-- **balance**: GPU imbalance, replica skew (mean, max, cumulative), idle replicas, per layer
-  with the worst named, and the replicas a policy starves (with the share of their expert's
-  pairs each row residue class carries, the pattern that starves a replica under `row`).
+- **balance**: GPU imbalance (routed pairs, as every balance figure; with the shared experts'
+  work too, apart, when the run counts it), replica skew (mean, max, cumulative), idle replicas,
+  per layer with the worst named, and the replicas a policy starves (with the share of their
+  expert's pairs each row residue class carries, the pattern that starves a replica under `row`).
 - **time**: ms a step and tokens/s under the cost model (roofline unless the spec names one),
   and under `measured` too when its extra and a table for the shape are there, which term
   bounds the slowest GPU (weight reads, arithmetic or communication), and with a
   rebalance schedule its stalls or hazard steps and its net benefit (time saved a step x steps
   minus stalls, against the same candidate on the held-out placement without rebalancing).
-- **verdict**: `not recommended` when the candidate corrupts "none" mode, or when its
-  rebalancing loses more than it saves, or when it is slower; `insufficient evidence` when the
-  scored steps are too few, no replicated expert carries load, or the difference in time lies
-  within the spread of the difference across seeds; else `recommend`. `EXIT` maps each to the
-  command's exit status.
+- **evidence**: every scored step is replayed with `seeds` seeds; the differences in time and
+  GPU imbalance get an interval from a paired block bootstrap over those steps and seeds
+  (`evidence`), which exists for deterministic policies too. The scored steps are also cut into
+  `windows` held-out windows, each placed on every step before it (a rolling origin) and
+  scored alone.
+- **verdict**: by the rules of `verdict` (stated on the page), against a minimum effect;
+  `EXIT` maps each verdict to the command's exit status.
 """
 
 from __future__ import annotations
@@ -38,22 +41,22 @@ import torch
 
 from . import metrics as M
 from .checks import rank_invariance
-from .cost import DEVICES, MODELS
-from .cost.compute import ETA_COMPUTE, ETA_MEMORY
+from .cost.compute import ETA_COMPUTE, ETA_MEMORY, roofline_terms
 from .dispatch import USER, resolve_policy
 from .engines import is_engine_name
 from .errors import InputError
+from .evidence import LEVEL, RESAMPLES, Draws, draws, figure, interval, resampled
 from .placement import Placement
-from .registry import lookup
 from .replay import fitted, replay, routed_loads, schedule_of
-from .report import html, number
-from .results import Results
+from .report import html
+from .results import Results, model_origin, warnings
 from .spec import RunSpec, default_of
 from .traces.counts import CountsTrace
 from .traces.steps import select
+from .verdict import EXIT, MIN_EFFECT, judge
 
-EXIT = {"recommend": 0, "not recommended": 1, "insufficient evidence": 3}
-MIN_SCORED_STEPS = 4  # fewer scored steps than this is too little to judge
+WINDOWS = 4  # held-out windows by default
+MAX_SEEDS, MAX_WINDOWS, MAX_RESAMPLES = 64, 64, 100_000
 SEARCH_ROWS = (1, 2, 3, 5, 7)  # the small batches the invariance search tries first
 STARVED_SHARE = 0.5  # a replica executing under half its even share of its expert is starved
 WORST = 3  # worst layers and starved replicas named
@@ -62,9 +65,12 @@ WORST = 3  # worst layers and starved replicas named
 @dataclass
 class Report:
     """A review's findings (module doc): plain data, JSON-ready (`as_dict`), rendered by
-    `report.markdown`, `report.html`; a notebook shows the HTML. `placement` is the held-out
-    placement the scored steps ran on; a counterexample's `batch` (`[T, L, K]` ids, for a
-    search batch of up to 7 rows) reproduces it with `checks.rank_invariance` on it."""
+    `report.markdown`, `report.html`; a notebook shows the HTML. `headline` is one line per
+    axis (correctness, balance, time); `warnings` what the trace's windows hold that the
+    verdict should not rest on (flagged warm-up and outlier steps, a model that does not fit).
+    `placement` is the held-out placement the scored steps ran on; a counterexample's `batch`
+    (`[T, L, K]` ids, for a search batch of up to 7 rows) reproduces it with
+    `checks.rank_invariance` on it."""
 
     verdict: str
     reasons: list[str]
@@ -76,6 +82,8 @@ class Report:
     time: dict[str, Any]
     rebalance: dict[str, Any] | None
     setup: dict[str, Any]
+    headline: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
     series: dict[str, Any] = field(default_factory=dict, repr=False)
     placement: Placement | None = field(default=None, repr=False)
 
@@ -98,20 +106,21 @@ class Report:
 
 
 def review(trace: Any, candidate: Any, baseline: Any = None, spec: RunSpec | None = None, *,
-           holdout: float = 0.5, seeds: int = 3,
+           holdout: float = 0.5, seeds: int = 3, windows: int = WINDOWS,
+           min_effect: float = MIN_EFFECT, resamples: int = RESAMPLES,
            progress: Callable[[str], None] | None = None) -> Report:
     """Review `candidate` against `baseline` (default: SGLang's dispatch for the spec's mode,
     `row` in "none", `random` in "a2a") on `trace` under `spec` (module doc). Policies are
     registry names, engine algorithms, `file.py:function` names or callables. `holdout` is the
-    scored share of the steps, in (0, 1); `seeds` the number of seeds the time difference's
-    spread is measured over. `progress(what)` hears of each replay."""
+    scored share of the steps, in (0, 1); `seeds` the seeds every scored step is replayed
+    with; `windows` the held-out windows the scored steps are cut into (a rolling origin);
+    `min_effect` the smallest gain worth a pull request, in % of the baseline's step time;
+    `resamples` the block bootstrap's (`evidence`). `progress(what)` hears of each replay."""
     if isinstance(trace, CountsTrace):
         raise InputError("a review dispatches token rows; a counts-only trace has none")
-    if not 0 < holdout < 1:
-        raise InputError(f"--holdout must lie in (0, 1), got {holdout}")
-    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 2:
-        raise InputError(f"--seeds must be an integer >= 2 (a spread needs two), got {seeds}")
-    spec = fitted(trace, RunSpec() if spec is None else spec)
+    _check_options(holdout, seeds, windows, min_effect, resamples)
+    asked = RunSpec() if spec is None else spec
+    spec = fitted(trace, asked)
     if spec.cost.cost is None:
         spec = spec.replace(cost="roofline")
     mode = spec.dispatch.mode
@@ -129,8 +138,7 @@ def review(trace: Any, candidate: Any, baseline: Any = None, spec: RunSpec | Non
     train, test = select(trace, f"0:{placed}"), select(trace, f"{placed}:{S}")
     placement = _placement(train, spec)
     rebalancing = spec.schedule.rebalance_every is not None
-    scoring = (spec.replace(initial=placement) if rebalancing
-               else spec.replace(placement=placement))
+    scoring = _scoring(spec, placement)
 
     runs: dict[str, list[Results]] = {"candidate": [], "baseline": []}
     routed = routed_loads(test)  # counted once; each seed's schedule solved once for both
@@ -146,25 +154,90 @@ def review(trace: Any, candidate: Any, baseline: Any = None, spec: RunSpec | Non
         note(f"candidate {names[0]} without rebalancing")
         held = replay(test, _without_schedule(spec).replace(policy=candidate,
                                                             placement=placement))
+    cuts = _cuts(placed, S, windows)
+    windowed = [_window(trace, spec, a, b, candidate, baseline, note) for a, b in cuts]
 
+    d = draws(seeds, scored, resamples, spec.dispatch.seed)
     invariance = _invariance(candidate, names[0], test, placement, scoring, cand)
-    balance = _balance(cand, base, test, placement)
-    time = _time(runs, spec)
+    balance = _balance(runs, test, placement, d)
+    time = _time(runs, spec, d, windowed, min_effect, model_origin(trace.meta, asked))
     rebalance = _rebalance(cand, held, scored) if rebalancing else None
-    verdict, reasons = _verdict(invariance, balance, time, rebalance, scored, mode)
+    verdict, reasons, headline = judge(invariance, balance, time, rebalance, scored, mode)
     setup = {"steps": S, "placed_on": [0, placed], "scored_on": [placed, S], "seeds": seeds,
-             "mode": mode, "gpus": spec.topology.gpus, "slots": placement.num_slots,
-             "solver": str(spec.solver.solver), "cost": str(spec.cost.cost),
-             "model": spec.cost.model, "device": spec.cost.device_profile,
-             "engine_source": dict(sources)}
-    series = {"layer_imbalance": {n: _layer_imbalance(r) for n, r in
-                                  (("candidate", cand), ("baseline", base))},
+             "windows": [[a, b] for a, b in cuts], "mode": mode, "gpus": spec.topology.gpus,
+             "slots": placement.num_slots, "solver": str(spec.solver.solver),
+             "cost": str(spec.cost.cost), "model": spec.cost.name,
+             "device": spec.cost.device_profile, "engine_source": dict(sources)}
+    notes = warnings(trace, spec, asked, [
+        (f"the placement window (steps 0-{placed - 1})", 0, placed),
+        (f"the scored window (steps {placed}-{S - 1})", placed, S)])
+    series = {"layer_imbalance": {n: balance["per_layer"][n] for n in ("candidate", "baseline")},
               "step_ms": {n: M.time_series(r).get("moe_ms") for n, r in
                           (("candidate", cand), ("baseline", base))},
               "replica_share": {n: _replica_shares(r) for n, r in
                                 (("candidate", cand), ("baseline", base))}}
     return Report(verdict, reasons, names[0], names[1], mode, invariance, balance, time,
-                  rebalance, setup, series, placement)
+                  rebalance, setup, headline, notes, series, placement)
+
+
+def _check_options(holdout: float, seeds: int, windows: int, min_effect: float,
+                   resamples: int) -> None:
+    """InputError, naming the flag, for an option outside its domain."""
+    def whole(value: Any, least: int) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= least
+    if not 0 < holdout < 1:
+        raise InputError(f"--holdout must lie in (0, 1), got {holdout}")
+    if not whole(seeds, 1) or seeds > MAX_SEEDS:
+        raise InputError(f"--seeds must be an integer in [1, {MAX_SEEDS}], got {seeds}")
+    if not whole(windows, 1) or windows > MAX_WINDOWS:
+        raise InputError(f"--windows must be an integer in [1, {MAX_WINDOWS}], got {windows}")
+    if isinstance(min_effect, bool) or not isinstance(min_effect, (int, float)) \
+            or not 0 <= min_effect < 100:
+        raise InputError(f"--min-effect must be a percentage in [0, 100), got {min_effect}")
+    if not whole(resamples, 100) or resamples > MAX_RESAMPLES:
+        raise InputError(f"--resamples must be an integer in [100, {MAX_RESAMPLES}], got "
+                         f"{resamples}")
+
+
+def _scoring(spec: RunSpec, placement: Placement) -> RunSpec:
+    """`spec` scoring on `placement`: served throughout, or the first placement of its
+    rebalance schedule."""
+    if spec.schedule.rebalance_every is not None:
+        return spec.replace(initial=placement)
+    return spec.replace(placement=placement)
+
+
+def _cuts(placed: int, num_steps: int, windows: int) -> list[tuple[int, int]]:
+    """The held-out windows `[a, b)`: the scored steps `[placed, S)` cut into `windows` runs of
+    consecutive steps whose lengths differ by at most one (fewer when there are fewer steps)."""
+    bounds = np.linspace(placed, num_steps, min(windows, num_steps - placed) + 1).round()
+    return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def _window(trace: Any, spec: RunSpec, a: int, b: int, candidate: Any, baseline: Any,
+            note: Callable[[str], None]) -> dict[str, Any]:
+    """One held-out window: placed on steps `[0, a)`, both policies scored on `[a, b)` with
+    the spec's seed; their differences in time and GPU imbalance."""
+    train, test = select(trace, f"0:{a}"), select(trace, f"{a}:{b}")
+    scoring = fitted(test, _scoring(spec, _placement(train, spec)))
+    routed = routed_loads(test)
+    planned = routed, schedule_of(test, scoring, routed)
+    note(f"held-out window {a}-{b - 1}")
+    cand, base = (replay(test, scoring.replace(policy=p), planned=planned).metrics
+                  for p in (candidate, baseline))
+    return {"placed_on": [0, a], "scored_on": [a, b],
+            "difference_ms": cand["moe_ms"] - base["moe_ms"],
+            "difference_pct": _percent(cand["moe_ms"], base["moe_ms"]),
+            "gpu_imbalance_difference": _minus(cand["gpu_imbalance"], base["gpu_imbalance"])}
+
+
+def _percent(value: float, reference: float) -> float:
+    """`value` over `reference` less 1, in percent (NaN when the reference is 0)."""
+    return (value / reference - 1) * 100 if reference else math.nan
+
+
+def _minus(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a - b
 
 
 def _placement(train: Any, spec: RunSpec) -> Placement:
@@ -258,20 +331,27 @@ def _search_batches(test: Any) -> list[tuple[int, torch.Tensor]]:
 
 # Balance --------------------------------------------------------------------------------------
 
-BALANCE_KEYS = ("gpu_imbalance", "replica_skew_mean", "replica_skew_max",
-                "replica_skew_cumulative", "idle_replica_frac")
+BALANCE_KEYS = ("gpu_imbalance", "gpu_imbalance_with_shared", "replica_skew_mean",
+                "replica_skew_max", "replica_skew_cumulative", "idle_replica_frac")
 
 
-def _balance(cand: Results, base: Results, test: Any, placement: Placement) -> dict[str, Any]:
-    """Balance metrics side by side, per layer, the worst layers and the starved replicas."""
+def _balance(runs: dict[str, list[Results]], test: Any, placement: Placement,
+             d: Draws) -> dict[str, Any]:
+    """Balance metrics side by side (`gpu_imbalance_with_shared` only when counted), the
+    difference in GPU imbalance with its interval (`_paired`), per layer, the worst layers and
+    the starved replicas."""
+    cand, base = runs["candidate"][0], runs["baseline"][0]
+    keys = [k for k in BALANCE_KEYS if k != "gpu_imbalance_with_shared"
+            or cand.metrics.get(k) is not None]
     layers = {n: _layer_imbalance(r) for n, r in (("candidate", cand), ("baseline", base))}
     worst = np.argsort(-np.nan_to_num(layers["candidate"], nan=-1.0))[:WORST].tolist()
     loaded = placement.logcnt > 1  # [L, E]
     routed = cand.true_load.sum(0)  # [L, E] the test steps' routed pairs
     return {
-        "candidate": {k: cand.metrics.get(k) for k in BALANCE_KEYS},
-        "baseline": {k: base.metrics.get(k) for k in BALANCE_KEYS},
-        "per_layer": {n: [None if math.isnan(v) else round(float(v), 4) for v in values]
+        "candidate": {k: cand.metrics.get(k) for k in keys},
+        "baseline": {k: base.metrics.get(k) for k in keys},
+        "difference": _paired(runs, "gpu_imbalance", d),
+        "per_layer": {n: [None if math.isnan(v) else float(v) for v in values]
                       for n, values in layers.items()},
         "worst_layers": [{"layer": int(i), "candidate": float(layers["candidate"][i]),
                           "baseline": float(layers["baseline"][i])} for i in worst],
@@ -281,9 +361,39 @@ def _balance(cand: Results, base: Results, test: Any, placement: Placement) -> d
 
 
 def _layer_imbalance(results: Results) -> np.ndarray:
-    """Mean over steps of each layer's max / mean GPU load, `[L]` (NaN for an idle layer)."""
-    gpu = M.gpu_loads(results.slot_load, results.spec.topology.gpus)  # [S, L, G]
-    return torch.nanmean(M.max_over_mean(gpu), 0).numpy()
+    """Each layer's `gpu_imbalance` over the steps, `[L]` (NaN for an idle layer): the
+    metric's own components, so one layer's figure is the table's."""
+    values = results.components["gpu_imbalance"][0]  # [S, L]
+    return M.mean(values, dims=(0,)).numpy()
+
+
+def _step_parts(results: Results, key: str) -> tuple[np.ndarray, np.ndarray]:
+    """`(numerator, denominator)` `[S]` of the metric `key` per step (`evidence` module doc):
+    a step's time over 1 (`step_time`), or the sum of its defined layers' values over their
+    number (`mean`)."""
+    values = results.components[key][0].to(torch.float64)  # [S, L]
+    if M.METRICS[key].reduce is M.step_time:
+        return values.sum(1).numpy(), np.ones(values.shape[0])
+    defined = ~values.isnan()
+    return values.nan_to_num(0.0).sum(1).numpy(), defined.sum(1).to(torch.float64).numpy()
+
+
+def _paired(runs: dict[str, list[Results]], key: str, d: Draws,
+            relative: bool = False) -> dict[str, Any]:
+    """The candidate's `key` less the baseline's over every seed's scored steps, with its
+    interval over the resamples `d` (`evidence`); `relative`: also as % of the baseline's."""
+    parts = {n: [np.stack(x) for x in zip(*(_step_parts(r, key) for r in rs))]
+             for n, rs in runs.items()}  # name -> (num [R, S], den [R, S])
+    whole = {n: figure(*parts[n]) for n in parts}
+    again = {n: resampled(*parts[n], d) for n in parts}
+    out = {"difference": whole["candidate"] - whole["baseline"],
+           "interval": list(interval(again["candidate"] - again["baseline"]))}
+    if relative:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out["difference_pct"] = _percent(whole["candidate"], whole["baseline"])
+            out["interval_pct"] = list(interval((again["candidate"] / again["baseline"] - 1)
+                                                * 100))
+    return out
 
 
 def _shares(results: Results) -> torch.Tensor:
@@ -334,55 +444,67 @@ def _residues(test: Any, layer: int, expert: int, n: int) -> list[float]:
 
 # Time -----------------------------------------------------------------------------------------
 
-def _time(runs: dict[str, list[Results]], spec: RunSpec) -> dict[str, Any]:
-    """ms a step, tokens/s and the spread over seeds of the difference; which term decides."""
+def _time(runs: dict[str, list[Results]], spec: RunSpec, d: Draws, windows: list[dict],
+          min_effect: float, model_from: str) -> dict[str, Any]:
+    """ms a step and tokens/s of both, the difference with its interval over the resampled
+    steps and seeds, the spread across seeds, each held-out window's difference, the measured
+    tables' prices, which term decides, and where the model came from (`model_from`)."""
     ms = {n: [r.metrics["moe_ms"] for r in rs] for n, rs in runs.items()}
     diff = [c - b for c, b in zip(ms["candidate"], ms["baseline"])]
-    cand, base = runs["candidate"][0].metrics, runs["baseline"][0].metrics
+    cand, base = runs["candidate"][0], runs["baseline"][0]
+    paired = _paired(runs, "moe_ms", d, relative=True)
     return {
-        "measured": _measured(runs["candidate"][0], runs["baseline"][0]),
-        "cost": str(spec.cost.cost), "model": spec.cost.model, "device": spec.cost.device_profile,
-        "candidate": {"ms_per_step": cand["moe_ms"], "tokens_per_s": cand["moe_tokens_per_s"],
-                      "compute_ms": cand["compute_ms"], "comm_ms": cand["comm_ms"]},
-        "baseline": {"ms_per_step": base["moe_ms"], "tokens_per_s": base["moe_tokens_per_s"],
-                     "compute_ms": base["compute_ms"], "comm_ms": base["comm_ms"]},
-        "difference_ms": float(np.mean(diff)),
+        "cost": str(spec.cost.cost), "model": spec.cost.name, "model_from": model_from,
+        "device": spec.cost.device_profile,
+        "candidate": _times(cand.metrics), "baseline": _times(base.metrics),
+        "difference_ms": paired["difference"], "interval_ms": paired["interval"],
+        "difference_pct": paired["difference_pct"], "interval_pct": paired["interval_pct"],
+        "level": LEVEL, "min_effect_pct": float(min_effect),
+        "bootstrap": {"resamples": d.resamples, "block_steps": d.block,
+                      "seeds": len(diff), "seed": spec.dispatch.seed},
         "difference_per_seed_ms": diff,
         "spread_ms": float(max(diff) - min(diff)),
-        "decides": _deciding_term(runs["candidate"][0], spec),
+        "windows": windows,
+        "measured": _measured(cand, base),
+        "decides": _deciding_term(cand),
     }
+
+
+def _times(metrics: dict[str, Any]) -> dict[str, Any]:
+    return {"ms_per_step": metrics["moe_ms"], "tokens_per_s": metrics["moe_tokens_per_s"],
+            "compute_ms": metrics["compute_ms"], "comm_ms": metrics["comm_ms"]}
 
 
 def _measured(cand: Results, base: Results) -> dict[str, Any]:
     """ms a step of both under the `measured` cost model (aiconfigurator-core's tables), priced
-    from the same counted loads, when the run's cost model is another and the tables have the
-    model and EP size; else why not."""
+    from the same counted loads, and their difference, when the run's cost model is another and
+    the tables have the model and EP size; else why not."""
     if cand.spec.cost.cost == "measured":
         return {"unavailable": "the run's own cost model is measured"}
     try:
         priced = [Results(r.spec.replace(cost="measured", cost_options={}), r.slot_load,
-                          r.true_load, r.segments, r.counters) for r in (cand, base)]
-        return {"candidate_ms_per_step": priced[0].metrics["moe_ms"],
-                "baseline_ms_per_step": priced[1].metrics["moe_ms"],
-                "source": priced[0].metrics.get("cost_source")}
+                          r.true_load, r.segments, r.counters).metrics for r in (cand, base)]
     except InputError as exc:  # no extra, or no table for this model, device or EP size
         return {"unavailable": str(exc)}
+    return {"candidate_ms_per_step": priced[0]["moe_ms"],
+            "baseline_ms_per_step": priced[1]["moe_ms"],
+            "difference_ms": priced[0]["moe_ms"] - priced[1]["moe_ms"],
+            "source": priced[0].get("cost_source")}
 
 
-def _deciding_term(results: Results, spec: RunSpec) -> dict[str, Any]:
+def _deciding_term(results: Results) -> dict[str, Any]:
     """Which term bounds the candidate's time: the slowest GPU's compute in each (step, layer)
-    is bound by its weight (and activation) reads or by its arithmetic (the roofline's two
-    terms), beside the communication; the largest share decides."""
-    shape = lookup(MODELS, spec.cost.model, "model")
-    device = lookup(DEVICES, spec.cost.device_profile, "device profile")
+    (its whole work, `metrics.gpu_work`) is bound by its weight (and activation) reads or by
+    its arithmetic (the roofline's two terms), beside the communication; the largest share
+    decides."""
+    spec = results.spec
+    shape, device = spec.cost.profiles()
     options = spec.cost.cost_options
-    G = spec.topology.gpus
-    pairs = M.gpu_loads(results.slot_load, G)  # [S, L, G]
-    active = M.gpu_loads((results.slot_load > 0).to(torch.int64), G)
-    arithmetic = pairs * shape.flops_per_pair / (device.peak_flops(shape.weight_dtype)
-                                                  * options.get("eta_compute", ETA_COMPUTE))
-    reads = (active * shape.expert_weight_bytes + pairs * 2 * shape.hidden
-             * shape.bytes_of("act")) / (device.hbm * options.get("eta_memory", ETA_MEMORY))
+    pairs, active = M.gpu_work(results.slot_load, results.counters, spec.topology.gpus,
+                               spec.shared_work(), spec.dispatch.mode)  # [S, L, G] each
+    arithmetic, reads = roofline_terms(pairs, active, shape, device,
+                                       options.get("eta_compute", ETA_COMPUTE),
+                                       options.get("eta_memory", ETA_MEMORY))
     slowest = torch.maximum(arithmetic, reads).argmax(-1, keepdim=True)  # [S, L, 1]
     a, r = arithmetic.gather(-1, slowest), reads.gather(-1, slowest)
     bound = torch.maximum(a, r)
@@ -407,53 +529,6 @@ def _rebalance(cand: Results, held: Results, scored: int) -> dict[str, Any]:
             "ms_per_step_without": held.metrics["moe_ms"], "ms_per_step_with":
             cand.metrics["moe_ms"], "saved_ms_per_step": saved,
             "net_ms": saved * scored - stall}
-
-
-# Verdict --------------------------------------------------------------------------------------
-
-def _verdict(invariance: dict, balance: dict, time: dict, rebalance: dict | None,
-             scored: int, mode: str) -> tuple[str, list[str]]:
-    """The verdict and its reasons, each with the numbers behind it (module doc)."""
-    ce = invariance["counterexample"]
-    if mode == "none" and invariance["observed"] == "variant":
-        late = invariance.get("replay_disagrees")
-        where = (f"step {ce['step']}, layer {ce['layer']}, token {ce['token']}, expert "
-                 f"{ce['expert']} of a {ce['rows']}-row batch: ranks chose "
-                 f"{sorted(set(ce['choices'].values()))}" if ce else
-                 f"from scored step {late['step']}, layer {late['layer']} of the replay"
-                 + (", while ranks switched placements at different steps"
-                    if late["during_switch"] else "") if late else "the replay")
-        return "not recommended", [
-            f"ranks choose different replicas in \"none\" mode ({where}); output error "
-            f"{number(invariance['output_rel_error'])}, rank agreement "
-            f"{number(invariance['rank_agreement'])}: it corrupts the layer's output"]
-    reasons = []
-    if scored < MIN_SCORED_STEPS:
-        reasons.append(f"only {scored} scored step(s); at least {MIN_SCORED_STEPS} are needed")
-    if balance["replicated_loaded_pairs"] == 0:
-        reasons.append("no replicated expert carries load in the scored steps: the dispatch "
-                       "choice cannot matter")
-    if reasons:
-        return "insufficient evidence", reasons
-    if rebalance is not None and rebalance["net_ms"] < 0:
-        return "not recommended", [
-            f"rebalancing every {rebalance['every']} steps ({rebalance['mode']}) saves "
-            f"{number(rebalance['saved_ms_per_step'])} ms a step over {scored} steps but stalls "
-            f"{number(rebalance['stall_ms'])} ms: net {number(rebalance['net_ms'])} ms"]
-    d, spread = time["difference_ms"], time["spread_ms"]
-    term = time["decides"]["term"]
-    base_ms = time["baseline"]["ms_per_step"]
-    if d == 0 or abs(d) <= spread:
-        return "insufficient evidence", [
-            f"the difference in time, {number(d)} ms a step, lies within its spread across "
-            f"seeds, {number(spread)} ms"]
-    share = f"{number(abs(d) / base_ms * 100)}% of its {number(base_ms)} ms; spread across " \
-        f"seeds {number(spread)} ms"
-    if d < 0:
-        return "recommend", [f"{number(-d)} ms a step faster than the baseline ({share}); "
-                             f"{term} decide the time"]
-    return "not recommended", [f"{number(d)} ms a step slower than the baseline ({share}); "
-                               f"{term} decide the time"]
 
 
 def to_json(report: Report) -> str:

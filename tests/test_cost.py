@@ -155,7 +155,7 @@ def test_measured_equals_the_table_at_its_own_points(framework, ep):
 @NEEDS_AIC
 @pytest.mark.parametrize("call, match", [
     (lambda m, t: m(torch.ones(1, 8), torch.ones(1, 8), MODELS["olmoe-1b-7b"], DEVICES["h200"]),
-     "no MoE kernel of hidden 2048.*it has: .*H 7168 I 2048 E 256 K 8 fp8_block"),
+     r"no MoE kernel of H 2048 I 1024 E 64 K 8 bfloat16; nearest of its \d+ shapes: H "),
     (lambda m, t: m(torch.ones(1, 3), torch.ones(1, 3), MODELS["deepseek-v3"], DEVICES["h200"]),
      "at EP sizes 1, 2, 4, 8, .*not at 3 GPUs"),
     (lambda m, t: m(torch.full((1, 8), 1e6), torch.ones(1, 8), MODELS["deepseek-v3"],
@@ -189,8 +189,10 @@ def test_measured_without_the_extra_names_it(monkeypatch):
 def test_cost_options_reach_the_model_and_unknown_ones_are_refused():
     from eplbsim.spec import RunSpec
     spec = RunSpec.of(cost="measured", cost_options={"framework": "sglang"}, gpus=8)
-    assert "moe/sglang/" in spec.cost.describe(8)
-    assert "moe/trtllm/" in RunSpec.of(cost="measured").cost.describe(8)
+    assert "h200_sxm sglang " in spec.cost.describe(8)
+    table = RunSpec.of(cost="measured").cost.describe(8)  # the table, kernel and shape read
+    assert "h200_sxm trtllm " in table and "kernel " in table and "H 7168 I 2048 E 256 K 8" \
+        in table and len(table) < 200
     assert "eta_compute=0.5" in RunSpec.of(cost="roofline",
                                            cost_options={"eta_compute": 0.5}).cost.describe(8)
     with pytest.raises(InputError, match="has no option speed; its options are: framework"):
@@ -308,3 +310,29 @@ def test_rebalance_stall_is_counted_only_for_rebalances_that_moved_experts():
     assert _replayed("none").metrics["rebalance_stall_ms"] == 0.0
     moved = _replayed("none", rebalance_every=2, window=2)
     assert moved.metrics["moved_slots"] > 0 and moved.metrics["rebalance_stall_ms"] > 0
+
+
+@pytest.mark.parametrize("name, key", [
+    ("Qwen/Qwen1.5-MoE-A2.7B-Chat", "qwen1.5-moe-a2.7b"), ("deepseek-ai/DeepSeek-V3-0324",
+                                                          "deepseek-v3"),
+    ("DeepSeek-R1", "deepseek-r1"), ("mistralai/Mixtral-8x7B-Instruct-v0.1", "mixtral-8x7b"),
+    ("allenai/OLMoE-1B-7B-0924", "olmoe-1b-7b"), ("Qwen/Qwen3-235B-A22B-FP8", "qwen3-235b-a22b"),
+    ("synthetic: eplbsim's skewed scenario", None), ("deepseek-v30", None), (None, None),
+    (7, None)])
+def test_a_model_name_is_read_case_and_suffix_tolerant(name, key):
+    from eplbsim.cost.shapes import model_named
+    assert model_named(name) == key
+
+
+def test_the_trace_names_its_model_or_gets_the_default():
+    from eplbsim.cost.shapes import DEFAULT_MODEL, trace_model
+    qwen = {"model": "Qwen/Qwen1.5-MoE-A2.7B-Chat"}
+    assert trace_model(qwen, 60, 4) == "qwen1.5-moe-a2.7b"
+    assert trace_model(qwen, 60, None) == "qwen1.5-moe-a2.7b"  # counts only: no top-k
+    assert trace_model({"model": "mine"}, 64, 8) == trace_model({}, 7, 3) == DEFAULT_MODEL
+    with pytest.raises(InputError, match=r"names model 'Qwen/Qwen1.5-MoE-A2.7B-Chat' \("
+                                         r"qwen1.5-moe-a2.7b: 60 experts, top-4\), but the trace "
+                                         r"has 64 experts, top-8: name the model"):
+        trace_model(qwen, 64, 8)
+    with pytest.raises(InputError, match="read it with --experts 60 if its ids never reach"):
+        trace_model(qwen, 59, 4)

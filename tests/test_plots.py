@@ -454,3 +454,17 @@ def test_paper_figure_axes_start_at_their_baseline_or_say_so(paper, name):
               > (1.0 if RATIO_AXIS.search(axis.get_label().get_text()) else 0.0)
               and "axis starts at" not in axis.get_label().get_text()]
     assert zoomed == []
+
+
+def test_a_review_of_one_layer_draws_its_imbalance_as_bars_from_one():
+    series = {"layer_imbalance": {"candidate": [1.16], "baseline": [1.19]},
+              "step_ms": {"candidate": np.ones(4), "baseline": np.ones(4)},
+              "replica_share": {"candidate": np.ones(3), "baseline": np.ones(3)}}
+    ax = plots.review_figure(series, "ordinal", "row").axes[0]
+    bars = [p for p in ax.patches]
+    assert len(bars) == 2 and not ax.get_lines()
+    assert [b.get_y() for b in bars] == [1.0, 1.0]
+    assert [round(b.get_y() + b.get_height(), 6) for b in bars] == [1.16, 1.19]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["0"]
+    many = {**series, "layer_imbalance": {k: [1.1] * 40 for k in ("candidate", "baseline")}}
+    assert len(plots.review_figure(many, "a", "b").axes[0].get_lines()) == 2

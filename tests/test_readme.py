@@ -20,6 +20,7 @@ import pytest
 
 from eplbsim.cli import main
 from eplbsim.cli.reference import pages
+from eplbsim.review import EXIT
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -83,7 +84,11 @@ def test_the_readme_has_its_examples():
 @pytest.mark.parametrize("command,shown", EXAMPLES, ids=[c[:60] for c, _ in EXAMPLES])
 def test_every_console_example_runs_and_prints_what_is_shown(workdir, capsys, command, shown):
     status, printed, err = run_example(command, capsys)
-    assert status == 0, err
+    if command.startswith("eplbsim review"):  # its status is its verdict's
+        verdict = next(line for line in printed if line.startswith("## Verdict: "))
+        assert status == EXIT[verdict.removeprefix("## Verdict: ")], err
+    else:
+        assert status == 0, err
     assert matches(shown, printed), "\n".join(["printed:", *printed])
 
 
@@ -119,3 +124,16 @@ def test_the_numbers_the_prose_states(capsys):
     assert "must be an integer in [0, 262144], got -1" in capsys.readouterr().err
     assert "a 512-token profiling pass" in README  # shown by trace info's output above it
     assert "flagged warm-up (every row routed alike): 1 step (0), 512 tokens" in README
+
+
+def test_every_row_of_the_run_examples_keeps_its_gap_under_its_promise(workdir, capsys):
+    """Balance has one definition (routed pairs), so a placement's max GPU load over the best
+    possible one (`gap`) never exceeds its max over the mean (`promise`)."""
+    import json
+    runs = [c for c, _ in EXAMPLES if c.startswith("eplbsim run ") and "--out" not in c]
+    assert len(runs) >= 4
+    for command in runs:
+        status, printed, err = run_example(command + " --json", capsys)
+        assert status == 0, err
+        for row in json.loads("\n".join(printed)):
+            assert row["placement_gap"] <= row["placement_imbalance"] + 1e-12, (command, row)

@@ -11,7 +11,9 @@ from .. import spec
 from ..dispatch import is_file_policy, resolve_policy
 from ..errors import InputError
 from ..report import html, markdown
-from ..review import review, to_json
+from ..evidence import RESAMPLES
+from ..review import WINDOWS, review, to_json
+from ..verdict import MIN_EFFECT
 from .common import check_out_dir
 
 HELP = ("judge a dispatch change before upstreaming it: correctness, held-out balance and "
@@ -30,12 +32,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--holdout", type=float, default=0.5, metavar="FRACTION",
                    help="the share of the trace's steps scored; the placement is solved on the "
                    "steps before them (default 0.5)")
-    p.add_argument("--seeds", type=int, default=3, metavar="N", help="seeds the spread of the "
-                   "time difference is measured over (default 3)")
+    p.add_argument("--seeds", type=int, default=3, metavar="N", help="seeds each scored step "
+                   "is replayed with; a policy that draws at random carries their spread into "
+                   "the intervals (default 3)")
+    p.add_argument("--windows", type=int, default=WINDOWS, metavar="N", help="held-out windows "
+                   "the scored steps are cut into, each placed on every step before it and "
+                   f"scored alone (a rolling origin; default {WINDOWS})")
+    p.add_argument("--min-effect", type=float, default=MIN_EFFECT, metavar="PCT",
+                   help="the smallest gain worth a pull request, in %% of the baseline's step "
+                   f"time (default {MIN_EFFECT:g})")
+    p.add_argument("--resamples", type=int, default=RESAMPLES, metavar="N", help="resamples of "
+                   "the block bootstrap that gives the differences' 95%% intervals (default "
+                   f"{RESAMPLES})")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--out", type=Path, help="write report.md, report.html (self-contained, its "
                    "figures embedded) and report.json")
-    spec.add_flags(p, "review")
+    spec.add_flags(p, "review", helps={
+        "mode": "none (every rank dispatches every token) or a2a (each token once, by its "
+                "owner); a review runs in one (default none)",
+        "cost": "cost model turning loads into time: roofline or measured (aiconfigurator-core's "
+                "measured kernels: pip install 'eplbsim[cost]'); a review always prices time "
+                "(default roofline, where run's default is off); with roofline it also prices "
+                "with measured where its tables have the model"})
 
 
 def handle(args: argparse.Namespace) -> int:
@@ -56,7 +74,8 @@ def handle(args: argparse.Namespace) -> int:
                                  *files], OUTPUTS)
     trace = source.open(base.dispatch.seed, base.schedule)
     report = review(trace, args.candidate, args.baseline, base, holdout=args.holdout,
-                    seeds=args.seeds)
+                    seeds=args.seeds, windows=args.windows, min_effect=args.min_effect,
+                    resamples=args.resamples)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "report.md").write_text(markdown(report))

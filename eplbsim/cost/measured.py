@@ -55,13 +55,28 @@ class MoETable:
     dtype: str
     ep: int
     package: str
+    shape: str
 
     def describe(self) -> str:
-        """The table's provenance in one line."""
-        return (f"aiconfigurator-core {self.package} {self.system}/moe/{self.framework}/"
-                f"{self.version}/moe_perf.parquet: kernel {self.kernel}, {self.dtype}, EP "
-                f"{self.ep}, {DISTRIBUTION}, {self.tokens[0]:.0f} to {self.tokens[-1]:.0f} "
-                f"tokens")
+        """The table, kernel and shape read, in one line of under 200 characters."""
+        return (f"aiconfigurator-core {self.package} {self.system} {self.framework} "
+                f"{self.version}: kernel {self.kernel}, {self.shape}, EP {self.ep}, "
+                f"{DISTRIBUTION}, {self.tokens[0]:.0f}-{self.tokens[-1]:.0f} tokens")
+
+
+def shape_words(hidden: int, intermediate: int, experts: int, top_k: int, dtype: str) -> str:
+    """A table's shape key in a few characters: `H 7168 I 2048 E 256 K 8 fp8_block`."""
+    return f"H {hidden} I {intermediate} E {experts} K {top_k} {dtype}"
+
+
+def nearest(key: tuple, keys: set, most: int = 3) -> list[tuple]:
+    """The `most` shape keys `(H, I, E, K, dtype)` of `keys` nearest `key`: the same experts,
+    top-k and dtype first, then the least log-distance in hidden and intermediate sizes."""
+    def distance(other: tuple) -> tuple:
+        h, i, e, k, d = other
+        return (e != key[2], k != key[3], d != key[4],
+                abs(np.log(h / key[0])) + abs(np.log(i / key[1])), other)
+    return sorted(keys, key=distance)[:most]
 
 
 def _package() -> tuple[Any, Any, Any, str]:
@@ -115,10 +130,10 @@ def moe_table(shape: ModelShape, device: DeviceProfile, num_gpus: int,
     mine = [i for i, k in enumerate(keys) if k == key]
     where = f"the {framework} {version} table for {system}"
     if not mine:
-        have = "; ".join(f"H {h} I {i} E {e} K {k} {d}" for h, i, e, k, d in sorted(set(keys)))
-        raise InputError(f"{where} has no MoE kernel of hidden {key[0]}, intermediate {key[1]}, "
-                         f"{key[2]} experts, top-{key[3]}, {key[4] or shape.weight_dtype} "
-                         f"weights ({ROOFLINE}); it has: {have}")
+        near = "; ".join(shape_words(*k) for k in nearest(key, set(keys)))
+        raise InputError(f"{where} has no MoE kernel of "
+                         f"{shape_words(*key[:4], key[4] or shape.weight_dtype)}; nearest of "
+                         f"its {len(set(keys))} shapes: {near} ({ROOFLINE})")
     at_ep = [i for i in mine if rows["moe_ep_size"][i] == num_gpus]
     if not at_ep:
         eps = sorted({rows["moe_ep_size"][i] for i in mine})
@@ -131,7 +146,7 @@ def moe_table(shape: ModelShape, device: DeviceProfile, num_gpus: int,
             points.setdefault(int(rows["num_tokens"][i]), float(rows["latency"][i]) * 1e-3)
     tokens = np.array(sorted(points), dtype=np.float64)
     return MoETable(tokens, np.array([points[t] for t in sorted(points)]), system, framework,
-                    version, kernel, key[4], num_gpus, package)
+                    version, kernel, key[4], num_gpus, package, shape_words(*key))
 
 
 def measured(pairs: torch.Tensor, active: torch.Tensor, shape: ModelShape,

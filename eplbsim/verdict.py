@@ -1,0 +1,216 @@
+"""A review's verdict from its findings (`review.Report`'s sections, plain dicts): the rules, the
+one line each axis gets, and the reasons, each with its numbers. Pure functions; no replay.
+
+The rules (`rules()` words them for the page), in the order they are tried:
+1. A candidate whose ranks choose different replicas in "none" mode corrupts the layer's output:
+   **not recommended**, whatever else holds.
+2. Fewer than `MIN_SCORED_STEPS` scored steps, or no replicated expert carrying load in them (the
+   dispatch choice cannot matter): **insufficient evidence**.
+3. A rebalance schedule whose stalls outweigh the time it saves: **not recommended**.
+4. The time difference is the candidate's step time over the baseline's, in %, with its interval
+   over resampled steps and seeds (`evidence`); `m` is the minimum effect.
+   - When the `measured` cost model priced both and its difference has the other sign from the
+     run's cost model's, the cost models disagree: **insufficient evidence**, both shown.
+   - **Recommend** only when the interval lies wholly below `-m` (faster by more than the
+     minimum effect), the candidate is faster on every held-out window, and its GPU imbalance is
+     not worse beyond its own interval (the interval of the difference lies above 0).
+   - **Not recommended** when the interval lies wholly above `+m`.
+   - Anything else is **insufficient evidence**, naming each rule that failed: the interval
+     holds 0, the gain is below the minimum effect, and (for a gain) a window that is not faster
+     and a balance that is worse.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .evidence import LEVEL
+
+EXIT = {"recommend": 0, "not recommended": 1, "insufficient evidence": 3}
+MIN_SCORED_STEPS = 4  # fewer scored steps than this is too little to judge
+MIN_EFFECT = 1.0  # % of the baseline's step time: the smallest gain worth a pull request
+
+
+def number(value: Any) -> str:
+    """A number in 4 significant digits, `-` when undefined."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{float(value):.4g}"
+
+
+def rules(min_effect: float, level: float) -> list[str]:
+    """The rules of the module doc, as the page states them."""
+    m, p = f"{number(min_effect)}%", f"{number(level * 100)}%"
+    return [
+        "A candidate whose ranks choose different replicas in \"none\" mode is not "
+        "recommended, whatever else holds: it corrupts the layer's output.",
+        f"Fewer than {MIN_SCORED_STEPS} scored steps, or no replicated expert carrying load, "
+        f"is insufficient evidence.",
+        "A rebalance schedule whose stalls outweigh the time it saves is not recommended.",
+        "When the measured tables price both runs and their difference has the other sign "
+        "from the cost model's, the cost models disagree: insufficient evidence.",
+        f"Recommend only when the time difference's {p} interval lies wholly below -{m} (the "
+        f"minimum effect), the candidate is faster on every held-out window, and its GPU "
+        f"imbalance is not worse beyond its own interval.",
+        f"Not recommended when the time difference's interval lies wholly above +{m}.",
+        "Anything else is insufficient evidence, naming the rule that failed.",
+    ]
+
+
+def judge(invariance: dict, balance: dict, time: dict, rebalance: dict | None, scored: int,
+          mode: str) -> tuple[str, list[str], list[str]]:
+    """`(verdict, reasons, headline)`: the verdict by the rules (module doc), each reason with
+    the numbers behind it, and one line per axis (correctness, balance, time)."""
+    headline = [correctness_line(invariance, mode), balance_line(balance), time_line(time)]
+    if mode == "none" and invariance["observed"] == "variant":
+        return "not recommended", [_corruption(invariance)], headline
+    reasons = []
+    if scored < MIN_SCORED_STEPS:
+        reasons.append(f"only {scored} scored step(s); at least {MIN_SCORED_STEPS} are needed")
+    if balance["replicated_loaded_pairs"] == 0:
+        reasons.append("no replicated expert carries load in the scored steps: the dispatch "
+                       "choice cannot matter")
+    if reasons:
+        return "insufficient evidence", reasons, headline
+    if rebalance is not None and rebalance["net_ms"] < 0:
+        return "not recommended", [
+            f"rebalancing every {rebalance['every']} steps ({rebalance['mode']}) saves "
+            f"{number(rebalance['saved_ms_per_step'])} ms a step over {scored} steps but stalls "
+            f"{number(rebalance['stall_ms'])} ms: net {number(rebalance['net_ms'])} ms"], headline
+    verdict, reasons = _time_verdict(balance, time)
+    return verdict, reasons, headline
+
+
+def _time_verdict(balance: dict, time: dict) -> tuple[str, list[str]]:
+    """Rule 4 of the module doc."""
+    lo, hi = time["interval_pct"]
+    m = time["min_effect_pct"]
+    said = (f"{_signed(time['difference_pct'])}% a step ({_range(lo, hi, '%')}, "
+            f"{number(time['difference_ms'])} ms of the baseline's "
+            f"{number(time['baseline']['ms_per_step'])} ms)")
+    term = f"{time['decides']['term']} decide the time"
+    reasons = []
+    disagree = _disagreement(time)
+    if disagree:
+        reasons.append(disagree)
+    if not reasons and lo > m:
+        return "not recommended", [f"slower by more than the minimum effect of {number(m)}%: "
+                                   f"{said}; {term}"]
+    if math.isnan(lo) or lo <= 0 <= hi:
+        reasons.append(f"the time difference's interval holds 0: {said}")
+    elif not hi < -m:
+        reasons.append(f"below the minimum effect of {number(m)}%: {said} does not lie wholly "
+                       f"{'below -' if hi < 0 else 'above +'}{number(m)}%")
+    if time["difference_ms"] < 0:  # a gain: what else a recommendation needs
+        slow = [w for w in time["windows"] if not w["difference_ms"] < 0]
+        if slow:
+            reasons.append(f"not faster on {len(slow)} of {len(time['windows'])} held-out "
+                           f"windows: " + ", ".join(
+                               f"steps {w['scored_on'][0]}-{w['scored_on'][1] - 1} "
+                               f"{_signed(w['difference_pct'])}%" for w in slow))
+        b = balance["difference"]
+        if b["interval"][0] > 0:
+            reasons.append(f"its GPU imbalance is worse beyond its interval: "
+                           f"{_signed(b['difference'])} ({_range(*b['interval'])})")
+    if reasons:
+        return "insufficient evidence", reasons
+    return "recommend", [f"faster by more than the minimum effect of {number(m)}%: {said}, and "
+                         f"faster on all {len(time['windows'])} held-out windows; {term}"]
+
+
+def _disagreement(time: dict) -> str | None:
+    """Words saying the measured tables and the run's cost model disagree on the sign of the
+    difference, or None."""
+    measured = time["measured"]
+    if "difference_ms" not in measured:
+        return None
+    ours, theirs = time["difference_ms"], measured["difference_ms"]
+    if ours * theirs >= 0:
+        return None
+    return (f"the cost models disagree: {time['cost']} says {_faster(ours)}, "
+            f"{_signed(ours)} ms a step ({_signed(time['difference_pct'])}% of "
+            f"{number(time['baseline']['ms_per_step'])} ms); measured says {_faster(theirs)}, "
+            f"{_signed(theirs)} ms a step ({_signed(_measured_pct(measured))}% of "
+            f"{number(measured['baseline_ms_per_step'])} ms)")
+
+
+def _measured_pct(measured: dict) -> float:
+    """The measured tables' difference in % of the baseline's step time."""
+    base = measured["baseline_ms_per_step"]
+    return measured["difference_ms"] / base * 100 if base else math.nan
+
+
+def _corruption(invariance: dict) -> str:
+    """Rule 1's reason: where ranks disagree, and what it costs."""
+    ce, late = invariance["counterexample"], invariance.get("replay_disagrees")
+    if ce:
+        where = (f"step {ce['step']}, layer {ce['layer']}, token {ce['token']}, expert "
+                 f"{ce['expert']} of a {ce['rows']}-row batch: ranks chose "
+                 f"{sorted(set(ce['choices'].values()))}")
+    elif late:
+        where = (f"from scored step {late['step']}, layer {late['layer']} of the replay"
+                 + (", while ranks switched placements at different steps"
+                    if late["during_switch"] else ""))
+    else:
+        where = "the replay"
+    return (f"ranks choose different replicas in \"none\" mode ({where}); output error "
+            f"{number(invariance['output_rel_error'])}, rank agreement "
+            f"{number(invariance['rank_agreement'])}: it corrupts the layer's output")
+
+
+def correctness_line(invariance: dict, mode: str) -> str:
+    """The headline's correctness line."""
+    if mode != "none":
+        return "Correctness: not at stake in a2a (each token is dispatched once, by its owner)."
+    claimed = f"claimed class: {invariance['claimed']}"
+    if invariance["observed"] == "variant":
+        return (f"Correctness: ranks choose different replicas; {claimed}; output error "
+                f"{number(invariance['output_rel_error'])}.")
+    return (f"Correctness: ranks agree in {invariance['searched']} batches searched and in the "
+            f"scored replay; {claimed}; output error {number(invariance['output_rel_error'])}.")
+
+
+def balance_line(balance: dict) -> str:
+    """The headline's balance line: GPU imbalance, candidate against baseline, the difference
+    with its interval, and what it says."""
+    b = balance["difference"]
+    lo, hi = b["interval"]
+    word = "better" if hi < 0 else "worse" if lo > 0 else "no difference beyond its interval"
+    return (f"Balance: GPU imbalance {number(balance['candidate']['gpu_imbalance'])} against "
+            f"{number(balance['baseline']['gpu_imbalance'])}, {_signed(b['difference'])} "
+            f"({_range(lo, hi)}): {word}.")
+
+
+def time_line(time: dict) -> str:
+    """The headline's time line: the difference in % with its interval, the minimum effect,
+    the held-out windows, and the measured tables' difference when they priced both."""
+    faster = sum(w["difference_ms"] < 0 for w in time["windows"])
+    line = (f"Time ({time['cost']}): {_signed(time['difference_pct'])}% a step "
+            f"({_range(*time['interval_pct'], '%')}); minimum effect "
+            f"{number(time['min_effect_pct'])}%; faster on {faster} of {len(time['windows'])} "
+            f"held-out windows")
+    if "difference_ms" in time["measured"]:
+        line += f"; measured: {_signed(_measured_pct(time['measured']))}%"
+    return line + "."
+
+
+def _faster(difference: float) -> str:
+    return "faster" if difference < 0 else "slower" if difference > 0 else "no different"
+
+
+def _signed(value: float | None) -> str:
+    """A number with its sign: `+0.012`, `-3.1`."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    text = number(value)
+    return text if text.startswith("-") else f"+{text}"
+
+
+def _range(lo: float, hi: float, unit: str = "") -> str:
+    """`95% interval -0.2% to +0.1%`-style words."""
+    return f"{number(LEVEL * 100)}% interval {_signed(lo)}{unit} to {_signed(hi)}{unit}"
+
+
+__all__ = ["EXIT", "MIN_EFFECT", "MIN_SCORED_STEPS", "balance_line", "correctness_line",
+           "judge", "number", "rules", "time_line"]
