@@ -42,6 +42,7 @@ import torch
 from . import metrics as M
 from .checks import rank_invariance
 from .cost.compute import ETA_COMPUTE, ETA_MEMORY, roofline_terms
+from .cost.measured import ROOFLINE
 from .dispatch import USER, resolve_policy
 from .engines import is_engine_name
 from .errors import InputError
@@ -485,7 +486,7 @@ def _measured(cand: Results, base: Results) -> dict[str, Any]:
         priced = [Results(r.spec.replace(cost="measured", cost_options={}), r.slot_load,
                           r.true_load, r.segments, r.counters).metrics for r in (cand, base)]
     except InputError as exc:  # no extra, or no table for this model, device or EP size
-        return {"unavailable": str(exc)}
+        return {"unavailable": str(exc).removesuffix(f" ({ROOFLINE})")}  # priced so already
     return {"candidate_ms_per_step": priced[0]["moe_ms"],
             "baseline_ms_per_step": priced[1]["moe_ms"],
             "difference_ms": priced[0]["moe_ms"] - priced[1]["moe_ms"],

@@ -134,4 +134,4 @@ def model_mismatch(model: str, experts: int, top_k: int | None) -> str | None:
         return None
     return (f"model {model} has {shape.experts} experts, top-{shape.top_k}; the trace has "
             f"{experts}" + (f", top-{top_k}" if top_k else "") + ": its loads are priced as "
-            f"that model's")
+            "that model's")
