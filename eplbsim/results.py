@@ -246,7 +246,8 @@ def describe(trace: Any, spec: RunSpec, asked: RunSpec | None = None,
              policies: Sequence[Any] = ()) -> str:
     """One line: the trace's sizes (and the steps selected), the run's topology, slots,
     solver or given placement, view, rng and seed, the model and where it came from when time
-    is priced or the shared experts counted, and the shared experts when counted.
+    is priced or the shared experts counted, the shared experts when counted, and the engine
+    code that ran.
     `asked`: the spec as given, before the slots were fitted to the trace (`RunSpec.fit`) and
     the shared experts shared by a comparison of `policies` (`RunSpec.sharing`), so the line
     can say where each came from."""
@@ -268,7 +269,16 @@ def describe(trace: Any, spec: RunSpec, asked: RunSpec | None = None,
             + ("" if counts_only else f", view {name_of(d.view)}, rng {d.rng}, seed {d.seed}")
             + (f", model {spec.cost.name} ({model_origin(trace.meta, asked)})"
                if spec.cost.cost is not None or spec.shared_work() else "")
-            + ("" if counts_only else _shared_words(spec, asked, policies)))
+            + ("" if counts_only else _shared_words(spec, asked, policies))
+            + _engine_words(spec, policies))
+
+
+def _engine_words(spec: RunSpec, policies: Sequence[Any]) -> str:
+    """", engine code sglang 0.5.16" naming the engine code the run's engine algorithms ran
+    (`engines.ran`), or ""."""
+    code = ran([*policies, spec.dispatch.policy, spec.solver.solver],
+               spec.dispatch.engine_source)
+    return f", engine code {code}" if code else ""
 
 
 def model_origin(meta: dict, asked: RunSpec | None) -> str:

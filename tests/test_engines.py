@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,6 @@ import torch
 from eplbsim import engines
 from eplbsim.cli import main
 from eplbsim.engines.conform import conformance
-from eplbsim.engines.source import missing_files, pinned_folder
 from eplbsim.replay import compare, replay
 from eplbsim.spec import RunSpec
 from eplbsim.traces.synth import synthesize
@@ -24,11 +24,11 @@ from eplbsim.workers import Workers
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _fetched(engine: str) -> Path:
-    spec = engines.ENGINES[engine]
-    folder = pinned_folder(engine, spec.version)
-    if missing_files(folder, spec.files):
-        pytest.skip(f"{engine} {spec.version} is not fetched (eplbsim engines fetch)")
+def _fetched(engine: str, version: str | None = None) -> Path:
+    folder = engines.release(engine, version)
+    if folder is None:
+        pytest.skip(f"{engine} {version or engines.ENGINES[engine].pinned} is not fetched "
+                    f"(eplbsim engines fetch)")
     return folder
 
 
@@ -164,20 +164,29 @@ def test_missing_or_old_sources_are_one_line(sglang_source, tmp_path, capsys, mo
     old = tmp_path / "old"
     shutil.copytree(sglang_source, old)
     file = old / "sglang/srt/eplb/expert_location.py"
-    file.write_text(file.read_text().replace("def init_by_eplb(", "def init_from_eplb("))
-    _one_error_line(capsys, argv + ["--engine-source", f"sglang={old}"], "has no init_by_eplb")
+    file.write_text(file.read_text().replace("def init_by_mapping(", "def init_from_map("))
+    _one_error_line(capsys, argv + ["--engine-source", f"sglang={old}"],
+                    "has no ExpertLocationMetadata.init_by_mapping")
     monkeypatch.setenv("EPLBSIM_CACHE", str(tmp_path / "empty"))
     engines.adapter.cache_clear()
     _one_error_line(capsys, argv, "is not fetched: run `eplbsim engines fetch`")
-    _one_error_line(capsys, ["engines", "fetch", "sglang==0.4.0"], "has an adapter for")
+    from eplbsim.engines import source
+
+    def no_such_release(*args, **kwargs):
+        return subprocess.CompletedProcess(args, 1, "", "ERROR: No matching distribution "
+                                           "found for sglang==0.0.1\n")
+    monkeypatch.setattr(source.subprocess, "run", no_such_release)
+    _one_error_line(capsys, ["engines", "fetch", "sglang==0.0.1"],
+                    "pip could not download sglang==0.0.1: ERROR: No matching distribution")
 
 
 def test_list_says_what_is_fetched_and_exposed(capsys, monkeypatch, tmp_path):
     monkeypatch.setenv("EPLBSIM_CACHE", str(tmp_path))
     rows = _run_json(capsys, ["engines", "list"])
     assert [r["engine"] for r in rows] == list(engines.ENGINES)
-    assert all(r["fetched"] is None and r["exposes"] for r in rows)
+    assert all(r["fetched"] == [] and r["exposes"] for r in rows)
     assert "sglang:static" in rows[0]["policies"]
+    assert rows[0]["pinned"] in rows[0]["tested"]
 
 
 def test_the_engine_generator_is_the_ranks_and_comes_back():
@@ -219,7 +228,7 @@ def test_a_singular_lp_system_is_not_converged_in_engine_and_twin(sglang_source)
     run = engines.adapter("sglang")
     from eplbsim.engines.sglang import _lp_kernels
     out = torch.empty(3)
-    _lp_kernels(run).solve_ipm(A, torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0, 1000.0]),
+    _lp_kernels(run, "cuda_solver").solve_ipm(A, torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0, 1000.0]),
                                result=out)
     assert torch.equal(out, x)
 
@@ -227,10 +236,9 @@ def test_a_singular_lp_system_is_not_converged_in_engine_and_twin(sglang_source)
 def test_fetch_is_a_no_op_when_the_files_are_there(tmp_path, monkeypatch):
     from eplbsim.engines import source
     spec = engines.ENGINES["vllm"]
-    folder = tmp_path / "engines" / f"vllm-{spec.version}"
-    for name in spec.files:
-        (folder / name).parent.mkdir(parents=True, exist_ok=True)
-        (folder / name).write_text("# present\n")
+    folder = tmp_path / "engines" / f"vllm-{spec.pinned}"
+    folder.mkdir(parents=True)
+    (folder / source.MARKER).write_text(spec.pinned + "\n")
     monkeypatch.setenv("EPLBSIM_CACHE", str(tmp_path))
 
     def no_pip(*args, **kwargs):
@@ -273,3 +281,49 @@ def test_the_engines_own_code_runs_split_over_workers(sglang_source):
         split = compare(trace, policies, ["none", "a2a"], spec, run=workers.replay)
     assert [r.row() for r in split] == [r.row() for r in whole]
     assert {r.row()["engine"] for r in split} == {"sglang 0.5.23"}
+
+
+SEED_BUG = ["run", "--scenario", "skewed", "--steps", "3", "--tokens", "64", "--layers", "2",
+            "--experts", "16", "--gpus", "8", "--gpus-per-node", "4", "--solver", "trivial",
+            "--rng", "shared", "--mode", "none", "--policies", "sglang:dynamic"]
+
+
+def test_the_seeds_bug_from_the_releases_own_code(capsys):
+    """0.5.16's dynamic dispatch in "none" splits ranks from its per-rank candidate lists
+    alone (every rank draws the same numbers: --rng shared); 0.5.17 (PR #32962) is exact."""
+    for version in ("0.5.16", "0.5.17"):
+        _fetched("sglang", version)
+    old, fixed = (_run_json(capsys, SEED_BUG + ["--engine-source", f"sglang=={v}"])[0]
+                  for v in ("0.5.16", "0.5.17"))
+    assert old["engine"] == "sglang 0.5.16" and fixed["engine"] == "sglang 0.5.17"
+    assert old["rank_agreement"] < 1 and old["output_rel_error"] > 0
+    assert fixed["rank_agreement"] == 1 and fixed["output_rel_error"] == 0
+
+
+def test_vllm_0_34_hash_equals_its_twin_in_both_modes(capsys):
+    _fetched("vllm", "0.34.0")
+    argv = ["run", "--scenario", "template", "--steps", "2", "--tokens", "48", "--layers", "2",
+            "--experts", "16", "--top-k", "4", "--gpus", "4", "--mode", "none,a2a"]
+    ours = _run_json(capsys, argv + ["--policies", "vllm:hash", "--engine-source",
+                                     "vllm==0.34.0"])
+    twin = _run_json(capsys, argv + ["--policies", "hash"])
+    for a, b in zip(ours, twin):
+        assert a.pop("engine") == "vllm 0.34.0"
+        for row in (a, b):
+            row.pop("policy"), row.pop("engine_source")
+        assert a == b
+
+
+def test_a_repository_checkout_and_what_a_source_lacks(sglang_source, tmp_path, capsys):
+    repo = tmp_path / "repo"
+    shutil.copytree(sglang_source / "sglang", repo / "python" / "sglang")
+    (repo / "python" / "sglang/test/kernels/lplb.py").unlink()
+    argv = ["run", "--scenario", "skewed", "--steps", "2", "--tokens", "32", "--layers", "1",
+            "--experts", "8", "--gpus", "2", "--engine-source", f"sglang={repo}"]
+    row = _run_json(capsys, argv + ["--policies", "sglang:dynamic"])[0]
+    assert row["engine"] == f"sglang at {(repo / 'python').resolve()}"
+    _one_error_line(capsys, argv + ["--policies", "sglang:lp"], "cannot run lp: no "
+                    "sglang/test/kernels/lplb.py")
+    listed = _run_json(capsys, ["engines", "list", "--engine-source", f"sglang={repo}"])[0]
+    assert listed["algorithms"]["sglang:lp"] == "no sglang/test/kernels/lplb.py"
+    assert listed["algorithms"]["sglang:dynamic"] is None

@@ -261,11 +261,9 @@ def test_python_returns_a_report_a_notebook_shows():
 
 
 def test_a_rank_variant_engine_branch_is_not_recommended(tmp_path, capsys):
-    from eplbsim.engines import ENGINES
-    from eplbsim.engines.source import missing_files, pinned_folder
-    spec = ENGINES["sglang"]
-    source = pinned_folder("sglang", spec.version)
-    if missing_files(source, spec.files):
+    from eplbsim.engines import release
+    source = release("sglang")
+    if source is None:
         pytest.skip("sglang is not fetched (eplbsim engines fetch)")
     branch = tmp_path / "branch"
     shutil.copytree(source, branch)

@@ -11,54 +11,56 @@ from ..results import to_json
 
 HELP = "the engines' own EPLB code: fetch it, list it, check eplbsim's twins against it"
 SUBCOMMANDS = {
-    "fetch": "download the pinned engine wheels (no dependencies) and unpack the EPLB files "
-             "into the user cache; a no-op when they are there",
-    "list": "the supported engines and versions, what is fetched, the functions each adapter "
-            "exposes",
+    "fetch": "download engine releases' wheels (no dependencies) and unpack their EPLB files "
+             "into the user cache; a no-op for those there",
+    "list": "the supported engines, their pinned and tested releases, what is fetched, the "
+            "functions each adapter exposes; with --engine-source, what a source can run",
     "conform": "the conformance table: each eplbsim twin against the engine function it "
                "models; exit status 0 only when every row conforms",
 }
 
 
-def _wanted(specs: list[str]) -> dict[str, str | None]:
-    """`ENGINE[==VERSION]` arguments as {engine: version or None}; every engine when none."""
+def _wanted(specs: list[str]) -> list[tuple[str, str | None]]:
+    """`ENGINE[==VERSION]` arguments as `(engine, version or None)` pairs."""
     from ..engines import ENGINES
-    if not specs:
-        return {e: None for e in ENGINES}
-    out: dict[str, str | None] = {}
+    out = []
     for text in specs:
         engine, sep, version = text.partition("==")
         if engine not in ENGINES:
             raise InputError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
-        out[engine] = version if sep else None
+        if sep and not version:
+            raise InputError(f"{text!r}: give a release after ==, e.g. {engine}=="
+                             f"{ENGINES[engine].pinned}")
+        out.append((engine, version if sep else None))
     return out
 
 
 def fetch(args: argparse.Namespace) -> int:
-    from ..engines import fetch_engine
-    for engine, version in _wanted(args.engines).items():
-        print(f"{engine}: {fetch_engine(engine, version)}")
+    from ..engines import ENGINES, fetch_engine
+    wanted = _wanted(args.engines) or [(e, v) for e, spec in ENGINES.items()
+                                       for v in spec.tested]
+    for engine, version in wanted:
+        folder = fetch_engine(engine, version)
+        print(f"{engine} {version or ENGINES[engine].pinned}: {folder}")
     return 0
 
 
 def listing(args: argparse.Namespace) -> int:
-    from ..engines import ENGINE_POLICIES, ENGINE_SOLVERS, ENGINES
-    from ..engines.source import missing_files, pinned_folder
-    rows = []
-    for engine, spec in ENGINES.items():
-        folder = pinned_folder(engine, spec.version)
-        rows.append({"engine": engine, "version": spec.version,
-                     "fetched": str(folder) if not missing_files(folder, spec.files) else None,
-                     "exposes": dict(spec.exposes),
-                     "policies": [n for n, e in ENGINE_POLICIES.items() if e[0] == engine],
-                     "solvers": [n for n, e in ENGINE_SOLVERS.items() if e[0] == engine]})
+    if args.engine_source:
+        return _source_listing(args)
+    from ..engines import ENGINE_POLICIES, ENGINE_SOLVERS, ENGINES, fetched
+    rows = [{"engine": engine, "pinned": spec.pinned, "tested": list(spec.tested),
+             "fetched": fetched(engine), "exposes": dict(spec.exposes),
+             "policies": [n for n, e in ENGINE_POLICIES.items() if e[0] == engine],
+             "solvers": [n for n, e in ENGINE_SOLVERS.items() if e[0] == engine]}
+            for engine, spec in ENGINES.items()]
     if args.json:
         print(to_json(rows))
         return 0
     for r in rows:
-        state = (f"fetched, {r['fetched']}" if r["fetched"]
-                 else "not fetched (eplbsim engines fetch)")
-        print(f"{r['engine']} {r['version']}: {state}")
+        have = ", ".join(r["fetched"]) or "none (eplbsim engines fetch)"
+        print(f"{r['engine']}: pinned {r['pinned']}, tested {', '.join(r['tested'])}; "
+              f"fetched: {have}")
         print(f"  policies: {', '.join(r['policies'])}")
         print(f"  solvers:  {', '.join(r['solvers'])}")
         for fn, what in r["exposes"].items():
@@ -66,17 +68,41 @@ def listing(args: argparse.Namespace) -> int:
     return 0
 
 
+def _source_listing(args: argparse.Namespace) -> int:
+    """`engines list --engine-source S`: which algorithms S has, and what each lacking one
+    misses."""
+    from ..engines import as_sources, availability, label
+    rows = []
+    for text in args.engine_source:
+        for one in text.split(","):
+            engine, given = _source(one)
+            sources = as_sources({engine: given})
+            rows.append({"engine": engine, "source": label(engine, sources),
+                         "algorithms": availability(engine, sources)})
+    if args.json:
+        print(to_json(rows))
+        return 0
+    for r in rows:
+        print(f"{r['source']}:")
+        width = max(map(len, r["algorithms"]))
+        for name, why in r["algorithms"].items():
+            print(f"  {name:{width}s}  {'yes' if why is None else 'no: ' + why}")
+    return 0
+
+
 def conform(args: argparse.Namespace) -> int:
     from ..engines import as_sources
     from ..engines.conform import conformance
     sources = as_sources(dict(_source(s) for s in args.engine_source))
-    rows = conformance(list(_wanted(args.engine or [])), sources, args.seed)
+    rows = conformance([e for e, _ in _wanted(args.engine or [])], sources, args.seed)
     if args.json:
         print(to_json([r.as_dict() for r in rows]))
     else:
         keys = ("engine", "function", "twin", "path", "equal")
-        cells = [[r.engine, r.function, r.twin, r.path, f"{r.equal}/{r.cases}",
-                  "yes" if r.conforms else "NO", r.note] for r in rows]
+        cells = [[r.engine, r.function, r.twin, r.path,
+                  "-" if r.absent else f"{r.equal}/{r.cases}",
+                  "absent" if r.absent else "yes" if r.conforms else "NO", r.note]
+                 for r in rows]
         head = [*keys, "conforms", "note"]
         widths = [max(len(str(c[i])) for c in [head, *cells]) for i in range(len(head) - 1)]
         for line in [head, *cells]:
@@ -88,9 +114,10 @@ def conform(args: argparse.Namespace) -> int:
 
 
 def _source(text: str) -> tuple[str, Any]:
+    """`ENGINE=PATH` or `ENGINE==VERSION` as `(engine, PATH or "=VERSION")`."""
     engine, sep, path = text.partition("=")
-    if not sep or not engine or not path:
-        raise InputError(f"--engine-source takes ENGINE=PATH, got {text!r}")
+    if not sep or not engine or path in ("", "="):
+        raise InputError(f"--engine-source takes ENGINE=PATH or ENGINE==VERSION, got {text!r}")
     return engine, path
 
 
@@ -102,18 +129,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     cmd = command("fetch")
     cmd.add_argument("engines", nargs="*", metavar="ENGINE[==VERSION]",
-                     help="the engines to fetch, e.g. sglang==0.5.23 (default: every one, at "
-                     "its pinned version)")
+                     help="the releases to fetch, any of the package index's, e.g. "
+                     "sglang==0.5.16 (ENGINE alone: its pinned release; default: every "
+                     "engine's tested releases)")
     cmd.set_defaults(handler=fetch)
     cmd = command("list")
+    cmd.add_argument("--engine-source", action="append", default=[],
+                     metavar="ENGINE=PATH|ENGINE==VERSION", help="say which algorithms this "
+                     "source has, and for each it lacks, which function is missing (repeat, or "
+                     "comma-separate, for several)")
     cmd.add_argument("--json", action="store_true", help="print a JSON array")
     cmd.set_defaults(handler=listing)
     cmd = command("conform")
     cmd.add_argument("--engine", action="append", metavar="ENGINE",
                      help="check this engine only (repeat for several; default: every one)")
-    cmd.add_argument("--engine-source", action="append", default=[], metavar="ENGINE=PATH",
-                     help="check the code in this folder (a checkout's package parent) "
-                     "instead of the pinned version")
+    cmd.add_argument("--engine-source", action="append", default=[],
+                     metavar="ENGINE=PATH|ENGINE==VERSION", help="check this release, or the "
+                     "code in this folder (a checkout's package parent), instead of the pinned "
+                     "release")
     cmd.add_argument("--seed", type=int, default=0, help="seeds the random placements and "
                      "batches (default 0)")
     cmd.add_argument("--json", action="store_true", help="print the rows as a JSON array")

@@ -2,16 +2,22 @@
 
 Dimensions: `L` layers, `E` logical experts, `P` physical slots, `T` tokens, `K` top-k.
 
-`ENGINES` names each supported engine with its pinned version, the files its adapter reads and
-the functions it exposes. An engine algorithm is a policy or solver named `ENGINE:ALGORITHM`
-(`ENGINE_POLICIES`, `ENGINE_SOLVERS`) in every entry point; it runs the code of an engine
-source: by default the pinned version in the user cache (`eplbsim engines fetch`), or a folder
-given per engine (`sources`: `{"sglang": PATH}`, `--engine-source sglang=PATH`), such as a
-branch's checkout. Adapters load on first use, so naming one costs nothing until it runs.
+`ENGINES` names each supported engine: the release fetched by default (`pinned`), the releases
+the tests run against (`tested`), which files of a wheel a fetch keeps, and its adapter. An
+engine algorithm is a policy or solver named `ENGINE:ALGORITHM` (`ENGINE_POLICIES`,
+`ENGINE_SOLVERS`) in every entry point; it runs the code of an engine source:
+- by default the pinned release in the user cache (`eplbsim engines fetch`);
+- `ENGINE==VERSION`: any release, fetched into the cache on first use;
+- `ENGINE=PATH`: a folder, such as a branch's checkout (the folder holding the package:
+  SGLang's `python/`, vLLM's repository root; a repository root holding `python/sglang` is
+  taken too).
+One adapter serves every release: it keys on what the code imports and calls, not on a version
+(`sglang`, `vllm`). Adapters load on first use, so naming one costs nothing until it runs.
 """
 
 from __future__ import annotations
 
+import sys
 import weakref
 from dataclasses import dataclass
 from functools import lru_cache
@@ -25,23 +31,31 @@ from .. import dispatch
 from ..dispatch import DispatchPolicy
 from ..errors import InputError
 from . import sglang as _sglang, vllm as _vllm
-from .source import fetch, missing_files, pinned_folder
+from .source import fetch, fetched_version, release_folder
 
 
 @dataclass(frozen=True)
 class Engine:
-    """A supported engine: its pinned `version`, the package-relative `files` its adapter
-    reads, the adapter class and the engine functions it `exposes` (name -> what for)."""
+    """A supported engine: the release fetched by default (`pinned`), those CI fetches and the
+    tests run against (`tested`), the path prefixes a fetch keeps of its wheel (`keep`), the
+    adapter class and the engine functions it `exposes` (name -> what for)."""
 
-    version: str
-    files: tuple[str, ...]
+    pinned: str
+    tested: tuple[str, ...]
+    keep: tuple[str, ...]
     adapter: type
     exposes: Mapping[str, str]
 
+    @property
+    def version(self) -> str:
+        return self.pinned
+
 
 ENGINES: dict[str, Engine] = {
-    "sglang": Engine(_sglang.VERSION, _sglang.FILES, _sglang.SGLang, _sglang.EXPOSES),
-    "vllm": Engine(_vllm.VERSION, _vllm.FILES, _vllm.VLLM, _vllm.EXPOSES),
+    "sglang": Engine(_sglang.PINNED, ("0.5.16", "0.5.17", _sglang.PINNED), _sglang.KEEP,
+                     _sglang.SGLang, _sglang.EXPOSES),
+    "vllm": Engine(_vllm.PINNED, (_vllm.PINNED, "0.34.0"), _vllm.KEEP, _vllm.VLLM,
+                   _vllm.EXPOSES),
 }
 
 # name -> (engine, algorithm, what it is, in one line)
@@ -72,54 +86,107 @@ Sources = tuple[tuple[str, str], ...]  # ((engine, path), ...): the engine sourc
 
 
 def as_sources(sources: Mapping[str, Any] | Sources | None) -> Sources:
-    """`{engine: path}` as a sorted tuple of pairs; InputError for an unknown engine or a
-    path that is not a folder holding the engine's package."""
+    """`{engine: PATH or "=VERSION"}` (the `ENGINE=PATH` and `ENGINE==VERSION` forms) as a
+    sorted tuple of `(engine, folder)`: a release fetched first when it is not in the cache
+    (`fetch_engine`), a path resolved to the folder holding the engine's package. InputError
+    for an unknown engine or a folder without the package."""
     items = dict(sources or {})
-    for engine, path in items.items():
+    out = []
+    for engine, given in items.items():
         if engine not in ENGINES:
             raise InputError(f"unknown engine {engine!r} in an engine source; choose one of "
                              f"{', '.join(ENGINES)}")
-        folder = Path(str(path))
+        text = str(given)
+        if text.startswith("="):  # ENGINE==VERSION: a release
+            out.append((engine, str(fetch_engine(engine, text[1:]))))
+            continue
+        folder = Path(text)
+        if not (folder / engine).is_dir() and (folder / "python" / engine).is_dir():
+            folder = folder / "python"  # a repository root: SGLang keeps its package there
         if not (folder / engine).is_dir():
-            raise InputError(f"engine source {engine}={path}: no folder {engine}/ there (give "
+            raise InputError(f"engine source {engine}={given}: no folder {engine}/ there (give "
                              f"the folder holding the package: SGLang's python/, vLLM's "
-                             f"checkout)")
-    return tuple(sorted((e, str(Path(str(p)).resolve())) for e, p in items.items()))
+                             f"checkout, or ENGINE==VERSION for a release)")
+        out.append((engine, str(folder.resolve())))
+    return tuple(sorted(out))
 
 
 def label(engine: str, sources: Sources = ()) -> str:
-    """What rows say ran: `sglang 0.5.23` for the pinned version, `sglang at PATH` for a
-    given source."""
+    """What rows say ran: `sglang 0.5.23` for a fetched release (the pinned one by default),
+    `sglang at PATH` for another folder."""
     path = dict(sources).get(engine)
-    return f"{engine} at {path}" if path else f"{engine} {ENGINES[engine].version}"
+    if path is None:
+        return f"{engine} {ENGINES[engine].pinned}"
+    version = release_of(engine, path)
+    return f"{engine} {version}" if version else f"{engine} at {path}"
 
 
-@lru_cache(maxsize=8)
+def release_of(engine: str, path: str | Path) -> str | None:
+    """The release `path` is the fetched folder of (in the cache, complete), else None: a
+    copy or checkout is a folder, whatever it holds."""
+    version = fetched_version(Path(path))
+    if version is None or Path(path).resolve() != release_folder(engine, version).resolve():
+        return None
+    return version
+
+
+def release(engine: str, version: str | None = None) -> Path | None:
+    """The cache folder of a fetched release of `engine` (default the pinned one), or None
+    when it is not fetched."""
+    version = version or ENGINES[engine].pinned
+    folder = release_folder(engine, version)
+    return folder if fetched_version(folder) == version else None
+
+
+@lru_cache(maxsize=16)
 def adapter(engine: str, sources: Sources = ()) -> Any:
-    """The adapter of `engine` on its source (the given one, else the pinned version in the
-    cache); InputError when the pinned version is not fetched or the source lacks a file or
-    function the adapter needs."""
+    """The adapter of `engine` on its source (the given one, else the pinned release in the
+    cache); InputError when the pinned release is not fetched or the folder holds no EPLB
+    code the adapter can run."""
     spec = ENGINES[engine]
     path = dict(sources).get(engine)
-    folder = Path(path) if path else pinned_folder(engine, spec.version)
-    lacking = missing_files(folder, spec.files)
-    if lacking:
-        if path is None:
-            raise InputError(f"{engine} {spec.version} is not fetched: run `eplbsim engines "
-                             f"fetch` (it downloads the wheel, no dependencies)")
-        raise InputError(f"engine source {folder} lacks {lacking[0]} (the adapter is for "
-                         f"{engine} {spec.version})")
-    return spec.adapter(folder, label(engine, sources))
+    folder = Path(path) if path else release(engine)
+    if folder is None:
+        raise InputError(f"{engine} {spec.pinned} is not fetched: run `eplbsim engines fetch` "
+                         f"(it downloads the wheel, no dependencies)")
+    return spec.adapter(folder, label(engine, sources), release_of(engine, folder))
+
+
+def fetched(engine: str) -> list[str]:
+    """The releases of `engine` in the cache, complete, oldest first."""
+    root = release_folder(engine, "x").parent
+    found = [fetched_version(f) for f in root.glob(f"{engine}-*")] if root.is_dir() else []
+    return sorted((v for v in found if v and release(engine, v)), key=version_key)
+
+
+def version_key(version: str) -> tuple:
+    """A sort key for release numbers: `0.5.9` before `0.5.16`, a suffix after its number."""
+    return tuple((0, int(p), "") if p.isdigit() else (1, 0, p)
+                 for p in version.replace("-", ".").split("."))
+
+
+def availability(engine: str, sources: Sources = ()) -> dict[str, str | None]:
+    """Each of `engine`'s algorithms (its policies and solvers, `ENGINE:ALGORITHM`, and the
+    candidate lists it publishes, `ENGINE:views`) against the source: None when its functions
+    are there, else the first one missing (the adapter's `missing`)."""
+    run = adapter(engine, sources)
+    names = {n: a for table in (ENGINE_POLICIES, ENGINE_SOLVERS)
+             for n, (e, a, _) in table.items() if e == engine}
+    return {f"{engine}:views": run.missing("views"),
+            **{n: run.missing(a) for n, a in names.items()}}
 
 
 def fetch_engine(engine: str, version: str | None = None) -> Path:
-    """Fetch `engine` (its pinned version; another `version` is refused: the adapter is per
-    version) into the cache: `source.fetch`."""
+    """Fetch the release `version` of `engine` (default the pinned one) into the cache
+    (`source.fetch`): its wheel without dependencies, only the EPLB files kept. A no-op when
+    it is there; otherwise it says so on stderr when that is a terminal, since it downloads."""
+    if engine not in ENGINES:
+        raise InputError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
     spec = ENGINES[engine]
-    if version is not None and version != spec.version:
-        raise InputError(f"eplbsim has an adapter for {engine}=={spec.version} only, not "
-                         f"{version} (run a checkout of another version with --engine-source)")
-    return fetch(engine, spec.version, spec.files)
+    version = version or spec.pinned
+    if release(engine, version) is None and sys.stderr.isatty():  # as progress bars are
+        print(f"fetching {engine}=={version} (the wheel, no dependencies)", file=sys.stderr)
+    return fetch(engine, version, spec.keep)
 
 
 def ran(names: Any, sources: Any = ()) -> str | None:
@@ -175,7 +242,7 @@ def sglang_infos(adapter_: Any, placement: Any, algorithm: str, a2a: bool, rank:
     `sglang_metadata`), cached per placement."""
     return _cached(placement, (adapter_.label, algorithm, a2a, rank), lambda: adapter_.infos(
         _layout(placement, algorithm, a2a),
-        sglang_metadata(adapter_, placement, algorithm, a2a, rank)))
+        sglang_metadata(adapter_, placement, algorithm, a2a, rank), rank))
 
 
 def engine_policy(name: str, sources: Sources = ()) -> DispatchPolicy:
@@ -194,6 +261,7 @@ def _engine_policy(name: str, sources: Sources) -> DispatchPolicy:
     if engine == "sglang":
         def fn(topk_ids: torch.Tensor, view: Any, ctx: Any) -> torch.Tensor:
             run = adapter("sglang", sources)
+            run.need(algorithm)
             a2a = ctx.mode == "a2a"
             infos = sglang_infos(run, view.placement, algorithm, a2a, ctx.rank)
             ids = topk_ids.cpu()
@@ -262,4 +330,5 @@ def _engine_solver(name: str, sources: Sources) -> Callable:
 
 
 __all__ = ["ENGINES", "ENGINE_POLICIES", "ENGINE_SOLVERS", "adapter", "as_sources",
-           "engine_policy", "engine_solver", "fetch_engine", "is_engine_name", "label", "ran"]
+           "availability", "engine_policy", "engine_solver", "fetch_engine", "fetched",
+           "is_engine_name", "label", "ran", "release", "version_key"]

@@ -47,15 +47,17 @@ class Row:
     cases: int
     equal: int
     note: str = ""
+    absent: bool = False  # the source has no such function (`note` says which is missing)
 
     @property
     def conforms(self) -> bool:
-        return self.cases > 0 and self.equal == self.cases
+        """Equal in every case, or absent from the source (nothing to hold the twin to)."""
+        return self.absent or (self.cases > 0 and self.equal == self.cases)
 
     def as_dict(self) -> dict[str, Any]:
         return {"engine": self.engine, "function": self.function, "twin": self.twin,
                 "path": self.path, "cases": self.cases, "equal": self.equal,
-                "conforms": self.conforms, "note": self.note}
+                "conforms": self.conforms, "absent": self.absent, "note": self.note}
 
 
 def _placements(seed: int, cases: int = CASES) -> Iterator[Placement]:
@@ -101,6 +103,11 @@ def _sglang_rows(sources: Any, seed: int, cases: int) -> list[Row]:
     run = adapter("sglang", sources)
     who = label("sglang", sources)
     tally: dict[tuple[str, str, str], list[int]] = {}
+    dispatches = (("dynamic", "sglang:dynamic"), ("fake", "sglang:fake"), ("lp", "sglang:lp"))
+    present = [(a, e) for a, e in dispatches if run.missing(a) is None]
+    absent = [Row(who, f"{a} dispatch", "sglang-lp (view sglang)" if a == "lp" else
+                  "row or random (view sglang)", "-", 0, 0, run.missing(a), True)
+              for a, _ in dispatches if run.missing(a) is not None]
 
     def count(function: str, twin: str, path: str, same: bool) -> None:
         cell = tally.setdefault((function, twin, path), [0, 0])
@@ -129,8 +136,7 @@ def _sglang_rows(sources: Any, seed: int, cases: int) -> list[Row]:
                           torch.equal(table, static_table(view, r, 0)))
                     twin = random_policy if a2a else row_policy
                     name = f"{'random' if a2a else 'row'} (view sglang)"
-                    for algorithm, engine in (("dynamic", "sglang:dynamic"),
-                                              ("fake", "sglang:fake"), ("lp", "sglang:lp")):
+                    for algorithm, engine in present:
                         for layer in range(placement.num_layers):
                             ctx = DispatchContext(layer=layer, rank=r, mode=mode,
                                                   generator=torch.Generator().manual_seed(seed + r))
@@ -140,7 +146,7 @@ def _sglang_rows(sources: Any, seed: int, cases: int) -> list[Row]:
                             count(f"{algorithm} dispatch",
                                   "sglang-lp (view sglang)" if algorithm == "lp" else name,
                                   f"{path}, {mode}", torch.equal(got, mine))
-    rows = [Row(who, f, t, p, n, e) for (f, t, p), (n, e) in tally.items()]
+    rows = [Row(who, f, t, p, n, e) for (f, t, p), (n, e) in tally.items()] + absent
     return rows + _waterfill_rows(run, who, seed) + _solver_rows("sglang", sources, seed, cases)
 
 
@@ -153,6 +159,10 @@ def _waterfill_rows(run: Any, who: str, seed: int) -> list[Row]:
     rows = []
     for dynamic, rule, name in ((False, waterfill_static, "waterfill"),
                                 (True, waterfill_dynamic, "waterfill-dynamic")):
+        if run.missing(name) is not None:
+            rows.append(Row(who, "WaterfillBalancer", f"{name} shared rule", "-", 0, 0,
+                            run.missing(name), True))
+            continue
         cases = equal = 0
         for (G, _), T in ((layout, T) for layout in LAYOUTS for T in (80, 32)):
             L, K = 2, 3

@@ -1,16 +1,24 @@
-"""SGLang's own EPLB code, run in the simulator: the adapter for SGLang 0.5.23 (DESIGN.md §11).
+"""SGLang's own EPLB code, run in the simulator, from any release or checkout (DESIGN.md §11).
 
 Dimensions: `L` layers, `E` logical experts, `P` physical slots, `G` EP ranks, `T` tokens,
 `K` top-k.
 
-The engine's modules (`sglang/srt/eplb/...`, read from an engine source, never imported through
-`sglang/__init__`) see the runtime they expect through a few stand-ins this adapter supplies:
-- `sglang.srt.runtime_context`: `get_exec().moe` (dispatch algorithm, a2a backend, redundant
-  experts, EPLB algorithm), `get_parallel()` (EP size, nodes), `get_device()` (the CPU) and
-  `get_resources()` (the global expert-location metadata, set per rank before each use);
-- `sglang.srt.elastic_ep.elastic_ep`: elastic EP off, every rank healthy;
-- `sglang.srt.model_loader`: a model whose expert-location config is the trace's (layers,
-  experts, groups).
+The engine's modules load from their files, never through `sglang/__init__` (`source.Modules`);
+what they import from the rest of the engine is, in this order, what this adapter supplies, the
+real file when it loads alone, or an inert stand-in (`standins`). The adapter supplies what carries
+meaning, and only that:
+- the deployment's settings, in every shape a release has read them (`sglang_runtime`);
+- the elastic-EP state (off: every rank healthy) and the model's expert layout (the trace's
+  layers, experts and groups, through `model_loader.get_model_architecture`);
+- the global expert-location metadata, published per rank before each use (the resources, and
+  the module global of releases that kept it there), and the all-reduce Waterfill calls;
+- the platform (not HIP, not NPU) and CPU stand-ins for the LP path's two CUDA kernels.
+
+Where the EPLB code lives moves too (`srt/managers/` up to 0.4.7, `srt/eplb/` from 0.4.10), so
+each role is looked for under every name it has had (`ROLES`), and the entry points are called
+by their signatures (`source.call`: `init_by_mapping(server_args, model_config, ...)` in 0.5.16,
+`(model_config, ...)` in 0.5.23). An algorithm is available when the functions it calls are in
+the source (`NEEDS`, `SGLang.missing`).
 
 Per-rank dispatch info is built the engine's way: `ExpertLocationMetadata.init_by_mapping(...,
 moe_ep_rank=r)` at start-up, published as the global metadata, then
@@ -34,24 +42,40 @@ from typing import Any, Iterator, NamedTuple
 import torch
 
 from ..errors import InputError
-from .source import Modules, interpreted
+from . import sglang_runtime
+from .source import Modules, call, interpreted
 
-VERSION = "0.5.23"
 PACKAGE = "sglang"
-_EPLB = "sglang/srt/eplb/"
-FILES = (
-    _EPLB + "__init__.py",
-    _EPLB + "expert_location.py",
-    _EPLB + "expert_location_dispatch.py",
-    _EPLB + "eplb_algorithms/__init__.py",
-    _EPLB + "eplb_algorithms/deepseek.py",
-    _EPLB + "eplb_algorithms/deepseek_vec.py",
-    _EPLB + "eplb_algorithms/elasticity_aware.py",
-    _EPLB + "lplb_solver.py",
-    "sglang/test/kernels/lplb.py",
-    "sglang/srt/layers/moe/waterfill.py",
-    "sglang/kernels/ops/moe/deepep_waterfill_kernels.py",
-)
+PINNED = "0.5.23"  # the release `engines fetch` takes by default, and the tests run against
+KEEP = ("sglang/srt/eplb/", "sglang/srt/managers/expert_location", "sglang/srt/managers/eplb",
+        "sglang/jit_kernel/lplb/", "sglang/kernels/ops/lplb/", "sglang/test/kernels/lplb.py",
+        "sglang/srt/layers/moe/waterfill.py", "sglang/kernels/ops/moe/deepep_waterfill",
+        "sglang/version.py")  # what a fetch keeps of a wheel: paths starting so
+ROLES = {  # what the adapter calls -> the modules it has lived in, newest first
+    "location": ("sglang.srt.eplb.expert_location", "sglang.srt.managers.expert_location"),
+    "dispatch": ("sglang.srt.eplb.expert_location_dispatch",
+                 "sglang.srt.managers.expert_location_dispatch"),
+    "algorithms": ("sglang.srt.eplb.eplb_algorithms", "sglang.srt.managers.eplb_algorithms"),
+    "lplb": ("sglang.srt.eplb.lplb_solver",),
+    "references": ("sglang.test.kernels.lplb",),
+    "waterfill": ("sglang.srt.layers.moe.waterfill",),
+}
+TRITON_ROLES = ("waterfill",)  # modules whose Triton kernels run under the interpreter
+_VIEWS = (("location", "ExpertLocationMetadata.init_by_mapping"),
+          ("location", "ModelConfigForExpertLocation"),
+          ("dispatch", "ExpertLocationDispatchInfo.init_new"),
+          ("dispatch", "topk_ids_logical_to_physical"))
+NEEDS = {  # algorithm -> the (role, name) it calls
+    "views": _VIEWS,
+    "rebalanced": (("location", "ExpertLocationMetadata._init_raw"),),
+    "static": _VIEWS, "dynamic": _VIEWS, "fake": _VIEWS,
+    "lp": (*_VIEWS, ("lplb", "LPLBSolver"), ("references", "solve_ipm_torch_reference"),
+           ("references", "dispatch_probability_torch_reference")),
+    "waterfill": (*_VIEWS, ("waterfill", "WaterfillBalancer")),
+    "waterfill-dynamic": (*_VIEWS, ("waterfill", "WaterfillBalancer")),
+    **{s: (("algorithms", "rebalance_experts"), ("algorithms", f"EplbAlgorithm.{s}"))
+       for s in ("deepseek", "deepseek_vec", "elasticity_aware")},
+}
 SOLVER_NAMES = ("deepseek", "deepseek_vec", "elasticity_aware")
 EXPOSES = {
     "ExpertLocationMetadata.init_by_mapping": "per-rank candidate lists at start-up",
@@ -66,7 +90,9 @@ EXPOSES = {
     "WaterfillBalancer.expand_topk": "Waterfill's shared-expert placement, static and dynamic, "
                                      "its Triton kernels under the interpreter",
 }
-A2A_BACKEND = "deepep"  # any backend but "none" turns on per-rank narrowing and randint
+A2A_BACKEND = sglang_runtime.A2A_BACKEND
+PLATFORM = {"is_hip": False, "is_npu": False, "is_xpu": False, "is_musa": False,
+            "is_cuda": False, "is_cpu": True}  # the engine's platform checks, on this CPU run
 
 
 @dataclass
@@ -86,65 +112,88 @@ class Layout:
 
 
 class SGLang:
-    """SGLang 0.5.23's EPLB functions from the engine source `root` (the folder holding
-    `sglang/`), labelled `label` (what rows say ran)."""
+    """SGLang's EPLB functions from the engine source `root` (the folder holding `sglang/`),
+    labelled `label` (what rows say ran); `version` is the release's, when known."""
 
     engine = PACKAGE
-    version = VERSION
 
-    def __init__(self, root: Path, label: str) -> None:
-        self.root, self.label = Path(root), label
-        self._settings = SimpleNamespace(
-            moe=SimpleNamespace(ep_dispatch_algorithm="dynamic", moe_a2a_backend="none",
-                                ep_join_mode=None, ep_num_redundant_experts=0,
-                                eplb_algorithm="deepseek", init_expert_location="trivial"),
-            parallel=SimpleNamespace(ep_size=1, nnodes=1, tp_size=1, elastic_ep_initial_size=None,
-                                     ep_join_rank_offset=0, moe_ep_group=None),
-            device=SimpleNamespace(device="cpu"),
-            resources=SimpleNamespace(expert_location_metadata=None, lplb_solvers={}),
-            model=None, waterfill_dynamic=False, all_reduced=None)
-        self._waterfill: ModuleType | None = None
-        self.modules = Modules(self.root, PACKAGE, self._stubs())
-        self.location = self._need("sglang.srt.eplb.expert_location",
-                                   ("ExpertLocationMetadata", "ModelConfigForExpertLocation"))
-        self.dispatch_module = self._need("sglang.srt.eplb.expert_location_dispatch",
-                                          ("ExpertLocationDispatchInfo",
-                                           "topk_ids_logical_to_physical"))
-        self.algorithms = self._need("sglang.srt.eplb.eplb_algorithms",
-                                     ("rebalance_experts", "EplbAlgorithm"))
-        self.lplb = self._need("sglang.srt.eplb.lplb_solver", ("LPLBSolver",))
-        self.references = self._need("sglang.test.kernels.lplb",
-                                     ("solve_ipm_torch_reference",
-                                      "dispatch_probability_torch_reference"))
-        for name in ("init_by_mapping", "init_by_eplb", "_init_raw"):
-            if not hasattr(self.location.ExpertLocationMetadata, name):
-                raise InputError(f"{self.label}: ExpertLocationMetadata has no {name} "
-                                 f"(the adapter is for SGLang {VERSION})")
+    def __init__(self, root: Path, label: str, version: str | None = None) -> None:
+        self.root, self.label, self.version = Path(root), label, version
+        self._settings = sglang_runtime.Settings(label)
+        self._settings_extra = SimpleNamespace(model=None, waterfill_dynamic=False,
+                                               all_reduced=None)
+        self._roles: dict[str, ModuleType | str] = {}
+        self.modules = Modules(self.root, PACKAGE, self._stubs(), label)
+        self.modules.supply("sglang.srt.distributed",  # 0.5.16's way to the EP group
+                            get_moe_ep_group=lambda: self._settings.moe_ep_group)
+        if self.missing("views") is not None:
+            raise InputError(f"{label}: {self.missing('views')}; no SGLang EPLB code there "
+                             f"(the folder holding sglang/: a release, or a checkout's python/)")
 
-    def _need(self, module: str, names: tuple[str, ...]) -> ModuleType:
-        """Load `module`; InputError naming what it lacks (another version's source)."""
-        try:
-            mod = self.modules.load(module)
-        except InputError:
-            raise
-        except Exception as exc:  # an engine module that does not load here: say which
-            raise InputError(f"{self.label}: {module} does not load "
-                             f"({type(exc).__name__}: {exc}); the adapter is for SGLang "
-                             f"{VERSION}") from None
-        lacking = [n for n in names if not hasattr(mod, n)]
-        if lacking:
-            raise InputError(f"{self.label}: {module} has no {', '.join(lacking)} (the adapter "
-                             f"is for SGLang {VERSION})")
-        return mod
+    # -- what the source has --------------------------------------------------------------
+
+    def role(self, role: str) -> ModuleType:
+        """The module playing `role` (`ROLES`); InputError saying why there is none."""
+        found = self._find(role)
+        if isinstance(found, str):
+            raise InputError(f"{self.label}: {found}")
+        return found
+
+    def _find(self, role: str) -> ModuleType | str:
+        """The module playing `role`, loaded, or why there is none (cached)."""
+        if role not in self._roles:
+            self._roles[role] = self._load_role(role)
+        return self._roles[role]
+
+    def _load_role(self, role: str) -> ModuleType | str:
+        names = ROLES[role]
+        for name in names:
+            file = self.root.joinpath(*name.split("."))
+            if not (file.with_suffix(".py").is_file() or (file / "__init__.py").is_file()):
+                continue
+            try:
+                if role in TRITON_ROLES:  # Triton kernels, defined as the module loads
+                    with interpreted():
+                        return self.modules.load(name)
+                return self.modules.load(name)
+            except InputError:
+                raise
+            except Exception as exc:  # an engine module that does not load here: say why
+                return f"{name} does not load ({type(exc).__name__}: {exc})"
+        return f"no {' or '.join(n.replace('.', '/') + '.py' for n in names)}"
+
+    def missing(self, algorithm: str) -> str | None:
+        """Why `algorithm` (`NEEDS`: a policy's, a solver's, `views` or `rebalanced`) cannot
+        run from this source: the first function it calls that the source lacks; None when it
+        can."""
+        for role, name in NEEDS[algorithm]:
+            mod = self._find(role)
+            if isinstance(mod, str):
+                return mod
+            target: Any = mod
+            for part in name.split("."):
+                target = getattr(target, part, None)
+                if target is None:
+                    return f"{mod.__name__} has no {name}"
+        return None
+
+    def need(self, algorithm: str) -> None:
+        """InputError, in one line, when `algorithm` cannot run from this source."""
+        why = self.missing(algorithm)
+        if why is not None:
+            raise InputError(f"{self.label} cannot run {algorithm}: {why}")
+
+    @property
+    def location(self) -> ModuleType:
+        return self.role("location")
+
+    @property
+    def dispatch_module(self) -> ModuleType:
+        return self.role("dispatch")
 
     def _stubs(self) -> dict[str, ModuleType]:
-        """The stand-ins for the engine modules the EPLB files import (module docstring)."""
-        s = self._settings
-        runtime = ModuleType("sglang.srt.runtime_context")
-        runtime.get_exec = lambda: s
-        runtime.get_parallel = lambda: s.parallel
-        runtime.get_device = lambda: s.device
-        runtime.get_resources = lambda: s.resources
+        """The modules the adapter supplies (module docstring)."""
+        s, extra = self._settings, self._settings_extra
         elastic = ModuleType("sglang.srt.elastic_ep.elastic_ep")
         elastic.elastic_expanded_world_enabled = lambda: False
 
@@ -157,75 +206,97 @@ class SGLang:
 
             @staticmethod
             def healthy_rank_state() -> torch.Tensor:
-                return torch.ones(s.parallel.ep_size, dtype=torch.int32)
+                return torch.ones(s.ep_size, dtype=torch.int32)
 
         elastic.ElasticEPStateManager = ElasticEPStateManager
         loader = ModuleType("sglang.srt.model_loader")
         loader.get_model_architecture = lambda model_config: (_model_class(self), "eplbsim")
-        warm = ModuleType("sglang.kernels.ops.lplb.torch_solver")
-        warm.warmup = lambda *args, **kwargs: None  # it JIT-compiles CUDA code
+        utils = ModuleType("sglang.srt.utils")
+        for name, answer in PLATFORM.items():
+            setattr(utils, name, lambda answer=answer: answer)
         environ = ModuleType("sglang.srt.environ")
         environ.envs = SimpleNamespace(SGLANG_DISABLE_STATIC_WATERFILL=SimpleNamespace(
-            get=lambda: s.waterfill_dynamic))
+            get=lambda: extra.waterfill_dynamic))
         topk = ModuleType("sglang.srt.layers.moe.topk")
         topk.StandardTopKOutput = NamedTuple("StandardTopKOutput", [
             ("topk_weights", torch.Tensor), ("topk_ids", torch.Tensor), ("router_logits", Any)])
         comm = ModuleType("sglang.srt.distributed.communication_op")
-        comm.moe_expert_parallel_all_reduce = lambda buf: s.all_reduced.clone()
-        return {m.__name__: m for m in (runtime, elastic, loader, warm, _lp_kernels(self),
-                                        environ, topk, comm)}
+        comm.moe_expert_parallel_all_reduce = lambda buf: extra.all_reduced.clone()
+        mods = [elastic, loader, utils, environ, topk, comm]
+        for package in ("sglang.kernels.ops.lplb", "sglang.jit_kernel.lplb"):  # moved in 0.5.17
+            warm = ModuleType(f"{package}.torch_solver")
+            warm.warmup = lambda *args, **kwargs: None  # it JIT-compiles CUDA code
+            mods += [warm, _lp_kernels(self, f"{package}.cuda_solver")]
+        return {**sglang_runtime.modules(s), **{m.__name__: m for m in mods}}
 
     @contextmanager
     def _configured(self, layout: Layout) -> Iterator[None]:
         """The engine's settings for `layout`, and its modules active."""
         s = self._settings
-        s.moe.ep_dispatch_algorithm = layout.algorithm
-        s.moe.moe_a2a_backend = A2A_BACKEND if layout.a2a else "none"
-        s.moe.ep_num_redundant_experts = layout.num_slots - layout.num_experts
-        s.parallel.ep_size, s.parallel.nnodes = layout.num_gpus, layout.num_nodes
-        s.parallel.tp_size = layout.num_gpus
-        s.model = layout
+        s.ep_dispatch_algorithm = layout.algorithm
+        s.moe_a2a_backend = A2A_BACKEND if layout.a2a else "none"
+        s.ep_num_redundant_experts = layout.num_slots - layout.num_experts
+        s.ep_size, s.nnodes = layout.num_gpus, layout.num_nodes
+        s.tp_size = layout.num_gpus
+        self._settings_extra.model = layout
         with self.modules.active():
             yield
 
-    def _model_config(self, layout: Layout) -> SimpleNamespace:
-        return SimpleNamespace(hf_config=layout)
+    def _known(self, layout: Layout, **more: Any) -> dict[str, Any]:
+        """What the engine's entry points may take, by parameter name (`source.call`)."""
+        return {"server_args": self._settings, "model_config": SimpleNamespace(hf_config=layout),
+                "ep_size": layout.num_gpus, **more}
 
     def startup(self, layout: Layout, phy2log: torch.Tensor, rank: int) -> Any:
         """Rank `rank`'s `ExpertLocationMetadata` at start-up (`init_by_mapping`)."""
         with self._configured(layout):
-            return self.location.ExpertLocationMetadata.init_by_mapping(
-                self._model_config(layout), phy2log.clone(), moe_ep_rank=rank)
+            return call(self.location.ExpertLocationMetadata.init_by_mapping, self.label,
+                        **self._known(layout, physical_to_logical_map=phy2log.clone(),
+                                      moe_ep_rank=rank))
 
     def rebalanced(self, layout: Layout, phy2log: torch.Tensor, log2phy: torch.Tensor,
                    rank: int) -> Any:
         """Rank `rank`'s metadata after a live rebalance to a solver's `(phy2log [L, P],
         log2phy [L, E, R])`: what `init_by_eplb` builds from its solver's output."""
+        self.need("rebalanced")
         with self._configured(layout), _distributed_rank(rank):
-            return self.location.ExpertLocationMetadata._init_raw(
-                ep_size=layout.num_gpus, physical_to_logical_map=phy2log.clone(),
-                logical_to_all_physical_map=log2phy.clone())
+            return call(self.location.ExpertLocationMetadata._init_raw, self.label,
+                        **self._known(layout, physical_to_logical_map=phy2log.clone(),
+                                      logical_to_all_physical_map=log2phy.clone()))
 
     def by_eplb(self, layout: Layout, logical_count: torch.Tensor, solver: str,
                 rank: int) -> Any:
         """Rank `rank`'s metadata from `init_by_eplb(logical_count [W, L, E] or [L, E])` with
         the engine's solver `solver` (its `--eplb-algorithm`)."""
         self._check_solver(solver)
-        self._settings.moe.eplb_algorithm = solver
+        self._settings.eplb_algorithm = solver
         with self._configured(layout), _distributed_rank(rank):
-            return self.location.ExpertLocationMetadata.init_by_eplb(
-                self._model_config(layout), logical_count.clone())
+            return call(self.location.ExpertLocationMetadata.init_by_eplb, self.label,
+                        **self._known(layout, logical_count=logical_count.clone()))
 
-    def infos(self, layout: Layout, metadata: Any) -> list[Any]:
+    def infos(self, layout: Layout, metadata: Any, rank: int = 0) -> list[Any]:
         """Every layer's `ExpertLocationDispatchInfo` for `metadata` published as the global
-        metadata (`init_new`)."""
-        with self._configured(layout):
-            self._settings.resources.expert_location_metadata = metadata
-            try:
-                Info = self.dispatch_module.ExpertLocationDispatchInfo
-                return [Info.init_new(layer) for layer in range(layout.num_layers)]
-            finally:
-                self._settings.resources.expert_location_metadata = None
+        metadata (`init_new`), on rank `rank`."""
+        with self._configured(layout), self._published(metadata):
+            new = self.dispatch_module.ExpertLocationDispatchInfo.init_new
+            return [call(new, self.label, layer_id=layer, ep_rank=rank)
+                    for layer in range(layout.num_layers)]
+
+    @contextmanager
+    def _published(self, metadata: Any) -> Iterator[None]:
+        """`metadata` as the global expert-location metadata during the block: in the
+        resources (0.5.16 and later) and in the module global of releases that kept it there."""
+        location = self.location
+        kept = hasattr(location, "_global_expert_location_metadata")
+        self._settings.expert_location_metadata = metadata
+        if kept:
+            location._global_expert_location_metadata = metadata
+        try:
+            yield
+        finally:
+            self._settings.expert_location_metadata = None
+            if kept:
+                location._global_expert_location_metadata = None
 
     def dispatch(self, topk_ids: torch.Tensor, info: Any,
                  generator: torch.Generator | None) -> torch.Tensor:
@@ -235,7 +306,8 @@ class SGLang:
         valid = topk_ids >= 0
         ids = topk_ids.clamp(min=0).to(torch.int32)
         with self.modules.active(), _default_generator(generator, ids.device):
-            phys = self.dispatch_module.topk_ids_logical_to_physical(ids, info)
+            phys = call(self.dispatch_module.topk_ids_logical_to_physical, self.label,
+                        topk_ids=ids, info=info)
         return torch.where(valid, phys.long(), -1)
 
     def lp_dispatch(self, topk_ids: torch.Tensor, metadata: Any, info: Any, layer: int,
@@ -245,9 +317,10 @@ class SGLang:
         all-reduce: each simulated rank counts the ids it dispatches), then
         `dispatch_probability_torch_reference` with one float32 `torch.rand` a pair from
         `generator`, as the CUDA path draws when given none. -> int64 `[T, K]`, -1 at padding."""
+        self.need("lp")
         valid = topk_ids >= 0
         with self.modules.active(), _default_generator(generator, torch.device("cpu")):
-            solver = self.lplb.LPLBSolver(
+            solver = self.role("lplb").LPLBSolver(
                 phy2log=metadata.physical_to_logical_map[layer],
                 log2phy=metadata.logical_to_all_physical_map[layer],
                 num_gpus=metadata.ep_size, ep_group=None,
@@ -256,7 +329,7 @@ class SGLang:
             prob = solver.solve(topk_ids[valid].to(torch.int32).view(-1, 1))
             ids = topk_ids.clamp(min=0).to(torch.int32)
             u = torch.rand(ids.numel(), dtype=torch.float32)
-            phys = self.references.dispatch_probability_torch_reference(
+            phys = self.role("references").dispatch_probability_torch_reference(
                 ids, prob, info.partial_logical_to_all_physical_map, u)
         return torch.where(valid, phys.long(), -1)
 
@@ -271,20 +344,17 @@ class SGLang:
         torch.compile is off during the call (its small-batch helper then runs eagerly).
         -> the GPU of each token's shared work, int64 `[T]`, -1 for a token with no pair."""
         G = routed.numel()
-        if self._waterfill is None:
-            with interpreted():
-                self._waterfill = self._need("sglang.srt.layers.moe.waterfill",
-                                             ("WaterfillBalancer",))
-        s = self._settings
-        s.waterfill_dynamic = dynamic
-        s.all_reduced = torch.cat([routed, tokens]).to(torch.int64)
-        s.parallel.moe_ep_group = SimpleNamespace(world_size=G, rank_in_group=rank)
+        self.need("waterfill")
+        extra = self._settings_extra
+        extra.waterfill_dynamic = dynamic
+        extra.all_reduced = torch.cat([routed, tokens]).to(torch.int64)
+        self._settings.moe_ep_group = SimpleNamespace(world_size=G, rank_in_group=rank)
         ids = gpu.to(torch.int32).contiguous()
         weights = torch.ones(ids.shape, dtype=torch.float32)
         with self.modules.active(), torch._dynamo.config.patch(disable=True):
-            balancer = self._waterfill.WaterfillBalancer(
-                num_routed_experts=G, world_size=G, rank=rank, layer_id=layer,
-                shared_weight=1.0)
+            balancer = call(self.role("waterfill").WaterfillBalancer, self.label,
+                            num_routed_experts=G, world_size=G, rank=rank, layer_id=layer,
+                            shared_weight=1.0)
             topk = sys.modules["sglang.srt.layers.moe.topk"].StandardTopKOutput
             out = balancer.expand_topk(topk(weights, ids, None), ids.shape[0])
         shared = out.topk_ids[:, -1].long()
@@ -296,25 +366,27 @@ class SGLang:
         hierarchical when the groups divide over the nodes, as its `auto` decides) ->
         `(phy2log [L, P], log2phy [L, E, R])` in the solver's replica order."""
         self._check_solver(solver)
-        algo = self.algorithms
+        algo = self.role("algorithms")
         hierarchical = num_groups is not None and num_groups % num_nodes == 0
         name = solver + ("_hierarchical" if hierarchical else "")
         layout = Layout(load.shape[0], load.shape[1], num_slots, num_gpus, num_nodes, num_groups)
         with self._configured(layout):
-            phy2log, log2phy, _ = algo.rebalance_experts(
-                tokens_per_expert=load.unsqueeze(0),
+            phy2log, log2phy, _ = call(
+                algo.rebalance_experts, self.label, tokens_per_expert=load.unsqueeze(0),
                 num_physical_experts=num_slots, num_local_physical_experts=num_slots // num_gpus,
                 num_groups=num_groups, num_nodes=num_nodes, algorithm=algo.EplbAlgorithm[name])
         return phy2log.long(), log2phy.long()
 
     def _check_solver(self, solver: str) -> None:
-        if solver not in SOLVER_NAMES or not hasattr(self.algorithms.EplbAlgorithm, solver):
-            raise InputError(f"{self.label} has no EPLB algorithm {solver!r}; choose one of "
-                             f"{', '.join(SOLVER_NAMES)}")
+        if solver not in SOLVER_NAMES:
+            raise InputError(f"{self.label}: eplbsim runs SGLang's EPLB algorithms "
+                             f"{', '.join(SOLVER_NAMES)}, not {solver!r}")
+        self.need(solver)
 
 
-def _lp_kernels(adapter: SGLang) -> ModuleType:
-    """A CPU `sglang.kernels.ops.lplb.cuda_solver`: the barrier solve is the engine's own torch
+def _lp_kernels(adapter: SGLang, name: str) -> ModuleType:
+    """A CPU LP kernel module `name` (`sglang.kernels.ops.lplb.cuda_solver`, or its 0.5.16
+    place under `jit_kernel`): the barrier solve is the engine's own torch
     reference (a singular system, which it refuses and the kernel's clamped pivots get
     through, is taken as not converged: 0.5 everywhere, the kernel's answer to that); its two
     other kernels, which have none, are eplbsim's stand-ins computing what their CUDA sources
@@ -322,7 +394,7 @@ def _lp_kernels(adapter: SGLang) -> ModuleType:
     kernels write."""
     from ..dispatch import sglang_lp
 
-    mod = ModuleType("sglang.kernels.ops.lplb.cuda_solver")
+    mod = ModuleType(name)
 
     def prep_lp_inputs(A_full, b, t1, global_counts, log_single, log_replicated, B1,
                        A_base_row_sum):
@@ -335,7 +407,7 @@ def _lp_kernels(adapter: SGLang) -> ModuleType:
 
     def solve_ipm(A, b, c, num_iters=sglang_lp.IPM_STEPS, result=None):
         try:
-            x = adapter.references.solve_ipm_torch_reference(A, b, c, num_iters)
+            x = adapter.role("references").solve_ipm_torch_reference(A, b, c, num_iters)
         except torch.linalg.LinAlgError:  # singular: the kernel's clamped pivots go on, and
             x = torch.full_like(c, 0.5)  # its result on such a system is taken as failed
         return x if result is None else result.copy_(x)

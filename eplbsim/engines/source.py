@@ -8,10 +8,12 @@ parent folder: SGLang's `python/`, vLLM's repository root).
 
 `Modules` loads one source's modules. Every package above the files it needs becomes an empty
 module whose `__path__` is the real folder, so submodules load from their files and no package
-`__init__` that pulls the serving stack runs; the few names those modules import from the rest
-of the engine are modules the adapter supplies (`stubs`). While a call into the engine runs
-(`Modules.active`), `sys.modules` holds this source's modules under the engine's package name,
-so imports inside engine functions find them; before and after it holds whatever it held.
+`__init__` that pulls the serving stack runs. What those modules import from the rest of the
+engine is, in this order: a module the adapter supplies (`stubs`: what carries meaning), the
+real file when the source has it and it loads alone, else an inert stand-in
+(`standins.Finder`). While a call into the engine runs (`Modules.active`), `sys.modules` holds
+this source's modules under the engine's package name and the finder answers for the rest, so
+imports inside engine functions find them; before and after it holds whatever it held.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.util
+import inspect
 import os
 import shutil
 import subprocess
@@ -32,6 +35,7 @@ from types import ModuleType
 from typing import Any, Iterator, Mapping, Sequence
 
 from ..errors import InputError
+from .standins import Finder, stand_in
 
 _LOCK = threading.RLock()
 
@@ -46,22 +50,29 @@ def cache_root() -> Path:
     return Path(xdg) / "eplbsim" / "engines"
 
 
-def pinned_folder(engine: str, version: str) -> Path:
+MARKER = ".eplbsim-release"  # in a fetched release's folder: its version, once complete
+
+
+def release_folder(engine: str, version: str) -> Path:
     """The cache folder of `engine==version` (it holds the package folder once fetched)."""
     return cache_root() / f"{engine}-{version}"
 
 
-def missing_files(folder: Path, files: Sequence[str]) -> list[str]:
-    """The package-relative `files` that `folder` lacks."""
-    return [f for f in files if not (folder / f).is_file()]
+def fetched_version(folder: Path) -> str | None:
+    """The release a fetched folder holds (`MARKER`), or None (not a complete fetch)."""
+    try:
+        return (Path(folder) / MARKER).read_text().strip() or None
+    except OSError:
+        return None
 
 
-def fetch(engine: str, version: str, files: Sequence[str]) -> Path:
-    """Download the wheel of `engine==version` without dependencies through pip, unpack only
-    `files` into its cache folder and return the folder; a no-op when they are all there.
-    InputError when pip cannot get the wheel or the wheel lacks a file."""
-    folder = pinned_folder(engine, version)
-    if not missing_files(folder, files):
+def fetch(engine: str, version: str, keep: Sequence[str]) -> Path:
+    """Download the wheel of `engine==version` without dependencies through pip, unpack the
+    files whose paths in the wheel start with one of `keep` into its cache folder, mark it
+    complete (`MARKER`) and return the folder; a no-op when it is there. InputError when pip
+    cannot get the wheel or the wheel has none of the files."""
+    folder = release_folder(engine, version)
+    if fetched_version(folder) == version:
         return folder
     with tempfile.TemporaryDirectory(prefix="eplbsim-fetch-") as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
@@ -74,12 +85,14 @@ def fetch(engine: str, version: str, files: Sequence[str]) -> Path:
         staging = Path(tempfile.mkdtemp(prefix=f".{engine}-{version}-", dir=_made(cache_root())))
         try:
             with zipfile.ZipFile(wheels[0]) as wheel:
-                names = set(wheel.namelist())
-                lacking = [f for f in files if f not in names]
-                if lacking:
-                    raise InputError(f"the {engine}=={version} wheel lacks {', '.join(lacking)}")
-                for f in files:
-                    wheel.extract(f, staging)
+                kept = [n for n in wheel.namelist() if n.startswith(tuple(keep))
+                        and not n.endswith("/")]
+                if not kept:
+                    raise InputError(f"the {engine}=={version} wheel has no EPLB files (none "
+                                     f"under {', '.join(keep)})")
+                for name in kept:
+                    wheel.extract(name, staging)
+            (staging / MARKER).write_text(version + "\n")
             if folder.exists():
                 shutil.rmtree(folder)
             staging.rename(folder)
@@ -104,8 +117,10 @@ class Modules:
     own imports pull in the serving stack. Engine code runs inside `active()`.
     """
 
-    def __init__(self, root: Path, package: str, stubs: Mapping[str, ModuleType]) -> None:
+    def __init__(self, root: Path, package: str, stubs: Mapping[str, ModuleType],
+                 label: str = "") -> None:
         self.root, self.package = Path(root), package
+        self.finder = Finder(self.root, package, label or f"{package} at {root}")
         self._mods: dict[str, ModuleType] = dict(stubs)
         for name, stub in stubs.items():
             parent, _, leaf = name.rpartition(".")
@@ -115,9 +130,11 @@ class Modules:
     def _file(self, name: str) -> Path:
         return self.root.joinpath(*name.split("."))
 
-    def _package(self, name: str) -> None:
-        """Make `name` and its parents empty packages of this source (unless stubbed or
-        loaded); `sys.modules` holds them while the source is active."""
+    def _package(self, name: str) -> ModuleType:
+        """`name` and its parents as packages of this source whose `__init__` never runs
+        (unless stubbed or loaded): stand-ins (`standins.StandInModule`) whose submodules load
+        from their files; `sys.modules` holds them while the source is active. Returns the
+        package `name`."""
         parts = name.split(".")
         for i in range(1, len(parts) + 1):
             pkg = ".".join(parts[:i])
@@ -125,9 +142,18 @@ class Modules:
                 mod = ModuleType(pkg)
                 mod.__path__ = [str(self._file(pkg))]
                 mod.__package__ = pkg
-                self._mods[pkg] = mod
+                self._mods[pkg] = stand_in(mod, "its package __init__ is not run: it pulls in "
+                                           "the serving stack", self.finder.label)
                 if i > 1:
                     setattr(self._mods[".".join(parts[:i - 1])], parts[i - 1], mod)
+        return self._mods[name]
+
+    def supply(self, package: str, **names: Any) -> None:
+        """Put `names` into the package `package` (made as `_package` makes it): what an
+        adapter supplies that the engine imports from a package rather than a module."""
+        mod = self._package(package)
+        for key, value in names.items():
+            setattr(mod, key, value)
 
     @contextmanager
     def active(self) -> Iterator["Modules"]:
@@ -140,13 +166,20 @@ class Modules:
             for k in saved:
                 del sys.modules[k]
             sys.modules.update(self._mods)
+            sys.meta_path.insert(0, self.finder)
             importlib.invalidate_caches()
             try:
                 yield self
             finally:
+                sys.meta_path.remove(self.finder)
                 for k in [k for k in sys.modules if k == self.package or k.startswith(prefix)]:
                     self._mods[k] = sys.modules.pop(k)
                 sys.modules.update(saved)
+
+    @property
+    def stood(self) -> dict[str, str]:
+        """The engine modules standing in so far (`standins`), and why each does."""
+        return dict(self.finder.stood)
 
     def load(self, name: str) -> ModuleType:
         """The engine module `name` (e.g. `sglang.srt.eplb.expert_location`), from its file."""
@@ -260,3 +293,27 @@ def _mend_nested_jit() -> None:
 
     call.mended = True
     jit.JITFunction.__call__ = call
+
+
+def call(fn: Any, label: str, **known: Any) -> Any:
+    """Call the engine function `fn` by its signature: each parameter it names takes the value
+    `known` has under that name; a parameter with a default that `known` lacks keeps it.
+    InputError naming a required parameter `known` does not have (an entry point that changed
+    beyond what the adapter knows)."""
+    try:
+        parameters = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # no signature to read: call with what is known
+        return fn(**known)
+    given: dict[str, Any] = {}
+    for name, p in parameters.items():
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        if name in known:
+            given[name] = known[name]
+        elif p.default is p.empty:
+            raise InputError(f"{label}: {getattr(fn, '__qualname__', fn)} takes {name!r}, "
+                             f"which eplbsim does not know how to give (parameters: "
+                             f"{', '.join(parameters)})")
+    positional = [given.pop(n) for n, p in parameters.items()
+                  if p.kind is p.POSITIONAL_ONLY and n in given]
+    return fn(*positional, **given)

@@ -1,4 +1,4 @@
-"""vLLM's own EPLB code, run in the simulator: the adapter for vLLM 0.33.0 (DESIGN.md §11).
+"""vLLM's own EPLB code, run in the simulator, from any release or checkout (DESIGN.md §11).
 
 Dimensions: `L` layers, `E` logical experts, `P` physical slots, `R` max replicas, `T` tokens,
 `K` top-k.
@@ -6,35 +6,35 @@ Dimensions: `L` layers, `E` logical experts, `P` physical slots, `R` max replica
 - `DefaultEplbPolicy` (`vllm/distributed/eplb/policy/default.py`) loads as it is: it imports
   only numpy, torch and its abstract base; the policy package's `__init__` (which reads vLLM's
   config) is not run.
-- `compute_logical_maps` (`eplb_state.py`) and the map kernel `eplb_map_to_physical_and_record`
-  with its Triton kernel (`fused_moe/router/base_router.py`) are compiled alone from their files,
-  keeping file names and line numbers, because those modules import the serving stack. The
-  kernel is defined only on CUDA-like platforms (on a CPU platform vLLM maps nothing); here it
-  runs under Triton's interpreter (`TRITON_INTERPRET=1` while it is defined), which needs triton.
+- `compute_logical_maps` (`eplb_state.py`) is compiled alone from its file, keeping file name
+  and line numbers, because that module imports the serving stack.
+- The map kernel `eplb_map_to_physical_and_record` (`fused_moe/router/base_router.py`) loads
+  with its module. What that module imports from the rest of vLLM is the real file when it loads
+  alone (0.34.0's `fused_moe/eplb_triton.py`, which holds the hash the kernel calls), else an
+  inert stand-in (`standins`). The adapter supplies what carries meaning: `triton_utils` (Triton
+  itself) and the platform. vLLM defines the kernel only on CUDA-like platforms (on a CPU
+  platform it maps nothing), so the platform says CUDA-like, and the kernel is defined and runs
+  under Triton's interpreter (`TRITON_INTERPRET=1` while it is defined), which needs triton.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import torch
 
 from ..errors import InputError
-from .source import Modules, interpreted
+from .source import Modules, call, interpreted
 
-VERSION = "0.33.0"
+PINNED = "0.33.0"
 PACKAGE = "vllm"
-_EPLB = "vllm/distributed/eplb/"
-_ROUTER = "vllm/model_executor/layers/fused_moe/router/base_router.py"
-FILES = (
-    _EPLB + "policy/abstract.py",
-    _EPLB + "policy/default.py",
-    _EPLB + "eplb_state.py",
-    _ROUTER,
-)
-MAP_FUNCTIONS = ("_eplb_map_and_record_i32_kernel", "_eplb_map_and_record_triton",
-                 "eplb_map_to_physical_and_record")
+KEEP = ("vllm/distributed/eplb/", "vllm/model_executor/layers/fused_moe/router/base_router.py",
+        "vllm/model_executor/layers/fused_moe/eplb_triton.py", "vllm/version.py",
+        "vllm/_version.py")  # what a fetch keeps of a wheel: paths starting so
+POLICY = "vllm.distributed.eplb.policy.default"
+ROUTER = "vllm.model_executor.layers.fused_moe.router.base_router"
 EXPOSES = {
     "DefaultEplbPolicy.rebalance_experts": "solver: default",
     "compute_logical_maps": "every rank's candidate lists and counts",
@@ -44,58 +44,86 @@ EXPOSES = {
 
 
 class VLLM:
-    """vLLM 0.33.0's EPLB functions from the engine source `root` (the folder holding `vllm/`),
-    labelled `label`."""
+    """vLLM's EPLB functions from the engine source `root` (the folder holding `vllm/`),
+    labelled `label`; `version` is the release's, when known."""
 
     engine = PACKAGE
-    version = VERSION
 
-    def __init__(self, root: Path, label: str) -> None:
-        self.root, self.label = Path(root), label
-        self.modules = Modules(self.root, PACKAGE, {})
-        try:
-            default = self.modules.load("vllm.distributed.eplb.policy.default")
-        except InputError:
-            raise
-        except Exception as exc:
-            raise InputError(f"{label}: vllm.distributed.eplb.policy.default does not load "
-                             f"({type(exc).__name__}: {exc}); the adapter is for vLLM "
-                             f"{VERSION}") from None
+    def __init__(self, root: Path, label: str, version: str | None = None) -> None:
+        self.root, self.label, self.version = Path(root), label, version
+        self.modules = Modules(self.root, PACKAGE, _stubs(), label)
+        self._found: dict[str, Any] = {}
+
+    def _get(self, what: str) -> Any:
+        """`DefaultEplbPolicy` ("default"), `compute_logical_maps` ("views") or the map kernel
+        ("hash"), loaded once; or why it cannot be, as text."""
+        if what not in self._found:
+            try:
+                self._found[what] = FINDERS[what](self)
+            except InputError as exc:
+                self._found[what] = str(exc)
+            except Exception as exc:  # an engine module that does not load here: say why
+                self._found[what] = f"it does not load ({type(exc).__name__}: {exc})"
+        return self._found[what]
+
+    def missing(self, algorithm: str) -> str | None:
+        """Why `algorithm` ("hash", "default" or "views") cannot run from this source, or
+        None when it can."""
+        found = self._get(algorithm)
+        return found if isinstance(found, str) else None
+
+    def need(self, algorithm: str) -> Any:
+        """What `algorithm` calls (`missing`); InputError, in one line, when it cannot run."""
+        found = self._get(algorithm)
+        if isinstance(found, str):
+            raise InputError(f"{self.label} cannot run {algorithm}: {found}")
+        return found
+
+    @property
+    def policy(self) -> Any:
+        return self.need("default")
+
+    def _default_policy(self) -> Any:
+        default = self.modules.load(POLICY)
         if not hasattr(default, "DefaultEplbPolicy"):
-            raise InputError(f"{label}: vllm.distributed.eplb.policy.default has no "
-                             f"DefaultEplbPolicy (the adapter is for vLLM {VERSION})")
-        self.policy = default.DefaultEplbPolicy
-        self._maps = self.modules.extract("vllm.distributed.eplb.eplb_state",
-                                          ("compute_logical_maps",), {"torch": torch})
-        self._kernel: dict | None = None
+            raise InputError(f"{POLICY} has no DefaultEplbPolicy")
+        return default.DefaultEplbPolicy
+
+    def _logical_maps(self) -> Any:
+        return self.modules.extract("vllm.distributed.eplb.eplb_state", ("compute_logical_maps",),
+                                    {"torch": torch})["compute_logical_maps"]
 
     def solve(self, load: torch.Tensor, num_slots: int, num_gpus: int, num_nodes: int,
               num_groups: int) -> torch.Tensor:
         """`DefaultEplbPolicy.rebalance_experts(load [L, E], ...)` -> phy2log `[L, P]`."""
         with self.modules.active():
-            return self.policy.rebalance_experts(load, num_slots, num_groups, num_nodes,
-                                                 num_gpus).long()
+            return call(self.policy.rebalance_experts, self.label, weight=load,
+                        num_replicas=num_slots, num_groups=num_groups, num_nodes=num_nodes,
+                        num_ranks=num_gpus, num_gpus=num_gpus).long()
 
     def logical_maps(self, phy2log: torch.Tensor, num_experts: int
                      ) -> tuple[torch.Tensor, torch.Tensor]:
         """`compute_logical_maps(phy2log [L, P], E)` -> `(log2phy [L, E, R], counts [L, E])`."""
+        maps = self.need("views")
         with self.modules.active():
-            return self._maps["compute_logical_maps"](phy2log, num_experts)
+            return maps(phy2log, num_experts)
 
     def map_kernel(self) -> Any:
-        """`eplb_map_to_physical_and_record`, defined under the Triton interpreter."""
-        if self._kernel is None:
-            try:
-                import triton
-                import triton.language as tl
-            except ImportError:
-                raise InputError(f"{self.label}: vLLM's map kernel is Triton code; install "
-                                 f"triton (the dev extra has it)") from None
-            with interpreted():
-                self._kernel = self.modules.extract(
-                    "vllm.model_executor.layers.fused_moe.router.base_router", MAP_FUNCTIONS,
-                    {"torch": torch, "triton": triton, "tl": tl})
-        return self._kernel["eplb_map_to_physical_and_record"]
+        """`eplb_map_to_physical_and_record`, its module loaded under the Triton interpreter."""
+        return self.need("hash")
+
+    def _map_kernel(self) -> Any:
+        try:
+            import triton  # noqa: F401 - the kernel is Triton code
+        except ImportError:
+            raise InputError("vLLM's map kernel is Triton code; install triton (the dev extra "
+                             "has it)") from None
+        with interpreted():
+            router = self.modules.load(ROUTER)
+        kernel = getattr(router, "eplb_map_to_physical_and_record", None)
+        if kernel is None:
+            raise InputError(f"{ROUTER} has no eplb_map_to_physical_and_record")
+        return kernel
 
     def dispatch(self, topk_ids: torch.Tensor, log2phy: torch.Tensor, counts: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -106,6 +134,31 @@ class VLLM:
         slots = max(int(log2phy.max()) + 1, 1)
         load = torch.zeros(slots, dtype=torch.int64)
         with self.modules.active():
-            phys = kernel(topk_ids.to(torch.int64).contiguous(), load, log2phy.contiguous(),
-                          counts.contiguous(), torch.ones(1, dtype=torch.bool))
+            phys = call(kernel, self.label, topk_ids=topk_ids.to(torch.int64).contiguous(),
+                        expert_load_view=load, logical_to_physical_map=log2phy.contiguous(),
+                        logical_replica_count=counts.contiguous(),
+                        record_enabled=torch.ones(1, dtype=torch.bool))
         return phys.long(), load
+
+
+FINDERS = {"default": VLLM._default_policy, "views": VLLM._logical_maps,
+           "hash": VLLM._map_kernel}  # what each algorithm calls, and how it is found
+
+
+def _stubs() -> dict[str, ModuleType]:
+    """What the adapter supplies (module doc): Triton through vLLM's shim, and a CUDA-like
+    platform (the kernel is defined there only)."""
+    import importlib
+
+    shim = ModuleType("vllm.triton_utils")
+    try:
+        shim.triton = importlib.import_module("triton")
+        shim.tl = importlib.import_module("triton.language")
+        shim.HAS_TRITON = True
+    except ImportError:  # the map kernel says so when it is asked for
+        pass
+    platforms = ModuleType("vllm.platforms")
+    platforms.current_platform = SimpleNamespace(
+        is_cuda_alike=lambda: True, is_cuda=lambda: True, is_rocm=lambda: False,
+        is_xpu=lambda: False, is_cpu=lambda: False, device_type="cuda")
+    return {m.__name__: m for m in (shim, platforms)}
