@@ -236,33 +236,48 @@ def replay(trace: Any, spec: RunSpec | None = None,
     return Results(spec, slot_load, true_load, segments, counters)
 
 
-def comparison(spec: RunSpec, policies: Sequence[Any], modes: Sequence[str]) -> list[RunSpec]:
-    """The specs of every (mode, policy) of `spec`, modes outermost, leaving out the modes a
-    policy does not run in (`DispatchPolicy.modes`; InputError for a policy that runs in none of
-    `modes`). A policy that places the shared expert has every spec count it
-    (`RunSpec.sharing`)."""
+def comparison(spec: RunSpec, policies: Sequence[Any], modes: Sequence[str],
+               sources: Sequence[Any] | None = None) -> list[RunSpec]:
+    """The specs of every (mode, policy, engine source) of `spec`, modes outermost and each
+    policy's sources side by side, leaving out the modes a policy does not run in
+    (`DispatchPolicy.modes`; InputError for a policy that runs in none of `modes`). `sources`:
+    the engine source sets to run each engine algorithm from (default the spec's own; a
+    policy that is no engine's runs once). A policy that places the shared expert has every
+    spec count it (`RunSpec.sharing`)."""
     spec = spec.sharing(policies)
     runs = {p: resolve_policy(p)[1].modes for p in policies}
     for p, can in runs.items():
         if not set(modes) & set(can):
             spec.replace(policy=p, mode=modes[0])  # the part's message says why
-    return [spec.replace(policy=p, mode=m) for m in modes for p in policies if m in runs[p]]
+    sets = list(sources or [spec.dispatch.engine_source])
+    engine_solver = is_engine_name(spec.solver.solver)
+    return [spec.replace(policy=p, mode=m, engine_source=src) for m in modes for p in policies
+            if m in runs[p]
+            for src in (sets if is_engine_name(p) or engine_solver else sets[:1])]
 
 
 def compare(trace: Any, policies: Sequence[Any], modes: Sequence[str],
             spec: RunSpec | None = None,
             progress: Callable[[RunSpec], Any] | None = None,
-            run: Callable[..., Results] = replay) -> Comparison:
-    """Replay every spec of `comparison` on the same trace, counting its loads and solving its
-    schedule once for all (the specs differ in policy and mode only): a list of Results that
-    prints as a table (`Comparison`). `progress(spec)`, when given, makes a bar for one
-    replay (a context manager with `update`, as `progress.bar` does). `run` replays one spec,
-    called as `replay` is (`workers.Workers.replay` splits it over processes)."""
+            run: Callable[..., Results] = replay,
+            sources: Sequence[Any] | None = None) -> Comparison:
+    """Replay every spec of `comparison` on the same trace, counting its loads once and solving
+    its schedule once for all (the specs differ in policy, mode and engine source; once for
+    each engine source when the solver is an engine's): a list of Results that prints as a
+    table (`Comparison`). `progress(spec)`, when given, makes a bar for one replay (a context
+    manager with `update`, as `progress.bar` does). `run` replays one spec, called as `replay`
+    is (`workers.Workers.replay` splits it over processes)."""
     out = Comparison()
-    specs = comparison(fitted(trace, RunSpec() if spec is None else spec), policies, modes)
+    specs = comparison(fitted(trace, RunSpec() if spec is None else spec), policies, modes,
+                       sources)
     true_load = routed_loads(trace)  # counted and solved once: only the dispatch differs
-    planned = true_load, schedule_of(trace, specs[0], true_load)
+    plans: dict[str, tuple] = {}
     for one in specs:
+        key = repr(sorted(one.dispatch.engine_source.items())) \
+            if is_engine_name(one.solver.solver) else ""
+        if key not in plans:
+            plans[key] = true_load, schedule_of(trace, one, true_load)
+        planned = plans[key]
         if progress is None:
             out.append(run(trace, one, planned=planned))
             continue

@@ -200,7 +200,8 @@ def table_columns(rows: Sequence[dict[str, Any]], table: str = "main") -> tuple[
     value differs between the rows, then the columns of every metric shown in `table`
     ("main", "decomposition" or "time") that says something about these rows
     (`Metric.shown`)."""
-    settings = [k for k in (rows[0] if rows else {}) if k not in METRICS and k != "speedup"]
+    settings = [k for k in (rows[0] if rows else {}) if k not in METRICS and k != "speedup"
+                and not (k == "engine_source" and "engine" in rows[0])]  # `engine` names it
     shown = [k for k in settings if k in ("policy", "mode") or len(
         {json.dumps(r.get(k), sort_keys=True, default=str) for r in rows}) > 1]
     columns = [(k, k, None) for k in shown]
@@ -243,14 +244,15 @@ def table_notes(rows: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def describe(trace: Any, spec: RunSpec, asked: RunSpec | None = None,
-             policies: Sequence[Any] = ()) -> str:
+             policies: Sequence[Any] = (), sources: int = 1) -> str:
     """One line: the trace's sizes (and the steps selected), the run's topology, slots,
     solver or given placement, view, rng and seed, the model and where it came from when time
     is priced or the shared experts counted, the shared experts when counted, and the engine
     code that ran.
     `asked`: the spec as given, before the slots were fitted to the trace (`RunSpec.fit`) and
     the shared experts shared by a comparison of `policies` (`RunSpec.sharing`), so the line
-    can say where each came from."""
+    can say where each came from. `sources`: the engine source sets the run compares (with
+    more than one, the rows name the engine code, not this line)."""
     source = trace.meta.get("scenario") or trace.meta.get("source") or "trace"
     topo = spec.topology.topology()
     P = trace.num_experts + spec.topology.redundant
@@ -270,7 +272,7 @@ def describe(trace: Any, spec: RunSpec, asked: RunSpec | None = None,
             + (f", model {spec.cost.name} ({model_origin(trace.meta, asked)})"
                if spec.cost.cost is not None or spec.shared_work() else "")
             + ("" if counts_only else _shared_words(spec, asked, policies))
-            + _engine_words(spec, policies))
+            + (_engine_words(spec, policies) if sources == 1 else ""))
 
 
 def _engine_words(spec: RunSpec, policies: Sequence[Any]) -> str:

@@ -44,7 +44,7 @@ from .checks import rank_invariance
 from .cost.compute import ETA_COMPUTE, ETA_MEMORY, roofline_terms
 from .cost.measured import ROOFLINE
 from .dispatch import USER, resolve_policy
-from .engines import is_engine_name
+from .engines import as_sources, is_engine_name, ran
 from .errors import InputError
 from .evidence import LEVEL, RESAMPLES, Draws, draws, figure, interval, resampled
 from .placement import Placement
@@ -109,6 +109,7 @@ class Report:
 def review(trace: Any, candidate: Any, baseline: Any = None, spec: RunSpec | None = None, *,
            holdout: float = 0.5, seeds: int = 3, windows: int = WINDOWS,
            min_effect: float = MIN_EFFECT, resamples: int = RESAMPLES,
+           baseline_sources: Any = None,
            progress: Callable[[str], None] | None = None) -> Report:
     """Review `candidate` against `baseline` (default: SGLang's dispatch for the spec's mode,
     `row` in "none", `random` in "a2a") on `trace` under `spec` (module doc). Policies are
@@ -116,7 +117,10 @@ def review(trace: Any, candidate: Any, baseline: Any = None, spec: RunSpec | Non
     scored share of the steps, in (0, 1); `seeds` the seeds every scored step is replayed
     with; `windows` the held-out windows the scored steps are cut into (a rolling origin);
     `min_effect` the smallest gain worth a pull request, in % of the baseline's step time;
-    `resamples` the block bootstrap's (`evidence`). `progress(what)` hears of each replay."""
+    `resamples` the block bootstrap's (`evidence`). `baseline_sources`: the engine sources
+    the baseline's engine code runs from, when not the spec's (a branch against main: the
+    candidate from the branch, the baseline from main). `progress(what)` hears of each
+    replay."""
     if isinstance(trace, CountsTrace):
         raise InputError("a review dispatches token rows; a counts-only trace has none")
     _check_options(holdout, seeds, windows, min_effect, resamples)
@@ -127,7 +131,11 @@ def review(trace: Any, candidate: Any, baseline: Any = None, spec: RunSpec | Non
     mode = spec.dispatch.mode
     baseline = ("row" if mode == "none" else "random") if baseline is None else baseline
     sources = spec.dispatch.engine_source
-    names = [resolve_policy(p, sources)[0] for p in (candidate, baseline)]
+    base_sources = sources if baseline_sources is None else dict(as_sources(baseline_sources))
+    roles = {"candidate": {"policy": candidate, "engine_source": sources},
+             "baseline": {"policy": baseline, "engine_source": base_sources}}
+    names = [_name(r["policy"], r["engine_source"], sources != base_sources)
+             for r in roles.values()]
     note = progress or (lambda what: None)
 
     S = trace.num_steps
@@ -146,9 +154,9 @@ def review(trace: Any, candidate: Any, baseline: Any = None, spec: RunSpec | Non
     for i in range(seeds):
         seeded = fitted(test, scoring.replace(seed=spec.dispatch.seed + i))
         planned = routed, schedule_of(test, seeded, routed)
-        for which, policy in (("candidate", candidate), ("baseline", baseline)):
+        for which, role in roles.items():
             note(f"{which} {names[which == 'baseline']}, seed {spec.dispatch.seed + i}")
-            runs[which].append(replay(test, seeded.replace(policy=policy), planned=planned))
+            runs[which].append(replay(test, seeded.replace(**role), planned=planned))
     cand, base = runs["candidate"][0], runs["baseline"][0]
     held = None
     if rebalancing:
@@ -156,7 +164,7 @@ def review(trace: Any, candidate: Any, baseline: Any = None, spec: RunSpec | Non
         held = replay(test, _without_schedule(spec).replace(policy=candidate,
                                                             placement=placement))
     cuts = _cuts(placed, S, windows)
-    windowed = [_window(trace, spec, a, b, candidate, baseline, note) for a, b in cuts]
+    windowed = [_window(trace, spec, a, b, roles, note) for a, b in cuts]
 
     d = draws(seeds, scored, resamples, spec.dispatch.seed)
     invariance = _invariance(candidate, names[0], test, placement, scoring, cand)
@@ -168,7 +176,8 @@ def review(trace: Any, candidate: Any, baseline: Any = None, spec: RunSpec | Non
              "windows": [[a, b] for a, b in cuts], "mode": mode, "gpus": spec.topology.gpus,
              "slots": placement.num_slots, "solver": str(spec.solver.solver),
              "cost": str(spec.cost.cost), "model": spec.cost.name,
-             "device": spec.cost.device_profile, "engine_source": dict(sources)}
+             "device": spec.cost.device_profile, "engine_source": dict(sources),
+             "baseline_engine_source": dict(base_sources)}
     notes = warnings(trace, spec, asked, [
         (f"the placement window (steps 0-{placed - 1})", 0, placed),
         (f"the scored window (steps {placed}-{S - 1})", placed, S)])
@@ -215,17 +224,26 @@ def _cuts(placed: int, num_steps: int, windows: int) -> list[tuple[int, int]]:
     return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
-def _window(trace: Any, spec: RunSpec, a: int, b: int, candidate: Any, baseline: Any,
+def _name(policy: Any, sources: Any, apart: bool) -> str:
+    """A policy's name on the page; with the engine code it ran from when the candidate's and
+    the baseline's sources are `apart`."""
+    name = resolve_policy(policy, sources)[0]
+    code = ran([name], sources) if apart else None
+    return f"{name} ({code})" if code else name
+
+
+def _window(trace: Any, spec: RunSpec, a: int, b: int, roles: dict[str, dict],
             note: Callable[[str], None]) -> dict[str, Any]:
-    """One held-out window: placed on steps `[0, a)`, both policies scored on `[a, b)` with
-    the spec's seed; their differences in time and GPU imbalance."""
+    """One held-out window: placed on steps `[0, a)`, candidate and baseline (`roles`: the
+    policy and engine source of each) scored on `[a, b)` with the spec's seed; their
+    differences in time and GPU imbalance."""
     train, test = select(trace, f"0:{a}"), select(trace, f"{a}:{b}")
     scoring = fitted(test, _scoring(spec, _placement(train, spec)))
     routed = routed_loads(test)
     planned = routed, schedule_of(test, scoring, routed)
     note(f"held-out window {a}-{b - 1}")
-    cand, base = (replay(test, scoring.replace(policy=p), planned=planned).metrics
-                  for p in (candidate, baseline))
+    cand, base = (replay(test, scoring.replace(**roles[r]), planned=planned).metrics
+                  for r in ("candidate", "baseline"))
     return {"placed_on": [0, a], "scored_on": [a, b],
             "difference_ms": cand["moe_ms"] - base["moe_ms"],
             "difference_pct": _percent(cand["moe_ms"], base["moe_ms"]),

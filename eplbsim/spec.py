@@ -17,6 +17,7 @@ import argparse
 import json
 import math
 import os
+from itertools import product
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -204,6 +205,24 @@ class Options:
                 raise InputError(f"option {key!r} must be a number, text or boolean, "
                                  f"got {item!r}")
         return dict(value)
+
+
+@dataclass(frozen=True)
+class EngineSources(Options):
+    """Engine sources `{ENGINE: PATH or "=VERSION"}`: `ENGINE=PATH` or `ENGINE==VERSION` on the
+    command line, comma-separated or repeated. Several sources of one engine make several runs
+    (`sets`), side by side."""
+
+    def sets(self, texts: Sequence[str]) -> list[dict[str, Any]]:
+        """The source sets `texts` (flag values, each comma-separated) name: every combination
+        of each engine's sources, in the order given (one set when each engine has one)."""
+        given: dict[str, list[str]] = {}
+        for text in texts:
+            for item in (t.strip() for t in text.split(",") if t.strip()):
+                engine, value = self.parse(item)
+                if str(value) not in given.setdefault(engine, []):
+                    given[engine].append(str(value))
+        return [dict(zip(given, chosen)) for chosen in product(*given.values())] or [{}]
 
 
 @dataclass(frozen=True)
@@ -642,11 +661,13 @@ class DispatchPart(Part):
         "rank in a2a unless the policy sends it, split over the GPUs in none); default: the "
         "model's when a policy dispatches them (waterfill), else none",
         Integer(0, optional=True, most=MAX_TOP_K))
-    engine_source: dict = knob({}, "run an engine's own code from this folder (a checkout's "
-                               "package parent: SGLang's python/) instead of the pinned "
-                               "version, for sglang:* and vllm:* policies and solvers",
-                               Options("engine_source"), flags=("--engine-source",),
-                               metavar="ENGINE=PATH")
+    engine_source: dict = knob({}, "run an engine's own code, for sglang:* and vllm:* policies "
+                               "and solvers, from this release (fetched on first use) or "
+                               "folder (a checkout's package parent: SGLang's python/, or the "
+                               "repository root) instead of the pinned release; several, "
+                               "comma-separated, run side by side",
+                               EngineSources("engine_source"), flags=("--engine-source",),
+                               metavar="ENGINE==VERSION|ENGINE=PATH")
 
     def relate(self) -> None:
         object.__setattr__(self, "engine_source", dict(as_sources(self.engine_source)))
@@ -1108,6 +1129,11 @@ def from_args(args: argparse.Namespace, command: str, parts: tuple[str, ...] | N
             values[name] = lists[name][0]
         elif isinstance(knob.type, Switch):
             values[name] = checked(name, knob, raw, flag)
+        elif isinstance(knob.type, EngineSources):
+            sets = [checked(name, knob, one, flag) for one in knob.type.sets(raw)]
+            values[name] = sets[0]
+            if len(sets) > 1:
+                lists[name] = sets
         elif isinstance(knob.type, Options):
             values[name] = checked(name, knob, dict(_parsed(knob, item, flag) for item in raw),
                                    flag)

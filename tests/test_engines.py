@@ -327,3 +327,28 @@ def test_a_repository_checkout_and_what_a_source_lacks(sglang_source, tmp_path, 
     listed = _run_json(capsys, ["engines", "list", "--engine-source", f"sglang={repo}"])[0]
     assert listed["algorithms"]["sglang:lp"] == "no sglang/test/kernels/lplb.py"
     assert listed["algorithms"]["sglang:dynamic"] is None
+
+
+def test_several_releases_side_by_side_and_a_review_of_one_against_another(capsys):
+    for version in ("0.5.16", "0.5.17"):
+        _fetched("sglang", version)
+    rows = _run_json(capsys, ["run", "--policies", "sglang:static,sglang:dynamic,row", "--mode",
+                              "none", "--engine-source", "sglang==0.5.16,sglang==0.5.17",
+                              "--rng", "shared", "--steps", "2", "--tokens", "64"])
+    assert [(r["policy"], r.get("engine")) for r in rows] == [
+        ("sglang:static", "sglang 0.5.16"), ("sglang:static", "sglang 0.5.17"),
+        ("sglang:dynamic", "sglang 0.5.16"), ("sglang:dynamic", "sglang 0.5.17"),
+        ("row", None)]  # a policy that is no engine's runs once
+    report = _json_status(capsys, [
+        "review", "sglang:dynamic", "--engine-source", "sglang==0.5.16", "--baseline",
+        "sglang:dynamic", "--baseline-engine-source", "sglang==0.5.17", *SEED_BUG[1:9],
+        "--solver", "trivial", "--rng", "shared"], 1)
+    assert (report["candidate"], report["baseline"]) == ("sglang:dynamic (sglang 0.5.16)",
+                                                         "sglang:dynamic (sglang 0.5.17)")
+    assert report["verdict"] == "not recommended"
+    assert report["invariance"]["counterexample"] is not None
+
+
+def _json_status(capsys, argv, status):
+    assert main(argv + ["--json"]) == status
+    return json.loads(capsys.readouterr().out)

@@ -44,6 +44,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resamples", type=int, default=RESAMPLES, metavar="N", help="resamples of "
                    "the block bootstrap that gives the differences' 95%% intervals (default "
                    f"{RESAMPLES})")
+    p.add_argument("--baseline-engine-source", action="append", default=[],
+                   metavar="ENGINE==VERSION|ENGINE=PATH", help="run the baseline's engine code "
+                   "from this release or folder (default: --engine-source's): a branch against "
+                   "main is --engine-source sglang=BRANCH --baseline-engine-source sglang=MAIN")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--out", type=Path, help="write report.md, report.html (self-contained, its "
                    "figures embedded) and report.json")
@@ -60,6 +64,9 @@ def handle(args: argparse.Namespace) -> int:
     if args.mode is None:  # one mode, not the listed default of run
         args.mode = "none"
     values, lists = spec.from_args(args, "review")
+    if len(lists.get("engine_source", [])) > 1:
+        raise InputError("--engine-source: a review runs the candidate from one source (the "
+                         "baseline's is --baseline-engine-source)")
     if len(lists.get("mode", [])) > 1:
         raise InputError("--mode: a review runs in one mode, none or a2a")
     source, base = spec.build(values)
@@ -75,7 +82,7 @@ def handle(args: argparse.Namespace) -> int:
     trace = source.open(base.dispatch.seed, base.schedule)
     report = review(trace, args.candidate, args.baseline, base, holdout=args.holdout,
                     seeds=args.seeds, windows=args.windows, min_effect=args.min_effect,
-                    resamples=args.resamples)
+                    resamples=args.resamples, baseline_sources=_baseline_sources(args))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "report.md").write_text(markdown(report))
@@ -85,3 +92,14 @@ def handle(args: argparse.Namespace) -> int:
     if args.out and not args.json:
         print("wrote " + ", ".join(str(args.out / name) for name in OUTPUTS))
     return report.exit_status
+
+
+def _baseline_sources(args: argparse.Namespace) -> dict | None:
+    """`--baseline-engine-source` as one source set, or None (the candidate's)."""
+    if not args.baseline_engine_source:
+        return None
+    sets = spec.EngineSources("engine_source").sets(args.baseline_engine_source)
+    if len(sets) > 1:
+        raise InputError("--baseline-engine-source: one source an engine (a review compares "
+                         "two runs)")
+    return sets[0]

@@ -58,7 +58,8 @@ def handle(args: argparse.Namespace) -> int:
     policies = lists["policy"]
     with _runner(args, trace) as run:
         results = compare(trace, policies, lists["mode"], base,
-                          lambda one: bar(trace.num_steps, run_label(one)), run)
+                          lambda one: bar(trace.num_steps, run_label(one)), run,
+                          lists.get("engine_source"))
     rows = [r.row() for r in results]
     if args.baseline is not None:
         if base.cost.cost is None:
@@ -67,7 +68,8 @@ def handle(args: argparse.Namespace) -> int:
     if args.json:
         print(to_json(rows))
     else:
-        print(describe(trace, results[0].spec, base, policies))
+        print(describe(trace, results[0].spec, base, policies,
+                       len(lists.get("engine_source", [None]))))
         for line in warnings(trace, results[0].spec, base):
             print(line)
         print(format_table(rows))
