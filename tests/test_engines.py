@@ -15,6 +15,7 @@ import torch
 
 from eplbsim import engines
 from eplbsim.cli import main
+from eplbsim.errors import InputError
 from eplbsim.engines.conform import conformance
 from eplbsim.replay import compare, replay
 from eplbsim.spec import RunSpec
@@ -352,3 +353,40 @@ def test_several_releases_side_by_side_and_a_review_of_one_against_another(capsy
 def _json_status(capsys, argv, status):
     assert main(argv + ["--json"]) == status
     return json.loads(capsys.readouterr().out)
+
+
+def test_bisect_names_the_release_that_fixed_the_seeds_bug(capsys, monkeypatch):
+    """Over the tested releases (the package index listed as them, so nothing is fetched
+    here): rank agreement of SGLang's own dynamic dispatch in "none" changes at 0.5.17."""
+    from eplbsim import bisect
+    tested = engines.ENGINES["sglang"].tested
+    for version in tested:
+        _fetched("sglang", version)
+    monkeypatch.setattr(bisect, "index_versions", lambda engine: ["0.5.1", *tested, "0.6.0"])
+    argv = ["engines", "bisect", "sglang", f"{tested[0]}..{tested[-1]}", "--policies",
+            "sglang:dynamic", "--mode", "none", "--metric", "rank_agreement", "--solver",
+            "trivial", "--rng", "shared", "--steps", "2", "--tokens", "64", "--layers", "2",
+            "--gpus", "8", "--gpus-per-node", "4"]
+    out = _run_json(capsys, argv)
+    assert out["first_changed"] == "0.5.17" and out["releases"] == list(tested)
+    assert [(t["release"], t["status"]) for t in out["tried"]] == [
+        ("0.5.16", "good"), ("0.5.17", "changed"), ("0.5.23", "changed")]
+    assert main(argv) == 0
+    assert "first release at which rank_agreement changes: 0.5.17" in capsys.readouterr().out
+    _one_error_line(capsys, argv[:3] + ["0.5.23..0.5.16"] + argv[4:], "is not older than")
+    _one_error_line(capsys, argv[:3] + ["0.4.0..0.5.23"] + argv[4:], "has no release 0.4.0")
+
+
+def test_bisect_goes_around_a_release_that_does_not_run():
+    from eplbsim.bisect import bisect
+    values = {"1": 0.5, "2": 0.5, "3": None, "4": 1.0, "5": 1.0}
+
+    def measure(version):
+        if values[version] is None:
+            raise InputError("lacks a function")
+        return values[version]
+    first, tried = bisect(list(values), measure)
+    assert first == "4"
+    assert {t.release: t.status for t in tried}["3"] == "failed"
+    first, tried = bisect(["1", "2"], lambda v: 0.5)  # nothing changed
+    assert first is None and [t.status for t in tried] == ["good", "good"]

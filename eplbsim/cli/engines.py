@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from .. import spec
 from ..errors import InputError
 from ..results import to_json
 
@@ -17,6 +18,8 @@ SUBCOMMANDS = {
             "functions each adapter exposes; with --engine-source, what a source can run",
     "conform": "the conformance table: each eplbsim twin against the engine function it "
                "models; exit status 0 only when every row conforms",
+    "bisect": "the first release of an engine between GOOD and BAD whose own code changes a "
+              "run's metric, by binary search over the package index's releases",
 }
 
 
@@ -113,6 +116,68 @@ def conform(args: argparse.Namespace) -> int:
     return 0 if all(r.conforms for r in rows) else 1
 
 
+def bisect(args: argparse.Namespace) -> int:
+    """`engines bisect`: the first release whose metric differs from GOOD's (`eplbsim.bisect`)."""
+    from ..bisect import bisect as search, releases
+    from ..engines import ENGINES, is_engine_name, version_key
+    from ..metrics import METRICS
+    from ..replay import replay
+    engine = args.engine
+    if engine not in ENGINES:
+        raise InputError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
+    good, sep, bad = args.range.partition("..")
+    if not sep or not good or not bad:
+        raise InputError(f"GOOD..BAD: give two releases, e.g. 0.5.14..0.5.23, got {args.range!r}")
+    metric = METRICS.get(args.metric)
+    if metric is None or metric.subkeys is not None:
+        raise InputError(f"--metric {args.metric!r}: give one number of a row's metrics, e.g. "
+                         f"rank_agreement or output_rel_error")
+    if args.policy is None:
+        raise InputError("--policies: name the one policy the bisect replays")
+    values, lists = spec.from_args(args, "run")
+    if len(lists["policy"]) > 1 or len(lists["mode"]) > 1:
+        raise InputError("a bisect replays one policy in one mode (--policies P --mode M)")
+    source, base = spec.build(values)
+    if engine in base.dispatch.engine_source:
+        raise InputError(f"--engine-source: the bisect runs {engine} from each release itself")
+    if not any(is_engine_name(n) and n.startswith(engine + ":")
+               for n in (base.dispatch.policy, base.solver.solver)):
+        raise InputError(f"neither the policy nor the solver is {engine}'s: nothing would run "
+                         f"{engine}'s code (e.g. --policies {engine}:dynamic)")
+    trace = source.open(base.dispatch.seed, base.schedule)
+
+    def measure(version: str) -> float:
+        run = base.replace(engine_source={**base.dispatch.engine_source, engine: "=" + version})
+        value = replay(trace, run).metrics[args.metric]
+        if value is None:
+            raise InputError(f"{args.metric} is undefined for this run")
+        return value
+
+    versions = releases(engine, good, bad)
+    first, tried = search(versions, measure, args.tolerance)
+    tried.sort(key=lambda t: version_key(t.release))
+    if args.json:
+        print(to_json({"engine": engine, "range": [good, bad], "releases": versions,
+                       "metric": args.metric, "tolerance": args.tolerance,
+                       "first_changed": first, "tried": [t.as_dict() for t in tried]}))
+        return 0
+    print(f"{engine} {good}..{bad}: {len(versions)} releases; {values['policy']} in "
+          f"{base.dispatch.mode} mode, {args.metric} (tolerance {args.tolerance:g}):")
+    width = max(len(args.metric), 5)
+    print(f"{'release':12s}  {args.metric:>{width}s}  {'status':8s}  seconds")
+    for t in tried:
+        value = "-" if t.value is None else f"{t.value:.4f}"
+        print(f"{t.release:12s}  {value:>{width}s}  {t.status:8s}  {t.seconds:7.1f}"
+              + (f"  {t.why}" if t.why else ""))
+    by = {t.release: t.value for t in tried}
+    if first is None:
+        print(f"{args.metric} does not change between the releases that ran")
+    else:
+        print(f"first release at which {args.metric} changes: {first} ({by[good]:.4f} in "
+              f"{good}, {by[first]:.4f} in {first})")
+    return 0
+
+
 def _source(text: str) -> tuple[str, Any]:
     """`ENGINE=PATH` or `ENGINE==VERSION` as `(engine, PATH or "=VERSION")`."""
     engine, sep, path = text.partition("=")
@@ -140,6 +205,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      "comma-separate, for several)")
     cmd.add_argument("--json", action="store_true", help="print a JSON array")
     cmd.set_defaults(handler=listing)
+    cmd = command("bisect")
+    cmd.add_argument("engine", metavar="ENGINE", help="the engine: sglang or vllm")
+    cmd.add_argument("range", metavar="GOOD..BAD", help="the releases to search between, both "
+                     "included, e.g. 0.5.14..0.5.23")
+    cmd.add_argument("--metric", required=True, metavar="KEY", help="the row's metric that "
+                     "changed, e.g. rank_agreement (JSON keys: eplbsim run --json)")
+    cmd.add_argument("--tolerance", type=float, default=0.0, metavar="X", help="a change is a "
+                     "difference above X from GOOD's value (default 0)")
+    cmd.add_argument("--json", action="store_true", help="print the table as JSON")
+    spec.add_flags(cmd, "run")
+    cmd.set_defaults(handler=bisect)
     cmd = command("conform")
     cmd.add_argument("--engine", action="append", metavar="ENGINE",
                      help="check this engine only (repeat for several; default: every one)")

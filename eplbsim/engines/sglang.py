@@ -249,7 +249,7 @@ class SGLang:
 
     def startup(self, layout: Layout, phy2log: torch.Tensor, rank: int) -> Any:
         """Rank `rank`'s `ExpertLocationMetadata` at start-up (`init_by_mapping`)."""
-        with self._configured(layout):
+        with self._configured(layout), _distributed_rank(rank, layout.num_gpus):
             return call(self.location.ExpertLocationMetadata.init_by_mapping, self.label,
                         **self._known(layout, physical_to_logical_map=phy2log.clone(),
                                       moe_ep_rank=rank))
@@ -259,7 +259,7 @@ class SGLang:
         """Rank `rank`'s metadata after a live rebalance to a solver's `(phy2log [L, P],
         log2phy [L, E, R])`: what `init_by_eplb` builds from its solver's output."""
         self.need("rebalanced")
-        with self._configured(layout), _distributed_rank(rank):
+        with self._configured(layout), _distributed_rank(rank, layout.num_gpus):
             return call(self.location.ExpertLocationMetadata._init_raw, self.label,
                         **self._known(layout, physical_to_logical_map=phy2log.clone(),
                                       logical_to_all_physical_map=log2phy.clone()))
@@ -270,7 +270,7 @@ class SGLang:
         the engine's solver `solver` (its `--eplb-algorithm`)."""
         self._check_solver(solver)
         self._settings.eplb_algorithm = solver
-        with self._configured(layout), _distributed_rank(rank):
+        with self._configured(layout), _distributed_rank(rank, layout.num_gpus):
             return call(self.location.ExpertLocationMetadata.init_by_eplb, self.label,
                         **self._known(layout, logical_count=logical_count.clone()))
 
@@ -456,13 +456,15 @@ def _default_generator(generator: torch.Generator | None, device: torch.device) 
 
 
 @contextmanager
-def _distributed_rank(rank: int) -> Iterator[None]:
-    """`torch.distributed.get_rank()` answers `rank` during the block (the engine's `_init_raw`
-    reads it for `static`'s table when no rank is passed)."""
+def _distributed_rank(rank: int, world: int) -> Iterator[None]:
+    """`torch.distributed.get_rank()` answers `rank`, and `get_world_size()` `world`, during
+    the block (the engine's `_init_raw` reads the rank for `static`'s table when no rank is
+    passed, at start-up too in 0.5.14)."""
     dist = torch.distributed
-    saved = dist.get_rank
+    saved = dist.get_rank, dist.get_world_size
     dist.get_rank = lambda group=None: rank
+    dist.get_world_size = lambda group=None: world
     try:
         yield
     finally:
-        dist.get_rank = saved
+        dist.get_rank, dist.get_world_size = saved
