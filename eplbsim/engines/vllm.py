@@ -19,6 +19,8 @@ Dimensions: `L` layers, `E` logical experts, `P` physical slots, `R` max replica
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any
@@ -113,11 +115,9 @@ class VLLM:
         return self.need("hash")
 
     def _map_kernel(self) -> Any:
-        try:
-            import triton  # noqa: F401 - the kernel is Triton code
-        except ImportError:
+        if importlib.util.find_spec("triton") is None:
             raise InputError("vLLM's map kernel is Triton code; install triton (the dev extra "
-                             "has it)") from None
+                             "has it)")
         with interpreted():
             router = self.modules.load(ROUTER)
         kernel = getattr(router, "eplb_map_to_physical_and_record", None)
@@ -148,8 +148,6 @@ FINDERS = {"default": VLLM._default_policy, "views": VLLM._logical_maps,
 def _stubs() -> dict[str, ModuleType]:
     """What the adapter supplies (module doc): Triton through vLLM's shim, and a CUDA-like
     platform (the kernel is defined there only)."""
-    import importlib
-
     shim = ModuleType("vllm.triton_utils")
     try:
         shim.triton = importlib.import_module("triton")
