@@ -46,10 +46,6 @@ class Engine:
     adapter: type
     exposes: Mapping[str, str]
 
-    @property
-    def version(self) -> str:
-        return self.pinned
-
 
 ENGINES: dict[str, Engine] = {
     "sglang": Engine(_sglang.PINNED, ("0.5.16", "0.5.17", _sglang.PINNED), _sglang.KEEP,
@@ -149,7 +145,7 @@ def adapter(engine: str, sources: Sources = ()) -> Any:
     if folder is None:
         raise InputError(f"{engine} {spec.pinned} is not fetched: run `eplbsim engines fetch` "
                          f"(it downloads the wheel, no dependencies)")
-    return spec.adapter(folder, label(engine, sources), release_of(engine, folder))
+    return spec.adapter(folder, label(engine, sources))
 
 
 def fetched(engine: str) -> list[str]:

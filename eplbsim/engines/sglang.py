@@ -113,12 +113,12 @@ class Layout:
 
 class SGLang:
     """SGLang's EPLB functions from the engine source `root` (the folder holding `sglang/`),
-    labelled `label` (what rows say ran); `version` is the release's, when known."""
+    labelled `label` (what rows say ran)."""
 
     engine = PACKAGE
 
-    def __init__(self, root: Path, label: str, version: str | None = None) -> None:
-        self.root, self.label, self.version = Path(root), label, version
+    def __init__(self, root: Path, label: str) -> None:
+        self.root, self.label = Path(root), label
         self._settings = sglang_runtime.Settings(label)
         self._settings_extra = SimpleNamespace(model=None, waterfill_dynamic=False,
                                                all_reduced=None)

@@ -47,12 +47,12 @@ EXPOSES = {
 
 class VLLM:
     """vLLM's EPLB functions from the engine source `root` (the folder holding `vllm/`),
-    labelled `label`; `version` is the release's, when known."""
+    labelled `label`."""
 
     engine = PACKAGE
 
-    def __init__(self, root: Path, label: str, version: str | None = None) -> None:
-        self.root, self.label, self.version = Path(root), label, version
+    def __init__(self, root: Path, label: str) -> None:
+        self.root, self.label = Path(root), label
         self.modules = Modules(self.root, PACKAGE, _stubs(), label)
         self._found: dict[str, Any] = {}
 
