@@ -10,7 +10,7 @@ import html as _html
 import io
 from typing import Any
 
-from .verdict import number, rules
+from .verdict import interval_words, number, rules
 
 Report = Any  # a `review.Report`
 
@@ -92,7 +92,7 @@ def _balance(r: Report) -> list[str]:
     lines = _table([[k, b["candidate"][k], b["baseline"][k]] for k in b["candidate"]],
                    ["metric", r.candidate, r.baseline])
     lines += ["", f"GPU imbalance (routed pairs), candidate less baseline: "
-                  f"{number(d['difference'])}, {_interval(d['interval'])}."]
+                  f"{number(d['difference'])}, {interval_words(*d['interval'])}."]
     if len(b["per_layer"]["candidate"]) > 1:
         lines.append("Worst layers (GPU imbalance): " + ", ".join(
             f"layer {w['layer']} {number(w['candidate'])} (baseline {number(w['baseline'])})"
@@ -112,7 +112,7 @@ def _time(r: Report) -> list[str]:
     lines = _table([[k, t["candidate"][k], t["baseline"][k]] for k in t["candidate"]],
                    ["", r.candidate, r.baseline])
     lines += ["", f"Difference {number(t['difference_ms'])} ms a step, "
-                  f"{number(t['difference_pct'])}% ({_interval(t['interval_ms'])} ms, "
+                  f"{number(t['difference_pct'])}% ({interval_words(*t['interval_ms'], ' ms')}, "
                   f"{number(t['interval_pct'][0])}% to {number(t['interval_pct'][1])}%: a block "
                   f"bootstrap of {boot['resamples']} resamples, blocks of {boot['block_steps']} "
                   f"steps, over {boot['seeds']} seed(s), whose spread is "
@@ -132,10 +132,6 @@ def _time(r: Report) -> list[str]:
                       w["gpu_imbalance_difference"]] for w in t["windows"]],
                     ["scored steps", "placed on", "ms a step", "%", "GPU imbalance"])
     return lines
-
-
-def _interval(bounds: list[float]) -> str:
-    return f"95% interval {number(bounds[0])} to {number(bounds[1])}"
 
 
 def markdown(report: Report) -> str:

@@ -164,7 +164,8 @@ def review(trace: Any, candidate: Any, baseline: Any = None, spec: RunSpec | Non
         held = replay(test, _without_schedule(spec).replace(policy=candidate,
                                                             placement=placement))
     cuts = _cuts(placed, S, windows)
-    windowed = [_window(trace, spec, a, b, roles, note) for a, b in cuts]
+    windowed = [_window(trace, spec, a, b, roles, note, placement if a == placed else None)
+                for a, b in cuts]
 
     d = draws(seeds, scored, resamples, spec.dispatch.seed)
     invariance = _invariance(candidate, names[0], test, placement, scoring, cand)
@@ -233,12 +234,15 @@ def _name(policy: Any, sources: Any, apart: bool) -> str:
 
 
 def _window(trace: Any, spec: RunSpec, a: int, b: int, roles: dict[str, dict],
-            note: Callable[[str], None]) -> dict[str, Any]:
-    """One held-out window: placed on steps `[0, a)`, candidate and baseline (`roles`: the
-    policy and engine source of each) scored on `[a, b)` with the spec's seed; their
-    differences in time and GPU imbalance."""
-    train, test = select(trace, f"0:{a}"), select(trace, f"{a}:{b}")
-    scoring = fitted(test, _scoring(spec, _placement(train, spec)))
+            note: Callable[[str], None], placed: Placement | None = None) -> dict[str, Any]:
+    """One held-out window: placed on steps `[0, a)` (`placed`, when the caller has solved
+    that placement already), candidate and baseline (`roles`: the policy and engine source of
+    each) scored on `[a, b)` with the spec's seed; their differences in time and GPU
+    imbalance."""
+    test = select(trace, f"{a}:{b}")
+    if placed is None:
+        placed = _placement(select(trace, f"0:{a}"), spec)
+    scoring = fitted(test, _scoring(spec, placed))
     routed = routed_loads(test)
     planned = routed, schedule_of(test, scoring, routed)
     note(f"held-out window {a}-{b - 1}")

@@ -86,7 +86,7 @@ def _time_verdict(balance: dict, time: dict) -> tuple[str, list[str]]:
     """Rule 4 of the module doc."""
     lo, hi = time["interval_pct"]
     m = time["min_effect_pct"]
-    said = (f"{_signed(time['difference_pct'])}% a step ({_range(lo, hi, '%')}, "
+    said = (f"{_signed(time['difference_pct'])}% a step ({interval_words(lo, hi, '%')}, "
             f"{number(time['difference_ms'])} ms of the baseline's "
             f"{number(time['baseline']['ms_per_step'])} ms)")
     term = f"{time['decides']['term']} decide the time"
@@ -112,7 +112,7 @@ def _time_verdict(balance: dict, time: dict) -> tuple[str, list[str]]:
         b = balance["difference"]
         if b["interval"][0] > 0:
             reasons.append(f"its GPU imbalance is worse beyond its interval: "
-                           f"{_signed(b['difference'])} ({_range(*b['interval'])})")
+                           f"{_signed(b['difference'])} ({interval_words(*b['interval'])})")
     if reasons:
         return "insufficient evidence", reasons
     return "recommend", [f"faster by more than the minimum effect of {number(m)}%: {said}, and "
@@ -179,7 +179,7 @@ def balance_line(balance: dict) -> str:
     word = "better" if hi < 0 else "worse" if lo > 0 else "no difference beyond its interval"
     return (f"Balance: GPU imbalance {number(balance['candidate']['gpu_imbalance'])} against "
             f"{number(balance['baseline']['gpu_imbalance'])}, {_signed(b['difference'])} "
-            f"({_range(lo, hi)}): {word}.")
+            f"({interval_words(lo, hi)}): {word}.")
 
 
 def time_line(time: dict) -> str:
@@ -187,7 +187,7 @@ def time_line(time: dict) -> str:
     the held-out windows, and the measured tables' difference when they priced both."""
     faster = sum(w["difference_ms"] < 0 for w in time["windows"])
     line = (f"Time ({time['cost']}): {_signed(time['difference_pct'])}% a step "
-            f"({_range(*time['interval_pct'], '%')}); minimum effect "
+            f"({interval_words(*time['interval_pct'], '%')}); minimum effect "
             f"{number(time['min_effect_pct'])}%; faster on {faster} of {len(time['windows'])} "
             f"held-out windows")
     if "difference_ms" in time["measured"]:
@@ -207,10 +207,10 @@ def _signed(value: float | None) -> str:
     return text if text.startswith("-") else f"+{text}"
 
 
-def _range(lo: float, hi: float, unit: str = "") -> str:
+def interval_words(lo: float, hi: float, unit: str = "") -> str:
     """`95% interval -0.2% to +0.1%`-style words."""
     return f"{number(LEVEL * 100)}% interval {_signed(lo)}{unit} to {_signed(hi)}{unit}"
 
 
 __all__ = ["EXIT", "MIN_EFFECT", "MIN_SCORED_STEPS", "balance_line", "correctness_line",
-           "judge", "number", "rules", "time_line"]
+           "interval_words", "judge", "number", "rules", "time_line"]

@@ -31,7 +31,7 @@ from .. import dispatch
 from ..dispatch import DispatchPolicy
 from ..errors import InputError
 from . import sglang as _sglang, vllm as _vllm
-from .source import fetch, fetched_version, release_folder
+from .source import cache_root, fetch, fetched_version, release_folder
 
 
 @dataclass(frozen=True)
@@ -150,7 +150,7 @@ def adapter(engine: str, sources: Sources = ()) -> Any:
 
 def fetched(engine: str) -> list[str]:
     """The releases of `engine` in the cache, complete, oldest first."""
-    root = release_folder(engine, "x").parent
+    root = cache_root()
     found = [fetched_version(f) for f in root.glob(f"{engine}-*")] if root.is_dir() else []
     return sorted((v for v in found if v and release(engine, v)), key=version_key)
 
