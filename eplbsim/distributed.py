@@ -125,12 +125,14 @@ def _own_counts(trace: Any, rank: int, num_ranks: int) -> torch.Tensor:
 
 def _broadcast_plan(trace: Any, spec: RunSpec, true_load: torch.Tensor, rank: int,
                     group: Any) -> tuple[Segment, ...]:
-    """Rank 0 solves the schedule; every rank receives the placements (`phy2log`), the
-    segment bounds and the ranks' switch steps. Rank 0 keeps its full segments (best
-    placements, rebalance records)."""
+    """Rank 0 solves the schedule; every rank receives the placements (`phy2log`, and the
+    replica order a solver published, which SGLang's views read), the segment bounds and the
+    ranks' switch steps. Rank 0 keeps its full segments (best placements, rebalance
+    records)."""
     segments = schedule_of(trace, spec, true_load) if rank == 0 else None
     box = [None if segments is None else
            [(s.start, s.stop, s.placement.phy2log.tolist(),
+             None if s.placement.order is None else s.placement.order.tolist(),
              None if s.switch is None else s.switch.tolist()) for s in segments]]
     dist.broadcast_object_list(box, src=0, group=group)
     if rank == 0:
@@ -138,10 +140,11 @@ def _broadcast_plan(trace: Any, spec: RunSpec, true_load: torch.Tensor, rank: in
     topo = spec.topology.topology()
     placements: dict[str, Placement] = {}
     out = []
-    for start, stop, phy2log, switch in box[0]:
-        key = json.dumps(phy2log)
-        placement = placements.setdefault(key, Placement(torch.tensor(phy2log),
-                                                         trace.num_experts, topo))
+    for start, stop, phy2log, order, switch in box[0]:
+        key = json.dumps([phy2log, order])
+        placement = placements.setdefault(key, Placement(
+            torch.tensor(phy2log), trace.num_experts, topo,
+            None if order is None else torch.tensor(order)))
         out.append(Segment(start, stop, placement, placement, None,
                            None if switch is None else np.array(switch, dtype=np.int64)))
     return tuple(out)
@@ -178,7 +181,7 @@ def report_row(real: Results, sim: Results, world_size: int, backend: str) -> di
     """One configuration's report: labels, `metrics` side by side and whether all match."""
     metrics = compare_metrics(real.metrics, sim.metrics)
     return {**{k: v for k, v in real.row().items() if k in ("policy", "solver", "mode", "view",
-                                                          "rng")},
+                                                          "rng", "engine")},
             "world_size": world_size, "backend": backend, "metrics": metrics,
             "match": all(m["match"] for m in metrics.values())}
 
@@ -193,8 +196,8 @@ def report_cells(row: dict[str, Any]) -> dict[str, Any]:
     m = row["metrics"]
     mult = m["multiplicity"]["real"] or {}
     wrong = [k for k, v in m.items() if not v["match"]]
-    return {"policy": row["policy"], "mode": row["mode"], "rng": row["rng"],
-            "agree": m["rank_agreement"]["real"], "agree_sim": m["rank_agreement"]["sim"],
+    return {"policy": row["policy"], "mode": row["mode"], "engine": row.get("engine"),
+            "rng": row["rng"], "agree": m["rank_agreement"]["real"], "agree_sim": m["rank_agreement"]["sim"],
             "c=0": mult.get("0"), "c=1": mult.get("1"), "c>=2": mult.get("2+"),
             "out_err": m["output_rel_error"]["real"],
             "out_err_sim": m["output_rel_error"]["sim"],

@@ -168,22 +168,32 @@ def full_view(placement: Placement, rank: int | None = None, mode: str = "none")
     return View(placement.log2phy, placement.logcnt, placement, rank)
 
 
-def nearest_legacy_view(placement: Placement, rank: int, mode: str = "none") -> View:
-    """The view a rank had in an older SGLang, before its fix (DESIGN.md §3); not SGLang
-    0.5.23's (that is `sglang_view`). The same in every mode.
-
-    For each expert: the lowest-id replica on this rank's GPU if any; else the lowest-id replica
-    on its node if any; else all replicas.
-    """
+def sglang_0_5_14_view(placement: Placement, rank: int, mode: str = "none") -> View:
+    """SGLang 0.5.14's (and 0.5.15's) candidate lists on `rank`, before its fix (DESIGN.md
+    §3), equal to the engine's own (`eplbsim engines conform --engine-source sglang==0.5.14`);
+    the same in every mode. A placement a solver published: every replica in its order (as
+    `sglang_view`). A placement given as a mapping, for each expert: the lowest-id replica on
+    this rank's GPU if any; else the lowest-id replica on its node if any; else all
+    replicas."""
+    if placement.order is not None:
+        return View(placement.order, placement.logcnt, placement, rank)
     on_gpu, on_node = _local(placement, rank)
     return _narrowed(placement, rank, on_gpu, _first_where(placement.log2phy, on_node))
 
 
+def sglang_0_5_16_view(placement: Placement, rank: int, mode: str = "none") -> View:
+    """SGLang 0.5.16's candidate lists on `rank`, the last release before its fix (PR
+    #32962), equal to the engine's own: `sglang_view`, but a placement given as a mapping is
+    narrowed as with an a2a backend in every mode, so ranks without one choose from different
+    lists."""
+    return sglang_view(placement, rank, "a2a")
+
+
 def sglang_view(placement: Placement, rank: int, mode: str = "none") -> View:
-    """SGLang 0.5.23's candidate lists on `rank`, equal to the engine's own (`eplbsim engines
-    conform`). A placement a solver published (it has an `order`, as after `init_by_eplb`):
-    every replica in that order, on every rank and in every mode. A placement given as a
-    mapping (`init_by_mapping`):
+    """SGLang 0.5.23's candidate lists on `rank` (0.5.17's on), equal to the engine's own
+    (`eplbsim engines conform`). A placement a solver published (it has an `order`, as after
+    `init_by_eplb`): every replica in that order, on every rank and in every mode. A placement
+    given as a mapping (`init_by_mapping`):
 
     Without an a2a backend (mode "none") every replica, in ascending slot id. With one ("a2a"),
     per expert: the lowest-id replica on the rank's GPU if any; else the lowest-id one on its
@@ -193,6 +203,12 @@ def sglang_view(placement: Placement, rank: int, mode: str = "none") -> View:
         return View(placement.order, placement.logcnt, placement, rank)
     if mode == "none":
         return full_view(placement, rank)
+    return _nearest(placement, rank)
+
+
+def _nearest(placement: Placement, rank: int) -> View:
+    """Per expert: the lowest-id replica on `rank`'s GPU if any; else the lowest-id one on its
+    node when the node holds some but not all of the expert's replicas; else all replicas."""
     on_gpu, on_node = _local(placement, rank)
     same_node = on_node.sum(-1)  # [L, E]
     narrows = (same_node > 0) & (same_node < placement.logcnt)
@@ -238,7 +254,8 @@ def _first_where(log2phy: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 VIEWS: dict[str, Callable[[Placement, int, str], View]] = {
     "full": full_view,
     "sglang": sglang_view,
-    "nearest-legacy": nearest_legacy_view,
+    "sglang-0.5.14": sglang_0_5_14_view,
+    "sglang-0.5.16": sglang_0_5_16_view,
 }
 
 

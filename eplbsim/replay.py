@@ -152,7 +152,7 @@ def dispatch_steps(trace: Any, spec: RunSpec, segments: Sequence[Segment], steps
     counter-based, `dispatch.streams`), so ranges dispatched apart and concatenated equal the
     whole run bit for bit."""
     d = spec.dispatch
-    name, policy = resolve_policy(d.policy, d.engine_source)
+    name, policy = resolve_policy(d.policy, d.engine_source, d.engine_args or "")
     mode_step = lookup(MODES, d.mode, "mode")
     device = device or resolve_device(d.device)
     L, E, G = trace.num_layers, trace.num_experts, spec.topology.gpus

@@ -26,11 +26,11 @@ import torch
 from . import metrics as M
 from .errors import InputError
 from .files import atomic_file
-from .engines import ran
+from .engines import auto_algorithm, ran
 from .metrics import METRICS, Counters
 from .placement import Placement
 from .registry import name_of
-from .schedule.migration import migration_rows
+from .schedule.migration import MIGRATION_FIELDS, migration_rows
 from .schedule.plan import Segment, epochs
 from .cost.shapes import model_mismatch, model_named
 from .dispatch import POLICIES, resolve_policy
@@ -111,6 +111,10 @@ class Results:
                      self.spec.dispatch.engine_source)
         if engine is not None:
             labels["engine"] = engine
+        d = self.spec.dispatch
+        if d.policy == "sglang:auto" and self.segments:
+            labels["picked"] = auto_algorithm(self.segments[0].placement, d.mode,
+                                              d.engine_source, d.engine_args or "")
         if self.slot_load is None:
             labels.update({name: "-" for _, name, _ in knobs(("dispatch",))},
                           policy=COUNTS_ONLY_POLICY)
@@ -121,9 +125,10 @@ class Results:
         `metrics.time_series` columns."""
         return M.time_series(self, per_layer)
 
-    def migrations(self) -> list[dict[str, Any]]:
-        """One row per rebalance point: `schedule.migration.migration_rows`."""
-        return migration_rows(self.segments, self.spec.expert_bytes())
+    def migrations(self) -> Rows:
+        """One row per rebalance point: `schedule.migration.migration_rows`, with its columns
+        named even when there is none."""
+        return Rows(migration_rows(self.segments, self.spec.expert_bytes()), MIGRATION_FIELDS)
 
     def to_pandas(self, series: bool = False, per_layer: bool = False) -> Any:
         """A pandas DataFrame: the run's row with flat columns (`flat_row`, as the CSV), or with
@@ -200,7 +205,8 @@ def table_columns(rows: Sequence[dict[str, Any]], table: str = "main") -> tuple[
     value differs between the rows, then the columns of every metric shown in `table`
     ("main", "decomposition" or "time") that says something about these rows
     (`Metric.shown`)."""
-    settings = [k for k in (rows[0] if rows else {}) if k not in METRICS and k != "speedup"
+    settings = [k for k in (rows[0] if rows else {}) if k not in METRICS
+                and k not in ("speedup", "picked")  # `picked`: a note says it
                 and not (k == "engine_source" and "engine" in rows[0])]  # `engine` names it
     shown = [k for k in settings if k in ("policy", "mode") or len(
         {json.dumps(r.get(k), sort_keys=True, default=str) for r in rows}) > 1]
@@ -234,13 +240,16 @@ def format_table(rows: Iterable[dict[str, Any]], columns: tuple | None = None,
 
 
 def table_notes(rows: Sequence[dict[str, Any]]) -> list[str]:
-    """What the main table's rows need said beside them: what `gpu_imb` counts when some
+    """What the main table's rows need said beside them: the dispatch algorithm each
+    `sglang:auto` row ran (the release's pick, `picked`), and what `gpu_imb` counts when some
     ranks executed pairs other than once (the `work` column)."""
+    picks = dict.fromkeys(f"sglang:auto: {r.get('engine', 'sglang')} picked {r['picked']} "
+                          f"in {r['mode']}" for r in rows if "picked" in r)
     if not M.METRICS["executed_work"].shown(rows):
-        return []
-    return ["work: pairs executed over pairs routed. gpu_imb counts executed work, so a "
-            "pair executed twice (c>=2) weighs twice and a dropped one (c=0) not at all: a "
-            "policy whose ranks disagree can look balanced while its output is wrong."]
+        return list(picks)
+    return [*picks, "work: pairs executed over pairs routed. gpu_imb counts executed work, "
+            "so a pair executed twice (c>=2) weighs twice and a dropped one (c=0) not at all: "
+            "a policy whose ranks disagree can look balanced while its output is wrong."]
 
 
 def describe(trace: Any, spec: RunSpec, asked: RunSpec | None = None,
@@ -458,11 +467,21 @@ def csv_value(value: Any) -> Any:
     return "" if value is None or (isinstance(value, float) and math.isnan(value)) else value
 
 
+class Rows(list):
+    """A table's rows (dicts) that name its `columns`, so that a table of no rows still has its
+    header (`write_csv`)."""
+
+    def __init__(self, rows: Iterable[dict[str, Any]], columns: Sequence[str]) -> None:
+        super().__init__(rows)
+        self.columns = tuple(columns)
+
+
 def write_csv(rows: list[dict[str, Any]], path: str | Path) -> Path:
-    """Rows of plain values as a CSV (columns in first-seen order, `csv_value` fields), written
-    through a temporary sibling."""
+    """Rows of plain values as a CSV (columns in first-seen order, after a `Rows`' own columns:
+    its header even without rows; `csv_value` fields), written through a temporary sibling."""
     path = Path(path)
-    fields = list(dict.fromkeys(k for r in rows for k in r))
+    named = rows.columns if isinstance(rows, Rows) else ()
+    fields = list(dict.fromkeys([*named, *(k for r in rows for k in r)]))
     with atomic_file(path) as tmp, open(tmp, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=fields)
         writer.writeheader()

@@ -28,6 +28,7 @@ from .cost import check_options as check_cost_options
 from .cost import describe as describe_cost
 from .dispatch import POLICIES, DispatchPolicy, FilePolicies, resolve_policy
 from .engines import ENGINE_POLICIES, ENGINE_SOLVERS, as_sources
+from .engines.sglang_runtime import flags as engine_flags
 from .errors import InputError
 from .limits import (MAX_BATCH, MAX_EXPERTS, MAX_GPUS, MAX_HIDDEN, MAX_LAYERS, MAX_SEED,
                      MAX_SLOTS, MAX_TOP_K, check_at_most)
@@ -299,6 +300,18 @@ class Text:
             return None
         if not isinstance(value, str) or not value:
             raise InputError(f"must be non-empty text, got {value!r}")
+        return value
+
+
+@dataclass(frozen=True)
+class EngineFlags(Text):
+    """An engine's server flags (`--engine-args`): text whose flags the engine adapter reads
+    (`engines.sglang_runtime.flags`)."""
+
+    def check(self, value: Any) -> str | None:
+        value = super().check(value)
+        if value is not None:
+            engine_flags(value)
         return value
 
 
@@ -668,6 +681,10 @@ class DispatchPart(Part):
                                "comma-separated, run side by side",
                                EngineSources("engine_source"), flags=("--engine-source",),
                                metavar="ENGINE==VERSION|ENGINE=PATH")
+    engine_args: str | None = knob(None, "SGLang server flags for sglang:auto, which "
+                                   "dispatches with whatever the release's own settings logic "
+                                   "picks for them, e.g. '--enable-eplb --moe-a2a-backend none'",
+                                   EngineFlags(), metavar="'FLAGS'")
 
     def relate(self) -> None:
         object.__setattr__(self, "engine_source", dict(as_sources(self.engine_source)))

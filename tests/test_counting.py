@@ -209,7 +209,7 @@ def cases(draw):
     spec = RunSpec.of(
         policy=_user_policy if policy == "user" else policy,
         mode=draw(st.sampled_from(modes)), shared_experts=draw(st.sampled_from([None, 1])),
-        view=draw(st.sampled_from(["full", "nearest-legacy"])),
+        view=draw(st.sampled_from(["full", "sglang-0.5.14"])),
         rng=draw(st.sampled_from(["independent", "shared", "drift"])), drift_p=0.5,
         rank_offset=draw(st.booleans()), seed=seed % 97, hidden=draw(st.sampled_from([2, 8])),
         cost=draw(st.sampled_from([None, "roofline"])),
@@ -243,7 +243,7 @@ def test_counting_fast_equals_the_straightforward_rank_model(case):
 @pytest.mark.parametrize("policy, mode", [
     (p, m) for p in POLICY_NAMES + ["user"] for m in ("none", "a2a")
     if p == "user" or m in POLICIES[p].modes])
-@pytest.mark.parametrize("view", ["full", "nearest-legacy"])
+@pytest.mark.parametrize("view", ["full", "sglang-0.5.14"])
 def test_counting_fast_is_exact_for_every_policy_mode_and_view(policy, mode, view):
     trace = synthesize("skewed", seed=3, steps=4, tokens=48, layers=2, experts=8, top_k=3)
     assert_fast_is_exact(trace, RunSpec.of(

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from eplbsim.dispatch import POLICIES, DispatchPolicy, resolve_policy
 from eplbsim.dispatch.policies import DispatchContext, occurrence_index, ordinal_offset, static_table
 from eplbsim.errors import InputError
-from eplbsim.placement import VIEWS, Placement, full_view, nearest_legacy_view, rank_view
+from eplbsim.placement import VIEWS, Placement, full_view, sglang_0_5_14_view, rank_view
 from eplbsim.topology import Topology
 
 def random_placement(gen, L, E, P, topo):
@@ -228,7 +228,7 @@ def test_static_prefers_local_then_node_then_spreads_leftover_ranks():
     # expert 1 on GPU 0 (slot 1) and GPU 2 (slot 5): ranks 1 and 3 take their node's one
     assert [int(t[1]) for t in tables] == [1, 1, 5, 5]
     # the same on every call and from the nearest view
-    again = [static_table(nearest_legacy_view(placement, r), r, seed=0)[0] for r in range(4)]
+    again = [static_table(sglang_0_5_14_view(placement, r), r, seed=0)[0] for r in range(4)]
     assert all(torch.equal(a, b) for a, b in zip(tables, again))
 
 

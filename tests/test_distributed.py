@@ -81,7 +81,7 @@ def test_real_ranks_place_the_shared_expert_as_the_simulation_does():
 
 def test_four_ranks_with_rebalancing_nodes_and_the_nearest_view():
     configs = _configs(4, gpus_per_node=2, rebalance_every=2)
-    configs += [configs[4].replace(view="nearest-legacy"), configs[5].replace(predictor="oracle")]
+    configs += [configs[4].replace(view="sglang-0.5.14"), configs[5].replace(predictor="oracle")]
     configs += [configs[i].replace(rebalance_mode="async", switch_delay=1) for i in (4, 10)]
     rows = launch(SOURCE, configs, 4, timeout=60)
     _check_rows(rows, configs)

@@ -5,6 +5,7 @@ engine policies equal to their twins through the CLI and Python, a modified bran
 
 from __future__ import annotations
 
+import csv
 import json
 import shutil
 import subprocess
@@ -239,13 +240,16 @@ def test_fetch_is_a_no_op_when_the_files_are_there(tmp_path, monkeypatch):
     spec = engines.ENGINES["vllm"]
     folder = tmp_path / "engines" / f"vllm-{spec.pinned}"
     folder.mkdir(parents=True)
-    (folder / source.MARKER).write_text(spec.pinned + "\n")
+    (folder / source.MARKER).write_text("\n".join([spec.pinned, *spec.keep]) + "\n")
     monkeypatch.setenv("EPLBSIM_CACHE", str(tmp_path))
 
     def no_pip(*args, **kwargs):
         raise AssertionError("pip ran although every file is there")
     monkeypatch.setattr(source.subprocess, "run", no_pip)
     assert engines.fetch_engine("vllm") == folder
+    (folder / source.MARKER).write_text(spec.pinned + "\n")  # kept fewer files: fetch again
+    with pytest.raises(AssertionError, match="pip ran"):
+        engines.fetch_engine("vllm")
 
 
 def test_vllm_hash_equals_its_twin(capsys):
@@ -369,8 +373,9 @@ def test_bisect_names_the_release_that_fixed_the_seeds_bug(capsys, monkeypatch):
             "--gpus", "8", "--gpus-per-node", "4"]
     out = _run_json(capsys, argv)
     assert out["first_changed"] == "0.5.17" and out["releases"] == list(tested)
-    assert [(t["release"], t["status"]) for t in out["tried"]] == [
-        ("0.5.16", "good"), ("0.5.17", "changed"), ("0.5.23", "changed")]
+    assert out["tried"] and all(  # before 0.5.17 as GOOD, from it changed
+        t["status"] == ("changed" if engines.version_key(t["release"]) >=
+                        engines.version_key("0.5.17") else "good") for t in out["tried"])
     assert main(argv) == 0
     assert "first release at which rank_agreement changes: 0.5.17" in capsys.readouterr().out
     _one_error_line(capsys, argv[:3] + ["0.5.23..0.5.16"] + argv[4:], "is not older than")
@@ -390,3 +395,85 @@ def test_bisect_goes_around_a_release_that_does_not_run():
     assert {t.release: t.status for t in tried}["3"] == "failed"
     first, tried = bisect(["1", "2"], lambda v: 0.5)  # nothing changed
     assert first is None and [t.status for t in tried] == ["good", "good"]
+
+
+AUTO = SEED_BUG[:-1] + ["sglang:auto", "--engine-args",
+                        "--enable-eplb --moe-a2a-backend none --ep-num-redundant-experts 16"]
+
+
+def test_auto_runs_what_each_release_picks_and_prints_its_refusal(capsys):
+    """The seed's story whole: with EPLB on and no a2a backend, 0.5.16's own settings logic
+    picks static (ranks split) and 0.5.17's picks dynamic (exact); 0.5.23 refuses static
+    without an a2a backend, in its own words."""
+    for version in ("0.5.16", "0.5.17", "0.5.23"):
+        _fetched("sglang", version)
+    rows = _run_json(capsys, AUTO + ["--engine-source", "sglang==0.5.16,sglang==0.5.17"])
+    assert [(r["engine"], r["picked"]) for r in rows] == [("sglang 0.5.16", "static"),
+                                                         ("sglang 0.5.17", "dynamic")]
+    assert rows[0]["rank_agreement"] < 1 and rows[0]["output_rel_error"] > 0
+    assert rows[1]["rank_agreement"] == 1 and rows[1]["output_rel_error"] == 0
+    static = _run_json(capsys, SEED_BUG[:-1] + ["sglang:static", "--engine-source",
+                                                "sglang==0.5.16"])[0]
+    assert static["rank_agreement"] == rows[0]["rank_agreement"]  # the same code ran
+    assert main(AUTO + ["--engine-source", "sglang==0.5.17"]) == 0
+    assert "sglang:auto: sglang 0.5.17 picked dynamic in none" in capsys.readouterr().out
+    refused = AUTO[:-1] + ["--enable-eplb --ep-dispatch-algorithm static", "--engine-source",
+                           "sglang==0.5.23"]
+    _one_error_line(capsys, refused, "sglang 0.5.23 refuses these flags: "
+                    "--ep-dispatch-algorithm static picks a different physical replica per rank")
+    _one_error_line(capsys, AUTO[:-1] + ["--enable-eplb", "--mode", "a2a",  # one flag alone
+                                         "--gpus", "1", "--gpus-per-node", "1", "--redundant", "0"],
+                    "ep_size > 1")
+    _one_error_line(capsys, AUTO[:-1] + ["--moe-a2a-backend none"], "picks no dispatch")
+    _one_error_line(capsys, AUTO[:-1] + ["--enable-eplb --ep-num-redundant-experts 3"],
+                    "this run has 16 (--redundant)")
+    _one_error_line(capsys, AUTO[:-1] + ["--enable-eplb --port 30000"],
+                    "'--port' is not one of them")
+
+
+def test_fake_routes_each_rank_from_its_own_logits(sglang_source, capsys):
+    """SGLang's fake dispatch redraws the router logits on every rank: ranks that draw alike
+    (--rng shared) agree and are exact; ranks with their own generators split in "none"."""
+    argv = SEED_BUG[:-1] + ["sglang:fake"]
+    shared = _run_json(capsys, argv)[0]
+    own = _run_json(capsys, argv[:argv.index("--rng")] + argv[argv.index("--rng") + 2:])[0]
+    assert shared["rank_agreement"] == 1 and shared["output_rel_error"] == 0
+    assert own["rank_agreement"] < 0.5 and own["output_rel_error"] > 0
+    dynamic = _run_json(capsys, SEED_BUG)[0]
+    assert shared["gpu_imbalance"] != dynamic["gpu_imbalance"]  # not the trace's experts
+
+
+def test_the_release_views_are_those_releases_lists():
+    """`sglang-0.5.14` and `sglang-0.5.16` each equal the candidate lists of the release they
+    are named for, at start-up and after a rebalance, in both modes."""
+    for version, view in (("0.5.14", "sglang-0.5.14"), ("0.5.16", "sglang-0.5.16")):
+        _fetched("sglang", version)
+        source = engines.as_sources({"sglang": f"={version}"})
+        rows = [r for r in conformance(["sglang"], source, cases=4)
+                if r.function == "ExpertLocationMetadata lists"]
+        assert len(rows) == 4 and all(r.conforms and r.twin == f"view {view}" for r in rows)
+
+
+def test_ranks_and_a_sweep_over_two_releases_name_each(capsys, tmp_path):
+    """`ranks` runs real processes for each source and names it; a sweep's grid takes sources
+    as `engine_source.ENGINE` and its rows name the code that ran."""
+    for version in ("0.5.16", "0.5.17"):
+        _fetched("sglang", version)
+    argv = ["ranks", "--world-size", "2", "--policies", "sglang:dynamic", "--mode", "none",
+            "--engine-source", "sglang==0.5.16,sglang==0.5.17", "--steps", "2", "--tokens",
+            "32", "--layers", "2", "--rng", "shared", "--solver", "trivial"]
+    rows = _run_json(capsys, argv)
+    assert [r["engine"] for r in rows] == ["sglang 0.5.16", "sglang 0.5.17"]
+    assert all(r["match"] for r in rows)
+    assert main(argv) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[1].split()[:3] == ["policy", "mode", "engine"]
+    spec = tmp_path / "s.toml"
+    spec.write_text('[grid]\n"engine_source.sglang" = ["=0.5.16", "=0.5.17"]\n[fixed]\n'
+                    'policy = "sglang:dynamic"\nscenario = "skewed"\nsteps = 2\ntokens = 32\n'
+                    'layers = 2\nrng = "shared"\nsolver = "trivial"\nmode = "none"\n')
+    assert main(["sweep", str(spec), "--out", str(tmp_path / "out"), "--workers", "1"]) == 0
+    with open(tmp_path / "out" / "results.csv") as f:
+        cells = list(csv.DictReader(f))
+    assert [(c["engine"], float(c["rank_agreement"]) < 1) for c in cells] == [
+        ("sglang 0.5.16", True), ("sglang 0.5.17", False)]

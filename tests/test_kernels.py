@@ -13,7 +13,7 @@ from eplbsim.dispatch import POLICIES
 from eplbsim.dispatch.kernels import cpu, dispatch_step, reference_step, step_kernel, torch_step
 from eplbsim.dispatch.policies import DispatchContext, layer_offsets
 from eplbsim.dispatch.streams import Stream, stream_key
-from eplbsim.placement import Placement, full_view, nearest_legacy_view
+from eplbsim.placement import Placement, full_view, sglang_0_5_14_view
 from eplbsim.topology import Topology
 
 KERNEL_POLICIES = sorted(name for name, entry in POLICIES.items() if entry.kernels)
@@ -64,7 +64,7 @@ def ctx(rank, step, seed=3, streamed=False):
 
 
 @pytest.mark.parametrize("name", KERNEL_POLICIES)
-@pytest.mark.parametrize("view_fn", [full_view, nearest_legacy_view])
+@pytest.mark.parametrize("view_fn", [full_view, sglang_0_5_14_view])
 @pytest.mark.parametrize("streamed", [False, True])
 @settings(max_examples=30, deadline=None)
 @given(case=steps())

@@ -18,7 +18,7 @@ from eplbsim.placement import (
     View,
     as_placement,
     full_view,
-    nearest_legacy_view,
+    sglang_0_5_14_view,
     rank_view,
     trivial_placement,
 )
@@ -246,7 +246,7 @@ def test_full_view_equals_placement_maps():
 @pytest.mark.parametrize("rank", sorted(HAND_NEAREST))
 def test_nearest_view_hand_example(rank):
     pl = Placement(HAND_P2L, 6, HAND_TOPO)
-    v = nearest_legacy_view(pl, rank)
+    v = sglang_0_5_14_view(pl, rank)
     assert v.rank == rank and v.placement is pl
     assert _view_lists(v) == [HAND_NEAREST[rank]]
     assert v.log2phy.shape == pl.log2phy.shape
@@ -256,7 +256,7 @@ def test_nearest_view_hand_example(rank):
 def test_nearest_view_each_case_explicitly():
     """The three branches of DESIGN.md §3, named, on rank 2 (GPU 2 = slots 6-8, node 1)."""
     pl = Placement(HAND_P2L, 6, HAND_TOPO)
-    v = nearest_legacy_view(pl, 2)
+    v = sglang_0_5_14_view(pl, 2)
     # replica on this rank's GPU (two there: the lowest one)
     assert v.log2phy[0, 0].tolist() == [7, -1, -1] and int(v.logcnt[0, 0]) == 1
     # replicas only on this rank's node (slots 9, 10 on GPU 3): the lowest one
@@ -267,7 +267,7 @@ def test_nearest_view_each_case_explicitly():
 
 def test_nearest_views_differ_between_ranks():
     pl = Placement(HAND_P2L, 6, HAND_TOPO)
-    views = [nearest_legacy_view(pl, r).log2phy for r in range(4)]
+    views = [sglang_0_5_14_view(pl, r).log2phy for r in range(4)]
     assert not torch.equal(views[0], views[2])
 
 
@@ -277,7 +277,7 @@ def test_nearest_view_matches_reference_and_picks_replicas(case):
     rows, E, topo = case
     pl = Placement(rows, E, topo)
     for rank in range(topo.num_gpus):
-        v = rank_view("nearest-legacy", pl, rank)
+        v = rank_view("sglang-0.5.14", pl, rank)
         lists = _view_lists(v)
         assert lists == _ref_nearest(rows, E, topo, rank)
         for layer, per_expert in enumerate(lists):
@@ -295,7 +295,7 @@ def test_zero_redundancy_nearest_equals_full(G, per_gpu, L, data):
     rows = [data.draw(st.permutations(list(range(E)))) for _ in range(L)]
     pl = Placement(rows, E, Topology(G, gpn))
     for rank in range(G):
-        v = nearest_legacy_view(pl, rank)
+        v = sglang_0_5_14_view(pl, rank)
         assert torch.equal(v.log2phy, pl.log2phy)
         assert torch.equal(v.logcnt, pl.logcnt)
 
@@ -303,20 +303,20 @@ def test_zero_redundancy_nearest_equals_full(G, per_gpu, L, data):
 def test_single_node_nearest_has_one_candidate():
     pl = trivial_placement(2, 4, 8, Topology(4))
     for rank in range(4):
-        assert (nearest_legacy_view(pl, rank).logcnt == 1).all()
+        assert (sglang_0_5_14_view(pl, rank).logcnt == 1).all()
 
 
 @pytest.mark.parametrize("rank", [-1, 4, 10])
 def test_nearest_view_rank_out_of_range(rank):
     pl = Placement(HAND_P2L, 6, HAND_TOPO)
     with pytest.raises(InputError, match=rf"rank {rank} is outside \[0, 4\)"):
-        nearest_legacy_view(pl, rank)
+        sglang_0_5_14_view(pl, rank)
 
 
 def test_rank_view_by_name_and_callable():
     pl = Placement(HAND_P2L, 6, HAND_TOPO)
-    assert set(VIEWS) >= {"full", "nearest-legacy", "sglang"}
-    assert _view_lists(rank_view("nearest-legacy", pl, 1)) == [HAND_NEAREST[1]]
+    assert set(VIEWS) >= {"full", "sglang-0.5.14", "sglang"}
+    assert _view_lists(rank_view("sglang-0.5.14", pl, 1)) == [HAND_NEAREST[1]]
     assert torch.equal(rank_view("full", pl, 1).log2phy, pl.log2phy)
     calls = []
 
@@ -326,17 +326,17 @@ def test_rank_view_by_name_and_callable():
 
     v = rank_view(custom, pl, 3)
     assert calls == [3] and v.rank == 3
-    assert rank_view(nearest_legacy_view, pl, 2).log2phy.tolist() == nearest_legacy_view(pl, 2).log2phy.tolist()
+    assert rank_view(sglang_0_5_14_view, pl, 2).log2phy.tolist() == sglang_0_5_14_view(pl, 2).log2phy.tolist()
 
 
 def test_rank_view_unknown_name():
     pl = trivial_placement(1, 2, 2, Topology(1))
-    with pytest.raises(InputError, match=r"unknown view 'closest'; choose one of full, sglang, nearest-legacy"):
+    with pytest.raises(InputError, match=r"unknown view 'closest'; choose one of full, sglang, sglang-0.5.14, sglang-0.5.16"):
         rank_view("closest", pl, 0)
 
 
 def test_view_to_device_keeps_content():
     pl = Placement(HAND_P2L, 6, HAND_TOPO)
-    v = nearest_legacy_view(pl, 2).to("cpu")
+    v = sglang_0_5_14_view(pl, 2).to("cpu")
     assert v.rank == 2 and v.placement is pl
     assert _view_lists(v) == [HAND_NEAREST[2]]

@@ -14,7 +14,7 @@ from eplbsim.dispatch import POLICIES
 from eplbsim.dispatch.kernels import check_choices
 from eplbsim.errors import InputError
 from eplbsim.moe import make_toy_moe
-from eplbsim.placement import Placement, full_view, nearest_legacy_view
+from eplbsim.placement import Placement, full_view, sglang_0_5_14_view
 from eplbsim.ranks import (MODES, Collectives, make_ranks, rank_context, rank_groups,
                            token_owners)
 from eplbsim.topology import Topology
@@ -58,12 +58,12 @@ def test_rank_groups_share_only_provably_identical_choices():
     full = [full_view(placement, r) for r in range(4)]
     assert rank_groups(full, POLICIES["row"]) == ((0, 1, 2, 3),)
     assert rank_groups(full, POLICIES["ordinal"]) == ((0, 1, 2, 3),)
-    near = [nearest_legacy_view(placement, r) for r in range(4)]
+    near = [sglang_0_5_14_view(placement, r) for r in range(4)]
     assert rank_groups(near, POLICIES["row"]) == ((0,), (1,), (2,), (3,))
     # each node holds every expert once, split over its two GPUs: both ranks of a node see
     # the same node-local slot for every expert, so their nearest views are equal
     mirrored = Placement(torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3]]), 4, Topology(4, 2))
-    near = [nearest_legacy_view(mirrored, r) for r in range(4)]
+    near = [sglang_0_5_14_view(mirrored, r) for r in range(4)]
     assert rank_groups(near, POLICIES["row"]) == ((0, 1), (2, 3))
     for name, entry in POLICIES.items():
         if not entry.rank_invariant:

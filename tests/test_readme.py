@@ -141,8 +141,9 @@ def test_every_row_of_the_run_examples_keeps_its_gap_under_its_promise(workdir, 
 
 def test_the_tested_releases_the_prose_names():
     from eplbsim.engines import ENGINES
-    assert ENGINES["sglang"].tested == ("0.5.16", "0.5.17", "0.5.23")
+    assert ENGINES["sglang"].tested == ("0.5.14", "0.5.16", "0.5.17", "0.5.23")
     assert ENGINES["vllm"].tested == ("0.33.0", "0.34.0")
-    assert "(no\n  dependencies: SGLang 0.5.16, 0.5.17, 0.5.23, vLLM 0.33.0, 0.34.0)" in README
-    assert "(SGLang 0.5.16, 0.5.17 and the pinned 0.5.23; vLLM the\npinned 0.33.0 and 0.34.0)" \
+    assert "(no\n  dependencies: SGLang 0.5.14, 0.5.16, 0.5.17, 0.5.23, vLLM 0.33.0, 0.34.0)" \
         in README
+    assert "(SGLang 0.5.14, 0.5.16, 0.5.17 and the pinned 0.5.23;\nvLLM the pinned 0.33.0 and " \
+        "0.34.0)" in README

@@ -61,7 +61,8 @@ def handle(args: argparse.Namespace) -> int:
                          f"tokens to dispatch")
     base = check_fits(trace, base)  # what rank 0 would find only after every rank started
     device = resolve_device(base.dispatch.device).partition(":")[0]
-    specs = comparison(base, lists["policy"], lists["mode"])
+    sources = lists.get("engine_source")
+    specs = comparison(base, lists["policy"], lists["mode"], sources)
     try:
         rows = (join_launched(load, specs, device=device, timeout=args.timeout) if torchrun
                 else launch(load, specs, world, device=device, port=args.port,
@@ -74,8 +75,11 @@ def handle(args: argparse.Namespace) -> int:
     if args.json:
         print(to_json(rows))
     else:
-        print(f"{world} ranks ({rows[0]['backend']}, {device}) | " + describe(trace, specs[0]))
-        print(format_table([report_cells(r) for r in rows], REPORT_COLUMNS, labels=3))
+        print(f"{world} ranks ({rows[0]['backend']}, {device}) | "
+              + describe(trace, specs[0], sources=len(sources or [None])))
+        apart = sources is not None and any("engine" in r for r in rows)  # rows name code
+        columns = REPORT_COLUMNS[:2] + (("engine", "engine", None),) * apart + REPORT_COLUMNS[2:]
+        print(format_table([report_cells(r) for r in rows], columns, labels=3 + apart))
         matched = sum(r["match"] for r in rows)
         print(f"{matched} of {len(rows)} configurations: every metric of the real processes "
               f"equals the in-process simulation's")

@@ -65,6 +65,10 @@ class DispatchPolicy:
     streamed:       the choice is candidate `draw % n_e` of the rank's view, the draw its
                     stream's (`dispatch.streams`, as `random`): "none" is then counted from the
                     draws that decide something (`kernels.cpu.StreamedViews`)
+    reroutes:       the policy routes each token anew, as SGLang's `fake` dispatch draws its
+                    router logits: a slot it returns may hold another expert than the pair's
+                    (only its range is checked). Agreement still compares the slots; the
+                    output error counts each of the pair's executions, valued as the pair's.
     """
 
     fn: Policy
@@ -77,6 +81,7 @@ class DispatchPolicy:
     shared: SharedRule | None = None
     modes: tuple[str, ...] = ("none", "a2a")
     streamed: bool = False
+    reroutes: bool = False
 
     @property
     def places_shared(self) -> bool:
@@ -246,21 +251,22 @@ class FilePolicies(Mapping):
         return 0
 
 
-# `ENGINE:ALGORITHM` -> `(sources) -> DispatchPolicy` running that engine's own code, filled in
-# by `eplbsim.engines` (which needs this module, not the other way round).
-ENGINE_POLICIES: dict[str, Callable[[Any], DispatchPolicy]] = {}
+# `ENGINE:ALGORITHM` -> `(sources, engine_args) -> DispatchPolicy` running that engine's own
+# code, filled in by `eplbsim.engines` (which needs this module, not the other way round).
+ENGINE_POLICIES: dict[str, Callable[[Any, str], DispatchPolicy]] = {}
 
 
-def resolve_policy(policy: str | Policy | DispatchPolicy,
-                   sources: Any = ()) -> tuple[str, DispatchPolicy]:
+def resolve_policy(policy: str | Policy | DispatchPolicy, sources: Any = (),
+                   engine_args: str = "") -> tuple[str, DispatchPolicy]:
     """`(name, entry)` of a registry name, an engine algorithm (`ENGINE:ALGORITHM`, run from
-    the engine source `sources` names, else the pinned version: `eplbsim.engines`), a
+    the engine source `sources` names, else the pinned version, with the engine's server
+    flags `engine_args` where it reads them: `eplbsim.engines`), a
     `DispatchPolicy` or a bare policy callable (wrapped as a rank-variant entry without
     kernels); InputError for an unknown name."""
     if isinstance(policy, DispatchPolicy):
         return name_of(policy, POLICIES), policy
     if isinstance(policy, str) and ":" in policy and policy in ENGINE_POLICIES:
-        return policy, ENGINE_POLICIES[policy](sources)
+        return policy, ENGINE_POLICIES[policy](sources, engine_args)
     if is_file_policy(policy):
         return policy, DispatchPolicy(file_policy(policy), source=f"{USER} ({policy})")
     entry = lookup(POLICIES, policy, "policy")

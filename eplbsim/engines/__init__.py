@@ -30,7 +30,7 @@ import torch
 from .. import dispatch
 from ..dispatch import DispatchPolicy
 from ..errors import InputError
-from . import sglang as _sglang, vllm as _vllm
+from . import sglang as _sglang, sglang_runtime, vllm as _vllm
 from .source import cache_root, fetch, fetched_version, release_folder
 
 
@@ -48,7 +48,7 @@ class Engine:
 
 
 ENGINES: dict[str, Engine] = {
-    "sglang": Engine(_sglang.PINNED, ("0.5.16", "0.5.17", _sglang.PINNED), _sglang.KEEP,
+    "sglang": Engine(_sglang.PINNED, ("0.5.14", "0.5.16", "0.5.17", _sglang.PINNED), _sglang.KEEP,
                      _sglang.SGLang, _sglang.EXPOSES),
     "vllm": Engine(_vllm.PINNED, (_vllm.PINNED, "0.34.0"), _vllm.KEEP, _vllm.VLLM,
                    _vllm.EXPOSES),
@@ -60,8 +60,12 @@ ENGINE_POLICIES: dict[str, tuple[str, str, str]] = {
     "sglang:dynamic": ("sglang", "dynamic", "SGLang's dynamic dispatch: row % n without an "
                        "a2a backend, randint(0, 65536) % n from the rank's default generator "
                        "with one"),
-    "sglang:fake": ("sglang", "fake", "SGLang's fake dispatch (its router logits are drawn "
-                    "anew; the trace's ids are kept): dispatched as dynamic"),
+    "sglang:fake": ("sglang", "fake", "SGLang's fake dispatch: each rank draws its router "
+                    "logits anew from its generator, takes its own top-k and dispatches it as "
+                    "dynamic (the trace's ids give the shape only)"),
+    "sglang:auto": ("sglang", "auto", "whatever SGLang's own settings logic picks for the "
+                    "server flags of --engine-args (its _handle_eplb_and_dispatch), in the "
+                    "row's mode"),
     "sglang:lp": ("sglang", "lp", "SGLang's LP dispatch: its LPLBSolver per layer and batch, "
                   "the barrier method by its torch reference, one float32 draw a pair from "
                   "the rank's generator"),
@@ -241,35 +245,58 @@ def sglang_infos(adapter_: Any, placement: Any, algorithm: str, a2a: bool, rank:
         sglang_metadata(adapter_, placement, algorithm, a2a, rank), rank))
 
 
-def engine_policy(name: str, sources: Sources = ()) -> DispatchPolicy:
-    """The `DispatchPolicy` that runs engine algorithm `name` from its source."""
-    return _engine_policy(name, as_sources(sources))
+def engine_policy(name: str, sources: Sources = (), engine_args: str = "") -> DispatchPolicy:
+    """The `DispatchPolicy` that runs engine algorithm `name` from its source; `engine_args`:
+    the SGLang server flags `sglang:auto` reads (`sglang_runtime.FLAGS`), ignored by the
+    others."""
+    return _engine_policy(name, as_sources(sources),
+                          engine_args if name == "sglang:auto" else "")
+
+
+def auto_algorithm(placement: Any, mode: str, sources: Sources = (),
+                   engine_args: str = "") -> str:
+    """The dispatch algorithm `sglang:auto` runs on `placement` in `mode`: what the SGLang
+    source's settings logic picks for `engine_args` (`SGLang.picks`), cached per placement."""
+    run = adapter("sglang", as_sources(sources))
+    a2a = mode == "a2a"
+    return _cached(placement, (run.label, "auto", engine_args, a2a), lambda: run.picks(
+        sglang_runtime.flags(engine_args), _layout(placement, "dynamic", a2a)))
 
 
 @lru_cache(maxsize=64)
-def _engine_policy(name: str, sources: Sources) -> DispatchPolicy:
+def _engine_policy(name: str, sources: Sources, engine_args: str = "") -> DispatchPolicy:
     engine, algorithm, summary = _entry(ENGINE_POLICIES, name, "policy")
     source = label(engine, sources) + "'s own code"
     if algorithm.startswith("waterfill"):  # routed by its dynamic dispatch, shared by Waterfill
         return DispatchPolicy(_engine_policy("sglang:dynamic", sources).fn, False, {}, source,
                               summary, shared=_waterfill_rule(sources, algorithm.endswith(
                                   "dynamic")), modes=("a2a",))
+    reroutes = algorithm == "fake"
     if engine == "sglang":
+        if algorithm == "auto":  # the flags are read now, so a bad one fails before any work
+            chosen = sglang_runtime.flags(engine_args).get("ep_dispatch_algorithm")
+            reroutes = chosen == "fake"
+
         def fn(topk_ids: torch.Tensor, view: Any, ctx: Any) -> torch.Tensor:
             run = adapter("sglang", sources)
             run.need(algorithm)
+            picked = (auto_algorithm(view.placement, ctx.mode, sources, engine_args)
+                      if algorithm == "auto" else algorithm)
+            run.need(picked)
             a2a = ctx.mode == "a2a"
-            infos = sglang_infos(run, view.placement, algorithm, a2a, ctx.rank)
+            infos = sglang_infos(run, view.placement, picked, a2a, ctx.rank)
             ids = topk_ids.cpu()
             gen = ctx.generator  # the engine draws on the CPU: its stream's, there
             if gen is None and ctx.stream is not None:
                 gen = ctx.stream.generator(ctx.layer, "cpu")
             elif gen is not None and gen.device.type != "cpu":
                 gen = None
-            if algorithm == "lp":
-                meta = sglang_metadata(run, view.placement, algorithm, a2a, ctx.rank)
+            if picked == "lp":
+                meta = sglang_metadata(run, view.placement, picked, a2a, ctx.rank)
                 return run.lp_dispatch(ids, meta, infos[ctx.layer], ctx.layer,
                                        gen).to(topk_ids.device)
+            if picked == "fake":
+                ids = run.fake_ids(ids, infos[ctx.layer], gen)
             return run.dispatch(ids, infos[ctx.layer], gen).to(topk_ids.device)
     else:
         def fn(topk_ids: torch.Tensor, view: Any, ctx: Any) -> torch.Tensor:
@@ -279,7 +306,7 @@ def _engine_policy(name: str, sources: Sources) -> DispatchPolicy:
             phys, _ = run.dispatch(topk_ids.cpu(), log2phy[ctx.layer], counts[ctx.layer])
             return phys.to(topk_ids.device)
     fn.__name__ = name
-    return DispatchPolicy(fn, False, {}, source, summary)
+    return DispatchPolicy(fn, False, {}, source, summary, reroutes=reroutes)
 
 
 def _waterfill_rule(sources: Sources, dynamic: bool) -> Callable:
@@ -297,7 +324,8 @@ def _waterfill_rule(sources: Sources, dynamic: bool) -> Callable:
 
 
 dispatch.ENGINE_POLICIES.update(
-    {name: (lambda sources, name=name: engine_policy(name, sources)) for name in ENGINE_POLICIES})
+    {name: (lambda sources, engine_args="", name=name: engine_policy(name, sources, engine_args))
+     for name in ENGINE_POLICIES})
 
 
 def engine_solver(name: str, sources: Sources = ()) -> Callable:
@@ -326,5 +354,5 @@ def _engine_solver(name: str, sources: Sources) -> Callable:
 
 
 __all__ = ["ENGINES", "ENGINE_POLICIES", "ENGINE_SOLVERS", "adapter", "as_sources",
-           "availability", "engine_policy", "engine_solver", "fetch_engine", "fetched",
+           "auto_algorithm", "availability", "engine_policy", "engine_solver", "fetch_engine", "fetched",
            "is_engine_name", "label", "ran", "release", "version_key"]

@@ -23,12 +23,14 @@ import torch
 
 from ..dispatch.policies import (DispatchContext, hash_policy, random_policy, row_policy,
                                  static_table)
-from ..placement import Placement, full_view, sglang_view
+from ..placement import VIEWS, Placement, full_view
 from ..solvers import solve
 from ..topology import Topology
 from ..dispatch.shared import SharedInputs, per_gpu, waterfill_dynamic, waterfill_static
 from ..dispatch.sglang_lp import sglang_lp_policy
-from . import ENGINES, ENGINE_SOLVERS, adapter, engine_policy, label, sglang_infos
+from . import (ENGINES, ENGINE_SOLVERS, adapter, engine_policy, label, release_of, sglang_infos,
+               version_key)
+from .sglang import LIST_VIEWS
 
 LAYOUTS = ((4, 4), (8, 4))  # (GPUs, GPUs a node): one node, two nodes
 CASES = 6  # random placements per layout
@@ -105,8 +107,10 @@ def _sglang_rows(sources: Any, seed: int, cases: int) -> list[Row]:
     tally: dict[tuple[str, str, str], list[int]] = {}
     dispatches = (("dynamic", "sglang:dynamic"), ("fake", "sglang:fake"), ("lp", "sglang:lp"))
     present = [(a, e) for a, e in dispatches if run.missing(a) is None]
-    absent = [Row(who, f"{a} dispatch", "sglang-lp (view sglang)" if a == "lp" else
-                  "row or random (view sglang)", "-", 0, 0, run.missing(a), True)
+    seen = list_view(sources)
+    absent = [Row(who, f"{a} dispatch", {"lp": f"sglang-lp (view {seen})",
+                                         "fake": f"own top-k, then row or random (view {seen})"}
+                  .get(a, f"row or random (view {seen})"), "-", 0, 0, run.missing(a), True)
               for a, _ in dispatches if run.missing(a) is not None]
 
     def count(function: str, twin: str, path: str, same: bool) -> None:
@@ -123,31 +127,56 @@ def _sglang_rows(sources: Any, seed: int, cases: int) -> list[Row]:
                 a2a = mode == "a2a"
                 ids = _batch(placement, gen)
                 for r in range(G):
-                    view = sglang_view(placement, r, mode)
+                    view = VIEWS[seen](placement, r, mode)
                     infos = sglang_infos(run, placement, "static", a2a, r)
                     lists = torch.stack([x.partial_logical_to_all_physical_map for x in infos])
                     R = view.log2phy.shape[-1]
-                    count("ExpertLocationMetadata lists", "view sglang", f"{path}, {mode}",
+                    count("ExpertLocationMetadata lists", f"view {seen}", f"{path}, {mode}",
                           torch.equal(lists[..., :R], view.log2phy)
                           and bool((lists[..., R:] == -1).all()))
                     table = torch.stack([x.partial_logical_to_rank_dispatch_physical_map
                                          for x in infos])
-                    count("static tables", "static (view sglang)", f"{path}, {mode}",
+                    count("static tables", f"static (view {seen})", f"{path}, {mode}",
                           torch.equal(table, static_table(view, r, 0)))
                     twin = random_policy if a2a else row_policy
-                    name = f"{'random' if a2a else 'row'} (view sglang)"
+                    name = f"{'random' if a2a else 'row'} (view {seen})"
+                    twins = {"dynamic": (twin, name), "lp": (sglang_lp_policy,
+                                                             f"sglang-lp (view {seen})"),
+                             "fake": (_fake_twin(twin), f"own top-k, then {name}")}
                     for algorithm, engine in present:
+                        mine_fn, twin_name = twins[algorithm]
                         for layer in range(placement.num_layers):
                             ctx = DispatchContext(layer=layer, rank=r, mode=mode,
                                                   generator=torch.Generator().manual_seed(seed + r))
                             got = engine_policy(engine, sources)(ids, view, replace(
                                 ctx, generator=torch.Generator().manual_seed(seed + r)))
-                            mine = (sglang_lp_policy if algorithm == "lp" else twin)(ids, view, ctx)
-                            count(f"{algorithm} dispatch",
-                                  "sglang-lp (view sglang)" if algorithm == "lp" else name,
-                                  f"{path}, {mode}", torch.equal(got, mine))
+                            count(f"{algorithm} dispatch", twin_name, f"{path}, {mode}",
+                                  torch.equal(got, mine_fn(ids, view, ctx)))
     rows = [Row(who, f, t, p, n, e) for (f, t, p), (n, e) in tally.items()] + absent
     return rows + _waterfill_rows(run, who, seed) + _solver_rows("sglang", sources, seed, cases)
+
+
+def list_view(sources: Any) -> str:
+    """The view eplbsim names for the candidate lists of SGLang source `sources`: that of the
+    newest release in `sglang.LIST_VIEWS` at or before the source's, `sglang` (the pinned
+    release's) for a checkout."""
+    path = dict(sources).get("sglang")
+    version = release_of("sglang", path) if path else None
+    if version is None:
+        return "sglang"
+    known = [v for v in LIST_VIEWS if version_key(v) <= version_key(version)]
+    return LIST_VIEWS[max(known, key=version_key)] if known else "sglang"
+
+
+def _fake_twin(twin: Any) -> Any:
+    """SGLang's `fake` dispatch as eplbsim would write it: router logits `uniform(5, 10)` from
+    the rank's generator, the rank's own top-k of them, then `twin` on those ids."""
+    def fake(topk_ids: torch.Tensor, view: Any, ctx: DispatchContext) -> torch.Tensor:
+        logits = torch.empty(topk_ids.shape[0], view.placement.num_experts)
+        logits.uniform_(5, 10, generator=ctx.generator)
+        own = logits.topk(topk_ids.shape[1], dim=-1).indices
+        return twin(torch.where(topk_ids >= 0, own, -1), view, ctx)
+    return fake
 
 
 def _waterfill_rows(run: Any, who: str, seed: int) -> list[Row]:

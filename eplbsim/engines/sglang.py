@@ -32,7 +32,9 @@ generator as torch's default generator during the call.
 
 from __future__ import annotations
 
+import logging
 import sys
+import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,7 +52,8 @@ PINNED = "0.5.23"  # the release `engines fetch` takes by default, and the tests
 KEEP = ("sglang/srt/eplb/", "sglang/srt/managers/expert_location", "sglang/srt/managers/eplb",
         "sglang/jit_kernel/lplb/", "sglang/kernels/ops/lplb/", "sglang/test/kernels/lplb.py",
         "sglang/srt/layers/moe/waterfill.py", "sglang/kernels/ops/moe/deepep_waterfill",
-        "sglang/version.py")  # what a fetch keeps of a wheel: paths starting so
+        "sglang/version.py", "sglang/srt/server_args.py", "sglang/srt/arg_groups/parallel_hook.py",
+        "sglang/srt/layers/moe/topk.py")  # what a fetch keeps of a wheel: paths starting so
 ROLES = {  # what the adapter calls -> the modules it has lived in, newest first
     "location": ("sglang.srt.eplb.expert_location", "sglang.srt.managers.expert_location"),
     "dispatch": ("sglang.srt.eplb.expert_location_dispatch",
@@ -60,6 +63,12 @@ ROLES = {  # what the adapter calls -> the modules it has lived in, newest first
     "references": ("sglang.test.kernels.lplb",),
     "waterfill": ("sglang.srt.layers.moe.waterfill",),
 }
+EXTRACTED = {  # functions compiled alone out of modules that pull in the serving stack:
+    # role -> the (module, function) it has been, newest first
+    "settings": (("sglang.srt.arg_groups.parallel_hook", "handle_eplb_and_dispatch"),
+                 ("sglang.srt.server_args", "ServerArgs._handle_eplb_and_dispatch")),
+    "selection": (("sglang.srt.layers.moe.topk", "fused_topk_torch_native"),),
+}
 TRITON_ROLES = ("waterfill",)  # modules whose Triton kernels run under the interpreter
 _VIEWS = (("location", "ExpertLocationMetadata.init_by_mapping"),
           ("location", "ModelConfigForExpertLocation"),
@@ -68,7 +77,9 @@ _VIEWS = (("location", "ExpertLocationMetadata.init_by_mapping"),
 NEEDS = {  # algorithm -> the (role, name) it calls
     "views": _VIEWS,
     "rebalanced": (("location", "ExpertLocationMetadata._init_raw"),),
-    "static": _VIEWS, "dynamic": _VIEWS, "fake": _VIEWS,
+    "static": _VIEWS, "dynamic": _VIEWS,
+    "fake": (*_VIEWS, ("dispatch", "transform_select_experts_inputs"), ("selection", None)),
+    "auto": (*_VIEWS, ("settings", None)),
     "lp": (*_VIEWS, ("lplb", "LPLBSolver"), ("references", "solve_ipm_torch_reference"),
            ("references", "dispatch_probability_torch_reference")),
     "waterfill": (*_VIEWS, ("waterfill", "WaterfillBalancer")),
@@ -76,12 +87,19 @@ NEEDS = {  # algorithm -> the (role, name) it calls
     **{s: (("algorithms", "rebalance_experts"), ("algorithms", f"EplbAlgorithm.{s}"))
        for s in ("deepseek", "deepseek_vec", "elasticity_aware")},
 }
+LIST_VIEWS = {"0.5.14": "sglang-0.5.14", "0.5.16": "sglang-0.5.16", "0.5.17": "sglang"}
+# release -> the view (`placement.VIEWS`) equal to its candidate lists, up to the next release
 SOLVER_NAMES = ("deepseek", "deepseek_vec", "elasticity_aware")
 EXPOSES = {
     "ExpertLocationMetadata.init_by_mapping": "per-rank candidate lists at start-up",
     "ExpertLocationMetadata._init_raw": "the lists init_by_eplb publishes after a rebalance",
     "ExpertLocationDispatchInfo.init_new": "a layer's dispatch info",
     "topk_ids_logical_to_physical": "dispatch: static, dynamic, fake",
+    "transform_select_experts_inputs": "fake: each rank's router logits drawn anew",
+    "fused_topk_torch_native": "fake: each rank's top-k of its own logits",
+    "ServerArgs._handle_eplb_and_dispatch": "auto: the dispatch algorithm the release picks "
+                                            "for the flags given (handle_eplb_and_dispatch "
+                                            "in arg_groups/parallel_hook.py from 0.5.23)",
     "LPLBSolver": "lp: its LP per layer and batch, the barrier method by its torch reference "
                   "(sglang/test/kernels/lplb.py), the two CUDA kernels around it by eplbsim's "
                   "CPU stand-ins (eplbsim.dispatch.sglang_lp), the draw by "
@@ -91,8 +109,26 @@ EXPOSES = {
                                      "its Triton kernels under the interpreter",
 }
 A2A_BACKEND = sglang_runtime.A2A_BACKEND
+_LAYOUT_FLAGS = {"ep_size": "--gpus", "ep_num_redundant_experts": "--redundant"}  # the run's, never the flags'
+
 PLATFORM = {"is_hip": False, "is_npu": False, "is_xpu": False, "is_musa": False,
             "is_cuda": False, "is_cpu": True}  # the engine's platform checks, on this CPU run
+
+
+def _declare(settings: Any, source: str, **fields: Any) -> None:
+    """`declare_resolution` (0.5.23): the settings logic's decisions, written as ServerArgs'
+    resolving view would show them."""
+    for key, value in fields.items():
+        setattr(settings, key, value)
+
+
+_QUIET = logging.getLogger("eplbsim.engines.sglang")  # the engine's warnings, not shown
+_QUIET.addHandler(logging.NullHandler())
+_QUIET.propagate = False
+_EXTRACTED_NAMES = {"logger": _QUIET, "torch": torch, "F": torch.nn.functional,
+                    "resolving_view": lambda settings: settings,
+                    "resolved_view": lambda settings: settings,
+                    "declare_resolution": _declare}  # what the EXTRACTED functions read
 
 
 @dataclass
@@ -123,6 +159,7 @@ class SGLang:
         self._settings_extra = SimpleNamespace(model=None, waterfill_dynamic=False,
                                                all_reduced=None)
         self._roles: dict[str, ModuleType | str] = {}
+        self._functions: dict[str, Any] = {}
         self.modules = Modules(self.root, PACKAGE, self._stubs(), label)
         self.modules.supply("sglang.srt.distributed",  # 0.5.16's way to the EP group
                             get_moe_ep_group=lambda: self._settings.moe_ep_group)
@@ -167,6 +204,11 @@ class SGLang:
         run from this source: the first function it calls that the source lacks; None when it
         can."""
         for role, name in NEEDS[algorithm]:
+            if role in EXTRACTED:
+                found = self._function(role)
+                if isinstance(found, str):
+                    return found
+                continue
             mod = self._find(role)
             if isinstance(mod, str):
                 return mod
@@ -176,6 +218,27 @@ class SGLang:
                 if target is None:
                     return f"{mod.__name__} has no {name}"
         return None
+
+    def _function(self, role: str) -> Any:
+        """The function playing `role` (`EXTRACTED`), compiled alone from its file with the
+        names it reads supplied (`_EXTRACTED_NAMES`), or why there is none (cached)."""
+        if role not in self._functions:
+            tried = []
+            for module, function in EXTRACTED[role]:
+                if not self.root.joinpath(*module.split(".")).with_suffix(".py").is_file():
+                    tried.append(f"no {module.replace('.', '/')}.py")
+                    continue
+                try:
+                    space = self.modules.extract(module, (function,), dict(_EXTRACTED_NAMES),
+                                                 bare=True)
+                except InputError as exc:
+                    tried.append(str(exc).rpartition(": ")[2] + f" in {module}")
+                    continue
+                self._functions[role] = space[function.rpartition(".")[2]]
+                break
+            else:
+                self._functions[role] = "; ".join(tried)
+        return self._functions[role]
 
     def need(self, algorithm: str) -> None:
         """InputError, in one line, when `algorithm` cannot run from this source."""
@@ -309,6 +372,64 @@ class SGLang:
             phys = call(self.dispatch_module.topk_ids_logical_to_physical, self.label,
                         topk_ids=ids, info=info)
         return torch.where(valid, phys.long(), -1)
+
+    def picks(self, flags: dict[str, Any], layout: Layout) -> str:
+        """The dispatch algorithm this release's own settings logic picks
+        (`ServerArgs._handle_eplb_and_dispatch`, `handle_eplb_and_dispatch` from 0.5.23) for
+        the server flags `flags` (`sglang_runtime.flags`) on `layout`: ServerArgs' defaults,
+        the layout's EP size, redundant experts and a2a backend (the mode's: none, or
+        `A2A_BACKEND` in "a2a"), then the flags. InputError, in one line: a flag that
+        contradicts the layout, the release's own refusal (its message), or no algorithm
+        picked (EPLB off)."""
+        self.need("auto")
+        s = sglang_runtime.Settings(self.label)
+        s.ep_dispatch_algorithm, s.eplb_algorithm = None, "auto"
+        s.ep_size = s.tp_size = layout.num_gpus
+        s.nnodes = layout.num_nodes
+        s.ep_num_redundant_experts = layout.num_slots - layout.num_experts
+        s.moe_a2a_backend = A2A_BACKEND if layout.a2a else "none"
+        for key, value in flags.items():
+            mine = getattr(s, key)
+            if key in _LAYOUT_FLAGS and value != mine:
+                flag = next(f for f, (field, _) in sglang_runtime.FLAGS.items() if field == key)
+                raise InputError(f"--engine-args give {flag} {value}, but this run has "
+                                 f"{mine} ({_LAYOUT_FLAGS[key]})")
+            setattr(s, key, value)
+        if (s.moe_a2a_backend != "none") != layout.a2a:
+            raise InputError(f"--engine-args give --moe-a2a-backend {s.moe_a2a_backend}, but "
+                             f"this row runs mode {'a2a' if layout.a2a else 'none'} (none "
+                             f"means --moe-a2a-backend none)")
+        try:
+            with self.modules.active():
+                call(self._function("settings"), self.label, self=s, server_args=s)
+        except (ValueError, AssertionError) as exc:
+            where = traceback.extract_tb(exc.__traceback__)[-1]
+            why = " ".join(str(exc).split()) or (f"its check `{where.line}` fails "
+                                                  f"({Path(where.filename).name}:"
+                                                  f"{where.lineno})")
+            raise InputError(f"{self.label} refuses these flags: {why}") from None
+        if s.ep_dispatch_algorithm is None:
+            raise InputError(f"{self.label} picks no dispatch algorithm for these flags (EPLB "
+                             f"off, trivial expert location): add --enable-eplb")
+        return s.ep_dispatch_algorithm
+
+    def fake_ids(self, topk_ids: torch.Tensor, info: Any,
+                 generator: torch.Generator | None) -> torch.Tensor:
+        """The experts a rank runs under SGLang's `fake` dispatch: its router logits drawn
+        anew by `transform_select_experts_inputs` (`uniform_(5, 10)` from `generator`, as
+        torch's default generator during the call), then its top-k of them by the engine's
+        torch-native selection (`fused_topk_torch_native`, softmax), `K` of `topk_ids [T, K]`;
+        padding stays -1. -> int64 `[T, K]`."""
+        self.need("fake")
+        T, K = topk_ids.shape
+        E = info.partial_logical_to_all_physical_map.shape[0]
+        logits = torch.empty(T, E, dtype=torch.float32)
+        with self.modules.active(), _default_generator(generator, logits.device):
+            logits, _ = call(self.dispatch_module.transform_select_experts_inputs, self.label,
+                             router_logits=logits, correction_bias=None, info=info)
+            _, ids = call(self._function("selection"), self.label, hidden_states=logits,
+                          gating_output=logits, topk=K, renormalize=False)
+        return torch.where(topk_ids >= 0, ids.long(), -1)
 
     def lp_dispatch(self, topk_ids: torch.Tensor, metadata: Any, info: Any, layer: int,
                     generator: torch.Generator | None) -> torch.Tensor:

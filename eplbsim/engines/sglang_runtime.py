@@ -10,14 +10,15 @@ Where the settings come from moves between releases (seen in the wheels):
 - `managers.schedule_batch.global_server_args_dict["X"]` (0.4 releases).
 
 `Settings` answers all of them: its flat fields are ServerArgs' names, and `moe`, `parallel`,
-`resources` are the object itself, so `get_exec().moe.ep_size` and `server_args.ep_size` read
-the same field. A setting eplbsim does not supply is an error naming it
+`resources` (and `_resolved()`, the view ServerArgs' own checks read from 0.5.17) are the object
+itself, so `get_exec().moe.ep_size` and `server_args.ep_size` read the same field. A setting eplbsim does not supply is an error naming it
 (`MissingSetting`, an `AttributeError` too, so the engine's own `getattr(x, name, default)` still
 takes its default). `modules(settings)` are the runtime modules, for `source.Modules`' stubs.
 """
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping
 from types import ModuleType
 from typing import Any, Iterator
@@ -46,6 +47,7 @@ class Settings:
         self.eplb_algorithm = "deepseek"
         self.init_expert_location = "trivial"
         self.enable_eplb = False
+        self.expert_distribution_recorder_mode: str | None = None
         self.ep_join_mode = None
         self.ep_size = self.tp_size = self.nnodes = 1
         self.elastic_ep_initial_size = None
@@ -65,6 +67,9 @@ class Settings:
 
     @property
     def resources(self) -> "Settings":
+        return self
+
+    def _resolved(self) -> "Settings":
         return self
 
     @property
@@ -101,6 +106,52 @@ class SettingsDict(Mapping):
         return sum(1 for _ in self)
 
 
+# The SGLang server flags `--engine-args` may give (`sglang:auto`): flag -> (field, type);
+# `bool` for a switch. The rest of a deployment is the run's: GPUs, slots, mode.
+FLAGS = {"--enable-eplb": ("enable_eplb", bool),
+         "--moe-a2a-backend": ("moe_a2a_backend", str),
+         "--ep-dispatch-algorithm": ("ep_dispatch_algorithm", str),
+         "--init-expert-location": ("init_expert_location", str),
+         "--eplb-algorithm": ("eplb_algorithm", str),
+         "--ep-num-redundant-experts": ("ep_num_redundant_experts", int),
+         "--ep-size": ("ep_size", int), "--ep": ("ep_size", int)}
+
+
+def flags(text: str) -> dict[str, Any]:
+    """The settings SGLang server flags `text` give (`FLAGS`: `--flag VALUE`, `--flag=VALUE`,
+    a switch alone), by field name. InputError, in one line, for a flag not in `FLAGS`, a
+    switch given a value or a value that is not of the flag's type."""
+    try:
+        words = shlex.split(text)
+    except ValueError as exc:
+        raise InputError(f"--engine-args {text!r}: {exc}") from None
+    out: dict[str, Any] = {}
+    i = 0
+    while i < len(words):
+        flag, eq, value = words[i].partition("=")
+        if flag not in FLAGS:
+            raise InputError(f"--engine-args: eplbsim reads the SGLang flags "
+                             f"{', '.join(FLAGS)}; {words[i]!r} is not one of them")
+        field, kind = FLAGS[flag]
+        if kind is bool:
+            if eq:
+                raise InputError(f"--engine-args: {flag} is a switch, given {value!r}")
+            out[field] = True
+            i += 1
+            continue
+        if not eq:
+            if i + 1 >= len(words) or words[i + 1].startswith("--"):
+                raise InputError(f"--engine-args: {flag} needs a value")
+            value, i = words[i + 1], i + 1
+        try:
+            out[field] = kind(value)
+        except ValueError:
+            raise InputError(f"--engine-args: {flag} takes {kind.__name__}, got {value!r}") \
+                from None
+        i += 1
+    return out
+
+
 def modules(settings: Settings) -> dict[str, ModuleType]:
     """The modules every release has read its settings from, each answering with `settings`."""
     runtime = ModuleType("sglang.srt.runtime_context")
@@ -114,4 +165,4 @@ def modules(settings: Settings) -> dict[str, ModuleType]:
     return {m.__name__: m for m in (runtime, server_args, batch)}
 
 
-__all__ = ["A2A_BACKEND", "MissingSetting", "Settings", "modules"]
+__all__ = ["A2A_BACKEND", "FLAGS", "MissingSetting", "Settings", "flags", "modules"]

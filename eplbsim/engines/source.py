@@ -50,7 +50,8 @@ def cache_root() -> Path:
     return Path(xdg) / "eplbsim" / "engines"
 
 
-MARKER = ".eplbsim-release"  # in a fetched release's folder: its version, once complete
+MARKER = ".eplbsim-release"  # in a fetched release's folder, once complete: its version, then
+# the path prefixes kept (a fetch keeping more, for a newer adapter, fetches again)
 
 
 def release_folder(engine: str, version: str) -> Path:
@@ -61,18 +62,26 @@ def release_folder(engine: str, version: str) -> Path:
 def fetched_version(folder: Path) -> str | None:
     """The release a fetched folder holds (`MARKER`), or None (not a complete fetch)."""
     try:
-        return (Path(folder) / MARKER).read_text().strip() or None
+        return (Path(folder) / MARKER).read_text().split("\n")[0].strip() or None
     except OSError:
         return None
+
+
+def _kept(folder: Path) -> list[str]:
+    """The path prefixes a fetched folder kept of its wheel (`MARKER`), [] when unknown."""
+    try:
+        return (Path(folder) / MARKER).read_text().split()[1:]
+    except OSError:
+        return []
 
 
 def fetch(engine: str, version: str, keep: Sequence[str]) -> Path:
     """Download the wheel of `engine==version` without dependencies through pip, unpack the
     files whose paths in the wheel start with one of `keep` into its cache folder, mark it
-    complete (`MARKER`) and return the folder; a no-op when it is there. InputError when pip
-    cannot get the wheel or the wheel has none of the files."""
+    complete (`MARKER`) and return the folder; a no-op when it is there with those files.
+    InputError when pip cannot get the wheel or the wheel has none of the files."""
     folder = release_folder(engine, version)
-    if fetched_version(folder) == version:
+    if fetched_version(folder) == version and _kept(folder) == list(keep):
         return folder
     with tempfile.TemporaryDirectory(prefix="eplbsim-fetch-") as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
@@ -92,7 +101,7 @@ def fetch(engine: str, version: str, keep: Sequence[str]) -> Path:
                                      f"under {', '.join(keep)})")
                 for name in kept:
                     wheel.extract(name, staging)
-            (staging / MARKER).write_text(version + "\n")
+            (staging / MARKER).write_text("\n".join([version, *keep]) + "\n")
             if folder.exists():
                 shutil.rmtree(folder)
             staging.rename(folder)
@@ -207,10 +216,13 @@ class Modules:
             self._mods[name] = mod
             return mod
 
-    def extract(self, name: str, functions: Sequence[str], namespace: dict[str, Any]) -> dict:
+    def extract(self, name: str, functions: Sequence[str], namespace: dict[str, Any],
+                bare: bool = False) -> dict:
         """Compile the top-level functions `functions` of module `name`'s file (the first
-        definition of each, looking inside top-level `if` blocks too) into `namespace`, with the
-        file's name and line numbers; returns the namespace. InputError naming a function the
+        definition of each, looking inside top-level `if` blocks too; `Class.method` for a
+        method, compiled as a function of its own name taking `self`) into `namespace`, with
+        the file's name and line numbers; `bare`: without their decorators (a `torch.compile`
+        the engine wraps them in). Returns the namespace. InputError naming a function the
         file lacks."""
         file = self._file(name).with_suffix(".py")
         if not file.is_file():
@@ -218,11 +230,23 @@ class Modules:
         tree = ast.parse(file.read_text(), str(file))
         found: dict[str, ast.stmt] = {}
         for node in _top_level(tree.body):
-            if isinstance(node, ast.FunctionDef) and node.name in functions:
-                found.setdefault(node.name, node)
+            for f in functions:
+                owner, _, leaf = f.rpartition(".")
+                if owner and isinstance(node, ast.ClassDef) and node.name == owner:
+                    node_ = next((n for n in node.body if isinstance(n, ast.FunctionDef)
+                                  and n.name == leaf), None)
+                elif not owner and isinstance(node, ast.FunctionDef) and node.name == f:
+                    node_ = node
+                else:
+                    continue
+                if node_ is not None:
+                    found.setdefault(f, node_)
         lacking = [f for f in functions if f not in found]
         if lacking:
             raise InputError(f"{file}: no function {', '.join(lacking)}")
+        if bare:
+            for node in found.values():
+                node.decorator_list = []
         module = ast.Module(body=[found[f] for f in functions], type_ignores=[])
         namespace.setdefault("__name__", name)
         with self.active():

@@ -99,21 +99,22 @@ def dispatch_step(policy: Any, topk_ids: torch.Tensor, view: View, ctx: Dispatch
     name = name or getattr(policy.fn, "__name__", repr(policy.fn))
     phys = (reference_step(policy, topk_ids, view, ctx, name) if kernel is None
             else kernel(topk_ids, view, ctx))
-    check_choices(phys, topk_ids, view.placement, name)
+    check_choices(phys, topk_ids, view.placement, name, policy.reroutes)
     return phys.long()
 
 
 def check_choices(phys: torch.Tensor, topk_ids: torch.Tensor, placement: Placement,
-                  name: str) -> None:
+                  name: str, reroutes: bool = False) -> None:
     """InputError unless `phys [T, L, K]` holds, for every pair, a slot of its routed expert
-    (and -1 exactly at padding): a wrong policy must not become a silently wrong number."""
+    (any slot when the policy `reroutes`, `DispatchPolicy`), and -1 exactly at padding: a
+    wrong policy must not become a silently wrong number."""
     _check_slots(phys, topk_ids, name)
     ids = topk_ids.long()
     valid = ids >= 0
     P = placement.num_slots
     inside = (phys >= 0) & (phys < P)
     held = placement.phy2log.to(phys.device).reshape(-1)[flat_index(phys.clamp(0, P - 1), P)]
-    bad = torch.where(valid, ~inside | (held != ids), phys != -1)
+    bad = torch.where(valid, ~inside | ((held != ids) & (not reroutes)), phys != -1)
     if bool(bad.any()):
         t, lay, k = bad.nonzero()[0].tolist()
         raise InputError(f"policy {name} sent pair (token {t}, slot {k}) of expert "
