@@ -332,6 +332,13 @@ def test_a_repository_checkout_and_what_a_source_lacks(sglang_source, tmp_path, 
     listed = _run_json(capsys, ["engines", "list", "--engine-source", f"sglang={repo}"])[0]
     assert listed["algorithms"]["sglang:lp"] == "no sglang/test/kernels/lplb.py"
     assert listed["algorithms"]["sglang:dynamic"] is None
+    assert listed["algorithms"]["sglang:auto"] is None  # 0.5.23: arg_groups/parallel_hook.py
+    (repo / "python" / "sglang/srt/arg_groups/parallel_hook.py").unlink()
+    engines.adapter.cache_clear()
+    listed = _run_json(capsys, ["engines", "list", "--engine-source", f"sglang={repo}"])[0]
+    assert listed["algorithms"]["sglang:auto"] == (  # where it lived before 0.5.23: not here
+        "no sglang/srt/arg_groups/parallel_hook.py; no function "
+        "ServerArgs._handle_eplb_and_dispatch in sglang.srt.server_args")
 
 
 def test_several_releases_side_by_side_and_a_review_of_one_against_another(capsys):
