@@ -1,0 +1,35 @@
+"""Matplotlib figures from replay Results; the only eplbsim package that imports matplotlib.
+
+Dimensions: `S` steps, `L` MoE layers, `E` logical experts, `P` physical slots, `R` max replicas
+of one expert, `G` GPUs = EP ranks.
+
+Every figure function is pure: it reads `Results` (metrics, `slot_load [S, L, P]`,
+`true_load [S, L, E]`, `epochs`) and returns a new `matplotlib.figure.Figure`, built directly
+rather than through pyplot, so nothing here selects a backend or touches global state: a script
+saves it with ``fig.savefig(path)`` or :func:`save_figure` (``plt.savefig`` saves pyplot's
+current figure, which this is not), and a notebook (after ``%matplotlib inline``) shows it as a
+cell's last expression. Nothing is computed beyond what the plot needs; numbers come from the
+metrics `replay` already measured. Colours are the Okabe-Ito palette (colour-blind safe), and
+each policy has its own colour and marker (`policy_styles`). An axis of counts, shares or times
+starts at 0 and one of max / mean ratios at 1.0, or its label says where it starts.
+
+By family: `style` (colours, markers, the paper style, saving, the shared drawing helpers),
+`runs` (one comparison's runs), `paper` (the notebooks' figures), `review` (the review page's).
+"""
+
+from __future__ import annotations
+
+from matplotlib.figure import Figure  # what every figure function returns
+
+from .paper import (expert_load_heatmap, policy_mode_bars, predictor_time_series,
+                    redundancy_curves, replica_loads_pair, solver_gap_lines, switch_hazard,
+                    time_bars_and_stalls, workload_batching)
+from .review import REVIEW_BARS, review_figure
+from .runs import policy_comparison, replica_loads_over_time, time_series_figure
+from .style import OKABE_ITO, PAPER_STYLE, POLICY_MARKERS, paper_style, policy_styles, save_figure
+
+__all__ = ["Figure", "OKABE_ITO", "PAPER_STYLE", "POLICY_MARKERS", "REVIEW_BARS", "expert_load_heatmap",
+           "paper_style", "policy_comparison", "policy_mode_bars", "policy_styles",
+           "predictor_time_series", "redundancy_curves", "replica_loads_over_time",
+           "replica_loads_pair", "review_figure", "save_figure", "solver_gap_lines",
+           "switch_hazard", "time_bars_and_stalls", "time_series_figure", "workload_batching"]
