@@ -19,7 +19,7 @@ import torch
 
 from .cost.shapes import trace_model
 from .dispatch import resolve_policy
-from .engines import is_engine_name
+from .engines import is_engine_name, resolve_solver
 from .errors import InputError
 from .files import check_memory
 from .metrics import Counters
@@ -32,7 +32,6 @@ from .registry import lookup
 from .results import Comparison, Results
 from .schedule.plan import Segment, plan
 from .schedule.switch import held_experts, phases
-from .solvers import find_solver
 from .spec import RunSpec, label
 from .traces.counts import CountsTrace
 
@@ -118,9 +117,8 @@ def schedule_of(trace: Any, spec: RunSpec, true_load: torch.Tensor) -> tuple[Seg
     model_layers = trace.meta.get("model_layers")
     placement, initial = (load_placement(value, E, topo, L, model_layers)
                           for value in (spec.solver.placement, spec.schedule.initial))
-    solver = spec.solver
-    if is_engine_name(solver.solver):  # run from the spec's engine source
-        solver = replace(solver, solver=find_solver(solver.solver, spec.dispatch.engine_source))
+    solver = replace(spec.solver, solver=resolve_solver(spec.solver.solver,
+                                                         spec.dispatch.engine_source))
     return plan(true_load, spec.schedule, solver, topo, E + spec.topology.redundant,
                 spec.topology.groups or trace.num_groups or 1, placement, initial,
                 spec.dispatch.seed)

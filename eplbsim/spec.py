@@ -27,14 +27,14 @@ from .cost.shapes import DEFAULT_MODEL
 from .cost import check_options as check_cost_options
 from .cost import describe as describe_cost
 from .dispatch import POLICIES, DispatchPolicy, FilePolicies, resolve_policy
-from .engines import ENGINE_POLICIES, ENGINE_SOLVERS, as_sources
+from .engines import ENGINE_POLICIES, ENGINE_SOLVERS, as_sources, resolve_solver
 from .engines.sglang_runtime import flags as engine_flags
 from .errors import InputError
-from .limits import (MAX_BATCH, MAX_EXPERTS, MAX_GPUS, MAX_HIDDEN, MAX_LAYERS, MAX_SEED,
-                     MAX_SLOTS, MAX_TOP_K, check_at_most)
+from .limits import (MAX_BATCH, MAX_EXPERT_BYTES, MAX_EXPERTS, MAX_GPUS, MAX_HIDDEN, MAX_LAYERS,
+                     MAX_SEED, MAX_SLOTS, MAX_TOP_K, check_at_most)
 from .placement import VIEWS, Placement
 from .ranks import MODES, RNG_RELATIONS
-from .registry import Joined, name_of
+from .registry import Joined, name_of, unknown
 from .schedule.predictors import PREDICTORS
 from .schedule.switch import REBALANCE_MODES
 from .solvers import SOLVERS, check_options, find_solver
@@ -153,8 +153,7 @@ class Name:
                                                    and isinstance(value, self.entry))):
             return value
         if not isinstance(value, str) or value not in self.registry:
-            raise InputError(f"unknown {self.kind} {value!r}; choose one of "
-                             f"{', '.join(self.registry)}")
+            raise unknown(self.kind, value, self.registry)
         return value
 
 
@@ -237,7 +236,7 @@ class Device:
         ok = isinstance(value, str) and (value in ("cpu", "cuda", "auto") or (
             value.startswith("cuda:") and value[5:].isdigit()))
         if not ok:
-            raise InputError(f"unknown device {value!r}; use cpu, cuda, cuda:N or auto")
+            raise unknown("device", value, ("cpu", "cuda", "auto"), ("cuda:N",))
         return value
 
 
@@ -714,7 +713,7 @@ class SolverPart(Part):
         Name(LPLB_TOPOLOGIES, "redundancy topology", optional=True))
 
     def relate(self) -> None:
-        fn = find_solver(self.solver)
+        fn = find_solver(resolve_solver(self.solver))  # an engine's: its options are checked
         options = dict(self.solver_options)
         if self.lplb_topology is not None:
             if fn is not SOLVERS["lplb"]:
@@ -754,7 +753,8 @@ class SchedulePart(Part):
                                  "to move fewer experts", Switch())
     expert_bytes: int | None = knob(
         None, "bytes of one expert's weights, to price migrations and their stalls (default: "
-        "one routed expert of the model shape, --model)", Integer(0, optional=True))
+        "one routed expert of the model shape, --model)",
+        Integer(0, optional=True, most=MAX_EXPERT_BYTES))
     rebalance_mode: str = knob(
         "sync", "sync: serving stalls until a rebalance's copies land; async: the copies go on "
         "in the background while the old placement serves, each rank switching when they land",

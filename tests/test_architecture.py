@@ -109,3 +109,23 @@ def test_the_checker_sees_relative_and_nested_imports():
     assert "eplbsim.dispatch.policies" in _edges("eplbsim.dispatch.kernels.cpu")
     assert "eplbsim.schedule" in _edges("eplbsim.spec")  # a package __init__ on the way
     assert "eplbsim.plots" in _edges("eplbsim.cli.run")  # imported inside a function
+
+
+def _below(layer: str) -> set[str]:
+    """The modules of package `layer` (itself too)."""
+    return {n for n in MODULES if n == layer or n.startswith(layer + ".")}
+
+
+def test_imports_go_one_way_between_the_layers():
+    """Solvers never see tokens, so they never reach the dispatch layer or the engines (engine
+    solvers are resolved above, `engines.resolve_solver`); the dispatch layer knows no engine
+    (the engines register into it); a trace knows no metric (the load reductions both use are
+    in `eplbsim.loads`)."""
+    forbidden = {"eplbsim.solvers": ("eplbsim.engines", "eplbsim.dispatch", "eplbsim.metrics"),
+                 "eplbsim.dispatch": ("eplbsim.engines",),
+                 "eplbsim.traces": ("eplbsim.metrics", "eplbsim.engines", "eplbsim.dispatch")}
+    for layer, above in forbidden.items():
+        for name in _below(layer):
+            wrong = sorted(t for t in _edges(name) for a in above if t in _below(a))
+            assert not wrong, f"{name} imports {wrong}"
+    assert "eplbsim.loads" in _edges("eplbsim.traces.summary")

@@ -335,6 +335,13 @@ def engine_solver(name: str, sources: Sources = ()) -> Callable:
     return _engine_solver(name, as_sources(sources))
 
 
+def resolve_solver(solver: Any, sources: Any = ()) -> Any:
+    """`solver` as the solvers' registry takes it: an engine solver's name (`sglang:deepseek`)
+    becomes the callable running it from `sources` (`engine_solver`); anything else (a
+    registry name, a callable) is returned as it is."""
+    return engine_solver(solver, sources) if is_engine_name(solver) else solver
+
+
 @lru_cache(maxsize=64)
 def _engine_solver(name: str, sources: Sources) -> Callable:
     engine, algorithm, _ = _entry(ENGINE_SOLVERS, name, "solver")
@@ -355,4 +362,4 @@ def _engine_solver(name: str, sources: Sources) -> Callable:
 
 __all__ = ["ENGINES", "ENGINE_POLICIES", "ENGINE_SOLVERS", "adapter", "as_sources",
            "auto_algorithm", "availability", "engine_policy", "engine_solver", "fetch_engine", "fetched",
-           "is_engine_name", "label", "ran", "release", "version_key"]
+           "is_engine_name", "label", "ran", "release", "resolve_solver", "version_key"]

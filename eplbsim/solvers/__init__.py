@@ -58,13 +58,10 @@ SOLVERS: dict[str, Solver] = {
 KEEP_LAYOUT = frozenset({lplb})
 
 
-def find_solver(solver: str | Solver, sources: Any = ()) -> Solver:
-    """The solver a registry name, an engine solver (`ENGINE:ALGORITHM`, run from the engine
-    source `sources` names, else the pinned version: `eplbsim.engines`) or a callable names;
-    InputError for an unknown name."""
-    if isinstance(solver, str) and ":" in solver:  # an engine's (unknown ones are refused)
-        from ..engines import engine_solver
-        return engine_solver(solver, sources)
+def find_solver(solver: str | Solver) -> Solver:
+    """The solver a registry name or a callable names; InputError for an unknown name. An
+    engine's solver (`sglang:deepseek`) is resolved above this package, where the engines are
+    known (`engines.resolve_solver`), into the callable that runs it."""
     return lookup(SOLVERS, solver, "solver")
 
 
@@ -176,8 +173,13 @@ def as_load(load: Any) -> np.ndarray:
         given = np.asarray(load)
     except (TypeError, ValueError, OverflowError, RecursionError) as exc:
         raise InputError(f"load is not a numeric [layers, experts] array ({exc})") from None
-    if given.dtype.kind not in "iuf" or (given.dtype.kind != "f" and _has_bool(load)):
-        raise InputError(f"load must hold numbers (pair counts), got {given.dtype} values")
+    if given.dtype.kind == "b" or _has_bool(load):
+        raise InputError("load holds true/false values; it must hold numbers (pair counts)")
+    if given.dtype.kind not in "iuf":
+        what = {"U": "text", "S": "bytes",
+                "O": "a value that is not one (null, a list or an object)"}.get(
+            given.dtype.kind, f"{given.dtype} values")
+        raise InputError(f"load must hold numbers (pair counts), got {what}")
     array = np.array(given, dtype=np.float64)  # always a copy
     if array.ndim != 2:
         raise InputError(f"load must be 2-D [layers, experts], got shape {array.shape}")

@@ -1,0 +1,232 @@
+"""What the metrics read: the ranks' `Counters` of a run and `Chunk`s, stretches of steps on
+one placement with their executed and routed loads, and the GPU work time prices.
+
+Dimensions: `S` steps, `L` layers, `E` logical experts, `P` physical slots, `G` GPUs, `c` steps
+of a chunk.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from functools import cached_property
+from typing import Any, Iterator, Sequence
+
+import torch
+
+from .. import cost
+from ..cost.comm import layer_comm_seconds
+from ..loads import ReplicaStats, gpu_imbalance, gpu_loads, replica_skew, replica_stats
+from ..placement import Placement
+
+
+SUMMARY_CHUNK = 128  # steps per chunk: per-expert intermediates stay small
+
+
+@dataclass(frozen=True)
+class Counters:
+    """Per-(step, layer) counts of the rank model.
+
+    agreed:       int64 `[S, L]` pairs on which all ranks chose the same slot (0 in "a2a")
+    valid:        int64 `[S, L]` non-padding pairs
+    multiplicity: int64 `[S, L, 3]` valid pairs executed 0, 1, >= 2 times
+    error:        float64 `[S, L, 2]` (||Y - Y_exact||^2, ||Y_exact||^2) of the toy layer
+    drift:        bool `[S, G]` ranks that consumed an extra batch of draws before the step
+    tokens:       int64 `[S]` tokens of each step
+    crossings:    int64 `[S, L, 2]` in "a2a" with a cost model: the busiest GPU's token
+                  crossings of each layer's dispatch over NVLink and RDMA (else 0)
+    wrong:        int64 `[S, L]` in "a2a": pairs sent to a slot holding another expert's
+                  weights (ranks switching placements at different steps; else 0)
+    shared:       float64 `[S, L, G]` tokens whose shared-expert work each GPU runs, when the
+                  run counts it (`RunSpec.shared_work`); `[S, L, 0]` when it does not
+    """
+
+    agreed: torch.Tensor
+    valid: torch.Tensor
+    multiplicity: torch.Tensor
+    error: torch.Tensor
+    drift: torch.Tensor
+    tokens: torch.Tensor
+    crossings: torch.Tensor
+    wrong: torch.Tensor
+    shared: torch.Tensor
+
+    @classmethod
+    def zeros(cls, num_steps: int, num_layers: int, num_ranks: int,
+              shared: bool = False) -> "Counters":
+        """All-zero counters for `S` steps, `L` layers and `G` ranks, filled step by step;
+        `shared`: with room for the shared-expert work per GPU."""
+        S, L = num_steps, num_layers
+        return cls(torch.zeros(S, L, dtype=torch.int64), torch.zeros(S, L, dtype=torch.int64),
+                   torch.zeros(S, L, 3, dtype=torch.int64),
+                   torch.zeros(S, L, 2, dtype=torch.float64),
+                   torch.zeros(S, num_ranks, dtype=torch.bool), torch.zeros(S, dtype=torch.int64),
+                   torch.zeros(S, L, 2, dtype=torch.int64), torch.zeros(S, L, dtype=torch.int64),
+                   torch.zeros(S, L, num_ranks if shared else 0, dtype=torch.float64))
+
+    def __repr__(self) -> str:
+        S, L = self.valid.shape
+        return f"Counters({S} steps x {L} layers, {int(self.valid.sum())} pairs)"
+
+    def steps(self, lo: int, hi: int) -> "Counters":
+        """The counters of steps `[lo, hi)` (views)."""
+        return Counters(**{f.name: getattr(self, f.name)[lo:hi] for f in fields(self)})
+
+    def put(self, lo: int, part: "Counters") -> None:
+        """Copy `part`, the counters of steps `[lo, lo + len)`, into these."""
+        for f in fields(self):
+            value = getattr(part, f.name)
+            getattr(self, f.name)[lo:lo + value.shape[0]] = value
+
+
+@dataclass(frozen=True, eq=False)
+class Chunk:
+    """Steps `[lo, hi)` on one placement: what every metric's components read.
+
+    routed:    integer `[c, L, E]` routed pairs per logical expert (views of the run's loads)
+    executed:  integer `[c, L, P]` executed pairs per slot, or None (counts only)
+    counters:  the rank counters of these steps, or None (counts only)
+    placement: the placement in service; best: the segment's best placement
+    moved:     int64 `[c, L]` slots whose expert changed at each step (a rebalance)
+    num_gpus:  `G`
+    cost:      the run's `spec.CostPart` when it names a cost model, else None
+    mode:      the run's mode
+    shared_work: each token's shared-expert work in routed pairs (`RunSpec.shared_work`; 0:
+               not counted): in the time (`work`) and `imbalance_with_shared`, never in the
+               balance figures, which count routed pairs
+    """
+
+    lo: int
+    hi: int
+    routed: torch.Tensor
+    executed: torch.Tensor | None
+    counters: Counters | None
+    placement: Placement
+    best: Placement
+    moved: torch.Tensor
+    num_gpus: int
+    cost: Any = None
+    mode: str = "none"
+    shared_work: float = 0.0
+
+    @cached_property
+    def seconds(self) -> dict[str, torch.Tensor]:
+        """Every layer's time, float64 `[c, L]` each (`cost.layer_seconds`: `compute`,
+        `compute_balanced`, `comm`, `total`, `total_balanced`) under the run's cost model, on
+        the GPUs' whole work (`work`: the shared experts' too, when counted)."""
+        c = self.cost
+        shape, device = c.profiles()
+        comm = layer_comm_seconds(self.mode, self.counters.tokens, self.counters.crossings,
+                                  self.placement.topology, shape, device)
+        return cost.layer_seconds(*self.work, comm, shape, device, c.cost, c.overlap,
+                                  c.cost_options)
+
+    @property
+    def layer_scale(self) -> float:
+        """The model's MoE layers each of the trace's layers stands for in time
+        (`layer_scale`)."""
+        return layer_scale(self.cost, self.routed.shape[1])
+
+    def ms(self, kind: str) -> torch.Tensor:
+        """`seconds[kind]` in milliseconds of the whole model: each trace layer's time times
+        the model layers it stands for (`layer_scale`), `[c, L]`."""
+        return self.seconds[kind] * (self.layer_scale * 1e3)
+
+    @cached_property
+    def gpu_load(self) -> torch.Tensor:
+        """Executed routed pairs per GPU, float64 `[c, L, G]`: what every balance figure
+        counts, whatever the cost settings (DESIGN.md §4)."""
+        return gpu_loads(self.executed, self.num_gpus)
+
+    @cached_property
+    def work(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """`gpu_work` of these steps: `(pairs, active)`, float64 `[c, L, G]` each, the
+        shared experts' work included when counted: what time is priced on."""
+        return gpu_work(self.executed, self.counters, self.num_gpus, self.shared_work,
+                        self.mode, self.gpu_load)
+
+    @cached_property
+    def imbalance(self) -> torch.Tensor:
+        """Executed max / mean GPU load of the routed pairs, `[c, L]`."""
+        return gpu_imbalance(self.gpu_load)
+
+    @cached_property
+    def imbalance_with_shared(self) -> torch.Tensor:
+        """Executed max / mean GPU load with the shared experts' work, `[c, L]`; NaN when the
+        run does not count it."""
+        if not self.shared_work:
+            return torch.full(self.gpu_load.shape[:-1], math.nan, dtype=torch.float64)
+        return gpu_imbalance(self.work[0])
+
+    @cached_property
+    def promise(self) -> torch.Tensor:
+        """The placement in service's even-split GPU imbalance on the routed loads, `[c, L]`."""
+        return _promise(self.placement, self.routed, self.num_gpus)
+
+    @cached_property
+    def best_promise(self) -> torch.Tensor:
+        """The best placement's even-split GPU imbalance, `[c, L]`."""
+        return (self.promise if self.best is self.placement
+                else _promise(self.best, self.routed, self.num_gpus))
+
+    @cached_property
+    def replicas(self) -> ReplicaStats:
+        """What every expert's replicas executed, `[c, L, E]` each (`replica_stats`)."""
+        return replica_stats(self.executed, self.placement)
+
+    @cached_property
+    def skew(self) -> torch.Tensor:
+        """Replica skew of every expert, `[c, L, E]`, NaN where undefined."""
+        return replica_skew(self.executed, self.placement, self.replicas)
+
+
+def layer_scale(cost: Any, num_layers: int) -> float:
+    """How many of the model's MoE layers each of a trace's `num_layers` layers stands for when
+    time is priced (`cost`, a `spec.CostPart`): `moe_layers / L` of its model shape, so a step's
+    time is the whole model's, whatever layers the trace recorded."""
+    return cost.profiles()[0].moe_layers / num_layers
+
+
+def _promise(placement: Placement, routed: torch.Tensor, num_gpus: int) -> torch.Tensor:
+    """GPU imbalance of `placement`'s even split of `routed [..., L, E]`: `[..., L]`."""
+    return gpu_imbalance(gpu_loads(placement.expected_load(routed), num_gpus))
+
+
+def gpu_work(executed: torch.Tensor, counters: Counters, num_gpus: int, shared_work: float,
+             mode: str, routed_gpu: torch.Tensor | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """What each GPU computes in each (step, layer), the shared experts' work included when the
+    run counts it (`shared_work` routed pairs a token, `Counters.shared` tokens a GPU):
+    `(pairs, active)`, float64 `[..., L, G]` each, for `executed [..., L, P]` pairs per slot.
+    `pairs`: its routed pairs plus `shared_work x` its shared tokens; `active`: its slots with
+    pairs plus, where it runs shared work, the shared experts' weights (`shared_work` routed
+    experts' worth, a `1 / G` share each in "none", tensor-parallel). `routed_gpu`:
+    `gpu_loads(executed, num_gpus)` when the caller has it."""
+    pairs = gpu_loads(executed, num_gpus) if routed_gpu is None else routed_gpu
+    active = gpu_loads(executed > 0, num_gpus)
+    if shared_work:
+        share = 1.0 if mode == "a2a" else 1.0 / num_gpus
+        pairs = pairs + shared_work * counters.shared
+        active = active + shared_work * share * (counters.shared > 0)
+    return pairs, active
+
+
+def chunks(slot_load: torch.Tensor | None, true_load: torch.Tensor,
+           counters: Counters | None, segments: Sequence[Any], num_gpus: int,
+           cost_part: Any = None, mode: str = "none", shared_work: float = 0.0
+           ) -> Iterator[Chunk]:
+    """The run cut into chunks of at most `SUMMARY_CHUNK` steps within each segment
+    (`schedule.Segment`: `start`, `stop`, `placement`, `best`, `rebalance`), made one at a
+    time (a chunk's cached intermediates go with it); `cost_part`, `mode` and `shared_work`
+    as `Chunk`'s (`shared_work` needs the counters)."""
+    S, L, _ = true_load.shape
+    for seg in segments:
+        for lo in range(seg.start, seg.stop, SUMMARY_CHUNK):
+            hi = min(seg.stop, lo + SUMMARY_CHUNK)
+            moved = torch.zeros(hi - lo, L, dtype=torch.int64)
+            if lo == seg.start and seg.rebalance is not None:
+                moved[0] = torch.from_numpy(seg.rebalance.transfers.sum(1))
+            yield Chunk(lo, hi, true_load[lo:hi], None if slot_load is None else slot_load[lo:hi],
+                        None if counters is None else counters.steps(lo, hi), seg.placement,
+                        seg.best, moved, num_gpus, cost_part, mode,
+                        0.0 if counters is None else shared_work)

@@ -1,0 +1,222 @@
+"""Every metric, declared once: `Metric` and the registry `METRICS` (the package doc says what
+a metric is), with the component functions and whole-run figures the entries name.
+
+Dimensions: `L` layers, `P` physical slots, `c` steps of a chunk.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+
+from ..cost.rebalance import sync_stall_seconds
+from ..counting import summed
+from ..loads import balancedness, idle_replicas, nanmax_or_none, replica_skew
+from ..schedule.migration import transfer_kinds
+from ..schedule.switch import phases
+from .chunks import Chunk, layer_scale
+from .gap import placement_gap
+from .reductions import (mean, overhead, peak, ratio, root_ratio, shares, step_time, throughput,
+                         total)
+
+
+RATIO, TIME_FMT, COUNT, PERCENT = "ratio", "time", "count", "percent"  # how a table shows it
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric (module doc).
+
+    header:  its column header in text tables (a tuple, one per sub-key, for `subkeys`)
+    parts:   `Chunk -> tuple of [c, L] tensors`, the per-(step, layer) components; or None
+    reduce:  `(*components, dims) -> tensor`, over the axes `dims` of `[S, L]`
+    whole:   `Results -> value`, for a figure only the whole run defines (then no parts)
+    needs:   what the components read besides routed loads and placements: "executed" (a
+             dispatch ran) or "counters" (the rank counters); None when absent (counts only)
+    modes:   the modes it is defined in (None: every mode)
+    tables:  the text tables showing it ("main", "decomposition")
+    subkeys: for a metric whose value is a dict (`multiplicity`), its keys; flat columns
+             (CSV, time series) are `KEY_SUB`
+    fmt:     how a text table shows its values: `RATIO` (4 decimals), `TIME_FMT` (4
+             significant digits), `COUNT` (whole, with thousands separators), `PERCENT`
+    shown:   `rows -> bool`, whether its column says something in a table of these rows (e.g.
+             not when every value is 1); None: always shown
+    """
+
+    header: str | tuple[str, ...]
+    parts: Callable[[Chunk], tuple[torch.Tensor, ...]] | None = None
+    reduce: Callable[..., torch.Tensor] = mean
+    whole: Callable[[Any], Any] | None = None
+    needs: str | None = None
+    modes: tuple[str, ...] | None = None
+    tables: frozenset[str] = frozenset({"main"})
+    subkeys: tuple[str, ...] | None = None
+    fmt: str = RATIO
+    shown: Callable[[Sequence[dict]], bool] | None = None
+
+    def columns(self, key: str) -> list[tuple[str, str, str | None]]:
+        """`(header, row key, sub-key)` of its columns in a text table."""
+        if self.subkeys is None:
+            return [(self.header, key, None)]
+        return [(h, key, sub) for h, sub in zip(self.header, self.subkeys)]
+
+    def flat_keys(self, key: str) -> list[str]:
+        """Its column names in flat tables (CSV, time series)."""
+        return [key] if self.subkeys is None else [f"{key}_{sub}" for sub in self.subkeys]
+
+
+def _skew_parts(chunk: Chunk) -> tuple[torch.Tensor, torch.Tensor]:
+    skew = chunk.skew
+    return skew.nan_to_num(0.0).sum(-1), (~skew.isnan()).sum(-1)
+
+
+def _skew_peak(chunk: Chunk) -> tuple[torch.Tensor]:
+    skew = chunk.skew
+    top = skew.nan_to_num(-math.inf).amax(-1)
+    return (torch.where((~skew.isnan()).any(-1), top, math.nan),)
+
+
+def _skew_cumulative(results: Any) -> float | None:
+    """Max replica skew over (layer, expert) on executed loads summed over each stretch of
+    steps on one placement (exposes slow bias that per-step figures hide)."""
+    skews = [replica_skew(summed(results.slot_load[start:stop], 0), placement).flatten()
+             for start, stop, placement in results.epochs]
+    return nanmax_or_none(torch.cat(skews))
+
+
+def _differs(rows: Sequence[dict], key: str, other: str | None = None) -> bool:
+    """Whether some row's `key` differs, as a table shows it, from its `other` (None: from 1)."""
+    def shown(value: Any) -> str:
+        return "-" if value is None else f"{value:.4f}"
+    return any(shown(r.get(key)) != shown(1.0 if other is None else r.get(other)) for r in rows)
+
+
+def _corrupt(results: Any) -> bool:
+    """Whether the run's output is wrong: some pair executed other than once (ranks that
+    disagree, "none") or sent to a slot holding another expert ("a2a", while ranks switch)."""
+    c = results.counters
+    return bool(c.multiplicity[..., 0].sum() + c.multiplicity[..., 2].sum() + c.wrong.sum())
+
+
+def _rebalances(results: Any) -> int:
+    """Placements re-solved on the schedule (skipped rebalances excluded)."""
+    return sum(s.rebalance is not None and not s.rebalance.skipped for s in results.segments)
+
+
+def _moved_bytes(results: Any) -> int:
+    """Bytes copied by every rebalance: moved slots x the run's expert bytes
+    (`RunSpec.expert_bytes`)."""
+    return int(results.components["moved_slots"][0].sum()) * results.spec.expert_bytes()
+
+
+def _hazard_steps(results: Any) -> int:
+    """Steps on which the ranks serve different placements (`schedule.switch`: async
+    rebalances whose ranks switch at different steps)."""
+    return sum(hi - lo for lo, hi, _, serving in phases(results.segments) if serving is not None)
+
+
+def rebalance_stalls(results: Any) -> list[tuple[int, float]]:
+    """`(step, milliseconds)` of every rebalance that moved experts when serving stalls until
+    its copies land (`sync`, `cost.rebalance.sync_stall_seconds`; none for `async`, whose
+    copies go on while the old placement serves), experts of the cost model's shape;
+    `results.spec` must name a cost model. The trace's layers stand for the model's MoE layers
+    (`layer_scale`), as in every time metric."""
+    segments = results.segments
+    spec = results.spec
+    if spec.schedule.rebalance_mode != "sync":
+        return []
+    device = spec.cost.profiles()[1]
+    scale = layer_scale(spec.cost, results.true_load.shape[1])
+    out = []
+    for before, seg in zip(segments, segments[1:]):
+        if seg.rebalance is None or seg.rebalance.skipped:
+            continue
+        placement = seg.placement
+        seconds = sync_stall_seconds(transfer_kinds(before.placement, placement),
+                                     placement.slot_gpu.numpy(), placement.topology.num_gpus,
+                                     spec.expert_bytes(), device)
+        out.append((seg.start, seconds * scale * 1e3))
+    return out
+
+
+def _stall_ms(results: Any) -> float:
+    """Milliseconds serving stalled for every rebalance's copies, in all."""
+    return sum(ms for _, ms in rebalance_stalls(results))
+
+
+def _cost_source(results: Any) -> str:
+    """What the run's compute times come from (the measured table, for `measured`)."""
+    return results.spec.cost.describe(results.spec.topology.gpus)
+
+
+def _step_tokens(chunk: Chunk) -> torch.Tensor:
+    """Each step's tokens on every layer, `[c, L]`."""
+    return chunk.counters.tokens.unsqueeze(1).expand(chunk.counters.valid.shape)
+
+
+EXECUTED, COUNTERS, COST, SOLVED = "executed", "counters", "cost", "solved"
+
+
+DECOMPOSITION, TIME = frozenset({"decomposition"}), frozenset({"time"})
+
+
+METRICS: dict[str, Metric] = {
+    "gpu_imbalance": Metric("gpu_imb", lambda c: (c.imbalance,), needs=EXECUTED,
+                            tables=frozenset({"main", "decomposition"})),
+    "gpu_imbalance_with_shared": Metric(
+        "imb+shared", lambda c: (c.imbalance_with_shared,), needs=EXECUTED,
+        shown=lambda rows: any(r.get("gpu_imbalance_with_shared") is not None for r in rows)),
+    "balancedness": Metric("balanced", lambda c: (balancedness(c.gpu_load),), needs=EXECUTED),
+    "replica_skew_mean": Metric("skew_mean", _skew_parts, ratio, needs=EXECUTED),
+    "replica_skew_max": Metric("skew_max", _skew_peak, peak, needs=EXECUTED),
+    "replica_skew_cumulative": Metric("skew_cum", whole=_skew_cumulative, needs=EXECUTED),
+    "idle_replica_frac": Metric(
+        "idle", lambda c: idle_replicas(c.executed, c.routed, c.placement, c.replicas), ratio,
+        needs=EXECUTED),
+    "placement_imbalance": Metric("promise", lambda c: (c.promise,)),
+    "placement_gap": Metric("gap", lambda c: (placement_gap(c.placement, c.routed),),
+                            shown=lambda rows: _differs(rows, "placement_gap",
+                                                        "placement_imbalance")),
+    "executed_work": Metric("work", lambda c: (c.executed.sum(-1), c.counters.valid), ratio,
+                            needs=COUNTERS, shown=lambda rows: _differs(rows, "executed_work")),
+    "output_corrupt": Metric("corrupt", whole=_corrupt, needs=COUNTERS, tables=frozenset()),
+    "rank_agreement": Metric("agree", lambda c: (c.counters.agreed, c.counters.valid), ratio,
+                             needs=COUNTERS, modes=("none",)),
+    "multiplicity": Metric(("c=0", "c=1", "c>=2"), lambda c: c.counters.multiplicity.unbind(-1),
+                           shares, needs=COUNTERS, subkeys=("0", "1", "2+")),
+    "output_rel_error": Metric("out_err", lambda c: c.counters.error.unbind(-1), root_ratio,
+                               needs=COUNTERS, modes=("none",)),
+    "wrong_expert_frac": Metric("wrong", lambda c: (c.counters.wrong, c.counters.valid), ratio,
+                                needs=COUNTERS, modes=("a2a",)),
+    "factor_solver": Metric("solver", lambda c: (c.best_promise,), needs=SOLVED,
+                            tables=DECOMPOSITION),
+    "factor_prediction": Metric("prediction", lambda c: (c.promise / c.best_promise,),
+                                needs=SOLVED, tables=DECOMPOSITION),
+    "factor_dispatch": Metric("dispatch", lambda c: (c.imbalance / c.promise,),
+                              needs=EXECUTED, tables=DECOMPOSITION),
+    "rebalances": Metric("rebalances", whole=_rebalances, tables=DECOMPOSITION),
+    "moved_slots": Metric("moved_slots", lambda c: (c.moved,), total, tables=DECOMPOSITION),
+    "moved_bytes": Metric("moved_bytes", whole=_moved_bytes, tables=frozenset()),
+    "hazard_steps": Metric("hazard", whole=_hazard_steps, tables=DECOMPOSITION),
+    "layer_us": Metric("layer_us", lambda c: (c.seconds["total"] * 1e6,), needs=COST,
+                       tables=TIME, fmt=TIME_FMT),
+    "moe_ms": Metric("moe_ms", lambda c: (c.ms("total"),), step_time, needs=COST, tables=TIME,
+                     fmt=TIME_FMT),
+    "compute_ms": Metric("compute_ms", lambda c: (c.ms("compute"),), step_time, needs=COST,
+                         tables=TIME, fmt=TIME_FMT),
+    "comm_ms": Metric("comm_ms", lambda c: (c.ms("comm"),), step_time, needs=COST, tables=TIME,
+                      fmt=TIME_FMT),
+    "moe_ms_balanced": Metric("balanced_ms", lambda c: (c.ms("total_balanced"),), step_time,
+                              needs=COST, tables=TIME, fmt=TIME_FMT),
+    "imbalance_overhead": Metric(
+        "overhead", lambda c: (c.seconds["total"], c.seconds["total_balanced"]), overhead,
+        needs=COST, tables=TIME, fmt=PERCENT),
+    "moe_tokens_per_s": Metric("tokens/s", lambda c: (_step_tokens(c), c.ms("total") / 1e3),
+                               throughput, needs=COST, tables=TIME, fmt=COUNT),
+    "rebalance_stall_ms": Metric("stall_ms", whole=_stall_ms, needs=COST, tables=TIME,
+                                 fmt=TIME_FMT),
+    "cost_source": Metric("cost_source", whole=_cost_source, needs=COST, tables=frozenset()),
+}
