@@ -1,11 +1,11 @@
-"""README.md is true: every command in its code blocks runs, and every output it shows is what the
-command prints today.
+"""README.md and its guide pages (`docs/guide/*.md`, in name order after it) are true: every
+command in their code blocks runs, and every output they show is what the command prints today.
 
 - ```console blocks: each `$ eplbsim ...` line runs in order, in one scratch folder that sees the
   repository's `traces/` and `sweeps/`; the lines under it, up to the next `$` line, must be
   exactly what it prints (a line `...` stands for any number of lines).
-- ```bash blocks: the second is the test command `.ci/run` runs; the first ends in `eplbsim
-  run`, which runs here.
+- ```bash blocks (the README's): the second is the test command `.ci/run` runs; the first ends in
+  `eplbsim run`, which runs here.
 - ```python blocks run as they are, in the same folder.
 The command reference in `docs/` is checked against the parsers in the same way: the pages
 `python -m eplbsim.cli.reference` writes are the committed ones.
@@ -24,12 +24,15 @@ from eplbsim.review import EXIT
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
+GUIDES = sorted((ROOT / "docs" / "guide").glob("*.md"))
+DOCS = "\n".join([README, *(p.read_text() for p in GUIDES)])  # in the order the tests run them
 ELLIPSIS = "..."
+README_LINES = 250  # the README stays readable in one sitting; the guide pages hold the rest
 
 
-def blocks(kind):
-    """The bodies of the README's ```kind blocks, in order."""
-    return re.findall(rf"^```{kind}\n(.*?)^```$", README, re.S | re.M)
+def blocks(kind, text=DOCS):
+    """The bodies of the ```kind blocks of `text` (the README and its guides), in order."""
+    return re.findall(rf"^```{kind}\n(.*?)^```$", text, re.S | re.M)
 
 
 def examples():
@@ -77,8 +80,11 @@ def run_example(command, capsys):
 EXAMPLES = examples()
 
 
-def test_the_readme_has_its_examples():
-    assert len(EXAMPLES) >= 8 and len(blocks("bash")) == 2 and blocks("python")
+def test_the_readme_has_its_examples_and_fits_on_a_screen():
+    assert len(EXAMPLES) >= 8 and len(blocks("bash", README)) == 2 and blocks("python", README)
+    assert len(README.splitlines()) <= README_LINES
+    for page in GUIDES:  # each guide is linked from the README
+        assert f"(docs/guide/{page.name})" in README, page.name
 
 
 @pytest.mark.parametrize("command,shown", EXAMPLES, ids=[c[:60] for c, _ in EXAMPLES])
@@ -93,7 +99,7 @@ def test_every_console_example_runs_and_prints_what_is_shown(workdir, capsys, co
 
 
 def test_the_set_up_commands(workdir, capsys):
-    install_and_run, install_and_test = blocks("bash")
+    install_and_run, install_and_test = blocks("bash", README)
     assert "constraints-cpu" in install_and_run and "constraints-cpu" in install_and_test
     assert install_and_test.strip().endswith("python -m pytest -n auto --dist loadfile")
     command = install_and_run.strip().split("&&")[-1].strip()
@@ -104,26 +110,26 @@ def test_the_set_up_commands(workdir, capsys):
 
 def test_the_python_example_runs(workdir, capsys):
     for block in blocks("python"):
-        exec(compile(block, "README.md", "exec"), {})
+        exec(compile(block, "README.md or a guide", "exec"), {})
     printed = capsys.readouterr().out
     assert printed.splitlines()[0].split()[:2] == ["policy", "mode"]
     assert (workdir / "policies.png").stat().st_size > 1000
 
 
 def test_the_command_reference_is_current():
-    written = {p.name: p.read_text() for p in (ROOT / "docs").glob("*.md")}
+    written = {p.name: p.read_text() for p in (ROOT / "docs").glob("*.md")}  # not docs/guide/
     assert written == pages(), "run: python -m eplbsim.cli.reference"
 
 
 def test_the_numbers_the_prose_states(capsys):
     from eplbsim.sweep import read_spec
-    assert "(`sweeps/example.toml`, 144 cells)" in README
+    assert "(`sweeps/example.toml`, 144 cells)" in DOCS
     assert len(read_spec(ROOT / "sweeps" / "example.toml").cells) == 144
-    assert "(`--redundant -1`: `must be an integer in [0, 262144], got -1`)" in README
+    assert "(`--redundant -1`: `must be an integer in [0, 262144], got -1`)" in DOCS
     assert main(["run", "--redundant", "-1"]) == 2
     assert "must be an integer in [0, 262144], got -1" in capsys.readouterr().err
-    assert "a 512-token profiling pass" in README  # shown by trace info's output above it
-    assert "flagged warm-up (every row routed alike): 1 step (0), 512 tokens" in README
+    assert "a 512-token profiling pass" in DOCS  # shown by trace info's output above it
+    assert "flagged warm-up (every row routed alike): 1 step (0), 512 tokens" in DOCS
 
 
 def test_every_row_of_the_run_examples_keeps_its_gap_under_its_promise(workdir, capsys):
@@ -146,4 +152,4 @@ def test_the_tested_releases_the_prose_names():
     assert "(no\n  dependencies: SGLang 0.5.14, 0.5.16, 0.5.17, 0.5.23, vLLM 0.33.0, 0.34.0)" \
         in README
     assert "(SGLang 0.5.14, 0.5.16, 0.5.17 and the pinned 0.5.23;\nvLLM the pinned 0.33.0 and " \
-        "0.34.0)" in README
+        "0.34.0)" in DOCS
