@@ -5,6 +5,7 @@ engine branch refused."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -238,6 +239,8 @@ def test_the_page_renders_in_a_browser_with_its_figures(tmp_path, capsys):
     browser = next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome")
                     if shutil.which(b)), None)
     if browser is None:
+        assert not os.environ.get("EPLBSIM_REQUIRE_BROWSER"), "no headless browser (.ci/run " \
+            "installs chromium as root; apt-get install chromium)"
         pytest.skip("no headless browser here (apt-get install chromium)")
     dom = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom",
                           (out / "report.html").as_uri()], capture_output=True, text=True,
