@@ -66,6 +66,20 @@ def test_conform_command_exits_0_and_prints_json(capsys):
     assert {r["engine"] for r in rows} == {"vllm 0.33.0"}
 
 
+def test_conform_with_one_engine_fetched_conforms_it_and_names_the_other(tmp_path, capsys,
+                                                                          monkeypatch):
+    folder = _fetched("vllm")
+    shutil.copytree(folder, tmp_path / "engines" / folder.name)  # only vLLM in this cache
+    monkeypatch.setenv("EPLBSIM_CACHE", str(tmp_path))
+    engines.adapter.cache_clear()
+    assert main(["engines", "conform", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert {r["engine"] for r in json.loads(out)} == {"vllm 0.33.0"}
+    assert err.strip() == (f"sglang {engines.ENGINES['sglang'].pinned} is not fetched (eplbsim "
+                           f"engines fetch): not conformed")
+    engines.adapter.cache_clear()
+
+
 TWINS = {"sglang:static": ("static", "static"), "sglang:dynamic": ("row", "random"),
          "sglang:lp": ("sglang-lp", "sglang-lp")}
 

@@ -4,6 +4,7 @@ check every eplbsim twin against the engine function it models (`engines.conform
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from .. import spec
@@ -94,10 +95,20 @@ def _source_listing(args: argparse.Namespace) -> int:
 
 
 def conform(args: argparse.Namespace) -> int:
-    from ..engines import as_sources
+    from ..engines import ENGINES, as_sources, release
     from ..engines.conform import conformance
     sources = as_sources(dict(_source(s) for s in args.engine_source))
-    rows = conformance([e for e, _ in _wanted(args.engine or [])], sources, args.seed)
+    chosen = [e for e, _ in _wanted(args.engine or [])]
+    missing = []
+    if not args.engine:  # every engine: those with no code here are said, not an error
+        missing = [e for e in ENGINES if e not in dict(sources) and release(e) is None]
+        chosen = [e for e in ENGINES if e not in missing]
+        if not chosen:
+            raise InputError("no engine is fetched: run `eplbsim engines fetch`")
+    rows = conformance(chosen, sources, args.seed)
+    for engine in missing:
+        print(f"{engine} {ENGINES[engine].pinned} is not fetched (eplbsim engines fetch): not "
+              f"conformed", file=sys.stderr)
     if args.json:
         print(to_json([r.as_dict() for r in rows]))
     else:
