@@ -53,7 +53,7 @@ from .traces.synth import (DEFAULT_SCENARIO, DEFAULT_SIZES, SCENARIOS, scenario_
 KNOB = "eplbsim.knob"  # the metadata key of a declared field
 COMMANDS = frozenset({"run", "ranks", "sweep", "review"})
 SYNTH = COMMANDS | {"synth"}  # what `trace synth` also takes: the scenario's sizes and seed
-READS = COMMANDS | {"info", "convert", "solve", "export"}  # commands that read a trace file
+READS = COMMANDS | {"info", "convert", "solve", "export", "figures"}  # commands reading a trace
 NODE_GPUS = 8  # GPUs a node by default, as H100/H200/B200 boxes have
 MIN_REDUNDANT = 16  # the fewest redundant slots by default
 

@@ -75,3 +75,33 @@ def test_figures_command(capsys, tmp_path):
 def test_build_rejects_an_empty_selection(tmp_path):
     with pytest.raises(InputError):
         build(tmp_path, [])
+
+
+def test_figures_of_your_own_trace(capsys, tmp_path):
+    """`figures --trace` draws a user's trace with the reading flags; one layer's whole-trace
+    panel is bars, not one row stretched, and the title says "1 layer"."""
+    from eplbsim.plots import TRACE_FIGURES, trace_figures
+    from eplbsim.traces.synth import synthesize
+    routes = Path(__file__).resolve().parents[1] / "traces" / "moe_routes_small.jsonl"
+    out = tmp_path / "mine"
+    code, printed, err = run(capsys, "figures", "--trace", routes, "--skip-type", "meta",
+                             "--drop-warmup", "--out", out)
+    assert code == 0, err
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        f"{n}.{e}" for n in TRACE_FIGURES for e in ("pdf", "png"))
+    for name in TRACE_FIGURES:
+        height, width = matplotlib.image.imread(out / f"{name}.png").shape[:2]
+        assert width <= MAX_PX[0] and height <= MAX_PX[1], name
+    assert_input_error(capsys, "figures", "--trace", routes, "--skip-type", "meta",
+                       match="--out DIR")
+    assert_input_error(capsys, "figures", "--trace", routes, "--skip-type", "meta", "--out",
+                       routes, match="moe_routes_small.jsonl")
+    one = synthesize("skewed", steps=4, tokens=64, layers=1, experts=16, top_k=4, seed=0)
+    figs = trace_figures(one.counts())
+    heat = figs["expert_load"]
+    assert "1 layer," in heat._suptitle.get_text()
+    assert not heat.axes[0].images and len(heat.axes[0].patches) == 16  # one bar an expert
+    assert all("1 layer" in f.axes[0].get_title() for n, f in figs.items() if n != "expert_load")
+    four = trace_figures(synthesize("skewed", steps=4, tokens=64, layers=4, experts=16,
+                                    top_k=4, seed=0).counts(), ["expert_load"])
+    assert four["expert_load"].axes[0].images  # several layers: a heatmap

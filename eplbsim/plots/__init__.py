@@ -14,7 +14,8 @@ each policy has its own colour and marker (`policy_styles`). An axis of counts, 
 starts at 0 and one of max / mean ratios at 1.0, or its label says where it starts.
 
 By family: `style` (colours, markers, the paper style, saving, the shared drawing helpers),
-`runs` (one comparison's runs), `paper` (the notebooks' figures), `review` (the review page's).
+`runs` (one comparison's runs), `paper` (the notebooks' figures), `trace` (one trace's, before
+any placement), `review` (the review page's).
 """
 
 from __future__ import annotations
@@ -27,9 +28,11 @@ from .paper import (expert_load_heatmap, policy_mode_bars, predictor_time_series
 from .review import REVIEW_BARS, review_figure
 from .runs import policy_comparison, replica_loads_over_time, time_series_figure
 from .style import OKABE_ITO, PAPER_STYLE, POLICY_MARKERS, paper_style, policy_styles, save_figure
+from .trace import TRACE_FIGURES, step_imbalance, top_share_over_steps, trace_figures
 
-__all__ = ["Figure", "OKABE_ITO", "PAPER_STYLE", "POLICY_MARKERS", "REVIEW_BARS", "expert_load_heatmap",
-           "paper_style", "policy_comparison", "policy_mode_bars", "policy_styles",
-           "predictor_time_series", "redundancy_curves", "replica_loads_over_time",
-           "replica_loads_pair", "review_figure", "save_figure", "solver_gap_lines",
-           "switch_hazard", "time_bars_and_stalls", "time_series_figure", "workload_batching"]
+__all__ = ["Figure", "OKABE_ITO", "PAPER_STYLE", "POLICY_MARKERS", "REVIEW_BARS", "TRACE_FIGURES",
+           "expert_load_heatmap", "paper_style", "policy_comparison", "policy_mode_bars",
+           "policy_styles", "predictor_time_series", "redundancy_curves",
+           "replica_loads_over_time", "replica_loads_pair", "review_figure", "save_figure",
+           "solver_gap_lines", "step_imbalance", "switch_hazard", "time_bars_and_stalls",
+           "time_series_figure", "top_share_over_steps", "trace_figures", "workload_batching"]

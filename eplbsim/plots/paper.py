@@ -37,9 +37,15 @@ def expert_load_heatmap(counts: Any, layer: int = 0) -> Figure:
     steps = 100 * c[:, layer] / np.maximum(c[:, layer].sum(-1, keepdims=True), 1)  # [S, E]
     fig = Figure(figsize=(7.0, 3.4), layout="constrained")
     ax_all, ax_time = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1, 1.4]})
-    for ax, data, ylabel, title in (
-            (ax_all, share, "MoE layer", "whole trace, every layer"),
-            (ax_time, steps, "step", f"layer {layer}, every step")):
+    panels = [(ax_time, steps, "step", f"layer {layer}, every step")]
+    if L == 1:  # one layer: its share per expert as bars, not one row stretched into stripes
+        ax_all.bar(np.arange(E), share[0], width=1.0, color="#0072B2")
+        ax_all.set(xlabel="logical expert", ylabel="share of the pairs (%)",
+                   title="whole trace, its layer")
+        ax_all.set_xlim(-0.5, E - 0.5)
+    else:
+        panels.insert(0, (ax_all, share, "MoE layer", "whole trace, every layer"))
+    for ax, data, ylabel, title in panels:
         image = ax.imshow(data, aspect="auto", interpolation="nearest", cmap="viridis",
                           origin="lower", vmin=0)
         ax.set_xlabel("logical expert")
@@ -47,8 +53,9 @@ def expert_load_heatmap(counts: Any, layer: int = 0) -> Figure:
         ax.set_title(title)
         ax.grid(False)
         fig.colorbar(image, ax=ax, label="share of the pairs (%)")
-    ax_all.set_yticks(range(L))
-    fig.suptitle(f"Expert load ({S} steps, {L} layers, {E} experts)")
+    if L > 1:
+        ax_all.set_yticks(range(L))
+    fig.suptitle(f"Expert load ({S} steps, {L} layer{'' if L == 1 else 's'}, {E} experts)")
     return fig
 
 
