@@ -2,9 +2,15 @@
 
 Every check on something a user gave (a trace, a load matrix, a topology, a CLI option) raises
 :class:`InputError` with a message that names the problem; the CLI prints that message on one
-line and exits with status 2.
+line and exits with status 2. Input that is used with a part left out (the torn last line of a
+log whose writer was stopped) gives an :class:`InputWarning` instead, which the CLI prints as one
+line on stderr.
 """
 
 
 class InputError(ValueError):
     """Input that eplbsim cannot use; the message says what is wrong and where."""
+
+
+class InputWarning(UserWarning):
+    """Input that eplbsim uses with a part left out; the message says which part and where."""

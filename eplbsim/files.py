@@ -5,7 +5,8 @@
 - An output never names an input (through any link), never lies inside an input directory,
   and a directory that is replaced whole never holds an input (`check_output`).
 - Every write goes to a temporary sibling that is renamed into place only once complete
-  (`atomic_file`, `atomic_dir`): a failure leaves whatever was there as it was.
+  (`atomic_file`, `atomic_dir`): a failure leaves whatever was there as it was. What is written
+  has the mode `open` and `mkdir` would give it (the umask's), not a temporary file's 0600.
 - Sizes are checked before they are allocated (`check_memory`): over the memory this machine
   has available (or the cap `EPLBSIM_MAX_MEMORY`, in bytes with an optional K/M/G/T suffix),
   an InputError names the size and what to change.
@@ -17,9 +18,12 @@ import os
 import shutil
 import stat
 import tempfile
+import tokenize
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import BinaryIO, Iterable, Iterator
+
+import numpy as np
 
 from .errors import InputError
 
@@ -36,6 +40,25 @@ def npy_refusal(exc: BaseException) -> str:
     if "pickle" in text:
         return "it holds Python objects, which eplbsim never unpickles"
     return text
+# what numpy's .npy header parser raises on a header it cannot read (the header is Python literal
+# text): `npy_header`'s failures
+NPY_HEADER_ERRORS = (OSError, ValueError, EOFError, SyntaxError, TypeError, tokenize.TokenError,
+                     MemoryError, RecursionError)
+
+
+def npy_header(f: BinaryIO) -> tuple[tuple[int, ...], bool, np.dtype, int]:
+    """The shape, Fortran order and dtype the .npy header at `f`'s position declares (format
+    1.0 or 2.0, at most `NPY_HEADER` bytes), and the bytes of data they take; `f` is left at
+    the data. One of `NPY_HEADER_ERRORS` when it is no such header (`npy_refusal` words it)."""
+    version = np.lib.format.read_magic(f)
+    read = {(1, 0): np.lib.format.read_array_header_1_0,
+            (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+    if read is None:
+        raise ValueError(f"unsupported .npy format version {version}")
+    shape, fortran, dtype = read(f, max_header_size=NPY_HEADER)
+    return shape, fortran, dtype, dtype.itemsize * int(np.prod(shape, dtype=object))
+
+
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
@@ -92,6 +115,13 @@ def check_output(out: str | os.PathLike, inputs: Iterable[str | os.PathLike | No
     return out
 
 
+def _umask() -> int:
+    """The process's file mode creation mask (read by setting it, then setting it back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 @contextmanager
 def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
     """A temporary sibling of `path` to write; renamed to `path` when the block completes,
@@ -105,6 +135,7 @@ def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
         raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
     tmp = Path(name)
     try:
+        tmp.chmod(0o666 & ~_umask())
         yield tmp
         os.replace(tmp, path)
     except OSError as exc:
@@ -124,6 +155,7 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     except OSError as exc:
         raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
     try:
+        tmp.chmod(0o777 & ~_umask())
         yield tmp
         old = None
         if path.exists() or path.is_symlink():

@@ -16,6 +16,7 @@ MAX_HIDDEN = 1 << 12  # hidden size of the toy MoE layer
 MAX_CELLS = 10_000  # cells of a sweep unless --max-cells raises it
 MAX_LOAD = 2**53  # per-layer sums of loads: the largest exact integer of float64
 MAX_BATCH = 1 << 24  # rows of one step a workload makes (a CUDA-graph size, a token budget)
+MAX_EXPERT_BYTES = 1 << 40  # one expert's weights: above the memory of any GPU that holds one
 
 
 def check_at_most(value: int, cap: int, what: str) -> int:

@@ -48,7 +48,7 @@ def check_moe_layers(moe_layers: Sequence[int], num_layers: int,
                          f"got {num_model_layers!r}")
     try:
         layers = [int(x) for x in moe_layers]
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: int(inf)
         raise InputError(f"moe layers must be integers, got {moe_layers!r}") from None
     if any(isinstance(x, bool) or int(x) != x for x in moe_layers):
         raise InputError(f"moe layers must be integers, got {list(moe_layers)!r}")

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from eplbsim.metrics import METRICS
+from eplbsim.schedule.migration import MIGRATION_FIELDS
 from eplbsim.traces.synth import synthesize
 from eplbsim.traces.trace import load_trace, save_trace
 
@@ -228,6 +229,13 @@ REBALANCE = ["--tokens", "48", "--layers", "2", "--experts", "16", "--top-k", "4
              "4", "--gpus-per-node", "2", "--redundant", "8"]
 
 
+def test_run_without_rebalances_writes_the_migrations_header(capsys, tmp_path):
+    code, _, err = run(capsys, "run", *REBALANCE, "--policies", "row", "--mode", "none",
+                       "--out", tmp_path / "res")
+    with open(tmp_path / "res" / "migrations.csv", newline="") as f:
+        assert code == 0 and list(csv.reader(f)) == [list(MIGRATION_FIELDS)], err
+
+
 def test_run_rebalancing_writes_time_series_and_migrations(capsys, tmp_path):
     out_dir = tmp_path / "res"
     code, out, _ = run(capsys, "run", *REBALANCE, "--scenario", "burst", "--rebalance-every",
@@ -236,7 +244,10 @@ def test_run_rebalancing_writes_time_series_and_migrations(capsys, tmp_path):
     assert code == 0
     assert "solver x prediction x dispatch" in out and "cross_node" in out
     # no --steps: max(32, W + 4N) = 32 steps; rebalances at 4, 9, .., 29
-    migrations = list(csv.DictReader(open(out_dir / "migrations.csv")))
+    with open(out_dir / "migrations.csv") as f:
+        reader = csv.DictReader(f)
+        migrations = list(reader)
+    assert reader.fieldnames == list(MIGRATION_FIELDS)
     assert [int(r["step"]) for r in migrations] == [4, 9, 14, 19, 24, 29]
     for r in migrations:
         assert int(r["bytes"]) == 10 * int(r["moved_slots"])
@@ -390,9 +401,9 @@ def test_policies_and_solvers_list_the_registries_and_the_readme_holds_them(caps
     assert {r["name"]: r["class"] for r in rows}["trtllm"] == "invariant unless --rank-offset"
     code, out, _ = run(capsys, "solvers")
     assert code == 0 and all(name in out for name in SOLVERS)
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    guide = (Path(__file__).resolve().parents[1] / "docs/guide/11-policies.md").read_text()
     for table in (policy_rows(), solver_rows()):
-        assert markdown_table(table) in readme, "README's table is stale: eplbsim ... --markdown"
+        assert markdown_table(table) in guide, "the guide's table is stale: eplbsim ... --markdown"
 
 
 def test_run_an_a2a_only_policy_beside_others_and_alone(capsys):

@@ -193,3 +193,19 @@ def test_cli_bad_inputs(capsys, tmp_path):
     assert_input_error(capsys, *base, "--counts", bad, "--num-model-layers", 2,
                        match=str(bad))
     assert not out.exists()
+
+
+def test_cli_an_infinite_layer_count_is_named_in_one_line(capsys, tmp_path):
+    out = tmp_path / "o.json"
+    base = ["export", "--format", "sglang", "--out", out]
+    placement = tmp_path / "p.json"  # Python's json writes and reads Infinity
+    placement.write_text(json.dumps({"phy2log": [list(range(E))], "layers": [float("inf")]}))
+    assert_input_error(capsys, *base, "--placement", placement, "--num-model-layers", 2,
+                       match="moe layers must be integers, got [inf]")
+    counts = tmp_path / "c.npz"
+    np.savez(counts, counts=np.ones((1, 1, E)),
+             meta=np.array(json.dumps({"num_model_layers": float("inf")})))
+    assert_input_error(capsys, *base, "--counts", counts,
+                       match=f"{counts}: its num_model_layers: the model's layer count must be "
+                             f"an integer in [1, 4096], got inf")
+    assert not out.exists()

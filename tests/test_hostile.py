@@ -472,6 +472,30 @@ def silent_request_arrival_1e19(d):
     return ["trace", "info", _request_file(d, arrival=np.array([1e19, 0.0, 0.0]))]
 
 
+def traceback_request_offsets_as_floats(d):
+    with np.load(_request_file(d)) as valid:
+        offsets = valid["offsets"].astype(np.float64)
+    return ["trace", "info", _request_file(d, offsets=offsets)]
+
+
+def traceback_request_arrival_as_text(d):
+    return ["trace", "info", _request_file(d, arrival=np.array(["a", "b", "c"]))]
+
+
+def silent_loads_mixing_booleans_and_floats(d):
+    (d / "load.json").write_text(json.dumps([[1.5, True, 3, 4]]))  # numpy reads them as floats
+    return ["solve", "--load", d / "load.json", "--gpus", "2"]
+
+
+def silent_expert_bytes_1e20(d):
+    return ["run", *SIZES, "--rebalance-every", "1", "--expert-bytes", str(10**20)]
+
+
+def traceback_bench_replay_of_2_40_steps_and_tokens(d):
+    return ["bench", "--n", "1e3", "--no-end-to-end", "--replay-steps", str(2**40),
+            "--replay-tokens", str(2**40)]
+
+
 def silent_vllm_true_as_an_id(d):
     (d / "v.json").write_text(json.dumps({
         "id": "r", "object": "chat.completion", "prompt_routed_experts": [[[0, True]]],
@@ -737,6 +761,17 @@ def test_internal_errors_say_so_in_one_line(monkeypatch, capsys):
         "EPLBSIM_DEBUG=1 shows the traceback"]
     monkeypatch.setenv("EPLBSIM_DEBUG", "1")
     assert run(capsys, "run", *SIZES)[2].startswith("Traceback")
+
+
+def test_torch_running_out_of_memory_is_said_as_out_of_memory(monkeypatch, capsys):
+    """An allocation the checks let through and torch's CPU allocator cannot make (a
+    RuntimeError, not a MemoryError) reads as out of memory, not as an internal error."""
+    from eplbsim.cli import run as run_command
+    monkeypatch.setattr(run_command, "compare",
+                        lambda *a, **k: torch.empty(2**60, dtype=torch.uint8))
+    code, _, err = run(capsys, "run", *SIZES)
+    assert code == 2 and err.strip().splitlines() == [err.strip()], err
+    assert err.startswith("eplbsim: error: out of memory: eplbsim run asks for more than")
 
 
 def test_memory_cap_refuses_what_would_not_fit(monkeypatch, capsys):

@@ -196,7 +196,11 @@ GOOD = dict(load=np.ones((2, 4)), num_slots=8, topology=Topology(4, 2), num_grou
     (dict(num_groups=3), r"3 groups do not divide the 4 experts"),
     (dict(load=[["a", "b"]]), r"load must hold numbers"),
     (dict(load=[["1", "2", "3", "4"]] * 2), r"load must hold numbers"),
-    (dict(load=[[True, 1, 1, 1]] * 2), r"load must hold numbers"),
+    (dict(load=[[True, 1, 1, 1]] * 2), r"load holds true/false values"),
+    (dict(load=[[1.5, True, 1, 1]] * 2), r"load holds true/false values"),  # numpy: floats
+    (dict(load=np.ones((2, 4), dtype=bool)), r"load holds true/false values"),
+    (dict(load=[[1, None, 1, 1]] * 2), r"must hold numbers \(pair counts\), got a value that "
+                                        r"is not one \(null"),
     (dict(load=[[1, [2], 1, 1]] * 2), r"not a numeric|must hold numbers"),
     (dict(load=np.full((2, 4), 1e308)), r"above 2\*\*53"),
 ])

@@ -76,7 +76,7 @@ EXAMPLES = {
                 REBALANCE),
     "skip_above": ("0.9", 0.9, -1, "must be a number in [0, 1], got -1", REBALANCE),
     "migration_aware": (False, False, "maybe", "must be true or false", {}),
-    "expert_bytes": ("1000", 1000, -1, "must be an integer >= 0, got -1", {}),
+    "expert_bytes": ("1000", 1000, -1, "must be an integer in [0, 1099511627776], got -1", {}),
     "rebalance_mode": ("async", "async", "later", "unknown rebalance mode 'later'", REBALANCE),
     "copy_steps": ("2", 2, 0, "must be an integer >= 1, got 0", ASYNC),
     "switch_delay": ("1", 1, -1, "must be an integer >= 0, got -1", ASYNC),

@@ -13,13 +13,14 @@ import numpy as np
 import pytest
 import torch
 
-from eplbsim.errors import InputError
+from eplbsim.errors import InputError, InputWarning
 from eplbsim.traces.formats.jsonl import write_jsonl
 from eplbsim.traces.formats.token_log import (is_token_log, read_token_requests,
                                                read_token_trace)
 from eplbsim.traces.requests import RequestSet
 from eplbsim.traces.trace import Trace
 
+from cli_helpers import run
 from id_helpers import distinct
 
 
@@ -143,6 +144,31 @@ def test_empty_missing_and_binary_logs(tmp_path):
     (tmp_path / "bin.jsonl").write_bytes(b"\xff\xfe\x00")
     with pytest.raises(InputError, match="bin.jsonl: not UTF-8"):
         read_token_trace(tmp_path / "bin.jsonl")
+
+
+def test_a_torn_last_line_loses_its_record_with_one_warning(tmp_path, capsys):
+    """An engine stopped mid-write leaves a last line cut short: that record is left out with
+    a warning naming file:line; a line cut short anywhere else is an error."""
+    ids = _ids(3)
+    whole = _write(tmp_path / "whole.jsonl", _per_layer(ids, [0, 1, 2]))
+    torn = tmp_path / "torn.jsonl"
+    cut = json.dumps(_tok(3, 0, [1, 2]))[:-5]
+    torn.write_text(whole.read_text() + cut)
+    with pytest.warns(InputWarning, match=r"torn\.jsonl:10: the last line is cut short"):
+        read = read_token_trace(torn)
+    assert torch.equal(read.topk_ids, read_token_trace(whole).topk_ids)
+    for text in (whole.read_text() + cut + "\n",  # a line break after it: not torn
+                 cut + "\n" + whole.read_text()):  # not the last line
+        torn.write_text(text)
+        with pytest.raises(InputError, match="not valid JSON"):
+            read_token_trace(torn)
+    torn.write_text(whole.read_text() + cut)
+    code, out, err = run(capsys, "trace", "info", torn)
+    assert code == 0 and "tokens 3" in out, err
+    assert err.splitlines() == [f"eplbsim: warning: {torn}:10: the last line is cut short (not "
+                                f"valid JSON, no line break at its end), as when the token "
+                                f"router log's writer is stopped mid-write; its record is left "
+                                f"out"]
 
 
 def _tok(t, layer, ids, **extra):

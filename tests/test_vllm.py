@@ -187,6 +187,30 @@ def _pickled_npy64() -> str:
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
+def _claiming(shape: tuple[int, ...]) -> bytes:
+    """An .npy whose header claims `shape` of int16 but which holds one row of `[L, K]`."""
+    head = io.BytesIO()
+    np.lib.format.write_array_header_1_0(head, {"descr": "<i2", "fortran_order": False,
+                                                "shape": shape})
+    return head.getvalue() + _ids(0, 1).tobytes()
+
+
+def test_a_payload_claiming_a_huge_shape_is_refused_before_it_is_allocated(tmp_path):
+    huge = (2**40, L, K)
+    payload = base64.b64encode(_claiming(huge)).decode("ascii")
+    path = _write(tmp_path / "r.json", {"id": "c", "prompt_routed_experts": payload,
+                                        "choices": [{"routed_experts": None}]})
+    with pytest.raises(InputError, match=r"r.json: prompt_routed_experts: its \.npy header "
+                                         r"declares shape \[1099511627776, 3, 2\], 12\.0 TiB, "
+                                         r"but 12 B follow it"):
+        read_vllm_json(path)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "0.npy").write_bytes(_claiming(huge))
+    with pytest.raises(InputError, match=r"0.npy: its \.npy header declares shape "
+                                         r"\[1099511627776, 3, 2\]"):
+        read_vllm_arrays(tmp_path / "a", prompt_len=1)
+
+
 def test_ids_beyond_experts_are_refused(tmp_path):
     path = _write(tmp_path / "r.json", _split("c", _ids(0, 2), [_ids(1, 2)]))
     with pytest.raises(InputError, match=r"r.json: prompt_routed_experts: expert id \d outside "
@@ -225,7 +249,9 @@ def test_a_trace_directory_is_not_vllm_arrays(tmp_path):
 
 @pytest.mark.parametrize("write, options, match", [
     (lambda d: np.save(d / "a.npy", _ids(0, 2)), {},
-     r"a.npy: an \.npy holds prompt and output rows together; give prompt_len"),
+     r"a.npy: an \.npy holds a request's prompt and output rows together, and nothing says "
+     r"where its prompt ends: give the prompt's rows with --prompt-len N \(in Python, "
+     r"prompt_len=N\)"),
     (lambda d: np.save(d / "a.npy", _ids(0, 2)), {"prompt_len": 3},
      r"a.npy: prompt_len=3 exceeds its 2 rows"),
     (lambda d: np.save(d / "a.npy", np.zeros((2, 3))), {"prompt_len": 1},

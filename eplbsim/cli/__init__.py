@@ -6,7 +6,8 @@ declares its flags (the run schema's, `spec.add_flags`, where it runs replays) a
 and exit status 2 (a flag argparse cannot parse: a short usage line, then that line). Out of
 memory, too deep a nesting or an overflow on the user's data is said the same way; anything
 else is a bug, reported in one line as an internal error (with the traceback under
-`EPLBSIM_DEBUG=1`) and exit status 1.
+`EPLBSIM_DEBUG=1`) and exit status 1. An InputWarning (input used with a part left out) is one
+line on stderr, `eplbsim: warning: ...`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import InputError
+from ..errors import InputError, InputWarning
 from ..files import available_memory, size_text
 from . import (bench, engines, export, figures, ranks, registries, review, run, solve, sweep,
                trace)
@@ -44,6 +45,7 @@ COMMANDS = {
     "review": (review.HELP, review.add_arguments, review.handle),
 }
 DEBUG = "EPLBSIM_DEBUG"
+TORCH_OUT_OF_MEMORY = "can't allocate memory"  # torch's CPU allocator's words (a RuntimeError)
 
 
 class Parser(argparse.ArgumentParser):
@@ -88,6 +90,20 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+def _out_of_memory(command: str) -> int:
+    """Say that `command` ran out of memory, in one line; the exit status 2."""
+    print(f"eplbsim: error: out of memory: eplbsim {command} asks for more than the "
+          f"{size_text(available_memory())} this machine has; give it fewer steps "
+          f"(--select-steps, --steps), tokens, layers or slots, or a smaller grid",
+          file=sys.stderr)
+    return 2
+
+
+def _warning_line(message: Warning | str, category: type[Warning], *_: Any, **__: Any) -> None:
+    """Show a warning as one line on stderr: `eplbsim: warning: MESSAGE`."""
+    print(f"eplbsim: warning: {' '.join(str(message).split())}", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status (2 for bad input, 1 for an internal error)."""
     try:
@@ -97,16 +113,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore", RuntimeWarning)
+            warnings.simplefilter("default", InputWarning)  # each one once
+            warnings.showwarning = _warning_line
             return args.handler(args)
     except InputError as exc:
         print(f"eplbsim: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
     except MemoryError:
-        print(f"eplbsim: error: out of memory: eplbsim {args.command} asks for more than the "
-              f"{size_text(available_memory())} this machine has; give it fewer steps "
-              f"(--select-steps, --steps), tokens, layers or slots, or a smaller grid",
-              file=sys.stderr)
-        return 2
+        return _out_of_memory(args.command)
     except (RecursionError, OverflowError, zipfile.BadZipFile, zlib.error) as exc:
         print(f"eplbsim: error: the input cannot be read ({_one_line(exc)})", file=sys.stderr)
         return 2
@@ -121,6 +135,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"eplbsim: error: {where}{exc.strerror or _one_line(exc)}", file=sys.stderr)
         return 2
     except Exception as exc:  # a bug: one line, the traceback only when asked for
+        if isinstance(exc, RuntimeError) and TORCH_OUT_OF_MEMORY in str(exc):
+            return _out_of_memory(args.command)
         if os.environ.get(DEBUG):
             traceback.print_exc()
         print(f"eplbsim: internal error, please report it ({_one_line(exc)}); "

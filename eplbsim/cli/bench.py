@@ -71,6 +71,17 @@ def _pair_counts(text: str) -> list[int]:
     return counts
 
 
+def _check_replay_size(args: argparse.Namespace) -> None:
+    """InputError when the replay's trace (`--replay-steps` x `--replay-tokens` x
+    `--replay-layers` x K pairs: an int32 id and an int64 slot each) would not fit in memory."""
+    S, T, L = (getattr(args, f"replay_{key}") or B.REPLAY_SIZE[key]
+               for key in ("steps", "tokens", "layers"))
+    pairs = S * T * L * B.TOP_K
+    check_memory(pairs * B.BYTES_PER_PAIR, f"the replay's trace of {S} steps x {T} tokens x "
+                 f"{L} layers ({pairs:,} pairs)", "give it fewer --replay-steps, "
+                 "--replay-tokens or --replay-layers")
+
+
 def handle(args: argparse.Namespace) -> int:
     device = resolve_device(Device().check(args.device))
     policies = split(args.policies, "policies")
@@ -83,6 +94,8 @@ def handle(args: argparse.Namespace) -> int:
         if m not in B.REPLAY_MODES:
             raise InputError(f"unknown mode {m!r}; choose from {', '.join(B.REPLAY_MODES)}")
     ns = _pair_counts(args.n) if args.n is not None else None
+    if args.replay:
+        _check_replay_size(args)
     sizes = len(ns or B.DEFAULT_N.get(torch.device(device).type, B.DEFAULT_N["cpu"]))
     total = len(policies) * (sizes + (len(modes) if args.replay else 0))
     with bar(total, "bench", "row") as rows_done:

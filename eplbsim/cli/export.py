@@ -63,8 +63,10 @@ def handle(args: argparse.Namespace) -> int:
                          "model's layer count)")
     if not isinstance(model_layers, int) or isinstance(model_layers, bool) or \
             not 1 <= model_layers <= MAX_LAYERS:
-        raise InputError(f"the model's layer count must be an integer in [1, {MAX_LAYERS}], "
-                         f"got {model_layers!r}")
+        given = "--num-model-layers" if args.num_model_layers else \
+            f"{args.counts}: its num_model_layers"
+        raise InputError(f"{given}: the model's layer count must be an integer in [1, "
+                         f"{MAX_LAYERS}], got {model_layers!r}")
     if args.moe_layers is not None:
         try:
             moe = [int(s) for s in split(args.moe_layers, "moe-layers")]

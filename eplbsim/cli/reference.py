@@ -38,7 +38,8 @@ def _flag(action: argparse.Action, formatter: argparse.HelpFormatter) -> str:
 
 def page(path: tuple[str, ...], parser: argparse.ArgumentParser) -> str:
     """The Markdown page of one command: what it does, its usage, and a table of its flags
-    per help section."""
+    per help section (one section a title: the positional arguments and the options share
+    "arguments")."""
     formatter = argparse.HelpFormatter(parser.prog, width=WIDTH)
     formatter.add_usage(parser.usage, parser._actions, parser._mutually_exclusive_groups)
     lines = [f"# eplbsim {' '.join(path)}", "", parser.description or "", "", "```",
@@ -49,11 +50,14 @@ def page(path: tuple[str, ...], parser: argparse.ArgumentParser) -> str:
         lines += ["", "| subcommand | what it does |", "|---|---|"]
         lines += [f"| [`{name}`]({'-'.join(path + (name,))}.md) | {sub.description} |"
                   for name, sub in subcommands]
+    sections: dict[str, list[argparse.Action]] = {}  # one a title: argparse's two "arguments"
     for group in parser._action_groups:
-        actions = [a for a in group._group_actions if not isinstance(a, SKIPPED)]
+        title = "arguments" if group.title in ("positional arguments", "options") else group.title
+        sections.setdefault(title, []).extend(a for a in group._group_actions
+                                              if not isinstance(a, SKIPPED))
+    for title, actions in sections.items():
         if not actions:
             continue
-        title = "arguments" if group.title in ("positional arguments", "options") else group.title
         lines += ["", f"## {title}", "", "| flag | what it does |", "|---|---|"]
         for action in actions:
             text = " ".join(formatter._expand_help(action).split()).replace("|", "\\|")

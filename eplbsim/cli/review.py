@@ -71,9 +71,11 @@ def handle(args: argparse.Namespace) -> int:
         raise InputError("--mode: a review runs in one mode, none or a2a")
     source, base = spec.build(values)
     sources = base.dispatch.engine_source
-    for policy in (args.candidate, args.baseline):
-        if policy is not None:
-            resolve_policy(policy, sources)  # an unknown name is refused before any work
+    named = next(knob for _, name, knob in spec.knobs(("dispatch",)) if name == "policy")
+    for flag, policy in (("CANDIDATE", args.candidate), ("--baseline", args.baseline)):
+        if policy is not None:  # an unknown name is refused before any work, as run's are
+            spec.checked("policy", named, policy, flag)
+            resolve_policy(policy, sources)
     if args.out:
         files = [p.rpartition(":")[0] for p in (args.candidate, args.baseline)
                  if is_file_policy(p)]

@@ -52,19 +52,23 @@ def _distribution(values: np.ndarray) -> str:
             f"max {values.max()}")
 
 
-def _flag_lines(flags: dict[str, list[int]], trace: Any) -> list[str]:
-    """What `trace info` says of the flagged steps (`traces.steps.flag_steps`)."""
+def _flag_lines(flags: dict[str, list[int]], trace: Any, source: spec.Source) -> list[str]:
+    """What `trace info` says of the flagged steps (`traces.steps.flag_steps`) of `trace`, the
+    whole one: the flag that leaves each kind out, or that it left them out of `source`'s
+    selection."""
     tokens = trace.tokens_per_step
     words = {"warmup": ("warm-up (every row routed alike)", "--drop-warmup"),
              "outlier": (f"size outliers (over {OUTLIER_FACTOR}x the median "
                          f"{float(tokens.double().median()):g} tokens)", "--drop-outliers")}
+    dropped = {"warmup": source.drop_warmup, "outlier": source.drop_outliers}
     lines = []
     for kind, steps in flags.items():
         if steps:
             shown = ", ".join(map(str, steps[:12])) + (", ..." if len(steps) > 12 else "")
             lines.append(f"  flagged {words[kind][0]}: {len(steps)} step"
                          f"{'' if len(steps) == 1 else 's'} ({shown}), "
-                         f"{int(tokens[steps].sum())} tokens; {words[kind][1]} leaves them out")
+                         f"{int(tokens[steps].sum())} tokens; {words[kind][1]} "
+                         f"{'left' if dropped[kind] else 'leaves'} them out")
     return lines
 
 
@@ -94,7 +98,7 @@ def request_info(args: argparse.Namespace, source: spec.Source) -> int:
     print(f"  {trace.num_steps} steps of {int(tps.min())}..{int(tps.max())} rows (mean "
           f"{float(tps.double().mean()):.1f}){'; ' + selected if selected else ''}; rows: "
           f"{', '.join(f'{k} {v}' for k, v in batched.composition().items())}")
-    for line in _flag_lines(flags, batched.trace):
+    for line in _flag_lines(flags, batched.trace, source):
         print(line)
     return 0
 
@@ -120,7 +124,7 @@ def info(args: argparse.Namespace) -> int:
     print(f"  groups {summary['groups'] or '-'}, src_rank "
           f"{'yes' if summary['src_rank'] else 'no'}, padding {summary['padding_frac']:.2%}, "
           f"source {summary['meta'].get('source', '-')}")
-    for line in _flag_lines(flags, whole):
+    for line in _flag_lines(flags, whole, source):
         print(line)
     print("  layer  max/mean load (whole trace)  mean per-step max/mean  hottest expert")
     for row in summary["layer_skew"]:

@@ -23,7 +23,7 @@ import torch
 
 from ..errors import InputError
 from ..placement import View
-from ..registry import lookup, name_of
+from ..registry import FILE_FORM, lookup, name_of
 from .policies import (DispatchContext, Policy, ascend_fixed_policy, ascend_policy,
                        ascend_replicas, candidate_counts, flat_policy,
                        hash_policy, lp_golden_policy, lp_policy, lplb_atomic_policy,
@@ -235,6 +235,8 @@ def _loaded(file: str, mtime: int, function: str, name: str) -> Policy:
 class FilePolicies(Mapping):
     """The `file.py:function` policy names as a registry a name check reads: it holds every
     such name whose file exists (it lists none)."""
+
+    forms = (FILE_FORM,)  # what an error listing the choices says of them (`registry.unknown`)
 
     def __getitem__(self, key: str) -> Policy:
         if not is_file_policy(key):

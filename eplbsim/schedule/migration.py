@@ -15,6 +15,8 @@ from ..errors import InputError
 from ..placement import Placement
 
 TRANSFER_KINDS = ("same_gpu", "same_node", "cross_node")
+MIGRATION_FIELDS = ("step", "skipped", "balancedness", "moved_slots", *TRANSFER_KINDS, "bytes",
+                    "cross_node_bytes")  # the keys of a `migration_rows` row, in order
 
 
 def transfer_counts(old: Placement, new: Placement) -> np.ndarray:

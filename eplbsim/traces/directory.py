@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import ast
 import json
-import tokenize
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -33,7 +32,7 @@ import torch
 
 from ..counting import counts_and_first_duplicate, expert_counts
 from ..errors import InputError
-from ..files import NPY_HEADER, atomic_dir, npy_refusal, regular_file
+from ..files import NPY_HEADER_ERRORS, atomic_dir, npy_header, npy_refusal, regular_file
 from ..limits import MAX_EXPERTS, MAX_GPUS
 from ..progress import Progress
 from .trace import Trace, TraceShape, check_sizes_of, id_dtype, shape_words
@@ -79,22 +78,16 @@ def _open_npy(path: Path, ndim: int) -> _Npy:
     regular_file(path, "an .npy array")
     try:
         with open(path, "rb") as f:
-            version = np.lib.format.read_magic(f)
-            read = {(1, 0): np.lib.format.read_array_header_1_0,
-                    (2, 0): np.lib.format.read_array_header_2_0}.get(version)
-            if read is None:
-                raise ValueError(f"unsupported .npy format version {version}")
-            shape, fortran, dtype = read(f, max_header_size=NPY_HEADER)
+            shape, fortran, dtype, nbytes = npy_header(f)
             offset = f.tell()
-    except (OSError, ValueError, EOFError, SyntaxError, TypeError, tokenize.TokenError,
-            MemoryError, RecursionError) as exc:  # a header is Python literal text: any of these
+    except NPY_HEADER_ERRORS as exc:
         raise InputError(f"{path}: not a readable uncompressed .npy array (truncated or "
                          f"corrupt?): {npy_refusal(exc)}") from None
     if dtype.kind not in "iu":
         raise InputError(f"{path}: must hold integers, got dtype {dtype}")
     if len(shape) != ndim or (fortran and ndim > 1):
         raise InputError(f"{path}: must be a C-ordered {ndim}-D array, got shape {shape}")
-    needed = offset + dtype.itemsize * int(np.prod(shape, dtype=object))
+    needed = offset + nbytes
     size = path.stat().st_size
     if size < needed:
         raise InputError(f"{path}: holds {size} bytes, shorter than the {needed} its header "

@@ -169,6 +169,9 @@ def load_requests(path: str | Path) -> RequestSet:
     path = Path(path)
     data = read_npz(path, REQUEST_KEYS, "a request file")
     offsets, ids = data["offsets"], data["ids"]
+    for key, kinds, what in (("offsets", "iu", "integers"), ("arrival", "fiu", "real numbers")):
+        if data[key].dtype.kind not in kinds:
+            raise InputError(f"{path}: its {key} must be {what}, not {data[key].dtype}")
     R = data["prompt_len"].shape[0] if data["prompt_len"].ndim == 1 else -1
     if R < 0 or offsets.shape != (R + 1,) or offsets[0] != 0 or offsets[-1] != ids.shape[0] \
             or (np.diff(offsets) < 0).any() or data["arrival"].shape != (R,) \

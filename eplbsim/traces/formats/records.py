@@ -8,23 +8,30 @@ Dimensions: `T` rows (tokens or layers), `K` ids a row.
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ...errors import InputError
+from ...errors import InputError, InputWarning
 from ...files import regular_file
 from ...limits import MAX_TOP_K
 
 MAX_INDEX = 2**62  # step and token indices: any a log can hold, far from wrapping an int64
 
 
-def records(path: Path, what: str) -> Iterator[tuple[int, dict[str, Any]]]:
+def records(path: Path, what: str,
+            torn_tail: bool = False) -> Iterator[tuple[int, dict[str, Any]]]:
     """`(line number, record)` for each non-blank line of the UTF-8 JSON-lines file `path` (a
     `what`); InputError naming `file:line` for a line that is not a JSON object, naming the file
-    when it cannot be read or is not UTF-8."""
+    when it cannot be read or is not UTF-8.
+
+    torn_tail: a last line that is not valid JSON and has no line break at its end (its writer
+               was stopped mid-write) is left out with an InputWarning naming `file:line`,
+               instead of an InputError; a torn line anywhere else is still an error
+    """
     try:
         f = open(regular_file(path, what), encoding="utf-8")  # noqa: SIM115 (closed below)
     except OSError as exc:
@@ -37,6 +44,12 @@ def records(path: Path, what: str) -> Iterator[tuple[int, dict[str, Any]]]:
                 try:
                     rec = json.loads(line)
                 except (ValueError, RecursionError) as exc:
+                    if torn_tail and not line.endswith("\n"):  # only the last line lacks one
+                        warnings.warn(f"{path}:{n}: the last line is cut short (not valid JSON, "
+                                      f"no line break at its end), as when the {what}'s writer "
+                                      f"is stopped mid-write; its record is left out",
+                                      InputWarning, stacklevel=2)
+                        return
                     raise InputError(f"{path}:{n}: not valid JSON ({exc})") from None
                 if not isinstance(rec, dict):
                     raise InputError(f"{path}:{n}: a record must be a JSON object")

@@ -36,8 +36,10 @@ lengths are integers >= 0, layers integers in `[0, MAX_LAYERS)`; every id row ha
 1`; ids are integers in `[-1, E)` (-1: padding), no id twice in a row; a (token, layer) appears
 once. Per-layer form: the layers are the layer ids the file names (`meta["model_layers"]`, the
 trace's layer `i` the `i`-th smallest) and every token has every one of them. Every-layer form:
-all records hold the same `L`. `experts` (`E`) defaults to the largest id + 1. The whole log is
-read into memory.
+all records hold the same `L`. `experts` (`E`) defaults to the largest id + 1. A last line cut
+short (not valid JSON, no line break at its end: an engine stopped mid-write) loses its record
+with an InputWarning naming `file:line`; a line that is not JSON anywhere else is an InputError.
+The whole log is read into memory.
 """
 
 from __future__ import annotations
@@ -97,7 +99,7 @@ class _Log:
         self.previous: int | None = None  # the token index of the previous record (restarts)
 
     def read(self) -> None:
-        for n, rec in records(self.path, "token router log"):
+        for n, rec in records(self.path, "token router log", torn_tail=True):
             if self.skip_type is not None and rec.get("type") == self.skip_type:
                 self.skipped += 1
                 self._header(f"{self.path}:{n}", rec)

@@ -47,15 +47,17 @@ each named by its file's stem; other files are ignored:
   written to a file); the prompt length of every `.npy` is the `prompt_len` option.
 
 Anything malformed (not JSON, a missing or ragged field, non-integer ids, an id outside
-`[-1, E)`, an expert twice in a token's layer, rows that do not fit the token counts) is an
-InputError naming the file and the record (`file:line` in JSONL, `record i` in a JSON list,
-the file itself for one object or one array file) and, where there is one, the choice.
+`[-1, E)`, an expert twice in a token's layer, rows that do not fit the token counts, an `.npy`
+whose header declares more data than follows it) is an InputError naming the file and the
+record (`file:line` in JSONL, `record i` in a JSON list, the file itself for one object or one
+array file) and, where there is one, the choice.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import io
 import json
 import re
@@ -66,7 +68,8 @@ from typing import Any
 import numpy as np
 
 from ...errors import InputError
-from ...files import NPY_HEADER, npy_refusal, regular_file
+from ...files import (NPY_HEADER, NPY_HEADER_ERRORS, npy_header, npy_refusal, regular_file,
+                      size_text)
 from ...limits import MAX_EXPERTS
 from ..directory import TRACE_FILES
 from ..requests import RequestSet, requests_of
@@ -261,8 +264,32 @@ def _ids(value: Any, what: str, experts: int | None) -> np.ndarray | None:
     return _checked(arr, what, experts)
 
 
+def _declared_fits(source: io.BytesIO | Path, what: str) -> None:
+    """InputError when the .npy `source` (bytes, left at their start, or a file) declares more
+    data than follows its header: a header may claim any shape, which numpy would allocate
+    before finding the bytes missing. A header numpy cannot read is left for np.load to
+    refuse."""
+    with contextlib.nullcontext(source) if isinstance(source, io.BytesIO) else \
+            open(source, "rb") as f:
+        try:
+            shape, _, _, nbytes = npy_header(f)
+            data = f.tell()
+            held = f.seek(0, io.SEEK_END) - data
+        except NPY_HEADER_ERRORS:
+            return
+        finally:
+            f.seek(0)
+    if nbytes > held:
+        raise InputError(f"{what}: its .npy header declares shape {list(shape)}, "
+                         f"{size_text(nbytes)}, but {size_text(held)} follow it (truncated or "
+                         f"corrupt?)")
+
+
 def _load(source: Any, what: str, kind: type) -> Any:
-    """`np.load(source)` without unpickling; InputError unless it gives a `kind`."""
+    """`np.load(source)` without unpickling; InputError unless it gives a `kind`, or when an
+    .npy declares more data than it holds (`_declared_fits`)."""
+    if kind is np.ndarray:
+        _declared_fits(source, what)
     try:
         out = np.load(source, allow_pickle=False, max_header_size=NPY_HEADER)
     except (ValueError, OSError, EOFError) as exc:
@@ -331,8 +358,10 @@ def read_vllm_arrays(path: Path, *, experts: int | None = None,
 def _read_npy(path: Path, experts: int | None, prompt_len: int | None
               ) -> tuple[int, np.ndarray]:
     if prompt_len is None:
-        raise InputError(f"{path}: an .npy holds prompt and output rows together; give "
-                         f"prompt_len, or write an .npz with {_PROMPT} and {_ROUTED}")
+        raise InputError(f"{path}: an .npy holds a request's prompt and output rows together, "
+                         f"and nothing says where its prompt ends: give the prompt's rows with "
+                         f"--prompt-len N (in Python, prompt_len=N), or write each request as an "
+                         f".npz with {_PROMPT} and {_ROUTED}")
     arr = _load(regular_file(path, ".npy file"), str(path), np.ndarray)
     ids = _nonempty(path, _checked(arr, str(path), experts))
     if prompt_len > ids.shape[0]:
