@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from .compiled import set_threads
+from .dispatch import resolve_policy
 from .errors import InputError
 from .executors import check_executor, local_pool, ray_session
 from .metrics import Counters
@@ -34,6 +35,30 @@ from .schedule.plan import Segment
 from .spec import RunSpec
 
 _TRACE: list[Any] = []  # a local worker's trace, set once by `_hold`
+# Pair dispatches (`dispatch_work`) below which local worker processes cost more than they
+# save: on a 2-core guest, where one process already runs its compiled loops on both cores, two
+# workers were slower at 4.1e9 and 1.19x faster at 5.5e9 (benchmarks/RESULTS.md, "Workers").
+PAYS_OFF = 5e9
+
+
+def dispatch_work(trace: Any, specs: Sequence[RunSpec]) -> float:
+    """The pair dispatches replaying `specs` on `trace` makes, summed over the specs: its
+    tokens x layers x top-k, times the ranks that dispatch each token when the policy's choice
+    is computed per rank (every rank in "none"; a policy with a table, `DispatchPolicy.table`,
+    is counted from expert counts once for all)."""
+    pairs = float(trace.num_tokens) * trace.num_layers * trace.top_k
+    out = 0.0
+    for s in specs:
+        entry = resolve_policy(s.dispatch.policy, s.dispatch.engine_source)[1]
+        ranks = s.topology.gpus if s.dispatch.mode == "none" and entry.table is None else 1
+        out += pairs * ranks
+    return out
+
+
+def pays_off(trace: Any, specs: Sequence[RunSpec], workers: int) -> bool:
+    """Whether `workers` local processes replay `specs` on `trace` sooner than one: more than
+    one worker, and at least `PAYS_OFF` pair dispatches (`dispatch_work`)."""
+    return workers > 1 and dispatch_work(trace, specs) >= PAYS_OFF
 
 
 def step_ranges(tokens: np.ndarray, parts: int) -> list[tuple[int, int]]:

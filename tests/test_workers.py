@@ -108,12 +108,20 @@ def test_bad_requests_are_input_errors(trace):
             workers.replay(trace, RunSpec.of(gpus=4, redundant=4, policy=mine))
 
 
-def test_the_run_command_gives_the_same_table_with_workers(capsys):
+def test_the_run_command_gives_the_same_table_with_workers(capsys, monkeypatch):
     args = ["run", "--steps", "6", "--tokens", "64", "--policies", "random,row", "--mode",
             "none,a2a", "--json"]
     code, one, _ = run(capsys, *args)
     assert code == 0
+    code, small, _ = run(capsys, *args[:-1], "--workers", "2")  # too little work to split
+    assert code == 0 and small.splitlines()[1].startswith("--workers 2: one process ran it (")
+    import eplbsim.workers
+    started = []
+    monkeypatch.setattr(eplbsim.workers, "PAYS_OFF", 0)  # workers for any work
+    pool = eplbsim.workers.local_pool
+    monkeypatch.setattr(eplbsim.workers, "local_pool",
+                        lambda *a: started.append(a[0]) or pool(*a))
     code, two, _ = run(capsys, *args, "--workers", "2")
-    assert code == 0 and json.loads(one) == json.loads(two)
+    assert code == 0 and json.loads(one) == json.loads(two) and started == [2]
     assert_input_error(capsys, *args, "--address", "1.2.3.4:6379",
                        match="--address is for --executor ray")

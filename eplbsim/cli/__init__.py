@@ -48,14 +48,32 @@ DEBUG = "EPLBSIM_DEBUG"
 TORCH_OUT_OF_MEMORY = "can't allocate memory"  # torch's CPU allocator's words (a RuntimeError)
 
 
+FLAG_VALUED = ("--engine-args",)  # options whose value is itself flags: `--engine-args --x`
+
+
+def _joined(argv: Sequence[str]) -> list[str]:
+    """`argv` with each `FLAG_VALUED` option joined to its value (`--engine-args=--x`), which
+    argparse would otherwise take for an option of its own."""
+    out = list(argv)
+    for i in range(len(out) - 2, -1, -1):
+        if out[i] in FLAG_VALUED:
+            out[i:i + 2] = [f"{out[i]}={out[i + 1]}"]
+    return out
+
+
 class Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are a short usage line and the error, not the whole
-    usage text, and which takes a flag only as written (no prefix matching: `--gpus` is never
-    taken for `--gpus-per-node`). Subcommands' parsers are Parsers too."""
+    usage text, which takes a flag only as written (no prefix matching: `--gpus` is never
+    taken for `--gpus-per-node`) and the value of a `FLAG_VALUED` option even when it looks
+    like a flag. Subcommands' parsers are Parsers too."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs["allow_abbrev"] = False
         super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        return super().parse_known_args(_joined(sys.argv[1:] if args is None else args),
+                                        namespace)
 
     def error(self, message: str) -> None:
         self.exit(2, f"usage: {self.prog} ... (see {self.prog} --help)\n"

@@ -10,13 +10,13 @@ from typing import Any, Callable, Iterator
 from .. import spec
 from ..errors import InputError
 from ..progress import bar, run_label
-from ..replay import compare, replay
+from ..replay import compare, comparison, replay
 from ..results import (describe, format_table, rebalance_report, series_rows, table_notes,
                        time_report, to_json, warnings, with_speedup, write_csv,
                        write_results)
 from ..executors import EXECUTORS
 from ..traces.counts import CountsTrace
-from ..workers import Workers
+from ..workers import PAYS_OFF, Workers, dispatch_work, pays_off
 from .common import check_out_dir, positive
 
 HELP = "compare dispatch policies on a trace or scenario"
@@ -56,7 +56,10 @@ def handle(args: argparse.Namespace) -> int:
     if isinstance(trace, CountsTrace):
         return _counts_only(args, trace, base)
     policies = lists["policy"]
-    with _runner(args, trace) as run:
+    specs = comparison(base, policies, lists["mode"], lists.get("engine_source"))
+    split = args.executor != "local" or args.address is not None or pays_off(
+        trace, specs, args.workers)
+    with _runner(args, trace, split) as run:
         results = compare(trace, policies, lists["mode"], base,
                           lambda one: bar(trace.num_steps, run_label(one)), run,
                           lists.get("engine_source"))
@@ -72,6 +75,10 @@ def handle(args: argparse.Namespace) -> int:
                        len(lists.get("engine_source", [None]))))
         for line in warnings(trace, results[0].spec, base):
             print(line)
+        if args.workers > 1 and not split:
+            work = dispatch_work(trace, specs)
+            print(f"--workers {args.workers}: one process ran it ({work:.2g} pair dispatches; "
+                  f"local workers pay off from about {PAYS_OFF:.2g} here)")
         print(format_table(rows))
         for note in table_notes(rows):
             print(note)
@@ -96,9 +103,9 @@ def handle(args: argparse.Namespace) -> int:
 
 
 @contextmanager
-def _runner(args: argparse.Namespace, trace: Any) -> Iterator[Callable[..., Any]]:
-    """How each row is replayed: in this process, or split over `--workers`."""
-    if args.executor == "local" and args.address is None and args.workers == 1:
+def _runner(args: argparse.Namespace, trace: Any, split: bool) -> Iterator[Callable[..., Any]]:
+    """How each row is replayed: in this process, or (`split`) over `--workers`."""
+    if not split:
         yield replay
         return
     with Workers(trace, args.workers, args.executor, args.address) as workers:
