@@ -127,8 +127,10 @@ class Results:
 
     def migrations(self) -> Rows:
         """One row per rebalance point: `schedule.migration.migration_rows`, with its columns
-        named even when there is none."""
-        return Rows(migration_rows(self.segments, self.spec.expert_bytes()), MIGRATION_FIELDS)
+        named even when there is none; its bytes are the whole model's, as the stalls are."""
+        scale = M.layer_scale(self.spec.cost, self.true_load.shape[1])
+        return Rows(migration_rows(self.segments, self.spec.expert_bytes(), scale),
+                    MIGRATION_FIELDS)
 
     def to_pandas(self, series: bool = False, per_layer: bool = False) -> Any:
         """A pandas DataFrame: the run's row with flat columns (`flat_row`, as the CSV), or with
@@ -409,9 +411,12 @@ def rebalance_report(result: Results, rows: Sequence[dict[str, Any]]) -> str:
     if any((r.get("factor_prediction") or 1) < 1 for r in rows):
         lines.append("prediction below 1: the placement in service beats the solver's own "
                      "placement for the true loads (the solver is a heuristic)")
+    L = result.true_load.shape[1]
+    layers = spec.cost.profiles()[0].moe_layers
     lines += ["", f"rebalances (predictor {name_of(s.predictor)}, every {s.rebalance_every}, "
               f"window {s.window or s.rebalance_every}, expert {spec.expert_bytes():,} bytes"
-              f"{given or f', one {spec.cost.name} expert'}):"]
+              f"{given or f', one {spec.cost.name} expert'}; slots and copies in the trace's "
+              f"{L} layers, bytes and stalls in the whole model's {layers}):"]
     lines.append(format_table(migrations, MIGRATION_COLUMNS, labels=0) if migrations else
                  "  none: the trace ends before the first window does")
     return "\n".join(lines)

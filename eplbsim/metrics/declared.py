@@ -107,9 +107,12 @@ def _rebalances(results: Any) -> int:
 
 
 def _moved_bytes(results: Any) -> int:
-    """Bytes copied by every rebalance: moved slots x the run's expert bytes
-    (`RunSpec.expert_bytes`)."""
-    return int(results.components["moved_slots"][0].sum()) * results.spec.expert_bytes()
+    """Bytes copied by every rebalance in the whole model, as the stalls count them: moved
+    slots x the run's expert bytes (`RunSpec.expert_bytes`) x the model's layers each of the
+    trace's stands for (`layer_scale`)."""
+    slots = int(results.components["moved_slots"][0].sum())
+    scale = layer_scale(results.spec.cost, results.true_load.shape[1])
+    return round(slots * results.spec.expert_bytes() * scale)
 
 
 def _hazard_steps(results: Any) -> int:

@@ -48,11 +48,14 @@ def transfer_kinds(old: Placement, new: Placement) -> np.ndarray:
     return torch.where(old_p2l != new_p2l, kinds, -1).numpy()
 
 
-def migration_rows(segments: Sequence[Any], expert_bytes: int) -> list[dict[str, Any]]:
+def migration_rows(segments: Sequence[Any], expert_bytes: int,
+                   scale: float = 1.0) -> list[dict[str, Any]]:
     """One row per rebalance point of `segments` (`plan.Segment`): `step`, `skipped`,
     `balancedness` (of the placement in service on the forecast), `moved_slots`, copies by
     source (`same_gpu`, `same_node`, `cross_node`), `bytes` (all copies) and
-    `cross_node_bytes`, for experts of `expert_bytes`."""
+    `cross_node_bytes`, for experts of `expert_bytes`. Slots and copies are the segments'
+    layers'; the bytes are `scale` times theirs (the model's layers each of them stands for,
+    `metrics.layer_scale`, so they are on the scale of the stalls), rounded to whole bytes."""
     rows = []
     for seg in segments:
         r = seg.rebalance
@@ -62,6 +65,6 @@ def migration_rows(segments: Sequence[Any], expert_bytes: int) -> list[dict[str,
         rows.append({"step": r.step, "skipped": r.skipped,
                      "balancedness": None if math.isnan(r.balancedness) else r.balancedness,
                      "moved_slots": r.moved_slots, **kinds,
-                     "bytes": r.moved_slots * expert_bytes,
-                     "cross_node_bytes": kinds["cross_node"] * expert_bytes})
+                     "bytes": round(r.moved_slots * expert_bytes * scale),
+                     "cross_node_bytes": round(kinds["cross_node"] * expert_bytes * scale)})
     return rows
