@@ -640,7 +640,8 @@ class DispatchPart(Part):
     """How the ranks choose replicas: the policy, the mode, what each rank knows, its
     generator, and the run's seed and device."""
 
-    policy: Any = knob("ordinal", "dispatch policies",
+    policy: Any = knob("ordinal", "dispatch policies (one of your own: "
+                       "path/to/file.py:function, see docs/api.md)",
                        Name(Joined(POLICIES, ENGINE_POLICIES, FilePolicies()), "policy",
                             callables=True, entry=DispatchPolicy),
                        flags=("--policies",), listed="static,random,row,ordinal",
