@@ -1,0 +1,322 @@
+"""The run parts `RunSpec` holds: `dispatch` (policy, mode, view, rng, engine sources),
+`solver`, `schedule` (rebalancing and migration), `topology` (GPUs, nodes, slots) and `cost`
+(time on a model and device).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..cost import COST_MODELS, DEVICES, MODELS, DeviceProfile, ModelShape
+from ..cost.shapes import DEFAULT_MODEL
+from ..cost import check_options as check_cost_options
+from ..cost import describe as describe_cost
+from ..dispatch import POLICIES, DispatchPolicy, FilePolicies, resolve_policy
+from ..engines import ENGINE_POLICIES, ENGINE_SOLVERS, as_sources, resolve_solver
+from ..errors import InputError
+from ..limits import (MAX_EXPERT_BYTES, MAX_EXPERTS, MAX_GPUS, MAX_HIDDEN, MAX_SEED, MAX_SLOTS,
+                      MAX_TOP_K)
+from ..placement import VIEWS
+from ..ranks import MODES, RNG_RELATIONS
+from ..registry import Joined, name_of
+from ..schedule.predictors import PREDICTORS
+from ..schedule.switch import REBALANCE_MODES
+from ..solvers import SOLVERS, check_options, find_solver
+from ..solvers.lplb import TOPOLOGIES as LPLB_TOPOLOGIES
+from ..topology import Topology
+from ..traces.synth import DEFAULT_SIZES
+from .knobs import COMMANDS, Part, SYNTH, changed_fields, knob
+from .values import Device, EngineFlags, EngineSources, File, Integer, Name, Number, Options, Switch
+
+
+NODE_GPUS = 8  # GPUs a node by default, as H100/H200/B200 boxes have
+MIN_REDUNDANT = 16  # the fewest redundant slots by default
+
+
+@dataclass(frozen=True)
+class DispatchPart(Part):
+    """How the ranks choose replicas: the policy, the mode, what each rank knows, its
+    generator, and the run's seed and device."""
+
+    policy: Any = knob("ordinal", "dispatch policies (one of your own: "
+                       "path/to/file.py:function, see docs/api.md)",
+                       Name(Joined(POLICIES, ENGINE_POLICIES, FilePolicies()), "policy",
+                            callables=True, entry=DispatchPolicy),
+                       flags=("--policies",), listed="static,random,row,ordinal",
+                       commands=COMMANDS - {"review"},  # a review names its CANDIDATE
+                       metavar="NAME,..")
+    mode: str = knob("none", "none (every rank dispatches every token) or a2a (each token "
+                     "once, by its owner)", Name(MODES, "mode"), listed="none,a2a",
+                     metavar="MODE,..")
+    view: Any = knob("full", "what each rank knows of the placement",
+                     Name(VIEWS, "view", callables=True))
+    rng: str = knob("independent", "how the ranks' random streams relate (random, lp)",
+                    Name(RNG_RELATIONS, "rng relation"))
+    drift_p: float = knob(0.05, "per-step drift probability for --rng drift", Number(0, 1))
+    rank_offset: bool | None = knob(
+        None, "add the rank to the policy's offset (default: ordinal in a2a mode, where it "
+        "balances best, and never trtllm); --rank-offset: trtllm too, in every mode (its "
+        "offset_by_ep_rank, rank-variant in none); --no-rank-offset: neither",
+        Switch(optional=True))
+    seed: int = knob(0, "seeds every random choice: the scenario, the rank streams, "
+                     "static's tables, the toy MoE layer", Integer(0, most=MAX_SEED),
+                     commands=SYNTH)
+    device: str = knob("cpu", "where dispatch runs: cpu, cuda or auto", Device())
+    hidden: int = knob(8, "hidden size of the toy MoE layer that measures output error",
+                       Integer(1, most=MAX_HIDDEN))
+    tp: int = knob(1, "attention tensor-parallel size: EP rank r is TP rank r % tp of DP "
+                   "group r // tp (ascend-fixed reads it)", Integer(1, most=MAX_GPUS))
+    shared_experts: int | None = knob(
+        None, "shared experts every token runs in each layer, counted as GPU work (each the "
+        "size of the model's shared expert, --model, else of a routed one; on the token's own "
+        "rank in a2a unless the policy sends it, split over the GPUs in none); default: the "
+        "model's when a policy dispatches them (waterfill), else none",
+        Integer(0, optional=True, most=MAX_TOP_K))
+    engine_source: dict = knob({}, "run an engine's own code, for sglang:* and vllm:* policies "
+                               "and solvers, from this release (fetched on first use) or "
+                               "folder (a checkout's package parent: SGLang's python/, or the "
+                               "repository root) instead of the pinned release; several, "
+                               "comma-separated, run side by side",
+                               EngineSources("engine_source"), flags=("--engine-source",),
+                               metavar="ENGINE==VERSION|ENGINE=PATH")
+    engine_args: str | None = knob(None, "SGLang server flags for sglang:auto, which "
+                                   "dispatches with whatever the release's own settings logic "
+                                   "picks for them, e.g. '--enable-eplb --moe-a2a-backend none'",
+                                   EngineFlags(), metavar="'FLAGS'")
+
+    def relate(self) -> None:
+        object.__setattr__(self, "engine_source", dict(as_sources(self.engine_source)))
+        name, entry = resolve_policy(self.policy)
+        if self.mode not in entry.modes:
+            raise InputError(f"policy {name} runs only in {' or '.join(entry.modes)} mode: "
+                             f"{entry.summary or 'see eplbsim policies'}")
+
+
+@dataclass(frozen=True)
+class SolverPart(Part):
+    """How placements are solved, or the placement to use instead."""
+
+    solver: Any = knob("deepseek", "placement solver (an engine's own: sglang:deepseek, ...)",
+                       Name(Joined(SOLVERS, ENGINE_SOLVERS), "solver", callables=True))
+    solver_options: dict = knob({}, "solver option, e.g. time_limit=10 or "
+                                "anti_colocation=true (repeat for several)",
+                                Options("solver_option"), flags=("--solver-option",),
+                                metavar="KEY=VALUE")
+    placement: Any = knob(None, "a JSON placement to serve every step instead of solving (a "
+                          "`solve --json` output, a bare phy2log [L][P], or an SGLang "
+                          "physical_to_logical_map)", File("a JSON placement", placement=True),
+                          metavar="FILE")
+    lplb_topology: str | None = knob(
+        None, "the lplb solver's redundancy topology (default cube; the same as --solver-option "
+        "redundancy=...; a torus takes --solver-option torus_rows=M)",
+        Name(LPLB_TOPOLOGIES, "redundancy topology", optional=True))
+
+    def relate(self) -> None:
+        fn = find_solver(resolve_solver(self.solver))  # an engine's: its options are checked
+        options = dict(self.solver_options)
+        if self.lplb_topology is not None:
+            if fn is not SOLVERS["lplb"]:
+                raise InputError(f"lplb_topology (--lplb-topology) is the lplb solver's "
+                                 f"(--solver lplb); the solver is {name_of(fn)}")
+            if options.get("redundancy", self.lplb_topology) != self.lplb_topology:
+                raise InputError(f"lplb_topology {self.lplb_topology} and solver option "
+                                 f"redundancy={options['redundancy']} disagree")
+            options["redundancy"] = self.lplb_topology
+        object.__setattr__(self, "solver_options", check_options(fn, options))
+
+
+@dataclass(frozen=True)
+class SchedulePart(Part):
+    """When placements are re-solved and from what forecast (`schedule.plan`)."""
+
+    rebalance_every: int | None = knob(
+        None, "re-solve the placement every N steps from predicted loads, the first time "
+        "after the first window (default: once, from the whole trace)",
+        Integer(1, optional=True), metavar="N")
+    window: int | None = knob(None, "steps of history the predictor reads (default N)",
+                              Integer(1, optional=True), metavar="W")
+    predictor: Any = knob("window", "window: sum of the last W steps; ema: decayed sum; "
+                          "oracle: the loads of the steps about to run",
+                          Name(PREDICTORS, "predictor", callables=True))
+    decay: float | None = knob(None, "ema's per-step factor in [0, 1] (default 1 - 1/W)",
+                               Number(0, 1, optional=True))
+    initial: Any = knob(None, "the placement before the first rebalance: trivial, or a JSON "
+                        "placement (as --placement)",
+                        File("a JSON placement", placement=True, absent="trivial"),
+                        metavar="trivial|FILE")
+    skip_above: float | None = knob(
+        None, "skip a rebalance when the placement in service has a balancedness (mean / max "
+        "GPU load, mean over layers) above B on the forecast", Number(0, 1, optional=True),
+        metavar="B")
+    migration_aware: bool = knob(True, "lay each new placement out over the one in service "
+                                 "to move fewer experts", Switch())
+    expert_bytes: int | None = knob(
+        None, "bytes of one expert's weights, to price migrations and their stalls (default: "
+        "one routed expert of the model shape, --model)",
+        Integer(0, optional=True, most=MAX_EXPERT_BYTES))
+    rebalance_mode: str = knob(
+        "sync", "sync: serving stalls until a rebalance's copies land; async: the copies go on "
+        "in the background while the old placement serves, each rank switching when they land",
+        Name(REBALANCE_MODES, "rebalance mode"))
+    copy_steps: int = knob(1, "async: steps a rebalance's copies take in the background",
+                           Integer(1), metavar="N")
+    switch_delay: int = knob(
+        0, "async: each rank switches to the new placement up to D steps after the copies "
+        "land, a seeded delay per rank and rebalance (0: all together)", Integer(0),
+        metavar="D")
+
+    def relate(self) -> None:
+        if self.rebalance_every is None:
+            unused = changed_fields(self, ("window", "predictor", "decay", "initial", "skip_above",
+                                     "rebalance_mode", "copy_steps", "switch_delay"))
+            if unused:
+                raise InputError(f"{', '.join(unused)} only apply with rebalance_every (a "
+                                 f"rebalance schedule); without it one placement is solved "
+                                 f"from the whole trace")
+            return
+        if self.rebalance_mode == "sync":
+            unused = changed_fields(self, ("copy_steps", "switch_delay"))
+            if unused:
+                raise InputError(f"{', '.join(unused)} only apply with rebalance_mode async "
+                                 f"(sync serves the new placement on every rank at once)")
+        elif self.copy_steps + self.switch_delay > self.rebalance_every:
+            raise InputError(f"copy_steps + switch_delay ({self.copy_steps} + "
+                             f"{self.switch_delay}) must be at most rebalance_every "
+                             f"({self.rebalance_every}): every rank serves a placement before "
+                             f"the next rebalance")
+
+    def steps(self) -> int:
+        """Steps a scenario needs for four rebalances after the first window (the default
+        when none is given; the scenario default without a schedule)."""
+        base = DEFAULT_SIZES["steps"]
+        if self.rebalance_every is None:
+            return base
+        return max(base, (self.window or self.rebalance_every) + 4 * self.rebalance_every)
+
+
+@dataclass(frozen=True)
+class TopologyPart(Part):
+    """The cluster: EP ranks = GPUs, nodes, redundant slots, expert groups."""
+
+    gpus: int = knob(8, "GPUs = EP ranks", Integer(1, most=MAX_GPUS),
+                     commands=frozenset({"run", "sweep", "review"}))
+    gpus_per_node: int | None = knob(
+        None, f"GPUs per node (default: {NODE_GPUS} when the GPUs are a multiple of "
+        f"{NODE_GPUS}, as H100/H200/B200 boxes have, else all on one node; for ranks under "
+        f"torchrun: its LOCAL_WORLD_SIZE)", Integer(1, optional=True, most=MAX_GPUS))
+    redundant: int | None = knob(
+        None, f"redundant physical slots, P = E + redundant (default: one a GPU, at least "
+        f"{MIN_REDUNDANT}, rounded up so the GPUs divide the slots; with a placement file, "
+        f"the file's)", Integer(0, optional=True, most=MAX_SLOTS))
+    groups: int | None = knob(None, "expert groups (default: the trace's, else 1)",
+                              Integer(1, optional=True, most=MAX_EXPERTS))
+
+    def relate(self) -> None:
+        self.topology()
+
+    def topology(self) -> Topology:
+        """The cluster as a Topology (`gpus_per_node` None: `NODE_GPUS` a node when they
+        divide the GPUs, else one node)."""
+        per_node = self.gpus_per_node
+        if per_node is None and self.gpus % NODE_GPUS == 0:
+            per_node = NODE_GPUS
+        return Topology(self.gpus, per_node)
+
+    def fit(self, num_experts: int, slots: int | None = None, file: Any = None) -> int:
+        """The redundant slots for `num_experts` experts: those of a placement of `slots`
+        slots (`file` names it) when one is served, else `redundant` when given, else the
+        default (one a GPU, at least `MIN_REDUNDANT`, rounded up so the GPUs divide the
+        slots). InputError when a given value disagrees with the placement or does not divide
+        over the GPUs, naming the nearest values that do."""
+        G = self.gpus
+        if slots is not None:
+            if self.redundant not in (None, slots - num_experts):
+                raise InputError(f"the placement {file} has {slots} slots for {num_experts} "
+                                 f"experts (redundant {slots - num_experts}), but redundant is "
+                                 f"{self.redundant}: the placement decides the slots (leave "
+                                 f"redundant out)")
+            return slots - num_experts
+        if self.redundant is None:
+            least = max(MIN_REDUNDANT, G)
+            return least + (-(num_experts + least)) % G
+        over = (num_experts + self.redundant) % G
+        if over:
+            near = [r for r in (self.redundant - over, self.redundant + G - over) if r >= 0]
+            raise InputError(f"{num_experts} experts + {self.redundant} redundant = "
+                             f"{num_experts + self.redundant} slots do not divide over {G} "
+                             f"GPUs; redundant {' or '.join(map(str, near))} would (slots a "
+                             f"multiple of {G})")
+        return self.redundant
+
+
+@dataclass(frozen=True)
+class CostPart(Part):
+    """Time (DESIGN.md §8): the cost model that turns counted loads into milliseconds, the
+    model shape and the device profile it reads."""
+
+    cost: Any = knob(None, "cost model turning loads into time: roofline, measured "
+                     "(aiconfigurator-core's measured kernels: pip install 'eplbsim[cost]'), or "
+                     "a callable (default off: no time metrics)",
+                     Name(COST_MODELS, "cost model", callables=True, optional=True))
+    cost_options: dict = knob({}, "cost model option, e.g. framework=sglang (measured: "
+                              "trtllm, sglang or vllm) or eta_compute=0.7 (roofline)",
+                              Options("cost_option"), flags=("--cost-option",),
+                              metavar="KEY=VALUE")
+    model: str | None = knob(None, f"model shape the cost model reads (--cost), and the size "
+                             f"of its shared expert (default: the model the trace's meta "
+                             f"names, when eplbsim knows it, else {DEFAULT_MODEL})",
+                             Name(MODELS, "model", optional=True))
+    device_profile: str = knob("h200", "device profile the cost model reads (--cost)",
+                               Name(DEVICES, "device profile"))
+    overlap: bool = knob(False, "layer time = max(compute, communication) instead of their sum",
+                         Switch())
+
+    def relate(self) -> None:
+        if self.cost is None:
+            unused = changed_fields(self, ("cost_options",))
+            if unused:
+                raise InputError("cost_options only apply with a cost model (cost)")
+            return
+        object.__setattr__(self, "cost_options", check_cost_options(self.cost,
+                                                                    self.cost_options))
+
+    def model_shared_experts(self) -> int:
+        """The model's shared experts; InputError when it has none (for a policy that places
+        them)."""
+        count = self.shape.shared_experts
+        if not count:
+            raise InputError(f"the policy dispatches the shared expert, but model {self.name} "
+                             f"has none: give shared_experts (--shared-experts N) or a model "
+                             f"with one (--model)")
+        return count
+
+    def shared_work(self, shared_experts: int | None, placed: bool) -> float:
+        """Each token's shared-expert work in a layer, in routed pairs (0: not counted):
+        `shared_experts` (None: the model's when the policy places them, `placed`, or when a
+        cost model prices the time, which is the model's whole MoE layer; else 0) times the
+        model's shared expert over a routed one (`ModelShape.shared_ratio`)."""
+        if shared_experts is None:
+            shared_experts = (self.model_shared_experts() if placed else
+                              self.shape.shared_experts if self.cost is not None else 0)
+        return shared_experts * self.shape.shared_ratio
+
+    def profiles(self) -> tuple[ModelShape, DeviceProfile]:
+        """The model shape and device profile the cost model reads."""
+        return self.shape, DEVICES[self.device_profile]
+
+    @property
+    def name(self) -> str:
+        """The model's name: `model`, or `DEFAULT_MODEL` before a trace has decided it
+        (`replay.fitted`)."""
+        return self.model or DEFAULT_MODEL
+
+    @property
+    def shape(self) -> ModelShape:
+        """The model's shape (`name`)."""
+        return MODELS[self.name]
+
+    def describe(self, num_gpus: int) -> str:
+        """What the compute times come from (`cost.describe`; for `measured`, the table, read
+        and checked now)."""
+        return describe_cost(self.cost, *self.profiles(), num_gpus, self.cost_options)

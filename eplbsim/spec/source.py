@@ -1,0 +1,244 @@
+"""The `source` part: which trace a command reads (a file with its reading options and step
+selection, requests batched as an engine would, or a scenario with its sizes and options), and
+opening it (`Source.open`, `read`, `select`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from ..errors import InputError
+from ..limits import MAX_EXPERTS, MAX_GPUS, MAX_LAYERS, MAX_TOP_K
+from ..traces.formats import is_request_input, open_requests, open_trace
+from ..traces.request_synth import REQUEST_SCENARIOS, request_options, synthesize_requests
+from ..traces.requests import RequestSet
+from ..traces.workload import (ARRIVALS, DP_ASSIGN, DP_LAYOUTS, ORDERS, 
+                              PADDING, Workload, batch)
+from ..traces.steps import OUTLIER_FACTOR, select
+from ..traces.synth import (DEFAULT_SCENARIO, DEFAULT_SIZES, SCENARIOS, scenario_options,
+                            synthesize)
+from .knobs import COMMANDS, Part, READS, SYNTH, changed_fields, they, knob
+from .parts import SchedulePart
+from .values import (File, Filter, Integer, Name, Number, Options, RequestInput, Sizes,
+                     StepSelection, Switch, Text)
+
+
+# The Source fields that say how requests are batched into steps (`Source.workload`).
+BATCHING = ("max_running", "max_batched_tokens", "chunk", "batch_order", "arrivals",
+            "arrival_rate", "dp", "dp_assign", "dp_layout", "graph_sizes", "padding")
+
+
+WITH_INFO = COMMANDS | {"info"}  # `trace info` reports the steps a workload makes of requests
+
+
+def workload_of(values: Mapping[str, Any], seed: int) -> Workload:
+    """The Workload of `BATCHING` field values (the rest default), seeded by `seed`."""
+    renamed = {"batch_order": "order", "arrival_rate": "rate"}
+    return Workload(seed=seed, **{renamed.get(k, k): v for k, v in values.items()
+                                  if k in BATCHING})
+
+
+@dataclass(frozen=True)
+class Source(Part):
+    """Which trace a command reads: a file (`trace`), or a seeded scenario with its sizes."""
+
+    trace: str | None = knob(
+        None, "a trace in any form: an .npz trace, a trace directory (see trace convert), a "
+        ".jsonl router log or per-token log (see --token-key and the other reading flags), a "
+        "Megatron router trace, TensorRT-LLM expert statistics, FLAME-MoE parquet, a "
+        "counts-only .npz or a counts CSV (layer,expert,count; see --where): counts give the "
+        "placement's even-split promise only",
+        File("a trace"), metavar="FILE")
+    scenario: Any = knob(None, f"a synthetic scenario (default {DEFAULT_SCENARIO})",
+                         Name(SCENARIOS, "scenario", callables=True, optional=True))
+    where: str | None = knob(None, "filters for a counts CSV --trace, e.g. model=olmoe,"
+                             "domain=arxiv", Filter(), commands=READS, metavar="COL=VAL,..")
+    request_key: str | None = knob(None, "per-token log: the key of the request id (the log "
+                                   "is then read as requests)", Text(), metavar="KEY",
+                                   commands=READS)
+    token_key: str | None = knob(None, "per-token log: the key of the token index (default "
+                                 "token_idx)", Text(), metavar="KEY", commands=READS)
+    layer_key: str | None = knob(None, "per-token log: the key of the layer (default layer)",
+                                 Text(), metavar="KEY", commands=READS)
+    ids_key: str | None = knob(None, "per-token log: the key of the top-k ids (default "
+                               "topk_ids)", Text(), metavar="KEY", commands=READS)
+    step_key: str | None = knob(None, "per-token log: the key of the step (default: a new step "
+                                "when token indices restart)", Text(), metavar="KEY",
+                                commands=READS)
+    prompt_len_key: str | None = knob(None, "per-token log: the key of a request's prompt "
+                                      "length (with --request-key)", Text(), metavar="KEY",
+                                      commands=READS)
+    skip_type: str | None = knob(None, "per-token log: skip records whose \"type\" is TYPE (a "
+                                 "header)", Text(), metavar="TYPE", commands=READS)
+    prompt_len: int | None = knob(None, "vLLM routed-expert arrays: the prompt rows of every "
+                                  ".npy file (an .npz names its own)",
+                                  Integer(0, optional=True), metavar="N", commands=READS)
+    select_steps: str | None = knob(
+        None, "replay only these steps of the trace: steps and ranges of its own numbering, "
+        "e.g. 2:, 0:100,150 or :-1 (trace info numbers them)", StepSelection(),
+        metavar="STEPS", commands=READS)
+    drop_warmup: bool = knob(False, "leave out warm-up steps: two or more rows all routed "
+                             "alike, as an engine's start-up profiling pass (trace info flags "
+                             "them)", Switch(), commands=READS)
+    drop_outliers: bool = knob(False, f"leave out steps of more than {OUTLIER_FACTOR}x the "
+                               f"median tokens (trace info flags them)", Switch(),
+                               commands=READS)
+    steps: int | None = knob(
+        None, f"steps of the scenario ({DEFAULT_SIZES['steps']}; with --rebalance-every N: "
+        f"max({DEFAULT_SIZES['steps']}, window + 4N), for four rebalances)",
+        Integer(1, optional=True), commands=SYNTH)
+    tokens: int = knob(DEFAULT_SIZES["tokens"], "tokens per step", Integer(1), commands=SYNTH)
+    layers: int = knob(DEFAULT_SIZES["layers"], "MoE layers",
+                       Integer(1, most=MAX_LAYERS), commands=SYNTH)
+    experts: int | None = knob(
+        None, f"logical experts: a scenario's (default {DEFAULT_SIZES['experts']}), or a log's "
+        f"whose ids do not say (default: the largest id + 1)",
+        Integer(1, optional=True, most=MAX_EXPERTS), commands=SYNTH | READS)
+    top_k: int = knob(DEFAULT_SIZES["top_k"], "experts per token",
+                      Integer(1, most=MAX_TOP_K), commands=SYNTH)
+    scenario_options: dict = knob({}, "scenario option, e.g. sigma=2 or noise=0.1 (repeat "
+                                  "for several)", Options("option"), flags=("-o", "--option"),
+                                  metavar="KEY=VALUE", commands=SYNTH)
+    requests: Any = knob(None, "requests batched into steps as a serving engine does "
+                         "(continuous batching, chunked prefill, DP attention, CUDA graphs): a "
+                         "request file (.npz), vLLM's routed experts (JSON or arrays), a "
+                         "per-token log with --request-key, or the requests scenario (its "
+                         "options by -o, e.g. num_requests=128)", RequestInput(),
+                         metavar="FILE|SCENARIO")
+    max_running: int = knob(256, "requests: at most N running at once", Integer(1),
+                            metavar="N", commands=WITH_INFO)
+    max_batched_tokens: int = knob(8192, "requests: tokens a step (decode rows and prefill "
+                                   "chunks)", Integer(1), metavar="N", commands=WITH_INFO)
+    chunk: int | None = knob(None, "requests: prefill chunk (default max_batched_tokens)",
+                             Integer(1, optional=True), metavar="N", commands=WITH_INFO)
+    batch_order: str = knob("decode-first", "requests: the rows' order in a step",
+                            Name(ORDERS, "batch order"), commands=WITH_INFO)
+    arrivals: str = knob("all", "requests: all at step 0, poisson at --arrival-rate, or "
+                         "the file's times (trace)", Name(ARRIVALS, "arrivals"),
+                         commands=WITH_INFO)
+    arrival_rate: float = knob(1.0, "requests: poisson arrivals a step", Number(1e-9),
+                               commands=WITH_INFO)
+    dp: int = knob(1, "requests: DP attention ranks (each batches its own requests)",
+                   Integer(1, most=MAX_GPUS), metavar="D", commands=WITH_INFO)
+    dp_assign: str = knob("round-robin", "requests: how requests go to DP ranks",
+                          Name(DP_ASSIGN, "dp assignment"), commands=WITH_INFO)
+    dp_layout: str = knob("sum", "requests: the gathered MoE batch, sum (no padding), max "
+                          "(every DP rank padded to the largest) or sglang (sum at prefill, "
+                          "max at decode and under CUDA graphs)",
+                          Name(DP_LAYOUTS, "dp layout"), commands=WITH_INFO)
+    graph_sizes: tuple = knob((), "requests: captured CUDA-graph sizes a decode-only step is "
+                              "padded to (comma-separated, default for 1,2,4,8..256, or none)",
+                              Sizes(), metavar="N,..", commands=WITH_INFO)
+    padding: str = knob("masked", "requests: CUDA-graph padding rows masked (-1) or routed "
+                        "(one fixed seeded top-k set)", Name(PADDING, "padding"),
+                        commands=WITH_INFO)
+
+    def workload(self, seed: int) -> Workload:
+        """The batching of `requests` (`traces.workload.Workload`), seeded by `seed`."""
+        return workload_of({name: getattr(self, name) for name in BATCHING}, seed)
+
+    def reader_options(self) -> dict[str, Any]:
+        """The options given for reading a file (`READER_OPTIONS`, for `open_trace` and
+        `open_requests`: each form takes its own and refuses the others)."""
+        return {k: getattr(self, k) for k in READER_OPTIONS if getattr(self, k) is not None}
+
+    @property
+    def file(self) -> str | None:
+        """The file read: the trace's, or the request file's (not a request scenario's)."""
+        if self.trace is not None:
+            return self.trace
+        named = isinstance(self.requests, str) and self.requests not in REQUEST_SCENARIOS
+        return self.requests if named else None
+
+    def relate(self) -> None:
+        scenario_sizes = ("steps", "tokens", "layers", "top_k", "scenario_options")
+        if self.file is None:
+            unused = changed_fields(self, tuple(k for k in READER_OPTIONS if k != "experts"))
+            if unused:
+                raise InputError(f"{they(unused, 'apply')} to reading a file (a trace or "
+                                 f"requests), not to a scenario")
+        if self.requests is not None:
+            if self.trace is not None or self.scenario is not None:
+                raise InputError("give requests, a trace or a scenario, not two of them")
+            extra = changed_fields(self, ("steps", "tokens"))
+            if extra:
+                raise InputError(f"{they(extra, 'do')} not apply to requests (the workload "
+                                 f"makes the steps)")
+            if self.file is None and not isinstance(self.requests, RequestSet):
+                unknown = sorted(set(self.scenario_options)
+                                 - set(request_options(self.requests)))
+                if unknown:
+                    raise InputError(f"request scenario {self.requests} has no option "
+                                     f"{', '.join(unknown)}; its options are: "
+                                     f"{', '.join(request_options(self.requests))}")
+            elif changed_fields(self, ("layers", "top_k", "scenario_options")):
+                raise InputError("layers, top_k and scenario options apply to a request "
+                                 "scenario, not to a request file")
+            return
+        unused = changed_fields(self, BATCHING)
+        if unused:
+            raise InputError(f"{they(unused, 'apply')} to requests only (--requests)")
+        if self.trace is not None:
+            if is_request_input(self.trace, **self.reader_options()):
+                raise InputError(f"{self.trace} holds requests, not steps: give it as requests "
+                                 f"(--requests), which batches them as an engine does")
+            if self.scenario is not None:
+                raise InputError("give a trace or a scenario, not both")
+            extra = changed_fields(self, scenario_sizes)
+            if extra:
+                raise InputError(f"{they(extra, 'apply')} to scenarios only, not to a trace")
+            return
+        if self.top_k > self.scenario_experts:
+            raise InputError(f"top_k={self.top_k} must not exceed experts="
+                             f"{self.scenario_experts} (top-k ids are distinct experts)")
+        scenario_options(self.scenario or DEFAULT_SCENARIO, self.scenario_options)
+
+    @property
+    def scenario_experts(self) -> int:
+        """The experts of a scenario: `experts`, else the scenarios' default."""
+        return DEFAULT_SIZES["experts"] if self.experts is None else self.experts
+
+    def request_set(self, seed: int) -> RequestSet:
+        """The requests: the file read (`open_requests`), or the scenario drawn with `seed`."""
+        if isinstance(self.requests, RequestSet):
+            return self.requests
+        if self.requests in REQUEST_SCENARIOS:
+            return synthesize_requests(self.requests, layers=self.layers,
+                                       experts=self.scenario_experts, top_k=self.top_k,
+                                       seed=seed, **self.scenario_options)
+        return open_requests(self.requests, **self.reader_options())
+
+    def open(self, seed: int, schedule: "SchedulePart") -> Any:
+        """The trace a run replays: `read`, then the steps selected (`select`)."""
+        return self.select(self.read(seed, schedule))
+
+    def read(self, seed: int, schedule: "SchedulePart") -> Any:
+        """Every step: the requests batched (`traces.workload.batch`), the file opened
+        (`open_trace`), or the scenario synthesized with `seed` (`steps` defaulting to what
+        `schedule` needs: `SchedulePart.steps`)."""
+        if self.requests is not None:
+            return batch(self.request_set(seed), self.workload(seed)).trace
+        if self.trace is not None:
+            return open_trace(self.trace, **self.reader_options())
+        return synthesize(self.scenario or DEFAULT_SCENARIO, steps=self.steps or schedule.steps(),
+                          tokens=self.tokens, layers=self.layers, experts=self.scenario_experts,
+                          top_k=self.top_k, seed=seed, **self.scenario_options)
+
+    @property
+    def selects(self) -> bool:
+        """Whether some steps are selected or dropped (else `select` keeps every step)."""
+        return self.select_steps is not None or self.drop_warmup or self.drop_outliers
+
+    def select(self, trace: Any) -> Any:
+        """`trace`'s selected steps (`select_steps`, less the flagged kinds dropped:
+        `traces.steps.select`)."""
+        drop = [kind for kind, on in (("warmup", self.drop_warmup),
+                                      ("outlier", self.drop_outliers)) if on]
+        return select(trace, self.select_steps, drop)
+
+
+# What reading a file takes (`Source.reader_options`): a log's experts, a counts CSV's filter,
+# a per-token log's keys.
+READER_OPTIONS = ("experts", "where", "request_key", "token_key", "layer_key", "ids_key",
+                  "step_key", "prompt_len_key", "skip_type", "prompt_len")

@@ -1,0 +1,310 @@
+"""The value types of the knobs: each parses command-line text (`parse`) and checks any value
+(`check`) with one message wherever the value came from (a flag, a sweep spec, Python).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from itertools import product
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from ..engines.sglang_runtime import flags as engine_flags
+from ..errors import InputError
+from ..limits import MAX_BATCH, check_at_most
+from ..placement import Placement
+from ..registry import unknown
+from ..traces.counts import parse_where
+from ..traces.request_synth import REQUEST_SCENARIOS
+from ..traces.requests import RequestSet
+from ..traces.workload import DEFAULT_GRAPH_SIZES
+from ..traces.steps import parse_steps
+
+
+# Each parses command-line text (`parse`) and checks a value from anywhere (`check`): it returns
+# the value as stored, or raises InputError whose message says what is wrong (without naming
+# the setting: the caller prefixes the flag, the sweep key or the field).
+
+@dataclass(frozen=True)
+class Integer:
+    """An integer >= `least` (and <= `most`, a cap of `eplbsim.limits`); None too when
+    `optional`."""
+
+    least: int = 0
+    optional: bool = False
+    most: int | None = None
+
+    def parse(self, text: str) -> int:
+        try:
+            return int(text)
+        except ValueError:
+            raise InputError(f"must be an integer, got {text!r}") from None
+
+    def check(self, value: Any) -> int | None:
+        if value is None and self.optional:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < self.least or (
+                self.most is not None and value > self.most):
+            bound = (f">= {self.least}" if self.most is None
+                     else f"in [{self.least}, {self.most}]")
+            raise InputError(f"must be an integer {bound}, got {value!r}")
+        return int(value)
+
+
+@dataclass(frozen=True)
+class Number:
+    """A finite number in `[least, most]` (stored as float); None too when `optional`."""
+
+    least: float = -math.inf
+    most: float = math.inf
+    optional: bool = False
+
+    def parse(self, text: str) -> float:
+        try:
+            return float(text)
+        except ValueError:
+            raise InputError(f"must be a number, got {text!r}") from None
+
+    def check(self, value: Any) -> float | None:
+        if value is None and self.optional:
+            return None
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not number or not math.isfinite(value) or not self.least <= value <= self.most:
+            got = f"{value:g}" if number else repr(value)  # 2 and 2.0 read the same
+            raise InputError(f"must be a number in [{self.least:g}, {self.most:g}], got {got}")
+        return float(value)
+
+
+@dataclass(frozen=True)
+class Switch:
+    """True or False, 1 or 0 read as such (a `--flag / --no-flag` pair on the command line);
+    None too when `optional` (neither given: the setting's automatic choice)."""
+
+    optional: bool = False
+
+    def parse(self, text: str) -> bool:
+        raise AssertionError("switches are parsed by argparse")
+
+    def check(self, value: Any) -> bool | None:
+        if value is None and self.optional:
+            return None
+        if not (isinstance(value, bool) or (type(value) is int and value in (0, 1))):
+            raise InputError(f"must be true or false (or 1 or 0), got {value!r}")
+        return bool(value)
+
+
+@dataclass(frozen=True)
+class Name:
+    """A name in `registry` (a dict or a sequence of names, read when checking, so entries
+    registered later count); when `callables`, also a callable or an `entry` object (e.g. a
+    `DispatchPolicy`) given directly; None too when `optional`."""
+
+    registry: Any
+    kind: str
+    callables: bool = False
+    entry: type | None = None
+    optional: bool = False
+
+    def parse(self, text: str) -> str:
+        return text
+
+    def check(self, value: Any) -> Any:
+        if value is None and self.optional:
+            return None
+        if self.callables and (callable(value) or (self.entry is not None
+                                                   and isinstance(value, self.entry))):
+            return value
+        if not isinstance(value, str) or value not in self.registry:
+            raise unknown(self.kind, value, self.registry)
+        return value
+
+
+@dataclass(frozen=True)
+class File:
+    """A path to an existing file or directory; None when absent (`absent` on the command
+    line: e.g. `--initial trivial`); a Placement object too when `placement`."""
+
+    what: str
+    placement: bool = False
+    absent: str | None = None
+
+    def parse(self, text: str) -> str | None:
+        return None if text == self.absent else text
+
+    def check(self, value: Any) -> Any:
+        if value is None or value == self.absent:
+            return None
+        if self.placement and isinstance(value, Placement):
+            return value
+        if not isinstance(value, (str, os.PathLike)):
+            raise InputError(f"must be a path to {self.what}, got {value!r}")
+        if not Path(value).exists():
+            raise InputError(f"{value}: no such file")
+        return str(value)
+
+
+@dataclass(frozen=True)
+class Options:
+    """Named options `{KEY: number, text or boolean}`; `KEY=VALUE` on the command line (VALUE
+    read as JSON when it can be: numbers, true/false), `PREFIX.KEY` in a sweep spec."""
+
+    prefix: str
+
+    def parse(self, text: str) -> tuple[str, Any]:
+        key, sep, value = text.partition("=")
+        if not sep or not key:
+            raise InputError(f"expected KEY=VALUE, got {text!r}")
+        try:
+            return key, json.loads(value)
+        except ValueError:
+            return key, value
+
+    def check(self, value: Any) -> dict[str, Any]:
+        if not isinstance(value, Mapping):
+            raise InputError(f"must be a mapping of option names to values, got {value!r}")
+        for key, item in value.items():
+            if not isinstance(key, str) or not isinstance(item, (str, int, float, bool)):
+                raise InputError(f"option {key!r} must be a number, text or boolean, "
+                                 f"got {item!r}")
+        return dict(value)
+
+
+@dataclass(frozen=True)
+class EngineSources(Options):
+    """Engine sources `{ENGINE: PATH or "=VERSION"}`: `ENGINE=PATH` or `ENGINE==VERSION` on the
+    command line, comma-separated or repeated. Several sources of one engine make several runs
+    (`sets`), side by side."""
+
+    def sets(self, texts: Sequence[str]) -> list[dict[str, Any]]:
+        """The source sets `texts` (flag values, each comma-separated) name: every combination
+        of each engine's sources, in the order given (one set when each engine has one)."""
+        given: dict[str, list[str]] = {}
+        for text in texts:
+            for item in (t.strip() for t in text.split(",") if t.strip()):
+                engine, value = self.parse(item)
+                if str(value) not in given.setdefault(engine, []):
+                    given[engine].append(str(value))
+        return [dict(zip(given, chosen)) for chosen in product(*given.values())] or [{}]
+
+
+@dataclass(frozen=True)
+class Device:
+    """`cpu`, `cuda`, `cuda:N` or `auto` (CUDA when torch sees a device, else the CPU)."""
+
+    def parse(self, text: str) -> str:
+        return text
+
+    def check(self, value: Any) -> str:
+        ok = isinstance(value, str) and (value in ("cpu", "cuda", "auto") or (
+            value.startswith("cuda:") and value[5:].isdigit()))
+        if not ok:
+            raise unknown("device", value, ("cpu", "cuda", "auto"), ("cuda:N",))
+        return value
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Increasing integers >= 1 (CUDA-graph sizes): comma-separated on the command line,
+    `default` for the engines' default sizes, `none` for none."""
+
+    def parse(self, text: str) -> tuple[int, ...]:
+        if text in ("default", "none"):
+            return DEFAULT_GRAPH_SIZES if text == "default" else ()
+        try:
+            return tuple(int(x) for x in text.split(",") if x.strip())
+        except ValueError:
+            raise InputError(f"must be comma-separated integers, default or none, got "
+                             f"{text!r}") from None
+
+    def check(self, value: Any) -> tuple[int, ...]:
+        if isinstance(value, str):  # a sweep's text, as on the command line
+            value = self.parse(value)
+        if not isinstance(value, (list, tuple)) or any(
+                isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in value) \
+                or list(value) != sorted(set(value)):
+            shown = list(value) if isinstance(value, (list, tuple)) else repr(value)
+            raise InputError(f"must be increasing integers >= 1, got {shown}")
+        if value:
+            check_at_most(value[-1], MAX_BATCH, "the largest size")
+        return tuple(value)
+
+
+@dataclass(frozen=True)
+class RequestInput:
+    """A request-level input: a request scenario's name, a path to a request file, or a
+    RequestSet given directly; None when absent."""
+
+    def parse(self, text: str) -> str:
+        return text
+
+    def check(self, value: Any) -> Any:
+        if value is None or isinstance(value, RequestSet) or value in REQUEST_SCENARIOS:
+            return value
+        if not isinstance(value, (str, os.PathLike)):
+            raise InputError(f"must be a request file or one of "
+                             f"{', '.join(REQUEST_SCENARIOS)}, got {value!r}")
+        if not Path(value).exists():
+            raise InputError(f"{value}: no such file, and not a request scenario (one of "
+                             f"{', '.join(REQUEST_SCENARIOS)})")
+        return str(value)
+
+
+@dataclass(frozen=True)
+class Text:
+    """Non-empty text (a record key, a record type); None when absent."""
+
+    def parse(self, text: str) -> str:
+        return text
+
+    def check(self, value: Any) -> str | None:
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value:
+            raise InputError(f"must be non-empty text, got {value!r}")
+        return value
+
+
+@dataclass(frozen=True)
+class EngineFlags(Text):
+    """An engine's server flags (`--engine-args`): text whose flags the engine adapter reads
+    (`engines.sglang_runtime.flags`)."""
+
+    def check(self, value: Any) -> str | None:
+        value = super().check(value)
+        if value is not None:
+            engine_flags(value)
+        return value
+
+
+@dataclass(frozen=True)
+class StepSelection:
+    """Steps of a trace: comma-separated steps and ranges (`traces.steps.parse_steps`, checked
+    against the trace when it is read); None for all."""
+
+    def parse(self, text: str) -> str:
+        return text
+
+    def check(self, value: Any) -> str | None:
+        if value is None:
+            return None
+        parse_steps(value)
+        return value
+
+
+@dataclass(frozen=True)
+class Filter:
+    """Column filters of a counts CSV, `COLUMN=VALUE,...`; None when absent."""
+
+    def parse(self, text: str) -> str:
+        return text
+
+    def check(self, value: Any) -> str | None:
+        if value is None:
+            return None
+        if not isinstance(value, str):
+            raise InputError(f"must be COLUMN=VALUE pairs separated by commas, got {value!r}")
+        parse_where(value)
+        return value
