@@ -129,3 +129,12 @@ def test_imports_go_one_way_between_the_layers():
             wrong = sorted(t for t in _edges(name) for a in above if t in _below(a))
             assert not wrong, f"{name} imports {wrong}"
     assert "eplbsim.loads" in _edges("eplbsim.traces.summary")
+
+
+ROOM = 700  # lines: a module read in one sitting
+
+
+def test_every_module_fits_in_a_room():
+    long = {name: n for name, path in MODULES.items()
+            if (n := len(path.read_text().splitlines())) > ROOM}
+    assert not long, f"split by concern: {long}"
