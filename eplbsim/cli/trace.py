@@ -111,6 +111,8 @@ def info(args: argparse.Namespace) -> int:
     flags = flag_steps(whole)
     trace = source.select(whole)
     summary = {**summarize_trace(trace), "flagged": flags}
+    if args.coactivation:
+        summary["coactivation"] = coactivation_summary(trace, args.groups)
     if args.json:
         print(to_json(summary))
         return 0
@@ -131,7 +133,34 @@ def info(args: argparse.Namespace) -> int:
         skew, step = row["max_over_mean"], row["per_step_max_over_mean"]
         print(f"  {row['layer']:>5}  {'-' if skew is None else f'{skew:.3f}':>27}  "
               f"{'-' if step is None else f'{step:.3f}':>22}  {row['hottest_expert']:>14}")
+    if args.coactivation:
+        co = summary["coactivation"]
+        print("  co-activation: the pairs of experts one token chooses most often")
+        print("  layer  strongest pairs (tokens)")
+        for layer, pairs in enumerate(co["strongest"]):
+            print(f"  {layer:>5}  " + ", ".join(f"{a}+{b} ({n})" for a, b, n in pairs))
+        print(f"  a greedy partition into {co['groups']} groups of "
+              f"{trace.num_experts // co['groups']} experts keeps {co['kept_greedy']:.1%} of a "
+              f"token's other choices in its group; a random one {co['kept_random']:.1%}")
     return 0
+
+
+def coactivation_summary(trace: Any, groups: int, strongest: int = 3) -> dict[str, Any]:
+    """What `trace info --coactivation` reports (`traces.coactivation`): each layer's
+    `strongest` pairs `(a, b, tokens)`, and the share of a token's other choices a greedy
+    partition into `groups` equal groups keeps in its group, against a seeded random one."""
+    from ..traces.coactivation import coactivation, grouped, kept_share, random_groups
+    pairs = coactivation(trace)  # [L, E, E]
+    E = trace.num_experts
+    upper = np.triu(np.ones((E, E), bool), 1)
+    top = []
+    for layer in pairs:
+        flat = np.where(upper, layer, -1).ravel()
+        best = [i for i in np.argsort(-flat, kind="stable")[:strongest] if flat[i] > 0]
+        top.append([(int(i // E), int(i % E), int(flat[i])) for i in best])
+    return {"groups": groups, "strongest": top,
+            "kept_greedy": kept_share(pairs, grouped(pairs, groups)),
+            "kept_random": kept_share(pairs, random_groups(trace.num_layers, E, groups))}
 
 
 def synth(args: argparse.Namespace) -> int:
@@ -242,6 +271,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      "input (a request .npz, vLLM routed experts, a per-token log with "
                      "--request-key)")
     cmd.add_argument("--json", action="store_true", help="print only JSON")
+    cmd.add_argument("--coactivation", action="store_true",
+                     help="also count the pairs of experts one token chooses: each layer's "
+                          "strongest pairs, and what a partition of the experts into --groups "
+                          "equal groups keeps together")
+    cmd.add_argument("--groups", type=positive, default=8, metavar="G",
+                     help="with --coactivation: the groups (GPUs) of the partition (default 8)")
     spec.add_flags(cmd, "info")
     cmd.set_defaults(handler=info)
 

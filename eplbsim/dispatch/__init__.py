@@ -25,7 +25,7 @@ from ..errors import InputError
 from ..placement import View
 from ..registry import FILE_FORM, lookup, name_of
 from .policies import (DispatchContext, Policy, ascend_fixed_policy, ascend_policy,
-                       ascend_replicas, candidate_counts, flat_policy,
+                       ascend_replicas, candidate_counts, colocate_policy, flat_policy,
                        hash_policy, lp_golden_policy, lp_policy, lplb_atomic_policy,
                        lplb_policy, occurrence_index,
                        ordinal_policy, quota_policy, random_policy, replica_slots, row_policy,
@@ -198,6 +198,10 @@ POLICIES: dict[str, DispatchPolicy] = {
     "quota": DispatchPolicy(
         quota_policy, True, {}, "eplbsim",
         "the batch's LP-optimal integer quotas, filled in occurrence order"),
+    "colocate": DispatchPolicy(
+        colocate_policy, True, {}, "eplbsim (DESIGN.md §13)",
+        "the first candidate on a GPU the token already sends an earlier pair to, else "
+        "ordinal's"),
 }
 
 

@@ -226,6 +226,33 @@ def ordinal_policy(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> 
     return replica_slots(topk_ids, view, ctx.layer, replica)
 
 
+def colocate_policy(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> torch.Tensor:
+    """Locality without rank variance: each pair takes, among its expert's candidates, the
+    first one on a GPU the token already sends an earlier top-k pair to (earlier pairs in
+    slot order), else the candidate `ordinal` would take. A pure function of the token's own
+    ids, the view and the batch, so ranks with equal views choose alike: what SGLang's
+    per-rank narrowing to a local replica aims at (fewer destinations a token), the
+    rank-invariant way (DESIGN.md §13)."""
+    slots = ordinal_policy(topk_ids, view, ctx)  # [T, K] the fallback
+    T, K = topk_ids.shape
+    if K < 2 or T == 0:
+        return slots
+    slot_gpu = view.placement.slot_gpu.to(topk_ids.device)  # [P]
+    cands = view.log2phy[ctx.layer][topk_ids.long().clamp(min=0)]  # [T, K, R], -1 padded
+    cand_gpu = torch.where(cands >= 0, slot_gpu[cands.clamp(min=0)], -1)  # [T, K, R]
+    valid = topk_ids >= 0
+    for k in range(1, K):
+        gpu = torch.where(valid[:, :k], slot_gpu[slots[:, :k].clamp(min=0)], -2)  # [T, k]
+        hit = cand_gpu[:, k, None, :] == gpu[:, :, None]  # [T, k, R]: earlier pair j, candidate r
+        found = hit.any(-1)  # [T, k]
+        first_j = torch.argmax(found.to(torch.int8), dim=1)  # [T] the earliest pair matched
+        row = hit[torch.arange(T, device=hit.device), first_j]  # [T, R]
+        pick = cands[:, k].gather(1, torch.argmax(row.to(torch.int8), dim=1, keepdim=True))
+        take = found.any(1) & valid[:, k]
+        slots[:, k] = torch.where(take, pick.squeeze(1), slots[:, k])
+    return slots
+
+
 STATIC_SEED = 42  # SGLang seeds its tables' random.Random with 42
 
 

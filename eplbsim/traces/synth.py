@@ -357,6 +357,45 @@ def phases(*, steps: int, tokens: int, layers: int, experts: int, top_k: int, se
     return _trace(ids, S, sizes, E, "phases", params)
 
 
+def clustered(*, steps: int, tokens: int, layers: int, experts: int, top_k: int, seed: int,
+              clusters: int = 8, within: float = 0.75, sigma: float = 1.0) -> Trace:
+    """Co-activated experts, as co-activation studies find them (DESIGN.md §13): per layer the
+    experts form `clusters` hidden groups (a seeded random split, sizes differing by at most
+    one, not contiguous ids), and each token chooses one group, by the groups' log-normal
+    popularity (`sigma`), then takes `round(within * top_k)` of its top-k inside the group (at
+    most the group's size) and the rest outside it, each without replacement proportionally to
+    the experts' own log-normal popularity (`sigma`), fixed over steps. Ids are listed in
+    descending score, the group's first. Returns ids `[S*T, L, K]`."""
+    S, T, L, E, K, seed = check_sizes(steps=steps, tokens=tokens, layers=layers,
+                                      experts=experts, top_k=top_k, seed=seed)
+    C = _check_int("clusters", clusters, 1)
+    within = _check_float("within", within, 0.0, 1.0)
+    sigma = _check_float("sigma", sigma, 0.0, MAX_SIGMA)
+    if C > E:
+        raise InputError(f"clustered: clusters={C} exceeds experts={E}")
+    rng = np.random.default_rng(seed)
+    perm = np.argsort(rng.random((L, E)), axis=-1)  # [L, E] random order of experts per layer
+    group = np.empty((L, E), dtype=np.int64)  # [L, E] hidden group of each expert
+    np.put_along_axis(group, perm, np.broadcast_to(np.arange(E) % C, (L, E)), axis=-1)
+    inside = min(round(within * K), E // C, K)  # picks in the token's group
+    if K - inside > E - (E + C - 1) // C:
+        raise InputError(f"clustered: top_k={K} needs {K - inside} experts outside a group of "
+                         f"{(E + C - 1) // C}; use fewer clusters or a larger within")
+    logw = (sigma * rng.standard_normal((L, 1, E))).astype(np.float32)  # [L, 1, E]
+    logg = (sigma * rng.standard_normal((L, C))).astype(np.float32)  # [L, C]
+    ids = np.empty((S, T, L, K), dtype=np.int32)
+    for s in range(S):
+        chosen = _topk_desc(logg[None] + _gumbel(rng, (T, L, C)), 1)  # [T, L, 1] the group
+        mine = group[None] == chosen  # [T, L, E] experts of the token's group
+        score = logw.transpose(1, 0, 2) + _gumbel(rng, (T, L, E))  # [T, L, E]
+        top_in = _topk_desc(np.where(mine, score, -np.inf), inside)  # [T, L, inside]
+        top_out = _topk_desc(np.where(mine, -np.inf, score), K - inside)
+        ids[s] = np.concatenate([top_in, top_out], axis=-1)
+    params = dict(steps=S, tokens=T, layers=L, experts=E, top_k=K, seed=seed,
+                  clusters=C, within=within, sigma=sigma)
+    return _trace(ids.reshape(S * T, L, K), S, T, E, "clustered", params)
+
+
 SCENARIOS: dict[str, Generator] = {
     "skewed": skewed,
     "uniform": uniform,
@@ -364,6 +403,7 @@ SCENARIOS: dict[str, Generator] = {
     "drift": drift,
     "burst": burst,
     "phases": phases,
+    "clustered": clustered,
 }
 
 DEFAULT_SCENARIO = "skewed"
