@@ -466,13 +466,26 @@ def test_fake_routes_each_rank_from_its_own_logits(sglang_source, capsys):
 
 def test_the_release_views_are_those_releases_lists():
     """`sglang-0.5.14` and `sglang-0.5.16` each equal the candidate lists of the release they
-    are named for, at start-up and after a rebalance, in both modes."""
+    are named for, at start-up and after a rebalance, in both modes, on every rank, and
+    `engines conform` checks each release against its own (`list_view`)."""
+    from eplbsim.engines.conform import _placements, _rebalanced, list_view
+    from eplbsim.placement import VIEWS
     for version, view in (("0.5.14", "sglang-0.5.14"), ("0.5.16", "sglang-0.5.16")):
         _fetched("sglang", version)
         source = engines.as_sources({"sglang": f"={version}"})
-        rows = [r for r in conformance(["sglang"], source, cases=4)
-                if r.function == "ExpertLocationMetadata lists"]
-        assert len(rows) == 4 and all(r.conforms and r.twin == f"view {view}" for r in rows)
+        assert list_view(source) == view
+        run = engines.adapter("sglang", source)
+        for i, start in enumerate(_placements(0, 2)):
+            for placement in (start, _rebalanced(run, start, i)):
+                for mode in ("none", "a2a"):
+                    for r in range(placement.topology.num_gpus):
+                        infos = engines.sglang_infos(run, placement, "static", mode == "a2a", r)
+                        lists = torch.stack([x.partial_logical_to_all_physical_map
+                                             for x in infos])
+                        mine = VIEWS[view](placement, r, mode).log2phy
+                        R = mine.shape[-1]
+                        assert torch.equal(lists[..., :R], mine), (version, mode, r)
+                        assert bool((lists[..., R:] == -1).all())
 
 
 def test_ranks_and_a_sweep_over_two_releases_name_each(capsys, tmp_path):
@@ -483,12 +496,12 @@ def test_ranks_and_a_sweep_over_two_releases_name_each(capsys, tmp_path):
     argv = ["ranks", "--world-size", "2", "--policies", "sglang:dynamic", "--mode", "none",
             "--engine-source", "sglang==0.5.16,sglang==0.5.17", "--steps", "2", "--tokens",
             "32", "--layers", "2", "--rng", "shared", "--solver", "trivial"]
-    rows = _run_json(capsys, argv)
-    assert [r["engine"] for r in rows] == ["sglang 0.5.16", "sglang 0.5.17"]
-    assert all(r["match"] for r in rows)
-    assert main(argv) == 0
+    assert main(argv) == 0  # one launch of real processes: the table names each release
     table = capsys.readouterr().out.splitlines()
     assert table[1].split()[:3] == ["policy", "mode", "engine"]
+    assert [" ".join(line.split()[2:4]) for line in table[2:4]] == ["sglang 0.5.16",
+                                                                    "sglang 0.5.17"]
+    assert table[-1].startswith("2 of 2 configurations: every metric of the real processes")
     spec = tmp_path / "s.toml"
     spec.write_text('[grid]\n"engine_source.sglang" = ["=0.5.16", "=0.5.17"]\n[fixed]\n'
                     'policy = "sglang:dynamic"\nscenario = "skewed"\nsteps = 2\ntokens = 32\n'
