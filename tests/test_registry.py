@@ -63,3 +63,15 @@ def test_the_policy_choices_name_engine_algorithms_and_the_file_form(capsys, arg
 def test_a_policy_file_without_its_function_is_told_the_form(capsys, argv):
     assert_input_error(capsys, *argv, match="'mine.py' names a file but no function in it: "
                                             "write mine.py:FUNCTION")
+
+
+def test_positional_and_choice_names_suggest_too(capsys):
+    """`trace synth SCENARIO` and `solve --solver` check their names as the run schema does."""
+    from eplbsim.cli import main
+    for argv, fragment in ((["trace", "synth", "skewd", "--out", "x.npz"],
+                            "unknown scenario 'skewd' (did you mean skewed?)"),
+                           (["solve", "--trace", "x.npz", "--solver", "deepsek"],
+                            "unknown solver 'deepsek' (did you mean deepseek?)")):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert fragment in err[-1] and "choose one of" in err[-1], err

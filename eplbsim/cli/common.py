@@ -51,3 +51,16 @@ def _at_least(least: int, most: int | None = None):
 
 
 positive, nonnegative, seed = _at_least(1), _at_least(0), _at_least(0, MAX_SEED)
+
+
+def registered(names: Iterable[str], kind: str):
+    """An argparse type: a name among `names` (a registry), else argparse's error with
+    "did you mean ..." and every name (`registry.unknown`), as the run schema's names give."""
+    from ..registry import unknown
+
+    def parse(text: str) -> str:
+        if text in names:
+            return text
+        raise argparse.ArgumentTypeError(str(unknown(kind, text, names)))
+    parse.__name__ = kind
+    return parse

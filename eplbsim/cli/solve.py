@@ -15,7 +15,7 @@ from ..results import to_json
 from ..solvers import SOLVERS, as_load, solve_with_info
 from ..topology import Topology
 from ..traces.formats import layer_loads
-from .common import nonnegative, positive
+from .common import nonnegative, positive, registered
 
 HELP = "solve a placement for expert loads (a JSON [L][E] matrix or a counts CSV)"
 
@@ -37,8 +37,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="GPUs per node (default: all on one node)")
     p.add_argument("--groups", type=positive, default=1,
                    help="expert groups, kept on one node by hierarchical solvers (default 1)")
-    p.add_argument("--solver", default="deepseek", choices=sorted(SOLVERS),
-                   help="placement solver (default deepseek; eplbsim solvers lists them)")
+    p.add_argument("--solver", default="deepseek", type=registered(SOLVERS, "solver"),
+                   help="placement solver: " + ", ".join(SOLVERS) + " (default deepseek; "
+                   "eplbsim solvers says what each does)")
     p.add_argument("--anti-colocation", action="store_true",
                    help="no two replicas of one expert on one GPU")
     p.add_argument("--previous", type=Path, default=None,

@@ -26,7 +26,7 @@ from ..traces.formats.jsonl import read_jsonl, write_jsonl
 from ..traces.formats.sglang import import_sglang
 from ..traces.steps import OUTLIER_FACTOR, describe_selection, flag_steps
 from ..traces.synth import SCENARIOS
-from .common import positive
+from .common import positive, registered
 
 HELP = "inspect or generate traces"
 
@@ -281,7 +281,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     cmd.set_defaults(handler=info)
 
     cmd = command("synth")
-    cmd.add_argument("scenario", choices=sorted(SCENARIOS),
+    cmd.add_argument("scenario", type=registered(SCENARIOS, "scenario"), metavar="SCENARIO",
                      help="the scenario: " + ", ".join(sorted(SCENARIOS)))
     cmd.add_argument("--out", type=Path, required=True, help="the .npz trace to write")
     spec.add_flags(cmd, "synth")
