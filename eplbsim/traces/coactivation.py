@@ -24,31 +24,16 @@ from ..errors import InputError
 
 
 @jit(parallel=True, **JIT)
-def _within(ids, out):  # pragma: no cover - compiled
+def _pairs(ids, shift, out):  # pragma: no cover - compiled
     N, L, K = ids.shape
-    for layer in prange(L):
+    for layer in prange(L - shift):  # layer `layer`'s experts against layer `layer + shift`'s
         for t in range(N):
             for i in range(K):
                 a = ids[t, layer, i]
                 if a < 0:
                     continue
                 for j in range(K):
-                    b = ids[t, layer, j]
-                    if b >= 0:
-                        out[layer, a, b] += 1
-
-
-@jit(parallel=True, **JIT)
-def _across(ids, out):  # pragma: no cover - compiled
-    N, L, K = ids.shape
-    for layer in prange(L - 1):
-        for t in range(N):
-            for i in range(K):
-                a = ids[t, layer, i]
-                if a < 0:
-                    continue
-                for j in range(K):
-                    b = ids[t, layer + 1, j]
+                    b = ids[t, layer + shift, j]
                     if b >= 0:
                         out[layer, a, b] += 1
 
@@ -69,9 +54,9 @@ def coactivation(trace: Any, steps: Any = None, cross: bool = False) -> Any:
     across = np.zeros((max(L - 1, 0), E, E), np.int64)
     for s in chosen:
         ids = np.ascontiguousarray(trace.step(int(s)).numpy())  # [T, L, K]
-        _within(ids, within)
+        _pairs(ids, 0, within)
         if cross and L > 1:
-            _across(ids, across)
+            _pairs(ids, 1, across)
     return (within, across) if cross else within
 
 
