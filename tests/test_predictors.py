@@ -77,3 +77,53 @@ def test_predictors_agree_on_a_stationary_trace():
     trivial = float(series["gpu_imbalance"][:10].mean())
     assert max(imbalance.values()) / min(imbalance.values()) < 1.03, imbalance
     assert trivial > 1.2 * max(imbalance.values())  # rebalancing does something here
+
+
+# `decay`: TensorRT-LLM's online load statistic (eplbsim.schedule.predictors.decay)
+
+@pytest.mark.parametrize("factor", [0.0, 0.5, 0.95, 1.0])
+@pytest.mark.parametrize("window", [1, 4, 9, 20])
+def test_decay_is_the_engine_counter_since_its_last_clearing(factor, window):
+    """`h <- h * factor + counts` each step, from 0 at the first of the last `window` steps
+    (TensorRT-LLM clears it at each update; every step when there are fewer)."""
+    loads = _loads()
+    past = loads[:9]
+    h = torch.zeros(3, 5, dtype=torch.float64)
+    for step in past[max(0, 9 - window):]:
+        h = h * factor + step.double()
+    got = PREDICTORS["decay"](past, loads[9:], window, factor)
+    assert torch.allclose(got, h, rtol=1e-12, atol=0)
+    assert torch.equal(got, PREDICTORS["decay"](past, torch.zeros_like(loads[9:]), window, factor))
+    if window >= 9:  # the whole history: ema's sum
+        assert torch.equal(got, PREDICTORS["ema"](past, loads[9:], window, factor))
+
+
+def _factors_seen(monkeypatch, loads, **schedule):
+    """The factors `decay` and `ema` sum with in a plan of `schedule` (every 5 steps)."""
+    import eplbsim.schedule.predictors as predictors
+    from eplbsim.schedule.plan import plan
+    from eplbsim.topology import Topology
+    seen = []
+    real = predictors._decayed_sum
+
+    def spy(steps, factor):
+        seen.append(factor)
+        return real(steps, factor)
+
+    monkeypatch.setattr(predictors, "_decayed_sum", spy)
+    spec = RunSpec.of(gpus=2, redundant=2, rebalance_every=5, **schedule)
+    plan(loads, spec.schedule, spec.solver, Topology(2), loads.shape[2] + 2, 1)
+    return set(seen)
+
+
+def test_decay_defaults_to_trtllm_factor_and_takes_a_given_one(monkeypatch):
+    from eplbsim.schedule.predictors import DEFAULT_DECAY, TRTLLM_DECAY
+    assert TRTLLM_DECAY == 0.95 and DEFAULT_DECAY[PREDICTORS["decay"]] == 0.95
+    loads = _loads(S=16, E=6)
+    assert _factors_seen(monkeypatch, loads, predictor="decay") == {0.95}
+    assert _factors_seen(monkeypatch, loads, predictor=PREDICTORS["decay"]) == {0.95}
+    assert _factors_seen(monkeypatch, loads, predictor="decay", decay=0.5) == {0.5}
+    assert _factors_seen(monkeypatch, loads, predictor="decay", decay=0.0) == {0.0}
+    # ema keeps the plan's default, 1 - 1/W (W = 5 here)
+    assert _factors_seen(monkeypatch, loads, predictor="ema") == {0.8}
+    assert _factors_seen(monkeypatch, loads, predictor="ema", decay=0.95) == {0.95}

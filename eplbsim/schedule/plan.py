@@ -36,7 +36,7 @@ from ..registry import lookup, name_of
 from ..solvers import find_solver, solve, solver_options
 from ..topology import Topology
 from .migration import transfer_counts
-from .predictors import PREDICTORS
+from .predictors import DEFAULT_DECAY, PREDICTORS
 from .switch import switched
 
 
@@ -130,7 +130,8 @@ def plan(true_load: torch.Tensor, schedule: Any, solver: Any, topology: Topology
         return (Segment(0, S, solved, solved, None),)
 
     window = every if schedule.window is None else schedule.window
-    decay = 1.0 - 1.0 / window if schedule.decay is None else schedule.decay
+    decay = (schedule.decay if schedule.decay is not None else DEFAULT_DECAY.get(
+        lookup(PREDICTORS, schedule.predictor, "predictor"), 1.0 - 1.0 / window))
     predictor = lookup(PREDICTORS, schedule.predictor, "predictor")
     current = (trivial_placement(L, E, num_slots, topology) if initial is None
                else _check_given(initial, L, E, topology, "initial placement"))

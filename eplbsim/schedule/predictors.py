@@ -31,14 +31,45 @@ def window(past: torch.Tensor, future: torch.Tensor, window: int, decay: float) 
     return past[-window:].sum(0).to(torch.float64)
 
 
+def _decayed_sum(steps: torch.Tensor, factor: float) -> torch.Tensor:
+    """`sum_j factor^(n-1-j) steps[j]` over `steps [n, L, E]`: the counter `h <- factor * h +
+    steps[j]` run from `h = 0` over the `n` steps, in float64. `[n, L, E] -> [L, E]`."""
+    n = steps.shape[0]
+    weights = torch.full((n,), float(factor), dtype=torch.float64).pow(
+        torch.arange(n - 1, -1, -1, dtype=torch.float64))  # [n] oldest gets factor^(n-1)
+    return torch.tensordot(weights, steps.to(torch.float64), dims=1)
+
+
 def ema(past: torch.Tensor, future: torch.Tensor, window: int, decay: float) -> torch.Tensor:
     """Exponentially decayed sum of every past step, `sum_j decay^(s-1-j) past[j]`, the running
     counter some engines keep on the GPU (`h <- decay * h + load` each step). `[s, L, E] ->
     [L, E]`."""
-    s = past.shape[0]
-    weights = torch.full((s,), float(decay), dtype=torch.float64).pow(
-        torch.arange(s - 1, -1, -1, dtype=torch.float64))  # [s] oldest gets decay^(s-1)
-    return torch.tensordot(weights, past.to(torch.float64), dims=1)
+    return _decayed_sum(past, decay)
+
+
+def decay(past: torch.Tensor, future: torch.Tensor, window: int, decay: float) -> torch.Tensor:
+    """TensorRT-LLM's online load statistic: `h <- decay * h + load` each step, cleared at each
+    rebalance, i.e. the decayed sum of the last `window` steps (all of them when fewer; by
+    default `W` is the rebalance interval, so exactly the steps since the last rebalance), with
+    TensorRT-LLM's factor 0.95 unless `--decay` is given (`DEFAULT_DECAY`). `[s, L, E] ->
+    [L, E]`.
+
+    Read in NVIDIA/TensorRT-LLM (not copied):
+    - `cpp/tensorrt_llm/kernels/moeLoadBalance/moeLoadBalanceKernels.cu` @
+      ada8389ee4c35f398d95701e231e8b2405ebc606: `updateLoadFactorKernel`, once an iteration
+      `expertLoadFactor = expertLoadFactor * decayFactor + the iteration's token count`;
+    - `cpp/tensorrt_llm/kernels/moeLoadBalance/moeLoadBalanceCommon.h` @
+      3e6a30e43304848062444d64928ab18b4b34867f: `MoeLoadBalanceStatisticInfo::decayFactor`,
+      0.95 (none of these files sets another);
+    - `cpp/tensorrt_llm/runtime/moeLoadBalancer/moeLoadBalancer.cpp` @
+      65b31db1b401d3752b8ebe7c29093cbfb6af04b7: `copyPlacementInfoToGpu` zeroes the statistic
+      after each update of the layer;
+    - `tensorrt_llm/_torch/modules/fused_moe/moe_load_balancer.py` @
+      56851033051a6f9bd50e22219db64d68722a6f01: the Python side only feeds each iteration's
+      routed expert ids (`update_statistic_with_global_ids` / `..._local_ids`), no factor.
+    The engine keeps `h` in float32; here it is float64.
+    """
+    return _decayed_sum(past[-window:], decay)
 
 
 def oracle(past: torch.Tensor, future: torch.Tensor, window: int, decay: float) -> torch.Tensor:
@@ -50,5 +81,12 @@ def oracle(past: torch.Tensor, future: torch.Tensor, window: int, decay: float) 
 PREDICTORS: dict[str, Predictor] = {
     "window": window,
     "ema": ema,
+    "decay": decay,
     "oracle": oracle,
 }
+
+TRTLLM_DECAY = 0.95  # TensorRT-LLM's `MoeLoadBalanceStatisticInfo::decayFactor` (`decay` doc)
+
+# Predictors that bring their own default `decay` factor (an engine's), used when the schedule
+# gives none (`--decay`); every other predictor gets the plan's `1 - 1/W` (`plan.plan`).
+DEFAULT_DECAY: dict[Predictor, float] = {decay: TRTLLM_DECAY}

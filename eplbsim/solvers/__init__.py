@@ -36,6 +36,7 @@ from .flashlb import flashlb
 from .lplb import lplb
 from .lpt import lpt, lpt_hier
 from .trivial import trivial
+from .trtllm import trtllm_online
 
 Solver = Callable[[np.ndarray, int, Topology, int], np.ndarray]
 
@@ -50,6 +51,7 @@ SOLVERS: dict[str, Solver] = {
     "lpt-hier": lpt_hier,
     "flashlb": flashlb,
     "lplb": lplb,
+    "trtllm-online": trtllm_online,
 }
 
 # Solvers whose slot layout is part of the placement: `solve(previous=...)` does not lay their

@@ -139,7 +139,8 @@ class SchedulePart(Part):
     predictor: Any = knob("window", "window: sum of the last W steps; ema: decayed sum; "
                           "oracle: the loads of the steps about to run",
                           Name(PREDICTORS, "predictor", callables=True))
-    decay: float | None = knob(None, "ema's per-step factor in [0, 1] (default 1 - 1/W)",
+    decay: float | None = knob(None, "the per-step factor in [0, 1] of ema (default 1 - 1/W) "
+                               "and of decay, TensorRT-LLM's statistic (default 0.95)",
                                Number(0, 1, optional=True))
     initial: Any = knob(None, "the placement before the first rebalance: trivial, or a JSON "
                         "placement (as --placement)",
