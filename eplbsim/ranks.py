@@ -39,12 +39,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
 
-from . import counting
+from . import counting, fanout
 from .cost.comm import a2a_crossings, a2a_token_counts
 from .dispatch import DispatchContext, DispatchPolicy, SharedInputs
 from .dispatch.kernels import dispatch_step, flat_index
@@ -159,8 +159,9 @@ class Epoch:
     comm:         how this process's counts combine with the others'
     keep_choices: return every held rank's choices (the checkers read them)
     fast:         count with compiled loops where that is possible (module doc)
-    count_links:  in "a2a", count each step's token crossings between GPUs and nodes (what the
-                  cost model's communication reads)
+    count_links:  count each step's fan-out (`fanout`: the GPUs and nodes each token's executed
+                  choices reach) and, in "a2a", its token crossings between GPUs and nodes
+                  (what the cost model's communication reads)
     held:         int64 `[L, P]` the expert whose weights each slot holds, when the ranks serve
                   different placements (a switch in progress, `schedule.switch`: `views[i]`
                   is then of the placement rank `i` serves, `placement` the new one); "a2a"
@@ -248,6 +249,8 @@ class StepOutcome:
                   weights are another expert's (CPU); else None
     shared:       float64 `[L, G]` with `Epoch.shared`: the tokens whose shared-expert work
                   each GPU runs (in "none" a `1 / G` share of every token's; CPU); else None
+    fanout:       int64 `[L, 4]` when `Epoch.count_links`: the step's fan-out counts
+                  (`fanout.tally`, over the whole group; CPU); else None
     """
 
     slot_load: torch.Tensor
@@ -261,6 +264,7 @@ class StepOutcome:
     crossings: torch.Tensor | None = None
     wrong: torch.Tensor | None = None
     shared: torch.Tensor | None = None
+    fanout: torch.Tensor | None = None
 
 
 def _dispatch(epoch: Epoch, i: int, step: int, topk_ids: torch.Tensor,
@@ -304,12 +308,15 @@ def none_step(epoch: Epoch, step: int, topk_ids: torch.Tensor,
     agree = valid.clone()
     first = None
     choices: list[torch.Tensor | None] = [None] * len(epoch.ranks)
+    known = []  # each group's choices, when counting fan-out
     for group in epoch.groups:
         phys = _dispatch(epoch, group[0], step, topk_ids)
         member = torch.zeros(epoch.num_ranks, dtype=torch.bool, device=device)
         member[[epoch.ranks[i].rank for i in group]] = True
         executed = member[slot_gpu[phys.clamp(min=0)]] & valid  # [T, L, K]
         executed_here += executed
+        if epoch.count_links:
+            known.append(phys)
         slot_load += _slot_counts(phys, executed, P)
         if first is None:
             first = phys
@@ -328,7 +335,10 @@ def none_step(epoch: Epoch, step: int, topk_ids: torch.Tensor,
                        multiplicity_counts(multiplicity, valid), valid.sum((0, 2)).cpu(),
                        drifted, agree.sum((0, 2)).cpu(), error,
                        torch.stack(choices) if epoch.keep_choices else None,
-                       shared=_shared_split(epoch, topk_ids))
+                       shared=_shared_split(epoch, topk_ids),
+                       fanout=_fanout(epoch, topk_ids.shape,
+                                      _executing(epoch, step, topk_ids, known),
+                                      has_pairs(topk_ids).sum(0)))
 
 
 def a2a_step(epoch: Epoch, step: int, topk_ids: torch.Tensor,
@@ -370,7 +380,8 @@ def a2a_step(epoch: Epoch, step: int, topk_ids: torch.Tensor,
                        comm.all_reduce(sent.sum((0, 2))).cpu(), drifted,
                        choices=torch.stack(choices) if epoch.keep_choices else None,
                        crossings=_crossings(epoch, src_rank, gpu, dest),
-                       wrong=_wrong(epoch, topk_ids, phys, comm.all_reduce), shared=shared)
+                       wrong=_wrong(epoch, topk_ids, phys, comm.all_reduce), shared=shared,
+                       fanout=_a2a_fanout(epoch, src_rank, gpu, sent))
 
 
 def _none_counted(epoch: Epoch, step: int, topk_ids: torch.Tensor) -> StepOutcome:
@@ -379,6 +390,7 @@ def _none_counted(epoch: Epoch, step: int, topk_ids: torch.Tensor) -> StepOutcom
     P = epoch.placement.num_slots
     drifted = _drift(epoch, step)
     mult = None  # [T, L, K] where some pair may be executed other than once
+    known = None  # each group's choices, where this way of counting made them
     if epoch.policy.table is not None:
         ids = topk_ids.numpy()  # as stored
         slot_load, counts, agreed = epoch.table.count(ids)
@@ -394,13 +406,16 @@ def _none_counted(epoch: Epoch, step: int, topk_ids: torch.Tensor) -> StepOutcom
         phys = _dispatch(epoch, 0, step, topk_ids, epoch.scratch(topk_ids.shape))
         slot_load, agreed = counting.slot_counts(phys.numpy(), P)
         counts = _executed_once(agreed)
+        known = [phys]
     else:
         topk_ids = _own_ids(topk_ids)
         ids = topk_ids.numpy()
         done = None
+        known = []
         slot_gpu = epoch.placement.slot_gpu.numpy()
         for group in epoch.groups:
             phys = _dispatch(epoch, group[0], step, topk_ids).numpy()
+            known.append(torch.from_numpy(phys))
             if done is None:
                 done = counting.Executed.start(phys, P)
             member = np.zeros(epoch.num_ranks, np.bool_)
@@ -420,7 +435,10 @@ def _none_counted(epoch: Epoch, step: int, topk_ids: torch.Tensor) -> StepOutcom
         error = local_error_terms(epoch.moe, step, topk_ids, torch.from_numpy(mult))
     return StepOutcome(torch.from_numpy(slot_load), None, torch.from_numpy(counts),
                        torch.from_numpy(valid), drifted, torch.from_numpy(agreed), error,
-                       shared=_shared_split(epoch, topk_ids))
+                       shared=_shared_split(epoch, topk_ids),
+                       fanout=_fanout(epoch, topk_ids.shape,
+                                      _executing(epoch, step, topk_ids, known),
+                                      has_pairs(topk_ids).sum(0)))
 
 
 def _a2a_counted(epoch: Epoch, step: int, topk_ids: torch.Tensor,
@@ -455,7 +473,8 @@ def _a2a_counted(epoch: Epoch, step: int, topk_ids: torch.Tensor,
     return StepOutcome(torch.from_numpy(slot_load), None,
                        torch.from_numpy(_executed_once(valid)), torch.from_numpy(valid), drifted,
                        crossings=_crossings(epoch, src_rank, gpu, dest),
-                       wrong=_wrong(epoch, topk_ids, phys, LOCAL.all_reduce), shared=shared)
+                       wrong=_wrong(epoch, topk_ids, phys, LOCAL.all_reduce), shared=shared,
+                       fanout=_a2a_fanout(epoch, src_rank, gpu, topk_ids >= 0))
 
 
 def _shared_split(epoch: Epoch, topk_ids: torch.Tensor) -> torch.Tensor | None:
@@ -500,6 +519,58 @@ def _shared_sent(epoch: Epoch, step: int, gpu: torch.Tensor | None,
             dest[own] = rule(inputs, epoch.context(step, i))
     shared = per_gpu(dest.unsqueeze(-1), G).to(torch.float64)
     return comm.all_reduce(shared).cpu(), dest
+
+
+def _executing(epoch: Epoch, step: int, topk_ids: torch.Tensor,
+               known: Sequence[torch.Tensor] | None) -> Iterator[torch.Tensor]:
+    """"none": for each group of `epoch.groups` in turn, the GPU that executes each pair of
+    `topk_ids [T, L, K]`, int64 `[T, L, K]` (-1 at padding and where no rank of the group
+    executes it), from the group's choices `known` (one `[T, L, K]` a group) or, when None,
+    its choices made again: a table policy's looked up in its rank's table."""
+    for n, group in enumerate(epoch.groups):
+        if known is not None:
+            phys = known[n]
+        elif epoch.policy.table is not None:
+            phys = torch.from_numpy(counting.pair_table(epoch.table.tables[group[0]],
+                                                        topk_ids.numpy(), -1))
+        else:
+            phys = _dispatch(epoch, group[0], step, _own_ids(topk_ids))
+        slot_gpu = epoch.placement.slot_gpu.to(phys.device)
+        member = torch.zeros(epoch.num_ranks + 1, dtype=torch.bool, device=phys.device)
+        member[[epoch.ranks[i].rank for i in group]] = True  # member[-1]: padding, never
+        gpu = torch.where(phys >= 0, slot_gpu[phys.clamp(min=0)], -1)
+        yield torch.where(member[gpu], gpu, -1)
+
+
+def _fanout(epoch: Epoch, shape: Sequence[int], gpus: Iterable[torch.Tensor],
+            tokens: torch.Tensor, owners: torch.Tensor | None = None) -> torch.Tensor | None:
+    """The step's fan-out counts, int64 `[L, 4]` (`fanout.tally`), of the GPUs each pair
+    reaches, given as `gpus` (`[T, L, K]` each, -1: nowhere; the step's ids have `shape`),
+    their sets united over the group's processes; `tokens [L]`: the group's tokens with a valid
+    pair; `owners [T]`: each token's source rank ("a2a"; None in "none"). None (nothing
+    counted) unless `count_links`."""
+    if not epoch.count_links:
+        return None
+    sets = fanout.empty(shape[0], shape[1], epoch.num_ranks)
+    for gpu in gpus:
+        fanout.mark(sets, gpu.cpu().numpy())
+    if epoch.comm is not LOCAL:
+        sets = epoch.comm.all_reduce(torch.from_numpy(sets).to(epoch.device)).cpu().numpy()
+    return torch.from_numpy(fanout.tally(sets, tokens.cpu().numpy(),
+                                         epoch.placement.topology.gpus_per_node,
+                                         None if owners is None else owners.cpu().numpy()))
+
+
+def _a2a_fanout(epoch: Epoch, src_rank: torch.Tensor | None, gpu: torch.Tensor | None,
+                sent: torch.Tensor) -> torch.Tensor | None:
+    """"a2a": `_fanout` of the held ranks' choices (`gpu [T, L, K]`, `_pair_gpus`, -1 where
+    not held), `sent [T, L, K]` the valid pairs they sent, tokens owned as `token_owners`
+    says."""
+    if not epoch.count_links:
+        return None
+    tokens = epoch.comm.all_reduce(sent.any(-1).sum(0))
+    owners = token_owners(gpu.shape[0], epoch.num_ranks, src_rank)
+    return _fanout(epoch, gpu.shape, [gpu], tokens, owners)
 
 
 def _executed_once(valid: np.ndarray) -> np.ndarray:

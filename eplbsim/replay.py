@@ -33,6 +33,7 @@ from .results import Comparison, Results
 from .schedule.plan import Segment, plan
 from .schedule.switch import held_experts, phases
 from .spec import RunSpec, label
+from .traces.coactivation import coactivation
 from .traces.counts import CountsTrace
 
 
@@ -102,7 +103,7 @@ def check_memory_of(trace: Any, spec: RunSpec) -> None:
     K = getattr(trace, "top_k", 0)
     T = int(trace.tokens_per_step.max()) if K else 0
     width = trace.load_dtype.itemsize if K else 8
-    counters = 80 + (8 * spec.topology.gpus if spec.shared_work() > 0 else 0)
+    counters = 112 + (8 * spec.topology.gpus if spec.shared_work() > 0 else 0)
     need = S * L * (width * (P + E) + counters) + 8 * T * L * K * (16 + 3 * spec.dispatch.hidden)
     check_memory(need, f"replaying {S} steps x {L} layers x {P} slots (up to {T} tokens a "
                  f"step)", "replay fewer steps or layers (a window of the trace), or fewer "
@@ -119,9 +120,11 @@ def schedule_of(trace: Any, spec: RunSpec, true_load: torch.Tensor) -> tuple[Seg
                           for value in (spec.solver.placement, spec.schedule.initial))
     solver = replace(spec.solver, solver=resolve_solver(spec.solver.solver,
                                                          spec.dispatch.engine_source))
+    pairs = None if isinstance(trace, CountsTrace) else \
+        (lambda lo, hi: coactivation(trace, range(lo, hi)))
     return plan(true_load, spec.schedule, solver, topo, E + spec.topology.redundant,
                 spec.topology.groups or trace.num_groups or 1, placement, initial,
-                spec.dispatch.seed)
+                spec.dispatch.seed, pairs)
 
 
 def run_steps(trace: Any, spec: RunSpec, segments: Sequence[Segment],
@@ -183,6 +186,8 @@ def dispatch_steps(trace: Any, spec: RunSpec, segments: Sequence[Segment], steps
             counters.tokens[i] = ids.shape[0]
             if out.crossings is not None:
                 counters.crossings[i] = out.crossings
+            if out.fanout is not None:
+                counters.fanout[i] = out.fanout
             if out.agreed is not None:
                 counters.agreed[i] = out.agreed
             if out.wrong is not None:

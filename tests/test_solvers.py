@@ -45,6 +45,8 @@ def _check_contract(solver, load: np.ndarray, P: int, topo: Topology, groups: in
     fn = SOLVERS[solver]
     timed = "time_limit" in solver_options(fn)  # after a time-out the result depends on timing
     options = {"time_limit": 0.5} if timed else {}
+    if "coactivation" in solver_options(fn):  # pairs consistent with the loads (affinity)
+        options["coactivation"] = _pairs_of(load)
     placement = solve(solver, load, P, topo, groups, **options)
     assert np.array_equal(load, before), "caller's load array was modified"
     p2l = placement.phy2log
@@ -54,12 +56,23 @@ def _check_contract(solver, load: np.ndarray, P: int, topo: Topology, groups: in
     slots_per_gpu = torch.bincount(placement.slot_gpu, minlength=topo.num_gpus)
     assert (slots_per_gpu == P // topo.num_gpus).all()
     if not timed:
-        again = solve(solver, load, P, topo, groups)
+        again = solve(solver, load, P, topo, groups, **options)
         assert torch.equal(again.phy2log, p2l), "solver is not deterministic"
     raw = fn(load.copy(), P, topo, groups, **options)
     raw = np.asarray(raw[0] if isinstance(raw, tuple) else raw)  # (phy2log, info) or phy2log
     assert raw.dtype == np.int64 and raw.shape == (L, P)
     return placement
+
+
+def _pairs_of(load: np.ndarray) -> np.ndarray:
+    """A co-activation `[L, E, E]` for `load [L, E]`: symmetric, each expert's load on the
+    diagonal, pairs drawn from the loads (a seeded, deterministic stand-in for a trace's)."""
+    rng = np.random.default_rng(int(load.sum()) % 2**32)
+    pairs = np.minimum(load[:, :, None], load[:, None, :]) * rng.random(load.shape + load.shape[1:])
+    pairs = np.floor((pairs + pairs.transpose(0, 2, 1)) / 2)
+    idx = np.arange(load.shape[1])
+    pairs[:, idx, idx] = load
+    return pairs
 
 
 def test_deepseek_published_example():

@@ -66,6 +66,8 @@ EXAMPLES = {
                        "has no option nope", {}),
     "lplb_topology": ("ring", "ring", "star", "unknown redundancy topology 'star'",
                       {"solver": "lplb"}),
+    "affinity_slack": ("0.1", 0.1, 2, "must be a number in [0, 1], got 2",
+                       {"solver": "affinity"}),
     "placement": ("FILE:p.json", "FILE:p.json", "missing.json", "missing.json: no such file",
                   {}),
     "rebalance_every": ("4", 4, 0, "must be an integer >= 1, got 0", {}),
@@ -271,10 +273,13 @@ def test_tp_must_divide_the_gpus():
         RunSpec.of(gpus=6, tp=4)
 
 
-def test_lplb_topology_is_the_lplb_solvers_redundancy_option():
-    spec = RunSpec.of(solver="lplb", lplb_topology="ring")
-    assert spec.solver.solver_options == {"redundancy": "ring"}
+@pytest.mark.parametrize("field, solver, option, value, other", [
+    ("lplb_topology", "lplb", "redundancy", "ring", "cube"),
+    ("affinity_slack", "affinity", "slack", 0.1, 0.2)])
+def test_a_solvers_own_flag_is_its_option(field, solver, option, value, other):
+    spec = RunSpec.of(solver=solver, **{field: value})
+    assert spec.solver.solver_options == {option: value}
     with pytest.raises(InputError, match="the solver is deepseek"):
-        RunSpec.of(lplb_topology="ring")
+        RunSpec.of(**{field: value})
     with pytest.raises(InputError, match="disagree"):
-        RunSpec.of(solver="lplb", lplb_topology="ring", solver_options={"redundancy": "cube"})
+        RunSpec.of(solver=solver, solver_options={option: other}, **{field: value})

@@ -39,6 +39,9 @@ class Counters:
                   weights (ranks switching placements at different steps; else 0)
     shared:       float64 `[S, L, G]` tokens whose shared-expert work each GPU runs, when the
                   run counts it (`RunSpec.shared_work`); `[S, L, 0]` when it does not
+    fanout:       int64 `[S, L, 4]` with a cost model: tokens with a valid pair, and the
+                  distinct GPUs, nodes and GPUs other than the source one ("a2a") that their
+                  executed choices reach, summed over tokens (`eplbsim.fanout`; else 0)
     """
 
     agreed: torch.Tensor
@@ -50,6 +53,7 @@ class Counters:
     crossings: torch.Tensor
     wrong: torch.Tensor
     shared: torch.Tensor
+    fanout: torch.Tensor
 
     @classmethod
     def zeros(cls, num_steps: int, num_layers: int, num_ranks: int,
@@ -62,7 +66,8 @@ class Counters:
                    torch.zeros(S, L, 2, dtype=torch.float64),
                    torch.zeros(S, num_ranks, dtype=torch.bool), torch.zeros(S, dtype=torch.int64),
                    torch.zeros(S, L, 2, dtype=torch.int64), torch.zeros(S, L, dtype=torch.int64),
-                   torch.zeros(S, L, num_ranks if shared else 0, dtype=torch.float64))
+                   torch.zeros(S, L, num_ranks if shared else 0, dtype=torch.float64),
+                   torch.zeros(S, L, 4, dtype=torch.int64))
 
     def __repr__(self) -> str:
         S, L = self.valid.shape

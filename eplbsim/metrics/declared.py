@@ -87,6 +87,11 @@ def _skew_cumulative(results: Any) -> float | None:
     return nanmax_or_none(torch.cat(skews))
 
 
+def _some(rows: Sequence[dict], key: str) -> bool:
+    """Whether some row has a value for `key`."""
+    return any(r.get(key) is not None for r in rows)
+
+
 def _differs(rows: Sequence[dict], key: str, other: str | None = None) -> bool:
     """Whether some row's `key` differs, as a table shows it, from its `other` (None: from 1)."""
     def shown(value: Any) -> str:
@@ -155,6 +160,15 @@ def _cost_source(results: Any) -> str:
     return results.spec.cost.describe(results.spec.topology.gpus)
 
 
+def _fanout(chunk: Chunk, num: int, den: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Columns `num` over `den` of the chunk's fan-out counts (`Counters.fanout`: tokens,
+    GPUs, nodes, remote GPUs), `[c, L]` each: the distinct GPUs (nodes) a token's executed
+    choices reach, per token with a valid pair; the share of those GPUs that are not the
+    token's source GPU."""
+    counts = chunk.counters.fanout
+    return counts[..., num], counts[..., den]
+
+
 def _step_tokens(chunk: Chunk) -> torch.Tensor:
     """Each step's tokens on every layer, `[c, L]`."""
     return chunk.counters.tokens.unsqueeze(1).expand(chunk.counters.valid.shape)
@@ -171,8 +185,15 @@ METRICS: dict[str, Metric] = {
                             tables=frozenset({"main", "decomposition"})),
     "gpu_imbalance_with_shared": Metric(
         "imb+shared", lambda c: (c.imbalance_with_shared,), needs=EXECUTED,
-        shown=lambda rows: any(r.get("gpu_imbalance_with_shared") is not None for r in rows)),
+        shown=lambda rows: _some(rows, "gpu_imbalance_with_shared")),
     "balancedness": Metric("balanced", lambda c: (balancedness(c.gpu_load),), needs=EXECUTED),
+    "fanout_gpus": Metric("fanout", lambda c: _fanout(c, 1, 0), ratio, needs=COST,
+                          shown=lambda rows: _some(rows, "fanout_gpus")),
+    "fanout_nodes": Metric("nodes", lambda c: _fanout(c, 2, 0), ratio, needs=COST,
+                           shown=lambda rows: _some(rows, "fanout_nodes")
+                           and _differs(rows, "fanout_nodes")),
+    "remote_frac": Metric("remote", lambda c: _fanout(c, 3, 1), ratio, needs=COST,
+                          modes=("a2a",), shown=lambda rows: _some(rows, "remote_frac")),
     "replica_skew_mean": Metric("skew_mean", _skew_parts, ratio, needs=EXECUTED),
     "replica_skew_max": Metric("skew_max", _skew_peak, peak, needs=EXECUTED),
     "replica_skew_cumulative": Metric("skew_cum", whole=_skew_cumulative, needs=EXECUTED),

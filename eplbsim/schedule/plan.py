@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -95,7 +95,8 @@ class Segment:
 
 def plan(true_load: torch.Tensor, schedule: Any, solver: Any, topology: Topology,
          num_slots: int, num_groups: int, placement: Placement | None = None,
-         initial: Placement | None = None, seed: int = 0) -> tuple[Segment, ...]:
+         initial: Placement | None = None, seed: int = 0,
+         coactivation: Callable[[int, int], np.ndarray] | None = None) -> tuple[Segment, ...]:
     """The segments of a schedule over routed loads `true_load [S, L, E]` (module doc).
 
     schedule:  the run's schedule part (`spec.SchedulePart`: `rebalance_every`, `window`,
@@ -104,20 +105,26 @@ def plan(true_load: torch.Tensor, schedule: Any, solver: Any, topology: Topology
     solver:    the run's solver part (`spec.SolverPart`: `solver` and `solver_options`)
     placement: a placement to serve every step instead of solving; initial: the placement
                before the first rebalance (default trivial)
+    coactivation: `(lo, hi) -> [L, E, E]` the expert pair counts of steps `[lo, hi)`
+               (`traces.coactivation`), for a solver that takes them (`affinity`); None for
+               counts-only inputs
     Pure: solves every placement up front; the same inputs give the same segments. InputError
     on a placement that does not fit, or a predictor that returns something other than
     `[L, E]` finite, non-negative loads.
     """
     S, L, E = true_load.shape
 
-    takes_history = "history" in solver_options(find_solver(solver.solver))
+    takes = solver_options(find_solver(solver.solver))
 
     def solve_for(load: torch.Tensor, previous: Placement | None, lo: int, hi: int) -> Placement:
         """The solver's placement for `load [L, E]`; a solver that takes `history` (e.g.
-        `flashlb`) also gets the per-step loads of steps `[lo, hi)` it stands for."""
+        `flashlb`) also gets the per-step loads of steps `[lo, hi)` it stands for, one that
+        takes `coactivation` (`affinity`) their expert pair counts."""
         extra = {"previous": previous} if previous is not None else {}
-        if takes_history:
+        if "history" in takes:
             extra["history"] = true_load[lo:hi].to(torch.float64).numpy()
+        if "coactivation" in takes and coactivation is not None:
+            extra["coactivation"] = coactivation(lo, hi)
         return solve(solver.solver, load, num_slots, topology, num_groups,
                      **{**solver.solver_options, **extra})
 

@@ -30,6 +30,7 @@ from ..placement import Placement
 from ..registry import lookup, name_of
 from ..topology import Topology
 from .migration import check_previous, migrate, moved_slots
+from .affinity import affinity
 from .deepseek import deepseek
 from .exact import exact
 from .flashlb import flashlb
@@ -52,12 +53,13 @@ SOLVERS: dict[str, Solver] = {
     "flashlb": flashlb,
     "lplb": lplb,
     "trtllm-online": trtllm_online,
+    "affinity": affinity,
 }
 
 # Solvers whose slot layout is part of the placement: `solve(previous=...)` does not lay their
 # result over the placement in service (lplb's copies sit on GPUs its redundancy topology links;
 # permuting GPUs or repairing the old placement would break the links).
-KEEP_LAYOUT = frozenset({lplb})
+KEEP_LAYOUT = frozenset({lplb, affinity})
 
 
 def find_solver(solver: str | Solver) -> Solver:

@@ -111,18 +111,27 @@ class SolverPart(Part):
         None, "the lplb solver's redundancy topology (default cube; the same as --solver-option "
         "redundancy=...; a torus takes --solver-option torus_rows=M)",
         Name(LPLB_TOPOLOGIES, "redundancy topology", optional=True))
+    affinity_slack: float | None = knob(
+        None, "the affinity solver's slack: its max GPU load stays within (1 + slack) times the "
+        "balance solver's (default 0.05; the same as --solver-option slack=...)",
+        Number(0, 1, optional=True), metavar="SLACK")
 
     def relate(self) -> None:
         fn = find_solver(resolve_solver(self.solver))  # an engine's: its options are checked
         options = dict(self.solver_options)
-        if self.lplb_topology is not None:
-            if fn is not SOLVERS["lplb"]:
-                raise InputError(f"lplb_topology (--lplb-topology) is the lplb solver's "
-                                 f"(--solver lplb); the solver is {name_of(fn)}")
-            if options.get("redundancy", self.lplb_topology) != self.lplb_topology:
-                raise InputError(f"lplb_topology {self.lplb_topology} and solver option "
-                                 f"redundancy={options['redundancy']} disagree")
-            options["redundancy"] = self.lplb_topology
+        for field_name, solver, option in (("lplb_topology", "lplb", "redundancy"),
+                                           ("affinity_slack", "affinity", "slack")):
+            value = getattr(self, field_name)
+            if value is None:
+                continue
+            flag = "--" + field_name.replace("_", "-")
+            if fn is not SOLVERS[solver]:
+                raise InputError(f"{field_name} ({flag}) is the {solver} solver's (--solver "
+                                 f"{solver}); the solver is {name_of(fn)}")
+            if options.get(option, value) != value:
+                raise InputError(f"{field_name} {value} and solver option "
+                                 f"{option}={options[option]} disagree")
+            options[option] = value
         object.__setattr__(self, "solver_options", check_options(fn, options))
 
 
@@ -137,6 +146,7 @@ class SchedulePart(Part):
     window: int | None = knob(None, "steps of history the predictor reads (default N)",
                               Integer(1, optional=True), metavar="W")
     predictor: Any = knob("window", "window: sum of the last W steps; ema: decayed sum; "
+                          "decay: TensorRT-LLM's decayed statistic (h <- h * 0.95 + counts); "
                           "oracle: the loads of the steps about to run",
                           Name(PREDICTORS, "predictor", callables=True))
     decay: float | None = knob(None, "the per-step factor in [0, 1] of ema (default 1 - 1/W) "
