@@ -52,15 +52,19 @@ def sections(report: Report) -> list[tuple[str, list[str]]]:
             f"{rb['moved_slots']} slots moved, stalls {number(rb['stall_ms'])} ms, hazard steps "
             f"{rb['hazard_steps']}. {number(rb['ms_per_step_with'])} ms a step against "
             f"{number(rb['ms_per_step_without'])} without: net {number(rb['net_ms'])} ms over the "
-            f"scored steps."]))
+            f"scored steps."
+            + (f" The baseline's solver moved {rb['baseline_moved_slots']} slots, stalls "
+               f"{number(rb['baseline_stall_ms'])} ms." if "baseline_stall_ms" in rb else "")]))
     out.append(("How the verdict is reached", [
-        f"{i}. {rule}" for i, rule in enumerate(rules(t["min_effect_pct"], t["level"]), 1)]))
+        f"{i}. {rule}" for i, rule in enumerate(
+            rules(t["min_effect_pct"], t["level"], r.setup.get("kind", "dispatch")), 1)]))
     s = r.setup
+    solver = (f"solver {s['solver']}" if s["solver"] == s["baseline_solver"] else
+              f"solvers {s['solver']} against {s['baseline_solver']}")
     out.append(("Set-up", [f"{r.candidate} against {r.baseline} in \"{r.mode}\" mode; placed "
                            f"on steps {s['placed_on'][0]}-{s['placed_on'][1] - 1}, scored on "
                            f"{s['scored_on'][0]}-{s['scored_on'][1] - 1}; {s['gpus']} GPUs, "
-                           f"{s['slots']} slots, solver {s['solver']}, {s['seeds']} "
-                           f"seed(s)."]))
+                           f"{s['slots']} slots, {solver}, {s['seeds']} seed(s)."]))
     return out
 
 

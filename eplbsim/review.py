@@ -109,7 +109,7 @@ class Report:
 def review(trace: Any, candidate: Any, baseline: Any = None, spec: RunSpec | None = None, *,
            holdout: float = 0.5, seeds: int = 3, windows: int = WINDOWS,
            min_effect: float = MIN_EFFECT, resamples: int = RESAMPLES,
-           baseline_sources: Any = None,
+           baseline_sources: Any = None, baseline_solver: Any = None,
            progress: Callable[[str], None] | None = None) -> Report:
     """Review `candidate` against `baseline` (default: SGLang's dispatch for the spec's mode,
     `row` in "none", `random` in "a2a") on `trace` under `spec` (module doc). Policies are
@@ -119,8 +119,11 @@ def review(trace: Any, candidate: Any, baseline: Any = None, spec: RunSpec | Non
     `min_effect` the smallest gain worth a pull request, in % of the baseline's step time;
     `resamples` the block bootstrap's (`evidence`). `baseline_sources`: the engine sources
     the baseline's engine code runs from, when not the spec's (a branch against main: the
-    candidate from the branch, the baseline from main). `progress(what)` hears of each
-    replay."""
+    candidate from the branch, the baseline from main). `baseline_solver`, when given, makes it
+    a review of a placement change: the spec's solver (the candidate's) against this one (a
+    registry name, an engine's, `file.py:function` or a callable), each placing on the placed
+    steps and re-solving on its schedule, with the baseline's policy `candidate` unless
+    `baseline` says otherwise. `progress(what)` hears of each replay."""
     if isinstance(trace, CountsTrace):
         raise InputError("a review dispatches token rows; a counts-only trace has none")
     _check_options(holdout, seeds, windows, min_effect, resamples)
@@ -129,13 +132,20 @@ def review(trace: Any, candidate: Any, baseline: Any = None, spec: RunSpec | Non
     if spec.cost.cost is None:
         spec = spec.replace(cost="roofline")
     mode = spec.dispatch.mode
-    baseline = ("row" if mode == "none" else "random") if baseline is None else baseline
+    kind = "dispatch" if baseline_solver is None else "placement"
+    if baseline is None:
+        baseline = candidate if kind == "placement" else "row" if mode == "none" else "random"
     sources = spec.dispatch.engine_source
     base_sources = sources if baseline_sources is None else dict(as_sources(baseline_sources))
     roles = {"candidate": {"policy": candidate, "engine_source": sources},
              "baseline": {"policy": baseline, "engine_source": base_sources}}
+    solvers = {"candidate": spec, "baseline": spec if kind == "dispatch" else spec.replace(
+        solver=baseline_solver, solver_options={}, affinity_slack=None, lplb_topology=None)}
     names = [_name(r["policy"], r["engine_source"], sources != base_sources)
              for r in roles.values()]
+    if kind == "placement":
+        names = [f"{s.labels()['solver']} placement, {n}"
+                 for s, n in zip(solvers.values(), names)]
     note = progress or (lambda what: None)
 
     S = trace.num_steps
@@ -145,18 +155,19 @@ def review(trace: Any, candidate: Any, baseline: Any = None, spec: RunSpec | Non
         raise InputError(f"the trace has {S} step(s): a review places on some steps and scores "
                          f"on later ones, so it needs at least 2")
     train, test = select(trace, f"0:{placed}"), select(trace, f"{placed}:{S}")
-    placement = _placement(train, spec)
+    placements = _placements(train, solvers)
+    placement = placements["candidate"]
     rebalancing = spec.schedule.rebalance_every is not None
-    scoring = _scoring(spec, placement)
 
     runs: dict[str, list[Results]] = {"candidate": [], "baseline": []}
-    routed = routed_loads(test)  # counted once; each seed's schedule solved once for both
+    routed = routed_loads(test)  # counted once; each seed's schedule solved once a solver
     for i in range(seeds):
-        seeded = fitted(test, scoring.replace(seed=spec.dispatch.seed + i))
-        planned = routed, schedule_of(test, seeded, routed)
+        specs = {w: _scored(test, solvers[w], placements[w]).replace(seed=spec.dispatch.seed + i)
+                 for w in roles}
+        plans = _plans(test, specs, routed, kind)
         for which, role in roles.items():
             note(f"{which} {names[which == 'baseline']}, seed {spec.dispatch.seed + i}")
-            runs[which].append(replay(test, seeded.replace(**role), planned=planned))
+            runs[which].append(replay(test, specs[which].replace(**role), planned=plans[which]))
     cand, base = runs["candidate"][0], runs["baseline"][0]
     held = None
     if rebalancing:
@@ -164,18 +175,23 @@ def review(trace: Any, candidate: Any, baseline: Any = None, spec: RunSpec | Non
         held = replay(test, _without_schedule(spec).replace(policy=candidate,
                                                             placement=placement))
     cuts = _cuts(placed, S, windows)
-    windowed = [_window(trace, spec, a, b, roles, note, placement if a == placed else None)
-                for a, b in cuts]
+    windowed = [_window(trace, solvers, a, b, roles, note,
+                        placements if a == placed else None) for a, b in cuts]
 
     d = draws(seeds, scored, resamples, spec.dispatch.seed)
-    invariance = _invariance(candidate, names[0], test, placement, scoring, cand)
+    invariance = _invariance(candidate, names[0], test, placement,
+                             _scoring(spec, placement), cand)
     balance = _balance(runs, test, placement, d)
     time = _time(runs, spec, d, windowed, min_effect, model_origin(trace.meta, asked))
-    rebalance = _rebalance(cand, held, scored) if rebalancing else None
-    verdict, reasons, headline = judge(invariance, balance, time, rebalance, scored, mode)
-    setup = {"steps": S, "placed_on": [0, placed], "scored_on": [placed, S], "seeds": seeds,
-             "windows": [[a, b] for a, b in cuts], "mode": mode, "gpus": spec.topology.gpus,
-             "slots": placement.num_slots, "solver": str(spec.solver.solver),
+    rebalance = _rebalance(cand, held, scored, base if kind == "placement" else None) \
+        if rebalancing else None
+    verdict, reasons, headline = judge(invariance, balance, time, rebalance, scored, mode,
+                                       kind)
+    setup = {"kind": kind, "steps": S, "placed_on": [0, placed], "scored_on": [placed, S],
+             "seeds": seeds, "windows": [[a, b] for a, b in cuts], "mode": mode,
+             "gpus": spec.topology.gpus, "slots": placement.num_slots,
+             "solver": str(spec.labels()["solver"]),
+             "baseline_solver": str(solvers["baseline"].labels()["solver"]),
              "cost": str(spec.cost.cost), "model": spec.cost.name,
              "device": spec.cost.device_profile, "engine_source": dict(sources),
              "baseline_engine_source": dict(base_sources)}
@@ -233,20 +249,22 @@ def _name(policy: Any, sources: Any, apart: bool) -> str:
     return f"{name} ({code})" if code else name
 
 
-def _window(trace: Any, spec: RunSpec, a: int, b: int, roles: dict[str, dict],
-            note: Callable[[str], None], placed: Placement | None = None) -> dict[str, Any]:
-    """One held-out window: placed on steps `[0, a)` (`placed`, when the caller has solved
-    that placement already), candidate and baseline (`roles`: the policy and engine source of
-    each) scored on `[a, b)` with the spec's seed; their differences in time and GPU
-    imbalance."""
+def _window(trace: Any, solvers: dict[str, RunSpec], a: int, b: int, roles: dict[str, dict],
+            note: Callable[[str], None],
+            placed: dict[str, Placement] | None = None) -> dict[str, Any]:
+    """One held-out window: each role placed on steps `[0, a)` by its spec's solver
+    (`solvers`; `placed`, when the caller has solved those placements already), candidate and
+    baseline (`roles`: the policy and engine source of each) scored on `[a, b)` with the spec's
+    seed; their differences in time and GPU imbalance."""
     test = select(trace, f"{a}:{b}")
     if placed is None:
-        placed = _placement(select(trace, f"0:{a}"), spec)
-    scoring = fitted(test, _scoring(spec, placed))
+        placed = _placements(select(trace, f"0:{a}"), solvers)
     routed = routed_loads(test)
-    planned = routed, schedule_of(test, scoring, routed)
     note(f"held-out window {a}-{b - 1}")
-    cand, base = (replay(test, scoring.replace(**roles[r]), planned=planned).metrics
+    specs = {r: _scored(test, solvers[r], placed[r]) for r in roles}
+    kind = "dispatch" if solvers["baseline"] is solvers["candidate"] else "placement"
+    plans = _plans(test, specs, routed, kind)
+    cand, base = (replay(test, specs[r].replace(**roles[r]), planned=plans[r]).metrics
                   for r in ("candidate", "baseline"))
     return {"placed_on": [0, a], "scored_on": [a, b],
             "difference_ms": cand["moe_ms"] - base["moe_ms"],
@@ -267,6 +285,30 @@ def _placement(train: Any, spec: RunSpec) -> Placement:
     """The placement the spec's solver makes from the placed steps' loads (or the given one)."""
     segments = schedule_of(train, _without_schedule(spec), routed_loads(train))
     return segments[0].placement
+
+
+def _placements(train: Any, solvers: dict[str, RunSpec]) -> dict[str, Placement]:
+    """Each role's placement from the placed steps (`_placement`), solved once when the
+    roles' specs are one (a dispatch review)."""
+    cand = _placement(train, solvers["candidate"])
+    same = solvers["baseline"] is solvers["candidate"]
+    return {"candidate": cand,
+            "baseline": cand if same else _placement(train, solvers["baseline"])}
+
+
+def _scored(test: Any, spec: RunSpec, placement: Placement) -> RunSpec:
+    """`spec` scoring `test` on `placement` (`_scoring`), fitted to it."""
+    return fitted(test, _scoring(spec, placement))
+
+
+def _plans(test: Any, specs: dict[str, RunSpec], routed: Any,
+           kind: str) -> dict[str, tuple]:
+    """Each role's `(routed loads, segments)` on `test` (`replay`'s `planned`): the schedule
+    solved once for both in a dispatch review, once a role in a placement review."""
+    plans = {"candidate": (routed, schedule_of(test, specs["candidate"], routed))}
+    plans["baseline"] = plans["candidate"] if kind == "dispatch" else \
+        (routed, schedule_of(test, specs["baseline"], routed))
+    return plans
 
 
 SCHEDULE = ("rebalance_every", "window", "predictor", "decay", "initial", "skip_above",
@@ -355,17 +397,20 @@ def _search_batches(test: Any) -> list[tuple[int, torch.Tensor]]:
 # Balance --------------------------------------------------------------------------------------
 
 BALANCE_KEYS = ("gpu_imbalance", "gpu_imbalance_with_shared", "replica_skew_mean",
-                "replica_skew_max", "replica_skew_cumulative", "idle_replica_frac")
+                "replica_skew_max", "replica_skew_cumulative", "idle_replica_frac",
+                "fanout_gpus", "fanout_nodes", "remote_frac")  # each where the run has it
 
 
 def _balance(runs: dict[str, list[Results]], test: Any, placement: Placement,
              d: Draws) -> dict[str, Any]:
-    """Balance metrics side by side (`gpu_imbalance_with_shared` only when counted), the
+    """Balance and traffic metrics side by side (each where the run has it: the shared
+    experts' work when counted, fan-out with the cost model, remote GPUs in "a2a"), the
     difference in GPU imbalance with its interval (`_paired`), per layer, the worst layers and
     the starved replicas."""
     cand, base = runs["candidate"][0], runs["baseline"][0]
-    keys = [k for k in BALANCE_KEYS if k != "gpu_imbalance_with_shared"
-            or cand.metrics.get(k) is not None]
+    nodes = cand.spec.topology.topology().num_nodes
+    keys = [k for k in BALANCE_KEYS if cand.metrics.get(k) is not None
+            and not (k == "fanout_nodes" and nodes == 1)]
     layers = {n: _layer_imbalance(r) for n, r in (("candidate", cand), ("baseline", base))}
     worst = np.argsort(-np.nan_to_num(layers["candidate"], nan=-1.0))[:WORST].tolist()
     loaded = placement.logcnt > 1  # [L, E]
@@ -540,11 +585,17 @@ def _deciding_term(results: Results) -> dict[str, Any]:
             "term": max(terms, key=terms.get)}
 
 
-def _rebalance(cand: Results, held: Results, scored: int) -> dict[str, Any]:
-    """The schedule's stalls or hazard steps and its net benefit over the scored steps."""
+def _rebalance(cand: Results, held: Results, scored: int,
+               base: Results | None = None) -> dict[str, Any]:
+    """The schedule's stalls or hazard steps and its net benefit over the scored steps; in a
+    placement review (`base`, the baseline's run) also the baseline solver's stalls and
+    moves."""
     saved = held.metrics["moe_ms"] - cand.metrics["moe_ms"]
     stall = cand.metrics.get("rebalance_stall_ms") or 0.0
-    return {"mode": cand.spec.schedule.rebalance_mode,
+    extra = {} if base is None else {
+        "baseline_stall_ms": base.metrics.get("rebalance_stall_ms") or 0.0,
+        "baseline_moved_slots": base.metrics.get("moved_slots")}
+    return {**extra, "mode": cand.spec.schedule.rebalance_mode,
             "every": cand.spec.schedule.rebalance_every,
             "rebalances": cand.metrics.get("rebalances"),
             "moved_slots": cand.metrics.get("moved_slots"),

@@ -4,16 +4,18 @@ one line each axis gets, and the reasons, each with its numbers. Pure functions;
 The rules (`rules()` words them for the page), in the order they are tried:
 1. A candidate whose ranks choose different replicas in "none" mode corrupts the layer's output:
    **not recommended**, whatever else holds.
-2. Fewer than `MIN_SCORED_STEPS` scored steps, or no replicated expert carrying load in them (the
-   dispatch choice cannot matter): **insufficient evidence**.
+2. Fewer than `MIN_SCORED_STEPS` scored steps, or, reviewing a dispatch change, no replicated
+   expert carrying load in them (the dispatch choice cannot matter): **insufficient evidence**.
 3. A rebalance schedule whose stalls outweigh the time it saves: **not recommended**.
 4. The time difference is the candidate's step time over the baseline's, in %, with its interval
    over resampled steps and seeds (`evidence`); `m` is the minimum effect.
    - When the `measured` cost model priced both and its difference has the other sign from the
      run's cost model's, the cost models disagree: **insufficient evidence**, both shown.
    - **Recommend** only when the interval lies wholly below `-m` (faster by more than the
-     minimum effect), the candidate is faster on every held-out window, and its GPU imbalance is
-     not worse beyond its own interval (the interval of the difference lies above 0).
+     minimum effect), the candidate is faster on every held-out window, and, reviewing a
+     dispatch change, its GPU imbalance is not worse beyond its own interval (the interval of
+     the difference lies above 0). A placement change for traffic trades balance for fewer
+     destinations by design: its GPU imbalance is reported beside the time, which decides.
    - **Not recommended** when the interval lies wholly above `+m`.
    - Anything else is **insufficient evidence**, naming each rule that failed: the interval
      holds 0, the gain is below the minimum effect, and (for a gain) a window that is not faster
@@ -39,36 +41,41 @@ def number(value: Any) -> str:
     return f"{float(value):.4g}"
 
 
-def rules(min_effect: float, level: float) -> list[str]:
-    """The rules of the module doc, as the page states them."""
+def rules(min_effect: float, level: float, kind: str = "dispatch") -> list[str]:
+    """The rules of the module doc, as the page states them for a review of a `kind`
+    change ("dispatch" or "placement")."""
     m, p = f"{number(min_effect)}%", f"{number(level * 100)}%"
+    balance = (" and its GPU imbalance is not worse beyond its own interval" if kind == "dispatch"
+               else " (its GPU imbalance is shown beside: a placement for traffic trades it "
+                    "for fewer destinations)")
     return [
         "A candidate whose ranks choose different replicas in \"none\" mode is not "
         "recommended, whatever else holds: it corrupts the layer's output.",
-        f"Fewer than {MIN_SCORED_STEPS} scored steps, or no replicated expert carrying load, "
-        f"is insufficient evidence.",
+        f"Fewer than {MIN_SCORED_STEPS} scored steps"
+        + (", or no replicated expert carrying load," if kind == "dispatch" else "")
+        + " is insufficient evidence.",
         "A rebalance schedule whose stalls outweigh the time it saves is not recommended.",
         "When the measured tables price both runs and their difference has the other sign "
         "from the cost model's, the cost models disagree: insufficient evidence.",
         f"Recommend only when the time difference's {p} interval lies wholly below -{m} (the "
-        f"minimum effect), the candidate is faster on every held-out window, and its GPU "
-        f"imbalance is not worse beyond its own interval.",
+        f"minimum effect) and the candidate is faster on every held-out window{balance}.",
         f"Not recommended when the time difference's interval lies wholly above +{m}.",
         "Anything else is insufficient evidence, naming the rule that failed.",
     ]
 
 
 def judge(invariance: dict, balance: dict, time: dict, rebalance: dict | None, scored: int,
-          mode: str) -> tuple[str, list[str], list[str]]:
-    """`(verdict, reasons, headline)`: the verdict by the rules (module doc), each reason with
-    the numbers behind it, and one line per axis (correctness, balance, time)."""
+          mode: str, kind: str = "dispatch") -> tuple[str, list[str], list[str]]:
+    """`(verdict, reasons, headline)`: the verdict by the rules (module doc) for a review of a
+    `kind` change ("dispatch" or "placement"), each reason with the numbers behind it, and one
+    line per axis (correctness, balance, time)."""
     headline = [correctness_line(invariance, mode), balance_line(balance), time_line(time)]
     if mode == "none" and invariance["observed"] == "variant":
         return "not recommended", [_corruption(invariance)], headline
     reasons = []
     if scored < MIN_SCORED_STEPS:
         reasons.append(f"only {scored} scored step(s); at least {MIN_SCORED_STEPS} are needed")
-    if balance["replicated_loaded_pairs"] == 0:
+    if kind == "dispatch" and balance["replicated_loaded_pairs"] == 0:
         reasons.append("no replicated expert carries load in the scored steps: the dispatch "
                        "choice cannot matter")
     if reasons:
@@ -78,11 +85,11 @@ def judge(invariance: dict, balance: dict, time: dict, rebalance: dict | None, s
             f"rebalancing every {rebalance['every']} steps ({rebalance['mode']}) saves "
             f"{number(rebalance['saved_ms_per_step'])} ms a step over {scored} steps but stalls "
             f"{number(rebalance['stall_ms'])} ms: net {number(rebalance['net_ms'])} ms"], headline
-    verdict, reasons = _time_verdict(balance, time)
+    verdict, reasons = _time_verdict(balance, time, kind)
     return verdict, reasons, headline
 
 
-def _time_verdict(balance: dict, time: dict) -> tuple[str, list[str]]:
+def _time_verdict(balance: dict, time: dict, kind: str) -> tuple[str, list[str]]:
     """Rule 4 of the module doc."""
     lo, hi = time["interval_pct"]
     m = time["min_effect_pct"]
@@ -110,7 +117,7 @@ def _time_verdict(balance: dict, time: dict) -> tuple[str, list[str]]:
                                f"steps {w['scored_on'][0]}-{w['scored_on'][1] - 1} "
                                f"{_signed(w['difference_pct'])}%" for w in slow))
         b = balance["difference"]
-        if b["interval"][0] > 0:
+        if kind == "dispatch" and b["interval"][0] > 0:
             reasons.append(f"its GPU imbalance is worse beyond its interval: "
                            f"{_signed(b['difference'])} ({interval_words(*b['interval'])})")
     if reasons:
@@ -177,9 +184,12 @@ def balance_line(balance: dict) -> str:
     b = balance["difference"]
     lo, hi = b["interval"]
     word = "better" if hi < 0 else "worse" if lo > 0 else "no difference beyond its interval"
-    return (f"Balance: GPU imbalance {number(balance['candidate']['gpu_imbalance'])} against "
-            f"{number(balance['baseline']['gpu_imbalance'])}, {_signed(b['difference'])} "
-            f"({interval_words(lo, hi)}): {word}.")
+    cand, base = balance["candidate"], balance["baseline"]
+    traffic = (f" Fan-out {number(cand['fanout_gpus'])} GPUs a token and layer against "
+               f"{number(base['fanout_gpus'])}." if cand.get("fanout_gpus") is not None else "")
+    return (f"Balance: GPU imbalance {number(cand['gpu_imbalance'])} against "
+            f"{number(base['gpu_imbalance'])}, {_signed(b['difference'])} "
+            f"({interval_words(lo, hi)}): {word}.{traffic}")
 
 
 def time_line(time: dict) -> str:

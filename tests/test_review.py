@@ -409,3 +409,61 @@ def test_help_states_the_reviews_own_defaults(capsys):
                  "(default none)", "--min-effect PCT", "(default 1)", "--windows N",
                  "--resamples N"):
         assert said in text, said
+
+
+CLUSTERED = ["--scenario", "clustered", "--mode", "a2a", "--steps", "8", "--tokens", "1024",
+             "--layers", "2", "--experts", "32", "--gpus", "4", "--seeds", "1", "--windows",
+             "2"]
+
+
+def test_a_placement_for_traffic_is_reviewed_against_the_balance_solver(capsys):
+    """`--baseline-solver`: the two solvers' placements on one page, the same policy on both,
+    fan-out beside balance, a verdict and its exit status; the page names the solvers."""
+    argv = ["review", "ordinal", "--solver", "affinity", "--baseline-solver", "deepseek",
+            *CLUSTERED, "--json"]
+    status = main(argv)
+    page = json.loads(capsys.readouterr().out)
+    assert status == EXIT[page["verdict"]]
+    assert page["setup"]["kind"] == "placement"
+    assert (page["setup"]["solver"], page["setup"]["baseline_solver"]) == ("affinity", "deepseek")
+    assert page["candidate"] == "affinity placement, ordinal"
+    assert page["baseline"] == "deepseek placement, ordinal"
+    cand, base = page["balance"]["candidate"], page["balance"]["baseline"]
+    assert cand["fanout_gpus"] < base["fanout_gpus"] and "remote_frac" in cand
+    assert "fanout_nodes" not in cand  # one node
+    assert page["time"]["candidate"]["comm_ms"] < page["time"]["baseline"]["comm_ms"]
+
+
+def test_a_traffic_saving_smaller_than_its_imbalance_cost_is_not_recommended():
+    """Affinity with a slack of 100%: it packs co-chosen experts at any load, the GPUs it
+    overloads cost more compute than the traffic it saves."""
+    trace = synthesize("clustered", steps=8, tokens=2048, layers=2, experts=32, top_k=8,
+                       sigma=1.5)
+    spec = RunSpec.of(mode="a2a", gpus=4, solver="affinity", affinity_slack=1.0)
+    report = review(trace, "ordinal", spec=spec, baseline_solver="deepseek", seeds=1,
+                    windows=2)
+    assert report.verdict == "not recommended" and report.exit_status == 1
+    bal = report.balance
+    assert bal["candidate"]["fanout_gpus"] < bal["baseline"]["fanout_gpus"]
+    assert bal["difference"]["interval"][0] > 0  # worse balance
+    assert report.time["interval_pct"][0] > report.time["min_effect_pct"]
+    assert "slower" in report.reasons[0]
+
+
+def test_a_placement_review_takes_a_solver_from_a_file_and_refuses_an_unknown_one(tmp_path,
+                                                                                  capsys):
+    solver = tmp_path / "mine.py"
+    solver.write_text(textwrap.dedent("""
+        import numpy as np
+
+        def spread(load, num_slots, topology, num_groups=1):
+            L, E = load.shape
+            return np.tile(np.arange(num_slots) % E, (L, 1)).astype(np.int64)
+    """))
+    status = main(["review", "ordinal", "--solver", f"{solver}:spread", "--baseline-solver",
+                   "deepseek", *SMALL, "--json"])
+    page = json.loads(capsys.readouterr().out)
+    assert status == EXIT[page["verdict"]] and page["setup"]["solver"] == f"{solver}:spread"
+    assert main(["review", "ordinal", "--baseline-solver", "deepsek", *SMALL]) == 2
+    err = capsys.readouterr().err
+    assert "--baseline-solver" in err and "deepseek" in err

@@ -1,4 +1,4 @@
-"""`eplbsim review`: one verdict, one page, before a dispatch change goes upstream
+"""`eplbsim review`: one verdict, one page, before a dispatch or placement change goes upstream
 (`eplbsim.review`). Exit status 0 recommend, 1 not recommended, 3 insufficient evidence, 2 a
 usage or input error: a CI job can gate on it."""
 
@@ -16,8 +16,8 @@ from ..review import WINDOWS, review, to_json
 from ..verdict import MIN_EFFECT
 from .common import check_out_dir
 
-HELP = ("judge a dispatch change before upstreaming it: correctness, held-out balance and "
-        "time against a baseline, one verdict")
+HELP = ("judge a dispatch or placement change before upstreaming it: correctness, held-out "
+        "balance, traffic and time against a baseline, one verdict")
 OUTPUTS = ("report.md", "report.html", "report.json")
 
 
@@ -28,7 +28,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "function")
     p.add_argument("--baseline", metavar="POLICY", help="what it is judged against, any form "
                    "CANDIDATE takes (default: SGLang's dispatch for the mode, row in none, "
-                   "random in a2a)")
+                   "random in a2a; with --baseline-solver, CANDIDATE itself)")
+    p.add_argument("--baseline-solver", metavar="SOLVER", help="review a placement change "
+                   "instead: --solver's placements (the candidate's) against this solver's, "
+                   "any form --solver takes (a registered solver, an engine's such as "
+                   "sglang:deepseek, or path/to/file.py:function)")
     p.add_argument("--holdout", type=float, default=0.5, metavar="FRACTION",
                    help="the share of the trace's steps scored; the placement is solved on the "
                    "steps before them (default 0.5)")
@@ -76,15 +80,22 @@ def handle(args: argparse.Namespace) -> int:
         if policy is not None:  # an unknown name is refused before any work, as run's are
             spec.checked("policy", named, policy, flag)
             resolve_policy(policy, sources)
+    if args.baseline_solver is not None:
+        solver = next(knob for _, name, knob in spec.knobs(("solver",)) if name == "solver")
+        spec.checked("solver", solver, args.baseline_solver, "--baseline-solver")
+        base.replace(solver=args.baseline_solver, solver_options={}, affinity_slack=None,
+                     lplb_topology=None)  # its own settings refused here, before any work
     if args.out:
-        files = [p.rpartition(":")[0] for p in (args.candidate, args.baseline)
+        files = [p.rpartition(":")[0] for p in (args.candidate, args.baseline,
+                                                base.solver.solver, args.baseline_solver)
                  if is_file_policy(p)]
         check_out_dir(args.out, [source.file, base.solver.placement, base.schedule.initial,
                                  *files], OUTPUTS)
     trace = source.open(base.dispatch.seed, base.schedule)
     report = review(trace, args.candidate, args.baseline, base, holdout=args.holdout,
                     seeds=args.seeds, windows=args.windows, min_effect=args.min_effect,
-                    resamples=args.resamples, baseline_sources=_baseline_sources(args))
+                    resamples=args.resamples, baseline_sources=_baseline_sources(args),
+                    baseline_solver=args.baseline_solver)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "report.md").write_text(markdown(report))

@@ -210,15 +210,16 @@ def is_file_policy(name: Any) -> bool:
     return isinstance(name, str) and ".py:" in name
 
 
-def file_policy(name: str) -> Policy:
+def file_policy(name: str, kind: str = "policy") -> Policy:
     """The function `path/to/file.py:function` names (the file run as a module of its own,
-    read again when it changes); InputError when the file or the function is missing, the file
-    does not run, or the name is not a callable."""
+    read again when it changes): a policy, or whatever `kind` of function the caller takes
+    (a solver); InputError, naming the `kind`, when the file or the function is missing, the
+    file does not run, or the name is not a callable."""
     path, _, function = name.rpartition(":")
     file = Path(path).expanduser().resolve()
     if not file.is_file():
-        raise InputError(f"policy {name}: no file {path}")
-    return _loaded(str(file), file.stat().st_mtime_ns, function, name)
+        raise InputError(f"{kind} {name}: no file {path}")
+    return _loaded(str(file), file.stat().st_mtime_ns, function, f"{kind} {name}")
 
 
 @lru_cache(maxsize=32)
@@ -228,24 +229,27 @@ def _loaded(file: str, mtime: int, function: str, name: str) -> Policy:
     try:
         spec.loader.exec_module(module)
     except Exception as exc:  # the user's file: say what went wrong in it, in one line
-        raise InputError(f"policy {name}: the file does not run ({type(exc).__name__}: "
+        raise InputError(f"{name}: the file does not run ({type(exc).__name__}: "
                          f"{' '.join(str(exc).split())})") from None
     fn = getattr(module, function, None)
     if not callable(fn):
-        raise InputError(f"policy {name}: {file} has no function {function!r}")
+        raise InputError(f"{name}: {file} has no function {function!r}")
     return fn
 
 
 class FilePolicies(Mapping):
-    """The `file.py:function` policy names as a registry a name check reads: it holds every
-    such name whose file exists (it lists none)."""
+    """The `file.py:function` names of policies (or of another `kind` of function: solvers)
+    as a registry a name check reads: it holds every such name (it lists none)."""
 
     forms = (FILE_FORM,)  # what an error listing the choices says of them (`registry.unknown`)
+
+    def __init__(self, kind: str = "policy") -> None:
+        self.kind = kind
 
     def __getitem__(self, key: str) -> Policy:
         if not is_file_policy(key):
             raise KeyError(key)
-        return file_policy(key)
+        return file_policy(key, self.kind)
 
     def __contains__(self, key: object) -> bool:
         return is_file_policy(key)

@@ -337,8 +337,11 @@ def engine_solver(name: str, sources: Sources = ()) -> Callable:
 
 def resolve_solver(solver: Any, sources: Any = ()) -> Any:
     """`solver` as the solvers' registry takes it: an engine solver's name (`sglang:deepseek`)
-    becomes the callable running it from `sources` (`engine_solver`); anything else (a
-    registry name, a callable) is returned as it is."""
+    becomes the callable running it from `sources` (`engine_solver`), a `file.py:function`
+    name the function in that file; anything else (a registry name, a callable) is returned
+    as it is."""
+    if dispatch.is_file_policy(solver):
+        return dispatch.file_policy(solver, "solver")
     return engine_solver(solver, sources) if is_engine_name(solver) else solver
 
 

@@ -97,8 +97,10 @@ class DispatchPart(Part):
 class SolverPart(Part):
     """How placements are solved, or the placement to use instead."""
 
-    solver: Any = knob("deepseek", "placement solver (an engine's own: sglang:deepseek, ...)",
-                       Name(Joined(SOLVERS, ENGINE_SOLVERS), "solver", callables=True))
+    solver: Any = knob("deepseek", "placement solver (an engine's own: sglang:deepseek, ...; a "
+                       "function in a file: path/to/file.py:function)",
+                       Name(Joined(SOLVERS, ENGINE_SOLVERS, FilePolicies("solver")), "solver",
+                            callables=True))
     solver_options: dict = knob({}, "solver option, e.g. time_limit=10 or "
                                 "anti_colocation=true (repeat for several)",
                                 Options("solver_option"), flags=("--solver-option",),
