@@ -13,6 +13,7 @@ laptop screen.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -25,6 +26,7 @@ from .registry import lookup
 from .replay import compare, replay
 from .solvers import solve
 from .spec import RunSpec
+from .traces.coactivation import coactivation as coactivation_of
 from .traces.request_synth import synthesize_requests
 from .traces.synth import synthesize
 from .traces.workload import DEFAULT_GRAPH_SIZES, Workload, batch
@@ -164,6 +166,38 @@ def field_policies() -> Figure:
     return plots.policy_comparison(compare(trace, list(ALL_POLICIES), ["none", "a2a"], SETUP))
 
 
+def coactivation() -> Figure:
+    """Which experts tokens choose together: the clustered scenario's co-activation of layer
+    0 in expert order and grouped (its hidden groups as blocks)."""
+    trace = synthesize("clustered", steps=8, tokens=512, seed=0, **SIZES)
+    return plots.coactivation_heatmap(coactivation_of(trace), layer=0)
+
+
+@lru_cache(maxsize=1)
+def _traffic() -> dict[str, list]:
+    """deepseek, affinity and flashlb (`ordinal`, "a2a", roofline, DeepSeek-V3 shape) on the
+    skewed and the clustered scenarios: the traffic figures' runs."""
+    spec = SETUP.replace(mode="a2a", policy="ordinal", cost="roofline", model="deepseek-v3")
+    out = {}
+    for name in ("skewed", "clustered"):
+        trace = synthesize(name, steps=8, tokens=1024, seed=0, **SIZES)
+        out[name] = [replay(trace, spec.replace(solver=s))
+                     for s in ("deepseek", "affinity", "flashlb")]
+    return out
+
+
+def balance_traffic() -> Figure:
+    """Balance against traffic: each solver's fan-out against its GPU imbalance on the skewed
+    (no co-activation structure) and the clustered scenarios, 8 GPUs in 2 nodes."""
+    return plots.balance_against_traffic(_traffic())
+
+
+def traffic_time() -> Figure:
+    """What fan-out costs in time: each solver's communication and MoE time a step on the
+    skewed and the clustered scenarios."""
+    return plots.communication_and_time(_traffic())
+
+
 FIGURES: dict[str, Callable[[], Figure]] = {
     "expert_load_heatmap": expert_load_heatmap,
     "policies_by_mode": policies_by_mode,
@@ -175,6 +209,9 @@ FIGURES: dict[str, Callable[[], Figure]] = {
     "switch_hazard": switch_hazard,
     "workload_batching": workload_batching,
     "field_policies": field_policies,
+    "coactivation": coactivation,
+    "balance_traffic": balance_traffic,
+    "traffic_time": traffic_time,
 }
 
 

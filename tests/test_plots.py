@@ -23,6 +23,7 @@ from eplbsim.figures import DPI, FIGURES
 from eplbsim.replay import compare, replay
 from eplbsim.schedule.switch import phases
 from eplbsim.spec import RunSpec
+from eplbsim.traces.coactivation import coactivation
 from eplbsim.traces.request_synth import synthesize_requests
 from eplbsim.traces.synth import synthesize
 from eplbsim.traces.workload import Workload, batch
@@ -356,7 +357,28 @@ SMALL = {
     "switch_hazard": lambda get: plots.switch_hazard(get("hazard")),
     "workload_batching": lambda get: plots.workload_batching(*get("batching")),
     "field_policies": lambda get: plots.policy_comparison(get("field")),
+    "coactivation": lambda get: plots.coactivation_heatmap(coactivation(get("clustered"))),
+    "balance_traffic": lambda get: plots.balance_against_traffic(get("traffic")),
+    "traffic_time": lambda get: plots.communication_and_time(get("traffic")),
 }
+
+
+@pytest.fixture(scope="module")
+def clustered():
+    return synthesize("clustered", steps=3, tokens=128, layers=2, experts=16, top_k=4, seed=0)
+
+
+@pytest.fixture(scope="module")
+def traffic(clustered, trace):
+    """deepseek and affinity on the clustered and the template traces, with fan-out."""
+    spec = RunSpec.of(gpus=4, redundant=4, mode="a2a", policy="ordinal", cost="roofline")
+    return {name: [replay(t, spec.replace(solver=s)) for s in ("deepseek", "affinity")]
+            for name, t in (("clustered", clustered), ("template", trace))}
+
+
+def test_the_traffic_figures_need_fan_out(results):
+    with pytest.raises(InputError, match="cost model"):
+        plots.balance_against_traffic({"bare": results[:1]})
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,8 @@
 """Figures of one trace, before any placement: where its load goes (`paper.expert_load_heatmap`),
 how much of each step the hottest experts carry, and each step's max / mean expert load.
-`eplbsim figures --trace FILE` draws them for a user's own trace (`trace_figures`).
+`eplbsim figures --trace FILE` draws them for a user's own trace (`trace_figures`). Which
+experts tokens choose together (`coactivation_heatmap`) reads the co-activation, which the
+token rows give and the counts do not.
 
 Dimensions: `S` steps, `L` MoE layers, `E` logical experts.
 """
@@ -13,7 +15,9 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
+from ..errors import InputError
 from ..loads import max_over_mean, top_share
+from ..traces.coactivation import grouped
 from .paper import expert_load_heatmap
 from .style import OKABE_ITO, from_baseline
 
@@ -68,6 +72,38 @@ def step_imbalance(counts: Any) -> Figure:
     c = torch.as_tensor(np.asarray(counts, dtype=np.float64))
     return _over_steps(max_over_mean(c).numpy(), "Max / mean expert load of each step",
                        "max / mean\nexpert load", 1.0)
+
+
+def coactivation_heatmap(pairs: Any, layer: int = 0, groups: int = 8) -> Figure:
+    """How strongly each two experts of `layer` are chosen together: the pair counts of
+    `pairs [L, E, E]` (`traces.coactivation`) over the geometric mean of the two experts'
+    counts (1: always together), in expert order, and with the experts ordered by a partition
+    into `groups` groups that keeps them together (`traces.coactivation.grouped`; `groups`
+    lowered to the nearest divisor of `E`): hidden clusters show as blocks on the diagonal."""
+    c = np.asarray(pairs, dtype=np.float64)
+    L, E = c.shape[0], c.shape[-1]
+    if not 0 <= layer < L:
+        raise InputError(f"layer must be in [0, {L}), got {layer}")
+    groups = max(g for g in range(1, min(groups, E) + 1) if E % g == 0)
+    w = c[layer]
+    scale = np.sqrt(np.maximum(np.diag(w), 1.0))
+    strength = w / scale[:, None] / scale[None, :]
+    np.fill_diagonal(strength, np.nan)
+    order = np.argsort(grouped(c[layer:layer + 1], groups)[0], kind="stable")
+    fig = Figure(figsize=(7.6, 3.6), layout="constrained")
+    panels = fig.subplots(1, 2)
+    top = np.nanmax(strength) if np.isfinite(strength).any() else 1.0
+    for ax, data, title in ((panels[0], strength, "expert order"),
+                            (panels[1], strength[np.ix_(order, order)],
+                             f"grouped into {groups} groups")):
+        image = ax.imshow(data, interpolation="nearest", cmap="viridis", vmin=0, vmax=top)
+        ax.set_xlabel("expert" if title == "expert order" else "expert (grouped order)")
+        ax.set_ylabel("expert")
+        ax.set_title(title, fontsize="medium")
+        ax.grid(False)
+    fig.colorbar(image, ax=list(panels), label="chosen together\n(pairs / geometric mean)")
+    fig.suptitle(f"Co-activation of layer {layer} ({E} experts)")
+    return fig
 
 
 TRACE_FIGURES: dict[str, Callable[[Any], Figure]] = {  # name -> figure of counts [S, L, E]
