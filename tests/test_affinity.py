@@ -1,10 +1,13 @@
 """The `affinity` solver (`eplbsim.solvers.affinity`): co-activated experts together, within the
 slack on the balance solver's max GPU load, its report against the MILP bound."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
 
+from eplbsim.cli import main
 from eplbsim.errors import InputError
 from eplbsim.replay import replay
 from eplbsim.solvers import solve, solve_with_info
@@ -12,6 +15,7 @@ from eplbsim.spec import RunSpec
 from eplbsim.topology import Topology
 from eplbsim.traces import synthesize
 from eplbsim.traces.counts import CountsTrace
+from eplbsim.traces.trace import save_trace
 
 
 def _planted(E=16, clusters=4, seed=0):
@@ -79,3 +83,18 @@ def test_a_replay_on_clustered_traffic_fans_out_less_than_deepseek():
                     for s in ("affinity", "deepseek"))
     assert ours["fanout_gpus"] < 0.9 * theirs["fanout_gpus"]
     assert ours["comm_ms"] < theirs["comm_ms"]
+
+
+def test_solve_reads_the_coactivation_of_a_trace_and_reports_the_bound(tmp_path, capsys):
+    trace = synthesize("clustered", seed=2, steps=2, tokens=128, layers=1, experts=8, top_k=4)
+    path = tmp_path / "t.npz"
+    save_trace(trace, path)
+    assert main(["solve", "--counts", str(path), "--gpus", "2", "--redundant", "2", "--solver",
+                 "affinity", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["objective"] <= report["balance_objective"]
+    assert report["bound"] <= report["objective"] + 1e-9 and 0 <= report["gap"] <= 1
+    load = tmp_path / "load.json"
+    load.write_text("[[1, 2, 3, 4]]")
+    assert main(["solve", "--load", str(load), "--gpus", "2", "--solver", "affinity"]) == 2
+    assert "co-activation" in capsys.readouterr().err

@@ -108,3 +108,32 @@ def test_the_metrics_are_the_counts_pooled_and_need_a_cost_model():
     assert bare.metrics["fanout_gpus"] is None and bare.metrics["remote_frac"] is None
     none = replay(trace, spec.replace(mode="none"))
     assert none.metrics["remote_frac"] is None and none.metrics["fanout_gpus"] > 1
+
+
+@pytest.mark.parametrize("mode", ["none", "a2a"])
+def test_colocate_fans_out_no_wider_than_ordinal_on_every_placement(mode):
+    """Each colocate pair reuses a GPU its token already reaches, or is ordinal's choice: on
+    the placement of every solver (and on two nodes), its fan-out is at most ordinal's."""
+    from eplbsim.solvers import SOLVERS
+
+    trace = synthesize("clustered", seed=5, steps=2, tokens=96, layers=2, experts=16, top_k=4)
+    for solver in [s for s in SOLVERS if s not in ("lplb", "exact")]:  # exact: test_exact
+        for per_node in (4, 2):
+            spec = RunSpec.of(mode=mode, gpus=4, gpus_per_node=per_node, redundant=8,
+                              cost="roofline", solver=solver)
+            ordinal, colocate = (replay(trace, spec.replace(policy=p)).metrics
+                                 for p in ("ordinal", "colocate"))
+            assert colocate["fanout_gpus"] <= ordinal["fanout_gpus"], (solver, per_node)
+            assert colocate["fanout_nodes"] <= ordinal["fanout_nodes"] + 1e-12
+
+
+def test_reviews_search_finds_no_counterexample_for_colocate():
+    from eplbsim.review import review
+
+    trace = synthesize("clustered", seed=0, steps=8, tokens=64, layers=2, experts=16, top_k=4)
+    report = review(trace, "colocate", spec=RunSpec.of(gpus=4, redundant=8), seeds=1,
+                    windows=1)
+    inv = report.invariance
+    assert inv["claimed"] == "invariant" and inv["observed"].startswith("invariant")
+    assert inv["counterexample"] is None and inv["searched"] > 0
+    assert inv["rank_agreement"] == 1.0 and inv["output_rel_error"] == 0.0

@@ -12,8 +12,11 @@ from ..errors import InputError
 from ..metrics import placement_report
 from ..placement_io import read_json, read_phy2log
 from ..results import to_json
-from ..solvers import SOLVERS, as_load, solve_with_info
+from ..engines import resolve_solver
+from ..solvers import SOLVERS, as_load, find_solver, solve_with_info, solver_options
 from ..topology import Topology
+from ..traces.coactivation import coactivation
+from ..traces.counts import CountsTrace
 from ..traces.formats import layer_loads
 from .common import nonnegative, positive, registered
 
@@ -57,17 +60,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def handle(args: argparse.Namespace) -> int:
     topology = Topology(args.gpus, args.gpus_per_node)
     values, _ = spec.from_args(args, "solve")
+    taken = solver_options(find_solver(resolve_solver(args.solver)))
+    options: dict = {}
     if args.counts is not None:
-        counts = layer_loads(spec.Source(trace=str(args.counts), **values).open(
-            0, spec.SchedulePart()))
+        trace = spec.Source(trace=str(args.counts), **values).open(0, spec.SchedulePart())
+        counts = layer_loads(trace)
         load, layers = counts.load, list(counts.layers)
+        if "coactivation" in taken and not isinstance(trace, CountsTrace):  # affinity's
+            options["coactivation"] = coactivation(trace)
+            options["history"] = trace.counts().double().numpy()
     else:
         if values:
             raise InputError(f"{', '.join(sorted(values))} apply to reading --counts only")
         load = read_json(args.load, "a JSON [layers][experts] load matrix")
         layers = None
     load = as_load(load)  # [L, E] validated
-    options = dict(spec.Options("solver_option").parse(item) for item in args.option)
+    options.update(spec.Options("solver_option").parse(item) for item in args.option)
     if args.anti_colocation:
         options["anti_colocation"] = True
     if args.previous is not None:
@@ -88,6 +96,9 @@ def handle(args: argparse.Namespace) -> int:
           f"experts, {slots} slots on {args.gpus} GPUs; placement_imbalance "
           f"{shown['placement_imbalance']}, placement_gap {shown['placement_gap']}"
           + (f", moved_slots {info['moved_slots']}" if "moved_slots" in info else ""))
+    report = {k: v for k, v in info.items() if k != "moved_slots" and isinstance(v, float)}
+    if report:  # a solver's own figures (affinity's objective, its bound and gap)
+        print("  " + ", ".join(f"{k} {v:.6g}" for k, v in report.items()))
     for layer, row in enumerate(result["phy2log"]):
         print(f"  layer {layers[layer] if layers is not None else layer}: {row}")
     return 0
