@@ -26,6 +26,7 @@ from eplbsim.solvers.bounds import (
     water_fill_counts,
 )
 from eplbsim.topology import Topology
+from solver_helpers import inputs
 
 
 def _peaks(phy2log: np.ndarray, load: np.ndarray, num_gpus: int) -> np.ndarray:
@@ -234,7 +235,7 @@ def instances(draw):
 def test_every_solver_is_above_the_bounds(name, case):
     load, P, topo, groups = case
     limit = {"time_limit": 1.0} if name == "exact" else {}  # any feasible placement is above
-    placement = solve(name, load, P, topo, groups, **limit)
+    placement = solve(name, load, P, topo, groups, **limit, **inputs(name, load))
     gap = placement_gap(placement, load)
     assert gap.shape == (load.shape[0],) and gap.dtype == torch.float64
     idle = torch.from_numpy(load.sum(-1) == 0)  # a layer without load has no gap (NaN)

@@ -6,7 +6,7 @@ import torch
 
 from eplbsim.errors import InputError
 from eplbsim.metrics import gpu_loads
-from eplbsim.solvers import SOLVERS, solve, solve_with_info, solver_options
+from eplbsim.solvers import KEEP_LAYOUT, SOLVERS, solve, solve_with_info
 from eplbsim.solvers.migration import align_to_previous, moved_slots
 from eplbsim.topology import Topology
 
@@ -35,7 +35,7 @@ def test_align_permutes_without_changing_gpu_loads():
 
 
 @pytest.mark.parametrize("name", sorted(n for n in SOLVERS if n != "exact"
-                                         and "redundancy" not in solver_options(SOLVERS[n])))
+                                         and SOLVERS[n] not in KEEP_LAYOUT))
 def test_previous_moves_far_fewer_slots_within_tolerance(name):
     old, new = loads(1, L=6, E=64)
     prev = solve(name, old, 72, TOPO)

@@ -19,6 +19,7 @@ from eplbsim.solvers import SOLVERS, solve, solver_options
 from eplbsim.solvers.bounds import replicate
 from eplbsim.solvers.deepseek import balanced_packing
 from eplbsim.topology import Topology
+from solver_helpers import inputs
 
 PUBLISHED_LOAD = [[90, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183, 86],
                   [20, 107, 104, 64, 19, 197, 187, 157, 172, 86, 16, 27]]
@@ -45,8 +46,7 @@ def _check_contract(solver, load: np.ndarray, P: int, topo: Topology, groups: in
     fn = SOLVERS[solver]
     timed = "time_limit" in solver_options(fn)  # after a time-out the result depends on timing
     options = {"time_limit": 0.5} if timed else {}
-    if "coactivation" in solver_options(fn):  # pairs consistent with the loads (affinity)
-        options["coactivation"] = _pairs_of(load)
+    options.update(inputs(solver, load))  # the co-activation, for affinity
     placement = solve(solver, load, P, topo, groups, **options)
     assert np.array_equal(load, before), "caller's load array was modified"
     p2l = placement.phy2log
@@ -62,17 +62,6 @@ def _check_contract(solver, load: np.ndarray, P: int, topo: Topology, groups: in
     raw = np.asarray(raw[0] if isinstance(raw, tuple) else raw)  # (phy2log, info) or phy2log
     assert raw.dtype == np.int64 and raw.shape == (L, P)
     return placement
-
-
-def _pairs_of(load: np.ndarray) -> np.ndarray:
-    """A co-activation `[L, E, E]` for `load [L, E]`: symmetric, each expert's load on the
-    diagonal, pairs drawn from the loads (a seeded, deterministic stand-in for a trace's)."""
-    rng = np.random.default_rng(int(load.sum()) % 2**32)
-    pairs = np.minimum(load[:, :, None], load[:, None, :]) * rng.random(load.shape + load.shape[1:])
-    pairs = np.floor((pairs + pairs.transpose(0, 2, 1)) / 2)
-    idx = np.arange(load.shape[1])
-    pairs[:, idx, idx] = load
-    return pairs
 
 
 def test_deepseek_published_example():
