@@ -1,5 +1,6 @@
 """What a registry-wide solver test gives a solver beside the loads: the co-activation, for a
-solver that places by it (`affinity`)."""
+solver that places by it (`affinity`, whose MILP bound, tested in tests/test_affinity.py, is
+given a short time limit here: the contract is about the placement, which it does not change)."""
 
 import numpy as np
 
@@ -20,6 +21,7 @@ def pairs_of(load: np.ndarray) -> np.ndarray:
 
 def inputs(name: str, load: np.ndarray) -> dict:
     """The options solver `name` needs beside `load [L, E]`: its co-activation when it takes
-    one, else none."""
-    return {"coactivation": pairs_of(load)} if "coactivation" in solver_options(
-        SOLVERS[name]) else {}
+    one (and a short time for its bound), else none."""
+    if "coactivation" not in solver_options(SOLVERS[name]):
+        return {}
+    return {"coactivation": pairs_of(load), "milp_seconds": 0.1}

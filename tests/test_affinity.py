@@ -37,7 +37,7 @@ def _gpu_sets(placement):
 def test_planted_clusters_land_one_on_each_gpu_and_the_milp_proves_it():
     load, pairs, group = _planted()
     placement, info = solve_with_info("affinity", load, 16, Topology(4), coactivation=pairs,
-                                      slack=0.2)
+                                      slack=0.2, milp_vars=1000)
     for members in _gpu_sets(placement):
         assert len({int(group[e]) for e in members}) == 1  # one hidden group a GPU
     assert info["objective"] < info["balance_objective"]

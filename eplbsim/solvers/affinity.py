@@ -52,7 +52,7 @@ from ..topology import Topology
 
 SLACK = 0.05  # the default slack on the balance solver's max GPU load
 NODE_WEIGHT = DEVICES["h200"].nvlink / DEVICES["h200"].rdma  # 450 / 50 GB/s = 9
-MILP_VARS = 800  # a layer's MILP runs when it has at most this many variables
+MILP_VARS = 400  # a layer's MILP runs when it has at most this many variables
 TOL = 1e-9
 
 
@@ -60,7 +60,7 @@ def affinity(load: np.ndarray, num_slots: int, topology: Topology, num_groups: i
              coactivation: Any = None, history: Any = None, slack: float = SLACK,
              balance: str = "deepseek",
              node_weight: float = NODE_WEIGHT, max_swaps: int = 2000,
-             milp_vars: int = MILP_VARS, milp_seconds: float = 5.0
+             milp_vars: int = MILP_VARS, milp_seconds: float = 2.0
              ) -> tuple[np.ndarray, dict[str, Any]]:
     """Experts chosen together on one GPU, within a slack on the balance solver's max GPU load
     (greedy build, swaps; an MILP bound on small layers).
