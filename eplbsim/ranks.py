@@ -415,7 +415,8 @@ def _none_counted(epoch: Epoch, step: int, topk_ids: torch.Tensor) -> StepOutcom
         slot_gpu = epoch.placement.slot_gpu.numpy()
         for group in epoch.groups:
             phys = _dispatch(epoch, group[0], step, topk_ids).numpy()
-            known.append(torch.from_numpy(phys))
+            if epoch.count_links:
+                known.append(torch.from_numpy(phys))
             if done is None:
                 done = counting.Executed.start(phys, P)
             member = np.zeros(epoch.num_ranks, np.bool_)

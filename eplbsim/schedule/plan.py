@@ -137,9 +137,9 @@ def plan(true_load: torch.Tensor, schedule: Any, solver: Any, topology: Topology
         return (Segment(0, S, solved, solved, None),)
 
     window = every if schedule.window is None else schedule.window
-    decay = (schedule.decay if schedule.decay is not None else DEFAULT_DECAY.get(
-        lookup(PREDICTORS, schedule.predictor, "predictor"), 1.0 - 1.0 / window))
     predictor = lookup(PREDICTORS, schedule.predictor, "predictor")
+    decay = (schedule.decay if schedule.decay is not None
+             else DEFAULT_DECAY.get(predictor, 1.0 - 1.0 / window))
     current = (trivial_placement(L, E, num_slots, topology) if initial is None
                else _check_given(initial, L, E, topology, "initial placement"))
     bounds = [0] + list(range(window, S, every)) + [S]
