@@ -83,14 +83,20 @@ def test_four_ranks_with_rebalancing_nodes_and_the_nearest_view():
     configs = _configs(4, gpus_per_node=2, rebalance_every=2)
     configs += [configs[4].replace(view="sglang-0.5.14"), configs[5].replace(predictor="oracle")]
     configs += [configs[i].replace(rebalance_mode="async", switch_delay=1) for i in (4, 10)]
+    # fan-out, counted with a cost model: each process marks its ranks' GPUs (rank-variant
+    # static in "none") or its tokens' (a2a), the sets united over the four processes
+    configs += [configs[i].replace(cost="roofline") for i in (0, 11)]
     rows = launch(SOURCE, configs, 4, timeout=60)
     _check_rows(rows, configs)
-    nearest = rows[-4]["metrics"]
+    nearest = rows[-6]["metrics"]
     assert nearest["rank_agreement"]["real"] < 1  # per-rank views break even `row`
-    assert rows[-3]["metrics"]["rebalances"]["real"] == 1
+    assert rows[-5]["metrics"]["rebalances"]["real"] == 1
     # ranks switching at different steps: real ranks corrupt as the simulation counts
-    assert rows[-2]["metrics"]["rank_agreement"]["real"] < 1
-    assert rows[-1]["metrics"]["wrong_expert_frac"]["real"] > 0
+    assert rows[-4]["metrics"]["rank_agreement"]["real"] < 1
+    assert rows[-3]["metrics"]["wrong_expert_frac"]["real"] > 0
+    for row in rows[-2:]:
+        assert row["metrics"]["fanout_nodes"]["real"] > 1  # two nodes reached, in both modes
+    assert rows[-1]["metrics"]["remote_frac"]["real"] > 0
 
 
 def test_compare_metrics_flags_a_difference():
