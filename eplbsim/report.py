@@ -57,7 +57,7 @@ def sections(report: Report) -> list[tuple[str, list[str]]]:
                f"{number(rb['baseline_stall_ms'])} ms." if "baseline_stall_ms" in rb else "")]))
     out.append(("How the verdict is reached", [
         f"{i}. {rule}" for i, rule in enumerate(
-            rules(t["min_effect_pct"], t["level"], r.setup.get("kind", "dispatch")), 1)]))
+            rules(t["min_effect_pct"], t["level"], r.setup["kind"]), 1)]))
     s = r.setup
     solver = (f"solver {s['solver']}" if s["solver"] == s["baseline_solver"] else
               f"solvers {s['solver']} against {s['baseline_solver']}")

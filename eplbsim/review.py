@@ -164,7 +164,7 @@ def review(trace: Any, candidate: Any, baseline: Any = None, spec: RunSpec | Non
     for i in range(seeds):
         specs = {w: _scored(test, solvers[w], placements[w]).replace(seed=spec.dispatch.seed + i)
                  for w in roles}
-        plans = _plans(test, specs, routed, kind)
+        plans = _plans(test, specs, routed, solvers)
         for which, role in roles.items():
             note(f"{which} {names[which == 'baseline']}, seed {spec.dispatch.seed + i}")
             runs[which].append(replay(test, specs[which].replace(**role), planned=plans[which]))
@@ -262,8 +262,7 @@ def _window(trace: Any, solvers: dict[str, RunSpec], a: int, b: int, roles: dict
     routed = routed_loads(test)
     note(f"held-out window {a}-{b - 1}")
     specs = {r: _scored(test, solvers[r], placed[r]) for r in roles}
-    kind = "dispatch" if solvers["baseline"] is solvers["candidate"] else "placement"
-    plans = _plans(test, specs, routed, kind)
+    plans = _plans(test, specs, routed, solvers)
     cand, base = (replay(test, specs[r].replace(**roles[r]), planned=plans[r]).metrics
                   for r in ("candidate", "baseline"))
     return {"placed_on": [0, a], "scored_on": [a, b],
@@ -289,11 +288,15 @@ def _placement(train: Any, spec: RunSpec) -> Placement:
 
 def _placements(train: Any, solvers: dict[str, RunSpec]) -> dict[str, Placement]:
     """Each role's placement from the placed steps (`_placement`), solved once when the
-    roles' specs are one (a dispatch review)."""
+    roles share one spec (a dispatch review)."""
     cand = _placement(train, solvers["candidate"])
-    same = solvers["baseline"] is solvers["candidate"]
-    return {"candidate": cand,
-            "baseline": cand if same else _placement(train, solvers["baseline"])}
+    return {"candidate": cand, "baseline": cand if _shared(solvers)
+            else _placement(train, solvers["baseline"])}
+
+
+def _shared(solvers: dict[str, RunSpec]) -> bool:
+    """Whether the roles place with one spec (a dispatch review), so one solve serves both."""
+    return solvers["baseline"] is solvers["candidate"]
 
 
 def _scored(test: Any, spec: RunSpec, placement: Placement) -> RunSpec:
@@ -302,11 +305,12 @@ def _scored(test: Any, spec: RunSpec, placement: Placement) -> RunSpec:
 
 
 def _plans(test: Any, specs: dict[str, RunSpec], routed: Any,
-           kind: str) -> dict[str, tuple]:
-    """Each role's `(routed loads, segments)` on `test` (`replay`'s `planned`): the schedule
-    solved once for both in a dispatch review, once a role in a placement review."""
+           solvers: dict[str, RunSpec]) -> dict[str, tuple]:
+    """Each role's `(routed loads, segments)` on `test` (`replay`'s `planned`) for its scoring
+    spec in `specs`: the schedule solved once for both when the roles share a spec
+    (`_shared`), once a role in a placement review."""
     plans = {"candidate": (routed, schedule_of(test, specs["candidate"], routed))}
-    plans["baseline"] = plans["candidate"] if kind == "dispatch" else \
+    plans["baseline"] = plans["candidate"] if _shared(solvers) else \
         (routed, schedule_of(test, specs["baseline"], routed))
     return plans
 

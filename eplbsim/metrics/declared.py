@@ -14,6 +14,7 @@ import torch
 
 from ..cost.rebalance import sync_stall_seconds
 from ..counting import summed
+from ..fanout import FIELDS
 from ..loads import balancedness, idle_replicas, nanmax_or_none, replica_skew
 from ..schedule.migration import transfer_kinds
 from ..schedule.switch import phases
@@ -160,13 +161,13 @@ def _cost_source(results: Any) -> str:
     return results.spec.cost.describe(results.spec.topology.gpus)
 
 
-def _fanout(chunk: Chunk, num: int, den: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Columns `num` over `den` of the chunk's fan-out counts (`Counters.fanout`: tokens,
-    GPUs, nodes, remote GPUs), `[c, L]` each: the distinct GPUs (nodes) a token's executed
-    choices reach, per token with a valid pair; the share of those GPUs that are not the
-    token's source GPU."""
+def _fanout(chunk: Chunk, num: str, den: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Columns `num` over `den` of the chunk's fan-out counts (`Counters.fanout`, columns
+    `fanout.FIELDS`), `[c, L]` each: the distinct GPUs (nodes) a token's executed choices
+    reach, per token with a valid pair; the share of those GPUs that are not the token's
+    source GPU."""
     counts = chunk.counters.fanout
-    return counts[..., num], counts[..., den]
+    return counts[..., FIELDS.index(num)], counts[..., FIELDS.index(den)]
 
 
 def _step_tokens(chunk: Chunk) -> torch.Tensor:
@@ -187,12 +188,12 @@ METRICS: dict[str, Metric] = {
         "imb+shared", lambda c: (c.imbalance_with_shared,), needs=EXECUTED,
         shown=lambda rows: _some(rows, "gpu_imbalance_with_shared")),
     "balancedness": Metric("balanced", lambda c: (balancedness(c.gpu_load),), needs=EXECUTED),
-    "fanout_gpus": Metric("fanout", lambda c: _fanout(c, 1, 0), ratio, needs=COST,
+    "fanout_gpus": Metric("fanout", lambda c: _fanout(c, "gpus", "tokens"), ratio, needs=COST,
                           shown=lambda rows: _some(rows, "fanout_gpus")),
-    "fanout_nodes": Metric("nodes", lambda c: _fanout(c, 2, 0), ratio, needs=COST,
+    "fanout_nodes": Metric("nodes", lambda c: _fanout(c, "nodes", "tokens"), ratio, needs=COST,
                            shown=lambda rows: _some(rows, "fanout_nodes")
                            and _differs(rows, "fanout_nodes")),
-    "remote_frac": Metric("remote", lambda c: _fanout(c, 3, 1), ratio, needs=COST,
+    "remote_frac": Metric("remote", lambda c: _fanout(c, "remote", "gpus"), ratio, needs=COST,
                           modes=("a2a",), shown=lambda rows: _some(rows, "remote_frac")),
     "replica_skew_mean": Metric("skew_mean", _skew_parts, ratio, needs=EXECUTED),
     "replica_skew_max": Metric("skew_max", _skew_peak, peak, needs=EXECUTED),

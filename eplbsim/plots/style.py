@@ -68,9 +68,16 @@ def policy_styles(names: Iterable[str]) -> dict[str, dict[str, str]]:
     first) gets `{"color": OKABE_ITO[i % 8], "marker": POLICY_MARKERS[i % 7]}`, so a policy
     looks the same in every figure and the first 56 look different from each other."""
     names = list(dict.fromkeys(names))
-    order = list(POLICIES) + [n for n in names if n not in POLICIES]
-    return {n: {"color": OKABE_ITO[order.index(n) % len(OKABE_ITO)],
-                "marker": POLICY_MARKERS[order.index(n) % len(POLICY_MARKERS)]} for n in names}
+    order = styles_in_order(list(POLICIES) + [n for n in names if n not in POLICIES])
+    return {n: order[n] for n in names}
+
+
+def styles_in_order(names: Iterable[str]) -> dict[str, dict[str, str]]:
+    """`{"color": OKABE_ITO[i % 8], "marker": POLICY_MARKERS[i % 7]}` for the i-th of `names`
+    (first seen first): neighbours differ in both, the first 56 in one at least."""
+    return {n: {"color": OKABE_ITO[i % len(OKABE_ITO)],
+                "marker": POLICY_MARKERS[i % len(POLICY_MARKERS)]}
+            for i, n in enumerate(dict.fromkeys(names))}
 
 
 def save_figure(fig: Figure, path: str | Path, dpi: int = 150) -> tuple[Path, ...]:

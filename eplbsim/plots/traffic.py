@@ -15,14 +15,12 @@ from matplotlib.figure import Figure
 
 from ..errors import InputError
 from ..results import Results
-from .style import OKABE_ITO, POLICY_MARKERS, from_baseline
+from .style import from_baseline, styles_in_order
 
 
 def _solvers(cases: dict[str, Sequence[Results]]) -> dict[str, dict[str, str]]:
     """Each solver's colour and marker, in the order solvers first appear."""
-    names = list(dict.fromkeys(r.solver for rs in cases.values() for r in rs))
-    return {n: {"color": OKABE_ITO[i % len(OKABE_ITO)],
-                "marker": POLICY_MARKERS[i % len(POLICY_MARKERS)]} for i, n in enumerate(names)}
+    return styles_in_order(r.solver for rs in cases.values() for r in rs)
 
 
 def _checked(cases: dict[str, Sequence[Results]]) -> None:

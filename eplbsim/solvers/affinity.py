@@ -77,11 +77,11 @@ def affinity(load: np.ndarray, num_slots: int, topology: Topology, num_groups: i
     base = np.asarray(base[0] if isinstance(base, tuple) else base)  # [L, P]
     out = np.empty_like(base)
     totals = {"objective": 0.0, "balance_objective": 0.0, "max_load_ratio": 0.0}
-    bounds: list[float] = []
+    bounds: list[float] | None = []
+    steps = None if history is None else np.asarray(history, np.float64)  # [W, L, E]
     for layer in range(L):
-        steps = None if history is None else np.asarray(history, np.float64)[:, layer]
         problem = _Layer(load[layer], pairs[layer], base[layer], topology, float(node_weight),
-                         steps)
+                         None if steps is None else steps[:, layer])
         best = problem.start
         target = problem.step_peak(problem.start) * (1 + slack)
         for factor in (1 + slack, 1 + slack / 2, 1 + slack / 4, 1 + slack / 8, 1.0):
