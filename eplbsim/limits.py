@@ -4,6 +4,8 @@ model in use (hundreds of experts, top-8, tens of layers, thousands of GPUs); me
 these caps is checked separately (`files.check_memory`).
 """
 
+import math
+
 from .errors import InputError
 
 MAX_EXPERTS = 1 << 16  # logical experts E of a layer
@@ -17,6 +19,20 @@ MAX_CELLS = 10_000  # cells of a sweep unless --max-cells raises it
 MAX_LOAD = 2**53  # per-layer sums of loads: the largest exact integer of float64
 MAX_BATCH = 1 << 24  # rows of one step a workload makes (a CUDA-graph size, a token budget)
 MAX_EXPERT_BYTES = 1 << 40  # one expert's weights: above the memory of any GPU that holds one
+MAX_COUNT = 1 << 62  # any other count a setting holds (steps, tokens, a window, requests)
+
+
+def shown(value: object) -> str:
+    """`value` as a message quotes it: `repr`, but an integer of more than 24 digits as "a
+    310-digit number" (a pasted run of digits is not worth echoing, and Python refuses to
+    print one of more than 4300)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**24:
+        try:
+            digits = str(len(str(abs(value))))
+        except ValueError:  # beyond Python's 4300 digits
+            digits = f"{math.log10(abs(value)):.0f}"
+        return f"a {digits}-digit number"
+    return repr(value)
 
 
 def check_at_most(value: int, cap: int, what: str) -> int:

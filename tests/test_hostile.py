@@ -574,6 +574,29 @@ def traceback_graph_size_1e20(d):
     return ["run", "--requests", "requests", "--graph-sizes", "1,100000000000000000000"]
 
 
+DIGITS_310 = "9" * 310  # a count no float holds: the checks refuse it, naming the flag
+
+
+def traceback_steps_of_310_digits(d):
+    return ["run", "--steps", DIGITS_310]
+
+
+def traceback_window_of_310_digits(d):
+    return ["run", "--rebalance-every", "4", "--window", DIGITS_310]
+
+
+def traceback_scenario_option_of_310_digits(d):
+    return ["run", "--scenario", "drift", "-o", f"period={DIGITS_310}"]
+
+
+def traceback_workers_of_310_digits(d):
+    return ["run", *SIZES, "--workers", DIGITS_310]
+
+
+def traceback_arrival_rate_beyond_a_float(d):
+    return ["run", "--requests", "requests", "--arrival-rate", DIGITS_310]
+
+
 def traceback_file_name_too_long(d):
     return ["run", "--trace", d / ("a" * 300 + ".npz")]
 
@@ -999,3 +1022,13 @@ def test_an_object_array_is_never_unpickled(tmp_path, capsys):
         np.savez(f, **arrays)  # numpy pickles the object array
     code, _, err = run(capsys, "trace", "info", tmp_path / "o.npz")
     assert code == 2 and "never unpickles" in err and "allow_pickle" not in err
+
+
+@pytest.mark.parametrize("argv,flag", [(["--steps", DIGITS_310], "--steps"),
+                                       (["-o", f"sigma={DIGITS_310}"], "'sigma'"),
+                                       (["--arrival-rate", DIGITS_310], "--arrival-rate")])
+def test_a_number_too_long_to_read_is_named_with_its_flag_not_echoed(argv, flag, capsys):
+    needs = ["--requests", "requests"] if flag == "--arrival-rate" else []
+    code, _, err = run(capsys, "run", *needs, *argv)
+    assert code == 2 and flag in err and DIGITS_310 not in err
+    assert "310" in err and "OverflowError" not in err

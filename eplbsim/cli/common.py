@@ -37,16 +37,16 @@ def check_out_dir(out: Path, inputs: Iterable[Any], names: Iterable[str]) -> Pat
 
 
 def _at_least(least: int, most: int | None = None):
-    """An argparse type: an integer >= `least` (and <= `most`)."""
+    """An argparse type: an integer >= `least` and <= `most` (the run schema's `Integer`,
+    whose cap defaults to `limits.MAX_COUNT`)."""
+    from ..spec.values import Integer
+    value = Integer(least, most=most)
+
     def parse(text: str) -> int:
         try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or value < least or (most is not None and value > most):
-            bound = f">= {least}" if most is None else f"in [{least}, {most}]"
-            raise argparse.ArgumentTypeError(f"expected an integer {bound}, got {text!r}")
-        return value
+            return value.check(value.parse(text))
+        except InputError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
     return parse
 
 

@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 
 from ..engines.sglang_runtime import flags as engine_flags
 from ..errors import InputError
-from ..limits import MAX_BATCH, check_at_most
+from ..limits import MAX_BATCH, MAX_COUNT, check_at_most, shown
 from ..placement import Placement
 from ..registry import unknown
 from ..traces.counts import parse_where
@@ -30,8 +30,8 @@ from ..traces.steps import parse_steps
 
 @dataclass(frozen=True)
 class Integer:
-    """An integer >= `least` (and <= `most`, a cap of `eplbsim.limits`); None too when
-    `optional`."""
+    """An integer >= `least` and <= `most`, a cap of `eplbsim.limits` (`MAX_COUNT` when not
+    given: every count a run can hold); None too when `optional`."""
 
     least: int = 0
     optional: bool = False
@@ -41,17 +41,24 @@ class Integer:
         try:
             return int(text)
         except ValueError:
-            raise InputError(f"must be an integer, got {text!r}") from None
+            raise InputError(f"must be an integer, got {_quoted(text)}") from None
 
     def check(self, value: Any) -> int | None:
         if value is None and self.optional:
             return None
-        if isinstance(value, bool) or not isinstance(value, int) or value < self.least or (
-                self.most is not None and value > self.most):
-            bound = (f">= {self.least}" if self.most is None
-                     else f"in [{self.least}, {self.most}]")
-            raise InputError(f"must be an integer {bound}, got {value!r}")
+        most = MAX_COUNT if self.most is None else self.most
+        if isinstance(value, bool) or not isinstance(value, int) or not \
+                self.least <= value <= most:
+            bound = (f"in [{self.least}, {self.most}]" if self.most is not None else
+                     f">= {self.least} and at most 2**62" if isinstance(value, int)
+                     and value > most else f">= {self.least}")
+            raise InputError(f"must be an integer {bound}, got {shown(value)}")
         return int(value)
+
+
+def _quoted(text: str) -> str:
+    """`text` quoted, or its length when it is too long to be worth echoing."""
+    return repr(text) if len(text) <= 40 else f"{len(text)} characters ({text[:12]!r}...)"
 
 
 @dataclass(frozen=True)
@@ -64,16 +71,21 @@ class Number:
 
     def parse(self, text: str) -> float:
         try:
-            return float(text)
+            value = float(text)
         except ValueError:
-            raise InputError(f"must be a number, got {text!r}") from None
+            raise InputError(f"must be a number, got {_quoted(text)}") from None
+        if math.isinf(value) and "inf" not in text.lower():
+            raise InputError(f"must be a number, got {_quoted(text)}, beyond a float's range")
+        return value
 
     def check(self, value: Any) -> float | None:
         if value is None and self.optional:
             return None
         number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if not number or not math.isfinite(value) or not self.least <= value <= self.most:
-            got = f"{value:g}" if number else repr(value)  # 2 and 2.0 read the same
+        if not number or abs(value) > MAX_COUNT or not math.isfinite(value) \
+                or not self.least <= value <= self.most:
+            got = (f"{value:g}" if number and abs(value) <= MAX_COUNT  # 2 and 2.0 read alike
+                   else shown(value))
             raise InputError(f"must be a number in [{self.least:g}, {self.most:g}], got {got}")
         return float(value)
 
@@ -156,10 +168,13 @@ class Options:
     def parse(self, text: str) -> tuple[str, Any]:
         key, sep, value = text.partition("=")
         if not sep or not key:
-            raise InputError(f"expected KEY=VALUE, got {text!r}")
+            raise InputError(f"expected KEY=VALUE, got {_quoted(text)}")
         try:
             return key, json.loads(value)
         except ValueError:
+            if value.lstrip("+-").isdigit():  # digits beyond what Python reads as a number
+                raise InputError(f"option {key!r} must be a finite number of magnitude at "
+                                 f"most 2**62, got a {len(value)}-digit number") from None
             return key, value
 
     def check(self, value: Any) -> dict[str, Any]:
@@ -168,7 +183,11 @@ class Options:
         for key, item in value.items():
             if not isinstance(key, str) or not isinstance(item, (str, int, float, bool)):
                 raise InputError(f"option {key!r} must be a number, text or boolean, "
-                                 f"got {item!r}")
+                                 f"got {shown(item)}")
+            if isinstance(item, (int, float)) and (abs(item) > MAX_COUNT
+                                                   or not math.isfinite(item)):
+                raise InputError(f"option {key!r} must be a finite number of magnitude at "
+                                 f"most 2**62, got {shown(item)}")
         return dict(value)
 
 
