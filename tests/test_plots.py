@@ -431,18 +431,40 @@ def test_paper_figure_fits_a_laptop_screen_at_100_percent(paper, name):
     assert width <= MAX_PX[0] and height <= MAX_PX[1], f"{width:.0f} x {height:.0f} px"
 
 
-@pytest.mark.parametrize("name", list(FIGURES))
-def test_paper_figure_texts_do_not_overlap(paper, name):
-    fig = paper(name)
+def _overlapping_texts(fig):
+    """The pairs of `fig`'s texts closer than `GAP_PT` (the figure has more than 5 texts)."""
     renderer = fig.canvas.get_renderer()
     gap = GAP_PT * fig.dpi / 72
     with plots.paper_style():  # the ticks an axis places depend on the style's font sizes
         boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in _texts(fig)]
     assert len(boxes) > 5
-    overlaps = [(a, b) for i, (a, box_a) in enumerate(boxes) for b, box_b in boxes[i + 1:]
-                if min(box_a.x1, box_b.x1) - max(box_a.x0, box_b.x0) > -gap
-                and min(box_a.y1, box_b.y1) - max(box_a.y0, box_b.y0) > -gap]
-    assert overlaps == []
+    return [(a, b) for i, (a, box_a) in enumerate(boxes) for b, box_b in boxes[i + 1:]
+            if min(box_a.x1, box_b.x1) - max(box_a.x0, box_b.x0) > -gap
+            and min(box_a.y1, box_b.y1) - max(box_a.y0, box_b.y0) > -gap]
+
+
+@pytest.mark.parametrize("name", list(FIGURES))
+def test_paper_figure_texts_do_not_overlap(paper, name):
+    assert _overlapping_texts(paper(name)) == []
+
+
+@pytest.mark.parametrize("layers", [4, 48, 94])
+def test_a_trace_of_many_layers_draws_legibly(layers):
+    """`figures --trace` on a real model's depth (Qwen3-30B-A3B has 48 MoE layers, Qwen3-235B
+    94): no two texts overlap, and up to LAYER_TICKS layers every layer is named."""
+    from eplbsim.plots.paper import LAYER_TICKS
+    from eplbsim.plots.trace import trace_figures
+    counts = np.random.default_rng(0).integers(0, 50, size=(6, layers, 128))
+    with plots.paper_style():
+        figures = trace_figures(counts)
+        for fig in figures.values():
+            fig.set_dpi(DPI)
+            FigureCanvasAgg(fig).draw()
+    for name, fig in figures.items():
+        assert _overlapping_texts(fig) == [], name
+    ticks = figures["expert_load"].axes[0].get_yticks()
+    named = [t for t in ticks if 0 <= t < layers]
+    assert len(named) == layers if layers <= LAYER_TICKS else len(named) <= LAYER_TICKS + 1
 
 
 @pytest.mark.parametrize("name", list(FIGURES))

@@ -10,6 +10,7 @@ from typing import Any, Sequence
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from ..errors import InputError
 from ..metrics import rebalance_stalls
@@ -21,6 +22,8 @@ from .style import (OKABE_ITO, from_baseline, grouped_ratio_bars, legend_once, p
                     run_labels)
 
 
+
+LAYER_TICKS = 16  # layers a heatmap names one by one; more get evenly spaced ticks
 
 def expert_load_heatmap(counts: Any, layer: int = 0) -> Figure:
     """Where the load goes: each layer's share of pairs per expert over the whole trace, and
@@ -53,8 +56,8 @@ def expert_load_heatmap(counts: Any, layer: int = 0) -> Figure:
         ax.set_title(title)
         ax.grid(False)
         fig.colorbar(image, ax=ax, label="share of the pairs (%)")
-    if L > 1:
-        ax_all.set_yticks(range(L))
+    if L > 1:  # every layer named up to LAYER_TICKS of them, else evenly spaced whole numbers
+        ax_all.yaxis.set_major_locator(MaxNLocator(nbins=min(L, LAYER_TICKS), integer=True))
     fig.suptitle(f"Expert load ({S} steps, {L} layer{'' if L == 1 else 's'}, {E} experts)")
     return fig
 
