@@ -56,6 +56,14 @@ class Integer:
         return int(value)
 
 
+def _finite_float(value: int | float) -> bool:
+    """Whether `value` reads as a finite float (an integer of 310 digits does not)."""
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
+
+
 def _quoted(text: str) -> str:
     """`text` quoted, or its length when it is too long to be worth echoing."""
     return repr(text) if len(text) <= 40 else f"{len(text)} characters ({text[:12]!r}...)"
@@ -173,8 +181,8 @@ class Options:
             return key, json.loads(value)
         except ValueError:
             if value.lstrip("+-").isdigit():  # digits beyond what Python reads as a number
-                raise InputError(f"option {key!r} must be a finite number of magnitude at "
-                                 f"most 2**62, got a {len(value)}-digit number") from None
+                raise InputError(f"option {key!r} must be a finite number within a float's "
+                                 f"range, got a {len(value)}-digit number") from None
             return key, value
 
     def check(self, value: Any) -> dict[str, Any]:
@@ -184,10 +192,9 @@ class Options:
             if not isinstance(key, str) or not isinstance(item, (str, int, float, bool)):
                 raise InputError(f"option {key!r} must be a number, text or boolean, "
                                  f"got {shown(item)}")
-            if isinstance(item, (int, float)) and (abs(item) > MAX_COUNT
-                                                   or not math.isfinite(item)):
-                raise InputError(f"option {key!r} must be a finite number of magnitude at "
-                                 f"most 2**62, got {shown(item)}")
+            if isinstance(item, (int, float)) and not _finite_float(item):
+                raise InputError(f"option {key!r} must be a finite number within a float's "
+                                 f"range, got {shown(item)}")
         return dict(value)
 
 
