@@ -3,8 +3,10 @@
 Dimensions: `T` tokens, `K` top-k, `L` layers, `E` logical experts, `D` hidden size.
 
 Expert `e` of layer `l` is a fixed random matrix `W[l, e]` (all replicas share it); token `t` of
-a step has a random hidden vector `x_t` and positive gate weights `w_tk` summing to 1. The exact
-output is `y_t = sum_k w_tk W_{e_tk} x_t`; when pair `(t, k)` is executed `c_tk` times (summed
+a step has a random hidden vector `x_t` and gate weights `w_tlk`: the router's own where the
+trace holds them (`step_weights`: a real log's gating weights, so each pair weighs what it
+weighed in the model), else positive random ones summing to 1, the same in every layer. The
+exact output of layer `l` is `y_t = sum_k w_tlk W_{e_tlk} x_t`; when pair `(t, k)` is executed `c_tk` times (summed
 over ranks by the all-reduce) the simulated output is `sum_k c_tk w_tk W_{e_tk} x_t`.
 
 Pair outputs are float64 values on the grid of multiples of `2**-GRID_BITS` (rounded once from
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -40,6 +42,7 @@ class ToyMoE:
     hidden: int
     seed: int
     device: torch.device
+    gates: Callable[[int], torch.Tensor | None] | None = None  # step -> `[T, L, K]` or None
 
     @cached_property
     def weights(self) -> torch.Tensor:
@@ -58,24 +61,34 @@ class ToyMoE:
 
 
 def make_toy_moe(num_layers: int, num_experts: int, hidden: int = 8, seed: int = 0,
-                 device: torch.device | str = "cpu") -> ToyMoE:
-    """The toy layer of these sizes on `device` (its matrices are drawn when first used)."""
-    return ToyMoE(num_layers, num_experts, hidden, seed, torch.device(device))
+                 device: torch.device | str = "cpu", trace: Any = None) -> ToyMoE:
+    """The toy layer of these sizes on `device` (its matrices are drawn when first used),
+    weighing pairs by `trace`'s gating weights where it has them (`step_weights`)."""
+    weights = getattr(trace, "step_weights", None)  # a Trace's, a view's; None for the rest
+    has = weights is not None and trace.num_steps and weights(0) is not None
+    return ToyMoE(num_layers, num_experts, hidden, seed, torch.device(device),
+                  weights if has else None)
 
 
-def token_inputs(moe: ToyMoE, step: int, num_tokens: int,
-                 top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Hidden vectors `x [T, D]` and gates `w [T, K]` of step `step`, seeded by (seed, step)."""
+def token_inputs(moe: ToyMoE, step: int, ids_shape: tuple[int, int, int]
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Hidden vectors `x [T, D]` and gates `w [T, L, K]` of step `step` of ids `ids_shape`
+    `(T, L, K)`: `x` seeded by (seed, step); the gates the trace's (`ToyMoE.gates`) or, when
+    it has none, drawn after `x` and the same in every layer."""
+    T, L, K = ids_shape
     gen = torch.Generator().manual_seed(moe.seed * 1_000_003 + step + 1)
-    x = torch.randn(num_tokens, moe.hidden, generator=gen)
-    gates = torch.rand(num_tokens, top_k, generator=gen) + 0.1
-    gates = gates / gates.sum(-1, keepdim=True)
+    x = torch.randn(T, moe.hidden, generator=gen)
+    gates = None if moe.gates is None else moe.gates(step)
+    if gates is None:
+        drawn = torch.rand(T, K, generator=gen) + 0.1
+        gates = (drawn / drawn.sum(-1, keepdim=True)).unsqueeze(1).expand(T, L, K)
     return x.to(moe.device), gates.to(moe.device)
 
 
 def pair_outputs(moe: ToyMoE, layer: int, topk_ids: torch.Tensor, x: torch.Tensor,
                  gates: torch.Tensor) -> torch.Tensor:
-    """`w_tk W_{e_tk} x_t` of every pair on the grid, float64 `[T, K, D]`; zero for padding."""
+    """`w_tk W_{e_tk} x_t` of every pair of layer `layer` on the grid, float64 `[T, K, D]`;
+    zero for padding (`topk_ids [T, K]` and `gates [T, K]` are the layer's)."""
     ids = topk_ids.long()
     w = moe.weights[layer][ids.clamp(min=0)]  # [T, K, D, D]
     weight = (gates * (ids >= 0)).unsqueeze(-1)  # [T, K, 1]
@@ -90,13 +103,14 @@ def step_sums(moe: ToyMoE, step: int, topk_ids: torch.Tensor,
     `executed [T, L, K]` times (None: `exact` itself).
 
     topk_ids: `[T, L, K]` the step's ids (every token; -1 padding, which adds nothing)"""
-    T, L, K = topk_ids.shape
-    x, gates = token_inputs(moe, step, T, K)
+    L = topk_ids.shape[1]
+    x, gates = token_inputs(moe, step, topk_ids.shape)
     if topk_ids.device.type == "cpu":
         sums = counting.layer_sums(moe.transposed, x.numpy(), gates.numpy(), topk_ids.numpy(),
                                    None if executed is None else executed.numpy())
         return torch.from_numpy(sums[0]), torch.from_numpy(sums[1])
-    pairs = [pair_outputs(moe, layer, topk_ids[:, layer], x, gates) for layer in range(L)]
+    pairs = [pair_outputs(moe, layer, topk_ids[:, layer], x, gates[:, layer])
+             for layer in range(L)]
     exact = torch.stack([p.sum(1) for p in pairs])
     if executed is None:
         return exact, exact
@@ -127,7 +141,7 @@ def local_error_terms(moe: ToyMoE, step: int, topk_ids: torch.Tensor,
     and squares them there (`counting.error_squares`, no `[L, T, D]` arrays), unless some
     output is off the grid."""
     if topk_ids.device.type == "cpu":
-        x, gates = token_inputs(moe, step, topk_ids.shape[0], topk_ids.shape[2])
+        x, gates = token_inputs(moe, step, topk_ids.shape)
         terms = counting.error_squares(moe.transposed, x.numpy(), gates.numpy(),
                                        topk_ids.numpy(), executed.numpy())
         if terms is not None:

@@ -158,7 +158,7 @@ def dispatch_steps(trace: Any, spec: RunSpec, segments: Sequence[Segment], steps
     device = device or resolve_device(d.device)
     L, E, G = trace.num_layers, trace.num_experts, spec.topology.gpus
     ranks = make_ranks(d.rng, d.seed, G, held, d.drift_p)
-    moe = make_toy_moe(L, E, d.hidden, d.seed, device)
+    moe = make_toy_moe(L, E, d.hidden, d.seed, device, trace)
     slot_load = torch.zeros(len(steps), L, segments[0].placement.num_slots,
                             dtype=trace.load_dtype)
     shared = spec.shared_work() > 0
@@ -211,7 +211,7 @@ def fill_norms(trace: Any, spec: RunSpec, counters: Counters,
         return
     d = spec.dispatch
     moe = make_toy_moe(trace.num_layers, trace.num_experts, d.hidden, d.seed,
-                       device or resolve_device(d.device))
+                       device or resolve_device(d.device), trace)
     for s in unmeasured.nonzero().flatten().tolist():
         counters.error[s, :, 1] = square_sums(step_sums(moe, s, trace.step(s))[0])
 

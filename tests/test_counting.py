@@ -125,7 +125,7 @@ def test_layer_sums_equal_the_definition_in_vector_and_single_lanes(hidden):
     L, E, T, K, D = 2, 7, 40, 3, hidden
     w = rng.standard_normal((L, E, D, D)).astype(np.float32)  # W[l, e, i, j]
     x = rng.standard_normal((T, D)).astype(np.float32)
-    gates = rng.random((T, K)).astype(np.float32)
+    gates = rng.random((T, L, K)).astype(np.float32)
     ids = _ids(rng, T, L, K, E)
     mult = rng.integers(0, 4, ids.shape).astype(np.int32)
     wt = np.ascontiguousarray(w.transpose(0, 1, 3, 2))
@@ -142,7 +142,7 @@ def test_layer_sums_equal_the_definition_in_vector_and_single_lanes(hidden):
                 acc = w[layer, e, :, 0] * x[t, 0]
                 for j in range(1, D):
                     acc = acc + w[layer, e, :, j] * x[t, j]  # float32, one rounding per step
-                v = np.rint((acc * gates[t, k]).astype(np.float64) * counting.GRID) \
+                v = np.rint((acc * gates[t, layer, k]).astype(np.float64) * counting.GRID) \
                     * counting.INV_GRID
                 want[layer, t] += v
                 want_weighted[layer, t] += mult[t, layer, k] * v

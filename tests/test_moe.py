@@ -13,8 +13,10 @@ from eplbsim.moe import (GRID_BITS, all_reduced_error_terms, error_terms, grid_s
 
 def test_pair_outputs_match_the_definition_and_zero_padding():
     moe = make_toy_moe(2, 5, hidden=4, seed=1)
-    x, gates = token_inputs(moe, step=3, num_tokens=6, top_k=2)
-    assert torch.allclose(gates.sum(-1), torch.ones(6)) and (gates > 0).all()
+    x, gates = token_inputs(moe, step=3, ids_shape=(6, 2, 2))
+    assert torch.allclose(gates.sum(-1), torch.ones(6, 2)) and (gates > 0).all()
+    assert torch.equal(gates[:, 0], gates[:, 1])  # drawn gates: the same in every layer
+    gates = gates[:, 1]
     ids = torch.tensor([[0, 4], [1, -1], [2, 3], [4, 4], [-1, -1], [3, 0]])
     out = pair_outputs(moe, 1, ids, x, gates)
     t, k = 2, 1
@@ -29,7 +31,8 @@ def test_pair_outputs_match_the_definition_and_zero_padding():
 def test_sums_of_pair_outputs_do_not_depend_on_the_order():
     """What an all-reduce over ranks relies on: any order of summation gives the same bits."""
     moe = make_toy_moe(1, 8, seed=2)
-    x, gates = token_inputs(moe, 0, 64, 4)
+    x, gates = token_inputs(moe, 0, (64, 1, 4))
+    gates = gates[:, 0]
     ids = torch.randint(0, 8, (64, 4), generator=torch.Generator().manual_seed(1))
     pairs = pair_outputs(moe, 0, ids, x, gates)  # [T, K, D]
     flat = pairs.reshape(-1, pairs.shape[-1])  # [T*K, D]
@@ -139,7 +142,7 @@ def test_one_pass_error_terms_leave_outputs_off_the_grid_to_the_general_path():
     moe = make_toy_moe(1, 2, hidden=8, seed=0)
     ids = torch.zeros(4, 1, 1, dtype=torch.int32)
     twice = torch.full((4, 1, 1), 2, dtype=torch.int32)
-    x, gates = token_inputs(moe, 0, 4, 1)
+    x, gates = token_inputs(moe, 0, (4, 1, 1))
     args = (x.numpy(), gates.numpy(), ids.numpy(), twice.numpy())
     assert counting.error_squares(moe.transposed, *args) is not None
     assert counting.error_squares(moe.transposed * 1e4, *args) is None
@@ -152,8 +155,8 @@ def test_one_pass_error_terms_leave_outputs_off_the_grid_to_the_general_path():
 def test_inputs_are_seeded():
     a, b = make_toy_moe(1, 2, seed=5), make_toy_moe(1, 2, seed=5)
     assert torch.equal(a.weights, b.weights)
-    assert torch.equal(token_inputs(a, 2, 3, 1)[0], token_inputs(b, 2, 3, 1)[0])
-    assert not torch.equal(token_inputs(a, 2, 3, 1)[0], token_inputs(a, 3, 3, 1)[0])
+    assert torch.equal(token_inputs(a, 2, (3, 1, 1))[0], token_inputs(b, 2, (3, 1, 1))[0])
+    assert not torch.equal(token_inputs(a, 2, (3, 1, 1))[0], token_inputs(a, 3, (3, 1, 1))[0])
 
 
 def test_cpu_loops_and_torch_pair_outputs_give_the_same_sums():
@@ -166,8 +169,33 @@ def test_cpu_loops_and_torch_pair_outputs_give_the_same_sums():
     ids[7, 1, 2] = -1
     executed = torch.from_numpy(rng.integers(0, 3, ids.shape))
     exact, weighted = step_sums(moe, 2, ids, executed)
-    x, gates = token_inputs(moe, 2, 512, 4)
+    x, gates = token_inputs(moe, 2, (512, 3, 4))
     for layer in range(3):
-        pairs = pair_outputs(moe, layer, ids[:, layer], x, gates)
+        pairs = pair_outputs(moe, layer, ids[:, layer], x, gates[:, layer])
         assert torch.equal(exact[layer], pairs.sum(1))
         assert torch.equal(weighted[layer], (pairs * executed[:, layer].unsqueeze(-1)).sum(1))
+
+
+def test_a_traces_gating_weights_are_the_gates_each_layer_its_own():
+    """Where the trace holds gating weights the toy MoE weighs each pair by its own weight, on
+    the CPU loops and on the torch path alike: a pair of weight 0 adds nothing, so executing
+    it twice is no error, while the same slip on a weighted pair is."""
+    from eplbsim.traces.trace import Trace
+    ids = torch.tensor([[[0, 1], [2, 3]], [[1, 2], [3, 0]]], dtype=torch.int32)  # [T=2, L=2, K=2]
+    weights = torch.tensor([[[0.75, 0.0], [0.5, 0.5]], [[0.3, 0.7], [1.0, 0.25]]])
+    trace = Trace(ids, torch.tensor([0, 2]), 4, topk_weights=weights)
+    moe = make_toy_moe(2, 4, hidden=4, seed=1, trace=trace)
+    x, gates = token_inputs(moe, 0, tuple(ids.shape))
+    assert torch.equal(gates, weights)
+    zero_twice = torch.ones(2, 2, 2, dtype=torch.int64)
+    zero_twice[0, 0, 1] = 2  # the pair of weight 0
+    assert local_error_terms(moe, 0, ids, zero_twice)[:, 0].tolist() == [0.0, 0.0]
+    zero_twice[1, 1, 1] = 2  # a pair of weight 0.25 in layer 1
+    terms = local_error_terms(moe, 0, ids, zero_twice)
+    assert terms[0, 0] == 0 and terms[1, 0] > 0
+    assert torch.equal(terms, all_reduced_error_terms(moe, 0, ids, zero_twice, lambda t: t))
+    pairs = pair_outputs(moe, 1, ids[:, 1], x, gates[:, 1])
+    want = 0.25 * moe.weights[1, 0] @ x[1]
+    assert torch.allclose(pairs[1, 1], want.double(), rtol=0, atol=2.0 ** -GRID_BITS)
+    plain = make_toy_moe(2, 4, hidden=4, seed=1)
+    assert not torch.equal(token_inputs(plain, 0, tuple(ids.shape))[1], weights)

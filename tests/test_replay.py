@@ -252,3 +252,23 @@ def test_compare_counts_and_solves_once_for_all_its_rows(monkeypatch):
     monkeypatch.setattr(R, "schedule_of", plan)
     alone = R.replay(trace, spec.replace(policy="ordinal", mode="a2a"))
     assert rows[4].metrics == alone.metrics  # the same numbers as replaying one alone
+
+
+def test_the_output_error_weighs_each_pair_by_the_traces_gating_weight():
+    """A trace with gating weights prices a mis-executed pair by its own weight: where every
+    pair but one slot has weight 0 the error comes from that slot alone, and with all
+    weights 0 but the last slot's it differs from the drawn gates' error; a replay of the
+    same weighted trace is bit-identical."""
+    base = synthesize("skewed", seed=0, **SIZES)
+    spec = CFG.replace(policy="random")
+    weights = torch.zeros(base.ids_shape)
+    weights[:, :, -1] = 1.0
+    weighted = Trace(base.topk_ids, base.step_offsets, base.num_experts, None, base.meta,
+                     weights)
+    drawn = replay(base, spec).metrics["output_rel_error"]
+    mine = replay(weighted, spec).metrics["output_rel_error"]
+    assert mine > 0 and mine != drawn
+    assert replay(weighted, spec).metrics["output_rel_error"] == mine
+    none = Trace(base.topk_ids, base.step_offsets, base.num_experts, None, base.meta,
+                 torch.zeros(base.ids_shape))
+    assert replay(none, spec).metrics["output_rel_error"] in (0.0, None)

@@ -492,3 +492,39 @@ def test_load_float_ids_names_file(tmp_path):
     arrays["topk_ids"] = arrays["topk_ids"].astype(np.float32)
     _write_npz(path, **arrays)
     _raises_naming(path, "topk_ids must hold integers")
+
+
+# ---------------------------------------------------------------- gating weights
+
+
+def _weights(T, L=2, K=2, seed=1):
+    return np.random.default_rng(seed).random((T, L, K)).astype(np.float32)
+
+
+def test_gating_weights_are_kept_per_step_windowed_and_round_tripped(tmp_path):
+    tr = _trace(src=False)
+    w = _weights(tr.num_tokens)
+    weighted = Trace(tr.topk_ids, tr.step_offsets, 8, None, tr.meta, w)
+    assert tr.step_weights(0) is None
+    assert np.array_equal(weighted.step_weights(2).numpy(), w[3:5])
+    assert np.array_equal(weighted.window(2, 4).step_weights(1).numpy(), w[5:9])
+    w[0] = 9  # a private copy
+    assert weighted.topk_weights[0, 0, 0] != 9
+    save_trace(weighted, tmp_path / "w.npz")
+    back = load_trace(tmp_path / "w.npz")
+    assert torch.equal(back.topk_weights, weighted.topk_weights)
+    stepped = Trace.from_steps([weighted.step(s) for s in range(4)], 8, None, {},
+                               [weighted.step_weights(s) for s in range(4)])
+    assert torch.equal(stepped.topk_weights, weighted.topk_weights)
+
+
+@pytest.mark.parametrize("change, pattern", [
+    (lambda w: w[:, :1], "shape of topk_ids"),
+    (lambda w: np.where(np.arange(w.size).reshape(w.shape) == 5, np.nan, w), "row 1, layer 0, slot 1"),
+    (lambda w: -w, "finite and >= 0"),
+    (lambda w: np.full(w.shape, "x"), "not a numeric array"),
+])
+def test_bad_gating_weights_are_named(change, pattern):
+    tr = _trace(src=False)
+    with pytest.raises(InputError, match=pattern):
+        Trace(tr.topk_ids, tr.step_offsets, 8, None, {}, change(_weights(tr.num_tokens)))

@@ -251,3 +251,18 @@ def test_a_file_cut_short_after_its_checks_is_an_input_error(tmp_path):
     assert torch.equal(d.step(0), tr.step(0))
     with pytest.raises(InputError, match=r"topk_ids.npy: ended 4 bytes short of rows 7:12"):
         d.step(2)
+
+
+def test_a_weighted_trace_written_as_a_directory_says_its_weights_are_not_kept(tmp_path):
+    from eplbsim.errors import InputWarning
+    from eplbsim.traces.directory import to_memory
+    from eplbsim.traces.steps import select
+    from eplbsim.traces.trace import Trace
+    ids = torch.tensor([[[0, 1]], [[2, 3]], [[1, 0]]], dtype=torch.int32)
+    weights = torch.tensor([[[0.5, 0.5]], [[1.0, 0.0]], [[0.25, 0.75]]])
+    trace = Trace(ids, torch.tensor([0, 1, 3]), 4, None, {}, weights)
+    with pytest.warns(InputWarning, match="holds no gating weights"):
+        written = save_trace_dir(trace, tmp_path / "d")
+    assert written.step_weights(0) is None
+    view = select(trace, "1")
+    assert torch.equal(to_memory(view).topk_weights, weights[1:])

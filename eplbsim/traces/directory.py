@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ast
 import json
+import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -31,7 +32,7 @@ import numpy as np
 import torch
 
 from ..counting import counts_and_first_duplicate, expert_counts
-from ..errors import InputError
+from ..errors import InputError, InputWarning
 from ..files import NPY_HEADER_ERRORS, atomic_dir, npy_header, npy_refusal, regular_file
 from ..limits import MAX_EXPERTS, MAX_GPUS
 from ..progress import Progress
@@ -293,7 +294,12 @@ def save_trace_dir(trace: Any, path: str | Path, chunk_steps: int = 64,
     """Write any trace-like object (`num_steps`, `num_layers`, `top_k`, `num_experts`, `meta`,
     `step(s)` `[T_s, L, K]`, `step_src_rank(s)` `[T_s]` or None) as a trace directory, step
     by step, so the source never has to fit in memory; `chunk_steps` steps are buffered per
-    write. Returns the written trace, validated."""
+    write. Returns the written trace, validated. The form holds no gating weights: a trace
+    with them (`step_weights`) loses them, with an InputWarning saying so."""
+    if trace.num_steps and getattr(trace, "step_weights", lambda s: None)(0) is not None:
+        warnings.warn("the trace directory form holds no gating weights: the toy MoE's output "
+                      "error of the written trace draws its gates (keep an .npz to keep them)",
+                      InputWarning, stacklevel=2)
     steps = ((trace.step(s), trace.step_src_rank(s)) for s in range(trace.num_steps))
     return write_steps(path, steps, int(trace.num_experts), trace.meta, chunk_steps,
                        trace.num_layers, trace.top_k, progress)
@@ -396,4 +402,6 @@ def to_memory(trace: Trace | DirTrace, progress: Progress | None = None) -> Trac
             progress(1)
     src = None if trace.step_src_rank(0) is None else \
         [trace.step_src_rank(s) for s in range(trace.num_steps)]
-    return Trace.from_steps(steps, trace.num_experts, src, trace.meta)
+    weights = None if trace.step_weights(0) is None else \
+        [trace.step_weights(s) for s in range(trace.num_steps)]
+    return Trace.from_steps(steps, trace.num_experts, src, trace.meta, weights)

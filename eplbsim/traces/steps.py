@@ -152,6 +152,9 @@ class StepView(TraceShape):
     def step_src_rank(self, s: int) -> torch.Tensor | None:
         return self.base.step_src_rank(int(self.steps[s]))
 
+    def step_weights(self, s: int) -> torch.Tensor | None:
+        return self.base.step_weights(int(self.steps[s]))
+
     def counts(self) -> torch.Tensor:
         """Routed pairs per logical expert of the kept steps, `[S', L, E]`."""
         return self.base.counts()[self.steps]

@@ -4,7 +4,8 @@ Dimensions: `S` steps, `T` tokens in a step (`T_s` for step `s`), `L` MoE layers
 experts, `K` top-k. A routing id of -1 is padding ("no expert") and is never counted as load.
 
 On disk (DESIGN.md §5): `topk_ids` int16/int32 `[sum T_s, L, K]`, `step_offsets` int64 `[S + 1]`,
-optional `src_rank` int16 `[sum T_s]`, and `meta`, a JSON string with `num_experts`, `top_k`,
+optional `src_rank` int16 `[sum T_s]`, optional `topk_weights` float32 `[sum T_s, L, K]` (the
+router's gating weight of each pair, where the log had them), and `meta`, a JSON string with `num_experts`, `top_k`,
 `num_layers`, optional `num_groups`, and free-form provenance. Files are read without pickle.
 """
 
@@ -62,6 +63,11 @@ class TraceShape:
         """int64 `[S]`."""
         return self.step_offsets.diff()
 
+    def step_weights(self, s: int) -> torch.Tensor | None:
+        """The gating weights of step `s`'s pairs, float32 `[T_s, L, K]`, or None when the
+        trace has none (the toy MoE then draws its gates)."""
+        return None
+
     @property
     def load_dtype(self) -> torch.dtype:
         """The dtype of per-(step, layer, expert or slot) pair counts: int32, which holds them
@@ -98,6 +104,8 @@ class Trace(TraceShape):
     num_experts:  `E`
     src_rank:     int64 `[sum T_s]` source EP rank of each token, or None
     meta:         provenance (JSON-serialisable dict); `num_groups` is read from it when present
+    topk_weights: float32 `[sum T_s, L, K]` finite, non-negative gating weight of each pair
+                  (a padding slot's is ignored), or None
     """
 
     topk_ids: torch.Tensor
@@ -105,6 +113,7 @@ class Trace(TraceShape):
     num_experts: int
     src_rank: torch.Tensor | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    topk_weights: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         ids = _int_array(self.topk_ids, "topk_ids")
@@ -146,6 +155,8 @@ class Trace(TraceShape):
                 raise InputError(f"src_rank has rank {lo if lo < 0 else hi}; ranks must lie in "
                                  f"[0, {MAX_GPUS})")
             src = torch.from_numpy(src.astype(np.int64))
+        weights = None if self.topk_weights is None else \
+            torch.from_numpy(gating_weights(self.topk_weights, ids.shape))
         meta = dict(self.meta or {})
         groups = meta.get("num_groups")
         if groups is not None and (not isinstance(groups, int) or isinstance(groups, bool)
@@ -157,13 +168,16 @@ class Trace(TraceShape):
         object.__setattr__(self, "num_experts", num_experts)
         object.__setattr__(self, "src_rank", src)
         object.__setattr__(self, "meta", meta)
+        object.__setattr__(self, "topk_weights", weights)
         self.__dict__["_counts"] = torch.from_numpy(counts)  # handed to the first `counts()`
 
     @classmethod
     def from_steps(cls, steps: Sequence[Any], num_experts: int,
                    src_rank: Sequence[Any] | None = None,
-                   meta: dict[str, Any] | None = None) -> "Trace":
-        """Build a trace from a list of per-step `[T_s, L, K]` arrays (and `[T_s]` src ranks)."""
+                   meta: dict[str, Any] | None = None,
+                   weights: Sequence[Any] | None = None) -> "Trace":
+        """Build a trace from a list of per-step `[T_s, L, K]` arrays (and `[T_s]` src ranks,
+        `[T_s, L, K]` gating weights)."""
         if len(steps) == 0:
             raise InputError("a trace needs at least one step")
         parts = [_int_array(s, f"step {i}") for i, s in enumerate(steps)]
@@ -174,7 +188,8 @@ class Trace(TraceShape):
         sizes = np.cumsum([0] + [p.shape[0] for p in parts])
         src = None if src_rank is None else np.concatenate(
             [_int_array(r, "src_rank") for r in src_rank])
-        return cls(np.concatenate(parts), sizes, num_experts, src, meta or {})
+        gates = None if weights is None else np.concatenate([np.asarray(w) for w in weights])
+        return cls(np.concatenate(parts), sizes, num_experts, src, meta or {}, gates)
 
 
     @property
@@ -199,6 +214,11 @@ class Trace(TraceShape):
             return None
         return self.src_rank[self.step_offsets[s]:self.step_offsets[s + 1]]
 
+    def step_weights(self, s: int) -> torch.Tensor | None:
+        if self.topk_weights is None:
+            return None
+        return self.topk_weights[self.step_offsets[s]:self.step_offsets[s + 1]]
+
     def counts(self) -> torch.Tensor:
         """(token, slot) pairs per logical expert, `load_dtype` `[S, L, E]`; padding is not
         counted. The first call gets the counts validation made in the same pass over the ids
@@ -216,8 +236,9 @@ class Trace(TraceShape):
             raise InputError(f"window {start}:{stop} selects no steps of a {self.num_steps}-step trace")
         lo, hi = int(self.step_offsets[idx.start]), int(self.step_offsets[idx.stop])
         src = None if self.src_rank is None else self.src_rank[lo:hi]
+        weights = None if self.topk_weights is None else self.topk_weights[lo:hi]
         return Trace(self.topk_ids[lo:hi], self.step_offsets[idx.start:idx.stop + 1] - lo,
-                     self.num_experts, src, self.meta)
+                     self.num_experts, src, self.meta, weights)
 
 
 def shape_words(trace: TraceShape) -> str:
@@ -247,6 +268,26 @@ def _int_array(x: Any, name: str) -> np.ndarray:
     if arr.dtype.kind not in "iu":
         raise InputError(f"{name} must hold integers, got dtype {arr.dtype}")
     return arr if arr.dtype.isnative else arr.astype(arr.dtype.newbyteorder("="))
+
+
+def gating_weights(x: Any, shape: tuple[int, ...]) -> np.ndarray:
+    """Gating weights of `shape` (a trace's ids' `[N, L, K]`) as a private float32 copy;
+    InputError unless they are real numbers of that shape, finite and non-negative."""
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu().numpy()
+    try:
+        arr = np.array(x, dtype=np.float32)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise InputError(f"topk_weights is not a numeric array ({exc})") from None
+    if arr.shape != tuple(shape):
+        raise InputError(f"topk_weights must have the shape of topk_ids {tuple(shape)}, got "
+                         f"{arr.shape}")
+    bad = ~np.isfinite(arr) | (arr < 0)
+    if bad.any():
+        row, layer, slot = np.argwhere(bad)[0]
+        raise InputError(f"topk_weights: token row {row}, layer {layer}, slot {slot} has weight "
+                         f"{arr[row, layer, slot]}; gating weights are finite and >= 0")
+    return arr
 
 
 def _bounds(arr: np.ndarray) -> tuple[int, int]:
@@ -356,6 +397,8 @@ def save_trace(trace: Trace, path: str | Path) -> None:
         src = trace.src_rank.numpy()
         arrays["src_rank"] = src.astype(np.int16 if src.max(initial=0) <= np.iinfo(np.int16).max
                                         else np.int32)
+    if trace.topk_weights is not None:
+        arrays["topk_weights"] = trace.topk_weights.numpy()
     with atomic_file(path) as tmp, open(tmp, "wb") as f:
         np.savez_compressed(f, **arrays)
 
@@ -378,6 +421,7 @@ def load_trace(path: str | Path) -> Trace:
         raise InputError(f"{path}: topk_ids has shape {ids.shape} but meta declares "
                          f"num_layers={meta['num_layers']}, top_k={meta['top_k']}")
     try:
-        return Trace(ids, arrays["step_offsets"], meta["num_experts"], arrays.get("src_rank"), meta)
+        return Trace(ids, arrays["step_offsets"], meta["num_experts"], arrays.get("src_rank"),
+                     meta, arrays.get("topk_weights"))
     except InputError as exc:
         raise InputError(f"{path}: {exc}") from None

@@ -100,3 +100,39 @@ def id_rows(where: str, rows: Any, key: str, limit: int) -> np.ndarray:
         raise InputError(f"{where}: row {row} of {key} chooses expert {ordered[row, col]} twice; "
                          f"a router picks distinct experts")
     return ids
+
+
+WEIGHT_KEYS = ("topk_weights", "gating_probs")  # where real logs keep the router's weights
+
+
+def weight_rows(where: str, rec: dict[str, Any], ids: np.ndarray) -> np.ndarray | None:
+    """The gating weights a record holds for its id rows `ids` (int64 `[..., K]`), float32 of
+    `ids`' shape, or None when it holds none: the first of `WEIGHT_KEYS` present that holds
+    values, either one weight per id (the shape of `ids`) or a probability per expert
+    (`[..., E']`, gathered at the ids; a padding id's weight is 0). A key holding only the
+    shape of a tensor (`[T, K]` integers, as some hooks log) holds no values and is passed
+    over. InputError naming `where` for any other content, or a weight that is not finite
+    and >= 0."""
+    for key in WEIGHT_KEYS:
+        value = rec.get(key)
+        if value is None or (isinstance(value, list) and value == list(ids.shape)
+                             and all(type(x) is int for x in value)):  # a shape, not values
+            continue
+        try:
+            arr = np.array(value, dtype=np.float64)
+        except (TypeError, ValueError, OverflowError):
+            arr = None
+        fits = arr is not None and arr.ndim == ids.ndim and arr.shape[:-1] == ids.shape[:-1]
+        if fits and arr.shape[-1] != ids.shape[-1]:  # a probability for each expert
+            fits = arr.shape[-1] > int(ids.max(initial=-1))
+            arr = np.where(ids >= 0, np.take_along_axis(arr, ids.clip(0), -1), 0.0) if fits \
+                else arr
+        if not fits:
+            raise InputError(f"{where}: {key} must hold one weight per id (the shape of the "
+                             f"ids, {list(ids.shape)}) or a probability per expert, got "
+                             f"{str(value)[:60]}")
+        if not np.isfinite(arr).all() or (arr < 0).any():
+            raise InputError(f"{where}: {key} holds {arr[~(np.isfinite(arr) & (arr >= 0))][0]}"
+                             f"; gating weights are finite and >= 0")
+        return arr.astype(np.float32)
+    return None
