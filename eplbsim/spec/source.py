@@ -61,16 +61,22 @@ class Source(Part):
                                  "token_idx)", Text(), metavar="KEY", commands=READS)
     layer_key: str | None = knob(None, "per-token log: the key of the layer (default layer)",
                                  Text(), metavar="KEY", commands=READS)
-    ids_key: str | None = knob(None, "per-token log: the key of the top-k ids (default "
-                               "topk_ids)", Text(), metavar="KEY", commands=READS)
+    ids_key: str | None = knob(None, "per-token or positional log: the key of the top-k ids "
+                               "(default topk_ids)", Text(), metavar="KEY", commands=READS)
     step_key: str | None = knob(None, "per-token log: the key of the step (default: a new step "
                                 "when token indices restart)", Text(), metavar="KEY",
                                 commands=READS)
     prompt_len_key: str | None = knob(None, "per-token log: the key of a request's prompt "
                                       "length (with --request-key)", Text(), metavar="KEY",
                                       commands=READS)
-    skip_type: str | None = knob(None, "per-token log: skip records whose \"type\" is TYPE (a "
-                                 "header)", Text(), metavar="TYPE", commands=READS)
+    skip_type: str | None = knob(None, "per-token or positional log: skip records whose "
+                                 "\"type\" is TYPE (a header)", Text(), metavar="TYPE",
+                                 commands=READS)
+    layers_per_pass: int | None = knob(
+        None, "a positional log (one record per MoE layer call in execution order, no step or "
+        "layer key): its MoE layers per forward pass; record n is layer n mod L of pass "
+        "(step) n // L", Integer(1, optional=True, most=MAX_LAYERS), metavar="L",
+        commands=READS)
     prompt_len: int | None = knob(None, "vLLM routed-expert arrays: the prompt rows of every "
                                   ".npy file (an .npz names its own)",
                                   Integer(0, optional=True), metavar="N", commands=READS)
@@ -81,6 +87,9 @@ class Source(Part):
     drop_warmup: bool = knob(False, "leave out warm-up steps: two or more rows all routed "
                              "alike, as an engine's start-up profiling pass (trace info flags "
                              "them)", Switch(), commands=READS)
+    drop_dummy: bool = knob(False, "leave out dummy steps: the padding batches a data-parallel "
+                            "rank runs when idle, a step repeated row for row (trace info "
+                            "flags them)", Switch(), commands=READS)
     drop_outliers: bool = knob(False, f"leave out steps of more than {OUTLIER_FACTOR}x the "
                                f"median tokens (trace info flags them)", Switch(),
                                commands=READS)
@@ -228,12 +237,13 @@ class Source(Part):
     @property
     def selects(self) -> bool:
         """Whether some steps are selected or dropped (else `select` keeps every step)."""
-        return self.select_steps is not None or self.drop_warmup or self.drop_outliers
+        return (self.select_steps is not None or self.drop_warmup or self.drop_dummy
+                or self.drop_outliers)
 
     def select(self, trace: Any) -> Any:
         """`trace`'s selected steps (`select_steps`, less the flagged kinds dropped:
         `traces.steps.select`)."""
-        drop = [kind for kind, on in (("warmup", self.drop_warmup),
+        drop = [kind for kind, on in (("warmup", self.drop_warmup), ("dummy", self.drop_dummy),
                                       ("outlier", self.drop_outliers)) if on]
         return select(trace, self.select_steps, drop)
 
@@ -241,4 +251,4 @@ class Source(Part):
 # What reading a file takes (`Source.reader_options`): a log's experts, a counts CSV's filter,
 # a per-token log's keys.
 READER_OPTIONS = ("experts", "where", "request_key", "token_key", "layer_key", "ids_key",
-                  "step_key", "prompt_len_key", "skip_type", "prompt_len")
+                  "step_key", "prompt_len_key", "skip_type", "prompt_len", "layers_per_pass")

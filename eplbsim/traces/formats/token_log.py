@@ -55,7 +55,7 @@ from ...errors import InputError
 from ...limits import MAX_EXPERTS, MAX_LAYERS
 from ..requests import RequestSet, requests_of
 from ..trace import Trace
-from .records import MAX_INDEX, id_rows, integer, records, require
+from .records import MAX_INDEX, id_rows, integer, keep_header, records, require
 
 
 @dataclass
@@ -113,10 +113,10 @@ class _Log:
     def _header(self, where: str, rec: dict[str, Any]) -> None:
         """Keep the model a skipped record names (`model`, text) and its experts
         (`num_experts`), the first of each."""
-        if isinstance(rec.get("model"), str):
-            self.header.setdefault("model", rec["model"])
-        if "num_experts" in rec and "num_experts" not in self.header:
-            E = self.header["num_experts"] = integer(where, rec, "num_experts", 1, MAX_EXPERTS)
+        had = "num_experts" in self.header
+        keep_header(where, rec, self.header)
+        if "num_experts" in self.header and not had:
+            E = self.header["num_experts"]
             if self.limit == MAX_EXPERTS:  # not given: the header's bounds the ids
                 self.limit = E
                 if self.top >= E:
