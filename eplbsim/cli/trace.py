@@ -115,7 +115,7 @@ def info(args: argparse.Namespace) -> int:
         return request_info(args, source)
     whole = _routing(source.read(0, spec.SchedulePart()), args.file)
     flags = flag_steps(whole)
-    trace = source.select(whole)
+    trace = source.chunked(source.select(whole))
     summary = {**summarize_trace(trace), "flagged": flags}
     if args.coactivation:
         summary["coactivation"] = coactivation_summary(trace, args.groups)

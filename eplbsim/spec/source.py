@@ -15,6 +15,7 @@ from ..traces.request_synth import REQUEST_SCENARIOS, request_options, synthesiz
 from ..traces.requests import RequestSet
 from ..traces.workload import (ARRIVALS, DP_ASSIGN, DP_LAYOUTS, ORDERS, 
                               PADDING, Workload, batch)
+from ..traces.chunks import chunk_steps
 from ..traces.steps import OUTLIER_FACTOR, select
 from ..traces.synth import (DEFAULT_SCENARIO, DEFAULT_SIZES, SCENARIOS, scenario_options,
                             synthesize)
@@ -36,7 +37,7 @@ def workload_of(values: Mapping[str, Any], seed: int) -> Workload:
     """The Workload of `BATCHING` field values (the rest default), seeded by `seed`."""
     renamed = {"batch_order": "order", "arrival_rate": "rate"}
     return Workload(seed=seed, **{renamed.get(k, k): v for k, v in values.items()
-                                  if k in BATCHING})
+                                  if k in BATCHING and v is not None})
 
 
 @dataclass(frozen=True)
@@ -117,8 +118,11 @@ class Source(Part):
                          metavar="FILE|SCENARIO")
     max_running: int = knob(256, "requests: at most N running at once", Integer(1),
                             metavar="N", commands=WITH_INFO)
-    max_batched_tokens: int = knob(8192, "requests: tokens a step (decode rows and prefill "
-                                   "chunks)", Integer(1), metavar="N", commands=WITH_INFO)
+    max_batched_tokens: int | None = knob(
+        None, "requests: tokens a step (decode rows and prefill chunks; default 8192); a "
+        "trace: its steps of more tokens are cut into consecutive chunks of at most N, as a "
+        "chunked-prefill engine runs a long pass, after the steps are selected (default: "
+        "none cut)", Integer(1, optional=True), metavar="N", commands=WITH_INFO)
     chunk: int | None = knob(None, "requests: prefill chunk (default max_batched_tokens)",
                              Integer(1, optional=True), metavar="N", commands=WITH_INFO)
     batch_order: str = knob("decode-first", "requests: the rows' order in a step",
@@ -185,7 +189,7 @@ class Source(Part):
                 raise InputError("layers, top_k and scenario options apply to a request "
                                  "scenario, not to a request file")
             return
-        unused = changed_fields(self, BATCHING)
+        unused = changed_fields(self, tuple(k for k in BATCHING if k != "max_batched_tokens"))
         if unused:
             raise InputError(f"{they(unused, 'apply')} to requests only (--requests)")
         if self.trace is not None:
@@ -219,8 +223,17 @@ class Source(Part):
         return open_requests(self.requests, **self.reader_options())
 
     def open(self, seed: int, schedule: "SchedulePart") -> Any:
-        """The trace a run replays: `read`, then the steps selected (`select`)."""
-        return self.select(self.read(seed, schedule))
+        """The trace a run replays: `read`, then the steps selected (`select`), then a trace's
+        long steps cut (`chunked`)."""
+        return self.chunked(self.select(self.read(seed, schedule)))
+
+    def chunked(self, trace: Any) -> Any:
+        """`trace` with its steps of more than `max_batched_tokens` cut into chunks
+        (`traces.chunks.chunk_steps`) when that is given for a trace (not for requests, whose
+        workload already keeps to it); else `trace`."""
+        if self.requests is not None or self.max_batched_tokens is None:
+            return trace
+        return chunk_steps(trace, self.max_batched_tokens)
 
     def read(self, seed: int, schedule: "SchedulePart") -> Any:
         """Every step: the requests batched (`traces.workload.batch`), the file opened

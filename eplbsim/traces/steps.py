@@ -42,8 +42,9 @@ import numpy as np
 import torch
 
 from ..errors import InputError
+from .chunks import describe_chunks
 from .counts import CountsTrace
-from .trace import TraceShape, shape_words
+from .trace import View, shape_words
 
 OUTLIER_FACTOR = 8  # a step with more than this many times the median tokens is an outlier
 WARMUP_LEAD = 2  # at most this many steps before the first dummy step are start-up warm-up
@@ -193,7 +194,7 @@ def flag_words(flags: dict[str, list[int]], lo: int, hi: int) -> str:
 
 
 @dataclass(frozen=True, eq=False)
-class StepView(TraceShape):
+class StepView(View):
     """Some steps of a Trace or DirTrace (`base`), in the order of `steps` (int64 `[S']`, indices
     into `base`): the same read interface, nothing copied until a step is read."""
 
@@ -205,14 +206,6 @@ class StepView(TraceShape):
         sizes = self.base.tokens_per_step[self.steps]
         object.__setattr__(self, "step_offsets", torch.cat([torch.zeros(1, dtype=torch.int64),
                                                             sizes.cumsum(0)]))
-
-    @property
-    def ids_shape(self) -> tuple[int, int, int]:
-        return (int(self.step_offsets[-1]), self.base.num_layers, self.base.top_k)
-
-    @property
-    def num_experts(self) -> int:
-        return self.base.num_experts
 
     def step(self, s: int) -> torch.Tensor:
         return self.base.step(int(self.steps[s]))
@@ -262,11 +255,13 @@ SHORT = {"warmup": "warm-up", "dummy": "dummy", "outlier": "outlier"}  # kind: a
 
 
 def describe_selection(meta: dict) -> str:
-    """", steps 2: of 32 (2 warm-up dropped)"-style words for a trace's `meta["steps"]`, or ""."""
+    """"steps 2: of 32 (2 warm-up dropped)"-style words for a trace's `meta["steps"]`, then
+    those of its chunks (`chunks.describe_chunks`); "" for neither."""
     info = meta.get("steps")
     if not info:
-        return ""
+        return describe_chunks(meta)
     why = [f"{len(v)} {SHORT[k]}" for k, v in info["dropped"].items() if v]
     picked = f"steps {info['selection']}" if info["selection"] else "steps"
+    chunks = describe_chunks(meta)
     return (f"{picked}: {info['kept']} of {info['of']}"
-            + (f" ({', '.join(why)} dropped)" if why else ""))
+            + (f" ({', '.join(why)} dropped)" if why else "") + (f"; {chunks}" if chunks else ""))
