@@ -41,6 +41,8 @@ EXAMPLES = {
     "drop_warmup": (True, True, "maybe", "must be true or false", {}),
     "drop_dummy": (True, True, "maybe", "must be true or false", {}),
     "drop_outliers": (True, True, "maybe", "must be true or false", {}),
+    "incomplete": ("drop", "drop", "skip", "unknown incomplete 'skip'",
+                   {"trace": "FILE:t.npz"}),
     "layers_per_pass": ("48", 48, 0, "must be an integer in [1, 4096], got 0",
                         {"trace": "FILE:t.npz"}),
     "steps": ("5", 5, 0, "must be an integer >= 1, got 0", {}),

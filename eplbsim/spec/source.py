@@ -16,6 +16,7 @@ from ..traces.requests import RequestSet
 from ..traces.workload import (ARRIVALS, DP_ASSIGN, DP_LAYOUTS, ORDERS, 
                               PADDING, Workload, batch)
 from ..traces.chunks import chunk_steps
+from ..traces.formats.token_log import INCOMPLETE
 from ..traces.steps import OUTLIER_FACTOR, select
 from ..traces.synth import (DEFAULT_SCENARIO, DEFAULT_SIZES, SCENARIOS, scenario_options,
                             synthesize)
@@ -73,6 +74,10 @@ class Source(Part):
     skip_type: str | None = knob(None, "per-token or positional log: skip records whose "
                                  "\"type\" is TYPE (a header)", Text(), metavar="TYPE",
                                  commands=READS)
+    incomplete: str | None = knob(
+        None, "per-token log: a token missing from some layers is an error, or drop leaves "
+        "such tokens out, with one warning saying how many (default error)",
+        Name(INCOMPLETE, "incomplete", optional=True), metavar="{error,drop}", commands=READS)
     layers_per_pass: int | None = knob(
         None, "a positional log (one record per MoE layer call in execution order, no step or "
         "layer key): its MoE layers per forward pass; record n is layer n mod L of pass "
@@ -264,4 +269,5 @@ class Source(Part):
 # What reading a file takes (`Source.reader_options`): a log's experts, a counts CSV's filter,
 # a per-token log's keys.
 READER_OPTIONS = ("experts", "where", "request_key", "token_key", "layer_key", "ids_key",
-                  "step_key", "prompt_len_key", "skip_type", "prompt_len", "layers_per_pass")
+                  "step_key", "prompt_len_key", "skip_type", "prompt_len", "layers_per_pass",
+                  "incomplete")
