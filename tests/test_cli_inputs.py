@@ -51,17 +51,19 @@ def test_trace_info_flags_warm_up_and_outlier_steps(capsys, tmp_path):
     log = _log(tmp_path / "moe_routes.jsonl", warm_rows=100)
     code, out, _ = run(capsys, "trace", "info", log, "--skip-type", "meta")
     assert code == 0
-    assert "flagged warm-up (every row routed alike): 1 step (0), 100 tokens; --drop-warmup " \
-           "leaves them out" in out
+    assert "flagged warm-up (every row routed alike, or start-up steps before the first dummy): " \
+           "1 step (0), 100 tokens; --drop-warmup leaves them out" in out
     assert "flagged size outliers (over 8x the median 8 tokens): 1 step (0)" in out
     code, out, _ = run(capsys, "trace", "info", log, "--skip-type", "meta", "--drop-warmup")
     flagged = {line.split(":")[0].strip(): line.rsplit("; ", 1)[1]
                for line in out.splitlines() if line.strip().startswith("flagged")}
     assert code == 0 and flagged == {  # the lines name the whole trace's flagged steps
-        "flagged warm-up (every row routed alike)": "--drop-warmup left them out",
+        "flagged warm-up (every row routed alike, or start-up steps before the first dummy)":
+            "--drop-warmup left them out",
         "flagged size outliers (over 8x the median 8 tokens)": "--drop-outliers leaves them out"}
     info = json.loads(run(capsys, "trace", "info", log, "--skip-type", "meta", "--json")[1])
-    assert info["flagged"] == {"warmup": [0], "outlier": [0]} and info["steps"] == 7
+    assert info["flagged"] == {"warmup": [0], "dummy": [], "outlier": [0]} \
+        and info["steps"] == 7
     info = json.loads(run(capsys, "trace", "info", log, "--skip-type", "meta", "--json",
                           "--drop-outliers")[1])
     assert info["steps"] == 6 and info["tokens"] == 48

@@ -232,3 +232,60 @@ def test_bad_records_name_file_and_line(tmp_path, records, options, line, words)
         read(log, **options)
     assert f"bad.jsonl:{line}: " in str(err.value)
     assert words in str(err.value)
+
+
+def _layer_major(steps, layer_ids, **extra):
+    """Records of one (token, layer) each, step after step, layer after layer (all tokens of a
+    layer, ascending, then the next layer): how a hook per layer writes a step."""
+    return [{**extra, "token_idx": t, "layer": layer_ids[j], "topk_ids": ids[t, j].tolist()}
+            for ids in steps for j in range(ids.shape[1]) for t in range(ids.shape[0])]
+
+
+def test_a_layer_major_log_reads_as_its_token_major_writing(tmp_path):
+    steps = [_ids(3, seed=11), _ids(1, seed=12), _ids(1, seed=13), _ids(4, seed=14)]
+    token_major = [r for ids in steps for r in _per_layer(ids, [0, 2, 4])]
+    a = read_token_trace(_write(tmp_path / "t.jsonl", token_major), experts=8)
+    b = read_token_trace(_write(tmp_path / "l.jsonl", _layer_major(steps, [0, 2, 4])),
+                         experts=8)
+    assert b.tokens_per_step.tolist() == [3, 1, 1, 4]
+    assert torch.equal(a.topk_ids, b.topk_ids) and torch.equal(a.counts(), b.counts())
+    assert b.meta["model_layers"] == [0, 2, 4]
+    # with a step key the order never mattered
+    keyed = [{**r, "s": s} for s, ids in enumerate(steps) for r in _layer_major([ids], [0, 2, 4])]
+    c = read_token_trace(_write(tmp_path / "k.jsonl", keyed[::-1]), step_key="s", experts=8)
+    assert torch.equal(c.topk_ids, a.topk_ids)
+
+
+def test_tokens_missing_from_some_layers(capsys, tmp_path):
+    steps = [_ids(3, seed=21), _ids(4, seed=22)]
+    records = _layer_major(steps, [0, 1, 2])
+    gone = [(0, 1, 2), (1, 3, 1), (1, 3, 2)]  # (step, token, layer) never written
+    starts = np.cumsum([0] + [ids.shape[0] * 3 for ids in steps])
+    drop = {int(starts[s]) + layer * steps[s].shape[0] + t for s, t, layer in gone}
+    log = _write(tmp_path / "ragged.jsonl", [r for i, r in enumerate(records) if i not in drop])
+    # [ step 0: 3 tokens x 3 layers less one record | step 1: 4 tokens x 3 layers less two ]
+    with pytest.raises(InputError) as err:
+        read_token_trace(log)
+    assert str(err.value) == (f"{log}:2: token 1 of step 0 (first record here) lacks layer(s) "
+                              f"[2]; 2 of the log's 7 tokens lack some layer (in 2 steps): "
+                              f"--incomplete drop leaves them out")
+    with pytest.warns(InputWarning) as caught:
+        trace = read_token_trace(log, incomplete="drop")
+    assert [str(w.message) for w in caught] == [
+        f"{log}: 2 of the log's 7 tokens lack some layer (in 2 steps); --incomplete drop left "
+        f"them out"]
+    assert trace.tokens_per_step.tolist() == [2, 3]
+    assert torch.equal(trace.step(0), torch.from_numpy(steps[0][[0, 2]]).int())
+    assert torch.equal(trace.step(1), torch.from_numpy(steps[1][:3]).int())
+    assert int(trace.counts().sum()) == int((steps[0][[0, 2]] >= 0).sum()
+                                            + (steps[1][:3] >= 0).sum())
+    code, out, err = run(capsys, "trace", "info", log, "--incomplete", "drop", "--json")
+    assert code == 0 and json.loads(out)["tokens"] == 5
+    assert "2 of the log's 7 tokens lack some layer" in err
+    with pytest.raises(InputError, match="incomplete must be one of error, drop"):
+        read_token_trace(log, incomplete="keep")
+    # a request log has no --incomplete: its message does not offer it
+    kept = [r for i, r in enumerate(records) if i not in drop]
+    requests = [{**r, "request_id": "ab"[int(i >= 8)]} for i, r in enumerate(kept)]
+    with pytest.raises(InputError, match=r"lack some layer \(in 2 requests\)$"):
+        read_token_requests(_write(tmp_path / "req.jsonl", requests))

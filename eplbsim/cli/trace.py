@@ -24,7 +24,7 @@ from ..traces.counts import save_counts_trace
 from ..traces.directory import TRACE_FILES, save_trace_dir, to_memory
 from ..traces.formats.jsonl import read_jsonl, write_jsonl
 from ..traces.formats.sglang import import_sglang
-from ..traces.steps import OUTLIER_FACTOR, describe_selection, flag_steps
+from ..traces.steps import OUTLIER_FACTOR, describe_selection, flag_steps, outlier_median
 from ..traces.synth import SCENARIOS
 from .common import positive, registered
 
@@ -57,10 +57,16 @@ def _flag_lines(flags: dict[str, list[int]], trace: Any, source: spec.Source) ->
     whole one: the flag that leaves each kind out, or that it left them out of `source`'s
     selection."""
     tokens = trace.tokens_per_step
-    words = {"warmup": ("warm-up (every row routed alike)", "--drop-warmup"),
+    words = {"warmup": ("warm-up (every row routed alike, or start-up steps before the first "
+                        "dummy)", "--drop-warmup"),
+             "dummy": ("dummy (data-parallel padding: a step repeated row for row, or of "
+                       "that size re-routing a stale row)",
+                       "--drop-dummy"),
              "outlier": (f"size outliers (over {OUTLIER_FACTOR}x the median "
-                         f"{float(tokens.double().median()):g} tokens)", "--drop-outliers")}
-    dropped = {"warmup": source.drop_warmup, "outlier": source.drop_outliers}
+                         f"{outlier_median(tokens.numpy(), flags):g} tokens)",
+                         "--drop-outliers")}
+    dropped = {"warmup": source.drop_warmup, "dummy": source.drop_dummy,
+               "outlier": source.drop_outliers}
     lines = []
     for kind, steps in flags.items():
         if steps:
@@ -109,7 +115,7 @@ def info(args: argparse.Namespace) -> int:
         return request_info(args, source)
     whole = _routing(source.read(0, spec.SchedulePart()), args.file)
     flags = flag_steps(whole)
-    trace = source.select(whole)
+    trace = source.chunked(source.select(whole))
     summary = {**summarize_trace(trace), "flagged": flags}
     if args.coactivation:
         summary["coactivation"] = coactivation_summary(trace, args.groups)
@@ -250,8 +256,8 @@ def import_dumps(args: argparse.Namespace) -> int:
 
 
 SUBCOMMANDS = {
-    "info": "summarise a trace file (and flag its warm-up and outlier steps), or a request "
-            "file and the steps a workload batches it into",
+    "info": "summarise a trace file (and flag its warm-up, dummy and outlier steps), or a "
+            "request file and the steps a workload batches it into",
     "synth": "generate a synthetic trace",
     "convert": "convert a trace between .npz, the directory form (memory-mapped, for traces "
                "larger than memory) and a JSONL log; or read a request log into a request file",

@@ -60,7 +60,7 @@ GROUPS = {"source": "what to replay (a trace file, requests or a scenario)",
           "topology": "cluster", "cost": "time (a cost model)"}
 
 
-SELECTION = ("select_steps", "drop_warmup", "drop_outliers")
+SELECTION = ("select_steps", "drop_warmup", "drop_dummy", "drop_outliers")
 
 
 def group_title(part: str, name: str) -> str:

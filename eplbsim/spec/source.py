@@ -15,6 +15,8 @@ from ..traces.request_synth import REQUEST_SCENARIOS, request_options, synthesiz
 from ..traces.requests import RequestSet
 from ..traces.workload import (ARRIVALS, DP_ASSIGN, DP_LAYOUTS, ORDERS, 
                               PADDING, Workload, batch)
+from ..traces.chunks import chunk_steps
+from ..traces.formats.token_log import INCOMPLETE
 from ..traces.steps import OUTLIER_FACTOR, select
 from ..traces.synth import (DEFAULT_SCENARIO, DEFAULT_SIZES, SCENARIOS, scenario_options,
                             synthesize)
@@ -36,7 +38,7 @@ def workload_of(values: Mapping[str, Any], seed: int) -> Workload:
     """The Workload of `BATCHING` field values (the rest default), seeded by `seed`."""
     renamed = {"batch_order": "order", "arrival_rate": "rate"}
     return Workload(seed=seed, **{renamed.get(k, k): v for k, v in values.items()
-                                  if k in BATCHING})
+                                  if k in BATCHING and v is not None})
 
 
 @dataclass(frozen=True)
@@ -61,16 +63,26 @@ class Source(Part):
                                  "token_idx)", Text(), metavar="KEY", commands=READS)
     layer_key: str | None = knob(None, "per-token log: the key of the layer (default layer)",
                                  Text(), metavar="KEY", commands=READS)
-    ids_key: str | None = knob(None, "per-token log: the key of the top-k ids (default "
-                               "topk_ids)", Text(), metavar="KEY", commands=READS)
+    ids_key: str | None = knob(None, "per-token or positional log: the key of the top-k ids "
+                               "(default topk_ids)", Text(), metavar="KEY", commands=READS)
     step_key: str | None = knob(None, "per-token log: the key of the step (default: a new step "
                                 "when token indices restart)", Text(), metavar="KEY",
                                 commands=READS)
     prompt_len_key: str | None = knob(None, "per-token log: the key of a request's prompt "
                                       "length (with --request-key)", Text(), metavar="KEY",
                                       commands=READS)
-    skip_type: str | None = knob(None, "per-token log: skip records whose \"type\" is TYPE (a "
-                                 "header)", Text(), metavar="TYPE", commands=READS)
+    skip_type: str | None = knob(None, "per-token or positional log: skip records whose "
+                                 "\"type\" is TYPE (a header)", Text(), metavar="TYPE",
+                                 commands=READS)
+    incomplete: str | None = knob(
+        None, "per-token log: a token missing from some layers is an error, or drop leaves "
+        "such tokens out, with one warning saying how many (default error)",
+        Name(INCOMPLETE, "incomplete", optional=True), metavar="{error,drop}", commands=READS)
+    layers_per_pass: int | None = knob(
+        None, "a positional log (one record per MoE layer call in execution order, no step or "
+        "layer key): its MoE layers per forward pass; record n is layer n mod L of pass "
+        "(step) n // L", Integer(1, optional=True, most=MAX_LAYERS), metavar="L",
+        commands=READS)
     prompt_len: int | None = knob(None, "vLLM routed-expert arrays: the prompt rows of every "
                                   ".npy file (an .npz names its own)",
                                   Integer(0, optional=True), metavar="N", commands=READS)
@@ -81,6 +93,9 @@ class Source(Part):
     drop_warmup: bool = knob(False, "leave out warm-up steps: two or more rows all routed "
                              "alike, as an engine's start-up profiling pass (trace info flags "
                              "them)", Switch(), commands=READS)
+    drop_dummy: bool = knob(False, "leave out dummy steps: the padding batches a data-parallel "
+                            "rank runs when idle, a step repeated row for row (trace info "
+                            "flags them)", Switch(), commands=READS)
     drop_outliers: bool = knob(False, f"leave out steps of more than {OUTLIER_FACTOR}x the "
                                f"median tokens (trace info flags them)", Switch(),
                                commands=READS)
@@ -108,8 +123,11 @@ class Source(Part):
                          metavar="FILE|SCENARIO")
     max_running: int = knob(256, "requests: at most N running at once", Integer(1),
                             metavar="N", commands=WITH_INFO)
-    max_batched_tokens: int = knob(8192, "requests: tokens a step (decode rows and prefill "
-                                   "chunks)", Integer(1), metavar="N", commands=WITH_INFO)
+    max_batched_tokens: int | None = knob(
+        None, "requests: tokens a step (decode rows and prefill chunks; default 8192); a "
+        "trace: its steps of more tokens are cut into consecutive chunks of at most N, as a "
+        "chunked-prefill engine runs a long pass, after the steps are selected (default: "
+        "none cut)", Integer(1, optional=True), metavar="N", commands=WITH_INFO)
     chunk: int | None = knob(None, "requests: prefill chunk (default max_batched_tokens)",
                              Integer(1, optional=True), metavar="N", commands=WITH_INFO)
     batch_order: str = knob("decode-first", "requests: the rows' order in a step",
@@ -176,7 +194,7 @@ class Source(Part):
                 raise InputError("layers, top_k and scenario options apply to a request "
                                  "scenario, not to a request file")
             return
-        unused = changed_fields(self, BATCHING)
+        unused = changed_fields(self, tuple(k for k in BATCHING if k != "max_batched_tokens"))
         if unused:
             raise InputError(f"{they(unused, 'apply')} to requests only (--requests)")
         if self.trace is not None:
@@ -210,8 +228,17 @@ class Source(Part):
         return open_requests(self.requests, **self.reader_options())
 
     def open(self, seed: int, schedule: "SchedulePart") -> Any:
-        """The trace a run replays: `read`, then the steps selected (`select`)."""
-        return self.select(self.read(seed, schedule))
+        """The trace a run replays: `read`, then the steps selected (`select`), then a trace's
+        long steps cut (`chunked`)."""
+        return self.chunked(self.select(self.read(seed, schedule)))
+
+    def chunked(self, trace: Any) -> Any:
+        """`trace` with its steps of more than `max_batched_tokens` cut into chunks
+        (`traces.chunks.chunk_steps`) when that is given for a trace (not for requests, whose
+        workload already keeps to it); else `trace`."""
+        if self.requests is not None or self.max_batched_tokens is None:
+            return trace
+        return chunk_steps(trace, self.max_batched_tokens)
 
     def read(self, seed: int, schedule: "SchedulePart") -> Any:
         """Every step: the requests batched (`traces.workload.batch`), the file opened
@@ -228,12 +255,13 @@ class Source(Part):
     @property
     def selects(self) -> bool:
         """Whether some steps are selected or dropped (else `select` keeps every step)."""
-        return self.select_steps is not None or self.drop_warmup or self.drop_outliers
+        return (self.select_steps is not None or self.drop_warmup or self.drop_dummy
+                or self.drop_outliers)
 
     def select(self, trace: Any) -> Any:
         """`trace`'s selected steps (`select_steps`, less the flagged kinds dropped:
         `traces.steps.select`)."""
-        drop = [kind for kind, on in (("warmup", self.drop_warmup),
+        drop = [kind for kind, on in (("warmup", self.drop_warmup), ("dummy", self.drop_dummy),
                                       ("outlier", self.drop_outliers)) if on]
         return select(trace, self.select_steps, drop)
 
@@ -241,4 +269,5 @@ class Source(Part):
 # What reading a file takes (`Source.reader_options`): a log's experts, a counts CSV's filter,
 # a per-token log's keys.
 READER_OPTIONS = ("experts", "where", "request_key", "token_key", "layer_key", "ids_key",
-                  "step_key", "prompt_len_key", "skip_type", "prompt_len")
+                  "step_key", "prompt_len_key", "skip_type", "prompt_len", "layers_per_pass",
+                  "incomplete")

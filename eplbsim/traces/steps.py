@@ -2,11 +2,27 @@
 
 Dimensions: `S` steps, `T_s` tokens of step `s`, `L` layers, `K` top-k, `E` logical experts.
 
-Real logs hold steps that no placement should be solved from. An engine's start-up profiling
-pass (vLLM runs one of `max_num_batched_tokens` dummy tokens) routes every row alike: a
-**warm-up** step is one of two or more rows whose ids are all identical. A **size outlier** has
-more than `OUTLIER_FACTOR` times the median tokens per step (a warm-up pass usually is one too,
-and so may a legitimate burst: `trace info` shows which steps are flagged and why).
+Real logs hold steps that no placement should be solved from (`flag_steps` finds them; a row
+is one token's ids over every layer, `[L, K]`, compared exactly):
+
+- **dummy**: a data-parallel rank with no requests of its own runs padding batches to stay in
+  step with the other ranks, and these route the same few rows again and again. A step is
+  dummy when its ids equal those of another step of the trace entirely (the same rows in the
+  same order; equal 128-bit digests of their ids), which real traffic never does (its tokens,
+  positions and context differ); or when it has as many rows as such a repeated step (the
+  padding batch's size) and one of its rows equals a row of another step (a stale row of the
+  padding buffer, routed again).
+- **warm-up**: an engine's start-up profiling pass (vLLM runs one of `max_num_batched_tokens`
+  dummy tokens) routes every row alike: a step of two or more rows whose ids are all
+  identical. Also the steps before the trace's first dummy step, when there are at most
+  `WARMUP_LEAD` of them and real traffic (a step neither dummy nor warm-up) follows that dummy
+  step: a start-up request (a benchmark's test prompt) run before the rank idled and the load
+  began.
+- **size outlier**: more than `OUTLIER_FACTOR` times the median tokens of the steps that are
+  neither dummy nor warm-up (of every step when all are), `outlier_median` (a warm-up pass
+  usually is one too, and so may a legitimate burst).
+
+`trace info` shows which steps are flagged and why.
 
 A selection is text: comma-separated step numbers and Python-style ranges of the original
 trace (`0:100`, `200`, `5:`, `:-10`); steps it names that the trace lacks are an error, not
@@ -20,15 +36,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+import hashlib
+
 import numpy as np
 import torch
 
 from ..errors import InputError
+from .chunks import describe_chunks
 from .counts import CountsTrace
-from .trace import TraceShape, shape_words
+from .trace import View, shape_words
 
 OUTLIER_FACTOR = 8  # a step with more than this many times the median tokens is an outlier
-FLAGS = ("warmup", "outlier")  # the kinds of flagged steps, as `flag_steps` names them
+WARMUP_LEAD = 2  # at most this many steps before the first dummy step are start-up warm-up
+FLAGS = ("warmup", "dummy", "outlier")  # the kinds of flagged steps, as `flag_steps` names them
 
 
 def parse_steps(text: str, num_steps: int | None = None) -> list[int]:
@@ -79,27 +99,79 @@ def _identical_rows(ids: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     return out
 
 
-def flag_steps(trace: Any) -> dict[str, list[int]]:
-    """The flagged steps of a token trace (module doc): `{"warmup": [...], "outlier": [...]}`,
-    ascending. Reads the ids a chunk of steps at a time (directories larger than memory)."""
-    tokens = trace.tokens_per_step.numpy()
-    median = float(np.median(tokens))
-    outliers = np.flatnonzero(tokens > OUTLIER_FACTOR * max(median, 1.0))
-    warm = []
+def _id_chunks(trace: Any) -> Any:
+    """`(s, e, ids)` for consecutive chunks of whole steps `[s, e)` of about a million ids:
+    their stored ids `[sum T, L, K]`, read together (directories larger than memory)."""
     offsets = trace.step_offsets.numpy()
     S, s = trace.num_steps, 0
-    while s < S:  # chunks of whole steps of about a million ids
+    while s < S:
         e = s + 1
         while e < S and (offsets[e + 1] - offsets[s]) * trace.num_layers * trace.top_k < 2**20:
             e += 1
-        ids = np.concatenate([trace.stored_step(t).numpy() for t in range(s, e)])
-        flagged = _identical_rows(ids, offsets[s:e + 1] - offsets[s])
-        warm += (np.flatnonzero(flagged) + s).tolist()
+        yield s, e, np.concatenate([trace.stored_step(t).numpy() for t in range(s, e)])
         s = e
-    return {"warmup": warm, "outlier": outliers.tolist()}
+
+
+def _stale_rows(trace: Any, candidates: list[int]) -> list[int]:
+    """Those of `candidates` (steps) one of whose rows equals a row of another step."""
+    rows: dict[bytes, set[int]] = {}  # a candidate's row -> the candidates holding it
+    for s in candidates:
+        for row in trace.stored_step(s).numpy():
+            rows.setdefault(row.tobytes(), set()).add(s)
+    found: set[int] = set()
+    offsets = trace.step_offsets.numpy()
+    for lo, _, ids in _id_chunks(trace):
+        for i, row in enumerate(ids):
+            holders = rows.get(row.tobytes())
+            if holders:
+                step = int(np.searchsorted(offsets, offsets[lo] + i, side="right")) - 1
+                found |= holders - {step}
+    return sorted(found)
+
+
+def outlier_median(tokens: np.ndarray, flags: dict[str, list[int]]) -> float:
+    """The median tokens a step that a size outlier exceeds `OUTLIER_FACTOR`-fold: of the steps
+    (tokens int64 `[S]`) not flagged warm-up or dummy in `flags`, or of all when none is left."""
+    gone = set(flags.get("warmup", ())) | set(flags.get("dummy", ()))
+    kept = np.delete(tokens, sorted(gone)) if len(gone) < len(tokens) else tokens
+    return float(np.median(kept))
+
+
+def flag_steps(trace: Any) -> dict[str, list[int]]:
+    """The flagged steps of a token trace (module doc): `{"warmup": [...], "dummy": [...],
+    "outlier": [...]}`, ascending. Reads the ids a chunk of steps at a time (directories larger
+    than memory), twice when some step may hold a stale padding row."""
+    tokens = trace.tokens_per_step.numpy()
+    offsets = trace.step_offsets.numpy()
+    alike, digests = [], []
+    for s, e, ids in _id_chunks(trace):
+        local = offsets[s:e + 1] - offsets[s]
+        alike += (np.flatnonzero(_identical_rows(ids, local)) + s).tolist()
+        digests += [(int(local[i + 1] - local[i]),
+                     hashlib.blake2b(ids[local[i]:local[i + 1]].tobytes(), digest_size=16)
+                     .digest()) for i in range(e - s)]
+    seen: dict[tuple[int, bytes], int] = {}
+    for d in digests:
+        seen[d] = seen.get(d, 0) + 1
+    repeated = {s for s, d in enumerate(digests) if seen[d] > 1 and d[0] > 0}
+    sizes = {int(tokens[s]) for s in repeated}
+    candidates = [s for s in range(len(digests)) if s not in repeated and tokens[s] in sizes]
+    dummy = sorted(repeated | set(_stale_rows(trace, candidates) if candidates else ()))
+    warm = set(alike)
+    if dummy:
+        lead = [s for s in range(dummy[0]) if s not in warm]
+        real = [s for s in range(dummy[0] + 1, len(tokens))
+                if s not in warm and s not in set(dummy)]
+        if 0 < len(lead) <= WARMUP_LEAD and real:
+            warm |= set(lead)
+    flags = {"warmup": sorted(warm), "dummy": dummy}
+    median = outlier_median(tokens, flags)
+    flags["outlier"] = np.flatnonzero(tokens > OUTLIER_FACTOR * max(median, 1.0)).tolist()
+    return flags
 
 
 FLAG_WORDS = {"warmup": ("warm-up step", "--drop-warmup"),
+              "dummy": ("dummy (data-parallel padding) step", "--drop-dummy"),
               "outlier": ("size-outlier step", "--drop-outliers")}  # kind: (what, the flag)
 
 
@@ -122,7 +194,7 @@ def flag_words(flags: dict[str, list[int]], lo: int, hi: int) -> str:
 
 
 @dataclass(frozen=True, eq=False)
-class StepView(TraceShape):
+class StepView(View):
     """Some steps of a Trace or DirTrace (`base`), in the order of `steps` (int64 `[S']`, indices
     into `base`): the same read interface, nothing copied until a step is read."""
 
@@ -134,14 +206,6 @@ class StepView(TraceShape):
         sizes = self.base.tokens_per_step[self.steps]
         object.__setattr__(self, "step_offsets", torch.cat([torch.zeros(1, dtype=torch.int64),
                                                             sizes.cumsum(0)]))
-
-    @property
-    def ids_shape(self) -> tuple[int, int, int]:
-        return (int(self.step_offsets[-1]), self.base.num_layers, self.base.top_k)
-
-    @property
-    def num_experts(self) -> int:
-        return self.base.num_experts
 
     def step(self, s: int) -> torch.Tensor:
         return self.base.step(int(self.steps[s]))
@@ -172,8 +236,8 @@ def select(trace: Any, steps: str | None = None, drop: Sequence[str] = ()) -> An
     dropped: dict[str, list[int]] = {}
     if drop:
         if isinstance(trace, CountsTrace):
-            raise InputError("warm-up and outlier steps are found in token rows; a counts-only "
-                             "trace has none (select its steps by number instead)")
+            raise InputError("warm-up, dummy and outlier steps are found in token rows; a "
+                             "counts-only trace has none (select its steps by number instead)")
         flags = flag_steps(trace)
         for kind in drop:
             dropped[kind] = [s for s in flags[kind] if s in set(keep)]
@@ -190,13 +254,17 @@ def select(trace: Any, steps: str | None = None, drop: Sequence[str] = ()) -> An
     return StepView(trace, torch.tensor(keep, dtype=torch.int64), meta)
 
 
+SHORT = {"warmup": "warm-up", "dummy": "dummy", "outlier": "outlier"}  # kind: a word
+
+
 def describe_selection(meta: dict) -> str:
-    """", steps 2: of 32 (2 warm-up dropped)"-style words for a trace's `meta["steps"]`, or ""."""
+    """"steps 2: of 32 (2 warm-up dropped)"-style words for a trace's `meta["steps"]`, then
+    those of its chunks (`chunks.describe_chunks`); "" for neither."""
     info = meta.get("steps")
     if not info:
-        return ""
-    why = [f"{len(v)} {'warm-up' if k == 'warmup' else 'outlier'}" for k, v in
-           info["dropped"].items() if v]
+        return describe_chunks(meta)
+    why = [f"{len(v)} {SHORT[k]}" for k, v in info["dropped"].items() if v]
     picked = f"steps {info['selection']}" if info["selection"] else "steps"
+    chunks = describe_chunks(meta)
     return (f"{picked}: {info['kept']} of {info['of']}"
-            + (f" ({', '.join(why)} dropped)" if why else ""))
+            + (f" ({', '.join(why)} dropped)" if why else "") + (f"; {chunks}" if chunks else ""))

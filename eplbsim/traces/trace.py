@@ -88,6 +88,21 @@ class TraceShape:
         return state
 
 
+class View(TraceShape):
+    """Sizes of a trace read through another (`base`: its layers, top-k and experts) with rows
+    of its own (`step_offsets`): `traces.steps.StepView`, `traces.chunks.ChunkView`."""
+
+    base: Any
+
+    @property
+    def ids_shape(self) -> tuple[int, int, int]:
+        return (int(self.step_offsets[-1]), self.base.num_layers, self.base.top_k)
+
+    @property
+    def num_experts(self) -> int:
+        return self.base.num_experts
+
+
 def count_dtype(most_tokens: int) -> torch.dtype:
     """int32 for the pair counts of steps of at most `most_tokens` tokens, unless that is
     2**31 or more (`TraceShape.load_dtype`)."""

@@ -8,8 +8,9 @@ for a counts CSV, `experts` for a JSONL log); `open_trace` refuses an option the
 take, naming the forms that do. Readers never unpickle, and a malformed file is an InputError
 naming it. A form may need an option to be chosen (`Format.requires`), and among the forms
 that detect a path the first that takes every option given reads it (so `step_key` sends a
-`.jsonl` log to the per-token reader). Foreign formats have a module each here (`jsonl`,
-`sglang`, `token_log`, `megatron`, `trtllm`, `flame`, `vllm`). Request-level inputs (per
+`.jsonl` log to the per-token reader, and `layers_per_pass` to the positional one). Foreign
+formats have a module each here (`jsonl`, `sglang`, `token_log`, `positional`, `megatron`,
+`trtllm`, `flame`, `vllm`). Request-level inputs (per
 request, before batching) are in `REQUEST_FORMATS`, opened by `open_requests`.
 """
 
@@ -28,6 +29,7 @@ from ..requests import RequestSet, is_request_file, load_requests
 from ..trace import Trace, is_zip, load_trace
 from .jsonl import read_jsonl
 from .megatron import is_megatron_trace, read_megatron
+from .positional import read_positional
 from .flame import is_flame, read_flame
 from .token_log import is_token_log, read_token_requests, read_token_trace
 from .trtllm import is_trtllm_stats, read_trtllm_stats
@@ -78,6 +80,7 @@ FORMATS: dict[str, Format] = {
     "per-token router log": Format(is_token_log, read_token_trace),
     "JSONL router log": Format(_jsonl, read_router_log),
     "per-token router log (keys given)": Format(_jsonl, read_token_trace),
+    "positional router log": Format(_jsonl, read_positional, requires=("layers_per_pass",)),
     ".npz trace": Format(lambda p: p.suffix.lower() == ".npz" or is_zip(p), read_npz),
 }
 

@@ -77,7 +77,8 @@ class _Steps:
         if missing:
             raise self._error(n, f"missing key(s) {', '.join(missing)} (a per-token log, or "
                               f"other key names? see trace convert --token-key, --layer-key, "
-                              f"--ids-key, --step-key, --skip-type)")
+                              f"--ids-key, --step-key, --skip-type; a log of one record per "
+                              f"layer call in execution order: --layers-per-pass L)")
         step, layer, rows = rec["step"], rec["layer"], rec["topk_ids"]
         for name, v, cap in (("step", step, 2**62), ("layer", layer, MAX_LAYERS)):
             if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < cap:

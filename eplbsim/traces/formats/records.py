@@ -17,7 +17,7 @@ import numpy as np
 
 from ...errors import InputError, InputWarning
 from ...files import regular_file
-from ...limits import MAX_TOP_K
+from ...limits import MAX_EXPERTS, MAX_TOP_K
 
 MAX_INDEX = 2**62  # step and token indices: any a log can hold, far from wrapping an int64
 
@@ -56,6 +56,15 @@ def records(path: Path, what: str,
                 yield n, rec
         except UnicodeDecodeError as exc:
             raise InputError(f"{path}: not UTF-8 text ({exc})") from None
+
+
+def keep_header(where: str, rec: dict[str, Any], header: dict[str, Any]) -> None:
+    """Keep in `header` what a skipped record (`skip_type`) says of the model: its `model`
+    (text) and `num_experts` (an integer in `[1, MAX_EXPERTS)`), the first of each."""
+    if isinstance(rec.get("model"), str):
+        header.setdefault("model", rec["model"])
+    if "num_experts" in rec and "num_experts" not in header:
+        header["num_experts"] = integer(where, rec, "num_experts", 1, MAX_EXPERTS)
 
 
 def require(where: str, rec: dict[str, Any], keys: list[str], hint: str = "") -> None:

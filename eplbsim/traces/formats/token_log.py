@@ -27,23 +27,33 @@ grouped, and the groups read as follows:
   ids go to `meta`); records may come in any order; a step's rows are its tokens in token-index
   order.
 - `read_token_trace` without a step key: a Trace whose steps are delimited by token-index
-  restarts: a record starts a new step when its token index is below the previous record's, or
-  is 0 while token 0 of the current step already has the record's layer(s). So a step's records
-  come in non-decreasing token order (a log written layer by layer needs a step key).
+  restarts: a record starts a new step when, at a layer the current step already has, its
+  token index is below the previous record's, or is 0 while token 0 of the step has that layer
+  (so one-token steps follow each other; for a record of every layer, any layer). So a step's
+  records may come token by token (all layers of token 0, then of token 1, ...) or layer by
+  layer (all tokens of layer 0 in ascending order, then all of layer 1, ...: the drop back to
+  token 0 at a layer the step has not had yet continues the step), and the next step begins
+  when token 0 (or any lower token) comes again at a layer the step has had. Any other repeat
+  of a (token, layer) is an error.
 
 Rules (anything else is an InputError naming `file:line`): token indices, steps and prompt
 lengths are integers >= 0, layers integers in `[0, MAX_LAYERS)`; every id row has the same `K >=
 1`; ids are integers in `[-1, E)` (-1: padding), no id twice in a row; a (token, layer) appears
 once. Per-layer form: the layers are the layer ids the file names (`meta["model_layers"]`, the
-trace's layer `i` the `i`-th smallest) and every token has every one of them. Every-layer form:
-all records hold the same `L`. `experts` (`E`) defaults to the largest id + 1. A last line cut
+trace's layer `i` the `i`-th smallest) and every token has every one of them: a token missing
+from some layers is an InputError naming the first (by line) and how many tokens are, unless
+`incomplete="drop"` (`--incomplete drop`, traces only), which leaves those tokens out with one
+InputWarning saying how many of how many, in how many steps. Every-layer form: all records hold
+the same `L`. `experts` (`E`) defaults to the largest id + 1. A last line cut
 short (not valid JSON, no line break at its end: an engine stopped mid-write) loses its record
 with an InputWarning naming `file:line`; a line that is not JSON anywhere else is an InputError.
-The whole log is read into memory.
+The whole log is read into memory: it cannot be streamed, since a step (or request) is complete
+only when the log ends (its records may come in any order, and another may follow).
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
@@ -51,11 +61,14 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import InputError
+from ...errors import InputError, InputWarning
 from ...limits import MAX_EXPERTS, MAX_LAYERS
 from ..requests import RequestSet, requests_of
 from ..trace import Trace
-from .records import MAX_INDEX, id_rows, integer, records, require
+from .records import MAX_INDEX, id_rows, integer, keep_header, records, require
+
+
+INCOMPLETE = ("error", "drop")  # what to do with a token missing from some layers
 
 
 @dataclass
@@ -97,6 +110,7 @@ class _Log:
         self.skipped = 0
         self.header: dict[str, Any] = {}  # what the skipped records say of the model
         self.previous: int | None = None  # the token index of the previous record (restarts)
+        self.seen: set[int] = set()  # the layers of the current restart run (restarts)
 
     def read(self) -> None:
         for n, rec in records(self.path, "token router log", torn_tail=True):
@@ -113,10 +127,10 @@ class _Log:
     def _header(self, where: str, rec: dict[str, Any]) -> None:
         """Keep the model a skipped record names (`model`, text) and its experts
         (`num_experts`), the first of each."""
-        if isinstance(rec.get("model"), str):
-            self.header.setdefault("model", rec["model"])
-        if "num_experts" in rec and "num_experts" not in self.header:
-            E = self.header["num_experts"] = integer(where, rec, "num_experts", 1, MAX_EXPERTS)
+        had = "num_experts" in self.header
+        keep_header(where, rec, self.header)
+        if "num_experts" in self.header and not had:
+            E = self.header["num_experts"]
             if self.limit == MAX_EXPERTS:  # not given: the header's bounds the ids
                 self.limit = E
                 if self.top >= E:
@@ -202,12 +216,15 @@ class _Log:
         if step is not None:
             return integer(where, rec, step, 0, MAX_INDEX)
         run = max(len(self.groups) - 1, 0)
-        if self.previous is not None:
-            first = self.groups[run].get(0)
-            if token < self.previous or \
-                    (token == 0 and first is not None and set(layers) & set(first.layers)):
-                run += 1
+        first = self.groups.get(run, {}).get(0)
+        again = token == 0 and first is not None and set(layers) & set(first.layers)
+        back = self.previous is not None and token < self.previous \
+            and set(layers) & self.seen  # a lower token again, at a layer the step has had
+        if again or back:
+            run += 1
+            self.seen = set()
         self.previous = token
+        self.seen |= set(layers)
         return run
 
     def _name(self, group: Any) -> str:
@@ -215,21 +232,35 @@ class _Log:
             return f"request {group!r}"
         return f"step {group}"
 
-    def arrays(self, order: list[Any]) -> list[np.ndarray]:
-        """Each group's int32 `[T, L, K]` ids, tokens in index order; InputError naming the
-        line of a token that lacks a layer."""
+    def arrays(self, order: list[Any], incomplete: str | None = None) -> list[np.ndarray]:
+        """Each group's int32 `[T, L, K]` ids, tokens in index order. A token lacking a layer
+        is an InputError naming its line and how many tokens lack one (suggesting `--incomplete
+        drop` when `incomplete` is "error", saying nothing of it when None); with "drop" such
+        tokens are left out, with one InputWarning."""
         layer_ids = sorted(self.layer_ids) if self.per_layer else list(range(self.L or 0))
+        lacking = {(group, t): entry for group in order
+                   for t, entry in self.groups[group].items()
+                   if len(entry.layers) < len(layer_ids)}  # a token's layers are among them
+        total = sum(len(self.groups[group]) for group in order)
+        steps = len({group for group, _ in lacking})
+        share = (f"{len(lacking)} of the log's {total} tokens lack some layer (in {steps} "
+                 f"{'step' if self.keys['request'] is None else 'request'}"
+                 f"{'' if steps == 1 else 's'})")
+        if lacking and incomplete != "drop":
+            (group, t), entry = min(lacking.items(), key=lambda kv: kv[1].line)
+            missing = [layer for layer in layer_ids if layer not in entry.layers]
+            fix = ": --incomplete drop leaves them out" if incomplete == "error" else ""
+            raise InputError(f"{self.path}:{entry.line}: token {t} of {self._name(group)} "
+                             f"(first record here) lacks layer(s) {missing}; {share}{fix}")
+        if lacking:
+            warnings.warn(f"{self.path}: {share}; --incomplete drop left them out",
+                          InputWarning, stacklevel=3)
         out = []
         for group in order:
-            tokens = self.groups[group]
+            tokens = [t for t in sorted(self.groups[group]) if (group, t) not in lacking]
             ids = np.empty((len(tokens), len(layer_ids), self.K or 0), dtype=np.int32)
-            for i, t in enumerate(sorted(tokens)):
-                entry = tokens[t]
-                missing = [layer for layer in layer_ids if layer not in entry.layers]
-                if missing:
-                    raise InputError(f"{self.path}:{entry.line}: token {t} of "
-                                     f"{self._name(group)} (first record here) lacks layer(s) "
-                                     f"{missing}")
+            for i, t in enumerate(tokens):
+                entry = self.groups[group][t]
                 ids[i] = np.stack([entry.layers[layer] for layer in layer_ids])
             out.append(ids)
         return out
@@ -253,10 +284,13 @@ class _Log:
 
 
 def _read(path: Path, keys: dict[str, str | None], skip_type: Any,
-          experts: int | None) -> tuple[_Log, list[Any], list[np.ndarray], int,
-                                        dict[str, Any]]:
-    """The log read (module doc): itself, its groups in order, their `[T, L, K]` ids, `E`
-    and the meta they share."""
+          experts: int | None, incomplete: str | None = None
+          ) -> tuple[_Log, list[Any], list[np.ndarray], int, dict[str, Any]]:
+    """The log read (module doc): itself, its groups in order, their `[T, L, K]` ids (tokens
+    lacking a layer as `_Log.arrays` has them), `E` and the meta they share."""
+    if incomplete not in INCOMPLETE + (None,):
+        raise InputError(f"incomplete must be one of {', '.join(INCOMPLETE)}, got "
+                         f"{incomplete!r}")
     if experts is not None and (isinstance(experts, bool) or not isinstance(experts, int)
                                 or not 1 <= experts <= MAX_EXPERTS):
         raise InputError(f"experts must be an integer in [1, {MAX_EXPERTS}], got {experts!r}")
@@ -270,13 +304,13 @@ def _read(path: Path, keys: dict[str, str | None], skip_type: Any,
         meta["model_layers"] = sorted(log.layer_ids)
     order = sorted(log.groups) if keys["step"] is not None else list(log.groups)
     E = experts if experts is not None else log.header.get("num_experts", max(log.top + 1, 1))
-    return log, order, log.arrays(order), E, meta
+    return log, order, log.arrays(order, incomplete), E, meta
 
 
 def read_token_trace(path: str | Path, *, token_key: str = "token_idx",
                      layer_key: str = "layer", ids_key: str = "topk_ids",
                      step_key: str | None = None, skip_type: Any = None,
-                     experts: int | None = None) -> Trace:
+                     experts: int | None = None, incomplete: str = "error") -> Trace:
     """A per-token router log (module doc) as a Trace, its steps from `step_key` or, without
     one, from token-index restarts.
 
@@ -286,10 +320,11 @@ def read_token_trace(path: str | Path, *, token_key: str = "token_idx",
     step_key:  the step's key (None: steps from token-index restarts)
     skip_type: records whose "type" field equals it are skipped (None: none)
     experts:   `E` (None: a skipped header's `num_experts`, else the largest id + 1)
+    incomplete: a token missing from some layers: "error", or "drop" it (module doc)
     """
     keys = {"request": None, "token": token_key, "layer": layer_key, "ids": ids_key,
             "step": step_key, "prompt_len": None}
-    _, order, ids, E, meta = _read(Path(path), keys, skip_type, experts)
+    _, order, ids, E, meta = _read(Path(path), keys, skip_type, experts, incomplete)
     if step_key is not None:
         meta.update(first_step=order[0], last_step=order[-1])
     else:
