@@ -144,7 +144,8 @@ def test_the_numbers_the_prose_states(capsys):
     assert main(["run", "--redundant", "-1"]) == 2
     assert "must be an integer in [0, 262144], got -1" in capsys.readouterr().err
     assert "a 512-token profiling pass" in DOCS  # shown by trace info's output above it
-    assert "flagged warm-up (every row routed alike): 1 step (0), 512 tokens" in DOCS
+    assert "flagged warm-up (every row routed alike, or start-up steps before the first dummy): " \
+        "1 step (0), 512 tokens" in DOCS
 
 
 def test_every_row_of_the_run_examples_keeps_its_gap_under_its_promise(workdir, capsys):
