@@ -123,3 +123,36 @@ def test_the_qwen3_vllm_log(capsys):
     assert code == 0
     assert "steps 8, tokens 1960 (per step 168..256, mean 245.0), layers 48, experts 128, " \
            "top-k 8" in out
+
+
+def test_gating_weights_are_kept_when_every_record_has_values(tmp_path):
+    """Weights as values (`topk_weights` of the ids' shape) or as a probability per expert
+    (`gating_probs`, gathered at the ids) are kept; a logged shape is none; a log where only
+    some records have them keeps none, with one warning."""
+    passes = _passes([2, 3])
+    rng = np.random.default_rng(1)
+    weights = [rng.random(ids.shape).astype(np.float32) for ids in passes]
+    valued = [dict(r, topk_weights=w[:, j].tolist()) for r, (w, j) in
+              zip(_records(passes), [(w, j) for w in weights for j in range(3)])]
+    trace = read_positional(_write(tmp_path / "w.jsonl", valued), layers_per_pass=3)
+    for s, w in enumerate(weights):
+        assert torch.equal(trace.step_weights(s), torch.from_numpy(w))
+    probs = []
+    for r, ids in zip(_records(passes), [ids[:, j] for ids in passes for j in range(3)]):
+        p = rng.random((ids.shape[0], 8))
+        probs.append(dict(r, gating_probs=p.tolist(), want=np.where(
+            ids >= 0, np.take_along_axis(p, ids.clip(0), 1), 0).tolist()))
+    trace = read_positional(_write(tmp_path / "p.jsonl", probs), layers_per_pass=3)
+    assert np.allclose(trace.step_weights(0)[:, 1].numpy(), probs[1]["want"])
+    assert read_positional(_write(tmp_path / "s.jsonl", _records(passes)),
+                           layers_per_pass=3).step_weights(0) is None
+    with pytest.warns(InputWarning, match="only 5 of its 6 records hold gating weights"):
+        some = read_positional(_write(tmp_path / "some.jsonl", valued[:5] + _records(passes)[5:]),
+                               layers_per_pass=3)
+    assert some.step_weights(0) is None
+    bad = [dict(valued[0], topk_weights=[[-1.0, 0.5]] * 2)] + valued[1:]
+    with pytest.raises(InputError, match=r"bad\.jsonl:1: topk_weights holds -1.0; gating"):
+        read_positional(_write(tmp_path / "bad.jsonl", bad), layers_per_pass=3)
+    odd = [dict(valued[0], topk_weights=[0.5, 0.5, 0.5])] + valued[1:]
+    with pytest.raises(InputError, match="one weight per id"):
+        read_positional(_write(tmp_path / "odd.jsonl", odd), layers_per_pass=3)

@@ -77,6 +77,11 @@ class ChunkView(View):
         src = self.base.step_src_rank(parent)
         return None if src is None else src[rows]
 
+    def step_weights(self, s: int) -> torch.Tensor | None:
+        parent, rows = self._rows(s)
+        weights = self.base.step_weights(parent)
+        return None if weights is None else weights[rows]
+
     def counts(self) -> torch.Tensor:
         """Routed pairs per logical expert of each step of the view, `[S', L, E]`: a whole
         step's from the base's counts, a cut step's counted from its ids."""

@@ -5,8 +5,10 @@ Dimensions: `S` forward passes (the trace's steps), `T_s` tokens of pass `s`, `L
 (`layers_per_pass`), `K` top-k, `E` logical experts.
 
 One JSON object per line (blank lines are skipped): `{"topk_ids": [[K ids] x T_s], ...}`, the
-`[T_s, K]` ids one layer chose for the tokens of one pass (the key is `ids_key`; other keys, such
-as a `topk_weights` shape, are ignored). Counting the records that are not skipped from 0,
+`[T_s, K]` ids one layer chose for the tokens of one pass (the key is `ids_key`), with their
+gating weights where the record holds values under `topk_weights` or `gating_probs`
+(`records.weight_rows`: a `topk_weights` holding only the tensor's shape holds none; weights
+are kept when every record has them, else left out with one warning). Counting the records that are not skipped from 0,
 record `n` is layer `n % L` of pass `n // L`: the log is read by position alone, so `L` must be
 the model's MoE layers as the hook saw them. Records whose `"type"` equals `skip_type` (a
 header) are skipped, but the first one naming a `model` (text) gives `meta["model"]`, and the
@@ -32,7 +34,7 @@ import numpy as np
 from ...errors import InputError, InputWarning
 from ...limits import MAX_EXPERTS, MAX_LAYERS
 from ..trace import Trace
-from .records import id_rows, keep_header, records, require
+from .records import id_rows, keep_header, records, require, weight_rows, weights_kept
 
 
 def _layers(layers_per_pass: Any) -> int:
@@ -59,6 +61,7 @@ def read_positional(path: str | Path, *, layers_per_pass: int, ids_key: str = "t
         raise InputError(f"experts must be an integer in [1, {MAX_EXPERTS}], got {experts!r}")
     header: dict[str, Any] = {}
     passes: list[list[np.ndarray]] = []  # [S][L] of [T_s, K]
+    gates: list[list[np.ndarray | None]] = []  # [S][L] of [T_s, K] gating weights, or None
     first_line: list[int] = []  # the line of each pass's first record
     K, top, skipped = None, -1, 0
     for n, rec in records(path, "positional router log", torn_tail=True):
@@ -85,6 +88,7 @@ def read_positional(path: str | Path, *, layers_per_pass: int, ids_key: str = "t
             top = max(top, int(rows.max()))
         if not passes or len(passes[-1]) == L:
             passes.append([])
+            gates.append([])
             first_line.append(n)
         layer = passes[-1]
         if layer and rows.shape[0] != layer[0].shape[0]:
@@ -94,6 +98,7 @@ def read_positional(path: str | Path, *, layers_per_pass: int, ids_key: str = "t
                              f"pass routes the same tokens (is --layers-per-pass {L} the "
                              f"model's MoE layers?)")
         layer.append(rows)
+        gates[-1].append(weight_rows(where, rec, rows))
     if passes and len(passes[-1]) < L:
         count = L * (len(passes) - 1) + len(passes[-1])
         warnings.warn(f"{path}:{first_line[-1]}: the last pass (pass {len(passes) - 1}, from "
@@ -101,6 +106,7 @@ def read_positional(path: str | Path, *, layers_per_pass: int, ids_key: str = "t
                       f"are not a multiple of --layers-per-pass {L}), as when the log's writer "
                       f"is stopped mid-pass; the pass is left out", InputWarning, stacklevel=2)
         passes.pop()
+        gates.pop()
     if not passes:
         what = f" ({skipped} of type {skip_type!r} skipped)" if skipped else ""
         raise InputError(f"{path}: no complete pass of {L} layer records{what}")
@@ -108,10 +114,13 @@ def read_positional(path: str | Path, *, layers_per_pass: int, ids_key: str = "t
         raise InputError(f"{path}: no token rows, so top-k is unknown")
     steps = [np.stack([rows.reshape(-1, K) for rows in layers], axis=1)  # [T_s, L, K]
              for layers in passes]
+    found = sum(w is not None for layers in gates for w in layers)
+    weights = [np.stack([w.reshape(-1, K) for w in layers], axis=1)  # [T_s, L, K]
+               for layers in gates] if weights_kept(path, found, L * len(passes)) else None
     meta: dict[str, Any] = {"source": str(path), "format": "positional",
                             "layers_per_pass": L, "skipped_records": skipped,
                             "steps_from": f"passes of {L} layer records in execution order"}
     if "model" in header:
         meta["model"] = header["model"]
     E = experts if experts is not None else header.get("num_experts", max(top + 1, 1))
-    return Trace.from_steps(steps, E, None, meta)
+    return Trace.from_steps(steps, E, None, meta, weights)

@@ -145,3 +145,14 @@ def weight_rows(where: str, rec: dict[str, Any], ids: np.ndarray) -> np.ndarray 
                              f"; gating weights are finite and >= 0")
         return arr.astype(np.float32)
     return None
+
+
+def weights_kept(path: Path, found: int, total: int) -> bool:
+    """Whether a log whose `total` records of ids include `found` with gating weights
+    (`weight_rows`) keeps them: all do (True) or none does (False); when only some do, they
+    are left out with one InputWarning saying how many, and False."""
+    if 0 < found < total:
+        warnings.warn(f"{path}: only {found} of its {total} records hold gating weights "
+                      f"({', '.join(WEIGHT_KEYS)}); the weights are left out and the toy MoE "
+                      f"draws its gates", InputWarning, stacklevel=3)
+    return found == total > 0
