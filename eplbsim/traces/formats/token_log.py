@@ -11,9 +11,10 @@ record (the key names are options; the defaults are shown):
   `[L][K]` ids of layers `0..L-1` (such a record names no layer).
 
 Records whose `"type"` field equals `skip_type` (a header, say) are skipped, but the first one
-naming a `model` (text) gives `meta["model"]`, and the first naming `num_experts` gives `E` (unless
-`experts` is given); every other record must hold the keys its form needs (a record lacking the ids is an error, not skipped). Tokens are
-grouped, and the groups read as follows:
+naming a model (text under `model`, `model_id`, `model_name` or `served_model_name`) gives
+`meta["model"]`, and the first naming `num_experts` gives `E` (unless `experts` is given);
+every other record must hold the keys its form needs (a record lacking the ids is an error,
+not skipped). Tokens are grouped, and the groups read as follows:
 
 - `read_token_requests`: a :class:`~eplbsim.traces.requests.RequestSet`, one request per
   distinct `request_key` value (a string or an integer, compared as text), in order of first
@@ -54,7 +55,7 @@ import numpy as np
 from ...errors import InputError
 from ...limits import MAX_EXPERTS, MAX_LAYERS
 from ..requests import RequestSet, requests_of
-from ..trace import Trace
+from ..trace import Trace, model_in
 from .records import MAX_INDEX, id_rows, integer, records, require
 
 
@@ -111,10 +112,10 @@ class _Log:
             raise InputError(f"{self.path}: no token records{skipped}")
 
     def _header(self, where: str, rec: dict[str, Any]) -> None:
-        """Keep the model a skipped record names (`model`, text) and its experts
-        (`num_experts`), the first of each."""
-        if isinstance(rec.get("model"), str):
-            self.header.setdefault("model", rec["model"])
+        """Keep the model a skipped record names (`model`, `model_id`, ...:
+        `trace.model_in`) and its experts (`num_experts`), the first of each."""
+        if model_in(rec) is not None:
+            self.header.setdefault("model", model_in(rec))
         if "num_experts" in rec and "num_experts" not in self.header:
             E = self.header["num_experts"] = integer(where, rec, "num_experts", 1, MAX_EXPERTS)
             if self.limit == MAX_EXPERTS:  # not given: the header's bounds the ids
