@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .cost.shapes import trace_model
+from .cost.catalog import trace_model
 from .dispatch import resolve_policy
 from .engines import is_engine_name, resolve_solver
 from .errors import InputError
@@ -59,7 +59,7 @@ def fitted(trace: Any, spec: RunSpec) -> RunSpec:
     """`spec` decided for `trace`: its redundant slots (`RunSpec.fit`: those of the placement
     it serves, `placement` or `initial` before the first rebalance, a file read for the
     trace's experts and layers; else the given number, else the default), and its model when
-    none is given (`cost.shapes.trace_model`: the one the trace's meta names, checked against
+    none is given (`cost.catalog.trace_model`: the one the trace's meta names, checked against
     its experts and top-k, else the default)."""
     if spec.cost.model is None:
         spec = spec.replace(model=trace_model(trace.meta, trace.num_experts,

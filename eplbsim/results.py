@@ -32,7 +32,8 @@ from .placement import Placement
 from .registry import name_of
 from .schedule.migration import MIGRATION_FIELDS, migration_rows
 from .schedule.plan import Segment, epochs
-from .cost.shapes import model_mismatch, model_named
+from .cost.catalog import model_note
+from .cost.catalog import model_origin as origin_of
 from .dispatch import POLICIES, resolve_policy
 from .spec import MIN_REDUNDANT, Options, RunSpec, knobs, label
 from .traces.counts import CountsTrace
@@ -280,7 +281,7 @@ def describe(trace: Any, spec: RunSpec, asked: RunSpec | None = None,
             f"{topo.num_gpus} GPUs ({topo.gpus_per_node}/node), P={P} slots"
             f"{_slot_words(spec, asked, trace)}, {decided}"
             + ("" if counts_only else f", view {name_of(d.view)}, rng {d.rng}, seed {d.seed}")
-            + (f", model {spec.cost.name} ({model_origin(trace.meta, asked)})"
+            + (f", {_model_words(trace, spec, asked)}"
                if spec.cost.cost is not None or spec.shared_work() else "")
             + ("" if counts_only else _shared_words(spec, asked, policies))
             + (_engine_words(spec, policies) if sources == 1 else ""))
@@ -294,31 +295,32 @@ def _engine_words(spec: RunSpec, policies: Sequence[Any]) -> str:
     return f", engine code {code}" if code else ""
 
 
+def _model_words(trace: Any, spec: RunSpec, asked: RunSpec | None) -> str:
+    """"model NAME (M MoE layers; the trace holds L; where it came from)"."""
+    return (f"model {spec.cost.name} ({spec.cost.shape.moe_layers} MoE layers; the trace "
+            f"holds {trace.num_layers}; {model_origin(trace.meta, asked)})")
+
+
 def model_origin(meta: dict, asked: RunSpec | None) -> str:
     """Where a run's model came from: "given" (`asked`, the spec before `replay.fitted`, names
-    one; or `asked` is None), the trace's meta, or the default."""
-    if asked is None or asked.cost.model is not None:
-        return "given"
-    named = meta.get("model")
-    if model_named(named) is not None:
-        return f"named by the trace's meta: {named!r}"
-    return (f"the default: the trace names {named!r}, which eplbsim does not know"
-            if isinstance(named, str) else "the default: the trace names no model")
+    one; or `asked` is None), the trace's meta, or the default (`cost.catalog.model_origin`)."""
+    return origin_of(meta, asked is None or asked.cost.model is not None)
 
 
 def warnings(trace: Any, spec: RunSpec, asked: RunSpec | None,
              windows: Sequence[tuple[str, int, int]] = ()) -> list[str]:
-    """What a run's header warns of: a given model whose experts or top-k differ from the
-    trace's (when a cost model prices the time), and the flagged warm-up and outlier steps
-    (`traces.steps.flag_steps`) in each `(name, start, stop)` window of steps (default: the
-    whole trace, "the trace"). A trace of more than `FLAG_SCAN_IDS` ids is not scanned for
-    them: that would read it all once more (`trace info` scans any trace)."""
+    """What a run's header warns of: when a cost model prices the time, a model whose experts
+    or top-k differ from the trace's, or the default priced for a model the trace names but
+    eplbsim does not know (`cost.catalog.model_note`, one line); and the flagged warm-up and
+    outlier steps (`traces.steps.flag_steps`) in each `(name, start, stop)` window of steps
+    (default: the whole trace, "the trace"). A trace of more than `FLAG_SCAN_IDS` ids is not
+    scanned for them: that would read it all once more (`trace info` scans any trace)."""
     out = []
-    if spec.cost.cost is not None and (asked is None or asked.cost.model is not None):
-        mismatch = model_mismatch(spec.cost.name, trace.num_experts,
-                                  getattr(trace, "top_k", None))
-        if mismatch:
-            out.append(f"warning: {mismatch}")
+    if spec.cost.cost is not None:
+        note = model_note(spec.cost.name, spec.cost.shape, model_origin(trace.meta, asked),
+                          trace.num_experts, getattr(trace, "top_k", None))
+        if note:
+            out.append(f"warning: {note}")
     if isinstance(trace, CountsTrace) or math.prod(trace.ids_shape) > FLAG_SCAN_IDS:
         return out
     flags = flag_steps(trace)

@@ -333,7 +333,8 @@ def test_time_counts_the_models_shared_experts(capsys):
     left_out = json.loads(run(capsys, *args, "--shared-experts", "0")[1])[0]
     assert counted["compute_ms"] > left_out["compute_ms"]
     out = run(capsys, *args[:-1])[1]
-    assert "model deepseek-v3 (the default: the trace names no model), shared experts 1 (1 " \
+    assert "model deepseek-v3 (58 MoE layers; the trace holds 2; the default: the trace " \
+           "names no model), shared experts 1 (1 " \
            "routed pair of work a token and layer: the cost model prices the model's whole " \
            "layer)" in out
 

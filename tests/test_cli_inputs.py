@@ -140,7 +140,8 @@ def test_a_shared_expert_policy_says_why_every_row_counts_the_shared_expert(caps
     code, out, _ = run(capsys, "run", "--scenario", "uniform", "--steps", "2", "--tokens", "64",
                        "--policies", "row,waterfill", "--mode", "a2a")
     assert code == 0
-    assert "model deepseek-v3 (the default: the trace names no model), shared experts 1 (1 " \
+    assert "model deepseek-v3 (58 MoE layers; the trace holds 4; the default: the trace " \
+           "names no model), shared experts 1 (1 " \
            "routed pair of work a token and layer: waterfill places them, so every row counts " \
            "them)" in out.splitlines()[0]
 

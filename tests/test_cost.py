@@ -316,16 +316,17 @@ def test_rebalance_stall_is_counted_only_for_rebalances_that_moved_experts():
     ("Qwen/Qwen1.5-MoE-A2.7B-Chat", "qwen1.5-moe-a2.7b"), ("deepseek-ai/DeepSeek-V3-0324",
                                                           "deepseek-v3"),
     ("DeepSeek-R1", "deepseek-r1"), ("mistralai/Mixtral-8x7B-Instruct-v0.1", "mixtral-8x7b"),
-    ("allenai/OLMoE-1B-7B-0924", "olmoe-1b-7b"), ("Qwen/Qwen3-235B-A22B-FP8", "qwen3-235b-a22b"),
+    ("allenai/OLMoE-1B-7B-0924", "olmoe-1b-7b"), ("Qwen/Qwen3-235B-A22B-Instruct-2507", "qwen3-235b-a22b"),
     ("synthetic: eplbsim's skewed scenario", None), ("deepseek-v30", None), (None, None),
     (7, None)])
 def test_a_model_name_is_read_case_and_suffix_tolerant(name, key):
-    from eplbsim.cost.shapes import model_named
+    from eplbsim.cost.catalog import model_named
     assert model_named(name) == key
 
 
 def test_the_trace_names_its_model_or_gets_the_default():
-    from eplbsim.cost.shapes import DEFAULT_MODEL, trace_model
+    from eplbsim.cost.catalog import trace_model
+    from eplbsim.cost.shapes import DEFAULT_MODEL
     qwen = {"model": "Qwen/Qwen1.5-MoE-A2.7B-Chat"}
     assert trace_model(qwen, 60, 4) == "qwen1.5-moe-a2.7b"
     assert trace_model(qwen, 60, None) == "qwen1.5-moe-a2.7b"  # counts only: no top-k

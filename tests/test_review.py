@@ -309,13 +309,13 @@ def test_ranks_switching_placements_at_different_steps_are_caught(capsys):
     assert "switched placements at different steps" in report["reasons"][0]
 
 
-def _qwen_log(path, layers=1, experts=60, top_k=4, warmup=False):
+def _qwen_log(path, layers=1, experts=60, top_k=4, warmup=False, key="model"):
     """A per-token router log as vLLM would write one for Qwen1.5-MoE: a meta record naming the
     model, then one record per token of every logged layer (token indices restart each
-    step); with `warmup`, a first step of 256 rows all routed alike."""
+    step); with `warmup`, a first step of 256 rows all routed alike; `key` names the model."""
     trace = synthesize("skewed", steps=16, tokens=48, layers=layers, experts=experts,
                        top_k=top_k, seed=4)
-    lines = [{"type": "meta", "model": "Qwen/Qwen1.5-MoE-A2.7B-Chat", "num_layers": layers}]
+    lines = [{"type": "meta", key: "Qwen/Qwen1.5-MoE-A2.7B-Chat", "num_layers": layers}]
     steps = ([trace.step(0)[:1].expand(256, -1, -1)] if warmup else []) + \
         [trace.step(s) for s in range(trace.num_steps)]
     for ids in steps:
@@ -350,7 +350,20 @@ def test_a_one_layer_log_naming_its_model_gives_one_figure_a_layer(tmp_path, cap
         assert {k: a[k] for k in BALANCE_KEYS} == {k: b[k] for k in BALANCE_KEYS}
         assert b["model"] == "qwen1.5-moe-a2.7b" and b["gpu_imbalance_with_shared"] is not None
     assert main(["run", *read, "--policies", "row", "--mode", "none", "--cost", "roofline"]) == 0
-    assert "model qwen1.5-moe-a2.7b (named by the trace's meta" in capsys.readouterr().out
+    assert "model qwen1.5-moe-a2.7b (24 MoE layers; the trace holds 1; named by the trace's " \
+        "meta" in capsys.readouterr().out
+
+
+def test_a_log_naming_its_model_id_is_priced_as_it_without_a_flag(tmp_path, capsys):
+    """Acceptance (issue 42): a per-token log whose header names `model_id`, 60 experts,
+    top-4, reviewed without --model, prices qwen1.5-moe-a2.7b and the page names it."""
+    log = _qwen_log(tmp_path / "log.jsonl", key="model_id")
+    read = ["--trace", log, "--skip-type", "meta", "--gpus", "8", "--cost", "roofline"]
+    report = _json(capsys, ["review", "ordinal", *read], EXIT["insufficient evidence"])
+    assert report["setup"]["model"] == "qwen1.5-moe-a2.7b" and not report["warnings"]
+    assert main(["review", "ordinal", *read]) == EXIT["insufficient evidence"]
+    assert "(qwen1.5-moe-a2.7b, named by the trace's meta: 'Qwen/Qwen1.5-MoE-A2.7B-Chat'" in \
+        capsys.readouterr().out
 
 
 def test_a_model_that_does_not_fit_the_trace_is_refused_unless_named(tmp_path, capsys):
@@ -363,12 +376,12 @@ def test_a_model_that_does_not_fit_the_trace_is_refused_unless_named(tmp_path, c
         assert "--model" in err[0]
     report = _json(capsys, ["review", "ordinal", *read, "--model", "qwen1.5-moe-a2.7b"],
                    EXIT["insufficient evidence"])
-    assert report["warnings"] == ["warning: model qwen1.5-moe-a2.7b has 60 experts, top-4; "
-                                  "the trace has 64, top-8: its loads are priced as that "
+    assert report["warnings"] == ["warning: model qwen1.5-moe-a2.7b (given) has 60 experts, "
+                                  "top-4; the trace has E=64, K=8: its loads are priced as that "
                                   "model's"]
     assert main(["run", "--policies", "row", "--cost", "roofline", *read, "--model",
                  "qwen1.5-moe-a2.7b"]) == 0
-    assert "\nwarning: model qwen1.5-moe-a2.7b has 60 experts" in capsys.readouterr().out
+    assert "\nwarning: model qwen1.5-moe-a2.7b (given) has 60 experts" in capsys.readouterr().out
 
 
 def test_warm_up_in_a_window_is_said_with_the_flag_that_drops_it(tmp_path, capsys):

@@ -41,6 +41,7 @@ COMMANDS = {
     "policies": (registries.POLICIES_HELP, registries.add_arguments,
                  registries.handle_policies),
     "solvers": (registries.SOLVERS_HELP, registries.add_arguments, registries.handle_solvers),
+    "models": (registries.MODELS_HELP, registries.add_arguments, registries.handle_models),
     "engines": (engines.HELP, engines.add_arguments, None),
     "review": (review.HELP, review.add_arguments, review.handle),
 }

@@ -1,5 +1,6 @@
-"""`eplbsim policies` and `eplbsim solvers`: every registry entry with its properties, read from
-the registries themselves (`dispatch.POLICIES`, `solvers.SOLVERS`), as text or JSON."""
+"""`eplbsim policies`, `eplbsim solvers` and `eplbsim models`: every registry entry with its
+properties, read from the registries themselves (`dispatch.POLICIES`, `solvers.SOLVERS`,
+`cost.catalog.model_rows`), as text, JSON or Markdown."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from ..results import to_json
 
 POLICIES_HELP = "list the dispatch policies: rank-invariance class in \"none\" mode, source"
 SOLVERS_HELP = "list the placement solvers: source, what each does"
+MODELS_HELP = ("list the models --model names: experts, top-k, MoE layers of all layers, hidden, "
+               "expert intermediate, shared experts, weight dtype, where each comes from")
 
 
 def policy_rows() -> list[dict[str, Any]]:
@@ -36,6 +39,13 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     lines += ["| " + " | ".join(f"`{r[k]}`" if k == "name" else str(r[k]) for k in keys) + " |"
               for r in rows]
     return "\n".join(lines)
+
+
+def model_rows() -> list[dict[str, Any]]:
+    """Every model a name gives (`cost.catalog.model_rows`): the built-in ones, then
+    aiconfigurator-core's MoE configs when it is installed."""
+    from ..cost.catalog import model_rows as rows
+    return rows()
 
 
 def _print(rows: list[dict[str, Any]], args: argparse.Namespace) -> int:
@@ -64,3 +74,18 @@ def handle_policies(args: argparse.Namespace) -> int:
 
 def handle_solvers(args: argparse.Namespace) -> int:
     return _print(solver_rows(), args)
+
+
+def handle_models(args: argparse.Namespace) -> int:
+    rows = model_rows()
+    if args.json or args.markdown:
+        return _print(rows, args)
+    head = {"name": "name", "experts": "E", "top_k": "K", "moe_layers": "MoE/layers",
+            "hidden": "H", "intermediate": "I", "shared": "shared", "dtype": "weights",
+            "source": "source"}
+    table = [head] + [dict(r, moe_layers=f"{r['moe_layers']}/{r['layers'] or '?'}")
+                      for r in rows]
+    widths = {k: max(len(str(r[k])) for r in table) for k in head if k != "source"}
+    for r in table:
+        print("  ".join(f"{r[k]!s:{widths[k]}}" for k in widths) + f"  {r['source']}")
+    return 0

@@ -47,8 +47,9 @@ class DeviceProfile:
 
     def peak_flops(self, weight_dtype: str) -> float:
         """Dense FLOP/s at which experts with `weight_dtype` weights run (fp16 as bf16, fp32 at
-        half of it)."""
-        if weight_dtype == "fp8":
+        half of it; 8-bit and 4-bit weights at the FP8 peak, the fastest a profile states, so
+        the roofline stays a lower bound)."""
+        if weight_dtype not in ("bf16", "fp16", "fp32"):
             return self.flops_fp8
         return self.flops_bf16 / (2 if weight_dtype == "fp32" else 1)
 

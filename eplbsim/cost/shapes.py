@@ -8,11 +8,17 @@ dtypes of weights, activations, dispatch and combine.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..errors import InputError
 
-DTYPE_BYTES = {"fp8": 1, "bf16": 2, "fp16": 2, "fp32": 4}
+# bytes an element; a block-scaled 4-bit format counts its scales: NVFP4 one FP8 scale a 16
+# elements, MXFP4 and MXFP8 one E8M0 scale a 32 (OCP MX spec); `fp4`, `int4` and `int8` are
+# the bare elements (their configs do not say how they are scaled)
+DTYPE_BYTES: dict[str, float] = {"fp8": 1, "bf16": 2, "fp16": 2, "fp32": 4, "int8": 1,
+                                 "mxfp8": 1 + 1 / 32, "nvfp4": 0.5 + 1 / 16,
+                                 "mxfp4": 0.5 + 1 / 32, "fp4": 0.5, "int4": 0.5}
 
 
 @dataclass(frozen=True)
@@ -30,6 +36,7 @@ class ModelShape:
     act_dtype: str = "bf16"
     dispatch_dtype: str = "bf16"
     combine_dtype: str = "bf16"
+    layers: int = 0  # decoder layers, MoE and dense (0: not stated)
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -38,19 +45,24 @@ class ModelShape:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise InputError(f"a model shape's {name} must be a positive integer, "
                                  f"got {value!r}")
+        if not isinstance(self.layers, int) or isinstance(self.layers, bool) or \
+                self.layers and self.layers < self.moe_layers:
+            raise InputError(f"a model shape's layers must be 0 (not stated) or at least its "
+                             f"{self.moe_layers} MoE layers, got {self.layers!r}")
         for name in ("weight_dtype", "act_dtype", "dispatch_dtype", "combine_dtype"):
             if getattr(self, name) not in DTYPE_BYTES:
                 raise InputError(f"a model shape's {name} must be one of "
                                  f"{', '.join(DTYPE_BYTES)}, got {getattr(self, name)!r}")
 
-    def bytes_of(self, what: str) -> int:
-        """Bytes per element of `weight`, `act`, `dispatch` or `combine`."""
+    def bytes_of(self, what: str) -> float:
+        """Bytes per element of `weight`, `act`, `dispatch` or `combine` (fractional for a
+        4-bit format with its scales, `DTYPE_BYTES`)."""
         return DTYPE_BYTES[getattr(self, f"{what}_dtype")]
 
     @property
     def expert_weight_bytes(self) -> int:
-        """One routed expert's weights: `3 H I` elements."""
-        return 3 * self.hidden * self.intermediate * self.bytes_of("weight")
+        """One routed expert's weights, whole bytes: `3 H I` elements (scales included)."""
+        return math.ceil(3 * self.hidden * self.intermediate * self.bytes_of("weight"))
 
     @property
     def shared_ratio(self) -> float:
@@ -68,70 +80,63 @@ class ModelShape:
 
 
 _DEEPSEEK_V3 = dict(hidden=7168, intermediate=2048, experts=256, top_k=8, moe_layers=58,
-                    shared_experts=1, shared_intermediate=2048, weight_dtype="fp8",
+                    layers=61, shared_experts=1, shared_intermediate=2048, weight_dtype="fp8",
                     dispatch_dtype="fp8")
+_HF = "huggingface.co/"
+_LLAMA_4 = dict(hidden=5120, intermediate=8192, top_k=1, shared_experts=1,
+                shared_intermediate=8192)
 
+# The most served MoE models, as their published config.json says (`configs.shape_of` of it
+# gives the same shape: tests/test_configs.py checks each against aiconfigurator-core's copy);
+# quantized weights are dispatched in FP8 (DeepEP's FP8 dispatch), BF16 ones in BF16.
 MODELS: dict[str, ModelShape] = {
-    "deepseek-v3": ModelShape(**_DEEPSEEK_V3, source="huggingface.co/deepseek-ai/DeepSeek-V3 "
+    "deepseek-v3": ModelShape(**_DEEPSEEK_V3, source=_HF + "deepseek-ai/DeepSeek-V3 "
                               "config.json (61 layers, the first 3 dense; FP8 block-quantized "
                               "weights; DeepEP's FP8 dispatch, BF16 combine)"),
-    "deepseek-r1": ModelShape(**_DEEPSEEK_V3, source="huggingface.co/deepseek-ai/DeepSeek-R1 "
+    "deepseek-r1": ModelShape(**_DEEPSEEK_V3, source=_HF + "deepseek-ai/DeepSeek-R1 "
                               "config.json (the DeepSeek-V3 architecture)"),
-    "qwen3-235b-a22b": ModelShape(4096, 1536, 128, 8, 94, source="huggingface.co/Qwen/"
+    "kimi-k2": ModelShape(7168, 2048, 384, 8, 60, layers=61, shared_experts=1,
+                          shared_intermediate=2048,
+                          weight_dtype="fp8", dispatch_dtype="fp8",
+                          source=_HF + "moonshotai/Kimi-K2-Instruct config.json (61 layers, "
+                          "the first dense; one shared expert; FP8 weights)"),
+    "glm-5": ModelShape(6144, 2048, 256, 8, 75, layers=78, shared_experts=1,
+                        shared_intermediate=2048,
+                        source=_HF + "zai-org/GLM-5 config.json (78 layers, the first 3 "
+                        "dense; one shared expert; BF16)"),
+    "qwen3-30b-a3b": ModelShape(2048, 768, 128, 8, 48, layers=48, source=_HF + "Qwen/Qwen3-30B-A3B "
+                                "config.json (every layer MoE, BF16)"),
+    "qwen3-235b-a22b": ModelShape(4096, 1536, 128, 8, 94, layers=94, source=_HF + "Qwen/"
                                   "Qwen3-235B-A22B config.json (every layer MoE, BF16)"),
-    "qwen1.5-moe-a2.7b": ModelShape(2048, 1408, 60, 4, 24, shared_experts=1,
+    "qwen3-coder-480b-a35b": ModelShape(6144, 2560, 160, 8, 62, layers=62, source=_HF + "Qwen/"
+                                        "Qwen3-Coder-480B-A35B-Instruct config.json (every "
+                                        "layer MoE, BF16)"),
+    "qwen1.5-moe-a2.7b": ModelShape(2048, 1408, 60, 4, 24, layers=24, shared_experts=1,
                                     shared_intermediate=5632,
-                                    source="huggingface.co/Qwen/Qwen1.5-MoE-A2.7B config.json "
+                                    source=_HF + "Qwen/Qwen1.5-MoE-A2.7B config.json "
                                     "(one shared expert of 5632, BF16)"),
-    "mixtral-8x7b": ModelShape(4096, 14336, 8, 2, 32, source="huggingface.co/mistralai/"
+    "mixtral-8x7b": ModelShape(4096, 14336, 8, 2, 32, layers=32, source=_HF + "mistralai/"
                                "Mixtral-8x7B-v0.1 config.json (BF16)"),
-    "olmoe-1b-7b": ModelShape(2048, 1024, 64, 8, 16, source="huggingface.co/allenai/"
+    "mixtral-8x22b": ModelShape(6144, 16384, 8, 2, 56, layers=56, source=_HF + "mistralai/"
+                                "Mixtral-8x22B-v0.1 config.json (BF16)"),
+    "olmoe-1b-7b": ModelShape(2048, 1024, 64, 8, 16, layers=16, source=_HF + "allenai/"
                               "OLMoE-1B-7B-0924 config.json (BF16)"),
+    "gpt-oss-120b": ModelShape(2880, 2880, 128, 4, 36, layers=36, weight_dtype="mxfp4",
+                               dispatch_dtype="fp8", source=_HF + "openai/gpt-oss-120b "
+                               "config.json (every layer MoE; MXFP4 experts)"),
+    "gpt-oss-20b": ModelShape(2880, 2880, 32, 4, 24, layers=24, weight_dtype="mxfp4",
+                              dispatch_dtype="fp8", source=_HF + "openai/gpt-oss-20b "
+                              "config.json (every layer MoE; MXFP4 experts)"),
+    "llama-4-scout": ModelShape(experts=16, moe_layers=48, layers=48, **_LLAMA_4,
+                                source=_HF + "meta-llama/Llama-4-Scout-17B-16E-Instruct "
+                                "config.json (every layer MoE, one shared expert, BF16)"),
+    "llama-4-maverick": ModelShape(experts=128, moe_layers=24, layers=48, **_LLAMA_4,
+                                   source=_HF + "meta-llama/Llama-4-Maverick-17B-128E-Instruct "
+                                   "config.json (every second of 48 layers MoE, one shared "
+                                   "expert, BF16)"),
+    "minimax-m2.5": ModelShape(3072, 1536, 256, 8, 62, layers=62, weight_dtype="fp8",
+                               dispatch_dtype="fp8", source=_HF + "MiniMaxAI/MiniMax-M2.5 "
+                               "config.json (every layer MoE, FP8 weights)"),
 }
 
 DEFAULT_MODEL = "deepseek-v3"  # the model time is priced as when neither a flag nor the trace says
-SUFFIX_BREAKS = "-_.:"  # what may follow a known model's name in a longer one (`-Chat`, `-0324`)
-
-
-def model_named(name: object) -> str | None:
-    """The `MODELS` key a model name denotes, or None: a Hugging Face id or a free name, case
-    and suffix tolerant (`Qwen/Qwen1.5-MoE-A2.7B-Chat` is `qwen1.5-moe-a2.7b`): the part after
-    the last `/`, lower case, `_` and spaces read as `-`, is a key or starts with one followed
-    by `-`, `_`, `.` or `:` (the longest such key)."""
-    if not isinstance(name, str):
-        return None
-    text = name.strip().rsplit("/", 1)[-1].lower().replace("_", "-").replace(" ", "-")
-    known = [key for key in MODELS if text == key or (
-        text.startswith(key) and text[len(key)] in SUFFIX_BREAKS)]
-    return max(known, key=len) if known else None
-
-
-def trace_model(meta: dict, experts: int, top_k: int | None) -> str:
-    """The model a trace of `experts` experts and `top_k` (None: counts only) is priced as
-    when none is given: the one its `meta["model"]` names (`model_named`), else
-    `DEFAULT_MODEL`. InputError when the named model's experts or top-k differ from the
-    trace's (a flag naming the model prices it anyway)."""
-    named = model_named(meta.get("model"))
-    if named is None:
-        return DEFAULT_MODEL
-    shape = MODELS[named]
-    if shape.experts != experts or top_k not in (None, shape.top_k):
-        fewer = experts < shape.experts and top_k in (None, shape.top_k)
-        raise InputError(f"the trace's meta names model {meta['model']!r} ({named}: "
-                         f"{shape.experts} experts, top-{shape.top_k}), but the trace has "
-                         f"{experts} experts" + (f", top-{top_k}" if top_k else "") + ": "
-                         + (f"read it with --experts {shape.experts} if its ids never reach "
-                            f"the last experts, or " if fewer else "")
-                         + f"name the model to price it as with --model (--model {named} "
-                         f"prices it so anyway)")
-    return named
-
-
-def model_mismatch(model: str, experts: int, top_k: int | None) -> str | None:
-    """Words saying how `model`'s experts or top-k differ from a trace's, or None."""
-    shape = MODELS[model]
-    if shape.experts == experts and top_k in (None, shape.top_k):
-        return None
-    return (f"model {model} has {shape.experts} experts, top-{shape.top_k}; the trace has "
-            f"{experts}" + (f", top-{top_k}" if top_k else "") + ": its loads are priced as "
-            "that model's")

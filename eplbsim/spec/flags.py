@@ -15,7 +15,8 @@ from ..traces.request_synth import REQUEST_SCENARIOS
 from .knobs import Knob, checked
 from .runspec import PARTS, RunSpec, default_of, knobs
 from .source import BATCHING, READER_OPTIONS, Source
-from .values import EngineSources, File, Name, Options, RequestInput, Switch
+from ..cost.catalog import config_path
+from .values import EngineSources, File, Model, Name, Options, RequestInput, Switch
 
 
 def flags_of(name: str, knob: Knob) -> tuple[str, ...]:
@@ -144,8 +145,8 @@ def sweep_keys() -> dict[str, tuple[str, str, Knob]]:
 
 def sweep_value(key: str, value: Any, where: str, base: Path) -> tuple[str, Any]:
     """`(field name, checked value)` for one sweep key and TOML value; `PREFIX.NAME` keys give
-    `(field, (NAME, value))`, and relative paths (of files, and of request files) are read
-    against `base` (the spec's folder).
+    `(field, (NAME, value))`, and relative paths (of files, request files and model configs)
+    are read against `base` (the spec's folder).
     InputError naming `where` and the key."""
     keys = sweep_keys()
     prefix, dot, option = key.partition(".")
@@ -159,6 +160,8 @@ def sweep_value(key: str, value: Any, where: str, base: Path) -> tuple[str, Any]
     part, name, knob = keys[key]
     if isinstance(knob.type, File) and isinstance(value, str):
         value = None if value == knob.type.absent else str(base / value)
+    elif isinstance(knob.type, Model) and config_path(value) is not None:  # beside the spec
+        value = str(base / value)
     elif isinstance(knob.type, RequestInput) and isinstance(value, str) \
             and value not in REQUEST_SCENARIOS:  # a request file, beside the spec
         value = str(base / value)

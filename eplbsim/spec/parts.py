@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..cost import COST_MODELS, DEVICES, MODELS, DeviceProfile, ModelShape
+from ..cost import COST_MODELS, DEVICES, DeviceProfile, ModelShape
+from ..cost.catalog import NAME_FORMS, model_label, model_shape
 from ..cost.shapes import DEFAULT_MODEL
 from ..cost import check_options as check_cost_options
 from ..cost import describe as describe_cost
@@ -27,7 +28,8 @@ from ..solvers.lplb import TOPOLOGIES as LPLB_TOPOLOGIES
 from ..topology import Topology
 from ..traces.synth import DEFAULT_SIZES
 from .knobs import COMMANDS, Part, SYNTH, changed_fields, knob
-from .values import Device, EngineFlags, EngineSources, File, Integer, Name, Number, Options, Switch
+from .values import (Device, EngineFlags, EngineSources, File, Integer, Model, Name, Number,
+                     Options, Switch)
 
 
 NODE_GPUS = 8  # GPUs a node by default, as H100/H200/B200 boxes have
@@ -276,10 +278,11 @@ class CostPart(Part):
                               "trtllm, sglang or vllm) or eta_compute=0.7 (roofline)",
                               Options("cost_option"), flags=("--cost-option",),
                               metavar="KEY=VALUE")
-    model: str | None = knob(None, f"model shape the cost model reads (--cost), and the size "
-                             f"of its shared expert (default: the model the trace's meta "
-                             f"names, when eplbsim knows it, else {DEFAULT_MODEL})",
-                             Name(MODELS, "model", optional=True))
+    model: Any = knob(None, f"model the cost model prices (--cost), and the size of its shared "
+                      f"expert: a name (eplbsim models lists them) or the path of its Hugging "
+                      f"Face config.json (default: the model the trace's meta names, when "
+                      f"eplbsim knows it, else {DEFAULT_MODEL}, said in the header)",
+                      Model(), metavar="NAME|config.json")
     device_profile: str = knob("h200", "device profile the cost model reads (--cost)",
                                Name(DEVICES, "device profile"))
     overlap: bool = knob(False, "layer time = max(compute, communication) instead of their sum",
@@ -301,7 +304,7 @@ class CostPart(Part):
         if not count:
             raise InputError(f"the policy dispatches the shared expert, but model {self.name} "
                              f"has none: give shared_experts (--shared-experts N) or a model "
-                             f"with one (--model)")
+                             f"with one ({NAME_FORMS})")
         return count
 
     def shared_work(self, shared_experts: int | None, placed: bool) -> float:
@@ -320,14 +323,14 @@ class CostPart(Part):
 
     @property
     def name(self) -> str:
-        """The model's name: `model`, or `DEFAULT_MODEL` before a trace has decided it
-        (`replay.fitted`)."""
-        return self.model or DEFAULT_MODEL
+        """The model's name (`cost.catalog.model_label`: a known name, the config path as
+        given), `DEFAULT_MODEL` before a trace has decided it (`replay.fitted`)."""
+        return model_label(DEFAULT_MODEL if self.model is None else self.model)
 
     @property
     def shape(self) -> ModelShape:
-        """The model's shape (`name`)."""
-        return MODELS[self.name]
+        """The model's shape (`cost.catalog.model_shape`)."""
+        return model_shape(DEFAULT_MODEL if self.model is None else self.model)
 
     def describe(self, num_gpus: int) -> str:
         """What the compute times come from (`cost.describe`; for `measured`, the table, read

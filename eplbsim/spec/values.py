@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from ..cost.catalog import config_path, model_shape
+from ..cost.shapes import ModelShape
 from ..engines.sglang_runtime import flags as engine_flags
 from ..errors import InputError
 from ..limits import MAX_BATCH, MAX_COUNT, check_at_most, shown
@@ -164,6 +166,26 @@ class File:
         if not Path(value).exists():
             raise InputError(f"{value}: no such file")
         return str(value)
+
+
+@dataclass(frozen=True)
+class Model:
+    """A model to price (`cost.catalog.model_shape`): a known name, the path of a Hugging Face
+    `config.json` (or of a folder holding one), or a `ModelShape`; None too (the trace's or
+    the default model, decided per trace)."""
+
+    def parse(self, text: str) -> str:
+        return text
+
+    def check(self, value: Any) -> Any:
+        if value is None or isinstance(value, ModelShape):
+            return value
+        if isinstance(value, os.PathLike):
+            value = str(value)
+        if not isinstance(value, str):
+            raise InputError(f"must be a model name or a config.json path, got {value!r}")
+        model_shape(value)  # an unknown name or a bad config says so now
+        return value
 
 
 @dataclass(frozen=True)

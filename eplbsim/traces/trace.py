@@ -103,6 +103,20 @@ class View(TraceShape):
         return self.base.num_experts
 
 
+# the keys under which logs name the model they ran, in order of precedence: a trace's meta,
+# a reader's header records, a vLLM response; the readers keep the first under `meta["model"]`
+MODEL_KEYS = ("model", "model_id", "model_name", "served_model_name")
+
+
+def model_in(record: Any) -> str | None:
+    """The model a meta or header `record` names: the text under the first of `MODEL_KEYS`
+    it holds (stripped, not empty), else None."""
+    if not isinstance(record, dict):
+        return None
+    return next((record[k].strip() for k in MODEL_KEYS
+                 if isinstance(record.get(k), str) and record[k].strip()), None)
+
+
 def count_dtype(most_tokens: int) -> torch.dtype:
     """int32 for the pair counts of steps of at most `most_tokens` tokens, unless that is
     2**31 or more (`TraceShape.load_dtype`)."""

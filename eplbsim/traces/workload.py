@@ -49,7 +49,7 @@ import torch
 from ..errors import InputError
 from ..limits import MAX_BATCH, check_at_most
 from .requests import RequestSet
-from .trace import Trace, id_dtype
+from .trace import Trace, id_dtype, model_in
 
 ARRIVALS = ("all", "poisson", "trace")
 DP_ASSIGN = ("round-robin", "least-loaded")
@@ -255,8 +255,8 @@ def batch(requests: RequestSet, workload: Workload | None = None) -> Batched:
     origin_of = requests.meta.get("scenario") or requests.meta.get("source") or "requests"
     meta = {"source": f"{origin_of}, batched", "requests": len(reqs),
             "request_meta": requests.meta, "workload": asdict(w)}
-    if "model" in requests.meta:  # the model the requests ran on (`cost.shapes.trace_model`)
-        meta["model"] = requests.meta["model"]
+    if model_in(requests.meta) is not None:  # the model the requests ran on
+        meta["model"] = model_in(requests.meta)  # (`cost.catalog.trace_model`)
     trace = Trace(torch.from_numpy(ids), torch.from_numpy(np.concatenate([[0],
                                                                          np.cumsum(sizes)])),
                   requests.num_experts, torch.from_numpy(dp_rank) if w.dp > 1 else None, meta)

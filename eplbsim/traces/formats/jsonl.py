@@ -12,6 +12,9 @@ Rules (anything else is an InputError naming `file:line`):
   (`L` is fixed by the first step) and all with the same `T_s`;
 - every row has the same `K`; ids are integers in `[-1, E)`.
 
+The first record naming a model (`model`, `model_id`, ...: `trace.MODEL_KEYS`) gives
+`meta["model"]`.
+
 Only one step is held in memory at a time, so a log larger than memory can be written straight
 into the directory form (:func:`eplbsim.traces.directory.write_steps`).
 """
@@ -29,7 +32,7 @@ from ...errors import InputError
 from ...files import atomic_file
 from ...limits import MAX_EXPERTS, MAX_LAYERS, MAX_TOP_K
 from ...progress import Progress
-from ..trace import Trace
+from ..trace import Trace, model_in
 from ..directory import DirTrace, write_steps
 from .records import records
 
@@ -80,6 +83,8 @@ class _Steps:
                               f"--ids-key, --step-key, --skip-type; a log of one record per "
                               f"layer call in execution order: --layers-per-pass L)")
         step, layer, rows = rec["step"], rec["layer"], rec["topk_ids"]
+        if "model" not in self.meta and model_in(rec) is not None:  # a tracer naming its model
+            self.meta["model"] = model_in(rec)
         for name, v, cap in (("step", step, 2**62), ("layer", layer, MAX_LAYERS)):
             if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < cap:
                 raise self._error(n, f"{name} must be an integer in [0, {cap}), got {v!r}")

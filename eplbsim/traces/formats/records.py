@@ -18,6 +18,7 @@ import numpy as np
 from ...errors import InputError, InputWarning
 from ...files import regular_file
 from ...limits import MAX_EXPERTS, MAX_TOP_K
+from ..trace import model_in
 
 MAX_INDEX = 2**62  # step and token indices: any a log can hold, far from wrapping an int64
 
@@ -59,10 +60,11 @@ def records(path: Path, what: str,
 
 
 def keep_header(where: str, rec: dict[str, Any], header: dict[str, Any]) -> None:
-    """Keep in `header` what a skipped record (`skip_type`) says of the model: its `model`
-    (text) and `num_experts` (an integer in `[1, MAX_EXPERTS)`), the first of each."""
-    if isinstance(rec.get("model"), str):
-        header.setdefault("model", rec["model"])
+    """Keep in `header` what a skipped record (`skip_type`) says of the model: its name
+    (under `model`, `model_id`, ...: `trace.model_in`) and `num_experts` (an integer in
+    `[1, MAX_EXPERTS)`), the first of each."""
+    if model_in(rec) is not None:
+        header.setdefault("model", model_in(rec))
     if "num_experts" in rec and "num_experts" not in header:
         header["num_experts"] = integer(where, rec, "num_experts", 1, MAX_EXPERTS)
 

@@ -11,9 +11,10 @@ record (the key names are options; the defaults are shown):
   `[L][K]` ids of layers `0..L-1` (such a record names no layer).
 
 Records whose `"type"` field equals `skip_type` (a header, say) are skipped, but the first one
-naming a `model` (text) gives `meta["model"]`, and the first naming `num_experts` gives `E` (unless
-`experts` is given); every other record must hold the keys its form needs (a record lacking the ids is an error, not skipped). Tokens are
-grouped, and the groups read as follows:
+naming a model (text under `model`, `model_id`, `model_name` or `served_model_name`) gives
+`meta["model"]`, and the first naming `num_experts` gives `E` (unless `experts` is given);
+every other record must hold the keys its form needs (a record lacking the ids is an error,
+not skipped). Tokens are grouped, and the groups read as follows:
 
 - `read_token_requests`: a :class:`~eplbsim.traces.requests.RequestSet`, one request per
   distinct `request_key` value (a string or an integer, compared as text), in order of first
@@ -125,8 +126,8 @@ class _Log:
             raise InputError(f"{self.path}: no token records{skipped}")
 
     def _header(self, where: str, rec: dict[str, Any]) -> None:
-        """Keep the model a skipped record names (`model`, text) and its experts
-        (`num_experts`), the first of each."""
+        """Keep the model a skipped record names (`model`, `model_id`, ...:
+        `trace.model_in`) and its experts (`num_experts`), the first of each."""
         had = "num_experts" in self.header
         keep_header(where, rec, self.header)
         if "num_experts" in self.header and not had:

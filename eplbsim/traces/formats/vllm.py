@@ -33,8 +33,8 @@ read with `allow_pickle=False`). Each choice is one request (the choices of an `
 response each repeat its prompt rows), named by the response's `id` (`custom_id` for a batch
 line), with `/{index}` appended when the response has several choices. Requests keep file
 order and carry no arrival: vLLM's `created` is whole Unix seconds, not a step, so it is kept
-in `meta["created"]` (one entry per request, None where absent); the first `model` a response
-names is `meta["model"]`.
+in `meta["created"]` (one entry per request, None where absent); the first model a response
+names (`model`, `model_id`, ...: `trace.MODEL_KEYS`) is `meta["model"]`.
 
 **Arrays, one file per request** in a directory, in natural name order (`r2` before `r10`),
 each named by its file's stem; other files are ignored:
@@ -73,7 +73,7 @@ from ...files import (NPY_HEADER, NPY_HEADER_ERRORS, npy_header, npy_refusal, re
 from ...limits import MAX_EXPERTS
 from ..directory import TRACE_FILES
 from ..requests import RequestSet, requests_of
-from ..trace import check_distinct
+from ..trace import check_distinct, model_in
 
 _ARRAY_SUFFIXES = (".npy", ".npz")
 _PROMPT, _ROUTED = "prompt_routed_experts", "routed_experts"
@@ -171,7 +171,7 @@ def _jsonl(path: Path, text: str, whole_error: ValueError) -> list[tuple[str, An
 def _requests_of_record(record: Any, where: str, experts: int | None
                         ) -> list[tuple[str, int, np.ndarray, int | None, Any]]:
     """`(name, prompt_len, ids [n, L, K], created, model)` of each choice of one response
-    (`model`: the response's, as given)."""
+    (`model`: the one the response names, `trace.model_in`, or None)."""
     if not isinstance(record, dict):
         raise InputError(f"{where}: a response must be a JSON object")
     body, name = record, record.get("id")
@@ -215,7 +215,7 @@ def _requests_of_record(record: Any, where: str, experts: int | None
         if ids is None:
             raise InputError(f"{what}: no routed rows")
         out.append((name if len(choices) == 1 else f"{name}/{index}", prompt_len, ids, created,
-                    body.get("model")))
+                    model_in(body)))
     return out
 
 

@@ -1,0 +1,172 @@
+"""A Hugging Face config.json read into a model shape (`cost.configs`), names over the built-in
+table and aiconfigurator-core's shipped configs (`cost.catalog`)."""
+
+import dataclasses
+import json
+
+import pytest
+
+from eplbsim.cost.catalog import (closest, model_label, model_named, model_note, model_shape,
+                                  shipped, trace_model)
+from eplbsim.cost.configs import shape_of
+from eplbsim.cost.shapes import DEFAULT_MODEL, MODELS
+from eplbsim.errors import InputError
+
+QWEN3_30B = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+             "hidden_size": 2048, "intermediate_size": 6144, "moe_intermediate_size": 768,
+             "num_experts": 128, "num_experts_per_tok": 8, "num_hidden_layers": 48,
+             "decoder_sparse_step": 1, "mlp_only_layers": [], "torch_dtype": "bfloat16"}
+BUILT_IN_FILES = {  # built-in name -> the shipped config of the same model
+    "deepseek-v3": "deepseek-ai/DeepSeek-V3", "deepseek-r1": "deepseek-ai/DeepSeek-R1",
+    "kimi-k2": "moonshotai/Kimi-K2-Instruct", "glm-5": "zai-org/GLM-5",
+    "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B", "qwen3-235b-a22b": "Qwen/Qwen3-235B-A22B",
+    "qwen3-coder-480b-a35b": "Qwen/Qwen3-Coder-480B-A35B-Instruct",
+    "mixtral-8x7b": "mistralai/Mixtral-8x7B-v0.1", "mixtral-8x22b": "mistralai/Mixtral-8x22B-v0.1",
+    "gpt-oss-120b": "openai/gpt-oss-120b", "gpt-oss-20b": "openai/gpt-oss-20b",
+    "llama-4-scout": "meta-llama/Llama-4-Scout-17B-16E-Instruct",
+    "llama-4-maverick": "meta-llama/Llama-4-Maverick-17B-128E-Instruct",
+    "minimax-m2.5": "MiniMaxAI/MiniMax-M2.5"}
+needs_shipped = pytest.mark.skipif(not shipped(), reason="aiconfigurator-core not installed")
+
+
+def _shape(config: dict, **changes) -> object:
+    return shape_of({**config, **changes}, "config.json")
+
+
+def test_a_qwen3_config_gives_its_shape():
+    s = _shape(QWEN3_30B)
+    assert (s.hidden, s.intermediate, s.experts, s.top_k, s.moe_layers, s.layers) == \
+        (2048, 768, 128, 8, 48, 48)
+    assert (s.shared_experts, s.weight_dtype, s.dispatch_dtype) == (0, "bf16", "bf16")
+    assert s == dataclasses.replace(MODELS["qwen3-30b-a3b"], source="config.json")
+
+
+@pytest.mark.parametrize("changes, moe", [
+    ({"first_k_dense_replace": 3, "moe_layer_freq": 1}, 45),
+    ({"first_k_dense_replace": 1, "moe_layer_freq": 2}, 23),  # layers 2, 4, .., 46
+    ({"decoder_sparse_step": 2}, 24), ({"mlp_only_layers": [0, 5, 47]}, 45),
+    ({"interleave_moe_layer_step": 2}, 24),
+    ({"moe_layer_start_index": 1, "moe_layer_end_index": 40, "moe_layer_interval": 1}, 40),
+    ({"moe_layer_freq": [0, 1] * 24}, 24), ({"moe_layers": [1, 3, 99]}, 2),
+    ({"mlp_layer_types": ["dense"] * 3 + ["sparse"] * 45}, 45),
+    ({"hybrid_override_pattern": "MEM*E" * 4}, 8)])
+def test_which_layers_are_moe_follows_each_rule(changes, moe):
+    assert _shape(QWEN3_30B, **changes).moe_layers == moe
+
+
+@pytest.mark.parametrize("changes, dtype, nbytes", [
+    ({"quantization_config": {"quant_method": "fp8"}}, "fp8", 1),
+    ({"quantization_config": {"quant_method": "mxfp4"}}, "mxfp4", 0.5 + 1 / 32),
+    ({"quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4"}}, "nvfp4",
+     0.5 + 1 / 16),
+    ({"quantization_config": {"quant_method": "compressed-tensors", "config_groups": {"g": {
+        "weights": {"num_bits": 4, "type": "float", "group_size": 16}}}}}, "nvfp4", 0.5625),
+    ({"quantization_config": {"quant_algo": "MIXED_PRECISION", "quantized_layers": {
+        "model.layers.0.mlp.shared_expert.up_proj": {"quant_algo": "FP8"},
+        "model.layers.0.mlp.experts.0.up_proj": {"quant_algo": "W4A16_NVFP4"}}}}, "nvfp4", None),
+    ({"expert_dtype": "fp4", "quantization_config": {"quant_method": "fp8"}}, "fp4", 0.5),
+    ({"torch_dtype": "float16"}, "fp16", 2), ({"torch_dtype": None, "dtype": "float32"}, "fp32", 4),
+    ({"torch_dtype": None}, "bf16", 2)])
+def test_the_experts_weight_dtype_may_be_fractional_bytes(changes, dtype, nbytes):
+    s = _shape(QWEN3_30B, **changes)
+    assert s.weight_dtype == dtype
+    if nbytes is not None:
+        assert s.bytes_of("weight") == nbytes
+        assert s.expert_weight_bytes == int(3 * 2048 * 768 * nbytes)  # whole bytes, an int
+
+
+def test_shared_experts_nested_text_config_and_latent_size():
+    deepseek = dict(QWEN3_30B, n_routed_experts=256, n_shared_experts=1, num_experts=None)
+    assert (_shape(deepseek).shared_experts, _shape(deepseek).shared_intermediate) == (1, 768)
+    qwen2 = dict(QWEN3_30B, shared_expert_intermediate_size=5632)
+    assert (_shape(qwen2).shared_experts, _shape(qwen2).shared_intermediate) == (1, 5632)
+    assert _shape(QWEN3_30B, shared_expert_intermediate_size=0).shared_experts == 0
+    outer = {"model_type": "qwen3_vl_moe", "text_config": QWEN3_30B,
+             "quantization_config": {"quant_method": "fp8"}}
+    assert _shape(outer).experts == 128 and _shape(outer).weight_dtype == "fp8"
+    latent = _shape(QWEN3_30B, moe_latent_size=512, n_shared_experts=1,
+                    moe_shared_expert_intermediate_size=1000)
+    assert (latent.hidden, latent.shared_intermediate) == (512, 4000)  # shared at full H
+
+
+@pytest.mark.parametrize("changes, words", [
+    ({"num_experts": None}, r"config.json: not an MoE model \(model_type 'qwen3_moe'\): no "
+                            r"routed expert count \(n_routed_experts or num_experts"),
+    ({"num_experts": -3}, "config.json: num_experts must be an integer >= 1"),
+    ({"num_experts": 12.5}, "num_experts must be an integer >= 1 .*got 12.5"),
+    ({"num_experts_per_tok": None}, "no experts a token is routed to .*num_experts_per_tok"),
+    ({"moe_intermediate_size": None}, "no routed expert intermediate size .*qwen3_moe"),
+    ({"hidden_size": "big"}, "hidden_size must be an integer"),
+    ({"enable_moe_block": False}, "not an MoE model"),
+    ({"decoder_sparse_step": 0}, "none of its 48 layers is MoE"),
+    ({"quantization_config": {"quant_method": "bitsandbytes"}}, "quant_method 'bitsandbytes'"),
+    ({"torch_dtype": "int3"}, "torch_dtype 'int3' is not one")])
+def test_a_bad_config_is_one_line_naming_the_key(changes, words):
+    with pytest.raises(InputError, match=words) as err:
+        _shape(QWEN3_30B, **changes)
+    assert "\n" not in str(err.value)
+
+
+def test_a_config_file_is_read_safely(tmp_path):
+    (tmp_path / "list.json").write_text("[1]")
+    (tmp_path / "bad.json").write_text("{not json")
+    for name, words in (("list.json", "one JSON object, got list"),
+                        ("bad.json", "not a JSON config"), ("none.json", "no such file")):
+        with pytest.raises(InputError, match=words):
+            model_shape(tmp_path / name)
+    folder = tmp_path / "snap"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(QWEN3_30B))
+    (folder / "hf_quant_config.json").write_text(json.dumps(
+        {"quantization": {"quant_algo": "NVFP4"}}))  # ModelOpt's, beside the config
+    assert model_shape(str(folder)).weight_dtype == "nvfp4"
+    assert model_label(str(folder)) == str(folder)
+
+
+def test_names_notes_and_the_trace_model():
+    assert model_named("Qwen/Qwen3-30B-A3B") == "qwen3-30b-a3b"
+    assert model_named("ALLENAI/OLMoE-1B-7B-0924-Instruct") == "olmoe-1b-7b"
+    assert "qwen3-30b-a3b" in closest("qwen3-30b-a4b")
+    assert trace_model({"model_id": "Qwen/Qwen1.5-MoE-A2.7B-Chat"}, 60, 4) == "qwen1.5-moe-a2.7b"
+    assert trace_model({"served_model_name": "mine"}, 60, 4) == DEFAULT_MODEL
+    note = model_note("deepseek-v3", MODELS["deepseek-v3"],
+                      "the default: the trace names no model", 60, 4)
+    assert note == ("model deepseek-v3 (the default: the trace names no model) has 256 "
+                    "experts, top-8; the trace has E=60, K=4: its loads are priced as that "
+                    "model's; name the model with --model NAME|config.json")
+    assert model_note("deepseek-v3", MODELS["deepseek-v3"], "given", 256, 8) is None
+    with pytest.raises(InputError, match=r"unknown model 'qwen3-30b-a4b' \(did you mean "):
+        model_shape("qwen3-30b-a4b")
+
+
+@needs_shipped
+def test_every_shipped_config_parses_or_is_refused_as_not_moe():
+    moe = 0
+    for name, path in shipped().items():
+        try:
+            s = model_shape(str(path))
+        except InputError as err:
+            assert "not an MoE model" in str(err) and path.name in str(err), name
+            continue
+        moe += 1
+        assert min(s.experts, s.top_k, s.hidden, s.intermediate, s.moe_layers) >= 1, name
+        assert s.layers >= s.moe_layers, name
+    assert moe >= 60
+
+
+@needs_shipped
+@pytest.mark.parametrize("key", sorted(BUILT_IN_FILES))
+def test_each_built_in_shape_is_its_shipped_config(key):
+    assert model_named(BUILT_IN_FILES[key].lower()) is not None
+    parsed = model_shape(str(shipped()[BUILT_IN_FILES[key]]))
+    assert dataclasses.replace(parsed, source="") == dataclasses.replace(MODELS[key], source="")
+
+
+@needs_shipped
+@pytest.mark.parametrize("name, key", [
+    ("Qwen/Qwen3-30B-A3B", "qwen3-30b-a3b"), ("Kimi-K2-Instruct", "moonshotai/Kimi-K2-Instruct"),
+    ("qwen3-30b-a3b-fp8", "Qwen/Qwen3-30B-A3B-FP8"), ("kimi-k2.5", "moonshotai/Kimi-K2.5"),
+    ("QWEN3-VL-30B-A3B-Instruct-AWQ", "Qwen/Qwen3-VL-30B-A3B-Instruct")])
+def test_names_resolve_over_shipped_configs(name, key):
+    assert model_named(name) == key
+    assert model_shape(name).experts >= 1
