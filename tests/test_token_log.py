@@ -289,3 +289,28 @@ def test_tokens_missing_from_some_layers(capsys, tmp_path):
     requests = [{**r, "request_id": "ab"[int(i >= 8)]} for i, r in enumerate(kept)]
     with pytest.raises(InputError, match=r"lack some layer \(in 2 requests\)$"):
         read_token_requests(_write(tmp_path / "req.jsonl", requests))
+
+
+def test_gating_weights_follow_their_tokens_in_either_form(tmp_path):
+    """Per-layer records with `topk_weights`, written layer by layer, and every-layer records
+    with `gating_probs` over the experts give the same weights, in token order; the toy MoE
+    of a replay then weighs by them. A request log reads its ids alone."""
+    ids = _ids(4, seed=31)
+    rng = np.random.default_rng(2)
+    probs = rng.random((4, 3, 8))
+    want = np.where(ids >= 0, np.take_along_axis(probs, ids.clip(0), 2), 0).astype(np.float32)
+    per_layer = [{"token_idx": t, "layer": j, "topk_ids": ids[t, j].tolist(),
+                  "topk_weights": want[t, j].tolist()} for j in range(3) for t in range(4)]
+    a = read_token_trace(_write(tmp_path / "a.jsonl", per_layer), experts=8)
+    every = [{"token_idx": t, "topk_ids": ids[t].tolist(), "gating_probs": probs[t].tolist()}
+             for t in range(4)]
+    b = read_token_trace(_write(tmp_path / "b.jsonl", every), experts=8)
+    assert torch.equal(a.topk_weights, torch.from_numpy(want))
+    assert torch.allclose(b.topk_weights, a.topk_weights)
+    with pytest.warns(InputWarning, match="only 11 of its 12 records hold gating weights"):
+        some = read_token_trace(_write(tmp_path / "c.jsonl", per_layer[:-1] + [
+            {k: v for k, v in per_layer[-1].items() if k != "topk_weights"}]), experts=8)
+    assert some.topk_weights is None
+    asked = read_token_requests(_write(tmp_path / "r.jsonl", [dict(r, request_id="q")
+                                                              for r in per_layer]), experts=8)
+    assert asked.num_layers == 3

@@ -45,7 +45,10 @@ trace's layer `i` the `i`-th smallest) and every token has every one of them: a 
 from some layers is an InputError naming the first (by line) and how many tokens are, unless
 `incomplete="drop"` (`--incomplete drop`, traces only), which leaves those tokens out with one
 InputWarning saying how many of how many, in how many steps. Every-layer form: all records hold
-the same `L`. `experts` (`E`) defaults to the largest id + 1. A last line cut
+the same `L`. `experts` (`E`) defaults to the largest id + 1. Gating weights beside the ids
+(`topk_weights` of one weight per id, or `gating_probs` of one per expert: `records.weight_rows`)
+go into the trace (`Trace.topk_weights`) when every record holds them (some only: one
+InputWarning, none kept); a RequestSet holds ids alone, so a request log's are not kept. A last line cut
 short (not valid JSON, no line break at its end: an engine stopped mid-write) loses its record
 with an InputWarning naming `file:line`; a line that is not JSON anywhere else is an InputError.
 The whole log is read into memory: it cannot be streamed, since a step (or request) is complete
@@ -66,7 +69,8 @@ from ...errors import InputError, InputWarning
 from ...limits import MAX_EXPERTS, MAX_LAYERS
 from ..requests import RequestSet, requests_of
 from ..trace import Trace
-from .records import MAX_INDEX, id_rows, integer, keep_header, records, require
+from .records import (MAX_INDEX, id_rows, integer, keep_header, records, require, weight_rows,
+                      weights_kept)
 
 
 INCOMPLETE = ("error", "drop")  # what to do with a token missing from some layers
@@ -74,10 +78,12 @@ INCOMPLETE = ("error", "drop")  # what to do with a token missing from some laye
 
 @dataclass
 class _Token:
-    """One token's ids so far: layer -> int64 `[K]`, and the line of its first record."""
+    """One token's ids so far: layer -> int64 `[K]`, its gating weights (layer -> float32
+    `[K]`, where its records hold them), and the line of its first record."""
 
     line: int
     layers: dict[int, np.ndarray] = field(default_factory=dict)
+    weights: dict[int, np.ndarray] = field(default_factory=dict)
 
 
 def _key_hint(rec: dict[str, Any], skip_type: Any) -> str:
@@ -109,6 +115,7 @@ class _Log:
         self.K: int | None = None
         self.top = -1
         self.skipped = 0
+        self.weighed = [0, 0]  # records of ids with gating weights, and all records of ids
         self.header: dict[str, Any] = {}  # what the skipped records say of the model
         self.previous: int | None = None  # the token index of the previous record (restarts)
         self.seen: set[int] = set()  # the layers of the current restart run (restarts)
@@ -146,7 +153,7 @@ class _Log:
                              if v is not None],
                 hint)
         token = integer(where, rec, k["token"], 0, MAX_INDEX)
-        layers = self._layers(where, rec)
+        layers, weights = self._layers(where, rec)
         group = self._group(where, rec, token, layers)
         tokens = self.groups.setdefault(group, {})
         self.first_line.setdefault(group, n)
@@ -156,6 +163,7 @@ class _Log:
             what = f"layer {again[0]} of token {token}" if self.per_layer else f"token {token}"
             raise InputError(f"{where}: {what} of {self._name(group)} appears twice")
         entry.layers.update(layers)
+        entry.weights.update(weights)
         if k["prompt_len"] is not None and k["prompt_len"] in rec:
             length = integer(where, rec, k["prompt_len"], 0, MAX_INDEX)
             stated = self.prompt.setdefault(group, (length, n))
@@ -163,8 +171,10 @@ class _Log:
                 raise InputError(f"{where}: {k['prompt_len']} {length}, but line {stated[1]} "
                                  f"gives {stated[0]} for {self._name(group)}")
 
-    def _layers(self, where: str, rec: dict[str, Any]) -> dict[int, np.ndarray]:
-        """The record's ids by layer, checked against the form and sizes of earlier records."""
+    def _layers(self, where: str, rec: dict[str, Any]
+                ) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
+        """The record's ids by layer, checked against the form and sizes of earlier records,
+        and its gating weights by layer (`records.weight_rows`; empty when it holds none)."""
         key, layer_key = self.keys["ids"], self.keys["layer"]
         ids = rec[key]
         if not isinstance(ids, list) or not ids:
@@ -202,7 +212,14 @@ class _Log:
         elif K != self.K:
             raise InputError(f"{where}: rows of {K} ids, earlier rows have {self.K}")
         self.top = max(self.top, int(rows.max()))
-        return {layer: rows[0]} if per_layer else dict(enumerate(rows))
+        weights = weight_rows(where, rec, rows[0] if per_layer else rows)
+        self.weighed[0] += weights is not None
+        self.weighed[1] += 1
+        if weights is None:
+            return ({layer: rows[0]} if per_layer else dict(enumerate(rows))), {}
+        if per_layer:
+            return {layer: rows[0]}, {layer: weights}
+        return dict(enumerate(rows)), dict(enumerate(weights))
 
     def _group(self, where: str, rec: dict[str, Any], token: int,
                layers: dict[int, np.ndarray]) -> Any:
@@ -233,8 +250,10 @@ class _Log:
             return f"request {group!r}"
         return f"step {group}"
 
-    def arrays(self, order: list[Any], incomplete: str | None = None) -> list[np.ndarray]:
-        """Each group's int32 `[T, L, K]` ids, tokens in index order. A token lacking a layer
+    def arrays(self, order: list[Any], incomplete: str | None = None
+               ) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
+        """Each group's int32 `[T, L, K]` ids, tokens in index order, and their float32 gating
+        weights where every record held them (`records.weights_kept`), else None. A token lacking a layer
         is an InputError naming its line and how many tokens lack one (suggesting `--incomplete
         drop` when `incomplete` is "error", saying nothing of it when None); with "drop" such
         tokens are left out, with one InputWarning."""
@@ -256,15 +275,20 @@ class _Log:
         if lacking:
             warnings.warn(f"{self.path}: {share}; --incomplete drop left them out",
                           InputWarning, stacklevel=3)
-        out = []
+        weighed = weights_kept(self.path, *self.weighed)
+        out, gates = [], []
         for group in order:
             tokens = [t for t in sorted(self.groups[group]) if (group, t) not in lacking]
             ids = np.empty((len(tokens), len(layer_ids), self.K or 0), dtype=np.int32)
+            weights = np.empty(ids.shape if weighed else 0, dtype=np.float32)
             for i, t in enumerate(tokens):
                 entry = self.groups[group][t]
                 ids[i] = np.stack([entry.layers[layer] for layer in layer_ids])
+                if weighed:
+                    weights[i] = np.stack([entry.weights[layer] for layer in layer_ids])
             out.append(ids)
-        return out
+            gates.append(weights)
+        return out, gates if weighed else None
 
     def prompt_lens(self, order: list[Any], ids: list[np.ndarray]) -> list[int]:
         """Each request's prompt length (module doc)."""
@@ -286,9 +310,11 @@ class _Log:
 
 def _read(path: Path, keys: dict[str, str | None], skip_type: Any,
           experts: int | None, incomplete: str | None = None
-          ) -> tuple[_Log, list[Any], list[np.ndarray], int, dict[str, Any]]:
-    """The log read (module doc): itself, its groups in order, their `[T, L, K]` ids (tokens
-    lacking a layer as `_Log.arrays` has them), `E` and the meta they share."""
+          ) -> tuple[_Log, list[Any], tuple[list[np.ndarray], list[np.ndarray] | None], int,
+                     dict[str, Any]]:
+    """The log read (module doc): itself, its groups in order, their `[T, L, K]` ids and
+    gating weights or None (tokens lacking a layer as `_Log.arrays` has them), `E` and the
+    meta they share."""
     if incomplete not in INCOMPLETE + (None,):
         raise InputError(f"incomplete must be one of {', '.join(INCOMPLETE)}, got "
                          f"{incomplete!r}")
@@ -325,12 +351,12 @@ def read_token_trace(path: str | Path, *, token_key: str = "token_idx",
     """
     keys = {"request": None, "token": token_key, "layer": layer_key, "ids": ids_key,
             "step": step_key, "prompt_len": None}
-    _, order, ids, E, meta = _read(Path(path), keys, skip_type, experts, incomplete)
+    _, order, (ids, weights), E, meta = _read(Path(path), keys, skip_type, experts, incomplete)
     if step_key is not None:
         meta.update(first_step=order[0], last_step=order[-1])
     else:
         meta["steps_from"] = "token-index restarts"
-    return Trace.from_steps(ids, E, None, meta)
+    return Trace.from_steps(ids, E, None, meta, weights)
 
 
 def read_token_requests(path: str | Path, *, request_key: str = "request_id",
@@ -344,7 +370,7 @@ def read_token_requests(path: str | Path, *, request_key: str = "request_id",
     """
     keys = {"request": request_key, "token": token_key, "layer": layer_key, "ids": ids_key,
             "step": None, "prompt_len": prompt_len_key}
-    log, order, ids, E, meta = _read(Path(path), keys, skip_type, experts)
+    log, order, (ids, _), E, meta = _read(Path(path), keys, skip_type, experts)
     return requests_of(ids, log.prompt_lens(order, ids), E, None, order, meta)
 
 
