@@ -65,7 +65,7 @@ def _print(rows: list[dict[str, Any]], args: argparse.Namespace) -> int:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print a JSON array of the entries")
     p.add_argument("--markdown", action="store_true",
-                   help="print a Markdown table (the one README.md holds)")
+                   help="print a Markdown table")
 
 
 def handle_policies(args: argparse.Namespace) -> int:
