@@ -50,6 +50,7 @@ from .dispatch import DispatchContext, DispatchPolicy, SharedInputs
 from .dispatch.kernels import dispatch_step, flat_index
 from .dispatch.kernels.cpu import StreamedViews
 from .dispatch.streams import Stream, coin_hits, stream_key
+from .dispatch.observe import observed_groups
 from .dispatch.shared import even_split, has_pairs, home, per_gpu
 from .errors import InputError
 from .metrics import multiplicity_counts
@@ -127,10 +128,16 @@ def rank_context(step: int, rank: Rank, mode: str, seed: int,
 
 
 def rank_groups(views: Sequence[View], policy: DispatchPolicy,
-                rank_offset: bool | None = None) -> tuple[tuple[int, ...], ...]:
+                rank_offset: bool | None = None,
+                contexts: Sequence[DispatchContext] | None = None,
+                top_k: int = 1) -> tuple[tuple[int, ...], ...]:
     """Positions of `views` whose choices are provably identical, in order: for a policy
     rank-invariant under `rank_offset` (`DispatchPolicy.invariant`), ranks with equal views;
-    for every other one, one rank a group."""
+    for one whose invariance is observed (`DispatchPolicy.observed`, given the ranks'
+    `contexts` in "none" and the trace's `top_k`), ranks of equal inputs when its calls draw
+    nothing (`dispatch.observe.observed_groups`); for every other one, one rank a group."""
+    if policy.observed is not None and contexts is not None and contexts[0].mode == "none":
+        return observed_groups(views, contexts, policy, top_k)
     if not policy.invariant(rank_offset):
         return tuple((i,) for i in range(len(views)))
     groups: list[list[int]] = []

@@ -27,7 +27,7 @@ from .moe import make_toy_moe, square_sums, step_sums
 from .placement import rank_view
 from .placement_io import load_placement
 from .progress import Progress
-from .ranks import LOCAL, MODES, Collectives, Epoch, make_ranks, rank_groups
+from .ranks import LOCAL, MODES, Collectives, Epoch, make_ranks, rank_context, rank_groups
 from .registry import lookup
 from .results import Comparison, Results
 from .schedule.plan import Segment, plan
@@ -170,8 +170,9 @@ def dispatch_steps(trace: Any, spec: RunSpec, segments: Sequence[Segment], steps
             continue
         views = tuple(rank_view(d.view, placement if serving is None else serving[r.rank],
                                 r.rank, d.mode).to(device) for r in ranks)
+        contexts = [rank_context(start, r, d.mode, d.seed, d.rank_offset, d.tp) for r in ranks]
         epoch = Epoch(name, policy, placement, ranks, views,
-                      rank_groups(views, policy, d.rank_offset), G,
+                      rank_groups(views, policy, d.rank_offset, contexts, trace.top_k), G,
                       d.mode, d.seed, d.rank_offset, moe, comm, fast=fast,
                       count_links=spec.cost.cost is not None,
                       held=None if serving is None else held_experts(serving).to(device),

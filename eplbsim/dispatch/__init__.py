@@ -69,6 +69,11 @@ class DispatchPolicy:
                     router logits: a slot it returns may hold another expert than the pair's
                     (only its range is checked). Agreement still compares the slots; the
                     output error counts each of the pair's executions, valued as the pair's.
+    observed:       for a policy not declared rank-invariant (an engine's code):
+                    `(view, ctx) -> inputs`, what a rank's call reads beyond the ids, the layer
+                    and a generator; in "none", ranks of equal inputs share one call when a
+                    probe observes the call to draw nothing (`dispatch.observe`). None: one
+                    call a rank
     """
 
     fn: Policy
@@ -82,6 +87,7 @@ class DispatchPolicy:
     modes: tuple[str, ...] = ("none", "a2a")
     streamed: bool = False
     reroutes: bool = False
+    observed: Callable[[View, DispatchContext], Any] | None = None
 
     @property
     def places_shared(self) -> bool:

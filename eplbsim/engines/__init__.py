@@ -298,6 +298,18 @@ def _engine_policy(name: str, sources: Sources, engine_args: str = "") -> Dispat
             if picked == "fake":
                 ids = run.fake_ids(ids, infos[ctx.layer], gen)
             return run.dispatch(ids, infos[ctx.layer], gen).to(topk_ids.device)
+
+        def observed(view: Any, ctx: Any) -> Any:
+            """What rank `ctx.rank`'s calls read: the algorithm picked and its dispatch infos
+            of every layer (an LP dispatch also its metadata)."""
+            run = adapter("sglang", sources)
+            picked = (auto_algorithm(view.placement, ctx.mode, sources, engine_args)
+                      if algorithm == "auto" else algorithm)
+            a2a = ctx.mode == "a2a"
+            infos = sglang_infos(run, view.placement, picked, a2a, ctx.rank)
+            meta = sglang_metadata(run, view.placement, picked, a2a, ctx.rank) \
+                if picked == "lp" else None
+            return picked, infos, meta
     else:
         def fn(topk_ids: torch.Tensor, view: Any, ctx: Any) -> torch.Tensor:
             run = adapter("vllm", sources)
@@ -305,8 +317,13 @@ def _engine_policy(name: str, sources: Sources, engine_args: str = "") -> Dispat
                 view.placement.phy2log, view.placement.num_experts))
             phys, _ = run.dispatch(topk_ids.cpu(), log2phy[ctx.layer], counts[ctx.layer])
             return phys.to(topk_ids.device)
+
+        def observed(view: Any, ctx: Any) -> Any:
+            """What every rank's calls read: the placement (its candidate lists and counts
+            are made from it, the same for every rank)."""
+            return view.placement.phy2log
     fn.__name__ = name
-    return DispatchPolicy(fn, False, {}, source, summary, reroutes=reroutes)
+    return DispatchPolicy(fn, False, {}, source, summary, reroutes=reroutes, observed=observed)
 
 
 def _waterfill_rule(sources: Sources, dynamic: bool) -> Callable:

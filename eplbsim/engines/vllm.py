@@ -15,6 +15,12 @@ Dimensions: `L` layers, `E` logical experts, `P` physical slots, `R` max replica
   itself) and the platform. vLLM defines the kernel only on CUDA-like platforms (on a CPU
   platform it maps nothing), so the platform says CUDA-like, and the kernel is defined and runs
   under Triton's interpreter (`TRITON_INTERPRET=1` while it is defined), which needs triton.
+  The interpreter runs a kernel one program instance at a time, so a launch of the map's
+  kernel (`WHOLE_LAUNCH`: elementwise, each element masked by `offs < numel` and hashed by its
+  own token index, with no reduction across a block; `router/base_router.py` of 0.33.0 and
+  0.34.0) is given one block of the whole batch: its `BLOCK_SIZE`, a launch parameter the grid
+  is computed from, is the next power of two at or above `numel` (the same value for every
+  element, from one program instance instead of `numel / 256`).
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ KEEP = ("vllm/distributed/eplb/", "vllm/model_executor/layers/fused_moe/router/b
         "vllm/_version.py")  # what a fetch keeps of a wheel: paths starting so
 POLICY = "vllm.distributed.eplb.policy.default"
 ROUTER = "vllm.model_executor.layers.fused_moe.router.base_router"
+WHOLE_LAUNCH = ("_eplb_map_and_record_i32_kernel",)  # elementwise kernels launched as one block
 EXPOSES = {
     "DefaultEplbPolicy.rebalance_experts": "solver: default",
     "compute_logical_maps": "every rank's candidate lists and counts",
@@ -123,6 +130,9 @@ class VLLM:
         kernel = getattr(router, "eplb_map_to_physical_and_record", None)
         if kernel is None:
             raise InputError(f"{ROUTER} has no eplb_map_to_physical_and_record")
+        for name in WHOLE_LAUNCH:
+            if hasattr(router, name):
+                setattr(router, name, WholeLaunch(getattr(router, name)))
         return kernel
 
     def dispatch(self, topk_ids: torch.Tensor, log2phy: torch.Tensor, counts: torch.Tensor
@@ -160,3 +170,24 @@ def _stubs() -> dict[str, ModuleType]:
         is_cuda_alike=lambda: True, is_cuda=lambda: True, is_rocm=lambda: False,
         is_xpu=lambda: False, is_cpu=lambda: False, device_type="cuda")
     return {m.__name__: m for m in (shim, platforms)}
+
+
+class WholeLaunch:
+    """An interpreted elementwise Triton kernel whose launches run as one program instance:
+    `kernel[grid](..., numel, ..., BLOCK_SIZE=b)` runs with `BLOCK_SIZE` the next power of two
+    at or above `numel` (at least `b`), the grid computed from it as the caller's grid function
+    says (module doc). A launch without `numel` among the kernel's arguments runs as given."""
+
+    def __init__(self, kernel: Any) -> None:
+        self.kernel = kernel
+        names = list(getattr(kernel, "arg_names", ()))
+        self.numel = names.index("numel") if "numel" in names else None
+
+    def __getitem__(self, grid: Any) -> Any:
+        def launch(*args: Any, **kwargs: Any) -> Any:
+            numel = kwargs.get("numel", args[self.numel] if self.numel is not None
+                               and self.numel < len(args) else None)
+            if isinstance(numel, int) and "BLOCK_SIZE" in kwargs:
+                kwargs["BLOCK_SIZE"] = max(kwargs["BLOCK_SIZE"], 1 << max(numel - 1, 0).bit_length())
+            return self.kernel[grid](*args, **kwargs)
+        return launch

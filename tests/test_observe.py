@@ -1,0 +1,91 @@
+"""Tests of eplbsim.dispatch.observe: an engine's own dispatch shares one call among the ranks
+whose inputs are equal exactly when a probe sees it draw nothing, and the shared path gives
+every row's numbers bit for bit as one call a rank does.
+
+Dimensions: `G` GPUs, `L` layers, `E` experts, `K` top-k.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from eplbsim import engines
+from eplbsim.dispatch import resolve_policy
+from eplbsim.dispatch.observe import draws_nothing, observed_groups, probe_ids, same
+from eplbsim.placement import Placement, rank_view
+from eplbsim.ranks import make_ranks, rank_context
+from eplbsim.replay import replay
+from eplbsim.spec import RunSpec
+from eplbsim.topology import Topology
+from eplbsim.traces.synth import synthesize
+
+
+def _fetched(engine):
+    if engines.release(engine) is None:
+        pytest.skip(f"{engine} is not fetched (eplbsim engines fetch)")
+
+
+def test_same_compares_tensors_sequences_and_attributes():
+    class Info:
+        def __init__(self, t):
+            self.map, self.n = t, 3
+    a, b = torch.arange(4), torch.arange(4)
+    assert same((a, [Info(a)], {"k": 1}), (b, [Info(b)], {"k": 1}))
+    assert not same(a, a.to(torch.int32)) and not same(a, a[:3]) and not same(a, a + 1)
+    assert not same([Info(a)], [Info(a + 1)]) and not same((a,), [a])
+    assert probe_ids(5, 3).tolist()[4] == [4, 0, 1]
+
+
+def test_a_probe_sees_every_generator_a_call_could_draw_from():
+    ids = probe_ids(8, 2)
+    ctx = rank_context(0, make_ranks("independent", 0, 1)[0], "none", 0, None)
+    quiet = lambda t, view, c: t  # noqa: E731
+    assert draws_nothing(quiet, ids, None, ctx, 3)
+    for draw in (lambda c: torch.rand(1), lambda c: random.random(), lambda c: np.random.rand(),
+                 lambda c: torch.randint(0, 9, (1,), generator=c.generator),
+                 lambda c: c.layer == 2 and torch.rand(1)):  # only at the last layer
+        assert not draws_nothing(lambda t, view, c, draw=draw: (draw(c), t)[1], ids, None,
+                                 ctx, 3)
+
+
+def _views(placement, G, mode="none", rng="independent"):
+    ranks = make_ranks(rng, 0, G)
+    views = [rank_view("full", placement, r.rank, mode) for r in ranks]
+    return views, [rank_context(0, r, mode, 0, None) for r in ranks]
+
+
+@pytest.mark.parametrize("name, shared", [("vllm:hash", True), ("sglang:dynamic", True),
+                                          ("sglang:static", False), ("sglang:fake", False)])
+def test_engine_policies_share_a_call_only_when_they_draw_nothing(name, shared):
+    _fetched(name.partition(":")[0])
+    _, policy = resolve_policy(name)
+    rng = np.random.default_rng(3)
+    load = rng.random((2, 16)) * 100
+    from eplbsim.solvers import solve
+    placement = solve("deepseek", load, 24, Topology(4, 2))
+    views, contexts = _views(placement, 4)
+    groups = observed_groups(views, contexts, policy, 4)
+    assert (groups == ((0, 1, 2, 3),)) == shared
+    assert sorted(i for g in groups for i in g) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("name", ["vllm:hash", "sglang:dynamic", "sglang:static"])
+@pytest.mark.parametrize("mode, rng, nodes", [("none", "independent", 1), ("none", "shared", 2),
+                                              ("a2a", "independent", 2)])
+def test_the_shared_path_gives_every_number_of_one_call_a_rank(name, mode, rng, nodes):
+    """Random placements (a solver on random loads, re-solved mid-trace): the rows of the
+    engine's policy equal, key for key, those of the same policy without `observed`."""
+    _fetched(name.partition(":")[0])
+    trace = synthesize("skewed", steps=4, tokens=48, layers=2, experts=16, top_k=4, seed=7)
+    _, policy = resolve_policy(name)
+    alone = dataclasses.replace(policy, observed=None)
+    spec = RunSpec.of(mode=mode, rng=rng, gpus=4, gpus_per_node=4 // nodes, redundant=8,
+                      rebalance_every=2)
+    shared = replay(trace, spec.replace(policy=policy)).metrics
+    per_rank = replay(trace, spec.replace(policy=alone)).metrics
+    assert shared == per_rank
