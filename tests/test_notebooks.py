@@ -28,6 +28,9 @@ from traitlets import default  # noqa: E402
 
 NOTEBOOK_DIR = Path(__file__).resolve().parents[1] / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
+# Every notebook is checked, in two files of alternate notebooks (this one's, then
+# `test_notebooks_second.py`'s), so pytest-xdist's `--dist loadfile` gives each worker half.
+FIRST, SECOND = NOTEBOOKS[0::2], NOTEBOOKS[1::2]
 CELL_TIMEOUT_S = 300
 
 
@@ -95,15 +98,18 @@ def test_a_failing_cell_fails(tmp_path):
         execute(nb, tmp_path)
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
-def test_notebook_runs(path):
+def test_the_halves_hold_every_notebook_once():
+    assert sorted(FIRST + SECOND) == NOTEBOOKS and not set(FIRST) & set(SECOND)
+
+
+def check_runs(path: Path) -> None:
+    """`path` ran top to bottom: every code cell executed."""
     nb = executed(path)
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert code and all(c.execution_count is not None for c in code)
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
-def test_notebook_committed_without_outputs(path):
+def check_committed_without_outputs(path: Path) -> None:
     nb = nbformat.read(path, as_version=4)
     nbformat.validate(nb)
     for i, cell in enumerate(nb.cells):
@@ -231,10 +237,16 @@ def prose_problems(nb) -> list[str]:
     return problems
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
-def test_notebook_prose_is_checked(path):
+def check_prose(path: Path) -> None:
+    """What `path`'s prose states is computed or checked beside it (`prose_problems`)."""
     problems = prose_problems(executed(path))
     assert not problems, f"{path.name}:\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize("path", FIRST, ids=[p.name for p in FIRST])
+@pytest.mark.parametrize("check", [check_runs, check_committed_without_outputs, check_prose])
+def test_notebook(path, check):
+    check(path)
 
 
 def _notebook(markdown: str, source: str = "x = 1", printed: str = ""):
