@@ -65,6 +65,24 @@ def test_the_load_cap_holds_on_summed_and_on_per_step_loads():
         assert info["max_load_ratio"] <= 1.05 + 1e-9 or history is not None
 
 
+def test_its_balance_solver_is_handed_in_by_name_or_as_a_callable():
+    """`solve` resolves a registry name into the callable affinity builds on; the solver module
+    itself never looks a name up (it would import the registry that lists it)."""
+    from eplbsim.solvers.affinity import affinity
+    from eplbsim.solvers.lpt import lpt
+
+    load, pairs, _ = _planted()
+    topo = Topology(4)
+    by_name = solve("affinity", load, 20, topo, coactivation=pairs, balance="lpt")
+    by_callable = solve("affinity", load, 20, topo, coactivation=pairs, balance=lpt)
+    assert torch.equal(by_name.phy2log, by_callable.phy2log)
+    assert torch.equal(by_name.logcnt, solve("lpt", load, 20, topo).logcnt)
+    with pytest.raises(InputError, match="unknown solver"):
+        solve("affinity", load, 20, topo, coactivation=pairs, balance="nope")
+    with pytest.raises(InputError, match="registry name"):
+        affinity(load, 20, topo, coactivation=pairs, balance="lpt")
+
+
 def test_it_needs_the_coactivation_and_says_so():
     with pytest.raises(InputError, match="co-activation"):
         solve("affinity", np.ones((1, 4)), 4, Topology(2))
