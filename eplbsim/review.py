@@ -51,7 +51,7 @@ from .placement import Placement
 from .replay import fitted, replay, routed_loads, schedule_of
 from .report import html
 from .results import Results, model_origin, warnings
-from .spec import RunSpec, default_of
+from .runspec import RunSpec, default_of
 from .traces.counts import CountsTrace
 from .traces.steps import select
 from .verdict import EXIT, MIN_EFFECT, judge

@@ -11,7 +11,7 @@ from eplbsim.cli import main
 from eplbsim.errors import InputError
 from eplbsim.replay import replay
 from eplbsim.solvers import solve, solve_with_info
-from eplbsim.spec import RunSpec
+from eplbsim.runspec import RunSpec
 from eplbsim.topology import Topology
 from eplbsim.traces import synthesize
 from eplbsim.traces.counts import CountsTrace

@@ -128,7 +128,7 @@ def test_the_core_never_imports_an_app_and_only_plots_imports_matplotlib():
 
 def test_the_checker_sees_relative_and_nested_imports():
     assert "eplbsim.dispatch.policies" in _edges("eplbsim.dispatch.kernels.cpu")
-    assert "eplbsim.schedule" in _edges("eplbsim.spec.parts")  # a package __init__ on the way
+    assert "eplbsim.schedule" in _edges("eplbsim.runspec.parts")  # a package __init__ on the way
     assert "eplbsim.plots" in _edges("eplbsim.cli.run")  # imported inside a function
 
 
