@@ -15,8 +15,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent / "eplbsim"
 APPS = ("eplbsim.cli", "eplbsim.sweep", "eplbsim.figures", "eplbsim.plots", "eplbsim.bench",
-        "eplbsim.distributed", "eplbsim.checks", "eplbsim.review", "eplbsim.report",
-        "eplbsim.verdict", "eplbsim.workers")
+        "eplbsim.distributed", "eplbsim.checks", "eplbsim.review", "eplbsim.review_invariance",
+        "eplbsim.review_measures", "eplbsim.report", "eplbsim.verdict", "eplbsim.workers")
 FACADE = "eplbsim"  # the package root re-exports what a notebook reaches for, `review` too
 
 
