@@ -35,7 +35,7 @@ CHILD = """
 import hashlib, json, sys, time
 from dataclasses import fields
 from eplbsim.replay import replay
-from eplbsim.spec import RunSpec
+from eplbsim.runspec import RunSpec
 from eplbsim.traces.directory import DirTrace
 from eplbsim.traces.repeated import Repeated
 from eplbsim.workers import Workers

@@ -33,7 +33,7 @@ from eplbsim.dispatch import resolve_policy
 from eplbsim.engines import adapter
 from eplbsim.engines.vllm import WholeLaunch
 from eplbsim.replay import replay
-from eplbsim.spec import RunSpec
+from eplbsim.runspec import RunSpec
 from eplbsim.traces.synth import synthesize
 
 G, NODES, E, K, REDUNDANT, REPEATS, STRAIGHT_LAYERS, EXTRA = 32, 4, 256, 8, 32, 2, 2, 2

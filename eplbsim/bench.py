@@ -49,7 +49,7 @@ from .placement import View, full_view, rank_view
 from .progress import Progress
 from .ranks import make_ranks, rank_context, rank_groups, share_bounds
 from .replay import replay, resolve_device, routed_loads, schedule_of
-from .spec import RunSpec
+from .runspec import RunSpec
 from .solvers import solve
 from .topology import Topology
 from .traces.trace import Trace

@@ -56,7 +56,7 @@ from .ranks import Collectives, token_owners
 from .replay import replay, run_steps, schedule_of
 from .results import Results
 from .schedule.plan import Segment
-from .spec import RunSpec
+from .runspec import RunSpec
 
 STARTUP_SECONDS = 300  # how long ranks may take to start and meet (imports are slow)
 RANK_HOOK = "EPLBSIM_RANK_HOOK"  # "module:function", called with the rank id in each spawned rank

@@ -25,7 +25,7 @@ from .plots import Figure
 from .registry import lookup
 from .replay import compare, replay
 from .solvers import solve
-from .spec import RunSpec
+from .runspec import RunSpec
 from .traces.coactivation import coactivation as coactivation_of
 from .traces.request_synth import synthesize_requests
 from .traces.synth import synthesize

@@ -33,206 +33,32 @@ draws of the ranks that hold a replica of each pair's expert; the toy-MoE error 
 only for a step where some pair is not executed exactly once, in one pass with its exact norm
 (`moe.local_error_terms`), else it is exactly 0 and the exact norm is left to the caller
 (`UNMEASURED`).
+
+By concern: this module holds the step functions and their fast counts; `rank_epoch` the ranks,
+their streams and groups and the `Epoch` they step in; `rank_traffic` what a step counts beside
+its slot loads (shared-expert work, fan-out, link crossings, wrong-weight pairs, token owners).
+Their public names are importable from here.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from functools import cached_property
-from typing import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
 
-from . import counting, fanout
-from .cost.comm import a2a_crossings, a2a_token_counts
-from .dispatch import DispatchContext, DispatchPolicy, SharedInputs
+from . import counting
 from .dispatch.kernels import dispatch_step, flat_index
-from .dispatch.kernels.cpu import StreamedViews
-from .dispatch.streams import Stream, coin_hits, stream_key
-from .dispatch.observe import observed_groups
-from .dispatch.shared import even_split, has_pairs, home, per_gpu
-from .errors import InputError
+from .dispatch.shared import has_pairs
 from .metrics import multiplicity_counts
-from .moe import ToyMoE, all_reduced_error_terms, local_error_terms
-from .placement import Placement, View
+from .moe import all_reduced_error_terms, local_error_terms
+from .rank_epoch import (LOCAL, RNG_RELATIONS, Collectives, Epoch, Rank, Table, make_ranks,
+                         rank_context, rank_groups)
+from .rank_traffic import (a2a_fanout, fanout_counts, link_crossings, pair_gpus, share_bounds,
+                           shared_sent, shared_split, token_owners, wrong_pairs)
 
-RNG_RELATIONS = ("independent", "shared", "drift")
 UNMEASURED = float("inf")  # an exact norm the fast path left to compute (its error is 0)
-
-
-@dataclass(frozen=True)
-class Collectives:
-    """How the processes of a group combine tensors: `all_reduce` sums a tensor over them,
-    `all_gather` stacks one from each, `[...] -> [W, ...]` in rank order."""
-
-    all_reduce: Callable[[torch.Tensor], torch.Tensor]
-    all_gather: Callable[[torch.Tensor], torch.Tensor]
-
-
-# One process holding every rank: nothing to combine.
-LOCAL = Collectives(all_reduce=lambda t: t, all_gather=lambda t: t.unsqueeze(0))
-
-
-@dataclass(frozen=True, eq=False)
-class Rank:
-    """One EP rank's own state across the run: its id, the key of its counter-based stream
-    (`dispatch.streams`: random and the torch-drawing policies draw from it) and, for the rng
-    relation "drift", the key of its coin, which before each step decides with probability
-    `drift_p` whether the rank consumes one extra batch of draws: from then on its draws sit one
-    layer further along the stream (its shift, the coin's hits so far)."""
-
-    rank: int
-    key: int
-    coin: int | None = None
-    drift_p: float = 0.0
-    _shifts: list = field(default_factory=list, repr=False)  # cache: cumulative hits [S']
-
-    def drifted(self, step: int) -> bool:
-        """Whether the rank's coin hit before step `step`."""
-        return self.shift(step) > (self.shift(step - 1) if step else 0)
-
-    def shift(self, step: int) -> int:
-        """The coin's hits before steps `0 .. step` (0 without a coin)."""
-        if self.coin is None:
-            return 0
-        if not self._shifts or len(self._shifts[0]) <= step:  # extended by doubling
-            stop = max(step + 1, 2 * len(self._shifts[0]) if self._shifts else 64)
-            self._shifts[:] = [np.cumsum(coin_hits(self.coin, self.drift_p, stop))]
-        return int(self._shifts[0][step])
-
-    def stream(self, step: int) -> Stream:
-        """Where the rank draws in step `step`."""
-        return Stream(self.key, step, self.shift(step))
-
-
-def make_ranks(relation: str, seed: int, num_ranks: int, ranks: Sequence[int] | None = None,
-               drift_p: float = 0.0) -> tuple[Rank, ...]:
-    """Ranks whose streams are related as `independent` (rank `r` keyed from `(seed, r)`),
-    `shared` (all keyed from `seed`) or `drift` (as shared, plus coins keyed from
-    `(seed, r, 1)` hitting with probability `drift_p`). `ranks` (default all) picks whose to
-    make: a real rank makes only its own, equal to the simulation's rank."""
-    if relation not in RNG_RELATIONS:
-        raise InputError(f"unknown rng relation {relation!r}; choose one of "
-                         f"{', '.join(RNG_RELATIONS)}")
-    return tuple(Rank(r, stream_key(seed, r) if relation == "independent" else stream_key(seed),
-                      stream_key(seed, r, 1) if relation == "drift" else None, drift_p)
-                 for r in (range(num_ranks) if ranks is None else ranks))
-
-
-def rank_context(step: int, rank: Rank, mode: str, seed: int,
-                 rank_offset: bool | None, tp: int = 1) -> DispatchContext:
-    """The context `rank` dispatches step `step` with (layer 0; step kernels set the layer)."""
-    return DispatchContext(step=step, layer=0, rank=rank.rank, seed=seed,
-                           stream=rank.stream(step), mode=mode, rank_offset=rank_offset, tp=tp)
-
-
-def rank_groups(views: Sequence[View], policy: DispatchPolicy,
-                rank_offset: bool | None = None,
-                contexts: Sequence[DispatchContext] | None = None,
-                top_k: int = 1) -> tuple[tuple[int, ...], ...]:
-    """Positions of `views` whose choices are provably identical, in order: for a policy
-    rank-invariant under `rank_offset` (`DispatchPolicy.invariant`), ranks with equal views;
-    for one whose invariance is observed (`DispatchPolicy.observed`, given the ranks'
-    `contexts` in "none" and the trace's `top_k`), ranks of equal inputs when its calls draw
-    nothing (`dispatch.observe.observed_groups`); for every other one, one rank a group."""
-    if policy.observed is not None and contexts is not None and contexts[0].mode == "none":
-        return observed_groups(views, contexts, policy, top_k)
-    if not policy.invariant(rank_offset):
-        return tuple((i,) for i in range(len(views)))
-    groups: list[list[int]] = []
-    for i, view in enumerate(views):
-        for group in groups:
-            first = views[group[0]]
-            if torch.equal(first.log2phy, view.log2phy) and torch.equal(first.logcnt,
-                                                                        view.logcnt):
-                group.append(i)
-                break
-        else:
-            groups.append([i])
-    return tuple(map(tuple, groups))
-
-
-@dataclass(frozen=True, eq=False)
-class Epoch:
-    """What the steps served by one placement share, for the ranks this process holds.
-
-    name, policy: the policy's reported name and its registry entry
-    placement:    the placement in service; `views[i]` is what `ranks[i]` knows of it
-    groups:       positions in `ranks` with provably identical choices (`rank_groups`)
-    num_ranks:    `G`, the group's ranks over every process
-    mode, seed, rank_offset: the run's dispatch settings
-    moe:          the toy MoE layer whose output error "none" measures (None: not measured)
-    comm:         how this process's counts combine with the others'
-    keep_choices: return every held rank's choices (the checkers read them)
-    fast:         count with compiled loops where that is possible (module doc)
-    count_links:  count each step's fan-out (`fanout`: the GPUs and nodes each token's executed
-                  choices reach) and, in "a2a", its token crossings between GPUs and nodes
-                  (what the cost model's communication reads)
-    held:         int64 `[L, P]` the expert whose weights each slot holds, when the ranks serve
-                  different placements (a switch in progress, `schedule.switch`: `views[i]`
-                  is then of the placement rank `i` serves, `placement` the new one); "a2a"
-                  counts the pairs sent to a slot holding another expert. None when every
-                  rank serves `placement`
-    shared:       count where each token's shared-expert work runs (`StepOutcome.shared`)
-    tp:           the attention tensor-parallel size (`DispatchContext.tp`)
-    """
-
-    name: str
-    policy: DispatchPolicy
-    placement: Placement
-    ranks: tuple[Rank, ...]
-    views: tuple[View, ...]
-    groups: tuple[tuple[int, ...], ...]
-    num_ranks: int
-    mode: str
-    seed: int = 0
-    rank_offset: bool | None = None
-    moe: ToyMoE | None = None
-    comm: Collectives = LOCAL
-    keep_choices: bool = False
-    fast: bool = False
-    count_links: bool = False
-    held: torch.Tensor | None = None
-    shared: bool = False
-    tp: int = 1
-
-    def context(self, step: int, i: int) -> DispatchContext:
-        """The context held rank `i` dispatches step `step` with (`rank_context`)."""
-        return rank_context(step, self.ranks[i], self.mode, self.seed, self.rank_offset, self.tp)
-
-    @property
-    def device(self) -> torch.device:
-        """The device the epoch's views (and so its collectives' tensors) live on."""
-        return self.views[0].log2phy.device
-
-    def counts_fast(self, device: torch.device) -> bool:
-        """Whether this epoch's steps on `device` are counted by the compiled loops."""
-        return (self.fast and device.type == "cpu" and self.comm is LOCAL
-                and len(self.ranks) == self.num_ranks and not self.keep_choices)
-
-    @cached_property
-    def _scratch(self) -> list[np.ndarray]:
-        return []
-
-    def scratch(self, shape: tuple[int, ...]) -> np.ndarray:
-        """An int64 array of `shape`, the same memory at every step of the epoch (what a step's
-        fast count consumes before the next: a fresh array of tens of MB a step costs more in
-        page faults than the dispatch that fills it)."""
-        n = int(np.prod(shape))
-        if not self._scratch or self._scratch[0].size < n:
-            self._scratch[:] = [np.empty(n, np.int64)]
-        return self._scratch[0][:n].reshape(shape)
-
-    @cached_property
-    def streamed(self) -> StreamedViews:
-        """The views arranged for counting a streamed policy (`DispatchPolicy.streamed`)."""
-        return StreamedViews.of(list(self.views), self.placement.slot_gpu)
-
-    @cached_property
-    def table(self) -> "Table":
-        """The policy's tables counted once for the epoch (policies with a `table`)."""
-        return Table.of(self)
 
 
 @dataclass(frozen=True)
@@ -342,10 +168,10 @@ def none_step(epoch: Epoch, step: int, topk_ids: torch.Tensor,
                        multiplicity_counts(multiplicity, valid), valid.sum((0, 2)).cpu(),
                        drifted, agree.sum((0, 2)).cpu(), error,
                        torch.stack(choices) if epoch.keep_choices else None,
-                       shared=_shared_split(epoch, topk_ids),
-                       fanout=_fanout(epoch, topk_ids.shape,
-                                      _executing(epoch, step, topk_ids, known),
-                                      has_pairs(topk_ids).sum(0)))
+                       shared=shared_split(epoch, topk_ids),
+                       fanout=fanout_counts(epoch, topk_ids.shape,
+                                            _executing(epoch, step, topk_ids, known),
+                                            has_pairs(topk_ids).sum(0)))
 
 
 def a2a_step(epoch: Epoch, step: int, topk_ids: torch.Tensor,
@@ -380,15 +206,15 @@ def a2a_step(epoch: Epoch, step: int, topk_ids: torch.Tensor,
     multiplicity = comm.all_reduce(sent.long())
     # every pair is dispatched by its owner alone: a valid pair is one that some rank sent
     slot_load = comm.all_reduce(_slot_counts(phys, sent, epoch.placement.num_slots))
-    gpu = _pair_gpus(epoch, phys)
-    shared, dest = _shared_sent(epoch, step, gpu, rows)
+    gpu = pair_gpus(epoch, phys)
+    shared, dest = shared_sent(epoch, step, gpu, rows)
     return StepOutcome(slot_load.view(L, -1).cpu(), multiplicity,
                        multiplicity_counts(multiplicity, multiplicity > 0),
                        comm.all_reduce(sent.sum((0, 2))).cpu(), drifted,
                        choices=torch.stack(choices) if epoch.keep_choices else None,
-                       crossings=_crossings(epoch, src_rank, gpu, dest),
-                       wrong=_wrong(epoch, topk_ids, phys, comm.all_reduce), shared=shared,
-                       fanout=_a2a_fanout(epoch, src_rank, gpu, sent))
+                       crossings=link_crossings(epoch, src_rank, gpu, dest),
+                       wrong=wrong_pairs(epoch, topk_ids, phys, comm.all_reduce), shared=shared,
+                       fanout=a2a_fanout(epoch, src_rank, gpu, sent))
 
 
 def _none_counted(epoch: Epoch, step: int, topk_ids: torch.Tensor) -> StepOutcome:
@@ -443,10 +269,10 @@ def _none_counted(epoch: Epoch, step: int, topk_ids: torch.Tensor) -> StepOutcom
         error = local_error_terms(epoch.moe, step, topk_ids, torch.from_numpy(mult))
     return StepOutcome(torch.from_numpy(slot_load), None, torch.from_numpy(counts),
                        torch.from_numpy(valid), drifted, torch.from_numpy(agreed), error,
-                       shared=_shared_split(epoch, topk_ids),
-                       fanout=_fanout(epoch, topk_ids.shape,
-                                      _executing(epoch, step, topk_ids, known),
-                                      has_pairs(topk_ids).sum(0)))
+                       shared=shared_split(epoch, topk_ids),
+                       fanout=fanout_counts(epoch, topk_ids.shape,
+                                            _executing(epoch, step, topk_ids, known),
+                                            has_pairs(topk_ids).sum(0)))
 
 
 def _a2a_counted(epoch: Epoch, step: int, topk_ids: torch.Tensor,
@@ -476,57 +302,13 @@ def _a2a_counted(epoch: Epoch, step: int, topk_ids: torch.Tensor,
         else:
             phys[own] = _dispatch(epoch, i, step, topk_ids[own])
     slot_load, valid = counting.slot_counts(phys.numpy(), epoch.placement.num_slots)
-    gpu = _pair_gpus(epoch, phys)
-    shared, dest = _shared_sent(epoch, step, gpu, rows)
+    gpu = pair_gpus(epoch, phys)
+    shared, dest = shared_sent(epoch, step, gpu, rows)
     return StepOutcome(torch.from_numpy(slot_load), None,
                        torch.from_numpy(_executed_once(valid)), torch.from_numpy(valid), drifted,
-                       crossings=_crossings(epoch, src_rank, gpu, dest),
-                       wrong=_wrong(epoch, topk_ids, phys, LOCAL.all_reduce), shared=shared,
-                       fanout=_a2a_fanout(epoch, src_rank, gpu, topk_ids >= 0))
-
-
-def _shared_split(epoch: Epoch, topk_ids: torch.Tensor) -> torch.Tensor | None:
-    """"none": every GPU's `1 / G` share of the step's tokens per layer, float64 `[L, G]`
-    (`dispatch.shared.even_split`), when `epoch.shared`; else None."""
-    if not epoch.shared:
-        return None
-    return even_split(has_pairs(topk_ids).sum(0), epoch.num_ranks).cpu()
-
-
-def _pair_gpus(epoch: Epoch, phys: torch.Tensor) -> torch.Tensor | None:
-    """"a2a": the GPU of each pair's chosen slot, int64 `[T, L, K]` of `phys [T, L, K]` (-1 where
-    -1), when the step counts shared work or links (what reads it); else None."""
-    if not (epoch.shared or epoch.count_links):
-        return None
-    slot_gpu = epoch.placement.slot_gpu.to(phys.device)
-    return torch.where(phys >= 0, slot_gpu[phys.clamp(min=0)], -1)
-
-
-def _shared_sent(epoch: Epoch, step: int, gpu: torch.Tensor | None,
-                 rows: Sequence[torch.Tensor]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """"a2a": `(tokens per GPU, float64 [L, G] summed over the group; the GPU each held token's
-    shared work runs on, int64 [T, L], -1 elsewhere)` when `epoch.shared`, else `(None, None)`.
-    Each held rank places its own rows' shared work: at home (`home`), or by the policy's
-    shared rule, which knows the GPUs of its pairs (`gpu [T, L, K]`, `_pair_gpus`) and the
-    group's counts (one all-reduce of them)."""
-    if not epoch.shared:
-        return None, None
-    G, comm, rule = epoch.num_ranks, epoch.comm, epoch.policy.shared
-    dest = torch.full(gpu.shape[:2], -1, dtype=torch.int64, device=gpu.device)
-    if rule is None:
-        for rank, own in zip(epoch.ranks, rows):
-            dest[own] = home(gpu[own], rank.rank)
-    else:
-        local = [per_gpu(gpu[own], G) for own in rows]  # [L, G] each
-        tokens = torch.zeros(G, dtype=torch.int64, device=gpu.device)
-        for rank, own in zip(epoch.ranks, rows):
-            tokens[rank.rank] = len(own)
-        routed, tokens = comm.all_reduce(torch.stack(local).sum(0)), comm.all_reduce(tokens)
-        for i, own in enumerate(rows):
-            inputs = SharedInputs(gpu[own], local[i], routed, tokens)
-            dest[own] = rule(inputs, epoch.context(step, i))
-    shared = per_gpu(dest.unsqueeze(-1), G).to(torch.float64)
-    return comm.all_reduce(shared).cpu(), dest
+                       crossings=link_crossings(epoch, src_rank, gpu, dest),
+                       wrong=wrong_pairs(epoch, topk_ids, phys, LOCAL.all_reduce), shared=shared,
+                       fanout=a2a_fanout(epoch, src_rank, gpu, topk_ids >= 0))
 
 
 def _executing(epoch: Epoch, step: int, topk_ids: torch.Tensor,
@@ -550,120 +332,10 @@ def _executing(epoch: Epoch, step: int, topk_ids: torch.Tensor,
         yield torch.where(member[gpu], gpu, -1)
 
 
-def _fanout(epoch: Epoch, shape: Sequence[int], gpus: Iterable[torch.Tensor],
-            tokens: torch.Tensor, owners: torch.Tensor | None = None) -> torch.Tensor | None:
-    """The step's fan-out counts, int64 `[L, 4]` (`fanout.tally`), of the GPUs each pair
-    reaches, given as `gpus` (`[T, L, K]` each, -1: nowhere; the step's ids have `shape`),
-    their sets united over the group's processes; `tokens [L]`: the group's tokens with a valid
-    pair; `owners [T]`: each token's source rank ("a2a"; None in "none"). None (nothing
-    counted) unless `count_links`."""
-    if not epoch.count_links:
-        return None
-    sets = fanout.empty(shape[0], shape[1], epoch.num_ranks)
-    for gpu in gpus:
-        fanout.mark(sets, gpu.cpu().numpy())
-    if epoch.comm is not LOCAL:
-        sets = epoch.comm.all_reduce(torch.from_numpy(sets).to(epoch.device)).cpu().numpy()
-    return torch.from_numpy(fanout.tally(sets, tokens.cpu().numpy(),
-                                         epoch.placement.topology.gpus_per_node,
-                                         None if owners is None else owners.cpu().numpy()))
-
-
-def _a2a_fanout(epoch: Epoch, src_rank: torch.Tensor | None, gpu: torch.Tensor | None,
-                sent: torch.Tensor) -> torch.Tensor | None:
-    """"a2a": `_fanout` of the held ranks' choices (`gpu [T, L, K]`, `_pair_gpus`, -1 where
-    not held), `sent [T, L, K]` the valid pairs they sent, tokens owned as `token_owners`
-    says."""
-    if not epoch.count_links:
-        return None
-    tokens = epoch.comm.all_reduce(sent.any(-1).sum(0))
-    owners = token_owners(gpu.shape[0], epoch.num_ranks, src_rank)
-    return _fanout(epoch, gpu.shape, [gpu], tokens, owners)
-
-
 def _executed_once(valid: np.ndarray) -> np.ndarray:
     """The `[L, 3]` counts of pairs executed 0, 1 and >= 2 times when each of the `valid
     [L]` pairs is executed exactly once."""
     return np.stack([np.zeros_like(valid), valid, np.zeros_like(valid)], 1)
-
-
-def _crossings(epoch: Epoch, src_rank: torch.Tensor | None, gpu: torch.Tensor | None,
-               shared: torch.Tensor | None = None) -> torch.Tensor | None:
-    """The busiest GPU's token crossings of every layer's dispatch, int64 `[L, 2]` (NVLink,
-    RDMA), the group's processes' counts summed, from the GPUs of the held ranks' choices
-    (`gpu [T, L, K]`, `_pair_gpus`: -1 where not held or padding) and the GPUs their shared work
-    runs on (`shared [T, L]`, one more destination of the token; None: none) of tokens owned as
-    `token_owners` says; None unless `count_links`."""
-    if not epoch.count_links:
-        return None
-    topo = epoch.placement.topology
-    owners = token_owners(gpu.shape[0], epoch.num_ranks, src_rank).to(gpu.device)
-    dest = gpu if shared is None else torch.cat([gpu, shared.unsqueeze(-1)], -1)  # [T, L, K+]
-    counts = [a2a_token_counts(owners, dest[:, layer], topo) for layer in range(gpu.shape[1])]
-    gpu_tokens = epoch.comm.all_reduce(torch.stack([g for g, _ in counts]))  # [L, G, G]
-    node_tokens = epoch.comm.all_reduce(torch.stack([n for _, n in counts]))  # [L, G, N]
-    return a2a_crossings(gpu_tokens, node_tokens, topo).round().long().cpu()
-
-
-def _wrong(epoch: Epoch, topk_ids: torch.Tensor, phys: torch.Tensor,
-           all_reduce: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor | None:
-    """Pairs of `topk_ids [T, L, K]` sent (`phys [T, L, K]`, -1 where not sent) to a slot
-    whose weights are another expert's (`Epoch.held`), int64 `[L]` summed over the group;
-    None when `held` is not set."""
-    if epoch.held is None:
-        return None
-    held = epoch.held.flatten()[flat_index(phys.clamp(min=0), epoch.held.shape[1])]
-    wrong = (phys >= 0) & (held != topk_ids)  # [T, L, K]
-    return all_reduce(wrong.sum((0, 2))).cpu()
-
-
-@dataclass(frozen=True, eq=False)
-class Table:
-    """A table policy's choices for one epoch, counted per (layer, expert) once.
-
-    tables:    int32 `[G, L, E]` each rank's table (`DispatchPolicy.table`), ranks in order
-    executed:  bool `[G, L, E]` the rank's table slot is on its own GPU (it executes the pairs
-               in "none")
-    times:     int32 `[L, E]` ranks that execute an expert's pairs in "none" (`c` of each pair)
-    agree:     bool `[L, E]` every rank chooses the same slot for the expert
-    num_slots: `P`
-    """
-
-    tables: np.ndarray
-    executed: np.ndarray
-    times: np.ndarray
-    agree: np.ndarray
-    num_slots: int
-
-    @classmethod
-    def of(cls, epoch: Epoch) -> "Table":
-        """Every rank's table of `epoch` (every rank held, in rank order), counted."""
-        tables = torch.stack([epoch.policy.table(view, epoch.context(0, i)).cpu()
-                              for i, view in enumerate(epoch.views)]).numpy().astype(np.int32)
-        G = tables.shape[0]
-        executed = epoch.placement.slot_gpu.numpy()[tables] == np.arange(G).reshape(G, 1, 1)
-        return cls(tables, executed, executed.sum(0, dtype=np.int32),
-                   (tables == tables[0]).all(0), epoch.placement.num_slots)
-
-    def sent_loads(self, ids: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-        """"a2a" pairs per (layer, slot), int64 `[L, P]`, of a step's ids `[T, L, K]` whose
-        rank `r` owns rows `offsets[r]:offsets[r + 1]`: each rank sends its pairs of an expert
-        to its table's slot, where they are executed once."""
-        return counting.sent_loads(self.tables, ids, offsets, self.num_slots)
-
-    def count(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """`(slot_load [L, P], counts [L, 3], agreed [L])`, int64, of a step's ids
-        `[T, L, K]`, from its expert counts alone."""
-        n = counting.expert_counts(ids, np.array([0, ids.shape[0]]), self.times.shape[1])[0]
-        slot_load = counting.table_loads(self.tables, n, self.executed, self.num_slots)
-        c = self.times  # [L, E]
-        counts = np.stack([(n * (c == 0)).sum(1), (n * (c == 1)).sum(1),
-                           (n * (c >= 2)).sum(1)], 1)
-        return slot_load, counts, (n * self.agree).sum(1)
-
-    def multiplicity(self, ids: np.ndarray) -> np.ndarray:
-        """Times each pair of `ids [T, L, K]` is executed, int32 `[T, L, K]` (0 at padding)."""
-        return counting.pair_table(self.times, ids)
 
 
 def _own_ids(topk_ids: torch.Tensor) -> torch.Tensor:
@@ -678,23 +350,6 @@ MODES: dict[str, Callable[..., StepOutcome]] = {
 }
 
 
-def token_owners(num_tokens: int, num_ranks: int,
-                 src_rank: torch.Tensor | None = None) -> torch.Tensor:
-    """Source rank of each token in "a2a", int64 `[T]`: the trace's `src_rank` when given, else
-    contiguous shares differing by at most one, the first `T % G` ranks taking one more."""
-    if src_rank is not None:
-        if src_rank.numel() and int(src_rank.max()) >= num_ranks:
-            raise InputError(f"the trace's src_rank names rank {int(src_rank.max())}, but there "
-                             f"are only {num_ranks} GPUs")
-        return src_rank.long()
-    return torch.repeat_interleave(torch.arange(num_ranks),
-                                   torch.from_numpy(np.diff(share_bounds(num_tokens, num_ranks))))
-
-
-def share_bounds(num_tokens: int, num_ranks: int) -> np.ndarray:
-    """Where the contiguous shares of `token_owners` start, int64 `[G + 1]`: rank `r` owns
-    rows `bounds[r]:bounds[r + 1]`."""
-    base, extra = divmod(num_tokens, num_ranks)
-    sizes = np.full(num_ranks, base, np.int64)
-    sizes[:extra] += 1
-    return np.concatenate([[0], np.cumsum(sizes)])
+__all__ = ["LOCAL", "MODES", "RNG_RELATIONS", "UNMEASURED", "Collectives", "Epoch", "Rank",
+           "StepOutcome", "Table", "a2a_step", "make_ranks", "none_step", "rank_context",
+           "rank_groups", "share_bounds", "token_owners"]

@@ -32,7 +32,7 @@ from .registry import lookup
 from .results import Comparison, Results
 from .schedule.plan import Segment, plan
 from .schedule.switch import held_experts, phases
-from .spec import RunSpec, label
+from .runspec import RunSpec, label
 from .traces.coactivation import coactivation
 from .traces.counts import CountsTrace
 

@@ -35,7 +35,7 @@ from .schedule.plan import Segment, epochs
 from .cost.catalog import model_note
 from .cost.catalog import model_origin as origin_of
 from .dispatch import POLICIES, resolve_policy
-from .spec import MIN_REDUNDANT, Options, RunSpec, knobs, label
+from .runspec import MIN_REDUNDANT, Options, RunSpec, knobs, label
 from .traces.counts import CountsTrace
 from .traces.steps import describe_selection, flag_steps, flag_words
 

@@ -13,7 +13,7 @@ A spec (paths in it are relative to the spec file):
 
 The cells are the cartesian product of the grid's lists in key order (the first key varies
 slowest), each completed by `fixed` and the defaults. The keys are the run schema's
-(`spec.sweep_keys`: every field settable from a sweep, under its name, with the same checks and
+(`runspec.sweep_keys`: every field settable from a sweep, under its name, with the same checks and
 messages as the command line), each in `grid` or `fixed`, not both:
 - the source, exactly one of `scenario` (a `SCENARIOS` name) or `trace` (any form
   `open_trace` reads; `where` filters a counts CSV);
@@ -64,8 +64,8 @@ from .limits import MAX_CELLS
 from .progress import bar
 from .replay import replay
 from .results import csv_value, flat_row, write_csv
-from .spec import (BATCHING, READER_OPTIONS, RUN_PARTS, SELECTION, Device, File, Filter, Name,
-                   Options, build, knobs, sweep_keys, sweep_value)
+from .runspec import (BATCHING, READER_OPTIONS, RUN_PARTS, SELECTION, Device, File, Filter, Name,
+                      Options, build, knobs, sweep_keys, sweep_value)
 from .traces.request_synth import REQUEST_SCENARIOS
 from .traces.requests import RequestSet
 

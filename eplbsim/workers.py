@@ -32,7 +32,7 @@ from .progress import Progress
 from .replay import dispatch_steps, fill_norms, replay
 from .results import Results
 from .schedule.plan import Segment
-from .spec import RunSpec
+from .runspec import RunSpec
 
 _TRACE: list[Any] = []  # a local worker's trace, set once by `_hold`
 # Pair dispatches (`dispatch_work`) below which local worker processes cost more than they

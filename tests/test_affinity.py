@@ -11,7 +11,7 @@ from eplbsim.cli import main
 from eplbsim.errors import InputError
 from eplbsim.replay import replay
 from eplbsim.solvers import solve, solve_with_info
-from eplbsim.spec import RunSpec
+from eplbsim.runspec import RunSpec
 from eplbsim.topology import Topology
 from eplbsim.traces import synthesize
 from eplbsim.traces.counts import CountsTrace
@@ -63,6 +63,24 @@ def test_the_load_cap_holds_on_summed_and_on_per_step_loads():
         assert (peaks[0] <= peaks[1] * 1.05 + 1e-9).all()
         assert info["objective"] <= info["balance_objective"]
         assert info["max_load_ratio"] <= 1.05 + 1e-9 or history is not None
+
+
+def test_its_balance_solver_is_handed_in_by_name_or_as_a_callable():
+    """`solve` resolves a registry name into the callable affinity builds on; the solver module
+    itself never looks a name up (it would import the registry that lists it)."""
+    from eplbsim.solvers.affinity import affinity
+    from eplbsim.solvers.lpt import lpt
+
+    load, pairs, _ = _planted()
+    topo = Topology(4)
+    by_name = solve("affinity", load, 20, topo, coactivation=pairs, balance="lpt")
+    by_callable = solve("affinity", load, 20, topo, coactivation=pairs, balance=lpt)
+    assert torch.equal(by_name.phy2log, by_callable.phy2log)
+    assert torch.equal(by_name.logcnt, solve("lpt", load, 20, topo).logcnt)
+    with pytest.raises(InputError, match="unknown solver"):
+        solve("affinity", load, 20, topo, coactivation=pairs, balance="nope")
+    with pytest.raises(InputError, match="registry name"):
+        affinity(load, 20, topo, coactivation=pairs, balance="lpt")
 
 
 def test_it_needs_the_coactivation_and_says_so():

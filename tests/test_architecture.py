@@ -4,7 +4,10 @@ only `plots` imports matplotlib.
 
 An import of `a.b.c` runs the `__init__` of every package on the way that is not already
 running (the importer's own packages are), so those count as edges too: a package's
-re-exports can close a cycle even when no module names the other directly.
+re-exports can close a cycle even when no module names the other directly. A name taken from
+one of the importer's own packages (`from . import find_solver`, at module level or inside a
+function) is an edge to that package's `__init__`: a loop when the package imports the module,
+even one deferred to call time.
 """
 
 import ast
@@ -12,8 +15,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent / "eplbsim"
 APPS = ("eplbsim.cli", "eplbsim.sweep", "eplbsim.figures", "eplbsim.plots", "eplbsim.bench",
-        "eplbsim.distributed", "eplbsim.checks", "eplbsim.review", "eplbsim.report",
-        "eplbsim.verdict", "eplbsim.workers")
+        "eplbsim.distributed", "eplbsim.checks", "eplbsim.review", "eplbsim.review_invariance",
+        "eplbsim.review_measures", "eplbsim.report", "eplbsim.verdict", "eplbsim.workers")
 FACADE = "eplbsim"  # the package root re-exports what a notebook reaches for, `review` too
 
 
@@ -34,30 +37,48 @@ def _is_package(name: str) -> bool:
     return MODULES.get(name, Path()).name == "__init__.py"
 
 
-def _imports(name: str) -> set[str]:
-    """Every module name `name` imports, absolute, anywhere in its source."""
+def _import_nodes(name: str):
+    """`(node, base)` for each import statement anywhere in `name`'s source: `base` the
+    absolute module a `from` import reads from (None for a plain `import`)."""
     tree = ast.parse(MODULES[name].read_text())
     package = name if _is_package(name) else name.rpartition(".")[0]
-    found = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
+            yield node, None
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 anchor = package.split(".")
                 anchor = anchor[:len(anchor) - node.level + 1]
                 base = ".".join(anchor + ([node.module] if node.module else []))
+            yield node, base
+
+
+def _imports(name: str) -> set[str]:
+    """Every module name `name` imports, absolute, anywhere in its source."""
+    found = set()
+    for node, base in _import_nodes(name):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        else:
             found.add(base)
             found.update(f"{base}.{alias.name}" for alias in node.names
                          if f"{base}.{alias.name}" in MODULES)
     return found
 
 
+def _from_own_package(name: str) -> set[str]:
+    """The packages of `name` (its own `__init__`s) it takes a name other than a submodule
+    from, e.g. `eplbsim.solvers` for `from . import find_solver` in `eplbsim.solvers.x`."""
+    own = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 2)} - {name}
+    return {base for node, base in _import_nodes(name)
+            if base in own and any(f"{base}.{a.name}" not in MODULES for a in node.names)}
+
+
 def _edges(name: str) -> set[str]:
-    """The eplbsim modules importing `name` runs (module doc)."""
+    """The eplbsim modules importing `name` runs or reads from (module doc)."""
     own = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 2)}
-    edges = set()
+    edges = _from_own_package(name)
     for target in _imports(name):
         parts = target.split(".")
         for i in range(1, len(parts) + 1):
@@ -107,8 +128,20 @@ def test_the_core_never_imports_an_app_and_only_plots_imports_matplotlib():
 
 def test_the_checker_sees_relative_and_nested_imports():
     assert "eplbsim.dispatch.policies" in _edges("eplbsim.dispatch.kernels.cpu")
-    assert "eplbsim.schedule" in _edges("eplbsim.spec.parts")  # a package __init__ on the way
+    assert "eplbsim.schedule" in _edges("eplbsim.runspec.parts")  # a package __init__ on the way
     assert "eplbsim.plots" in _edges("eplbsim.cli.run")  # imported inside a function
+
+
+def test_a_solver_never_reaches_back_into_the_registry():
+    """The registry (`eplbsim.solvers`) imports every solver, so a solver that took a name from
+    it (even at call time: affinity once fetched its balance solver so) closes a loop; a solver
+    that builds on another gets it handed in (`COMPOSED_OPTIONS`)."""
+    solvers = [n for n in _below("eplbsim.solvers") if n != "eplbsim.solvers"]
+    assert "eplbsim.solvers.affinity" in solvers
+    for name in solvers:
+        assert "eplbsim.solvers" not in _edges(name), f"{name} imports the solver registry"
+    # the checker sees such an import, as it saw affinity's `from . import find_solver`
+    assert _from_own_package("eplbsim.engines.conform") == {"eplbsim.engines"}
 
 
 def _below(layer: str) -> set[str]:

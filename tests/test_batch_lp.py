@@ -19,7 +19,7 @@ from eplbsim.errors import InputError
 from eplbsim.placement import Placement, full_view
 from eplbsim.ranks import rank_groups
 from eplbsim.replay import replay
-from eplbsim.spec import RunSpec
+from eplbsim.runspec import RunSpec
 from eplbsim.traces.synth import synthesize
 from eplbsim.topology import Topology
 

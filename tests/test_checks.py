@@ -11,7 +11,7 @@ from eplbsim.checks import check_policy, rank_invariance
 from eplbsim.dispatch import POLICIES, replica_slots
 from eplbsim.errors import InputError
 from eplbsim.replay import replay
-from eplbsim.spec import RunSpec
+from eplbsim.runspec import RunSpec
 from eplbsim.placement import Placement
 from eplbsim.solvers import solve
 from eplbsim.traces.synth import synthesize

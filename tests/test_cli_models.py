@@ -8,7 +8,7 @@ import pytest
 from eplbsim.cli.registries import model_rows
 from eplbsim.cost.catalog import shipped
 from eplbsim.cost.shapes import MODELS
-from eplbsim.spec import RunSpec
+from eplbsim.runspec import RunSpec
 from eplbsim.traces import save_trace, synthesize
 
 from cli_helpers import assert_input_error, run

@@ -187,7 +187,7 @@ def test_measured_without_the_extra_names_it(monkeypatch):
 
 @NEEDS_AIC
 def test_cost_options_reach_the_model_and_unknown_ones_are_refused():
-    from eplbsim.spec import RunSpec
+    from eplbsim.runspec import RunSpec
     spec = RunSpec.of(cost="measured", cost_options={"framework": "sglang"}, gpus=8)
     assert "h200_sxm sglang " in spec.cost.describe(8)
     table = RunSpec.of(cost="measured").cost.describe(8)  # the table, kernel and shape read
@@ -238,7 +238,7 @@ def test_registries_have_sources_and_bad_figures_are_refused():
 
 def _replayed(mode, cost="roofline", policy="ordinal", **more):
     from eplbsim.replay import replay
-    from eplbsim.spec import RunSpec
+    from eplbsim.runspec import RunSpec
     from eplbsim.traces.synth import synthesize
     trace = synthesize("skewed", seed=2, steps=6, tokens=64, layers=3, experts=16, top_k=4)
     spec = RunSpec.of(policy=policy, mode=mode, gpus=8, gpus_per_node=4, redundant=8,

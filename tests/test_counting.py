@@ -17,7 +17,7 @@ from eplbsim.dispatch import POLICIES
 from eplbsim.dispatch.kernels import cpu as cpu_kernels
 from eplbsim.ranks import UNMEASURED
 from eplbsim.replay import routed_loads, run_steps, schedule_of
-from eplbsim.spec import RunSpec
+from eplbsim.runspec import RunSpec
 from eplbsim.traces.synth import synthesize
 from eplbsim.traces.trace import Trace
 

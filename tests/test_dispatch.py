@@ -130,7 +130,7 @@ def test_every_policy_states_its_class_source_and_summary():
 
 @pytest.mark.parametrize("name", [n for n in sorted(POLICIES) if "none" not in POLICIES[n].modes])
 def test_an_a2a_only_policy_is_refused_in_none_and_runs_in_a2a(name):
-    from eplbsim.spec import RunSpec
+    from eplbsim.runspec import RunSpec
     with pytest.raises(InputError, match="runs only in a2a"):
         RunSpec.of(policy=name, mode="none")
     assert RunSpec.of(policy=name, mode="a2a").dispatch.mode == "a2a"
@@ -290,7 +290,7 @@ def test_ascend_fixed_adds_tp_rank_dp_rank_and_expert_only_with_attention_tp():
     ("trtllm", False, True), ("trtllm", True, False)])
 def test_engine_policies_in_none_mode_agree_or_corrupt_as_classed(name, offset, agrees):
     from eplbsim.replay import replay
-    from eplbsim.spec import RunSpec
+    from eplbsim.runspec import RunSpec
     from eplbsim.traces.synth import synthesize
     trace = synthesize("skewed", seed=1, steps=3, tokens=128, layers=2, experts=16, top_k=4)
     m = replay(trace, RunSpec.of(gpus=4, redundant=8, policy=name, rank_offset=offset)).metrics

@@ -20,7 +20,7 @@ import pytest
 
 from eplbsim.distributed import RANK_HOOK, GroupFailure, compare_metrics, launch
 from eplbsim.replay import replay
-from eplbsim.spec import RunSpec
+from eplbsim.runspec import RunSpec
 from eplbsim.traces.synth import synthesize
 
 from cli_helpers import run

@@ -19,7 +19,7 @@ from eplbsim.cli import main
 from eplbsim.errors import InputError
 from eplbsim.engines.conform import conformance
 from eplbsim.replay import compare, replay
-from eplbsim.spec import RunSpec
+from eplbsim.runspec import RunSpec
 from eplbsim.traces.synth import synthesize
 from eplbsim.workers import Workers
 

@@ -9,12 +9,12 @@ import csv
 import json
 from dataclasses import dataclass
 
-from eplbsim import spec
+from eplbsim import runspec
 from eplbsim.dispatch import POLICIES, DispatchPolicy, candidate_counts, replica_slots
 from eplbsim.metrics import METRICS, Metric, peak
 from eplbsim.replay import compare
 from eplbsim.results import format_table
-from eplbsim.spec import DispatchPart, Integer, RunSpec, knob
+from eplbsim.runspec import DispatchPart, Integer, RunSpec, knob
 from eplbsim.sweep import cell_row, parse_spec
 from eplbsim.traces import synthesize
 
@@ -89,7 +89,7 @@ class TaggedDispatch(DispatchPart):
 
 
 def test_an_option_in_one_field(monkeypatch, capsys, tmp_path):
-    monkeypatch.setitem(spec.PARTS, "dispatch", TaggedDispatch)
+    monkeypatch.setitem(runspec.PARTS, "dispatch", TaggedDispatch)
     code, out, _ = run(capsys, "run", *SMALL, "--policies", "row", "--trial", "7", "--json")
     rows = json.loads(out)
     assert code == 0 and {r["trial"] for r in rows} == {7} and {r["mode"] for r in rows} == {

@@ -10,7 +10,7 @@ from eplbsim.placement import Placement, rank_view
 from eplbsim.ranks import MODES, Epoch, make_ranks, rank_groups, token_owners
 from eplbsim.dispatch import resolve_policy
 from eplbsim.replay import replay
-from eplbsim.spec import RunSpec
+from eplbsim.runspec import RunSpec
 from eplbsim.topology import Topology
 from eplbsim.traces import synthesize
 

@@ -42,7 +42,7 @@ def test_a_volatile_expert_gets_more_replicas_than_a_steady_one_of_the_same_mean
 
 def test_a_schedule_gives_flashlb_the_window_it_forecasts_from():
     from eplbsim.replay import replay
-    from eplbsim.spec import RunSpec
+    from eplbsim.runspec import RunSpec
     from eplbsim.traces.synth import synthesize
     trace = synthesize("drift", seed=0, steps=12, tokens=64, layers=2, experts=16, top_k=4)
     result = replay(trace, RunSpec.of(gpus=4, redundant=4, solver="flashlb",

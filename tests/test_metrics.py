@@ -41,7 +41,7 @@ from eplbsim.metrics import (
     total,
 )
 from eplbsim.replay import replay
-from eplbsim.spec import RunSpec
+from eplbsim.runspec import RunSpec
 from eplbsim.traces.synth import synthesize
 from eplbsim.placement import Placement
 from eplbsim.topology import Topology

@@ -12,7 +12,7 @@ import torch
 
 from eplbsim.placement import Placement
 from eplbsim.replay import replay
-from eplbsim.spec import RunSpec
+from eplbsim.runspec import RunSpec
 from eplbsim.traces.synth import synthesize
 from eplbsim.topology import Topology
 from eplbsim.traces.trace import Trace

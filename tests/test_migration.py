@@ -58,7 +58,7 @@ def test_a_rows_bytes_and_stalls_are_on_one_scale():
     """Moved bytes count the whole model, as the stalls price it: a 2-layer trace standing for
     a 58-layer model moves 29 times its own slots' bytes, in the row and in the migrations."""
     from eplbsim.replay import replay
-    from eplbsim.spec import RunSpec
+    from eplbsim.runspec import RunSpec
     from eplbsim.traces.synth import synthesize
     trace = synthesize("skewed", steps=24, tokens=128, layers=2, experts=32, top_k=4, seed=0)
     spec = RunSpec.of(gpus=4, redundant=8, rebalance_every=8, expert_bytes=1000,

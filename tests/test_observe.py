@@ -20,7 +20,7 @@ from eplbsim.dispatch.observe import draws_nothing, observed_groups, probe_ids, 
 from eplbsim.placement import Placement, rank_view
 from eplbsim.ranks import make_ranks, rank_context
 from eplbsim.replay import replay
-from eplbsim.spec import RunSpec
+from eplbsim.runspec import RunSpec
 from eplbsim.topology import Topology
 from eplbsim.traces.synth import synthesize
 

@@ -22,7 +22,7 @@ from eplbsim.errors import InputError
 from eplbsim.figures import DPI, FIGURES
 from eplbsim.replay import compare, replay
 from eplbsim.schedule.switch import phases
-from eplbsim.spec import RunSpec
+from eplbsim.runspec import RunSpec
 from eplbsim.traces.coactivation import coactivation
 from eplbsim.traces.request_synth import synthesize_requests
 from eplbsim.traces.synth import synthesize

@@ -10,7 +10,7 @@ import torch
 
 from eplbsim.schedule.predictors import PREDICTORS
 from eplbsim.replay import replay
-from eplbsim.spec import RunSpec
+from eplbsim.runspec import RunSpec
 from eplbsim.traces.synth import synthesize
 
 

@@ -10,7 +10,7 @@ import termios
 
 from eplbsim.progress import bar
 from eplbsim.replay import compare
-from eplbsim.spec import RunSpec
+from eplbsim.runspec import RunSpec
 from eplbsim.traces.synth import synthesize
 
 

@@ -14,7 +14,7 @@ from eplbsim.dispatch import POLICIES
 from eplbsim.errors import InputError
 from eplbsim.placement import Placement
 from eplbsim.replay import compare, replay
-from eplbsim.spec import RunSpec
+from eplbsim.runspec import RunSpec
 from eplbsim.traces.synth import synthesize
 from eplbsim.topology import Topology
 from eplbsim.traces.trace import Trace

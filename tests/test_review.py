@@ -21,7 +21,7 @@ from eplbsim.cli import main
 from eplbsim.dispatch.policies import ordinal_policy, replica_slots, row_policy
 from eplbsim.report import markdown
 from eplbsim.review import EXIT, review, to_json
-from eplbsim.spec import RunSpec
+from eplbsim.runspec import RunSpec
 from eplbsim.traces.synth import synthesize
 from eplbsim.traces.trace import Trace
 

@@ -13,7 +13,7 @@ from eplbsim.errors import InputError
 from eplbsim.placement import Placement, trivial_placement
 from eplbsim.schedule.plan import plan, transfer_counts
 from eplbsim.replay import replay
-from eplbsim.spec import RunSpec
+from eplbsim.runspec import RunSpec
 from eplbsim.solvers import solve
 from eplbsim.traces.synth import synthesize
 from eplbsim.topology import Topology

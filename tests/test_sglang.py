@@ -10,7 +10,7 @@ from eplbsim.cli import main
 from eplbsim.traces.counts import CountsTrace, load_counts_trace
 from eplbsim.errors import InputError
 from eplbsim.replay import replay
-from eplbsim.spec import RunSpec
+from eplbsim.runspec import RunSpec
 from eplbsim.traces.formats.sglang import import_sglang
 from eplbsim.traces.trace import Trace, load_trace
 

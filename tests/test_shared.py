@@ -10,7 +10,7 @@ from eplbsim.dispatch.shared import (MIN_BATCH, SharedInputs, local_rule, per_gp
                                      waterfill_dynamic, waterfill_static)
 from eplbsim.errors import InputError
 from eplbsim.replay import compare, replay
-from eplbsim.spec import RunSpec
+from eplbsim.runspec import RunSpec
 from eplbsim.traces.synth import synthesize
 from eplbsim.traces.trace import Trace
 

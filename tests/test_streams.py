@@ -15,7 +15,7 @@ from eplbsim.dispatch.streams import (DRAW, MASK, Stream, batch_draws, coin_hits
                                       philox_torch, split_key, stream_key)
 from eplbsim.placement import Placement
 from eplbsim.replay import replay
-from eplbsim.spec import RunSpec
+from eplbsim.runspec import RunSpec
 from eplbsim.topology import Topology
 from eplbsim.traces.trace import Trace
 

@@ -10,7 +10,7 @@ import pytest
 from eplbsim.errors import InputError
 from eplbsim.metrics import METRICS
 from eplbsim.replay import replay
-from eplbsim.spec import RunSpec
+from eplbsim.runspec import RunSpec
 from eplbsim.results import flat_row
 from eplbsim.cli import main
 from eplbsim.sweep import SIZES, cell_row, parse_spec, read_spec, run_sweep

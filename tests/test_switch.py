@@ -14,7 +14,7 @@ from eplbsim.placement import Placement
 from eplbsim.replay import replay, run_steps
 from eplbsim.schedule.plan import Segment
 from eplbsim.schedule.switch import held_experts, phases
-from eplbsim.spec import RunSpec
+from eplbsim.runspec import RunSpec
 from eplbsim.topology import Topology
 from eplbsim.traces.synth import synthesize
 from eplbsim.traces.trace import Trace

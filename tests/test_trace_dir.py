@@ -19,7 +19,7 @@ from eplbsim.traces import directory as TD
 from eplbsim.cli import main
 from eplbsim.errors import InputError
 from eplbsim.replay import replay
-from eplbsim.spec import RunSpec
+from eplbsim.runspec import RunSpec
 from eplbsim.traces.trace import Trace, load_trace, save_trace
 from eplbsim.traces import open_trace
 from eplbsim.traces.directory import DirTrace, load_trace_dir, save_trace_dir
@@ -193,7 +193,7 @@ _SCRIPT = textwrap.dedent("""
     import resource, sys, numpy as np, torch
     from eplbsim.traces.directory import save_trace_dir, load_trace_dir
     from eplbsim.replay import replay
-    from eplbsim.spec import RunSpec
+    from eplbsim.runspec import RunSpec
 
     class Steps:  # a trace-like source that makes each step on demand
         num_layers, top_k, num_experts, meta = 2, 8, 64, {"source": "generated"}

@@ -15,7 +15,7 @@ import torch
 from eplbsim.dispatch import POLICIES
 from eplbsim.errors import InputError
 from eplbsim.replay import compare, replay
-from eplbsim.spec import RunSpec
+from eplbsim.runspec import RunSpec
 from eplbsim.traces.directory import save_trace_dir
 from eplbsim.traces.repeated import Repeated
 from eplbsim.traces.synth import synthesize

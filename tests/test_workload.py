@@ -12,7 +12,7 @@ import torch
 from eplbsim.errors import InputError
 from eplbsim.placement import Placement
 from eplbsim.replay import replay
-from eplbsim.spec import RunSpec
+from eplbsim.runspec import RunSpec
 from eplbsim.topology import Topology
 from eplbsim.traces.requests import load_requests, requests_of, save_requests
 from eplbsim.traces.workload import DP_PAD, GRAPH_PAD, Workload, batch

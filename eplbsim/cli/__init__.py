@@ -1,7 +1,7 @@
 """The `eplbsim` command: one module per command, each with its arguments beside its handler.
 
 `COMMANDS` maps a command name to `(help, add_arguments, handle)`: `add_arguments(parser)`
-declares its flags (the run schema's, `spec.add_flags`, where it runs replays) and
+declares its flags (the run schema's, `runspec.add_flags`, where it runs replays) and
 `handle(args) -> exit status` runs it. Errors in the user's input end with one line on stderr
 and exit status 2 (a flag argparse cannot parse: a short usage line, then that line). Out of
 memory, too deep a nesting or an overflow on the user's data is said the same way; anything

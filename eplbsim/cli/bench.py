@@ -13,7 +13,7 @@ from ..errors import InputError
 from ..progress import bar
 from ..replay import resolve_device
 from ..results import to_json
-from ..spec import Device
+from ..runspec import Device
 from ..files import check_memory
 from .common import positive, seed, split
 

@@ -39,7 +39,7 @@ def check_out_dir(out: Path, inputs: Iterable[Any], names: Iterable[str]) -> Pat
 def _at_least(least: int, most: int | None = None):
     """An argparse type: an integer >= `least` and <= `most` (the run schema's `Integer`,
     whose cap defaults to `limits.MAX_COUNT`)."""
-    from ..spec.values import Integer
+    from ..runspec.values import Integer
     value = Integer(least, most=most)
 
     def parse(text: str) -> int:

@@ -7,7 +7,7 @@ import argparse
 import sys
 from typing import Any
 
-from .. import spec
+from .. import runspec
 from ..errors import InputError
 from ..results import to_json
 
@@ -145,10 +145,10 @@ def bisect(args: argparse.Namespace) -> int:
                          f"rank_agreement or output_rel_error")
     if args.policy is None:
         raise InputError("--policies: name the one policy the bisect replays")
-    values, lists = spec.from_args(args, "run")
+    values, lists = runspec.from_args(args, "run")
     if len(lists["policy"]) > 1 or len(lists["mode"]) > 1:
         raise InputError("a bisect replays one policy in one mode (--policies P --mode M)")
-    source, base = spec.build(values)
+    source, base = runspec.build(values)
     if engine in base.dispatch.engine_source:
         raise InputError(f"--engine-source: the bisect runs {engine} from each release itself")
     if not any(is_engine_name(n) and n.startswith(engine + ":")
@@ -225,7 +225,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     cmd.add_argument("--tolerance", type=float, default=0.0, metavar="X", help="a change is a "
                      "difference above X from GOOD's value (default 0)")
     cmd.add_argument("--json", action="store_true", help="print the table as JSON")
-    spec.add_flags(cmd, "run")
+    runspec.add_flags(cmd, "run")
     cmd.set_defaults(handler=bisect)
     cmd = command("conform")
     cmd.add_argument("--engine", action="append", metavar="ENGINE",

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .. import spec
+from .. import runspec
 from ..errors import InputError
 from ..files import atomic_file, check_output
 from ..limits import MAX_LAYERS
@@ -35,13 +35,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="model layer of each MoE layer, e.g. 1,2,3 (default: the file's "
                    "layers / model_layers, else 0..L-1)")
     p.add_argument("--out", type=Path, required=True, help="the JSON file to write")
-    spec.add_flags(p, "export")  # how --counts is read; --experts for a placement too
+    runspec.add_flags(p, "export")  # how --counts is read; --experts for a placement too
 
 
 def handle(args: argparse.Namespace) -> int:
     check_output(args.out, [args.placement, args.counts])
     meta: dict[str, Any] = {}
-    values, _ = spec.from_args(args, "export")
+    values, _ = runspec.from_args(args, "export")
     if args.placement is not None:
         reading = sorted(set(values) - {"experts"})
         if reading:
@@ -53,7 +53,7 @@ def handle(args: argparse.Namespace) -> int:
             meta["model_layers"] = data["layers"]
         num_layers = len(phy2log)
     else:
-        trace = spec.Source(trace=str(args.counts), **values).open(0, spec.SchedulePart())
+        trace = runspec.Source(trace=str(args.counts), **values).open(0, runspec.SchedulePart())
         counts = trace.counts if isinstance(trace, CountsTrace) else trace.counts().numpy()
         meta = trace.meta  # counts [S, L, E]
         num_layers = counts.shape[1]

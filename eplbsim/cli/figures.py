@@ -7,7 +7,7 @@ import argparse
 import textwrap
 from pathlib import Path
 
-from .. import spec
+from .. import runspec
 from ..errors import InputError
 from .common import check_out_dir, split
 
@@ -25,7 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", type=Path, default=None, metavar="FILE",
                    help="draw this trace instead (any form run reads, with the reading flags "
                         "below): its expert load heatmap, top share and per-step imbalance")
-    spec.add_flags(p, "figures")
+    runspec.add_flags(p, "figures")
 
 
 def _figures(trace: bool) -> dict:
@@ -64,9 +64,9 @@ def _draw_trace(args: argparse.Namespace, names: list[str], out: Path) -> list[P
     """The figures `names` of `args.trace` (read with the reading flags, its steps selected),
     each as PDF and PNG in `out`."""
     from ..plots import save_figure, trace_figures
-    values, _ = spec.from_args(args, "figures")
-    source = spec.Source(**{**values, "trace": str(args.trace)})
-    trace = source.select(source.read(0, spec.SchedulePart()))
+    values, _ = runspec.from_args(args, "figures")
+    source = runspec.Source(**{**values, "trace": str(args.trace)})
+    trace = source.select(source.read(0, runspec.SchedulePart()))
     if trace.num_steps == 0:
         raise InputError(f"{args.trace}: no steps to draw")
     paths: list[Path] = []

@@ -10,7 +10,7 @@ import functools
 import os
 import sys
 
-from .. import spec
+from .. import runspec
 from ..distributed import (REPORT_COLUMNS, GroupFailure, join_launched, launch,
                            launched_by_torchrun, report_cells)
 from ..errors import InputError
@@ -27,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--world-size", type=positive, default=None,
                    help="ranks = GPUs to spawn locally (under torchrun: the launched group's, "
                    "which this must match if given)")
-    spec.add_flags(p, "ranks")
+    runspec.add_flags(p, "ranks")
     p.add_argument("--port", type=nonnegative, default=0,
                    help="rendezvous port on 127.0.0.1 when spawning (default: a free one)")
     p.add_argument("--timeout", type=float, default=60.0,
@@ -47,11 +47,11 @@ def handle(args: argparse.Namespace) -> int:
     if not (math.isfinite(args.timeout) and args.timeout > 0):
         raise InputError(f"--timeout: must be a finite number of seconds > 0, got "
                          f"{args.timeout:g}")
-    values, lists = spec.from_args(args, "ranks")
+    values, lists = runspec.from_args(args, "ranks")
     values["gpus"] = world
     if torchrun and values.get("gpus_per_node") is None:
         values["gpus_per_node"] = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    source, base = spec.build(values)
+    source, base = runspec.build(values)
     if source.trace is None:  # every rank synthesizes the same steps
         source = dataclasses.replace(source, steps=source.steps or base.schedule.steps())
     load = functools.partial(source.open, base.dispatch.seed, base.schedule)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .. import spec
+from .. import runspec
 from ..dispatch import is_file_policy, resolve_policy
 from ..errors import InputError
 from ..report import html, markdown
@@ -55,7 +55,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--out", type=Path, help="write report.md, report.html (self-contained, its "
                    "figures embedded) and report.json")
-    spec.add_flags(p, "review", helps={
+    runspec.add_flags(p, "review", helps={
         "mode": "none (every rank dispatches every token) or a2a (each token once, by its "
                 "owner); a review runs in one (default none)",
         "cost": "cost model turning loads into time: roofline or measured (aiconfigurator-core's "
@@ -67,22 +67,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def handle(args: argparse.Namespace) -> int:
     if args.mode is None:  # one mode, not the listed default of run
         args.mode = "none"
-    values, lists = spec.from_args(args, "review")
+    values, lists = runspec.from_args(args, "review")
     if len(lists.get("engine_source", [])) > 1:
         raise InputError("--engine-source: a review runs the candidate from one source (the "
                          "baseline's is --baseline-engine-source)")
     if len(lists.get("mode", [])) > 1:
         raise InputError("--mode: a review runs in one mode, none or a2a")
-    source, base = spec.build(values)
+    source, base = runspec.build(values)
     sources = base.dispatch.engine_source
-    named = next(knob for _, name, knob in spec.knobs(("dispatch",)) if name == "policy")
+    named = next(knob for _, name, knob in runspec.knobs(("dispatch",)) if name == "policy")
     for flag, policy in (("CANDIDATE", args.candidate), ("--baseline", args.baseline)):
         if policy is not None:  # an unknown name is refused before any work, as run's are
-            spec.checked("policy", named, policy, flag)
+            runspec.checked("policy", named, policy, flag)
             resolve_policy(policy, sources)
     if args.baseline_solver is not None:
-        solver = next(knob for _, name, knob in spec.knobs(("solver",)) if name == "solver")
-        spec.checked("solver", solver, args.baseline_solver, "--baseline-solver")
+        solver = next(knob for _, name, knob in runspec.knobs(("solver",)) if name == "solver")
+        runspec.checked("solver", solver, args.baseline_solver, "--baseline-solver")
         base.replace(solver=args.baseline_solver, solver_options={}, affinity_slack=None,
                      lplb_topology=None)  # its own settings refused here, before any work
     if args.out:
@@ -111,7 +111,7 @@ def _baseline_sources(args: argparse.Namespace) -> dict | None:
     """`--baseline-engine-source` as one source set, or None (the candidate's)."""
     if not args.baseline_engine_source:
         return None
-    sets = spec.EngineSources("engine_source").sets(args.baseline_engine_source)
+    sets = runspec.EngineSources("engine_source").sets(args.baseline_engine_source)
     if len(sets) > 1:
         raise InputError("--baseline-engine-source: one source an engine (a review compares "
                          "two runs)")

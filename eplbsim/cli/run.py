@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from .. import spec
+from .. import runspec
 from ..errors import InputError
 from ..progress import bar, run_label
 from ..replay import compare, comparison, replay
@@ -23,7 +23,7 @@ HELP = "compare dispatch policies on a trace or scenario"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    spec.add_flags(p, "run")
+    runspec.add_flags(p, "run")
     p.add_argument("--per-layer", action="store_true",
                    help="with --out, the time series per step and layer")
     p.add_argument("--baseline", metavar="POLICY", help="with --cost, each row's speedup: the "
@@ -47,8 +47,8 @@ OUTPUTS = ("results.json", "results.csv", "timeseries.csv", "migrations.csv", "p
 
 
 def handle(args: argparse.Namespace) -> int:
-    values, lists = spec.from_args(args, "run")
-    source, base = spec.build(values)
+    values, lists = runspec.from_args(args, "run")
+    source, base = runspec.build(values)
     if args.out:
         check_out_dir(args.out, [source.file, base.solver.placement, base.schedule.initial],
                       OUTPUTS)
@@ -112,7 +112,7 @@ def _runner(args: argparse.Namespace, trace: Any, split: bool) -> Iterator[Calla
         yield workers.replay
 
 
-def _counts_only(args: argparse.Namespace, counts: CountsTrace, base: spec.RunSpec) -> int:
+def _counts_only(args: argparse.Namespace, counts: CountsTrace, base: runspec.RunSpec) -> int:
     """`run` on counts only: the placement's even-split promise; no policy can run."""
     if args.policy is not None:
         raise InputError(f"{args.trace} holds expert counts, not token rows: dispatch policies "

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from .. import spec
+from .. import runspec
 from ..errors import InputError
 from ..metrics import placement_report
 from ..placement_io import read_json, read_phy2log
@@ -29,7 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     loads.add_argument("--counts", type=Path,
                        help="a CSV with columns layer,expert,count (others can be filtered on), "
                        "a counts-only .npz, or any routing trace (summed over steps)")
-    spec.add_flags(p, "solve")  # how --counts is read
+    runspec.add_flags(p, "solve")  # how --counts is read
     slots = p.add_mutually_exclusive_group()
     slots.add_argument("--slots", type=positive, default=None,
                        help="physical slots P (default: experts + --redundant)")
@@ -59,11 +59,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def handle(args: argparse.Namespace) -> int:
     topology = Topology(args.gpus, args.gpus_per_node)
-    values, _ = spec.from_args(args, "solve")
+    values, _ = runspec.from_args(args, "solve")
     taken = solver_options(find_solver(resolve_solver(args.solver)))
     options: dict = {}
     if args.counts is not None:
-        trace = spec.Source(trace=str(args.counts), **values).open(0, spec.SchedulePart())
+        trace = runspec.Source(trace=str(args.counts), **values).open(0, runspec.SchedulePart())
         counts = layer_loads(trace)
         load, layers = counts.load, list(counts.layers)
         if "coactivation" in taken and not isinstance(trace, CountsTrace):  # affinity's
@@ -75,7 +75,7 @@ def handle(args: argparse.Namespace) -> int:
         load = read_json(args.load, "a JSON [layers][experts] load matrix")
         layers = None
     load = as_load(load)  # [L, E] validated
-    options.update(spec.Options("solver_option").parse(item) for item in args.option)
+    options.update(runspec.Options("solver_option").parse(item) for item in args.option)
     if args.anti_colocation:
         options["anti_colocation"] = True
     if args.previous is not None:

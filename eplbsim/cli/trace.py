@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import spec
+from .. import runspec
 from ..errors import InputError
 from ..files import check_output
 from ..progress import bar
@@ -38,13 +38,13 @@ def _routing(trace: Any, path: Path) -> Any:
     return trace
 
 
-def _source(args: argparse.Namespace, path: Path, command: str) -> tuple[spec.Source, bool]:
+def _source(args: argparse.Namespace, path: Path, command: str) -> tuple[runspec.Source, bool]:
     """The run schema's source for a file argument with the reading flags given, and whether
     it holds requests (`is_request_input`) rather than steps."""
-    values, _ = spec.from_args(args, command)
-    options = {k: values[k] for k in spec.READER_OPTIONS if values.get(k) is not None}
+    values, _ = runspec.from_args(args, command)
+    options = {k: values[k] for k in runspec.READER_OPTIONS if values.get(k) is not None}
     requests = is_request_input(path, **options)
-    return spec.Source(**{**values, ("requests" if requests else "trace"): str(path)}), requests
+    return runspec.Source(**{**values, ("requests" if requests else "trace"): str(path)}), requests
 
 
 def _distribution(values: np.ndarray) -> str:
@@ -52,7 +52,7 @@ def _distribution(values: np.ndarray) -> str:
             f"max {values.max()}")
 
 
-def _flag_lines(flags: dict[str, list[int]], trace: Any, source: spec.Source) -> list[str]:
+def _flag_lines(flags: dict[str, list[int]], trace: Any, source: runspec.Source) -> list[str]:
     """What `trace info` says of the flagged steps (`traces.steps.flag_steps`) of `trace`, the
     whole one: the flag that leaves each kind out, or that it left them out of `source`'s
     selection."""
@@ -78,7 +78,7 @@ def _flag_lines(flags: dict[str, list[int]], trace: Any, source: spec.Source) ->
     return lines
 
 
-def request_info(args: argparse.Namespace, source: spec.Source) -> int:
+def request_info(args: argparse.Namespace, source: runspec.Source) -> int:
     """`trace info` of a request input: its requests and the steps the workload makes."""
     requests = source.request_set(0)
     batched = batch(requests, source.workload(0))
@@ -113,7 +113,7 @@ def info(args: argparse.Namespace) -> int:
     source, requests = _source(args, args.file, "info")
     if requests:
         return request_info(args, source)
-    whole = _routing(source.read(0, spec.SchedulePart()), args.file)
+    whole = _routing(source.read(0, runspec.SchedulePart()), args.file)
     flags = flag_steps(whole)
     trace = source.chunked(source.select(whole))
     summary = {**summarize_trace(trace), "flagged": flags}
@@ -171,8 +171,8 @@ def coactivation_summary(trace: Any, groups: int, strongest: int = 3) -> dict[st
 
 def synth(args: argparse.Namespace) -> int:
     check_output(args.out, [])
-    values, _ = spec.from_args(args, "synth")
-    source, run = spec.build({**values, "scenario": args.scenario})
+    values, _ = runspec.from_args(args, "synth")
+    source, run = runspec.build({**values, "scenario": args.scenario})
     trace = source.open(run.dispatch.seed, run.schedule)
     save_trace(trace, args.out)
     per_step = trace.num_tokens / trace.num_steps
@@ -228,7 +228,7 @@ def convert(args: argparse.Namespace) -> int:
         with bar(None, "convert") as steps:  # streamed into the directory
             trace = read_jsonl(args.src, source.experts, args.out, steps.update)
     else:
-        trace = _routing(source.open(0, spec.SchedulePart()), args.src)
+        trace = _routing(source.open(0, runspec.SchedulePart()), args.src)
         with bar(trace.num_steps, "convert") as steps:
             if out_kind == ".jsonl":
                 write_jsonl(trace, args.out, steps.update)
@@ -283,14 +283,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                           "equal groups keeps together")
     cmd.add_argument("--groups", type=positive, default=8, metavar="G",
                      help="with --coactivation: the groups (GPUs) of the partition (default 8)")
-    spec.add_flags(cmd, "info")
+    runspec.add_flags(cmd, "info")
     cmd.set_defaults(handler=info)
 
     cmd = command("synth")
     cmd.add_argument("scenario", type=registered(SCENARIOS, "scenario"), metavar="SCENARIO",
                      help="the scenario: " + ", ".join(sorted(SCENARIOS)))
     cmd.add_argument("--out", type=Path, required=True, help="the .npz trace to write")
-    spec.add_flags(cmd, "synth")
+    runspec.add_flags(cmd, "synth")
     cmd.set_defaults(handler=synth)
 
     cmd = command("convert")
@@ -302,7 +302,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     cmd.add_argument("--force", action="store_true",
                      help="replace --out even when it is not what convert writes (an unrelated "
                      "file, or a folder holding other files, which are deleted)")
-    spec.add_flags(cmd, "convert")
+    runspec.add_flags(cmd, "convert")
     cmd.set_defaults(handler=convert)
 
     cmd = command("import-sglang")

@@ -94,7 +94,7 @@ class Chunk:
     placement: the placement in service; best: the segment's best placement
     moved:     int64 `[c, L]` slots whose expert changed at each step (a rebalance)
     num_gpus:  `G`
-    cost:      the run's `spec.CostPart` when it names a cost model, else None
+    cost:      the run's `runspec.CostPart` when it names a cost model, else None
     mode:      the run's mode
     shared_work: each token's shared-expert work in routed pairs (`RunSpec.shared_work`; 0:
                not counted): in the time (`work`) and `imbalance_with_shared`, never in the
@@ -187,7 +187,7 @@ class Chunk:
 
 def layer_scale(cost: Any, num_layers: int) -> float:
     """How many of the model's MoE layers each of a trace's `num_layers` layers stands for when
-    time is priced (`cost`, a `spec.CostPart`): `moe_layers / L` of its model shape, so a step's
+    time is priced (`cost`, a `runspec.CostPart`): `moe_layers / L` of its model shape, so a step's
     time is the whole model's, whatever layers the trace recorded."""
     return cost.profiles()[0].moe_layers / num_layers
 

@@ -99,10 +99,10 @@ def plan(true_load: torch.Tensor, schedule: Any, solver: Any, topology: Topology
          coactivation: Callable[[int, int], np.ndarray] | None = None) -> tuple[Segment, ...]:
     """The segments of a schedule over routed loads `true_load [S, L, E]` (module doc).
 
-    schedule:  the run's schedule part (`spec.SchedulePart`: `rebalance_every`, `window`,
+    schedule:  the run's schedule part (`runspec.SchedulePart`: `rebalance_every`, `window`,
                `predictor`, `decay`, `skip_above`, `migration_aware`, and how the ranks switch:
                `switch.switched`, whose delays `seed` draws), already checked
-    solver:    the run's solver part (`spec.SolverPart`: `solver` and `solver_options`)
+    solver:    the run's solver part (`runspec.SolverPart`: `solver` and `solver_options`)
     placement: a placement to serve every step instead of solving; initial: the placement
                before the first rebalance (default trivial)
     coactivation: `(lo, hi) -> [L, E, E]` the expert pair counts of steps `[lo, hi)`

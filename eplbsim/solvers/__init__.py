@@ -10,7 +10,10 @@ A solver is `solver(load, num_slots, topology, num_groups=1, **options) -> phy2l
               `g // gpus_per_node`
   num_groups: expert groups for group-limited routing (contiguous blocks of `E / num_groups`)
   options:    keyword-only extras a solver may take, e.g. `anti_colocation` (no two replicas of
-              one expert on one GPU) or `time_limit`; `solve` rejects options a solver lacks
+              one expert on one GPU) or `time_limit`; `solve` rejects options a solver lacks.
+              An option in `COMPOSED_OPTIONS` (`balance`) is another solver the solver builds
+              on: the solver takes it as a callable, and `solve` resolves a registry name
+              into it, so no solver module imports this registry (no import loop)
   returns     int64 numpy `[L, P]`, the logical expert held by each physical slot.
 Add one with one function and one line in `SOLVERS`; `solve` also takes any such callable.
 """
@@ -43,6 +46,11 @@ Solver = Callable[[np.ndarray, int, Topology, int], np.ndarray]
 
 # Options `solve` itself takes for every solver (`solve_with_info`), beside each solver's own.
 SOLVE_OPTIONS = ("migration_tolerance",)
+
+# Options that name another solver the solver composes with (affinity keeps its `balance`
+# solver's replication, as DeepSeek's eplb.py composes its stages): `solve_with_info` hands the
+# solver the callable a registry name names (module doc).
+COMPOSED_OPTIONS = ("balance",)
 
 SOLVERS: dict[str, Solver] = {
     "trivial": trivial,
@@ -83,7 +91,8 @@ def solve_with_info(solver: str | Solver, load: Any, num_slots: int, topology: T
       `migration_tolerance` (relative) of the solver's. `info["moved_slots"]` reports it. A
       solver in `KEEP_LAYOUT` keeps its own layout; `info["moved_slots"]` still counts.
     options: keyword options the solver takes (e.g. `anti_colocation`, `time_limit`); an option
-      it does not take is an InputError naming the ones it does
+      it does not take is an InputError naming the ones it does; one in `COMPOSED_OPTIONS`
+      (`balance`, a registry name or a callable) reaches the solver as the solver it names
     -> (Placement over `E` experts with `phy2log [L, P]`, the solver's report: a dict, empty
     unless the solver returned `(phy2log, info)` or `previous` was given). A solver's
     `info["order"]` (`[L, E, R]`, its replica order: `deepseek`'s and the engines' solvers
@@ -97,6 +106,9 @@ def solve_with_info(solver: str | Solver, load: Any, num_slots: int, topology: T
     _check_shape(num_experts, num_slots, topology, num_groups)
     options = check_options(fn, {**options, "migration_tolerance": migration_tolerance})
     migration_tolerance = options.pop("migration_tolerance")
+    for key in COMPOSED_OPTIONS:
+        if key in options:
+            options[key] = find_solver(options[key])
     result = fn(array, num_slots, topology, num_groups, **options)
     phy2log, info = result if isinstance(result, tuple) else (result, {})
     phy2log = np.asarray(phy2log)  # [L, P]

@@ -42,13 +42,14 @@ GPU load over the balance placement's), and when every layer's MILP ran, `bound`
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from ..cost.devices import DEVICES
 from ..errors import InputError
 from ..topology import Topology
+from .deepseek import deepseek
 
 SLACK = 0.05  # the default slack on the balance solver's max GPU load
 NODE_WEIGHT = DEVICES["h200"].nvlink / DEVICES["h200"].rdma  # 450 / 50 GB/s = 9
@@ -58,7 +59,7 @@ TOL = 1e-9
 
 def affinity(load: np.ndarray, num_slots: int, topology: Topology, num_groups: int = 1, *,
              coactivation: Any = None, history: Any = None, slack: float = SLACK,
-             balance: str = "deepseek",
+             balance: Callable[..., Any] = deepseek,
              node_weight: float = NODE_WEIGHT, max_swaps: int = 2000,
              milp_vars: int = MILP_VARS, milp_seconds: float = 2.0
              ) -> tuple[np.ndarray, dict[str, Any]]:
@@ -67,13 +68,17 @@ def affinity(load: np.ndarray, num_slots: int, topology: Topology, num_groups: i
 
     Places `load [L, E]` on `num_slots` slots (module doc) given the predicted `coactivation
     [L, E, E]` (pair counts, symmetric; the schedule passes its window's) and, optionally, the
-    window's per-step loads `history [W, L, E]`; `balance` names the solver whose replication
-    and max GPU load are kept (a registry name). -> `(phy2log [L, P], info)`."""
-    from . import find_solver  # the registry, which lists this solver
-
+    window's per-step loads `history [W, L, E]`; `balance` is the solver whose replication
+    and max GPU load are kept, a solver callable `(load, num_slots, topology, num_groups)`
+    handed in by its caller (`solve` resolves a registry name into it, as the registry
+    composes solvers; this module never reaches back into the registry).
+    -> `(phy2log [L, P], info)`."""
+    if not callable(balance):
+        raise InputError(f"the affinity solver's balance solver must be a solver function, got "
+                         f"{balance!r}; solve(..., balance=NAME) resolves a registry name")
     L, E = load.shape
     pairs = _checked_pairs(coactivation, L, E)
-    base = find_solver(balance)(load, num_slots, topology, num_groups)
+    base = balance(load, num_slots, topology, num_groups)
     base = np.asarray(base[0] if isinstance(base, tuple) else base)  # [L, P]
     out = np.empty_like(base)
     totals = {"objective": 0.0, "balance_objective": 0.0, "max_load_ratio": 0.0}

@@ -11,9 +11,9 @@ checks are all generated from these declarations, so a new setting is one field,
 one class and one line in `PARTS`.
 
 By concern: `values` (the value types), `knobs` (declaring a setting, `Part`), `source` (which
-trace a command reads), `parts` (the run parts), `runspec` (`RunSpec` and the knob listings),
+trace a command reads), `parts` (the run parts), `run` (`RunSpec` and the knob listings),
 `flags` (the command line and sweep specs generated from them). Everything is importable from
-here.
+here. (The package was `eplbsim.spec`, a name that still imports it: `eplbsim.OLD_NAMES`.)
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from .flags import (GROUPS, SELECTION, add_flags, build, flags_of, from_args, gr
 from .knobs import COMMANDS, KNOB, READS, SYNTH, Knob, Part, checked, knob
 from .parts import (MIN_REDUNDANT, NODE_GPUS, CostPart, DispatchPart, SchedulePart, SolverPart,
                     TopologyPart)
-from .runspec import PARTS, RUN_PARTS, RunSpec, default_of, knobs, label, run_knobs
+from .run import PARTS, RUN_PARTS, RunSpec, default_of, knobs, label, run_knobs
 from .source import BATCHING, READER_OPTIONS, WITH_INFO, Source, workload_of
 from .values import (Device, EngineFlags, EngineSources, File, Filter, Integer, Name, Number,
                      Options, RequestInput, Sizes, StepSelection, Switch, Text)

@@ -13,7 +13,7 @@ from ..dispatch import resolve_policy
 from ..errors import InputError
 from ..traces.request_synth import REQUEST_SCENARIOS
 from .knobs import Knob, checked
-from .runspec import PARTS, RunSpec, default_of, knobs
+from .run import PARTS, RunSpec, default_of, knobs
 from .source import BATCHING, READER_OPTIONS, Source
 from ..cost.catalog import config_path
 from .values import EngineSources, File, Model, Name, Options, RequestInput, Switch
