@@ -4,7 +4,10 @@ when present), on random traces with padding, duplicates and odd sizes.
 Dimensions: `T` tokens, `L` layers, `K` top-k, `E` experts, `P` slots, `G` GPUs.
 """
 
+import dataclasses
+
 import numpy as np
+
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
@@ -107,11 +110,13 @@ def test_random_kernels_consume_the_generator_like_the_reference():
 def test_dispatch_step_falls_back_to_the_reference_for_other_policies():
     placement = Placement(torch.tensor([[0, 1, 0, 1]]), 2, Topology(2))
     ids = torch.tensor([[[0, 1]], [[1, 0]], [[0, -1]]])
-    for name in ("flat", "hash"):
-        assert step_kernel(POLICIES[name], "cpu") is None
-        got = dispatch_step(POLICIES[name], ids, full_view(placement), ctx(0, 0))
-        assert torch.equal(got, reference_step(POLICIES[name], ids, full_view(placement),
-                                               ctx(0, 0)))
+    for name in ("flat", "hash"):  # as a user's own entry, without the registry's kernels
+        mine = dataclasses.replace(POLICIES[name], kernels={})
+        assert step_kernel(mine, "cpu") is None
+        got = dispatch_step(mine, ids, full_view(placement), ctx(0, 0))
+        assert torch.equal(got, reference_step(mine, ids, full_view(placement), ctx(0, 0)))
+        assert torch.equal(got, dispatch_step(POLICIES[name], ids, full_view(placement),
+                                              ctx(0, 0)))
 
 
 @pytest.mark.parametrize("name", KERNEL_POLICIES)

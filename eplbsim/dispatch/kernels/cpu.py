@@ -25,7 +25,8 @@ import torch
 
 from ...compiled import JIT, jit, prange, threads
 from ...counting import pair_table, row_chunks
-from ..policies import DispatchContext, layer_draws, layer_offsets, static_table
+from ..policies import (HASH_MULTIPLIER, DispatchContext, layer_draws, layer_offsets,
+                        static_table)
 from ..streams import DRAW, LANE_KEYS, Stream, lane_mod, philox, philox_lanes, split_key
 from ...placement import View
 
@@ -145,6 +146,39 @@ def row_step(topk_ids: torch.Tensor, view: View, ctx: DispatchContext,
     """`row` for `[T, L, K]` ids in one pass (into `out`, when given: `_arrays`)."""
     ids, log2phy, logcnt, out = _arrays(topk_ids, view, out)
     _row(ids, log2phy, logcnt, out, row_chunks(ids.shape[0]))
+    return torch.from_numpy(out)
+
+
+@jit(parallel=True, **JIT)
+def _keyed(ids, log2phy, logcnt, hashed, out):  # pragma: no cover - compiled
+    """Each pair's candidate by a key of its position: `(t * K + k) % n` (flat), or
+    `((t * HASH_MULTIPLIER) mod 2**32) % n` (`hashed`: hash); -1 for padding."""
+    T, L, K = ids.shape
+    for t in prange(T):
+        key = (t * HASH_MULTIPLIER) % 4294967296 if hashed else t * K
+        for layer in range(L):
+            for k in range(K):
+                e = ids[t, layer, k]
+                if e < 0:
+                    out[t, layer, k] = -1
+                else:
+                    out[t, layer, k] = log2phy[layer, e,
+                                               (key if hashed else key + k) % logcnt[layer, e]]
+
+
+def flat_step(topk_ids: torch.Tensor, view: View, ctx: DispatchContext,
+              out: np.ndarray | None = None) -> torch.Tensor:
+    """`flat` for `[T, L, K]` ids in one pass: `(row * K + k) % n_e`."""
+    ids, log2phy, logcnt, out = _arrays(topk_ids, view, out)
+    _keyed(ids, log2phy, logcnt, False, out)
+    return torch.from_numpy(out)
+
+
+def hash_step(topk_ids: torch.Tensor, view: View, ctx: DispatchContext,
+              out: np.ndarray | None = None) -> torch.Tensor:
+    """`hash` for `[T, L, K]` ids in one pass: Knuth's hash of the row, `% n_e`."""
+    ids, log2phy, logcnt, out = _arrays(topk_ids, view, out)
+    _keyed(ids, log2phy, logcnt, True, out)
     return torch.from_numpy(out)
 
 
