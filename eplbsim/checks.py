@@ -19,7 +19,7 @@ import torch
 from .dispatch import Policy, resolve_policy
 from .errors import InputError
 from .placement import Placement, rank_view
-from .ranks import MODES, Epoch, make_ranks, rank_groups
+from .ranks import MODES, Epoch, make_ranks, rank_context, rank_groups
 from .registry import lookup
 
 
@@ -34,6 +34,21 @@ def _as_step(topk_ids: torch.Tensor) -> torch.Tensor:
     return ids
 
 
+def rank_epoch(policy: str | Policy, placement: Placement, view: str, rng: str, seed: int,
+               step: int, mode: str, top_k: int, sources: Any = ()) -> Epoch:
+    """Every rank of `placement`'s topology, each with its own view and random stream, as one
+    epoch keeping every rank's choices; its groups are the ranks that share one computation
+    (`ranks.rank_groups`: declared invariant, or an engine's call observed to draw nothing on
+    equal inputs, probed at `step` with `top_k` ids a row)."""
+    name, entry = resolve_policy(policy, sources)
+    ranks = make_ranks(rng, seed, placement.topology.num_gpus)
+    views = tuple(rank_view(view, placement, r.rank, mode) for r in ranks)
+    contexts = [rank_context(step, r, mode, seed, None) for r in ranks]
+    return Epoch(name, entry, placement, ranks, views,
+                 rank_groups(views, entry, None, contexts, top_k), len(ranks), mode, seed,
+                 keep_choices=True)
+
+
 def _rank_choices(policy: str | Policy, ids: torch.Tensor, placement: Placement, view: str,
                   rng: str, seed: int, steps: range, mode: str,
                   sources: Any = ()) -> torch.Tensor:
@@ -46,11 +61,8 @@ def _rank_choices(policy: str | Policy, ids: torch.Tensor, placement: Placement,
                          f"{placement.num_layers}")
     if ids.numel() and (int(ids.min()) < -1 or int(ids.max()) >= placement.num_experts):
         raise InputError(f"topk_ids hold ids outside [-1, {placement.num_experts})")
-    name, entry = resolve_policy(policy, sources)
-    ranks = make_ranks(rng, seed, G)
-    views = tuple(rank_view(view, placement, r, mode) for r in range(G))
-    epoch = Epoch(name, entry, placement, ranks, views, rank_groups(views, entry), G, mode,
-                  seed, keep_choices=True)
+    epoch = rank_epoch(policy, placement, view, rng, seed, steps.start, mode, ids.shape[2],
+                       sources)
     step_fn = lookup(MODES, mode, "mode")
     return torch.stack([step_fn(epoch, step, ids).choices for step in steps])
 

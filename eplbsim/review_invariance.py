@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .checks import rank_invariance
+from .checks import rank_epoch, rank_invariance
 from .dispatch import USER, resolve_policy
 from .engines import is_engine_name
 from .placement import Placement
@@ -24,12 +24,23 @@ from .runspec import RunSpec
 SEARCH_ROWS = (1, 2, 3, 5, 7)  # the small batches the invariance search tries first
 
 
-def _claimed(policy: Any, sources: Any) -> str:
-    """The rank-invariance class the candidate claims: its registry entry's, else unknown."""
+def _claimed(policy: Any, sources: Any, placement: Placement, spec: RunSpec,
+             top_k: int) -> str:
+    """The rank-invariance class the candidate claims: its registry entry's, else unknown;
+    for an engine's code, how its calls were observed in "none" (`dispatch.observe`)."""
     name, entry = resolve_policy(policy, sources)
-    if entry.source.startswith(USER) or is_engine_name(name):
-        return "unknown (not registered: nothing is claimed)"
-    return entry.invariance()
+    if not (entry.source.startswith(USER) or is_engine_name(name)):
+        return entry.invariance()
+    unknown = "unknown (not registered: nothing is claimed)"
+    d = spec.dispatch
+    if entry.observed is None or d.mode != "none":
+        return unknown
+    groups = rank_epoch(policy, placement, d.view, d.rng, d.seed, 0, "none", top_k,
+                        sources).groups
+    G = sum(map(len, groups))
+    return unknown + (f"; observed: draws nothing, {len(groups)} call(s) serve its {G} ranks "
+                      f"(one a group of equal inputs)" if len(groups) < G else
+                      "; observed: draws or reads its rank, one call a rank")
 
 
 def invariance_findings(policy: Any, name: str, test: Any, placement: Placement, spec: RunSpec,
@@ -37,7 +48,8 @@ def invariance_findings(policy: Any, name: str, test: Any, placement: Placement,
     """Claimed class against observed: in "none" the smallest adversarial batch on which ranks
     choose differently (module doc), and the output error on the scored steps."""
     d = spec.dispatch
-    out: dict[str, Any] = {"claimed": _claimed(policy, d.engine_source), "observed": None,
+    out: dict[str, Any] = {"claimed": _claimed(policy, d.engine_source, placement, spec,
+                                               test.top_k), "observed": None,
                            "counterexample": None, "searched": 0,
                            "output_rel_error": results.metrics.get("output_rel_error"),
                            "rank_agreement": results.metrics.get("rank_agreement")}

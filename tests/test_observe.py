@@ -89,3 +89,18 @@ def test_the_shared_path_gives_every_number_of_one_call_a_rank(name, mode, rng, 
     shared = replay(trace, spec.replace(policy=policy)).metrics
     per_rank = replay(trace, spec.replace(policy=alone)).metrics
     assert shared == per_rank
+
+
+def test_the_review_says_how_an_engines_calls_were_observed():
+    from eplbsim.review_invariance import _claimed
+    from eplbsim.solvers import solve
+    _fetched("vllm")
+    _fetched("sglang")
+    placement = solve("deepseek", np.random.default_rng(1).random((2, 16)) * 100, 24,
+                      Topology(4, 2))
+    spec = RunSpec.of(gpus=4, gpus_per_node=2, redundant=8)
+    shared = _claimed("vllm:hash", (), placement, spec, 4)
+    assert shared.endswith("observed: draws nothing, 1 call(s) serve its 4 ranks (one a group "
+                           "of equal inputs)")
+    assert _claimed("sglang:static", (), placement, spec, 4).endswith("one call a rank")
+    assert _claimed("row", (), placement, spec, 4) == "invariant"
