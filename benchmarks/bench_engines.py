@@ -31,7 +31,6 @@ import time
 from eplbsim.bench import best_time, make_problem, roofline
 from eplbsim.dispatch import resolve_policy
 from eplbsim.engines import adapter
-from eplbsim.engines.vllm import WholeLaunch
 from eplbsim.replay import replay
 from eplbsim.runspec import RunSpec
 from eplbsim.traces.synth import synthesize
@@ -39,17 +38,6 @@ from eplbsim.traces.synth import synthesize
 G, NODES, E, K, REDUNDANT, REPEATS, STRAIGHT_LAYERS, EXTRA = 32, 4, 256, 8, 32, 2, 2, 2
 POLICIES = ("row", "ordinal", "static", "random", "hash", "flat", "sglang:dynamic",
             "sglang:static", "vllm:hash")
-
-
-def per_block(on: bool) -> None:
-    """vLLM's map kernel launched as one block (`on`) or at its own block size."""
-    kernels = adapter("vllm").map_kernel().__globals__
-    for name, value in list(kernels.items()):
-        if on and not isinstance(value, WholeLaunch) and name.endswith("_kernel") \
-                and hasattr(value, "arg_names"):
-            kernels[name] = WholeLaunch(value)
-        elif not on and isinstance(value, WholeLaunch):
-            kernels[name] = value.kernel
 
 
 def _timed(trace, spec) -> tuple[float, dict]:
@@ -98,10 +86,10 @@ def main() -> None:
                 shape = small if name == "vllm:hash" else full
                 want = per_step(small, spec.replace(policy=name), 1)[1] if shape is small \
                     else mine
-                per_block(False)
+                adapter("vllm").whole_launch(False)
                 straight, theirs = per_step(shape, spec.replace(
                     policy=dataclasses.replace(policy, observed=None)), 1)
-                per_block(True)
+                adapter("vllm").whole_launch(True)
                 assert theirs == want, f"{name} in {mode}: the two paths' metrics differ"
                 if shape is small:
                     straight *= args.layers / STRAIGHT_LAYERS

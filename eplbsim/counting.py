@@ -349,8 +349,8 @@ def _layer_sums(wt, x, gates, ids, mult, weigh, chunks, exact, weighted):  # pra
                 e = ids[t, layer, k]
                 if e >= 0:
                     m = np.float64(mult[t, layer, k]) if weigh else 1.0
-                    _add_pair(flat_w, (layer * E + e) * D * D, x[t], gates[t, layer, k], flat_exact,
-                              (layer * T + t) * D, flat_weighted, m, weigh)
+                    _add_pair(flat_w, (layer * E + e) * D * D, x[t], gates[t, layer, k],
+                              flat_exact, (layer * T + t) * D, flat_weighted, m, weigh)
 
 
 def layer_sums(wt: np.ndarray, x: np.ndarray, gates: np.ndarray, ids: np.ndarray,
@@ -360,8 +360,8 @@ def layer_sums(wt: np.ndarray, x: np.ndarray, gates: np.ndarray, ids: np.ndarray
     (None: once, then `weighted` is `exact`).
 
     wt: float32 `[L, E, D, D]` the expert matrices transposed (`wt[l, e, j, i] = W[l, e, i, j]`);
-    x: float32 `[T, D]`; gates: float32 `[T, L, K]` (each pair's gate weight); ids: int `[T, L, K]` (-1 padding adds
-    nothing); mult: int `[T, L, K]`. A pair's output is
+    x: float32 `[T, D]`; gates: float32 `[T, L, K]` (each pair's gate weight); ids: int
+    `[T, L, K]` (-1 padding adds nothing); mult: int `[T, L, K]`. A pair's output is
     `round(float64(float32(W_e x_t) * gate) * 2**24) / 2**24`, the float32 product summed over
     the hidden index in order (`moe` defines it); sums of these are exact in any order."""
     T, L, _ = ids.shape
@@ -471,8 +471,8 @@ def _error_squares(wt, x, gates, ids, mult, chunks, sums):  # pragma: no cover -
             for k in range(K):
                 e = ids[t, layer, k]
                 if e >= 0:
-                    _add_pair(flat_w, (layer * E + e) * D * D, x[t], gates[t, layer, k], exact, 0, diff,
-                              np.float64(mult[t, layer, k] - 1), True)
+                    _add_pair(flat_w, (layer * E + e) * D * D, x[t], gates[t, layer, k], exact,
+                              0, diff, np.float64(mult[t, layer, k] - 1), True)
             for i in range(D):
                 m, fits = _grid_square(diff[i])
                 n, fits_too = _grid_square(exact[i])

@@ -6,8 +6,9 @@ Expert `e` of layer `l` is a fixed random matrix `W[l, e]` (all replicas share i
 a step has a random hidden vector `x_t` and gate weights `w_tlk`: the router's own where the
 trace holds them (`step_weights`: a real log's gating weights, so each pair weighs what it
 weighed in the model), else positive random ones summing to 1, the same in every layer. The
-exact output of layer `l` is `y_t = sum_k w_tlk W_{e_tlk} x_t`; when pair `(t, k)` is executed `c_tk` times (summed
-over ranks by the all-reduce) the simulated output is `sum_k c_tk w_tk W_{e_tk} x_t`.
+exact output of layer `l` is `y_t = sum_k w_tlk W_{e_tlk} x_t`; when pair `(t, l, k)` is
+executed `c_tlk` times (summed over ranks by the all-reduce) the simulated output is
+`sum_k c_tlk w_tlk W_{e_tlk} x_t`.
 
 Pair outputs are float64 values on the grid of multiples of `2**-GRID_BITS` (rounded once from
 the float32 product, summed over the hidden index in order), far from float64's limits, so every

@@ -104,3 +104,23 @@ def test_the_review_says_how_an_engines_calls_were_observed():
                            "of equal inputs)")
     assert _claimed("sglang:static", (), placement, spec, 4).endswith("one call a rank")
     assert _claimed("row", (), placement, spec, 4) == "invariant"
+
+
+def test_vllms_kernel_as_one_block_maps_as_at_its_own_block_size():
+    """The one-block launch (`engines.vllm.WholeLaunch`) gives the slots and the recorded load
+    of vLLM's own launch at its block of 256, on a batch of several blocks with padding."""
+    _fetched("vllm")
+    run = engines.adapter("vllm")
+    rng = np.random.default_rng(5)
+    log2phy = torch.from_numpy(rng.integers(0, 40, (16, 3)))
+    counts = torch.from_numpy(rng.integers(1, 4, 16))
+    ids = torch.from_numpy(np.stack([rng.permutation(16)[:4] for _ in range(150)]))  # 600 ids
+    ids[[3, 77], [1, 2]] = -1
+    try:
+        run.whole_launch(False)
+        theirs = run.dispatch(ids, log2phy, counts)
+    finally:
+        run.whole_launch(True)
+    ours = run.dispatch(ids, log2phy, counts)
+    assert torch.equal(ours[0], theirs[0]) and torch.equal(ours[1], theirs[1])
+    assert (ours[0][3, 1] == -1) and int(ours[1].sum()) == 598

@@ -520,7 +520,8 @@ def test_gating_weights_are_kept_per_step_windowed_and_round_tripped(tmp_path):
 
 @pytest.mark.parametrize("change, pattern", [
     (lambda w: w[:, :1], "shape of topk_ids"),
-    (lambda w: np.where(np.arange(w.size).reshape(w.shape) == 5, np.nan, w), "row 1, layer 0, slot 1"),
+    (lambda w: np.where(np.arange(w.size).reshape(w.shape) == 5, np.nan, w),
+     "row 1, layer 0, slot 1"),
     (lambda w: -w, "finite and >= 0"),
     (lambda w: np.full(w.shape, "x"), "not a numeric array"),
 ])

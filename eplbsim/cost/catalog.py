@@ -124,6 +124,12 @@ def model_label(value: Any) -> str:
     return model_named(value) or str(value)
 
 
+def differs(shape: ModelShape, experts: int, top_k: int | None) -> bool:
+    """Whether `shape`'s experts or top-k differ from a trace's (`top_k` None: counts only,
+    no top-k to compare)."""
+    return shape.experts != experts or top_k not in (None, shape.top_k)
+
+
 def trace_model(meta: dict, experts: int, top_k: int | None) -> str:
     """The model a trace of `experts` experts and `top_k` (None: counts only) is priced as
     when none is given: the known one its meta names (`traces.trace.model_in`), else
@@ -134,7 +140,7 @@ def trace_model(meta: dict, experts: int, top_k: int | None) -> str:
     if named is None:
         return DEFAULT_MODEL
     shape = model_shape(named)
-    if shape.experts != experts or top_k not in (None, shape.top_k):
+    if differs(shape, experts, top_k):
         fewer = experts < shape.experts and top_k in (None, shape.top_k)
         raise InputError(f"the trace's meta names model {given!r} ({named}: "
                          f"{shape.experts} experts, top-{shape.top_k}), but the trace has "
@@ -166,12 +172,12 @@ def model_note(label: str, shape: ModelShape, origin: str, experts: int,
     """One line for the header when the model priced (`label`, `shape`, from `origin`) is
     the default the trace did not choose, or differs from the trace's `experts` or `top_k`;
     else None."""
-    differs = shape.experts != experts or top_k not in (None, shape.top_k)
+    other = differs(shape, experts, top_k)
     default = origin.startswith("the default")
-    if not differs and not (default and "does not know" in origin):
+    if not other and not (default and "does not know" in origin):
         return None
     words = f"model {label} ({origin})"
-    if differs:
+    if other:
         words += (f" has {shape.experts} experts, top-{shape.top_k}; the trace has E={experts}"
                   + (f", K={top_k}" if top_k else "") + ": its loads are priced as that "
                   "model's")

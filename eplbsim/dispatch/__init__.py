@@ -162,7 +162,8 @@ POLICIES: dict[str, DispatchPolicy] = {
         flat_policy, True, {"cpu": ("cpu.flat_step",)}, "vLLM, the earlier generation",
         "the flat pair position, (row * K + k) % n_e"),
     "hash": DispatchPolicy(
-        hash_policy, True, {"cpu": ("cpu.hash_step",)}, "vLLM", "Knuth's multiplicative hash of the row, % n_e"),
+        hash_policy, True, {"cpu": ("cpu.hash_step",)}, "vLLM",
+        "Knuth's multiplicative hash of the row, % n_e"),
     "lp": DispatchPolicy(
         lp_policy, False, {}, "eplbsim (after SGLang's LP dispatch)",
         "samples the batch's LP-optimal replica fractions with the rank's generator"),

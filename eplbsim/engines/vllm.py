@@ -130,10 +130,14 @@ class VLLM:
         kernel = getattr(router, "eplb_map_to_physical_and_record", None)
         if kernel is None:
             raise InputError(f"{ROUTER} has no eplb_map_to_physical_and_record")
-        for name in WHOLE_LAUNCH:
-            if hasattr(router, name):
-                setattr(router, name, WholeLaunch(getattr(router, name)))
+        launch_whole(vars(router), True)
         return kernel
+
+    def whole_launch(self, on: bool) -> None:
+        """Launch the map's kernel as one block (`on`, what loading it sets: module doc) or at
+        the block size vLLM's own wrapper gives it (what the engine's code as it comes costs,
+        `benchmarks/bench_engines.py`)."""
+        launch_whole(self.map_kernel().__globals__, on)
 
     def dispatch(self, topk_ids: torch.Tensor, log2phy: torch.Tensor, counts: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -172,6 +176,16 @@ def _stubs() -> dict[str, ModuleType]:
     return {m.__name__: m for m in (shim, platforms)}
 
 
+def launch_whole(scope: dict[str, Any], on: bool) -> None:
+    """The kernels of `WHOLE_LAUNCH` in a loaded module's globals `scope` wrapped in
+    `WholeLaunch` (`on`), or bare."""
+    for name in WHOLE_LAUNCH:
+        kernel = scope.get(name)
+        if kernel is not None:
+            bare = kernel.kernel if isinstance(kernel, WholeLaunch) else kernel
+            scope[name] = WholeLaunch(bare) if on else bare
+
+
 class WholeLaunch:
     """An interpreted elementwise Triton kernel whose launches run as one program instance:
     `kernel[grid](..., numel, ..., BLOCK_SIZE=b)` runs with `BLOCK_SIZE` the next power of two
@@ -188,6 +202,7 @@ class WholeLaunch:
             numel = kwargs.get("numel", args[self.numel] if self.numel is not None
                                and self.numel < len(args) else None)
             if isinstance(numel, int) and "BLOCK_SIZE" in kwargs:
-                kwargs["BLOCK_SIZE"] = max(kwargs["BLOCK_SIZE"], 1 << max(numel - 1, 0).bit_length())
+                whole = 1 << max(numel - 1, 0).bit_length()  # the next power of two
+                kwargs["BLOCK_SIZE"] = max(kwargs["BLOCK_SIZE"], whole)
             return self.kernel[grid](*args, **kwargs)
         return launch

@@ -33,10 +33,9 @@ read interface (`StepView` for token traces, a new `CountsTrace` for counts), wi
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any, Sequence
-
-import hashlib
 
 import numpy as np
 import torch

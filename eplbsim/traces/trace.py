@@ -5,8 +5,8 @@ experts, `K` top-k. A routing id of -1 is padding ("no expert") and is never cou
 
 On disk (DESIGN.md §5): `topk_ids` int16/int32 `[sum T_s, L, K]`, `step_offsets` int64 `[S + 1]`,
 optional `src_rank` int16 `[sum T_s]`, optional `topk_weights` float32 `[sum T_s, L, K]` (the
-router's gating weight of each pair, where the log had them), and `meta`, a JSON string with `num_experts`, `top_k`,
-`num_layers`, optional `num_groups`, and free-form provenance. Files are read without pickle.
+router's gating weight of each pair, where the log had them), and `meta`, a JSON string with
+`num_experts`, `top_k`, `num_layers`, optional `num_groups`, and free-form provenance. Files are read without pickle.
 """
 
 from __future__ import annotations

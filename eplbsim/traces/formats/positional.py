@@ -8,8 +8,8 @@ One JSON object per line (blank lines are skipped): `{"topk_ids": [[K ids] x T_s
 `[T_s, K]` ids one layer chose for the tokens of one pass (the key is `ids_key`), with their
 gating weights where the record holds values under `topk_weights` or `gating_probs`
 (`records.weight_rows`: a `topk_weights` holding only the tensor's shape holds none; weights
-are kept when every record has them, else left out with one warning). Counting the records that are not skipped from 0,
-record `n` is layer `n % L` of pass `n // L`: the log is read by position alone, so `L` must be
+are kept when every record has them, else left out with one warning). Counting the records
+that are not skipped from 0, record `n` is layer `n % L` of pass `n // L`: the log is read by position alone, so `L` must be
 the model's MoE layers as the hook saw them. Records whose `"type"` equals `skip_type` (a
 header) are skipped, but the first one naming a `model` (text) gives `meta["model"]`, and the
 first naming `num_experts` gives `E` (unless `experts` is given).

@@ -48,9 +48,10 @@ InputWarning saying how many of how many, in how many steps. Every-layer form: a
 the same `L`. `experts` (`E`) defaults to the largest id + 1. Gating weights beside the ids
 (`topk_weights` of one weight per id, or `gating_probs` of one per expert: `records.weight_rows`)
 go into the trace (`Trace.topk_weights`) when every record holds them (some only: one
-InputWarning, none kept); a RequestSet holds ids alone, so a request log's are not kept. A last line cut
-short (not valid JSON, no line break at its end: an engine stopped mid-write) loses its record
-with an InputWarning naming `file:line`; a line that is not JSON anywhere else is an InputError.
+InputWarning, none kept); a RequestSet holds ids alone, so a request log's are not kept. A
+last line cut short (not valid JSON, no line break at its end: an engine stopped mid-write)
+loses its record with an InputWarning naming `file:line`; a line that is not JSON anywhere
+else is an InputError.
 The whole log is read into memory: it cannot be streamed, since a step (or request) is complete
 only when the log ends (its records may come in any order, and another may follow).
 """
@@ -253,10 +254,10 @@ class _Log:
     def arrays(self, order: list[Any], incomplete: str | None = None
                ) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
         """Each group's int32 `[T, L, K]` ids, tokens in index order, and their float32 gating
-        weights where every record held them (`records.weights_kept`), else None. A token lacking a layer
-        is an InputError naming its line and how many tokens lack one (suggesting `--incomplete
-        drop` when `incomplete` is "error", saying nothing of it when None); with "drop" such
-        tokens are left out, with one InputWarning."""
+        weights where every record held them (`records.weights_kept`), else None. A token
+        lacking a layer is an InputError naming its line and how many tokens lack one
+        (suggesting `--incomplete drop` when `incomplete` is "error", saying nothing of it when
+        None); with "drop" such tokens are left out, with one InputWarning."""
         layer_ids = sorted(self.layer_ids) if self.per_layer else list(range(self.L or 0))
         lacking = {(group, t): entry for group in order
                    for t, entry in self.groups[group].items()
