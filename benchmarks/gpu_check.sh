@@ -7,15 +7,21 @@
 # 2. prints the GPU; 3. runs the CUDA and Triton tests (Triton kernels vs the reference policies
 #    on random inputs, poisoned outputs, -1 padding, E not a power of two); 4. times the Triton
 #    step kernels directly at N = 1e8 pairs against a device copy of the same bytes; 5. runs
+#    `benchmarks/bench_engines.py --device cuda` (the engines' own dispatch on a DeepSeek-V3
+#    step, vLLM's map kernel compiled for the GPU, beside eplbsim's policies); 6. runs
 #    `eplbsim bench --device cuda --json` (the dispatch rows, and the replay on the device beside
-#    its kernel calls in both modes, `random` among the policies); 6. times the whole
+#    its kernel calls in both modes, `random` among the policies); 7. times the whole
 #    `eplbsim run --device cuda` end to end (a file in, JSON out, two lengths) for `row` and
-#    `random`; 7. runs `eplbsim ranks` on NCCL with one rank per GPU (world size 1 when there is
-#    one GPU) and checks it against the simulation; 8. prints a short summary table.
-# Every step has a timeout; the whole script stays well under 10 minutes. Logs and JSON go to
+#    `random`; 8. runs `eplbsim ranks` on NCCL with one rank per GPU (world size 1 when there is
+#    one GPU) and checks it against the simulation; 9. prints a short summary table.
+# The engines' releases come from $EPLBSIM_CACHE, else from `.engine-cache/` in the checkout
+# when it is there (a lent machine reaches no network: stage it here first with
+# `mkdir -p .engine-cache && cp -r ~/.cache/eplbsim/engines .engine-cache/` and carry it).
+# Every step has a timeout. On an H200 (2026-12-04) tests took 33 s, kernels 9 s, engines
+# about 250 s, bench 51 s, ranks 21 s (e2e not measured): about 7 minutes with e2e's default. Logs and JSON go to
 # $OUT (when set, e.g. by a device runner) or to a fresh temporary folder. Exit status 0 only if
 # every step passed. Timeouts can be overridden: TEST_TIMEOUT, KERNEL_TIMEOUT, BENCH_TIMEOUT
-# (seconds), E2E_TIMEOUT, RANKS_TIMEOUT.
+# (seconds), E2E_TIMEOUT, RANKS_TIMEOUT, ENGINES_TIMEOUT.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -27,6 +33,9 @@ elif [ -x .venv/bin/python ] && .venv/bin/python -c \
 else PY=python3; fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export OUTDIR PY
+if [ -z "${EPLBSIM_CACHE:-}" ] && [ -d .engine-cache/engines ]; then
+    export EPLBSIM_CACHE="$PWD/.engine-cache"
+fi
 export TRITON_DEFAULT_FP_FUSION="${TRITON_DEFAULT_FP_FUSION:-1}"  # silence Triton 3.9's warning
 unset TRITON_INTERPRET  # compile the kernels for the GPU
 declare -A STATUS
@@ -57,7 +66,7 @@ EOF
 
 step tests "${TEST_TIMEOUT:-240}" "$PY" -m pytest -q -p no:cacheprovider \
     tests/test_kernels_triton.py tests/test_dispatch.py tests/test_replay.py tests/test_moe.py \
-    -k "cuda or triton"
+    tests/test_observe.py -k "cuda or triton"
 
 kernel_bench() {
     "$PY" - "$OUTDIR/triton_kernels.json" <<'EOF'
@@ -124,6 +133,9 @@ EOF
 export -f kernel_bench
 step kernels "${KERNEL_TIMEOUT:-120}" bash -c kernel_bench
 
+step engines "${ENGINES_TIMEOUT:-240}" "$PY" benchmarks/bench_engines.py --device cuda \
+    --json "$OUTDIR/engines.json"
+
 bench_json() {
     set -euo pipefail
     "$PY" -m eplbsim.cli bench --device cuda --replay-repeats 1 --no-end-to-end --json \
@@ -157,9 +169,10 @@ ranks_nccl() {
 export -f ranks_nccl
 step ranks "${RANKS_TIMEOUT:-180}" bash -c ranks_nccl
 
+
 echo
 echo "=== summary (logs and JSON in $OUTDIR) ==="
-for name in tests kernels bench e2e ranks; do
+for name in tests kernels engines bench e2e ranks; do
     printf '%-8s %s\n' "$name" "${STATUS[$name]:-skipped}"
 done
 grep -hE '^[0-9]+ passed|passed|failed|error' "$OUTDIR/tests.log" 2>/dev/null | tail -1 || true
@@ -204,8 +217,16 @@ if e2e:
         rate, start = r["e2e_pairs_per_s"], r["startup_s"]
         print(f"{r['policy']:10s} {r['device']:6s} "
               + ("lost in the noise" if rate is None else f"{rate / 1e6:10.1f} {start:11.2f}"))
+eng = load("engines.json")
+if eng:
+    print(f"\n{'mode':5s} {'policy':15s} {'ours s':>8s} {'straight s':>10s} {'ours/row':>9s} "
+          f"{'ours/roof':>10s}   (a DeepSeek-V3 step on the GPU)")
+    for r in eng:
+        st = "-" if r["straight_s"] is None else f"{r['straight_s']:.4f}"
+        print(f"{r['mode']:5s} {r['policy']:15s} {r['ours_s']:8.4f} {st:>10s} "
+              f"{r['ours_s'] / r['row_s']:9.2f} {r['ours_s'] / r['roof_s']:10.1f}")
 EOF
 echo "total ${SECONDS}s"
-for name in tests kernels bench e2e ranks; do
+for name in tests kernels engines bench e2e ranks; do
     case "${STATUS[$name]:-ok}" in ok*) ;; *) exit 1 ;; esac
 done

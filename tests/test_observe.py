@@ -124,3 +124,34 @@ def test_vllms_kernel_as_one_block_maps_as_at_its_own_block_size():
     ours = run.dispatch(ids, log2phy, counts)
     assert torch.equal(ours[0], theirs[0]) and torch.equal(ours[1], theirs[1])
     assert (ours[0][3, 1] == -1) and int(ours[1].sum()) == 598
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_vllms_kernel_compiled_on_cuda_maps_as_interpreted():
+    """On a CUDA device vLLM's map kernel runs compiled at its own block size (`native`) and
+    gives the slots and recorded load the interpreted one-block launch gives on the CPU."""
+    _fetched("vllm")
+    run = engines.adapter("vllm")
+    rng = np.random.default_rng(6)
+    log2phy = torch.from_numpy(rng.integers(0, 40, (16, 3)))
+    counts = torch.from_numpy(rng.integers(1, 4, 16))
+    ids = torch.from_numpy(np.stack([rng.permutation(16)[:4] for _ in range(700)]))
+    ids[[3, 500], [1, 2]] = -1
+    cpu = run.dispatch(ids, log2phy, counts)
+    gpu = run.dispatch(ids.cuda(), log2phy, counts)
+    assert gpu[0].is_cuda and gpu[1].is_cuda
+    assert torch.equal(gpu[0].cpu(), cpu[0]) and torch.equal(gpu[1].cpu(), cpu[1])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_engine_policies_on_cuda_give_the_cpu_numbers():
+    """`run --device cuda` with the engines' own dispatch gives the CPU run's metrics where the
+    dispatch draws nothing (vLLM's hash in both modes, SGLang's dynamic without an a2a
+    backend)."""
+    trace = synthesize("skewed", steps=2, tokens=256, layers=3, experts=32, top_k=4, seed=1)
+    for name, modes in (("vllm:hash", ("none", "a2a")), ("sglang:dynamic", ("none",))):
+        _fetched(name.split(":")[0])
+        for mode in modes:
+            spec = RunSpec.of(gpus=4, gpus_per_node=2, redundant=8, policy=name, mode=mode)
+            cpu = replay(trace, spec).metrics
+            assert replay(trace, spec.replace(device="cuda")).metrics == cpu, (name, mode)

@@ -177,6 +177,7 @@ def test_device_replay_matches_cpu(device):
     for policy in ("row", "ordinal", "static"):
         cpu = replay(tr, CFG.replace(policy=policy)).row()
         dev = replay(tr, CFG.replace(policy=policy, device=device)).row()
+        assert (cpu.pop("device"), dev.pop("device")) == ("cpu", device)  # where each ran
         assert cpu == dev
 
 

@@ -315,7 +315,8 @@ def _engine_policy(name: str, sources: Sources, engine_args: str = "") -> Dispat
             run = adapter("vllm", sources)
             log2phy, counts = _cached(view.placement, (run.label, "maps"), lambda: run.logical_maps(
                 view.placement.phy2log, view.placement.num_experts))
-            phys, _ = run.dispatch(topk_ids.cpu(), log2phy[ctx.layer], counts[ctx.layer])
+            ids = topk_ids if topk_ids.is_cuda else topk_ids.cpu()  # compiled on CUDA
+            phys, _ = run.dispatch(ids, log2phy[ctx.layer], counts[ctx.layer])
             return phys.to(topk_ids.device)
 
         def observed(view: Any, ctx: Any) -> Any:

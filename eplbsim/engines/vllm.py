@@ -21,6 +21,9 @@ Dimensions: `L` layers, `E` logical experts, `P` physical slots, `R` max replica
   0.34.0) is given one block of the whole batch: its `BLOCK_SIZE`, a launch parameter the grid
   is computed from, is the next power of two at or above `numel` (the same value for every
   element, from one program instance instead of `numel / 256`).
+- On a CUDA device (`topk_ids` there) the same module is loaded a second time without the
+  interpreter (`native`, its own module set), and the kernel compiles and runs on the GPU as vLLM
+  launches it, at its own block size.
 """
 
 from __future__ import annotations
@@ -61,11 +64,13 @@ class VLLM:
     def __init__(self, root: Path, label: str) -> None:
         self.root, self.label = Path(root), label
         self.modules = Modules(self.root, PACKAGE, _stubs(), label)
+        self.native = Modules(self.root, PACKAGE, _stubs(), label)  # compiled kernels: CUDA
         self._found: dict[str, Any] = {}
 
     def _get(self, what: str) -> Any:
         """`DefaultEplbPolicy` ("default"), `compute_logical_maps` ("views") or the map kernel
-        ("hash"), loaded once; or why it cannot be, as text."""
+        ("hash" interpreted, "native" compiled for CUDA), loaded once; or why it cannot be,
+        as text."""
         if what not in self._found:
             try:
                 self._found[what] = FINDERS[what](self)
@@ -121,17 +126,24 @@ class VLLM:
         """`eplb_map_to_physical_and_record`, its module loaded under the Triton interpreter."""
         return self.need("hash")
 
-    def _map_kernel(self) -> Any:
+    def _map_kernel(self, native: bool = False) -> Any:
         if importlib.util.find_spec("triton") is None:
             raise InputError("vLLM's map kernel is Triton code; install triton (the dev extra "
                              "has it)")
-        with interpreted():
-            router = self.modules.load(ROUTER)
+        if native:
+            router = self.native.load(ROUTER)
+        else:
+            with interpreted():
+                router = self.modules.load(ROUTER)
         kernel = getattr(router, "eplb_map_to_physical_and_record", None)
         if kernel is None:
             raise InputError(f"{ROUTER} has no eplb_map_to_physical_and_record")
-        launch_whole(vars(router), True)
+        if not native:
+            launch_whole(vars(router), True)
         return kernel
+
+    def _native_kernel(self) -> Any:
+        return self._map_kernel(native=True)
 
     def whole_launch(self, on: bool) -> None:
         """Launch the map's kernel as one block (`on`, what loading it sets: module doc) or at
@@ -142,21 +154,26 @@ class VLLM:
     def dispatch(self, topk_ids: torch.Tensor, log2phy: torch.Tensor, counts: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor]:
         """The map kernel on one layer's `topk_ids [T, K]` with that layer's `log2phy [E, R]`
-        and `counts [E]`, recording on -> `(phys int64 [T, K], recorded load int64 [P])`, P the
-        slots `log2phy` names (at least its largest id + 1)."""
-        kernel = self.map_kernel()
+        and `counts [E]`, recording on -> `(phys int64 [T, K], recorded load int64 [P])` on
+        `topk_ids`' device, P the slots `log2phy` names (at least its largest id + 1). On a
+        CUDA device the kernel runs compiled (`native`), elsewhere interpreted."""
+        native = topk_ids.is_cuda
+        kernel = self.need("native") if native else self.map_kernel()
+        dev = topk_ids.device
         slots = max(int(log2phy.max()) + 1, 1)
-        load = torch.zeros(slots, dtype=torch.int64)
-        with self.modules.active():
+        load = torch.zeros(slots, dtype=torch.int64, device=dev)
+        with (self.native if native else self.modules).active():
             phys = call(kernel, self.label, topk_ids=topk_ids.to(torch.int64).contiguous(),
-                        expert_load_view=load, logical_to_physical_map=log2phy.contiguous(),
-                        logical_replica_count=counts.contiguous(),
-                        record_enabled=torch.ones(1, dtype=torch.bool))
+                        expert_load_view=load,
+                        logical_to_physical_map=log2phy.to(dev).contiguous(),
+                        logical_replica_count=counts.to(dev).contiguous(),
+                        record_enabled=torch.ones(1, dtype=torch.bool, device=dev))
         return phys.long(), load
 
 
 FINDERS = {"default": VLLM._default_policy, "views": VLLM._logical_maps,
-           "hash": VLLM._map_kernel}  # what each algorithm calls, and how it is found
+           "hash": VLLM._map_kernel, "native": VLLM._native_kernel}  # what each algorithm
+# calls, and how it is found ("native": the map kernel compiled, for CUDA inputs)
 
 
 def _stubs() -> dict[str, ModuleType]:
