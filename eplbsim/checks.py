@@ -49,6 +49,17 @@ def rank_epoch(policy: str | Policy, placement: Placement, view: str, rng: str, 
                  keep_choices=True)
 
 
+def observed_sharing(policy: str | Policy, placement: Placement, view: str, rng: str,
+                     seed: int, top_k: int, sources: Any = ()) -> str:
+    """How an engine's calls serve the ranks in "none" (`dispatch.observe`), as the review page
+    and `engines list` say it: "draws nothing, N call(s) serve its G ranks (one a group of
+    equal inputs)" when ranks share calls, else "draws or reads its rank, one call a rank"."""
+    groups = rank_epoch(policy, placement, view, rng, seed, 0, "none", top_k, sources).groups
+    G = sum(map(len, groups))
+    return (f"draws nothing, {len(groups)} call(s) serve its {G} ranks (one a group of equal "
+            f"inputs)" if len(groups) < G else "draws or reads its rank, one call a rank")
+
+
 def _rank_choices(policy: str | Policy, ids: torch.Tensor, placement: Placement, view: str,
                   rng: str, seed: int, steps: range, mode: str,
                   sources: Any = ()) -> torch.Tensor:

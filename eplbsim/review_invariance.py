@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .checks import rank_epoch, rank_invariance
+from .checks import observed_sharing, rank_invariance
 from .dispatch import USER, resolve_policy
 from .engines import is_engine_name
 from .placement import Placement
@@ -35,12 +35,8 @@ def _claimed(policy: Any, sources: Any, placement: Placement, spec: RunSpec,
     d = spec.dispatch
     if entry.observed is None or d.mode != "none":
         return unknown
-    groups = rank_epoch(policy, placement, d.view, d.rng, d.seed, 0, "none", top_k,
-                        sources).groups
-    G = sum(map(len, groups))
-    return unknown + (f"; observed: draws nothing, {len(groups)} call(s) serve its {G} ranks "
-                      f"(one a group of equal inputs)" if len(groups) < G else
-                      "; observed: draws or reads its rank, one call a rank")
+    return f"{unknown}; observed: " + observed_sharing(policy, placement, d.view, d.rng,
+                                                       d.seed, top_k, sources)
 
 
 def invariance_findings(policy: Any, name: str, test: Any, placement: Placement, spec: RunSpec,

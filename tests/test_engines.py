@@ -203,6 +203,22 @@ def test_list_says_what_is_fetched_and_exposed(capsys, monkeypatch, tmp_path):
     assert all(r["fetched"] == [] and r["exposes"] for r in rows)
     assert "sglang:static" in rows[0]["policies"]
     assert rows[0]["pinned"] in rows[0]["tested"]
+    assert all(set(r["observed"].values()) == {"pinned release not fetched"} for r in rows)
+
+
+def test_list_says_how_each_policys_calls_serve_the_ranks(capsys):
+    """`engines list` probes the pinned release: a call that draws nothing serves every rank
+    of equal inputs; one that draws runs once a rank; an a2a-only rule is not probed."""
+    if engines.release("sglang") is None or engines.release("vllm") is None:
+        pytest.skip("the pinned releases are not fetched (eplbsim engines fetch)")
+    rows = {r["engine"]: r["observed"] for r in _run_json(capsys, ["engines", "list"])}
+    assert rows["sglang"]["sglang:dynamic"].startswith("draws nothing, 1 call(s) serve its 4")
+    assert rows["vllm"]["vllm:hash"].startswith("draws nothing, 1 call(s) serve its 4")
+    assert rows["sglang"]["sglang:fake"] == "draws or reads its rank, one call a rank"
+    assert rows["sglang"]["sglang:waterfill"].endswith("not probed")
+    assert rows["sglang"]["sglang:auto"].startswith("not probed: ")
+    main(["engines", "list"])
+    assert "observed in \"none\"" in capsys.readouterr().out
 
 
 def test_the_engine_generator_is_the_ranks_and_comes_back():

@@ -49,6 +49,39 @@ def fetch(args: argparse.Namespace) -> int:
     return 0
 
 
+PROBE_LAYOUT = (16, 24, 4, 2, 2, 4)  # what `engines list` observes on: E experts, P slots,
+# G GPUs in N nodes, L layers, top-k K
+
+
+def _observed(engine: str, policies: list[str]) -> dict[str, str]:
+    """How each of `policies` (an engine's own) serves the ranks in "none" from its pinned
+    release (`checks.observed_sharing`, on `PROBE_LAYOUT`: every expert once, the first
+    `P - E` again): the release not fetched, the policy a shared rule or a2a-only, or one that
+    cannot run without flags (`sglang:auto`), said so."""
+    from ..checks import observed_sharing
+    from ..dispatch import resolve_policy
+    from ..engines import release
+    from ..placement import Placement
+    from ..topology import Topology
+    import torch
+    if release(engine) is None:
+        return {name: "pinned release not fetched" for name in policies}
+    E, P, G, N, L, K = PROBE_LAYOUT
+    phy2log = torch.cat([torch.arange(E), torch.arange(P - E)]).expand(L, P)
+    placement = Placement(phy2log, E, Topology(G, G // N))
+    out = {}
+    for name in policies:
+        entry = resolve_policy(name)[1]
+        if entry.observed is None or "none" not in entry.modes:
+            out[name] = "a shared rule over every rank's tokens (a2a only): not probed"
+        else:
+            try:
+                out[name] = observed_sharing(name, placement, "full", "independent", 0, K)
+            except InputError as exc:  # sglang:auto without flags picks nothing
+                out[name] = f"not probed: {exc}"
+    return out
+
+
 def listing(args: argparse.Namespace) -> int:
     if args.engine_source:
         return _source_listing(args)
@@ -58,6 +91,8 @@ def listing(args: argparse.Namespace) -> int:
              "policies": [n for n, e in ENGINE_POLICIES.items() if e[0] == engine],
              "solvers": [n for n, e in ENGINE_SOLVERS.items() if e[0] == engine]}
             for engine, spec in ENGINES.items()]
+    for r in rows:
+        r["observed"] = _observed(r["engine"], r["policies"])
     if args.json:
         print(to_json(rows))
         return 0
@@ -69,6 +104,11 @@ def listing(args: argparse.Namespace) -> int:
         print(f"  solvers:  {', '.join(r['solvers'])}")
         for fn, what in r["exposes"].items():
             print(f"  {fn}: {what}")
+        E, P, G, N, L, K = PROBE_LAYOUT
+        print(f"  observed in \"none\" ({r['pinned']}, E={E} P={P} on {G} GPUs in {N} nodes):")
+        width = max(map(len, r["observed"]))
+        for name, how in r["observed"].items():
+            print(f"    {name:{width}s}  {how}")
     return 0
 
 
