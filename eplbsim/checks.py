@@ -21,6 +21,7 @@ from .errors import InputError
 from .placement import Placement, rank_view
 from .ranks import MODES, Epoch, make_ranks, rank_context, rank_groups
 from .registry import lookup
+from .topology import Topology
 
 
 def _as_step(topk_ids: torch.Tensor) -> torch.Tensor:
@@ -49,15 +50,32 @@ def rank_epoch(policy: str | Policy, placement: Placement, view: str, rng: str, 
                  keep_choices=True)
 
 
+def probe_placement(num_experts: int, num_slots: int, topology: Topology,
+                    num_layers: int = 1) -> Placement:
+    """A placement to observe an engine's calls on (`observed_sharing`): every expert once,
+    then experts `0, 1, ...` (mod E) again in the `P - E` redundant slots, in every layer."""
+    phy2log = torch.arange(num_slots).remainder(num_experts).expand(num_layers, num_slots)
+    return Placement(phy2log.contiguous(), num_experts, topology)
+
+
+def observed_calls(policy: str | Policy, placement: Placement, view: str, rng: str, seed: int,
+                   top_k: int, sources: Any = ()) -> int:
+    """The calls that serve `placement`'s ranks in "none": one a group of
+    `ranks.rank_groups` (an engine's call shared by ranks of equal inputs when it draws
+    nothing)."""
+    return len(rank_epoch(policy, placement, view, rng, seed, 0, "none", top_k,
+                          sources).groups)
+
+
 def observed_sharing(policy: str | Policy, placement: Placement, view: str, rng: str,
                      seed: int, top_k: int, sources: Any = ()) -> str:
     """How an engine's calls serve the ranks in "none" (`dispatch.observe`), as the review page
     and `engines list` say it: "draws nothing, N call(s) serve its G ranks (one a group of
     equal inputs)" when ranks share calls, else "draws or reads its rank, one call a rank"."""
-    groups = rank_epoch(policy, placement, view, rng, seed, 0, "none", top_k, sources).groups
-    G = sum(map(len, groups))
-    return (f"draws nothing, {len(groups)} call(s) serve its {G} ranks (one a group of equal "
-            f"inputs)" if len(groups) < G else "draws or reads its rank, one call a rank")
+    calls = observed_calls(policy, placement, view, rng, seed, top_k, sources)
+    G = placement.topology.num_gpus
+    return (f"draws nothing, {calls} call(s) serve its {G} ranks (one a group of equal "
+            f"inputs)" if calls < G else "draws or reads its rank, one call a rank")
 
 
 def _rank_choices(policy: str | Policy, ids: torch.Tensor, placement: Placement, view: str,

@@ -39,20 +39,45 @@ _TRACE: list[Any] = []  # a local worker's trace, set once by `_hold`
 # save: on a 2-core guest, where one process already runs its compiled loops on both cores, two
 # workers were slower at 4.1e9 and 1.19x faster at 5.5e9 (benchmarks/RESULTS.md, "Workers").
 PAYS_OFF = 5e9
+# An engine's own code in eplbsim's compiled pair dispatches (0.7 ns each): a call costs
+# `ENGINE_CALL` and each pair it maps `ENGINE_PAIR`. Fitted to a DeepSeek-V3 step (58 layers,
+# 1.9M pairs, 32 ranks) of sglang:dynamic: 1856 calls of a rank's tokens each in "a2a" took 1.67
+# s, 1856 calls of every token in "none" (one a rank) 2.45 s: 0.9 ms a call and 13 ns a pair
+# (benchmarks/RESULTS.md, "The engines' own code", 2-core guest).
+ENGINE_CALL, ENGINE_PAIR = 1.3e6, 19.0
 
 
 def dispatch_work(trace: Any, specs: Sequence[RunSpec]) -> float:
-    """The pair dispatches replaying `specs` on `trace` makes, summed over the specs: its
-    tokens x layers x top-k, times the ranks that dispatch each token when the policy's choice
-    is computed per rank (every rank in "none"; a policy with a table, `DispatchPolicy.table`,
-    is counted from expert counts once for all)."""
+    """The work of replaying `specs` on `trace`, summed over the specs, in eplbsim's compiled
+    pair dispatches. eplbsim's policies: tokens x layers x top-k pairs, times the ranks that
+    compute each token's choice (every rank in "none", where a policy with a table,
+    `DispatchPolicy.table`, is counted from expert counts once for all; its owner in "a2a").
+    An engine's code: its calls at `ENGINE_CALL` and the pairs they map at `ENGINE_PAIR`, one
+    call a layer, step and group of ranks its calls are observed to serve in "none"
+    (`checks.observed_calls`), one a layer, step and rank in "a2a"."""
     pairs = float(trace.num_tokens) * trace.num_layers * trace.top_k
+    batches = float(trace.num_steps) * trace.num_layers
     out = 0.0
     for s in specs:
         entry = resolve_policy(s.dispatch.policy, s.dispatch.engine_source)[1]
-        ranks = s.topology.gpus if s.dispatch.mode == "none" and entry.table is None else 1
-        out += pairs * ranks
+        none = s.dispatch.mode == "none"
+        if entry.observed is None:
+            out += pairs * (s.topology.gpus if none and entry.table is None else 1)
+            continue
+        calls = _engine_calls(trace, s) if none else s.topology.gpus
+        out += pairs * (calls if none else 1) * ENGINE_PAIR + batches * calls * ENGINE_CALL
     return out
+
+
+def _engine_calls(trace: Any, spec: RunSpec) -> int:
+    """The calls an engine's policy makes for one token in "none" under `spec`, observed on a
+    one-layer `checks.probe_placement` of the trace's experts and the spec's slots."""
+    from .checks import observed_calls, probe_placement
+    d, E = spec.dispatch, trace.num_experts
+    topology = spec.topology.topology()
+    placement = probe_placement(E, E + spec.topology.fit(E), topology)
+    return observed_calls(d.policy, placement, d.view, d.rng, d.seed, trace.top_k,
+                          d.engine_source)
 
 
 def pays_off(trace: Any, specs: Sequence[RunSpec], workers: int) -> bool:

@@ -125,3 +125,27 @@ def test_the_run_command_gives_the_same_table_with_workers(capsys, monkeypatch):
     assert code == 0 and json.loads(one) == json.loads(two) and started == [2]
     assert_input_error(capsys, *args, "--address", "1.2.3.4:6379",
                        match="--address is for --executor ray")
+
+
+def test_the_engines_own_code_splits_bit_for_bit_and_is_weighed_by_its_calls(trace):
+    """Engine policies over two processes equal one process; `dispatch_work` counts an
+    engine's calls: shared in "none" when they draw nothing, one a rank in "a2a"."""
+    from eplbsim import engines
+    from eplbsim.workers import ENGINE_CALL, dispatch_work
+    if engines.release("sglang") is None or engines.release("vllm") is None:
+        pytest.skip("the pinned releases are not fetched (eplbsim engines fetch)")
+    names = ["sglang:dynamic", "sglang:static", "vllm:hash"]
+    spec = RunSpec.of(gpus=4, gpus_per_node=2, redundant=4, rebalance_every=4)
+    short = trace.window(0, 6)
+    whole = compare(short, names, ["none", "a2a"], spec)
+    with Workers(short, 2) as workers:
+        split = compare(short, names, ["none", "a2a"], spec, run=workers.replay)
+    for ours, theirs in zip(split, whole):
+        _same(ours, theirs)
+    work = {(p, m): dispatch_work(trace, [spec.replace(policy=p, mode=m)])
+            for p in names for m in ("none", "a2a")}
+    batches = trace.num_steps * trace.num_layers
+    assert work["sglang:dynamic", "a2a"] > 4 * batches * ENGINE_CALL  # a call a rank
+    assert batches * ENGINE_CALL < work["sglang:dynamic", "none"] < 2 * batches * ENGINE_CALL
+    assert work["sglang:static", "none"] > work["sglang:dynamic", "none"]
+    assert dispatch_work(trace, [spec.replace(policy="row")]) < work["vllm:hash", "none"]

@@ -58,17 +58,14 @@ def _observed(engine: str, policies: list[str]) -> dict[str, str]:
     release (`checks.observed_sharing`, on `PROBE_LAYOUT`: every expert once, the first
     `P - E` again): the release not fetched, the policy a shared rule or a2a-only, or one that
     cannot run without flags (`sglang:auto`), said so."""
-    from ..checks import observed_sharing
+    from ..checks import observed_sharing, probe_placement
     from ..dispatch import resolve_policy
     from ..engines import release
-    from ..placement import Placement
     from ..topology import Topology
-    import torch
     if release(engine) is None:
         return {name: "pinned release not fetched" for name in policies}
     E, P, G, N, L, K = PROBE_LAYOUT
-    phy2log = torch.cat([torch.arange(E), torch.arange(P - E)]).expand(L, P)
-    placement = Placement(phy2log, E, Topology(G, G // N))
+    placement = probe_placement(E, P, Topology(G, G // N), L)
     out = {}
     for name in policies:
         entry = resolve_policy(name)[1]
