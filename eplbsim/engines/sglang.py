@@ -32,7 +32,9 @@ generator as torch's default generator during the call.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
+import os
 import sys
 import traceback
 from contextlib import contextmanager
@@ -46,6 +48,7 @@ import torch
 from ..errors import InputError
 from . import sglang_runtime
 from .source import Modules, call, interpreted
+from .standins import stand_in
 
 PACKAGE = "sglang"
 PINNED = "0.5.23"  # the release `engines fetch` takes by default, and the tests run against
@@ -62,6 +65,8 @@ ROLES = {  # what the adapter calls -> the modules it has lived in, newest first
     "lplb": ("sglang.srt.eplb.lplb_solver",),
     "references": ("sglang.test.kernels.lplb",),
     "waterfill": ("sglang.srt.layers.moe.waterfill",),
+    "updater": ("sglang.srt.eplb.expert_location_updater",
+                "sglang.srt.managers.expert_location_updater"),
 }
 EXTRACTED = {  # functions compiled alone out of modules that pull in the serving stack:
     # role -> the (module, function) it has been, newest first
@@ -84,6 +89,8 @@ NEEDS = {  # algorithm -> the (role, name) it calls
            ("references", "dispatch_probability_torch_reference")),
     "waterfill": (*_VIEWS, ("waterfill", "WaterfillBalancer")),
     "waterfill-dynamic": (*_VIEWS, ("waterfill", "WaterfillBalancer")),
+    "updater": (*_VIEWS, ("updater", "_update_expert_weights"),
+                ("location", "ExpertLocationMetadata.update")),
     **{s: (("algorithms", "rebalance_experts"), ("algorithms", f"EplbAlgorithm.{s}"))
        for s in ("deepseek", "deepseek_vec", "elasticity_aware")},
 }
@@ -192,7 +199,8 @@ class SGLang:
                 if role in TRITON_ROLES:  # Triton kernels, defined as the module loads
                     with interpreted():
                         return self.modules.load(name)
-                return self.modules.load(name)
+                with _optional("einops", self.label):  # the updater logs metrics with it
+                    return self.modules.load(name)
             except InputError:
                 raise
             except Exception as exc:  # an engine module that does not load here: say why
@@ -277,9 +285,13 @@ class SGLang:
         utils = ModuleType("sglang.srt.utils")
         for name, answer in PLATFORM.items():
             setattr(utils, name, lambda answer=answer: answer)
+        utils.get_bool_env_var = _bool_env
+        utils.get_int_env_var = lambda name, default=0: int(os.environ.get(name, default))
         environ = ModuleType("sglang.srt.environ")
-        environ.envs = SimpleNamespace(SGLANG_DISABLE_STATIC_WATERFILL=SimpleNamespace(
-            get=lambda: extra.waterfill_dynamic))
+        environ.envs = SimpleNamespace(
+            SGLANG_DISABLE_STATIC_WATERFILL=SimpleNamespace(get=lambda: extra.waterfill_dynamic),
+            SGLANG_EPLB_P2P_BATCH_CHUNK_SIZE=SimpleNamespace(  # environ.py's default, 0.5.23
+                get=lambda: int(os.environ.get("SGLANG_EPLB_P2P_BATCH_CHUNK_SIZE", 32))))
         topk = ModuleType("sglang.srt.layers.moe.topk")
         topk.StandardTopKOutput = NamedTuple("StandardTopKOutput", [
             ("topk_weights", torch.Tensor), ("topk_ids", torch.Tensor), ("router_logits", Any)])
@@ -555,6 +567,25 @@ def _model_class(adapter: SGLang) -> type:
                           num_groups=layout.num_groups)
 
     return Model
+
+
+def _bool_env(name: str, default: str = "false") -> bool:
+    """SGLang's `get_bool_env_var`: the variable, read now, as true for "true" or "1"."""
+    return os.environ.get(name, default).strip().lower() in ("true", "1")
+
+
+@contextmanager
+def _optional(name: str, label: str) -> Iterator[None]:
+    """An inert stand-in for the third-party module `name` while the block imports an engine
+    module, when `name` is not installed (`standins`: using it says so)."""
+    if name in sys.modules or importlib.util.find_spec(name) is not None:
+        yield
+        return
+    sys.modules[name] = stand_in(ModuleType(name), f"{name} is not installed", label)
+    try:
+        yield
+    finally:
+        sys.modules.pop(name, None)
 
 
 @contextmanager

@@ -28,6 +28,7 @@ Dimensions: `L` layers, `E` logical experts, `P` physical slots, `R` max replica
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 from pathlib import Path
@@ -38,6 +39,7 @@ import torch
 
 from ..errors import InputError
 from .source import Modules, call, interpreted
+from .standins import stand_in
 
 PINNED = "0.33.0"
 PACKAGE = "vllm"
@@ -186,11 +188,16 @@ def _stubs() -> dict[str, ModuleType]:
         shim.HAS_TRITON = True
     except ImportError:  # the map kernel says so when it is asked for
         pass
+    sync = ModuleType("vllm.utils.gpu_sync_debug")  # the rebalance allows host syncs by it
+    sync.gpu_sync_allowed = contextlib.nullcontext
+    state = stand_in(ModuleType("vllm.distributed.parallel_state"), "the serving stack's "
+                     "process groups: the EP group is handed in", PACKAGE)
+    state.is_local_first_rank = lambda: False  # the communicator logs its start there only
     platforms = ModuleType("vllm.platforms")
     platforms.current_platform = SimpleNamespace(
         is_cuda_alike=lambda: True, is_cuda=lambda: True, is_rocm=lambda: False,
         is_xpu=lambda: False, is_cpu=lambda: False, device_type="cuda")
-    return {m.__name__: m for m in (shim, platforms)}
+    return {m.__name__: m for m in (shim, platforms, sync, state)}
 
 
 def launch_whole(scope: dict[str, Any], on: bool) -> None:
