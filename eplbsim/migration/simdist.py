@@ -26,7 +26,7 @@ import torch
 
 from ..errors import InputError
 
-WAIT_S = 30.0  # a receive waits this long for its send before the plan is declared broken
+WAIT_S = 30.0  # by default a receive waits this long for its send before the plan is broken
 
 
 @dataclass
@@ -58,8 +58,8 @@ class _Work:
 class SimWorld:
     """`world_size` ranks in one process (module doc)."""
 
-    def __init__(self, world_size: int) -> None:
-        self.world_size = world_size
+    def __init__(self, world_size: int, wait_s: float = WAIT_S) -> None:
+        self.world_size, self.wait_s = world_size, wait_s
         self._local = threading.local()
         self._boxes: dict[tuple[int, int], deque] = {}
         self._cond = threading.Condition()
@@ -75,7 +75,7 @@ class SimWorld:
         return self.world_size
 
     def barrier(self, group: Any = None, **kwargs: Any) -> None:
-        self._barrier.wait(WAIT_S)
+        self._barrier.wait(self.wait_s)
 
     def isend(self, tensor: torch.Tensor, dst: int | None = None, group: Any = None,
               tag: int = 0, group_dst: int | None = None) -> _Work:
@@ -93,7 +93,7 @@ class SimWorld:
         def finish() -> None:
             with self._cond:
                 box = self._boxes.setdefault((src, me), deque())
-                if not self._cond.wait_for(lambda: box, WAIT_S):
+                if not self._cond.wait_for(lambda: box, self.wait_s):
                     raise InputError(f"rank {me} waits for a message from rank {src} that no "
                                      f"send of the engine's plan matches")
                 message = box.popleft()

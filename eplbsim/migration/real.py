@@ -1,0 +1,120 @@
+"""The engines' own weight movers on real ranks: one `torch.distributed` process a rank (gloo,
+127.0.0.1), the proof that the single-process path (`migration.migrate`, threads answering the
+point-to-point calls) moves what real processes move. Each process builds its own weights and,
+for SGLang, its own metadata, runs the same `move_rank` as the simulation with the real
+`batch_isend_irecv`, and records each send it posts (source, destination, bytes) as the
+simulation does; the parent reads every rank's weights back (`weights_only` loads) and returns a
+`Moved` like `migrate`'s.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import socket
+import tempfile
+from contextlib import contextmanager
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import torch
+import torch.distributed as dist
+
+from ..errors import InputError
+from ..topology import Topology
+from . import Moved
+from .weights import SHAPES, held, lost_experts, rank_weights, slot_mismatch
+
+TIMEOUT_S = 120.0  # the whole group's limit; a rank still running then is stopped
+
+
+@contextmanager
+def recording(sent: list, rank: int, owners: Sequence[Any]) -> Iterator[None]:
+    """Every send `batch_isend_irecv` is given during the block, as `(rank, peer, bytes)` in
+    `sent`; `owners` are the modules whose `batch_isend_irecv` name is wrapped (torch.distributed,
+    an engine module that imported it)."""
+    real = dist.batch_isend_irecv
+
+    def batch(ops: list) -> list:
+        for op in ops:
+            if op.op == dist.isend:
+                peer = op.group_peer if getattr(op, "group_peer", None) is not None else op.peer
+                sent.append((rank, int(peer), op.tensor.numel() * op.tensor.element_size()))
+        return real(ops)
+    saved = [(m, m.batch_isend_irecv) for m in owners if hasattr(m, "batch_isend_irecv")]
+    try:
+        for m, _ in saved:
+            m.batch_isend_irecv = batch
+        yield
+    finally:
+        for m, value in saved:
+            m.batch_isend_irecv = value
+
+
+def _rank(rank: int, world: int, port: int, engine: str, old: torch.Tensor,
+          new: torch.Tensor, num_experts: int, per_node: int, sources: Any,
+          shapes: Sequence[Sequence[int]], chunks: Any, drop: Sequence[int], out: str) -> None:
+    from ..engines import adapter
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=TIMEOUT_S))
+    try:
+        run = adapter(engine, sources)
+        weights = rank_weights(old, num_experts, world, shapes)[rank]
+        given = [[t for i, t in enumerate(layer) if i not in set(drop)] for layer in weights]
+        sent: list = []
+        L, P = old.shape
+        if engine == "sglang":
+            from ..engines.sglang import Layout
+            from ..engines.sglang_updater import metadata, move_rank
+            layout = Layout(L, num_experts, P, world, world // per_node)
+            (mine,), (theirs,) = metadata(run, layout, old, [rank]), metadata(run, layout, new,
+                                                                              [rank])
+            with run.modules.active(), recording(sent, rank, [dist]):
+                move_rank(run, layout, mine, theirs, given,
+                          [list(range(L))] if chunks is None else chunks, rank)
+        else:
+            from ..engines.vllm_rearrange import modules, move_rank
+            loaded = modules(run)
+            with run.modules.active(), recording(sent, rank, [dist, loaded[1]]):
+                move_rank(run, loaded, old, new, given, dist.group.WORLD)
+        torch.save({"weights": weights, "sent": sent}, Path(out) / f"{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def migrate_on_processes(engine: str, old: torch.Tensor, new: torch.Tensor,
+                         num_experts: int, topology: Topology, sources: Any = (),
+                         shapes: Sequence[Sequence[int]] = SHAPES,
+                         chunks: Sequence[Sequence[int]] | None = None,
+                         drop: Sequence[int] = ()) -> Moved:
+    """`migration.migrate` on `topology.num_gpus` real gloo processes (module doc); its maps
+    are left None (each process keeps its own). InputError when a rank fails or the group
+    outlasts `TIMEOUT_S`."""
+    G = topology.num_gpus
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = multiprocessing.get_context("spawn")
+    with tempfile.TemporaryDirectory(prefix="eplbsim-migrate-") as out:
+        procs = [ctx.Process(target=_rank, args=(r, G, port, engine, old.long(), new.long(),
+                                                  num_experts, topology.gpus_per_node, sources,
+                                                  shapes, chunks, tuple(drop), out))
+                 for r in range(G)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(TIMEOUT_S)
+        failed = [r for r, p in enumerate(procs) if p.exitcode != 0]
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+        if failed:
+            raise InputError(f"the real ranks' move failed on rank(s) {failed} (exit status "
+                             f"{[procs[r].exitcode for r in failed]})")
+        parts = [torch.load(Path(out) / f"{r}.pt", weights_only=True) for r in range(G)]
+    weights = [p["weights"] for p in parts]
+    holds = held(weights, num_experts)
+    sent = [tuple(x) for p in parts for x in p["sent"]]
+    return Moved(holds, slot_mismatch(holds, new), lost_experts(holds, num_experts), sent,
+                 None, weights)
