@@ -421,7 +421,31 @@ def rebalance_report(result: Results, rows: Sequence[dict[str, Any]]) -> str:
               f"{L} layers, bytes and stalls in the whole model's {layers}):"]
     lines.append(format_table(migrations, MIGRATION_COLUMNS, labels=0) if migrations else
                  "  none: the trace ends before the first window does")
+    lines += _engine_moves_table(result, migrations)
     return "\n".join(lines)
+
+
+ENGINE_MOVE_COLUMNS = ("step", "same_gpu", "same_node", "cross_node", "copies_same_gpu",
+                       "copies_nvlink", "copies_rdma", "p2p_ops", "max_recv_copies",
+                       "mismatched_slots", "lost", "map_mismatched_ranks", "model_stall_ms",
+                       "engine_stall_ms")
+
+
+def _engine_moves_table(result: Results, migrations: Sequence[dict[str, Any]]) -> list[str]:
+    """With `--migration sglang|vllm`: each moving rebalance as the engine's updater did it
+    beside eplbsim's model of it (`migration.replayed`), as lines; none otherwise."""
+    from .migration.replayed import engine_moves
+    moves = engine_moves(result)
+    if moves is None or not moves["rows"]:
+        return []
+    model = {m["step"]: m for m in migrations if not m["skipped"]}
+    rows = [{**model.get(r["step"], {}), **r} for r in moves["rows"]]
+    columns = tuple((c, c, None) for c in ENGINE_MOVE_COLUMNS if any(c in r for r in rows))
+    engine = result.spec.schedule.migration
+    return ["", f"the same rebalances moved by {engine}'s own updater (copies: eplbsim's model "
+                f"same_gpu / same_node / cross_node, the engine's copies_*; slots not holding "
+                f"the new map's expert after the move: mismatched_slots):",
+            format_table(rows, columns, labels=0)]
 
 
 # ----------------------------------------------------------------------------- files

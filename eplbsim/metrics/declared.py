@@ -156,6 +156,17 @@ def _stall_ms(results: Any) -> float:
     return sum(ms for _, ms in rebalance_stalls(results))
 
 
+def _engine_moved(key: str) -> Callable[[Any], Any]:
+    """A whole-run figure of the rebalances moved by the engine's own updater
+    (`migration.replayed`), None under eplbsim's own migration model."""
+    def figure(results: Any) -> Any:
+        from ..migration.replayed import engine_moves
+        moves = engine_moves(results)
+        return None if moves is None else moves["totals"][key]
+    figure.__name__ = f"_{key}"
+    return figure
+
+
 def _cost_source(results: Any) -> str:
     """What the run's compute times come from (the measured table, for `measured`)."""
     return results.spec.cost.describe(results.spec.topology.gpus)
@@ -226,6 +237,16 @@ METRICS: dict[str, Metric] = {
     "moved_slots": Metric("moved_slots", lambda c: (c.moved,), total, tables=DECOMPOSITION),
     "moved_bytes": Metric("moved_bytes", whole=_moved_bytes, tables=frozenset()),
     "hazard_steps": Metric("hazard", whole=_hazard_steps, tables=DECOMPOSITION),
+    **{key: Metric(header, whole=_engine_moved(key), needs=EXECUTED, fmt=fmt, tables=tables,
+                   shown=lambda rows, key=key: _some(rows, key))
+       for key, header, fmt, tables in (
+           ("slot_mismatch", "slot_mis", RATIO, frozenset({"main"})),
+           ("lost_experts", "lost", COUNT, frozenset({"main"})),
+           ("map_mismatch", "map_mis", COUNT, DECOMPOSITION),
+           ("moved_wrong_frac", "moved_wrong", RATIO, frozenset({"main"})),
+           ("engine_copies_nvlink", "eng_nvlink", COUNT, DECOMPOSITION),
+           ("engine_copies_rdma", "eng_rdma", COUNT, DECOMPOSITION),
+           ("engine_p2p_ops", "eng_p2p", COUNT, DECOMPOSITION))},
     "layer_us": Metric("layer_us", lambda c: (c.seconds["total"] * 1e6,), needs=COST,
                        tables=TIME, fmt=TIME_FMT),
     "moe_ms": Metric("moe_ms", lambda c: (c.ms("total"),), step_time, needs=COST, tables=TIME,
@@ -243,5 +264,8 @@ METRICS: dict[str, Metric] = {
                                throughput, needs=COST, tables=TIME, fmt=COUNT),
     "rebalance_stall_ms": Metric("stall_ms", whole=_stall_ms, needs=COST, tables=TIME,
                                  fmt=TIME_FMT),
+    "engine_stall_ms": Metric("eng_stall_ms", whole=_engine_moved("engine_stall_ms"),
+                              needs=COST, tables=TIME, fmt=TIME_FMT,
+                              shown=lambda rows: _some(rows, "engine_stall_ms")),
     "cost_source": Metric("cost_source", whole=_cost_source, needs=COST, tables=frozenset()),
 }

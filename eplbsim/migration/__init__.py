@@ -55,11 +55,13 @@ class Moved:
 
 def migrate(engine: str, old: torch.Tensor, new: torch.Tensor, num_experts: int,
             topology: Topology, sources: Any = (), shapes: Sequence[Sequence[int]] = SHAPES,
-            chunks: Sequence[Sequence[int]] | None = None, drop: Sequence[int] = ()) -> Moved:
+            chunks: Sequence[Sequence[int]] | None = None, drop: Sequence[int] = (),
+            weights: list | None = None) -> Moved:
     """Move the weights of placement `old [L, P]` to `new [L, P]` with `engine`'s updater
     ("sglang" or "vllm", from `sources`), every rank of `topology` simulated in this process;
     `chunks` (SGLang) the layer ids each update call takes in turn (default: all at once);
-    `drop` the indices of tensors left out of what the engine is given."""
+    `drop` the indices of tensors left out of what the engine is given; `weights` the ranks'
+    weights `[G][L][W]` to move in place (default: fresh ones holding `old`)."""
     from ..engines import adapter
     if engine not in ("sglang", "vllm"):
         raise InputError(f"unknown migration {engine!r}; the engines' own: sglang, vllm")
@@ -69,7 +71,8 @@ def migrate(engine: str, old: torch.Tensor, new: torch.Tensor, num_experts: int,
                          f"{tuple(new.shape)}")
     G = topology.num_gpus
     L, P = old.shape
-    weights = rank_weights(old, num_experts, G, shapes)
+    if weights is None:
+        weights = rank_weights(old, num_experts, G, shapes)
     given = [[[t for i, t in enumerate(layer) if i not in set(drop)] for layer in rank]
              for rank in weights]
     if not given[0][0]:

@@ -16,6 +16,7 @@ from ..cost import describe as describe_cost
 from ..dispatch import POLICIES, DispatchPolicy, FilePolicies, resolve_policy
 from ..engines import ENGINE_POLICIES, ENGINE_SOLVERS, as_sources, resolve_solver
 from ..errors import InputError
+from ..migration import MIGRATIONS
 from ..limits import (MAX_EXPERT_BYTES, MAX_EXPERTS, MAX_GPUS, MAX_HIDDEN, MAX_SEED, MAX_SLOTS,
                       MAX_TOP_K)
 from ..placement import VIEWS
@@ -180,11 +181,18 @@ class SchedulePart(Part):
         0, "async: each rank switches to the new placement up to D steps after the copies "
         "land, a seeded delay per rank and rebalance (0: all together)", Integer(0),
         metavar="D")
+    migration: str = knob(
+        "eplbsim", "who moves the weights at each rebalance: eplbsim (its own migration "
+        "model), or sglang or vllm: that engine's own updater from --engine-source, on "
+        "simulated ranks whose weights say whose they are, every slot checked "
+        "(slot_mismatch, lost_experts, moved_wrong_frac) and its transfers priced beside "
+        "eplbsim's model", Name(MIGRATIONS, "migration"))
 
     def relate(self) -> None:
         if self.rebalance_every is None:
             unused = changed_fields(self, ("window", "predictor", "decay", "initial", "skip_above",
-                                     "rebalance_mode", "copy_steps", "switch_delay"))
+                                     "rebalance_mode", "copy_steps", "switch_delay",
+                                     "migration"))
             if unused:
                 raise InputError(f"{', '.join(unused)} only apply with rebalance_every (a "
                                  f"rebalance schedule); without it one placement is solved "

@@ -1,0 +1,140 @@
+"""A run's rebalances moved by the engine's own updater (`--migration sglang|vllm`), checked slot
+by slot and priced beside eplbsim's own migration model (DESIGN.md §14, §8).
+
+Dimensions: `S` steps, `L` layers, `E` logical experts, `P` physical slots, `G` GPUs.
+
+Every rank's weights start as the first placement's (`weights.rank_weights`). At each rebalance
+that moves experts (a segment with a `Rebalance` not skipped) the engine moves the weights the
+ranks hold then, from the placement in service to the new one (`migration.migrate`, every rank
+in one process), so a slot left wrong stays wrong until a later move overwrites it. The steps
+the new placement serves execute each pair on the slot the dispatch chose; a pair executed on a
+slot whose weights are not its expert's is computed by the wrong expert (`moved_wrong_frac`).
+
+For SGLang the map each rank commits (`ExpertLocationMetadata.update`) is compared with the one
+the dispatch reads, `init_by_mapping` of the new placement (`map_mismatch`); vLLM's maps are
+`compute_logical_maps` of the new placement, what its dispatch reads.
+
+The engine's transfers are priced as eplbsim's model prices its copies
+(`cost.rebalance.sync_stall_seconds`: each receiving GPU's copies over HBM, NVLink and RDMA, the
+slowest decides), a copy being one expert's tensors in the toy shapes (`weights.SHAPES`): the
+copies each GPU received by point-to-point sends, by link; its other changed slots filled on
+the GPU (inferred: the updater's local copies are not observed).
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..cost.rebalance import sync_stall_seconds
+from ..engines import as_sources
+from . import migrate
+from .weights import SHAPES, rank_weights
+
+FIELDS = ("slot_mismatch", "lost_experts", "map_mismatch", "moved_wrong_frac",
+          "engine_copies_nvlink", "engine_copies_rdma", "engine_p2p_ops", "engine_stall_ms")
+_DONE: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+
+
+def engine_moves(results: Any) -> dict[str, Any] | None:
+    """The run's rebalances by its `--migration` engine (module doc), once per `results`:
+    `rows` (one dict a rebalance that moved experts: `step`, `mismatched_slots`, `lost`
+    (layer, expert) pairs, `map_mismatched_ranks`, copies by link, `p2p_ops`,
+    `max_recv_copies`, `engine_stall_ms` and `model_stall_ms` when a cost model is named) and
+    `totals` (`FIELDS`; `slot_mismatch` the fraction of slots over rebalances and layers).
+    None for `--migration eplbsim`."""
+    engine = results.spec.schedule.migration
+    if engine == "eplbsim":
+        return None
+    if results not in _DONE:
+        _DONE[results] = _moves(results, engine)
+    return _DONE[results]
+
+
+def _moves(results: Any, engine: str) -> dict[str, Any]:
+    spec, segments = results.spec, results.segments
+    first = segments[0].placement
+    E, topology = first.num_experts, first.topology
+    G, per_node = topology.num_gpus, topology.gpus_per_node
+    weights = rank_weights(first.phy2log, E, G, SHAPES)
+    copy_bytes = sum(4 * int(np.prod(s)) for s in SHAPES)  # one expert's tensors, float32
+    priced = spec.cost.cost is not None
+    device = spec.cost.profiles()[1] if priced else None
+    rows, wrong, pairs = [], 0, 0
+    sources = as_sources(spec.dispatch.engine_source)
+    slot_load = results.slot_load
+    for before, seg in zip(segments, segments[1:]):
+        if seg.rebalance is None or seg.rebalance.skipped:
+            continue
+        old, new = before.placement.phy2log, seg.placement.phy2log
+        moved = migrate(engine, old, new, E, topology, sources, weights=weights)
+        weights = moved.weights
+        bad = (moved.holds != new) & (new >= 0)  # [L, P]
+        if slot_load is not None:
+            load = slot_load[seg.start:seg.stop].long()  # [s, L, P]
+            wrong += int(load[:, bad].sum()) if bad.any() else 0
+        recv = np.zeros((G, 2))  # copies received per GPU: same node, another node
+        for src, dst, nbytes in moved.sent:
+            recv[dst, int(src // per_node != dst // per_node)] += nbytes / copy_bytes
+        changed = np.bincount(seg.placement.slot_gpu.numpy(),
+                              weights=(old != new).sum(0).numpy(), minlength=G)
+        local = np.maximum(changed - recv.sum(1), 0)
+        row = {"step": seg.start, "mismatched_slots": int(moved.mismatch.sum()),
+               "lost": len(moved.lost),
+               "map_mismatched_ranks": _map_mismatch(engine, moved, seg.placement, spec),
+               "copies_same_gpu": int(local.sum()), "copies_nvlink": int(recv[:, 0].sum()),
+               "copies_rdma": int(recv[:, 1].sum()), "p2p_ops": len(moved.sent),
+               "max_recv_copies": int(recv.sum(1).max(initial=0))}
+        if priced:
+            kinds = np.stack([local, recv[:, 0], recv[:, 1]], 1)  # [G, 3] copies by source
+            seconds = kinds * spec.expert_bytes() / np.array([device.hbm / 2, device.nvlink,
+                                                               device.rdma])
+            from ..metrics.chunks import layer_scale
+            from ..schedule.migration import transfer_kinds
+            scale = layer_scale(spec.cost, results.true_load.shape[1])
+            row["engine_stall_ms"] = float(seconds.sum(1).max(initial=0)) * scale * 1e3
+            row["model_stall_ms"] = sync_stall_seconds(
+                transfer_kinds(before.placement, seg.placement),
+                seg.placement.slot_gpu.numpy(), G, spec.expert_bytes(), device) * scale * 1e3
+        rows.append(row)
+    if slot_load is not None:
+        pairs = int(slot_load[segments[1].start:].long().sum()) if len(segments) > 1 else 0
+    L, P = first.phy2log.shape
+    totals = {"slot_mismatch": sum(r["mismatched_slots"] for r in rows)
+              / max(len(rows) * L * P, 1),
+              "lost_experts": sum(r["lost"] for r in rows),
+              "map_mismatch": sum(r["map_mismatched_ranks"] for r in rows),
+              "moved_wrong_frac": wrong / pairs if pairs else 0.0,
+              "engine_copies_nvlink": sum(r["copies_nvlink"] for r in rows),
+              "engine_copies_rdma": sum(r["copies_rdma"] for r in rows),
+              "engine_p2p_ops": sum(r["p2p_ops"] for r in rows),
+              "engine_stall_ms": sum(r.get("engine_stall_ms", 0.0) for r in rows)
+              if priced else None}
+    return {"rows": rows, "totals": totals}
+
+
+def _map_mismatch(engine: str, moved: Any, placement: Any, spec: Any) -> int:
+    """Ranks whose committed SGLang metadata differs from what the dispatch reads (module
+    doc); 0 for vLLM."""
+    if engine != "sglang":
+        return 0
+    from ..engines import adapter
+    from ..engines.sglang import Layout
+    from ..engines.sglang_updater import metadata
+    from ..dispatch.observe import same
+    run = adapter("sglang", as_sources(spec.dispatch.engine_source))
+    L, P = placement.phy2log.shape
+    t = placement.topology
+    layout = Layout(L, placement.num_experts, P, t.num_gpus, t.num_nodes)
+    fresh = metadata(run, layout, placement.phy2log, range(t.num_gpus))
+    return sum(not same(_maps(a), _maps(b)) for a, b in zip(moved.maps, fresh))
+
+
+def _maps(meta: Any) -> list[torch.Tensor]:
+    """The map tensors `ExpertLocationMetadata.update` commits, those the metadata has."""
+    names = ("physical_to_logical_map", "logical_to_all_physical_map",
+             "logical_to_all_physical_map_num_valid", "logical_to_rank_dispatch_physical_map")
+    return [getattr(meta, n) for n in names if getattr(meta, n, None) is not None]
