@@ -144,6 +144,10 @@ class Epoch:
                   rank serves `placement`
     shared:       count where each token's shared-expert work runs (`StepOutcome.shared`)
     tp:           the attention tensor-parallel size (`DispatchContext.tp`)
+    weighed:      `held` is what an engine's updater left in each slot (`--migration`,
+                  `migration.replayed`), -1 where a slot holds nothing valid: "none" also
+                  computes each executed pair with the weights of the slot it ran on (the
+                  output error then counts a wrong slot's output)
     """
 
     name: str
@@ -164,6 +168,7 @@ class Epoch:
     held: torch.Tensor | None = None
     shared: bool = False
     tp: int = 1
+    weighed: bool = False
 
     def context(self, step: int, i: int) -> DispatchContext:
         """The context held rank `i` dispatches step `step` with (`rank_context`)."""
@@ -177,7 +182,8 @@ class Epoch:
     def counts_fast(self, device: torch.device) -> bool:
         """Whether this epoch's steps on `device` are counted by the compiled loops."""
         return (self.fast and device.type == "cpu" and self.comm is LOCAL
-                and len(self.ranks) == self.num_ranks and not self.keep_choices)
+                and len(self.ranks) == self.num_ranks and not self.keep_choices
+                and not self.weighed)
 
     @cached_property
     def _scratch(self) -> list[np.ndarray]:

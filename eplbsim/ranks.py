@@ -52,7 +52,7 @@ from . import counting
 from .dispatch.kernels import dispatch_step, flat_index
 from .dispatch.shared import has_pairs
 from .metrics import multiplicity_counts
-from .moe import all_reduced_error_terms, local_error_terms
+from .moe import all_reduced_error_terms, error_terms, local_error_terms, step_sums
 from .rank_epoch import (LOCAL, RNG_RELATIONS, Collectives, Epoch, Rank, Table, make_ranks,
                          rank_context, rank_groups)
 from .rank_traffic import (a2a_fanout, fanout_counts, link_crossings, pair_gpus, share_bounds,
@@ -120,6 +120,32 @@ def _slot_counts(phys: torch.Tensor, executed: torch.Tensor, num_slots: int) -> 
                           minlength=phys.shape[1] * num_slots)
 
 
+def weighed_error_terms(epoch: Epoch, step: int, topk_ids: torch.Tensor,
+                        choices: list[torch.Tensor], slot_gpu: torch.Tensor) -> torch.Tensor:
+    """`all_reduced_error_terms` where each rank computes the pairs it sent itself with the
+    weights its slot holds (`Epoch.held`, `weighed`): a pair run on a slot holding expert `h`
+    adds expert `h`'s output for the token, one holding nothing valid adds nothing. Every rank
+    of the group is in this process (`weighed` epochs are simulated in one)."""
+    held = epoch.held.to(topk_ids.device)
+    valid = topk_ids >= 0
+    right = torch.zeros(topk_ids.shape, dtype=torch.int64, device=topk_ids.device)
+    wrong_sums = None
+    for i, phys in enumerate(choices):
+        mine = (slot_gpu[phys.clamp(min=0)] == epoch.ranks[i].rank) & valid  # [T, L, K]
+        holds = held.gather(1, phys.clamp(min=0).permute(1, 0, 2).reshape(held.shape[0], -1)
+                            ).view(phys.shape[1], phys.shape[0], -1).permute(1, 0, 2)
+        ok = mine & (holds == topk_ids)
+        right += ok
+        bad = mine & ~ok & (holds >= 0)
+        if bad.any():
+            part = step_sums(epoch.moe, step, torch.where(bad, holds, -1), bad.long())[1]
+            wrong_sums = part if wrong_sums is None else wrong_sums + part
+    exact, weighted = step_sums(epoch.moe, step, topk_ids, right)
+    if wrong_sums is not None:
+        weighted = weighted + wrong_sums
+    return error_terms(weighted - exact, exact)
+
+
 def none_step(epoch: Epoch, step: int, topk_ids: torch.Tensor,
               src_rank: torch.Tensor | None = None) -> StepOutcome:
     """"none" mode (module doc) for one step `topk_ids [T, L, K]`; `src_rank` is not used
@@ -162,8 +188,13 @@ def none_step(epoch: Epoch, step: int, topk_ids: torch.Tensor,
     split = comm.all_reduce((valid & ~agree).to(torch.int32))  # pairs held ranks split on
     agree = valid & (split == 0) & (leads == leads[0]).all(0)
     multiplicity = comm.all_reduce(executed_here)
-    error = (None if epoch.moe is None else
-             all_reduced_error_terms(epoch.moe, step, topk_ids, executed_here, comm.all_reduce))
+    if epoch.moe is None:
+        error = None
+    elif epoch.weighed:
+        error = weighed_error_terms(epoch, step, topk_ids, choices, slot_gpu)
+    else:
+        error = all_reduced_error_terms(epoch.moe, step, topk_ids, executed_here,
+                                        comm.all_reduce)
     return StepOutcome(comm.all_reduce(slot_load).view(L, P).cpu(), multiplicity,
                        multiplicity_counts(multiplicity, valid), valid.sum((0, 2)).cpu(),
                        drifted, agree.sum((0, 2)).cpu(), error,

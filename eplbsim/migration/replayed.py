@@ -24,58 +24,96 @@ the GPU (inferred: the updater's local copies are not observed).
 from __future__ import annotations
 
 import weakref
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import torch
 
 from ..cost.rebalance import sync_stall_seconds
 from ..engines import as_sources
+from ..metrics.chunks import layer_scale
+from ..schedule.migration import transfer_kinds
 from . import migrate
 from .weights import SHAPES, rank_weights
 
 FIELDS = ("slot_mismatch", "lost_experts", "map_mismatch", "moved_wrong_frac",
           "engine_copies_nvlink", "engine_copies_rdma", "engine_p2p_ops", "engine_stall_ms")
-_DONE: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+_DONE: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()  # first segment
+# -> {(engine, sources): its moves}
+
+
+def planned_moves(spec: Any, segments: Sequence[Any]) -> list[Any] | None:
+    """The engine's move at each segment's start, chained from the first placement's weights
+    (module doc): per segment a `Moved`, None for the first and for one that moved nothing
+    (no rebalance, or skipped); None under `--migration eplbsim`. `--unmoved I` leaves tensor
+    `I` out of what the engine is given. Computed once per schedule (the segments' first
+    object), engine source and fault: every policy of a comparison shares it."""
+    engine = spec.schedule.migration
+    if engine == "eplbsim":
+        return None
+    sources = as_sources(spec.dispatch.engine_source)
+    drop = () if spec.schedule.unmoved is None else (spec.schedule.unmoved,)
+    cache = _DONE.setdefault(segments[0], {})
+    if (engine, sources, drop) not in cache:
+        first = segments[0].placement
+        E, topology = first.num_experts, first.topology
+        weights = rank_weights(first.phy2log, E, topology.num_gpus, SHAPES)
+        out: list[Any] = [None]
+        for before, seg in zip(segments, segments[1:]):
+            if seg.rebalance is None or seg.rebalance.skipped:
+                out.append(None)
+                continue
+            moved = migrate(engine, before.placement.phy2log, seg.placement.phy2log, E,
+                            topology, sources, drop=drop, weights=weights)
+            weights = moved.weights
+            out.append(moved)
+        cache[engine, sources, drop] = out
+    return cache[engine, sources, drop]
+
+
+def segment_holds(spec: Any, segments: Sequence[Any]) -> list[torch.Tensor] | None:
+    """What each slot holds while each segment serves, int64 `[L, P]` a segment (the first
+    placement's experts until the first move, then each move's result); None under
+    `--migration eplbsim`."""
+    moves = planned_moves(spec, segments)
+    if moves is None:
+        return None
+    holds, out = segments[0].placement.phy2log, []
+    for moved in moves:
+        holds = holds if moved is None else moved.holds
+        out.append(holds)
+    return out
 
 
 def engine_moves(results: Any) -> dict[str, Any] | None:
-    """The run's rebalances by its `--migration` engine (module doc), once per `results`:
-    `rows` (one dict a rebalance that moved experts: `step`, `mismatched_slots`, `lost`
-    (layer, expert) pairs, `map_mismatched_ranks`, copies by link, `p2p_ops`,
-    `max_recv_copies`, `engine_stall_ms` and `model_stall_ms` when a cost model is named) and
-    `totals` (`FIELDS`; `slot_mismatch` the fraction of slots over rebalances and layers).
-    None for `--migration eplbsim`."""
-    engine = results.spec.schedule.migration
-    if engine == "eplbsim":
-        return None
-    if results not in _DONE:
-        _DONE[results] = _moves(results, engine)
-    return _DONE[results]
-
-
-def _moves(results: Any, engine: str) -> dict[str, Any]:
+    """The run's rebalances by its `--migration` engine (module doc): `rows` (one dict a
+    rebalance that moved experts: `step`, `mismatched_slots`, `lost` (layer, expert) pairs,
+    `map_mismatched_ranks`, copies by link, `p2p_ops`, `max_recv_copies`, `engine_stall_ms`
+    and `model_stall_ms` when a cost model is named) and `totals` (`FIELDS`; `slot_mismatch`
+    the fraction of slots over rebalances and layers). None for `--migration eplbsim`."""
     spec, segments = results.spec, results.segments
+    moves = planned_moves(spec, segments)
+    if moves is None:
+        return None
+    engine = spec.schedule.migration
     first = segments[0].placement
-    E, topology = first.num_experts, first.topology
+    topology = first.topology
     G, per_node = topology.num_gpus, topology.gpus_per_node
-    weights = rank_weights(first.phy2log, E, G, SHAPES)
     copy_bytes = sum(4 * int(np.prod(s)) for s in SHAPES)  # one expert's tensors, float32
     priced = spec.cost.cost is not None
     device = spec.cost.profiles()[1] if priced else None
-    rows, wrong, pairs = [], 0, 0
-    sources = as_sources(spec.dispatch.engine_source)
+    scale = layer_scale(spec.cost, results.true_load.shape[1])
+    rows, wrong = [], 0
     slot_load = results.slot_load
-    for before, seg in zip(segments, segments[1:]):
-        if seg.rebalance is None or seg.rebalance.skipped:
+    holds = segment_holds(spec, segments)
+    for i, (before, seg, moved) in enumerate(zip(segments, segments[1:], moves[1:]), 1):
+        if slot_load is not None:
+            bad = (holds[i] != seg.placement.phy2log) & (seg.placement.phy2log >= 0)
+            if bad.any():
+                wrong += int(slot_load[seg.start:seg.stop].long()[:, bad].sum())
+        if moved is None:
             continue
         old, new = before.placement.phy2log, seg.placement.phy2log
-        moved = migrate(engine, old, new, E, topology, sources, weights=weights)
-        weights = moved.weights
-        bad = (moved.holds != new) & (new >= 0)  # [L, P]
-        if slot_load is not None:
-            load = slot_load[seg.start:seg.stop].long()  # [s, L, P]
-            wrong += int(load[:, bad].sum()) if bad.any() else 0
         recv = np.zeros((G, 2))  # copies received per GPU: same node, another node
         for src, dst, nbytes in moved.sent:
             recv[dst, int(src // per_node != dst // per_node)] += nbytes / copy_bytes
@@ -92,16 +130,14 @@ def _moves(results: Any, engine: str) -> dict[str, Any]:
             kinds = np.stack([local, recv[:, 0], recv[:, 1]], 1)  # [G, 3] copies by source
             seconds = kinds * spec.expert_bytes() / np.array([device.hbm / 2, device.nvlink,
                                                                device.rdma])
-            from ..metrics.chunks import layer_scale
-            from ..schedule.migration import transfer_kinds
-            scale = layer_scale(spec.cost, results.true_load.shape[1])
             row["engine_stall_ms"] = float(seconds.sum(1).max(initial=0)) * scale * 1e3
             row["model_stall_ms"] = sync_stall_seconds(
                 transfer_kinds(before.placement, seg.placement),
                 seg.placement.slot_gpu.numpy(), G, spec.expert_bytes(), device) * scale * 1e3
         rows.append(row)
-    if slot_load is not None:
-        pairs = int(slot_load[segments[1].start:].long().sum()) if len(segments) > 1 else 0
+    pairs = 0
+    if slot_load is not None and len(segments) > 1:
+        pairs = int(slot_load[segments[1].start:].long().sum())
     L, P = first.phy2log.shape
     totals = {"slot_mismatch": sum(r["mismatched_slots"] for r in rows)
               / max(len(rows) * L * P, 1),

@@ -187,17 +187,29 @@ class SchedulePart(Part):
         "simulated ranks whose weights say whose they are, every slot checked "
         "(slot_mismatch, lost_experts, moved_wrong_frac) and its transfers priced beside "
         "eplbsim's model", Name(MIGRATIONS, "migration"))
+    unmoved: int | None = knob(
+        None, "a fault for --migration sglang|vllm: expert tensor I (0 w13, 1 w2, 2 its scale) "
+        "is left out of the list the engine's updater moves while the slot keeps it, as in "
+        "vLLM #47588 (a scale moved without its weight)", Integer(0, optional=True, most=2),
+        metavar="I")
 
     def relate(self) -> None:
         if self.rebalance_every is None:
             unused = changed_fields(self, ("window", "predictor", "decay", "initial", "skip_above",
                                      "rebalance_mode", "copy_steps", "switch_delay",
-                                     "migration"))
+                                     "migration", "unmoved"))
             if unused:
                 raise InputError(f"{', '.join(unused)} only apply with rebalance_every (a "
                                  f"rebalance schedule); without it one placement is solved "
                                  f"from the whole trace")
             return
+        if self.unmoved is not None and self.migration == "eplbsim":
+            raise InputError("unmoved leaves a tensor out of what an engine's updater moves: "
+                             "it needs migration sglang or vllm")
+        if self.migration != "eplbsim" and self.rebalance_mode != "sync":
+            raise InputError(f"migration {self.migration} moves the weights with the engine's "
+                             f"updater at the rebalance, as a sync rebalance does; async "
+                             f"rebalances are eplbsim's own model only (rebalance_mode sync)")
         if self.rebalance_mode == "sync":
             unused = changed_fields(self, ("copy_steps", "switch_delay"))
             if unused:
