@@ -444,7 +444,8 @@ def _engine_moves_table(result: Results, migrations: Sequence[dict[str, Any]]) -
     engine = result.spec.schedule.migration
     return ["", f"the same rebalances moved by {engine}'s own updater (copies: eplbsim's model "
                 f"same_gpu / same_node / cross_node, the engine's copies_*; slots not holding "
-                f"the new map's expert after the move: mismatched_slots):",
+                f"the new map's expert after the move: mismatched_slots; the same for every "
+                f"policy: each row's wrong_from says from which step its output is wrong):",
             format_table(rows, columns, labels=0)]
 
 

@@ -29,7 +29,8 @@ from .policies import (DispatchContext, Policy, ascend_fixed_policy, ascend_poli
                        hash_policy, lp_golden_policy, lp_policy, lplb_atomic_policy,
                        lplb_policy, occurrence_index,
                        ordinal_policy, quota_policy, random_policy, replica_slots, row_policy,
-                       static_policy, static_table, trtllm_policy)
+                       static_policy, static_table, trtllm_policy, unmapped_policy,
+                       unmapped_table)
 from .sglang_lp import sglang_lp_policy
 from .shared import WATERFILL, SharedInputs, SharedRule, waterfill_dynamic, waterfill_static
 
@@ -164,6 +165,10 @@ POLICIES: dict[str, DispatchPolicy] = {
     "hash": DispatchPolicy(
         hash_policy, True, {"cpu": ("cpu.hash_step",)}, "vLLM",
         "Knuth's multiplicative hash of the row, % n_e"),
+    "unmapped": DispatchPolicy(
+        unmapped_policy, True, {}, "a fault: sglang #18213 / #39580 (a model path that passes "
+        "no map to top-k)", "the logical id as the physical slot: right on the trivial "
+        "placement only", unmapped_table, reroutes=True),
     "lp": DispatchPolicy(
         lp_policy, False, {}, "eplbsim (after SGLang's LP dispatch)",
         "samples the batch's LP-optimal replica fractions with the rank's generator"),

@@ -97,6 +97,19 @@ def row_policy(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> torc
     return replica_slots(topk_ids, view, ctx.layer, _rows(topk_ids) % n)
 
 
+def unmapped_policy(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> torch.Tensor:
+    """The logical id used as the physical slot (a model path that passes no map to top-k:
+    sglang #18213, #39580): the right expert while the placement is the trivial one (slot `e`
+    holds expert `e`), another expert's slot after a rebalance moves them."""
+    return topk_ids.long().clone()
+
+
+def unmapped_table(view: View, ctx: DispatchContext) -> torch.Tensor:
+    """`unmapped`'s choice as a table: expert `e` to slot `e`, int64 `[L, E]`."""
+    L, E = view.logcnt.shape
+    return torch.arange(E, device=view.logcnt.device).expand(L, E).clone()
+
+
 def flat_policy(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> torch.Tensor:
     """`(row * K + k) % n_e`: the flat pair position; ties the replica to the top-k slot."""
     n = candidate_counts(topk_ids, view, ctx.layer)

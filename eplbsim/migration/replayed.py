@@ -37,7 +37,8 @@ from . import migrate
 from .weights import SHAPES, rank_weights
 
 FIELDS = ("slot_mismatch", "lost_experts", "map_mismatch", "moved_wrong_frac",
-          "engine_copies_nvlink", "engine_copies_rdma", "engine_p2p_ops", "engine_stall_ms")
+          "engine_copies_nvlink", "engine_copies_rdma", "engine_p2p_ops", "engine_stall_ms",
+          "first_wrong_step")
 _DONE: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()  # first segment
 # -> {(engine, sources): its moves}
 
@@ -148,8 +149,26 @@ def engine_moves(results: Any) -> dict[str, Any] | None:
               "engine_copies_rdma": sum(r["copies_rdma"] for r in rows),
               "engine_p2p_ops": sum(r["p2p_ops"] for r in rows),
               "engine_stall_ms": sum(r.get("engine_stall_ms", 0.0) for r in rows)
-              if priced else None}
+              if priced else None,
+              "first_wrong_step": next((seg.start for seg in segments
+                                        if (_wrong_output(results, seg) or 0) > 0), None)}
     return {"rows": rows, "totals": totals}
+
+
+def _wrong_output(results: Any, seg: Any) -> float | None:
+    """How wrong the output is over segment `seg`'s steps: the toy layer's relative error in
+    "none", the share of pairs sent to a slot holding another expert in "a2a"; None for
+    counts only."""
+    c = results.counters
+    if c is None:
+        return None
+    steps = slice(seg.start, seg.stop)
+    if results.spec.dispatch.mode == "a2a":
+        valid = int(c.valid[steps].sum())
+        return int(c.wrong[steps].sum()) / valid if valid else 0.0
+    err = c.error[steps]
+    norm = float(err[..., 1].sum())
+    return float(err[..., 0].sum() / norm) ** 0.5 if norm > 0 else 0.0
 
 
 def _map_mismatch(engine: str, moved: Any, placement: Any, spec: Any) -> int:
