@@ -26,7 +26,8 @@ import torch
 from . import metrics as M
 from .errors import InputError
 from .files import atomic_file
-from .engines import auto_algorithm, ran
+from .engines import as_sources, auto_algorithm, ran
+from .engines import label as engine_label
 from .metrics import METRICS, Counters
 from .placement import Placement
 from .registry import name_of
@@ -132,6 +133,12 @@ class Results:
         scale = M.layer_scale(self.spec.cost, self.true_load.shape[1])
         return Rows(migration_rows(self.segments, self.spec.expert_bytes(), scale),
                     MIGRATION_FIELDS)
+
+    def engine_moves(self) -> dict[str, Any] | None:
+        """The run's rebalances as its `--migration` engine's updater moved them
+        (`migration.replayed.engine_moves`); None under eplbsim's own migration model."""
+        from .migration.replayed import engine_moves
+        return engine_moves(self)
 
     def to_pandas(self, series: bool = False, per_layer: bool = False) -> Any:
         """A pandas DataFrame: the run's row with flat columns (`flat_row`, as the CSV), or with
@@ -289,10 +296,14 @@ def describe(trace: Any, spec: RunSpec, asked: RunSpec | None = None,
 
 def _engine_words(spec: RunSpec, policies: Sequence[Any]) -> str:
     """", engine code sglang 0.5.16" naming the engine code the run's engine algorithms ran
-    (`engines.ran`), or ""."""
+    (`engines.ran`), and ", weights moved by vllm 0.33.0" the engine whose updater moved the
+    weights (`--migration`); or ""."""
     code = ran([*policies, spec.dispatch.policy, spec.solver.solver],
                spec.dispatch.engine_source)
-    return f", engine code {code}" if code else ""
+    migration = spec.schedule.migration
+    moved = "" if migration == "eplbsim" else \
+        f", weights moved by {engine_label(migration, as_sources(spec.dispatch.engine_source))}"
+    return (f", engine code {code}" if code else "") + moved
 
 
 def _model_words(trace: Any, spec: RunSpec, asked: RunSpec | None) -> str:
@@ -434,8 +445,7 @@ ENGINE_MOVE_COLUMNS = ("step", "same_gpu", "same_node", "cross_node", "copies_sa
 def _engine_moves_table(result: Results, migrations: Sequence[dict[str, Any]]) -> list[str]:
     """With `--migration sglang|vllm`: each moving rebalance as the engine's updater did it
     beside eplbsim's model of it (`migration.replayed`), as lines; none otherwise."""
-    from .migration.replayed import engine_moves
-    moves = engine_moves(result)
+    moves = result.engine_moves()
     if moves is None or not moves["rows"]:
         return []
     model = {m["step"]: m for m in migrations if not m["skipped"]}

@@ -87,6 +87,8 @@ EXAMPLES = {
     "rebalance_mode": ("async", "async", "later", "unknown rebalance mode 'later'", REBALANCE),
     "copy_steps": ("2", 2, 0, "must be an integer >= 1, got 0", ASYNC),
     "switch_delay": ("1", 1, -1, "must be an integer >= 0, got -1", ASYNC),
+    "migration": ("vllm", "vllm", "deepspeed", "unknown migration 'deepspeed'", REBALANCE),
+    "unmoved": ("2", 2, 3, "must be an integer in [0, 2], got 3", {**REBALANCE, "migration": "vllm"}),
     "gpus": ("4", 4, 0, "must be an integer in [1, 65536], got 0", {}),
     "gpus_per_node": ("2", 2, 0, "must be an integer in [1, 65536], got 0", {}),
     "redundant": ("8", 8, 10**8, "must be an integer in [0, 262144], got 100000000", {}),

@@ -169,8 +169,14 @@ def pages() -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Write every page into the folder given (default `docs/`)."""
-    out = Path((argv if argv is not None else sys.argv[1:] or ["docs"])[0])
+    """Write every page into the folder given (default `docs/`); `-h` or `--help` says so
+    instead (it is never taken for a folder)."""
+    given = argv if argv is not None else sys.argv[1:]
+    if given and given[0] in ("-h", "--help"):
+        print("usage: python -m eplbsim.cli.reference [DIR]\n\nWrite the command reference "
+              "pages into DIR (default docs/).")
+        return 0
+    out = Path((given or ["docs"])[0])
     out.mkdir(parents=True, exist_ok=True)
     for name, text in pages().items():
         (out / name).write_text(text)

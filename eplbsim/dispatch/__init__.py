@@ -165,10 +165,6 @@ POLICIES: dict[str, DispatchPolicy] = {
     "hash": DispatchPolicy(
         hash_policy, True, {"cpu": ("cpu.hash_step",)}, "vLLM",
         "Knuth's multiplicative hash of the row, % n_e"),
-    "unmapped": DispatchPolicy(
-        unmapped_policy, True, {}, "a fault: sglang #18213 / #39580 (a model path that passes "
-        "no map to top-k)", "the logical id as the physical slot: right on the trivial "
-        "placement only", unmapped_table, reroutes=True),
     "lp": DispatchPolicy(
         lp_policy, False, {}, "eplbsim (after SGLang's LP dispatch)",
         "samples the batch's LP-optimal replica fractions with the rank's generator"),
@@ -273,6 +269,15 @@ class FilePolicies(Mapping):
         return 0
 
 
+# Faults to replay, not policies to choose: each breaks the policy contract (a slot holding the
+# pair's expert) on purpose, so the registry-wide contracts over `POLICIES` leave them out.
+FAULTS: dict[str, DispatchPolicy] = {
+    "unmapped": DispatchPolicy(
+        unmapped_policy, True, {}, "a fault: sglang #18213 / #39580 (a model path that passes "
+        "no map to top-k)", "the logical id as the physical slot: right on the trivial "
+        "placement only", unmapped_table, reroutes=True),
+}
+
 # `ENGINE:ALGORITHM` -> `(sources, engine_args) -> DispatchPolicy` running that engine's own
 # code, filled in by `eplbsim.engines` (which needs this module, not the other way round).
 ENGINE_POLICIES: dict[str, Callable[[Any, str], DispatchPolicy]] = {}
@@ -291,6 +296,8 @@ def resolve_policy(policy: str | Policy | DispatchPolicy, sources: Any = (),
         return policy, ENGINE_POLICIES[policy](sources, engine_args)
     if is_file_policy(policy):
         return policy, DispatchPolicy(file_policy(policy), source=f"{USER} ({policy})")
+    if isinstance(policy, str) and policy in FAULTS:
+        return policy, FAULTS[policy]
     entry = lookup(POLICIES, policy, "policy")
     if isinstance(entry, DispatchPolicy):
         return name_of(policy), entry
@@ -299,5 +306,5 @@ def resolve_policy(policy: str | Policy | DispatchPolicy, sources: Any = (),
     return name_of(policy), DispatchPolicy(entry)
 
 
-__all__ = ["POLICIES", "USER", "DispatchContext", "DispatchPolicy", "Policy", "SharedInputs",
+__all__ = ["FAULTS", "POLICIES", "USER", "DispatchContext", "DispatchPolicy", "Policy", "SharedInputs",
            "candidate_counts", "occurrence_index", "replica_slots", "resolve_policy"]

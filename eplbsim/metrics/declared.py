@@ -160,8 +160,7 @@ def _engine_moved(key: str) -> Callable[[Any], Any]:
     """A whole-run figure of the rebalances moved by the engine's own updater
     (`migration.replayed`), None under eplbsim's own migration model."""
     def figure(results: Any) -> Any:
-        from ..migration.replayed import engine_moves
-        moves = engine_moves(results)
+        moves = results.engine_moves()
         return None if moves is None else moves["totals"][key]
     figure.__name__ = f"_{key}"
     return figure

@@ -13,7 +13,7 @@ from ..cost.catalog import NAME_FORMS, model_label, model_shape
 from ..cost.shapes import DEFAULT_MODEL
 from ..cost import check_options as check_cost_options
 from ..cost import describe as describe_cost
-from ..dispatch import POLICIES, DispatchPolicy, FilePolicies, resolve_policy
+from ..dispatch import FAULTS, POLICIES, DispatchPolicy, FilePolicies, resolve_policy
 from ..engines import ENGINE_POLICIES, ENGINE_SOLVERS, as_sources, resolve_solver
 from ..errors import InputError
 from ..migration import MIGRATIONS
@@ -43,8 +43,9 @@ class DispatchPart(Part):
     generator, and the run's seed and device."""
 
     policy: Any = knob("ordinal", "dispatch policies (one of your own: "
-                       "path/to/file.py:function, see docs/api.md)",
-                       Name(Joined(POLICIES, ENGINE_POLICIES, FilePolicies()), "policy",
+                       "path/to/file.py:function, see docs/api.md; a fault to replay: "
+                       "unmapped, docs/guide/17-rebalance.md)",
+                       Name(Joined(POLICIES, FAULTS, ENGINE_POLICIES, FilePolicies()), "policy",
                             callables=True, entry=DispatchPolicy),
                        flags=("--policies",), listed="static,random,row,ordinal",
                        commands=COMMANDS - {"review"},  # a review names its CANDIDATE
