@@ -8,6 +8,8 @@ Dimensions: `G` ranks, `L` layers, `E` experts, `P` slots.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -17,6 +19,8 @@ from eplbsim.migration import migrate, plan
 from eplbsim.migration.simdist import SimWorld, simulated
 from eplbsim.migration.weights import held, lost_experts, rank_weights, slot_mismatch
 from eplbsim.topology import Topology
+
+from cli_helpers import assert_input_error, run
 
 ENGINES = ("sglang", "vllm")
 
@@ -129,10 +133,10 @@ def test_real_ranks_move_the_same_slots_and_bytes_as_the_simulation():
     topology = Topology(4, 2)
     for engine in ENGINES:
         _fetched(engine)
+    for engine, real in zip(ENGINES, migrate_on_processes(ENGINES, old, new, 16, topology)):
         sim = migrate(engine, old, new, 16, topology)
-        real = migrate_on_processes(engine, old, new, 16, topology)
         assert torch.equal(real.holds, sim.holds) and torch.equal(real.holds, new)
-        assert sorted(real.sent) == sorted(sim.sent)
+        assert sorted(real.sent) == sorted(sim.sent) and real.sent
 
 
 def test_bad_requests_are_input_errors():
@@ -141,3 +145,69 @@ def test_bad_requests_are_input_errors():
         migrate("deepspeed", old, old, 4, Topology(2))
     with pytest.raises(InputError, match="differ in shape"):
         migrate("vllm", old, old[:, :4], 4, Topology(2))
+
+
+SMALL = ["--scenario", "drift", "--steps", "12", "--tokens", "64", "--layers", "2", "--experts",
+         "32", "--rebalance-every", "4", "--json"]
+MOVED_KEYS = ("slot_mismatch", "lost_experts", "map_mismatch", "moved_wrong_frac",
+              "engine_copies_nvlink", "engine_copies_rdma", "engine_p2p_ops", "engine_stall_ms",
+              "first_wrong_step")
+
+
+def _rows(capsys, *args):
+    code, out, err = run(capsys, "run", *SMALL, *args)
+    assert code == 0, err
+    return json.loads(out)
+
+
+@pytest.mark.parametrize("engine, policy, mode, topology", [
+    ("sglang", "sglang:dynamic", "none", ["--gpus", "8", "--redundant", "8"]),
+    ("vllm", "vllm:hash", "a2a", ["--gpus", "8", "--gpus-per-node", "4", "--redundant", "8"])])
+def test_run_with_the_engines_updater_moves_every_slot_right_and_changes_no_other_number(
+        capsys, engine, policy, mode, topology):
+    """The issue's acceptance runs, small: every slot right, nothing lost, the output exact;
+    every other metric is the one eplbsim's own migration model gives."""
+    _fetched(engine)
+    args = ["--policies", f"{policy},row", "--mode", mode, *topology]
+    moved = _rows(capsys, *args, "--migration", engine)
+    model = _rows(capsys, *args)
+    for ours, theirs in zip(moved, model):
+        assert ours["slot_mismatch"] == 0 and ours["lost_experts"] == 0
+        assert ours["map_mismatch"] == 0 and ours["moved_wrong_frac"] == 0
+        assert ours["first_wrong_step"] is None
+        assert ours["engine_p2p_ops"] > 0
+        assert ours["engine_copies_nvlink"] + ours["engine_copies_rdma"] > 0
+        assert (ours["engine_copies_rdma"] > 0) == (mode == "a2a")  # two nodes only there
+        assert ours["output_rel_error" if mode == "none" else "wrong_expert_frac"] == 0
+        assert all(theirs[k] is None for k in MOVED_KEYS)
+        assert ours.pop("migration") == engine and theirs.pop("migration") == "eplbsim"
+        assert ({k: v for k, v in ours.items() if k not in MOVED_KEYS}
+                == {k: v for k, v in theirs.items() if k not in MOVED_KEYS})
+
+
+def test_a_tensor_left_out_and_a_path_that_forgets_the_map_show_as_wrong_output(capsys):
+    """Cases 2 and 3: `--unmoved 2` (a scale the updater is not given) leaves slots wrong and
+    the output wrong; `unmapped` is exact under eplbsim's model (blind, as the engines were)
+    and wrong from the first rebalance once the engine's moved weights are read."""
+    _fetched("sglang")
+    base = ["--gpus", "8", "--redundant", "8"]
+    for mode, key in (("none", "output_rel_error"), ("a2a", "wrong_expert_frac")):
+        (faulty,) = _rows(capsys, *base, "--policies", "row", "--mode", mode, "--migration",
+                          "sglang", "--unmoved", "2")
+        assert faulty["slot_mismatch"] > 0 and faulty["lost_experts"] > 0
+        assert faulty["moved_wrong_frac"] > 0 and faulty[key] > 0
+        assert faulty["first_wrong_step"] == 4
+    blind, seen = (_rows(capsys, *base, "--policies", "unmapped", "--mode", "none", *more)[0]
+                   for more in ([], ["--migration", "sglang"]))
+    assert blind["output_rel_error"] == 0 and blind["first_wrong_step"] is None
+    assert seen["output_rel_error"] > 0 and seen["first_wrong_step"] == 4
+    assert seen["slot_mismatch"] == 0  # the weights moved right: the path read no map
+
+
+def test_migration_flags_that_cannot_apply_are_one_line_errors(capsys):
+    assert_input_error(capsys, "run", "--migration", "sglang",
+                       match="only apply with rebalance_every")
+    assert_input_error(capsys, "run", "--rebalance-every", "4", "--unmoved", "1",
+                       match="it needs migration sglang or vllm")
+    assert_input_error(capsys, "run", "--rebalance-every", "4", "--migration", "vllm",
+                       "--rebalance-mode", "async", match="rebalance_mode sync")

@@ -4,7 +4,7 @@ point-to-point calls) moves what real processes move. Each process builds its ow
 for SGLang, its own metadata, runs the same `move_rank` as the simulation with the real
 `batch_isend_irecv`, and records each send it posts (source, destination, bytes) as the
 simulation does; the parent reads every rank's weights back (`weights_only` loads) and returns a
-`Moved` like `migrate`'s.
+`Moved` like `migrate`'s for each engine asked (one process group moves for all, in turn).
 """
 
 from __future__ import annotations
@@ -51,54 +51,66 @@ def recording(sent: list, rank: int, owners: Sequence[Any]) -> Iterator[None]:
             m.batch_isend_irecv = value
 
 
-def _rank(rank: int, world: int, port: int, engine: str, old: torch.Tensor,
+def _rank(rank: int, world: int, port: int, engines: Sequence[str], old: torch.Tensor,
           new: torch.Tensor, num_experts: int, per_node: int, sources: Any,
           shapes: Sequence[Sequence[int]], chunks: Any, drop: Sequence[int], out: str) -> None:
-    from ..engines import adapter
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=TIMEOUT_S))
     try:
-        run = adapter(engine, sources)
-        weights = rank_weights(old, num_experts, world, shapes)[rank]
-        given = [[t for i, t in enumerate(layer) if i not in set(drop)] for layer in weights]
-        sent: list = []
-        L, P = old.shape
-        if engine == "sglang":
-            from ..engines.sglang import Layout
-            from ..engines.sglang_updater import metadata, move_rank
-            layout = Layout(L, num_experts, P, world, world // per_node)
-            (mine,), (theirs,) = metadata(run, layout, old, [rank]), metadata(run, layout, new,
-                                                                              [rank])
-            with run.modules.active(), recording(sent, rank, [dist]):
-                move_rank(run, layout, mine, theirs, given,
-                          [list(range(L))] if chunks is None else chunks, rank)
-        else:
-            from ..engines.vllm_rearrange import modules, move_rank
-            loaded = modules(run)
-            with run.modules.active(), recording(sent, rank, [dist, loaded[1]]):
-                move_rank(run, loaded, old, new, given, dist.group.WORLD)
-        torch.save({"weights": weights, "sent": sent}, Path(out) / f"{rank}.pt")
+        parts = [_move_here(engine, rank, world, old, new, num_experts, per_node, sources,
+                            shapes, chunks, drop) for engine in engines]
+        torch.save(parts, Path(out) / f"{rank}.pt")
     finally:
         dist.destroy_process_group()
 
 
-def migrate_on_processes(engine: str, old: torch.Tensor, new: torch.Tensor,
+def _move_here(engine: str, rank: int, world: int, old: torch.Tensor, new: torch.Tensor,
+               num_experts: int, per_node: int, sources: Any,
+               shapes: Sequence[Sequence[int]], chunks: Any, drop: Sequence[int]) -> dict:
+    """This process's rank moved by `engine` from fresh weights holding `old`: its weights
+    after the move and the sends it posted."""
+    from ..engines import adapter
+    run = adapter(engine, sources)
+    weights = rank_weights(old, num_experts, world, shapes)[rank]
+    given = [[t for i, t in enumerate(layer) if i not in set(drop)] for layer in weights]
+    sent: list = []
+    L, P = old.shape
+    if engine == "sglang":
+        from ..engines.sglang import Layout
+        from ..engines.sglang_updater import metadata, move_rank
+        layout = Layout(L, num_experts, P, world, world // per_node)
+        (mine,), (theirs,) = (metadata(run, layout, old, [rank]),
+                              metadata(run, layout, new, [rank]))
+        with run.modules.active(), recording(sent, rank, [dist]):
+            move_rank(run, layout, mine, theirs, given,
+                      [list(range(L))] if chunks is None else chunks, rank)
+    else:
+        from ..engines.vllm_rearrange import modules, move_rank
+        loaded = modules(run)
+        with run.modules.active(), recording(sent, rank, [dist, loaded[1]]):
+            move_rank(run, loaded, old, new, given, dist.group.WORLD)
+    return {"weights": weights, "sent": sent}
+
+
+def migrate_on_processes(engines: Sequence[str], old: torch.Tensor, new: torch.Tensor,
                          num_experts: int, topology: Topology, sources: Any = (),
                          shapes: Sequence[Sequence[int]] = SHAPES,
                          chunks: Sequence[Sequence[int]] | None = None,
-                         drop: Sequence[int] = ()) -> Moved:
-    """`migration.migrate` on `topology.num_gpus` real gloo processes (module doc); its maps
-    are left None (each process keeps its own). InputError when a rank fails or the group
-    outlasts `TIMEOUT_S`."""
+                         drop: Sequence[int] = ()) -> list[Moved]:
+    """`migration.migrate` on `topology.num_gpus` real gloo processes (module doc), once for
+    each of `engines` in turn (one process group for all), each from fresh weights holding
+    `old`; their maps are left None (each process keeps its own). InputError when a rank
+    fails or the group outlasts `TIMEOUT_S`."""
     G = topology.num_gpus
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     ctx = multiprocessing.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="eplbsim-migrate-") as out:
-        procs = [ctx.Process(target=_rank, args=(r, G, port, engine, old.long(), new.long(),
-                                                  num_experts, topology.gpus_per_node, sources,
-                                                  shapes, chunks, tuple(drop), out))
+        procs = [ctx.Process(target=_rank, args=(r, G, port, tuple(engines), old.long(),
+                                                  new.long(), num_experts,
+                                                  topology.gpus_per_node, sources, shapes,
+                                                  chunks, tuple(drop), out))
                  for r in range(G)]
         for p in procs:
             p.start()
@@ -112,9 +124,12 @@ def migrate_on_processes(engine: str, old: torch.Tensor, new: torch.Tensor,
         if failed:
             raise InputError(f"the real ranks' move failed on rank(s) {failed} (exit status "
                              f"{[procs[r].exitcode for r in failed]})")
-        parts = [torch.load(Path(out) / f"{r}.pt", weights_only=True) for r in range(G)]
-    weights = [p["weights"] for p in parts]
-    holds = held(weights, num_experts)
-    sent = [tuple(x) for p in parts for x in p["sent"]]
-    return Moved(holds, slot_mismatch(holds, new), lost_experts(holds, num_experts), sent,
-                 None, weights)
+        ranks = [torch.load(Path(out) / f"{r}.pt", weights_only=True) for r in range(G)]
+    out_moves = []
+    for i in range(len(engines)):
+        weights = [parts[i]["weights"] for parts in ranks]
+        holds = held(weights, num_experts)
+        sent = [tuple(x) for parts in ranks for x in parts[i]["sent"]]
+        out_moves.append(Moved(holds, slot_mismatch(holds, new),
+                               lost_experts(holds, num_experts), sent, None, weights))
+    return out_moves
