@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -124,6 +125,49 @@ def test_two_replicas_of_one_expert_on_one_rank_move_in_and_out(engine):
     assert torch.equal(into.holds, twice) and into.lost == []
     back = migrate(engine, twice, start, E, topology)
     assert torch.equal(back.holds, start) and back.lost == []
+
+
+def test_between_sglangs_layer_chunks_each_layers_weights_and_maps_switch_together():
+    """Case 4: SGLang hands its updater the layers chunk by chunk (`eplb_manager`'s
+    layers-per-chunk) and serves steps in between; after the first chunk, its layers hold the
+    new experts and every rank's committed map says so, the others hold and say the old."""
+    _fetched("sglang")
+    gen = torch.Generator().manual_seed(5)
+    old, new = _placement(gen, 3, 16, 24), _placement(gen, 3, 16, 24)
+    topology = Topology(4, 2)
+    first = migrate("sglang", old, new, 16, topology, chunks=[[0]])
+    assert torch.equal(first.holds[0], new[0]) and torch.equal(first.holds[1:], old[1:])
+    for meta in first.maps:  # what each rank's dispatch reads between the chunks
+        assert torch.equal(meta.physical_to_logical_map_cpu, first.holds)
+    rest = migrate("sglang", old, new, 16, topology, chunks=[[0], [1, 2]])
+    assert torch.equal(rest.holds, new)
+    assert all(torch.equal(m.physical_to_logical_map_cpu, new) for m in rest.maps)
+
+
+# DeepSeek EPLB #22: the first 23 of the 256 loads its issue gives for one layer (the rest are
+# drawn below); its setting: 32 redundant slots, 16 groups, 2 nodes, 32 GPUs.
+ISSUE_22_LOADS = [10545, 11846, 8542, 33117, 8385, 4892, 24052, 27875, 12287, 21604, 31428,
+                  19248, 13467, 12080, 5198, 1323, 19034, 28040, 44965, 3112, 13323, 4808, 10167]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_deepseeks_duplicate_replicas_on_one_rank_are_moved_in_and_out(engine):
+    """The `deepseek` solver on DeepSeek EPLB #22's setting places two replicas of one expert
+    on one rank; the engine's updater moves into that placement and out of it slot-exactly."""
+    _fetched(engine)
+    from eplbsim.solvers import solve
+    topology = Topology(32, 16)
+    rng = np.random.default_rng(0)
+    tail = rng.lognormal(9.5, 0.9, 256 - len(ISSUE_22_LOADS)).round()
+    load = np.concatenate([ISSUE_22_LOADS, tail]).astype(np.int64)[None]  # [1, 256]
+    twice = solve("deepseek", load, 288, topology, 16).phy2log
+    per_rank = twice.view(32, 9)
+    assert any(len(set(r.tolist())) < 9 for r in per_rank)  # the issue's duplicate
+    before = solve("deepseek", np.roll(load, 7, 1), 288, topology, 16).phy2log
+    into = migrate(engine, before, twice, 256, topology)
+    assert torch.equal(into.holds, twice) and into.lost == []
+    out = migrate(engine, twice, before, 256, topology, weights=into.weights)
+    assert torch.equal(out.holds, before) and out.lost == []
 
 
 def test_real_ranks_move_the_same_slots_and_bytes_as_the_simulation():
