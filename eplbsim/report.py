@@ -85,6 +85,15 @@ def _correctness(r: Report) -> list[str]:
                       f"{late['layer']} ({late['agreed']} of {late['pairs']} pairs agreed"
                   + ("; ranks were switching placements at different steps"
                      if late["during_switch"] else "") + ")."]
+    moved = inv.get("moved")
+    if moved is not None:
+        wrong = ("no pair ran on a slot holding another expert" if moved["first_wrong_step"]
+                 is None else f"pairs run on slots holding another expert from step "
+                              f"{moved['first_wrong_step']}")
+        lines += ["", f"Weights moved by {moved['engine']}'s own updater at each rebalance: "
+                      f"slot mismatch {number(moved['slot_mismatch'])}, "
+                      f"{moved['lost_experts']} lost expert(s), {moved['map_mismatch']} rank "
+                      f"map(s) differing from what the dispatch reads; {wrong}."]
     return lines + ["", f"Toy MoE output error on the scored steps: "
                         f"{number(inv['output_rel_error'])}; rank agreement "
                         f"{number(inv['rank_agreement'])}."]

@@ -310,7 +310,8 @@ def _plans(test: Any, specs: dict[str, RunSpec], routed: Any,
 
 
 SCHEDULE = ("rebalance_every", "window", "predictor", "decay", "initial", "skip_above",
-            "rebalance_mode", "copy_steps", "switch_delay")  # what only a schedule reads
+            "rebalance_mode", "copy_steps", "switch_delay", "migration",
+            "unmoved")  # what only a schedule reads
 
 
 def _without_schedule(spec: RunSpec) -> RunSpec:

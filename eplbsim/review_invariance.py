@@ -48,7 +48,8 @@ def invariance_findings(policy: Any, name: str, test: Any, placement: Placement,
                                                test.top_k), "observed": None,
                            "counterexample": None, "searched": 0,
                            "output_rel_error": results.metrics.get("output_rel_error"),
-                           "rank_agreement": results.metrics.get("rank_agreement")}
+                           "rank_agreement": results.metrics.get("rank_agreement"),
+                           "moved": _moved(results)}
     if d.mode != "none":
         out["observed"] = "not needed in a2a (each token is dispatched once, by its owner)"
         return out
@@ -69,6 +70,16 @@ def invariance_findings(policy: Any, name: str, test: Any, placement: Placement,
     corrupt = out["counterexample"] is not None or (agreed is not None and agreed < 1)
     out["observed"] = "variant" if corrupt else "invariant (none found)"
     return out
+
+
+def _moved(results: Results) -> dict[str, Any] | None:
+    """With `--migration sglang|vllm`: what the engine's updater left (`Results.engine_moves`
+    totals), the engine's name, and the wrong-expert share in "a2a"; None otherwise."""
+    moves = results.engine_moves()
+    if moves is None:
+        return None
+    return {**moves["totals"], "engine": results.spec.schedule.migration,
+            "wrong_expert_frac": results.metrics.get("wrong_expert_frac")}
 
 
 def _first_disagreement(results: Results, spec: RunSpec) -> dict[str, Any] | None:

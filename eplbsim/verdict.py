@@ -2,8 +2,10 @@
 one line each axis gets, and the reasons, each with its numbers. Pure functions; no replay.
 
 The rules (`rules()` words them for the page), in the order they are tried:
-1. A candidate whose ranks choose different replicas in "none" mode corrupts the layer's output:
-   **not recommended**, whatever else holds.
+1. A candidate whose ranks choose different replicas in "none" mode, or whose pairs run on slots
+   holding another expert after a rebalance (`--migration`: the engine's updater moved the
+   weights, `migration.replayed`), corrupts the layer's output: **not recommended**, whatever
+   else holds.
 2. Fewer than `MIN_SCORED_STEPS` scored steps, or, reviewing a dispatch change, no replicated
    expert carrying load in them (the dispatch choice cannot matter): **insufficient evidence**.
 3. A rebalance schedule whose stalls outweigh the time it saves: **not recommended**.
@@ -49,8 +51,10 @@ def rules(min_effect: float, level: float, kind: str = "dispatch") -> list[str]:
                else " (its GPU imbalance is shown beside: a placement for traffic trades it "
                     "for fewer destinations)")
     return [
-        "A candidate whose ranks choose different replicas in \"none\" mode is not "
-        "recommended, whatever else holds: it corrupts the layer's output.",
+        "A candidate whose ranks choose different replicas in \"none\" mode, or whose pairs "
+        "run on slots holding another expert after a rebalance (--migration: the engine's "
+        "updater moved the weights), is not recommended, whatever else holds: it corrupts the "
+        "layer's output.",
         f"Fewer than {MIN_SCORED_STEPS} scored steps"
         + (", or no replicated expert carrying load," if kind == "dispatch" else "")
         + " is insufficient evidence.",
@@ -72,6 +76,9 @@ def judge(invariance: dict, balance: dict, time: dict, rebalance: dict | None, s
     headline = [correctness_line(invariance, mode), balance_line(balance), time_line(time)]
     if mode == "none" and invariance["observed"] == "variant":
         return "not recommended", [_corruption(invariance)], headline
+    moved = invariance.get("moved")
+    if moved is not None and moved["first_wrong_step"] is not None:
+        return "not recommended", [_wrong_weights(moved)], headline
     reasons = []
     if scored < MIN_SCORED_STEPS:
         reasons.append(f"only {scored} scored step(s); at least {MIN_SCORED_STEPS} are needed")
@@ -148,6 +155,19 @@ def _measured_pct(measured: dict) -> float:
     return measured["difference_ms"] / base * 100 if base else math.nan
 
 
+def _wrong_weights(moved: dict) -> str:
+    """Rule 1's reason for a run whose rebalances left pairs computed by the wrong expert."""
+    what = (f"{number(moved['slot_mismatch'])} of the slots hold another expert than the map "
+            f"names after {moved['engine']}'s updater moved them"
+            if moved["slot_mismatch"] else
+            f"{moved['engine']}'s updater moved every slot right, but pairs are sent to slots "
+            f"holding another expert")
+    lost = (f" ({moved['lost_experts']} (rebalance, layer, expert) left with no replica)"
+            if moved["lost_experts"] else "")
+    return (f"the output is wrong from step {moved['first_wrong_step']}: {what}{lost}; it "
+            f"corrupts the layer's output")
+
+
 def _corruption(invariance: dict) -> str:
     """Rule 1's reason: where ranks disagree, and what it costs."""
     ce, late = invariance["counterexample"], invariance.get("replay_disagrees")
@@ -168,6 +188,11 @@ def _corruption(invariance: dict) -> str:
 
 def correctness_line(invariance: dict, mode: str) -> str:
     """The headline's correctness line."""
+    moved = invariance.get("moved")
+    if moved is not None and moved["first_wrong_step"] is not None:
+        return (f"Correctness: pairs run on slots holding another expert from step "
+                f"{moved['first_wrong_step']} (weights moved by {moved['engine']}'s updater; "
+                f"slot mismatch {number(moved['slot_mismatch'])}).")
     if mode != "none":
         return "Correctness: not at stake in a2a (each token is dispatched once, by its owner)."
     claimed = f"claimed class: {invariance['claimed']}"

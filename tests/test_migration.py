@@ -19,6 +19,7 @@ from eplbsim.errors import InputError
 from eplbsim.migration import migrate, plan
 from eplbsim.migration.simdist import SimWorld, simulated
 from eplbsim.migration.weights import held, lost_experts, rank_weights, slot_mismatch
+from eplbsim.review import EXIT
 from eplbsim.topology import Topology
 
 from cli_helpers import assert_input_error, run
@@ -255,3 +256,13 @@ def test_migration_flags_that_cannot_apply_are_one_line_errors(capsys):
                        match="it needs migration sglang or vllm")
     assert_input_error(capsys, "run", "--rebalance-every", "4", "--migration", "vllm",
                        "--rebalance-mode", "async", match="rebalance_mode sync")
+
+
+def test_review_does_not_recommend_a_run_whose_moved_weights_are_wrong(capsys):
+    """Case 2 on the review page: the verdict, and from which step the output is wrong."""
+    _fetched("sglang")
+    code, out, _ = run(capsys, "review", "row", *SMALL[:-1], "--gpus", "8", "--redundant", "8",
+                       "--migration", "sglang", "--unmoved", "2", "--seeds", "1")
+    assert code == EXIT["not recommended"]
+    assert "- the output is wrong from step 4: " in out
+    assert "Weights moved by sglang's own updater at each rebalance: slot mismatch " in out
