@@ -9,6 +9,7 @@ Dimensions: `G` ranks, `L` layers, `E` experts, `P` slots.
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -266,3 +267,23 @@ def test_review_does_not_recommend_a_run_whose_moved_weights_are_wrong(capsys):
     assert code == EXIT["not recommended"]
     assert "- the output is wrong from step 4: " in out
     assert "Weights moved by sglang's own updater at each rebalance: slot mismatch " in out
+
+
+def test_a_release_without_the_updater_is_one_line_naming_the_file(capsys, tmp_path):
+    _fetched("sglang")
+    copy = tmp_path / "sglang-no-updater"
+    shutil.copytree(engines.release("sglang"), copy)
+    (copy / "sglang" / "srt" / "eplb" / "expert_location_updater.py").unlink()
+    assert_input_error(capsys, "run", *SMALL, "--gpus", "8", "--redundant", "8", "--migration",
+                       "sglang", "--engine-source", f"sglang={copy}",
+                       match="sglang/srt/eplb/expert_location_updater.py")
+
+
+def test_a_bisect_reads_slot_mismatch_across_releases(capsys):
+    for version in ("0.5.16", "0.5.17"):
+        if not (engines.source.release_folder("sglang", version) / "sglang").is_dir():
+            pytest.skip(f"sglang {version} is not fetched")
+    code, out, _ = run(capsys, "engines", "bisect", "sglang", "0.5.16..0.5.17", "--metric",
+                       "slot_mismatch", "--migration", "sglang", "--policies", "row", "--mode",
+                       "none", *SMALL[:-1], "--gpus", "8", "--redundant", "8")
+    assert code == 0 and "slot_mismatch does not change between the releases that ran" in out

@@ -189,9 +189,12 @@ def bisect(args: argparse.Namespace) -> int:
     if engine in base.dispatch.engine_source:
         raise InputError(f"--engine-source: the bisect runs {engine} from each release itself")
     if not any(is_engine_name(n) and n.startswith(engine + ":")
-               for n in (base.dispatch.policy, base.solver.solver)):
-        raise InputError(f"neither the policy nor the solver is {engine}'s: nothing would run "
-                         f"{engine}'s code (e.g. --policies {engine}:dynamic)")
+               for n in (base.dispatch.policy, base.solver.solver)) \
+            and base.schedule.migration != engine:
+        raise InputError(f"neither the policy, the solver nor the migration is {engine}'s: "
+                         f"nothing would run {engine}'s code (e.g. --policies {engine}:"
+                         f"{'dynamic' if engine == 'sglang' else 'hash'}, or --migration "
+                         f"{engine})")
     trace = source.open(base.dispatch.seed, base.schedule)
 
     def measure(version: str) -> float:
