@@ -124,8 +124,8 @@ def weighed_error_terms(epoch: Epoch, step: int, topk_ids: torch.Tensor,
                         choices: list[torch.Tensor], slot_gpu: torch.Tensor) -> torch.Tensor:
     """`all_reduced_error_terms` where each rank computes the pairs it sent itself with the
     weights its slot holds (`Epoch.held`, `weighed`): a pair run on a slot holding expert `h`
-    adds expert `h`'s output for the token, one holding nothing valid adds nothing. Every rank
-    of the group is in this process (`weighed` epochs are simulated in one)."""
+    adds expert `h`'s output for the token, one holding nothing valid adds nothing. The ranks
+    of this process sum their outputs; the group's all-reduce sums the processes'."""
     held = epoch.held.to(topk_ids.device)
     valid = topk_ids >= 0
     right = torch.zeros(topk_ids.shape, dtype=torch.int64, device=topk_ids.device)
@@ -143,7 +143,7 @@ def weighed_error_terms(epoch: Epoch, step: int, topk_ids: torch.Tensor,
     exact, weighted = step_sums(epoch.moe, step, topk_ids, right)
     if wrong_sums is not None:
         weighted = weighted + wrong_sums
-    return error_terms(weighted - exact, exact)
+    return error_terms(epoch.comm.all_reduce(weighted) - exact, exact)
 
 
 def none_step(epoch: Epoch, step: int, topk_ids: torch.Tensor,

@@ -45,8 +45,9 @@ _DONE: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()  # f
 
 def planned_moves(spec: Any, segments: Sequence[Any]) -> list[Any] | None:
     """The engine's move at each segment's start, chained from the first placement's weights
-    (module doc): per segment a `Moved`, None for the first and for one that moved nothing
-    (no rebalance, or skipped); None under `--migration eplbsim`. `--unmoved I` leaves tensor
+    (module doc): per segment a `Moved`, None for the first and for one whose placement is
+    the one before (a skipped rebalance; read from the placements alone, which is all a real
+    rank other than 0 receives); None under `--migration eplbsim`. `--unmoved I` leaves tensor
     `I` out of what the engine is given. Computed once per schedule (the segments' first
     object), engine source and fault: every policy of a comparison shares it."""
     engine = spec.schedule.migration
@@ -61,8 +62,8 @@ def planned_moves(spec: Any, segments: Sequence[Any]) -> list[Any] | None:
         weights = rank_weights(first.phy2log, E, topology.num_gpus, SHAPES)
         out: list[Any] = [None]
         for before, seg in zip(segments, segments[1:]):
-            if seg.rebalance is None or seg.rebalance.skipped:
-                out.append(None)
+            if torch.equal(before.placement.phy2log, seg.placement.phy2log):
+                out.append(None)  # kept (a skipped rebalance): nothing moves
                 continue
             moved = migrate(engine, before.placement.phy2log, seg.placement.phy2log, E,
                             topology, sources, drop=drop, weights=weights)
