@@ -287,3 +287,14 @@ def test_a_bisect_reads_slot_mismatch_across_releases(capsys):
                        "slot_mismatch", "--migration", "sglang", "--policies", "row", "--mode",
                        "none", *SMALL[:-1], "--gpus", "8", "--redundant", "8")
     assert code == 0 and "slot_mismatch does not change between the releases that ran" in out
+
+
+def test_real_ranks_read_the_moved_weights_as_the_simulation_does(capsys):
+    """`ranks --migration`: each process serves the steps from the weights the engine's
+    updater left, and the output error on real processes equals the simulation's."""
+    _fetched("sglang")
+    code, out, _ = run(capsys, "ranks", "--world-size", "2", *SMALL[:-1], "--redundant", "8",
+                       "--migration", "sglang", "--unmoved", "2", "--policies", "unmapped",
+                       "--mode", "none")
+    assert code == 0, out
+    assert "1 of 1 configurations: every metric of the real processes equals" in out
