@@ -137,11 +137,13 @@ class Epoch:
     count_links:  count each step's fan-out (`fanout`: the GPUs and nodes each token's executed
                   choices reach) and, in "a2a", its token crossings between GPUs and nodes
                   (what the cost model's communication reads)
-    held:         int64 `[L, P]` the expert whose weights each slot holds, when the ranks serve
-                  different placements (a switch in progress, `schedule.switch`: `views[i]`
-                  is then of the placement rank `i` serves, `placement` the new one); "a2a"
-                  counts the pairs sent to a slot holding another expert. None when every
-                  rank serves `placement`
+    held:         int64 `[L, P]` the expert whose weights each slot holds, when that is not
+                  what `placement` names everywhere (`migration.replayed.served`): ranks
+                  serving different placements (a switch in progress, `schedule.switch`:
+                  `views[i]` is then of the placement rank `i` serves, `placement` the new
+                  one), what an engine's updater left (`--migration`), old weights under new
+                  maps (`--map-lead`); "a2a" counts the pairs sent to a slot holding another
+                  expert. None when every slot holds what `placement` names
     shared:       count where each token's shared-expert work runs (`StepOutcome.shared`)
     tp:           the attention tensor-parallel size (`DispatchContext.tp`)
     weighed:      `held` is what an engine's updater left in each slot (`--migration`,

@@ -31,8 +31,7 @@ from .ranks import LOCAL, MODES, Collectives, Epoch, make_ranks, rank_context, r
 from .registry import lookup
 from .results import Comparison, Results
 from .schedule.plan import Segment, plan
-from .migration.replayed import segment_holds
-from .schedule.switch import held_experts, phases
+from .migration.replayed import served
 from .runspec import RunSpec, label
 from .traces.coactivation import coactivation
 from .traces.counts import CountsTrace
@@ -165,14 +164,11 @@ def dispatch_steps(trace: Any, spec: RunSpec, segments: Sequence[Segment], steps
     shared = spec.shared_work() > 0
     counters = Counters.zeros(len(steps), L, G, shared)
     read = getattr(trace, "stored_step", trace.step)  # ids as stored: the steps widen them
-    moved = segment_holds(spec, segments)  # what the engine's updater left: --migration
-    for start, stop, placement, serving in phases(segments):
+    weighed = spec.schedule.migration != "eplbsim"  # slots hold what the engine's move left
+    for start, stop, placement, serving, held in served(spec, segments):
         start, stop = max(start, steps.start), min(stop, steps.stop)
         if start >= stop:
             continue
-        held = None if serving is None else held_experts(serving)
-        if moved is not None:
-            held = moved[max(i for i, seg in enumerate(segments) if seg.start <= start)]
         views = tuple(rank_view(d.view, placement if serving is None else serving[r.rank],
                                 r.rank, d.mode).to(device) for r in ranks)
         contexts = [rank_context(start, r, d.mode, d.seed, d.rank_offset, d.tp) for r in ranks]
@@ -181,7 +177,7 @@ def dispatch_steps(trace: Any, spec: RunSpec, segments: Sequence[Segment], steps
                       d.mode, d.seed, d.rank_offset, moe, comm, fast=fast,
                       count_links=spec.cost.cost is not None,
                       held=None if held is None else held.to(device),
-                      shared=shared, tp=d.tp, weighed=moved is not None)
+                      shared=shared, tp=d.tp, weighed=weighed)
         for s in range(start, stop):
             ids = read(s).to(device)  # [T, L, K]
             out = mode_step(epoch, s, ids, trace.step_src_rank(s))

@@ -311,7 +311,7 @@ def _plans(test: Any, specs: dict[str, RunSpec], routed: Any,
 
 SCHEDULE = ("rebalance_every", "window", "predictor", "decay", "initial", "skip_above",
             "rebalance_mode", "copy_steps", "switch_delay", "migration",
-            "unmoved")  # what only a schedule reads
+            "unmoved", "map_lead")  # what only a schedule reads
 
 
 def _without_schedule(spec: RunSpec) -> RunSpec:

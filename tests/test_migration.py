@@ -298,3 +298,18 @@ def test_real_ranks_read_the_moved_weights_as_the_simulation_does(capsys):
                        "--mode", "none")
     assert code == 0, out
     assert "1 of 1 configurations: every metric of the real processes equals" in out
+
+
+def test_a_map_committed_before_its_weights_is_the_hazard_eplbsims_model_counts(capsys):
+    """Case 5's fault: with `--map-lead 1` the new maps serve one step while the slots still
+    hold the old experts; eplbsim's own model and the engine's moved weights give the same
+    wrong-expert share in a2a, and none without the fault."""
+    _fetched("sglang")
+    share = {}
+    for migration in ("eplbsim", "sglang"):
+        for lead in ("0", "1"):
+            (row,) = _rows(capsys, "--gpus", "8", "--redundant", "8", "--policies", "row",
+                           "--mode", "a2a", "--migration", migration, "--map-lead", lead)
+            share[migration, lead] = row["wrong_expert_frac"]
+    assert share["eplbsim", "0"] == share["sglang", "0"] == 0
+    assert share["eplbsim", "1"] == share["sglang", "1"] > 0

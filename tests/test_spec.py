@@ -88,6 +88,7 @@ EXAMPLES = {
     "copy_steps": ("2", 2, 0, "must be an integer >= 1, got 0", ASYNC),
     "switch_delay": ("1", 1, -1, "must be an integer >= 0, got -1", ASYNC),
     "migration": ("vllm", "vllm", "deepspeed", "unknown migration 'deepspeed'", REBALANCE),
+    "map_lead": ("1", 1, -1, "must be an integer >= 0, got -1", REBALANCE),
     "unmoved": ("2", 2, 3, "must be an integer in [0, 2], got 3", {**REBALANCE, "migration": "vllm"}),
     "gpus": ("4", 4, 0, "must be an integer in [1, 65536], got 0", {}),
     "gpus_per_node": ("2", 2, 0, "must be an integer in [1, 65536], got 0", {}),

@@ -33,6 +33,7 @@ from ..cost.rebalance import sync_stall_seconds
 from ..engines import as_sources
 from ..metrics.chunks import layer_scale
 from ..schedule.migration import transfer_kinds
+from ..schedule.switch import held_experts, phases
 from . import migrate
 from .weights import SHAPES, rank_weights
 
@@ -84,6 +85,31 @@ def segment_holds(spec: Any, segments: Sequence[Any]) -> list[torch.Tensor] | No
     for moved in moves:
         holds = holds if moved is None else moved.holds
         out.append(holds)
+    return out
+
+
+def served(spec: Any, segments: Sequence[Any]) -> list[tuple[int, int, Any, Any, Any]]:
+    """The replay's stretches `(start, stop, placement, serving, held)`: `schedule.switch.phases`
+    with what each slot holds (`held [L, P]`, or None where every slot holds what the serving
+    placement names): the experts the engine's updater left (`segment_holds`, `--migration`),
+    the placements of ranks switching at different steps (async), and with `--map-lead N` the
+    old experts for the first N steps after each move while the new maps already serve."""
+    moved = segment_holds(spec, segments)
+    lead = spec.schedule.map_lead
+    starts = [seg.start for seg in segments]
+    out = []
+    for start, stop, placement, serving in phases(segments):
+        held = None if serving is None else held_experts(serving)
+        i = max(j for j, first in enumerate(starts) if first <= start)
+        if moved is not None:
+            held = moved[i]
+        if lead and i and start == starts[i] and not torch.equal(
+                segments[i - 1].placement.phy2log, placement.phy2log):
+            old = segments[i - 1].placement.phy2log if moved is None else moved[i - 1]
+            out.append((start, min(stop, start + lead), placement, serving, old))
+            start = min(stop, start + lead)
+        if start < stop:
+            out.append((start, stop, placement, serving, held))
     return out
 
 

@@ -193,12 +193,16 @@ class SchedulePart(Part):
         "is left out of the list the engine's updater moves while the slot keeps it, as in "
         "vLLM #47588 (a scale moved without its weight)", Integer(0, optional=True, most=2),
         metavar="I")
+    map_lead: int = knob(
+        0, "a fault: each rebalance's new maps serve N steps before its weights land, the "
+        "slots still holding the old experts (a map committed ahead of its weights); a2a "
+        "counts the pairs sent to a slot holding another expert", Integer(0), metavar="N")
 
     def relate(self) -> None:
         if self.rebalance_every is None:
             unused = changed_fields(self, ("window", "predictor", "decay", "initial", "skip_above",
                                      "rebalance_mode", "copy_steps", "switch_delay",
-                                     "migration", "unmoved"))
+                                     "migration", "unmoved", "map_lead"))
             if unused:
                 raise InputError(f"{', '.join(unused)} only apply with rebalance_every (a "
                                  f"rebalance schedule); without it one placement is solved "
@@ -211,6 +215,10 @@ class SchedulePart(Part):
             raise InputError(f"migration {self.migration} moves the weights with the engine's "
                              f"updater at the rebalance, as a sync rebalance does; async "
                              f"rebalances are eplbsim's own model only (rebalance_mode sync)")
+        if self.map_lead and (self.rebalance_mode != "sync" or
+                              self.map_lead > self.rebalance_every):
+            raise InputError(f"map_lead {self.map_lead} needs rebalance_mode sync and at most "
+                             f"rebalance_every ({self.rebalance_every}) steps")
         if self.rebalance_mode == "sync":
             unused = changed_fields(self, ("copy_steps", "switch_delay"))
             if unused:
