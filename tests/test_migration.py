@@ -197,7 +197,7 @@ SMALL = ["--scenario", "drift", "--steps", "12", "--tokens", "64", "--layers", "
          "32", "--rebalance-every", "4", "--json"]
 MOVED_KEYS = ("slot_mismatch", "lost_experts", "map_mismatch", "moved_wrong_frac",
               "engine_copies_nvlink", "engine_copies_rdma", "engine_p2p_ops", "engine_stall_ms",
-              "first_wrong_step")
+              "engine_moved_bytes", "engine_cross_node_bytes", "first_wrong_step")
 
 
 def _rows(capsys, *args):
@@ -222,6 +222,8 @@ def test_run_with_the_engines_updater_moves_every_slot_right_and_changes_no_othe
         assert ours["map_mismatch"] == 0 and ours["moved_wrong_frac"] == 0
         assert ours["first_wrong_step"] is None
         assert ours["engine_p2p_ops"] > 0
+        assert ours["engine_moved_bytes"] >= ours["engine_cross_node_bytes"] > 0 or mode == "none"
+        assert ours["moved_bytes"] == theirs["moved_bytes"] > 0
         assert ours["engine_copies_nvlink"] + ours["engine_copies_rdma"] > 0
         assert (ours["engine_copies_rdma"] > 0) == (mode == "a2a")  # two nodes only there
         assert ours["output_rel_error" if mode == "none" else "wrong_expert_frac"] == 0

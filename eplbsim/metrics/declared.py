@@ -246,6 +246,8 @@ METRICS: dict[str, Metric] = {
            ("engine_copies_nvlink", "eng_nvlink", COUNT, DECOMPOSITION),
            ("engine_copies_rdma", "eng_rdma", COUNT, DECOMPOSITION),
            ("engine_p2p_ops", "eng_p2p", COUNT, DECOMPOSITION),
+           ("engine_moved_bytes", "eng_bytes", COUNT, frozenset()),
+           ("engine_cross_node_bytes", "eng_xnode_bytes", COUNT, frozenset()),
            ("first_wrong_step", "wrong_from", COUNT, frozenset({"main"})))},
     "layer_us": Metric("layer_us", lambda c: (c.seconds["total"] * 1e6,), needs=COST,
                        tables=TIME, fmt=TIME_FMT),

@@ -38,8 +38,8 @@ from . import migrate
 from .weights import SHAPES, rank_weights
 
 FIELDS = ("slot_mismatch", "lost_experts", "map_mismatch", "moved_wrong_frac",
-          "engine_copies_nvlink", "engine_copies_rdma", "engine_p2p_ops", "engine_stall_ms",
-          "first_wrong_step")
+          "engine_copies_nvlink", "engine_copies_rdma", "engine_p2p_ops", "engine_moved_bytes",
+          "engine_cross_node_bytes", "engine_stall_ms", "first_wrong_step")
 _DONE: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()  # first segment
 # -> {(engine, sources): its moves}
 
@@ -175,6 +175,11 @@ def engine_moves(results: Any) -> dict[str, Any] | None:
               "engine_copies_nvlink": sum(r["copies_nvlink"] for r in rows),
               "engine_copies_rdma": sum(r["copies_rdma"] for r in rows),
               "engine_p2p_ops": sum(r["p2p_ops"] for r in rows),
+              "engine_moved_bytes": round(sum(r["copies_same_gpu"] + r["copies_nvlink"]
+                                              + r["copies_rdma"] for r in rows)
+                                          * spec.expert_bytes() * scale),
+              "engine_cross_node_bytes": round(sum(r["copies_rdma"] for r in rows)
+                                               * spec.expert_bytes() * scale),
               "engine_stall_ms": sum(r.get("engine_stall_ms", 0.0) for r in rows)
               if priced else None,
               "first_wrong_step": next((seg.start for seg in segments
