@@ -128,8 +128,9 @@ def test_the_run_command_gives_the_same_table_with_workers(capsys, monkeypatch):
 
 
 def test_the_engines_own_code_splits_bit_for_bit_and_is_weighed_by_its_calls(trace):
-    """Engine policies over two processes equal one process; `dispatch_work` counts an
-    engine's calls: shared in "none" when they draw nothing, one a rank in "a2a"."""
+    """Engine policies over two processes equal one process, the weights moved by SGLang's
+    updater with a fault (`--unmoved`, `--map-lead`) too; `dispatch_work` counts an engine's
+    calls: shared in "none" when they draw nothing, one a rank in "a2a"."""
     from eplbsim import engines
     from eplbsim.workers import ENGINE_CALL, dispatch_work
     if engines.release("sglang") is None or engines.release("vllm") is None:
@@ -137,9 +138,10 @@ def test_the_engines_own_code_splits_bit_for_bit_and_is_weighed_by_its_calls(tra
     names = ["sglang:dynamic", "sglang:static", "vllm:hash"]
     spec = RunSpec.of(gpus=4, gpus_per_node=2, redundant=4, rebalance_every=4)
     short = trace.window(0, 6)
-    whole = compare(short, names, ["none", "a2a"], spec)
+    moved = spec.replace(migration="sglang", unmoved=1, map_lead=1)
+    whole = compare(short, names, ["none", "a2a"], moved)
     with Workers(short, 2) as workers:
-        split = compare(short, names, ["none", "a2a"], spec, run=workers.replay)
+        split = compare(short, names, ["none", "a2a"], moved, run=workers.replay)
     for ours, theirs in zip(split, whole):
         _same(ours, theirs)
     work = {(p, m): dispatch_work(trace, [spec.replace(policy=p, mode=m)])
