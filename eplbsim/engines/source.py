@@ -131,6 +131,7 @@ class Modules:
         self.root, self.package = Path(root), package
         self.finder = Finder(self.root, package, label or f"{package} at {root}")
         self._mods: dict[str, ModuleType] = dict(stubs)
+        self._depth = 0  # how deep `active` is entered (by the thread holding the lock)
         for name, stub in stubs.items():
             parent, _, leaf = name.rpartition(".")
             self._package(parent)
@@ -167,22 +168,35 @@ class Modules:
     @contextmanager
     def active(self) -> Iterator["Modules"]:
         """`sys.modules` holds this source's modules while the block runs (one thread at a
-        time); the engine's names there before are put back after."""
+        time); the engine's names there before are put back after. Cheap, as the replay enters
+        it once a call of the engine's: nested in itself it does nothing more; it scans
+        `sys.modules` for the package's names only when the package is there (another source
+        active, or the engine installed), and on leaving takes back the names it knows (its
+        own modules and every one its finder found)."""
         with _LOCK:
+            if self._depth:
+                self._depth += 1
+                try:
+                    yield self
+                finally:
+                    self._depth -= 1
+                return
             prefix = self.package + "."
             saved = {k: v for k, v in sys.modules.items() if k == self.package
-                     or k.startswith(prefix)}
+                     or k.startswith(prefix)} if self.package in sys.modules else {}
             for k in saved:
                 del sys.modules[k]
             sys.modules.update(self._mods)
             sys.meta_path.insert(0, self.finder)
-            importlib.invalidate_caches()
+            self._depth = 1
             try:
                 yield self
             finally:
+                self._depth = 0
                 sys.meta_path.remove(self.finder)
-                for k in [k for k in sys.modules if k == self.package or k.startswith(prefix)]:
-                    self._mods[k] = sys.modules.pop(k)
+                for k in set(self._mods) | self.finder.found:
+                    if k in sys.modules:
+                        self._mods[k] = sys.modules.pop(k)
                 sys.modules.update(saved)
 
     @property
@@ -192,6 +206,7 @@ class Modules:
 
     def load(self, name: str) -> ModuleType:
         """The engine module `name` (e.g. `sglang.srt.eplb.expert_location`), from its file."""
+        importlib.invalidate_caches()  # files written since the last import are seen
         with self.active():
             if name in self._mods:
                 return self._mods[name]

@@ -136,16 +136,19 @@ class _Loader(importlib.abc.Loader):
 
 class Finder(importlib.abc.MetaPathFinder):
     """The import rule of the module doc for `package`'s modules under `root` not already in
-    `sys.modules`: the real file, else a stand-in. `stood` records each stand-in and why."""
+    `sys.modules`: the real file, else a stand-in. `stood` records each stand-in and why;
+    `found` every module name it gave a spec for."""
 
     def __init__(self, root: Path, package: str, label: str) -> None:
         self.root, self.package, self.label = Path(root), package, label
         self.stood: dict[str, str] = {}
+        self.found: set[str] = set()
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None
                   ) -> importlib.machinery.ModuleSpec | None:
         if fullname != self.package and not fullname.startswith(self.package + "."):
             return None
+        self.found.add(fullname)
         base = self.root.joinpath(*fullname.split("."))
         if (base / "__init__.py").is_file():
             file, search = base / "__init__.py", [str(base)]
