@@ -164,3 +164,32 @@ def test_cpu_kernels_write_into_the_callers_scratch(name):
     assert got.data_ptr() == out.ctypes.data, "a view of the scratch, not a copy"
     with pytest.raises(ValueError, match="out must be int64"):
         dispatch_step(POLICIES[name], ids, view, c, out=np.empty((1, 2, 2), np.int64))
+
+
+def test_the_compiled_choice_check_names_the_first_bad_pair_as_the_torch_rule_does():
+    """`kernels.cpu.first_bad_choice` against the rule written in torch: the first pair (in
+    token, layer, top-k order) that is out of range, not a slot of its expert (unless the
+    policy reroutes), or not -1 at padding."""
+    from eplbsim.dispatch.kernels.cpu import first_bad_choice
+    gen = torch.Generator().manual_seed(9)
+    L, E, P, T, K = 3, 6, 9, 40, 4
+    phy2log = torch.stack([torch.cat([torch.randperm(E, generator=gen),
+                                      torch.randint(0, E, (P - E,), generator=gen)])
+                           for _ in range(L)])
+    for trial in range(40):
+        ids = torch.randint(-1, E, (T, L, K), generator=gen)
+        phys = torch.randint(-2, P + 2, (T, L, K), generator=gen)
+        if trial % 4 == 0:  # every pair right: a slot of its expert, -1 at padding
+            slots = [torch.nonzero(phy2log[layer] == e)[0, 0] for layer in range(L)
+                     for e in range(E)]
+            table = torch.stack(slots).view(L, E)
+            phys = torch.where(ids >= 0, table.gather(1, ids.clamp(min=0).permute(1, 0, 2)
+                                                      .reshape(L, -1)).view(L, T, K)
+                               .permute(1, 0, 2), -1)
+        for reroutes in (False, True):
+            held = phy2log.reshape(-1)[(torch.arange(L).view(1, L, 1) * P
+                                        + phys.clamp(0, P - 1)).reshape(-1)].view(T, L, K)
+            bad = torch.where(ids >= 0, (phys < 0) | (phys >= P) | ((held != ids) & (not reroutes)),
+                              phys != -1)
+            want = tuple(bad.nonzero()[0].tolist()) if bad.any() else None
+            assert first_bad_choice(phys, ids, phy2log, reroutes) == want

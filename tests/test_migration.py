@@ -281,14 +281,21 @@ def test_a_release_without_the_updater_is_one_line_naming_the_file(capsys, tmp_p
                        match="sglang/srt/eplb/expert_location_updater.py")
 
 
-def test_a_bisect_reads_slot_mismatch_across_releases(capsys):
+def test_a_bisect_reads_slot_mismatch_across_releases_on_workers_too(capsys, monkeypatch):
     for version in ("0.5.16", "0.5.17"):
         if not (engines.source.release_folder("sglang", version) / "sglang").is_dir():
             pytest.skip(f"sglang {version} is not fetched")
-    code, out, _ = run(capsys, "engines", "bisect", "sglang", "0.5.16..0.5.17", "--metric",
-                       "slot_mismatch", "--migration", "sglang", "--policies", "row", "--mode",
-                       "none", *SMALL[:-1], "--gpus", "8", "--redundant", "8")
-    assert code == 0 and "slot_mismatch does not change between the releases that ran" in out
+    args = ["engines", "bisect", "sglang", "0.5.16..0.5.17", "--metric", "slot_mismatch",
+            "--migration", "sglang", "--policies", "row", "--mode", "none", *SMALL[:-1],
+            "--gpus", "8", "--redundant", "8", "--json"]
+    code, out, _ = run(capsys, *args)
+    assert code == 0 and json.loads(out)["first_changed"] is None
+    import eplbsim.workers
+    monkeypatch.setattr(eplbsim.workers, "PAYS_OFF", 0)  # the workers replay every release
+    code, split, _ = run(capsys, *args, "--workers", "2")
+    values = [[t["release"], t["value"]] for t in json.loads(out)["tried"]]
+    assert code == 0 and [[t["release"], t["value"]] for t in json.loads(split)["tried"]] \
+        == values
 
 
 def test_real_ranks_read_the_moved_weights_as_the_simulation_does(capsys):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from contextlib import ExitStack
 from typing import Any
 
 from .. import runspec
@@ -170,6 +171,7 @@ def bisect(args: argparse.Namespace) -> int:
     from ..engines import ENGINES, is_engine_name, version_key
     from ..metrics import METRICS
     from ..replay import replay
+    from ..workers import Workers, pays_off
     engine = args.engine
     if engine not in ENGINES:
         raise InputError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
@@ -196,16 +198,21 @@ def bisect(args: argparse.Namespace) -> int:
                          f"{'dynamic' if engine == 'sglang' else 'hash'}, or --migration "
                          f"{engine})")
     trace = source.open(base.dispatch.seed, base.schedule)
-
-    def measure(version: str) -> float:
-        run = base.replace(engine_source={**base.dispatch.engine_source, engine: "=" + version})
-        value = replay(trace, run).metrics[args.metric]
-        if value is None:
-            raise InputError(f"{args.metric} is undefined for this run")
-        return value
-
     versions = releases(engine, good, bad)
-    first, tried = search(versions, measure, args.tolerance)
+    with ExitStack() as stack:
+        pool = (stack.enter_context(Workers(trace, args.workers)) if args.workers > 1
+                else None)
+
+        def measure(version: str) -> float:
+            run = base.replace(engine_source={**base.dispatch.engine_source,
+                                              engine: "=" + version})
+            split = pool is not None and pays_off(trace, [run], args.workers)
+            value = (pool.replay if split else replay)(trace, run).metrics[args.metric]
+            if value is None:
+                raise InputError(f"{args.metric} is undefined for this run")
+            return value
+
+        first, tried = search(versions, measure, args.tolerance)
     tried.sort(key=lambda t: version_key(t.release))
     if args.json:
         print(to_json({"engine": engine, "range": [good, bad], "releases": versions,
@@ -265,6 +272,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     cmd.add_argument("--tolerance", type=float, default=0.0, metavar="X", help="a change is a "
                      "difference above X from GOOD's value (default 0)")
     cmd.add_argument("--json", action="store_true", help="print the table as JSON")
+    cmd.add_argument("--workers", type=int, default=1, metavar="N",
+                     help="replay each release over N local worker processes where that pays "
+                     "off (as run --workers: the same numbers bit for bit; default 1)")
     runspec.add_flags(cmd, "run")
     cmd.set_defaults(handler=bisect)
     cmd = command("conform")

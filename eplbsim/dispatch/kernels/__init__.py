@@ -110,13 +110,19 @@ def check_choices(phys: torch.Tensor, topk_ids: torch.Tensor, placement: Placeme
     wrong policy must not become a silently wrong number."""
     _check_slots(phys, topk_ids, name)
     ids = topk_ids.long()
-    valid = ids >= 0
-    P = placement.num_slots
-    inside = (phys >= 0) & (phys < P)
-    held = placement.phy2log.to(phys.device).reshape(-1)[flat_index(phys.clamp(0, P - 1), P)]
-    bad = torch.where(valid, ~inside | ((held != ids) & (not reroutes)), phys != -1)
-    if bool(bad.any()):
-        t, lay, k = bad.nonzero()[0].tolist()
+    if phys.device.type == "cpu":  # one compiled pass (kernels.cpu.first_bad_choice)
+        from .cpu import first_bad_choice
+        found = first_bad_choice(phys, ids, placement.phy2log, reroutes)
+    else:
+        valid = ids >= 0
+        P = placement.num_slots
+        inside = (phys >= 0) & (phys < P)
+        held = placement.phy2log.to(phys.device).reshape(-1)[flat_index(phys.clamp(0, P - 1),
+                                                                         P)]
+        bad = torch.where(valid, ~inside | ((held != ids) & (not reroutes)), phys != -1)
+        found = tuple(bad.nonzero()[0].tolist()) if bool(bad.any()) else None
+    if found is not None:
+        t, lay, k = found
         raise InputError(f"policy {name} sent pair (token {t}, slot {k}) of expert "
                          f"{int(ids[t, lay, k])} in layer {lay} to slot {int(phys[t, lay, k])}, "
                          f"which does not hold that expert")

@@ -383,3 +383,41 @@ class StreamedViews:
                        self.hosts, self.nhosts, self.fixed, reps, chunks, hist, counts, agreed,
                        mult)
         return hist.sum(0), counts.sum(0), agreed.sum(0), mult
+
+
+@jit(parallel=True, **JIT)
+def _bad_choices(phys, ids, phy2log, reroutes, bad):  # pragma: no cover - compiled
+    T, L, K = ids.shape
+    P = phy2log.shape[1]
+    for t in prange(T):
+        count = 0
+        for layer in range(L):
+            for k in range(K):
+                e, p = ids[t, layer, k], phys[t, layer, k]
+                if e < 0:
+                    count += p != -1
+                elif p < 0 or p >= P or (not reroutes and phy2log[layer, p] != e):
+                    count += 1
+        bad[t] = count
+
+
+def first_bad_choice(phys: torch.Tensor, topk_ids: torch.Tensor, phy2log: torch.Tensor,
+                     reroutes: bool) -> tuple[int, int, int] | None:
+    """`(token, layer, k)` of the first pair of CPU `phys [T, L, K]` that is not a slot of its
+    routed expert in `phy2log [L, P]` (any slot in range when `reroutes`) or not -1 at padding
+    (`kernels.check_choices`' rule, in one compiled pass); None when every pair is right."""
+    ids = np.ascontiguousarray(topk_ids.numpy()).astype(np.int64, copy=False)
+    chosen = np.ascontiguousarray(phys.numpy()).astype(np.int64, copy=False)
+    bad = np.zeros(ids.shape[0], np.int64)
+    _bad_choices(chosen, ids, np.ascontiguousarray(phy2log.numpy()), reroutes, bad)
+    rows = np.flatnonzero(bad)
+    if not len(rows):
+        return None
+    t = int(rows[0])
+    e, p = ids[t], chosen[t]
+    P = phy2log.shape[1]
+    wrong = np.where(e < 0, p != -1, (p < 0) | (p >= P) | (
+        ~np.asarray(reroutes) & (phy2log.numpy()[np.arange(e.shape[0])[:, None],
+                                                 np.clip(p, 0, P - 1)] != e)))
+    layer, k = (int(v) for v in np.argwhere(wrong)[0])
+    return t, layer, k
