@@ -322,3 +322,28 @@ def test_a_map_committed_before_its_weights_is_the_hazard_eplbsims_model_counts(
             share[migration, lead] = row["wrong_expert_frac"]
     assert share["eplbsim", "0"] == share["sglang", "0"] == 0
     assert share["eplbsim", "1"] == share["sglang", "1"] > 0
+
+
+TESTED = [(e, v) for e in ENGINES for v in engines.ENGINES[e].tested]
+
+
+@pytest.mark.parametrize("engine, version", TESTED)
+def test_every_tested_release_moves_right_and_shows_the_faults(engine, version):
+    """Cases 1, 2 and 4 on each tested release: a random move and the duplicate on one rank
+    land slot-exactly, a tensor left out shows in every changed slot, SGLang's chunks switch
+    weights and maps together."""
+    if not (engines.source.release_folder(engine, version) / engine).is_dir():
+        pytest.skip(f"{engine} {version} is not fetched")
+    sources = engines.as_sources({engine: "=" + version})
+    gen = torch.Generator().manual_seed(6)
+    old, new = _placement(gen, 2, 16, 24), _placement(gen, 2, 16, 24)
+    topology = Topology(4, 2)
+    assert torch.equal(migrate(engine, old, new, 16, topology, sources).holds, new)
+    dropped = migrate(engine, old, new, 16, topology, sources, drop=[1])
+    assert torch.equal(dropped.mismatch, (old != new).sum(1))
+    start = torch.tensor([[0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3]])
+    twice = torch.tensor([[0, 1, 2, 5, 4, 5, 6, 7, 3, 1, 2, 3]])
+    assert torch.equal(migrate(engine, start, twice, 8, topology, sources).holds, twice)
+    if engine == "sglang":
+        first = migrate(engine, old, new, 16, topology, sources, chunks=[[0]])
+        assert all(torch.equal(m.physical_to_logical_map_cpu, first.holds) for m in first.maps)
