@@ -259,6 +259,8 @@ def test_migration_flags_that_cannot_apply_are_one_line_errors(capsys):
                        match="it needs migration sglang or vllm")
     assert_input_error(capsys, "run", "--rebalance-every", "4", "--migration", "vllm",
                        "--rebalance-mode", "async", match="rebalance_mode sync")
+    assert_input_error(capsys, "run", "--rebalance-every", "4", "--map-lead", "5",
+                       match="at most rebalance_every")
 
 
 def test_review_does_not_recommend_a_run_whose_moved_weights_are_wrong(capsys):
