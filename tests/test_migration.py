@@ -273,14 +273,18 @@ def test_review_does_not_recommend_a_run_whose_moved_weights_are_wrong(capsys):
     assert "Weights moved by sglang's own updater at each rebalance: slot mismatch " in out
 
 
-def test_a_release_without_the_updater_is_one_line_naming_the_file(capsys, tmp_path):
-    _fetched("sglang")
-    copy = tmp_path / "sglang-no-updater"
-    shutil.copytree(engines.release("sglang"), copy)
-    (copy / "sglang" / "srt" / "eplb" / "expert_location_updater.py").unlink()
-    assert_input_error(capsys, "run", *SMALL, "--gpus", "8", "--redundant", "8", "--migration",
-                       "sglang", "--engine-source", f"sglang={copy}",
-                       match="sglang/srt/eplb/expert_location_updater.py")
+@pytest.mark.parametrize("engine, file", [
+    ("sglang", "sglang/srt/eplb/expert_location_updater.py"),
+    ("vllm", "vllm/distributed/eplb/rebalance_execute.py")])
+def test_a_release_without_the_updater_is_one_line_naming_the_file(capsys, tmp_path, engine,
+                                                                    file):
+    _fetched(engine)
+    copy = tmp_path / f"{engine}-no-updater"
+    shutil.copytree(engines.release(engine), copy)
+    (copy / file).unlink()
+    assert_input_error(capsys, "run", *SMALL, "--gpus", "8", "--redundant", "8", "--policies",
+                       "row", "--migration", engine, "--engine-source", f"{engine}={copy}",
+                       match=file)
 
 
 def test_a_bisect_reads_slot_mismatch_across_releases_on_workers_too(capsys, monkeypatch):
