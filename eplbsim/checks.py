@@ -84,7 +84,6 @@ def _rank_choices(policy: str | Policy, ids: torch.Tensor, placement: Placement,
     """Every rank's choices for the same ids dispatched as each step of `steps` in turn, each
     rank with its own view and random stream, through the mode's rank step: int64
     `[len(steps), G, T, L, K]` (-1 outside a rank's own rows in "a2a")."""
-    G = placement.topology.num_gpus
     if ids.shape[1] != placement.num_layers:
         raise InputError(f"topk_ids have {ids.shape[1]} layers; the placement has "
                          f"{placement.num_layers}")

@@ -121,22 +121,20 @@ def _slot_counts(phys: torch.Tensor, executed: torch.Tensor, num_slots: int) -> 
 
 
 def weighed_error_terms(epoch: Epoch, step: int, topk_ids: torch.Tensor,
-                        choices: list[torch.Tensor], slot_gpu: torch.Tensor) -> torch.Tensor:
-    """`all_reduced_error_terms` where each rank computes the pairs it sent itself with the
-    weights its slot holds (`Epoch.held`, `weighed`): a pair run on a slot holding expert `h`
-    adds expert `h`'s output for the token, one holding nothing valid adds nothing. The ranks
-    of this process sum their outputs; the group's all-reduce sums the processes'."""
-    held = epoch.held.to(topk_ids.device)
-    valid = topk_ids >= 0
+                        runs: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """`all_reduced_error_terms` where each pair runs with the weights its slot holds
+    (`Epoch.held`, `weighed`): `runs` are each group's `(phys [T, L, K], executed [T, L, K])`
+    in this process (`none_step`); a pair run on a slot holding expert `h` adds expert `h`'s
+    output for the token, one holding nothing valid adds nothing. The ranks of this process
+    sum their outputs; the group's all-reduce sums the processes'."""
+    held, P = epoch.held.to(topk_ids.device).reshape(-1), epoch.held.shape[1]
     right = torch.zeros(topk_ids.shape, dtype=torch.int64, device=topk_ids.device)
     wrong_sums = None
-    for i, phys in enumerate(choices):
-        mine = (slot_gpu[phys.clamp(min=0)] == epoch.ranks[i].rank) & valid  # [T, L, K]
-        holds = held.gather(1, phys.clamp(min=0).permute(1, 0, 2).reshape(held.shape[0], -1)
-                            ).view(phys.shape[1], phys.shape[0], -1).permute(1, 0, 2)
-        ok = mine & (holds == topk_ids)
+    for phys, executed in runs:
+        holds = held[flat_index(phys.clamp(min=0), P)]  # [T, L, K] the expert each slot holds
+        ok = executed & (holds == topk_ids)
         right += ok
-        bad = mine & ~ok & (holds >= 0)
+        bad = executed & ~ok & (holds >= 0)
         if bad.any():
             part = step_sums(epoch.moe, step, torch.where(bad, holds, -1), bad.long())[1]
             wrong_sums = part if wrong_sums is None else wrong_sums + part
@@ -168,12 +166,14 @@ def none_step(epoch: Epoch, step: int, topk_ids: torch.Tensor,
     first = None
     choices: list[torch.Tensor | None] = [None] * len(epoch.ranks)
     known = []  # each group's choices, when counting fan-out
+    runs = []  # each group's (choices, pairs its ranks here executed): `weighed_error_terms`
     for group in epoch.groups:
         phys = _dispatch(epoch, group[0], step, topk_ids)
         member = torch.zeros(epoch.num_ranks, dtype=torch.bool, device=device)
         member[[epoch.ranks[i].rank for i in group]] = True
         executed = member[slot_gpu[phys.clamp(min=0)]] & valid  # [T, L, K]
         executed_here += executed
+        runs.append((phys, executed))
         if epoch.count_links:
             known.append(phys)
         slot_load += _slot_counts(phys, executed, P)
@@ -191,7 +191,7 @@ def none_step(epoch: Epoch, step: int, topk_ids: torch.Tensor,
     if epoch.moe is None:
         error = None
     elif epoch.weighed:
-        error = weighed_error_terms(epoch, step, topk_ids, choices, slot_gpu)
+        error = weighed_error_terms(epoch, step, topk_ids, runs)
     else:
         error = all_reduced_error_terms(epoch.moe, step, topk_ids, executed_here,
                                         comm.all_reduce)

@@ -74,12 +74,11 @@ def invariance_findings(policy: Any, name: str, test: Any, placement: Placement,
 
 def _moved(results: Results) -> dict[str, Any] | None:
     """With `--migration sglang|vllm`: what the engine's updater left (`Results.engine_moves`
-    totals), the engine's name, and the wrong-expert share in "a2a"; None otherwise."""
+    totals) and the engine's name; None otherwise."""
     moves = results.engine_moves()
     if moves is None:
         return None
-    return {**moves["totals"], "engine": results.spec.schedule.migration,
-            "wrong_expert_frac": results.metrics.get("wrong_expert_frac")}
+    return {**moves["totals"], "engine": results.spec.schedule.migration}
 
 
 def _first_disagreement(results: Results, spec: RunSpec) -> dict[str, Any] | None:

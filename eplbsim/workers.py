@@ -41,10 +41,10 @@ _TRACE: list[Any] = []  # a local worker's trace, set once by `_hold`
 PAYS_OFF = 5e9
 # An engine's own code in eplbsim's compiled pair dispatches (0.7 ns each): a call costs
 # `ENGINE_CALL` and each pair it maps `ENGINE_PAIR`. Fitted to a DeepSeek-V3 step (58 layers,
-# 1.9M pairs, 32 ranks) of sglang:dynamic: 1856 calls of a rank's tokens each in "a2a" took 1.67
-# s, 1856 calls of every token in "none" (one a rank) 2.45 s: 0.9 ms a call and 13 ns a pair
-# (benchmarks/RESULTS.md, "The engines' own code", 2-core guest).
-ENGINE_CALL, ENGINE_PAIR = 1.3e6, 19.0
+# 1.9M pairs, 32 ranks) of sglang:dynamic: 1856 calls of a rank's tokens each in "a2a" took
+# 0.464 s, 1856 calls of every token in "none" (one a rank) 2.86 s: 0.21 ms a call and 41 ns a
+# pair (benchmarks/RESULTS.md, "After engine sources activate in microseconds", 2-core guest).
+ENGINE_CALL, ENGINE_PAIR = 3.0e5, 58.0
 
 
 def dispatch_work(trace: Any, specs: Sequence[RunSpec]) -> float:

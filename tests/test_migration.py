@@ -141,8 +141,9 @@ def test_between_sglangs_layer_chunks_each_layers_weights_and_maps_switch_togeth
     assert torch.equal(first.holds[0], new[0]) and torch.equal(first.holds[1:], old[1:])
     for meta in first.maps:  # what each rank's dispatch reads between the chunks
         assert torch.equal(meta.physical_to_logical_map_cpu, first.holds)
+    assert first.map_mismatch == 4  # every rank's map still says layers 1-2 are old
     rest = migrate("sglang", old, new, 16, topology, chunks=[[0], [1, 2]])
-    assert torch.equal(rest.holds, new)
+    assert torch.equal(rest.holds, new) and rest.map_mismatch == 0
     assert all(torch.equal(m.physical_to_logical_map_cpu, new) for m in rest.maps)
 
 
@@ -222,8 +223,8 @@ def test_run_with_the_engines_updater_moves_every_slot_right_and_changes_no_othe
         assert ours["map_mismatch"] == 0 and ours["moved_wrong_frac"] == 0
         assert ours["first_wrong_step"] is None
         assert ours["engine_p2p_ops"] > 0
-        assert ours["engine_moved_bytes"] >= ours["engine_cross_node_bytes"] > 0 or mode == "none"
-        assert ours["moved_bytes"] == theirs["moved_bytes"] > 0
+        assert ours["engine_moved_bytes"] == ours["moved_bytes"] > 0  # a copy a changed slot
+        assert (ours["engine_cross_node_bytes"] > 0) == (mode == "a2a")  # two nodes there
         assert ours["engine_copies_nvlink"] + ours["engine_copies_rdma"] > 0
         assert (ours["engine_copies_rdma"] > 0) == (mode == "a2a")  # two nodes only there
         assert ours["output_rel_error" if mode == "none" else "wrong_expert_frac"] == 0

@@ -17,7 +17,7 @@ import torch
 from eplbsim import engines
 from eplbsim.dispatch import resolve_policy
 from eplbsim.dispatch.observe import draws_nothing, observed_groups, probe_ids, same
-from eplbsim.placement import Placement, rank_view
+from eplbsim.placement import rank_view
 from eplbsim.ranks import make_ranks, rank_context
 from eplbsim.replay import replay
 from eplbsim.runspec import RunSpec

@@ -11,6 +11,7 @@ from typing import Any
 from .. import runspec
 from ..errors import InputError
 from ..results import to_json
+from .common import positive
 
 HELP = "the engines' own EPLB code: fetch it, list it, check eplbsim's twins against it"
 SUBCOMMANDS = {
@@ -272,7 +273,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     cmd.add_argument("--tolerance", type=float, default=0.0, metavar="X", help="a change is a "
                      "difference above X from GOOD's value (default 0)")
     cmd.add_argument("--json", action="store_true", help="print the table as JSON")
-    cmd.add_argument("--workers", type=int, default=1, metavar="N",
+    cmd.add_argument("--workers", type=positive, default=1, metavar="N",
                      help="replay each release over N local worker processes where that pays "
                      "off (as run --workers: the same numbers bit for bit; default 1)")
     runspec.add_flags(cmd, "run")

@@ -20,5 +20,13 @@ def sync_stall_seconds(kinds: np.ndarray, slot_gpu: np.ndarray, num_gpus: int,
     per_gpu = np.zeros((num_gpus, 3))
     for kind in range(3):
         np.add.at(per_gpu[:, kind], np.broadcast_to(slot_gpu, kinds.shape)[kinds == kind], 1)
-    seconds = per_gpu * expert_bytes / np.array([device.hbm / 2, device.nvlink, device.rdma])
-    return float(seconds.sum(1).max())
+    return copies_stall_seconds(per_gpu, expert_bytes, device)
+
+
+def copies_stall_seconds(per_gpu: np.ndarray, expert_bytes: int, device: DeviceProfile) -> float:
+    """Seconds serving stalls while each GPU receives `per_gpu [G, 3]` expert copies from the
+    same GPU (over HBM, read and written), its node (NVLink) and other nodes (RDMA): the
+    slowest GPU decides (0 when nothing moves)."""
+    seconds = np.asarray(per_gpu, np.float64) * expert_bytes / np.array(
+        [device.hbm / 2, device.nvlink, device.rdma])
+    return float(seconds.sum(1).max(initial=0.0))

@@ -306,5 +306,6 @@ def resolve_policy(policy: str | Policy | DispatchPolicy, sources: Any = (),
     return name_of(policy), DispatchPolicy(entry)
 
 
-__all__ = ["FAULTS", "POLICIES", "USER", "DispatchContext", "DispatchPolicy", "Policy", "SharedInputs",
-           "candidate_counts", "occurrence_index", "replica_slots", "resolve_policy"]
+__all__ = ["FAULTS", "POLICIES", "USER", "DispatchContext", "DispatchPolicy", "Policy",
+           "SharedInputs", "candidate_counts", "occurrence_index", "replica_slots",
+           "resolve_policy"]

@@ -30,20 +30,17 @@ def metadata(run: SGLang, layout: Any, phy2log: torch.Tensor, ranks: Sequence[in
 
 
 def move_rank(run: SGLang, layout: Any, old: Any, new: Any, weights: list,
-              chunks: Sequence[Sequence[int]], rank: int) -> list[list[int]]:
+              chunks: Sequence[Sequence[int]], rank: int) -> None:
     """Rank `rank`'s part of SGLang's rebalance: for each chunk of layer ids, its weights
     `[L][W]` moved in place by `_update_expert_weights` from `old`'s map to `new`'s, then `old`
-    updated to `new` on those layers (module doc). Returns the missing logical experts the
-    updater reports per chunk (elastic EP; empty here)."""
+    updated to `new` on those layers (module doc). The missing experts the updater returns
+    (elastic EP, ranks lost) are none here: every rank is healthy."""
     updater = run.role("updater")
     mine = dict(enumerate(weights))
-    missing = []
     for chunk in chunks:
         layers = [int(x) for x in chunk]
-        found = updater._update_expert_weights(
+        updater._update_expert_weights(
             routed_experts_weights_of_layer=mine, old_expert_location_metadata=old,
             new_expert_location_metadata=new, update_layer_ids=layers,
             nnodes=layout.num_nodes, rank=rank)
         old.update(new, update_layer_ids=layers)
-        missing.append(sorted({e for ids in (found or {}).values() for e in ids}))
-    return missing

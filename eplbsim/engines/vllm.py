@@ -144,9 +144,6 @@ class VLLM:
             launch_whole(vars(router), True)
         return kernel
 
-    def _native_kernel(self) -> Any:
-        return self._map_kernel(native=True)
-
     def whole_launch(self, on: bool) -> None:
         """Launch the map's kernel as one block (`on`, what loading it sets: module doc) or at
         the block size vLLM's own wrapper gives it (what the engine's code as it comes costs,
@@ -174,7 +171,8 @@ class VLLM:
 
 
 FINDERS = {"default": VLLM._default_policy, "views": VLLM._logical_maps,
-           "hash": VLLM._map_kernel, "native": VLLM._native_kernel}  # what each algorithm
+           "hash": VLLM._map_kernel,
+           "native": lambda run: run._map_kernel(native=True)}  # what each algorithm
 # calls, and how it is found ("native": the map kernel compiled, for CUDA inputs)
 
 

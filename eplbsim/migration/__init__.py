@@ -18,21 +18,24 @@ engine is given while they stay in the weights (a tensor the updater is not told
   summed by `plan` into bytes by link class (same node over NVLink, across nodes over RDMA),
   operations, and the slowest rank's received bytes;
 - `maps`: the engine's own maps after the commit (SGLang: every rank's updated
-  `ExpertLocationMetadata`; vLLM: `compute_logical_maps` of the new placement).
+  `ExpertLocationMetadata`; vLLM: `compute_logical_maps` of the new placement), and
+  `map_mismatch`, the SGLang ranks whose committed maps differ from those built for the new
+  placement.
+`prepare` is what both this path and the real processes (`migration.real`) run per rank.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
 from ..errors import InputError
 from ..topology import Topology
 from .simdist import SimWorld, simulated
-from .weights import SHAPES, held, lost_experts, rank_weights, slot_mismatch
+from .weights import SHAPES, given_to_engine, held, lost_experts, rank_weights, slot_mismatch
 
 MIGRATIONS = {  # --migration: who moves the weights at a rebalance
     "eplbsim": "eplbsim's own migration model (moved slots priced by the cost model)",
@@ -43,7 +46,9 @@ MIGRATIONS = {  # --migration: who moves the weights at a rebalance
 
 @dataclass
 class Moved:
-    """What one engine's move did (module doc)."""
+    """What one engine's move did (module doc); `map_mismatch` counts the ranks whose committed
+    SGLang map differs from the one built for the new placement (what the dispatch reads next;
+    always 0 for vLLM, whose maps are `compute_logical_maps` of the new placement)."""
 
     holds: torch.Tensor  # int64 [L, P]
     mismatch: torch.Tensor  # int64 [L]
@@ -51,6 +56,67 @@ class Moved:
     sent: list[tuple[int, int, int]]
     maps: Any = None
     weights: list = field(default_factory=list, repr=False)  # [G][L][W] after the move
+    map_mismatch: int = 0
+
+    @classmethod
+    def read(cls, weights: list, new: torch.Tensor, num_experts: int, sent: list,
+             maps: Any = None, map_mismatch: int = 0) -> "Moved":
+        """What the ranks' weights `[G][L][W]` hold after a move to `new [L, P]`."""
+        holds = held(weights, num_experts)
+        return cls(holds, slot_mismatch(holds, new), lost_experts(holds, num_experts),
+                   list(sent), maps, weights, map_mismatch)
+
+
+@dataclass
+class Mover:
+    """One engine's move from `old` to `new`, prepared for some ranks (`prepare`): `owners`,
+    the engine modules whose names imported from torch.distributed a world replaces;
+    `move(rank, given, group)`, that rank's part (its weights `[L][W]` as the engine is given
+    them, its EP group); `maps`, what the ranks committed (SGLang: each rank's updated
+    metadata; vLLM: none); `fresh`, the maps built for the new placement beside them."""
+
+    owners: list
+    move: Callable[[int, list, Any], None]
+    maps: Any = None
+    fresh: Any = None
+
+
+def prepare(engine: str, run: Any, old: torch.Tensor, new: torch.Tensor, num_experts: int,
+            topology: Topology, ranks: Sequence[int],
+            chunks: Sequence[Sequence[int]] | None = None) -> Mover:
+    """`engine`'s move of `old [L, P]` to `new [L, P]` for `ranks` of `topology`, from the
+    adapter `run`: SGLang's metadata built for each rank (`init_by_mapping` of both
+    placements), `chunks` the layer ids each update takes in turn (default: all at once);
+    vLLM's rebalance and communicator modules loaded. Everything is loaded here, so ranks in
+    threads import nothing."""
+    L, P = old.shape
+    if engine == "sglang":
+        from ..engines.sglang import Layout
+        from ..engines.sglang_updater import metadata, move_rank
+        run.need("updater")
+        layout = Layout(L, num_experts, P, topology.num_gpus, topology.num_nodes)
+        olds = dict(zip(ranks, metadata(run, layout, old, ranks)))
+        news = dict(zip(ranks, metadata(run, layout, new, ranks)))
+        layers = [list(range(L))] if chunks is None else chunks
+        return Mover([run.role("updater")], lambda rank, given, group: move_rank(
+            run, layout, olds[rank], news[rank], given, layers, rank), olds, news)
+    from ..engines.vllm_rearrange import modules, move_rank
+    loaded = modules(run)
+    return Mover(list(loaded), lambda rank, given, group: move_rank(
+        run, loaded, old, new, given, group))
+
+
+def committed_apart(mover: Mover) -> int:
+    """Ranks whose committed maps differ from those built for the new placement (`Mover`)."""
+    from ..dispatch.observe import same
+    if mover.maps is None:
+        return 0
+    names = ("physical_to_logical_map", "logical_to_all_physical_map",
+             "logical_to_all_physical_map_num_valid", "logical_to_rank_dispatch_physical_map")
+
+    def maps(meta: Any) -> list:
+        return [getattr(meta, n) for n in names if getattr(meta, n, None) is not None]
+    return sum(not same(maps(mover.maps[r]), maps(mover.fresh[r])) for r in mover.maps)
 
 
 def migrate(engine: str, old: torch.Tensor, new: torch.Tensor, num_experts: int,
@@ -70,48 +136,18 @@ def migrate(engine: str, old: torch.Tensor, new: torch.Tensor, num_experts: int,
         raise InputError(f"old and new placements differ in shape: {tuple(old.shape)} and "
                          f"{tuple(new.shape)}")
     G = topology.num_gpus
-    L, P = old.shape
     if weights is None:
         weights = rank_weights(old, num_experts, G, shapes)
-    given = [[[t for i, t in enumerate(layer) if i not in set(drop)] for layer in rank]
-             for rank in weights]
-    if not given[0][0]:
-        raise InputError("drop leaves the engine no tensor to move")
-    world = SimWorld(G)
+    given = [given_to_engine(rank, drop) for rank in weights]
     run = adapter(engine, sources)
-    if engine == "sglang":
-        maps = _sglang(run, old, new, num_experts, topology, given, chunks, world)
-    else:
-        maps = _vllm(run, old, new, num_experts, given, world)
-    holds = held(weights, num_experts)
-    return Moved(holds, slot_mismatch(holds, new), lost_experts(holds, num_experts),
-                 list(world.sent), maps, weights)
-
-
-def _sglang(run: Any, old: torch.Tensor, new: torch.Tensor, num_experts: int,
-            topology: Topology, given: list, chunks: Any, world: SimWorld) -> list:
-    from ..engines.sglang import Layout
-    from ..engines.sglang_updater import metadata, move_rank
-    run.need("updater")
-    L, P = old.shape
-    layout = Layout(L, num_experts, P, topology.num_gpus, topology.num_nodes)
-    ranks = range(topology.num_gpus)
-    olds, news = metadata(run, layout, old, ranks), metadata(run, layout, new, ranks)
-    chunks = [list(range(L))] if chunks is None else chunks
-    updater = run.role("updater")
-    with run.modules.active(), simulated(world, [updater]):
-        world.run(lambda r: move_rank(run, layout, olds[r], news[r], given[r], chunks, r))
-    return olds
-
-
-def _vllm(run: Any, old: torch.Tensor, new: torch.Tensor, num_experts: int, given: list,
-          world: SimWorld) -> tuple[torch.Tensor, torch.Tensor]:
-    from ..engines.vllm_rearrange import modules, move_rank
-    loaded = modules(run)
-    group = SimpleNamespace(size=lambda: world.world_size, rank=world.get_rank)
-    with run.modules.active(), simulated(world, loaded):
-        world.run(lambda r: move_rank(run, loaded, old, new, given[r], group))
-    return run.logical_maps(new, num_experts)
+    mover = prepare(engine, run, old, new, num_experts, topology, range(G), chunks)
+    world = SimWorld(G)
+    group = SimpleNamespace(size=lambda: G, rank=world.get_rank)
+    with run.modules.active(), simulated(world, mover.owners):
+        world.run(lambda r: mover.move(r, given[r], group))
+    maps = list(mover.maps.values()) if mover.maps is not None else \
+        run.logical_maps(new, num_experts)
+    return Moved.read(weights, new, num_experts, world.sent, maps, committed_apart(mover))
 
 
 def plan(sent: Sequence[tuple[int, int, int]], topology: Topology) -> dict[str, int]:
@@ -127,4 +163,4 @@ def plan(sent: Sequence[tuple[int, int, int]], topology: Topology) -> dict[str, 
     return out
 
 
-__all__ = ["MIGRATIONS", "Moved", "SHAPES", "migrate", "plan"]
+__all__ = ["MIGRATIONS", "Moved", "Mover", "SHAPES", "migrate", "plan", "prepare"]

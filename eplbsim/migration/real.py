@@ -5,6 +5,8 @@ for SGLang, its own metadata, runs the same `move_rank` as the simulation with t
 `batch_isend_irecv`, and records each send it posts (source, destination, bytes) as the
 simulation does; the parent reads every rank's weights back (`weights_only` loads) and returns a
 `Moved` like `migrate`'s for each engine asked (one process group moves for all, in turn).
+`recording` wraps `batch_isend_irecv` in torch.distributed and in the engine modules that
+imported it (`Mover.owners`).
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ import torch.distributed as dist
 
 from ..errors import InputError
 from ..topology import Topology
-from . import Moved
-from .weights import SHAPES, held, lost_experts, rank_weights, slot_mismatch
+from . import Moved, prepare
+from .weights import SHAPES, given_to_engine, rank_weights
 
 TIMEOUT_S = 120.0  # the whole group's limit; a rank still running then is stopped
 
@@ -67,28 +69,16 @@ def _rank(rank: int, world: int, port: int, engines: Sequence[str], old: torch.T
 def _move_here(engine: str, rank: int, world: int, old: torch.Tensor, new: torch.Tensor,
                num_experts: int, per_node: int, sources: Any,
                shapes: Sequence[Sequence[int]], chunks: Any, drop: Sequence[int]) -> dict:
-    """This process's rank moved by `engine` from fresh weights holding `old`: its weights
-    after the move and the sends it posted."""
+    """This process's rank moved by `engine` from fresh weights holding `old` (`prepare`, as
+    the simulation moves each rank): its weights after the move and the sends it posted."""
     from ..engines import adapter
     run = adapter(engine, sources)
     weights = rank_weights(old, num_experts, world, shapes)[rank]
-    given = [[t for i, t in enumerate(layer) if i not in set(drop)] for layer in weights]
+    mover = prepare(engine, run, old, new, num_experts, Topology(world, per_node), [rank],
+                    chunks)
     sent: list = []
-    L, P = old.shape
-    if engine == "sglang":
-        from ..engines.sglang import Layout
-        from ..engines.sglang_updater import metadata, move_rank
-        layout = Layout(L, num_experts, P, world, world // per_node)
-        (mine,), (theirs,) = (metadata(run, layout, old, [rank]),
-                              metadata(run, layout, new, [rank]))
-        with run.modules.active(), recording(sent, rank, [dist]):
-            move_rank(run, layout, mine, theirs, given,
-                      [list(range(L))] if chunks is None else chunks, rank)
-    else:
-        from ..engines.vllm_rearrange import modules, move_rank
-        loaded = modules(run)
-        with run.modules.active(), recording(sent, rank, [dist, loaded[1]]):
-            move_rank(run, loaded, old, new, given, dist.group.WORLD)
+    with run.modules.active(), recording(sent, rank, [dist, *mover.owners]):
+        mover.move(rank, given_to_engine(weights, drop), dist.group.WORLD)
     return {"weights": weights, "sent": sent}
 
 
@@ -125,11 +115,6 @@ def migrate_on_processes(engines: Sequence[str], old: torch.Tensor, new: torch.T
             raise InputError(f"the real ranks' move failed on rank(s) {failed} (exit status "
                              f"{[procs[r].exitcode for r in failed]})")
         ranks = [torch.load(Path(out) / f"{r}.pt", weights_only=True) for r in range(G)]
-    out_moves = []
-    for i in range(len(engines)):
-        weights = [parts[i]["weights"] for parts in ranks]
-        holds = held(weights, num_experts)
-        sent = [tuple(x) for parts in ranks for x in parts[i]["sent"]]
-        out_moves.append(Moved(holds, slot_mismatch(holds, new),
-                               lost_experts(holds, num_experts), sent, None, weights))
-    return out_moves
+    return [Moved.read([parts[i]["weights"] for parts in ranks], new.long(), num_experts,
+                       [tuple(x) for parts in ranks for x in parts[i]["sent"]])
+            for i in range(len(engines))]

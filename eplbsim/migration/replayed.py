@@ -4,21 +4,24 @@ by slot and priced beside eplbsim's own migration model (DESIGN.md §14, §8).
 Dimensions: `S` steps, `L` layers, `E` logical experts, `P` physical slots, `G` GPUs.
 
 Every rank's weights start as the first placement's (`weights.rank_weights`). At each rebalance
-that moves experts (a segment with a `Rebalance` not skipped) the engine moves the weights the
-ranks hold then, from the placement in service to the new one (`migration.migrate`, every rank
-in one process), so a slot left wrong stays wrong until a later move overwrites it. The steps
-the new placement serves execute each pair on the slot the dispatch chose; a pair executed on a
-slot whose weights are not its expert's is computed by the wrong expert (`moved_wrong_frac`).
+that moves experts (a segment whose placement differs from the one before) the engine moves
+the weights the ranks hold then, from the placement in service to the new one
+(`migration.migrate`, every rank in one process), so a slot left wrong stays wrong until a
+later move overwrites it. The steps the new placement serves execute each pair on the slot
+the dispatch chose; a pair executed on a slot whose weights are not its expert's is computed
+by the wrong expert (`moved_wrong_frac`).
 
 For SGLang the map each rank commits (`ExpertLocationMetadata.update`) is compared with the one
-the dispatch reads, `init_by_mapping` of the new placement (`map_mismatch`); vLLM's maps are
-`compute_logical_maps` of the new placement, what its dispatch reads.
+the dispatch reads, `init_by_mapping` of the new placement (`map_mismatch`,
+`migration.committed_apart`); vLLM's maps are `compute_logical_maps` of the new placement,
+what its dispatch reads.
 
 The engine's transfers are priced as eplbsim's model prices its copies
-(`cost.rebalance.sync_stall_seconds`: each receiving GPU's copies over HBM, NVLink and RDMA, the
-slowest decides), a copy being one expert's tensors in the toy shapes (`weights.SHAPES`): the
-copies each GPU received by point-to-point sends, by link; its other changed slots filled on
-the GPU (inferred: the updater's local copies are not observed).
+(`cost.rebalance.copies_stall_seconds`: each receiving GPU's copies over HBM, NVLink and RDMA,
+the slowest decides), beside the model's own stall of the same rebalance
+(`metrics.rebalance_stalls`). A copy is one expert's tensors in the toy shapes
+(`weights.SHAPES`): the copies each GPU received by point-to-point sends, by link; its other
+changed slots filled on the GPU (inferred: the updater's local copies are not observed).
 """
 
 from __future__ import annotations
@@ -29,10 +32,10 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from ..cost.rebalance import sync_stall_seconds
+from ..cost.rebalance import copies_stall_seconds
 from ..engines import as_sources
 from ..metrics.chunks import layer_scale
-from ..schedule.migration import transfer_kinds
+from ..metrics.declared import rebalance_stalls
 from ..schedule.switch import held_experts, phases
 from . import migrate
 from .weights import SHAPES, rank_weights
@@ -41,7 +44,7 @@ FIELDS = ("slot_mismatch", "lost_experts", "map_mismatch", "moved_wrong_frac",
           "engine_copies_nvlink", "engine_copies_rdma", "engine_p2p_ops", "engine_moved_bytes",
           "engine_cross_node_bytes", "engine_stall_ms", "first_wrong_step")
 _DONE: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()  # first segment
-# -> {(engine, sources): its moves}
+# -> {(engine, sources, dropped tensors): its moves}
 
 
 def planned_moves(spec: Any, segments: Sequence[Any]) -> list[Any] | None:
@@ -123,13 +126,13 @@ def engine_moves(results: Any) -> dict[str, Any] | None:
     moves = planned_moves(spec, segments)
     if moves is None:
         return None
-    engine = spec.schedule.migration
     first = segments[0].placement
     topology = first.topology
     G, per_node = topology.num_gpus, topology.gpus_per_node
     copy_bytes = sum(4 * int(np.prod(s)) for s in SHAPES)  # one expert's tensors, float32
     priced = spec.cost.cost is not None
     device = spec.cost.profiles()[1] if priced else None
+    model_ms = dict(rebalance_stalls(results)) if priced else {}  # eplbsim's own, by step
     scale = layer_scale(spec.cost, results.true_load.shape[1])
     rows, wrong = [], 0
     slot_load = results.slot_load
@@ -149,19 +152,15 @@ def engine_moves(results: Any) -> dict[str, Any] | None:
                               weights=(old != new).sum(0).numpy(), minlength=G)
         local = np.maximum(changed - recv.sum(1), 0)
         row = {"step": seg.start, "mismatched_slots": int(moved.mismatch.sum()),
-               "lost": len(moved.lost),
-               "map_mismatched_ranks": _map_mismatch(engine, moved, seg.placement, spec),
+               "lost": len(moved.lost), "map_mismatched_ranks": moved.map_mismatch,
                "copies_same_gpu": int(local.sum()), "copies_nvlink": int(recv[:, 0].sum()),
                "copies_rdma": int(recv[:, 1].sum()), "p2p_ops": len(moved.sent),
                "max_recv_copies": int(recv.sum(1).max(initial=0))}
         if priced:
-            kinds = np.stack([local, recv[:, 0], recv[:, 1]], 1)  # [G, 3] copies by source
-            seconds = kinds * spec.expert_bytes() / np.array([device.hbm / 2, device.nvlink,
-                                                               device.rdma])
-            row["engine_stall_ms"] = float(seconds.sum(1).max(initial=0)) * scale * 1e3
-            row["model_stall_ms"] = sync_stall_seconds(
-                transfer_kinds(before.placement, seg.placement),
-                seg.placement.slot_gpu.numpy(), G, spec.expert_bytes(), device) * scale * 1e3
+            copies = np.stack([local, recv[:, 0], recv[:, 1]], 1)  # [G, 3] copies by source
+            row["engine_stall_ms"] = copies_stall_seconds(copies, spec.expert_bytes(),
+                                                          device) * scale * 1e3
+            row["model_stall_ms"] = model_ms[seg.start]
         rows.append(row)
     pairs = 0
     if slot_load is not None and len(segments) > 1:
@@ -201,27 +200,3 @@ def _wrong_output(results: Any, seg: Any) -> float | None:
     err = c.error[steps]
     norm = float(err[..., 1].sum())
     return float(err[..., 0].sum() / norm) ** 0.5 if norm > 0 else 0.0
-
-
-def _map_mismatch(engine: str, moved: Any, placement: Any, spec: Any) -> int:
-    """Ranks whose committed SGLang metadata differs from what the dispatch reads (module
-    doc); 0 for vLLM."""
-    if engine != "sglang":
-        return 0
-    from ..engines import adapter
-    from ..engines.sglang import Layout
-    from ..engines.sglang_updater import metadata
-    from ..dispatch.observe import same
-    run = adapter("sglang", as_sources(spec.dispatch.engine_source))
-    L, P = placement.phy2log.shape
-    t = placement.topology
-    layout = Layout(L, placement.num_experts, P, t.num_gpus, t.num_nodes)
-    fresh = metadata(run, layout, placement.phy2log, range(t.num_gpus))
-    return sum(not same(_maps(a), _maps(b)) for a, b in zip(moved.maps, fresh))
-
-
-def _maps(meta: Any) -> list[torch.Tensor]:
-    """The map tensors `ExpertLocationMetadata.update` commits, those the metadata has."""
-    names = ("physical_to_logical_map", "logical_to_all_physical_map",
-             "logical_to_all_physical_map_num_valid", "logical_to_rank_dispatch_physical_map")
-    return [getattr(meta, n) for n in names if getattr(meta, n, None) is not None]

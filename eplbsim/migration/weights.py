@@ -60,6 +60,16 @@ def _filled(ids: torch.Tensor, layer: int, tensor: int, num_experts: int, num_te
     return values.to(torch.float32).view(-1, *[1] * len(shape)).expand(-1, *shape).clone()
 
 
+def given_to_engine(weights: Weights, drop: Sequence[int] = ()) -> Weights:
+    """A rank's weights `[L][W]` as its engine's updater is handed them: each layer's list
+    without the tensors `drop` names (they stay in the slots: a fault, vLLM #47588's shape).
+    InputError when nothing would be left to move."""
+    out = [[t for i, t in enumerate(layer) if i not in set(drop)] for layer in weights]
+    if not out[0]:
+        raise InputError("drop leaves the engine no tensor to move")
+    return out
+
+
 def held(weights: Sequence[Weights], num_experts: int) -> torch.Tensor:
     """The expert each slot holds, int64 `[L, P]` over the ranks' weights `[G][L][W]`: `e`
     when every tensor of the slot holds `code(l, e, i)` throughout, else -1."""

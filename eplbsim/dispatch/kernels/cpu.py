@@ -386,19 +386,17 @@ class StreamedViews:
 
 
 @jit(parallel=True, **JIT)
-def _bad_choices(phys, ids, phy2log, reroutes, bad):  # pragma: no cover - compiled
+def _bad_choices(phys, ids, phy2log, reroutes, first):  # pragma: no cover - compiled
     T, L, K = ids.shape
     P = phy2log.shape[1]
     for t in prange(T):
-        count = 0
-        for layer in range(L):
-            for k in range(K):
-                e, p = ids[t, layer, k], phys[t, layer, k]
-                if e < 0:
-                    count += p != -1
-                elif p < 0 or p >= P or (not reroutes and phy2log[layer, p] != e):
-                    count += 1
-        bad[t] = count
+        first[t] = -1
+        for j in range(L * K - 1, -1, -1):  # backwards: the first bad pair is written last
+            layer, k = j // K, j % K
+            e, p = ids[t, layer, k], phys[t, layer, k]
+            if (p != -1 if e < 0 else
+                    p < 0 or p >= P or (not reroutes and phy2log[layer, p] != e)):
+                first[t] = j
 
 
 def first_bad_choice(phys: torch.Tensor, topk_ids: torch.Tensor, phy2log: torch.Tensor,
@@ -408,16 +406,11 @@ def first_bad_choice(phys: torch.Tensor, topk_ids: torch.Tensor, phy2log: torch.
     (`kernels.check_choices`' rule, in one compiled pass); None when every pair is right."""
     ids = np.ascontiguousarray(topk_ids.numpy()).astype(np.int64, copy=False)
     chosen = np.ascontiguousarray(phys.numpy()).astype(np.int64, copy=False)
-    bad = np.zeros(ids.shape[0], np.int64)
-    _bad_choices(chosen, ids, np.ascontiguousarray(phy2log.numpy()), reroutes, bad)
-    rows = np.flatnonzero(bad)
+    first = np.empty(ids.shape[0], np.int64)  # per token: its first bad pair, layer * K + k
+    _bad_choices(chosen, ids, np.ascontiguousarray(phy2log.numpy()), reroutes, first)
+    rows = np.flatnonzero(first >= 0)
     if not len(rows):
         return None
     t = int(rows[0])
-    e, p = ids[t], chosen[t]
-    P = phy2log.shape[1]
-    wrong = np.where(e < 0, p != -1, (p < 0) | (p >= P) | (
-        ~np.asarray(reroutes) & (phy2log.numpy()[np.arange(e.shape[0])[:, None],
-                                                 np.clip(p, 0, P - 1)] != e)))
-    layer, k = (int(v) for v in np.argwhere(wrong)[0])
+    layer, k = divmod(int(first[t]), ids.shape[2])
     return t, layer, k
