@@ -167,6 +167,7 @@ class SGLang:
                                                all_reduced=None)
         self._roles: dict[str, ModuleType | str] = {}
         self._functions: dict[str, Any] = {}
+        self._missing: dict[str, str | None] = {}
         self.modules = Modules(self.root, PACKAGE, self._stubs(), label)
         self.modules.supply("sglang.srt.distributed",  # 0.5.16's way to the EP group
                             get_moe_ep_group=lambda: self._settings.moe_ep_group)
@@ -211,6 +212,11 @@ class SGLang:
         """Why `algorithm` (`NEEDS`: a policy's, a solver's, `views` or `rebalanced`) cannot
         run from this source: the first function it calls that the source lacks; None when it
         can."""
+        if algorithm not in self._missing:  # what a source has does not change
+            self._missing[algorithm] = self._lacks(algorithm)
+        return self._missing[algorithm]
+
+    def _lacks(self, algorithm: str) -> str | None:
         for role, name in NEEDS[algorithm]:
             if role in EXTRACTED:
                 found = self._function(role)
@@ -377,13 +383,13 @@ class SGLang:
                  generator: torch.Generator | None) -> torch.Tensor:
         """`topk_ids_logical_to_physical(topk_ids [T, K], info)` with `generator` as torch's
         default generator during the call; padding (-1) goes in as expert 0 and comes back
-        as -1. -> int64 `[T, K]`."""
-        valid = topk_ids >= 0
-        ids = topk_ids.clamp(min=0).to(torch.int32)
+        as -1 (the engine gets a copy: it may write into it). -> int64 `[T, K]`."""
+        padded = bool((topk_ids < 0).any())
+        ids = (topk_ids.clamp(min=0) if padded else topk_ids.clone()).to(torch.int32)
         with self.modules.active(), _default_generator(generator, ids.device):
             phys = call(self.dispatch_module.topk_ids_logical_to_physical, self.label,
                         topk_ids=ids, info=info)
-        return torch.where(valid, phys.long(), -1)
+        return torch.where(topk_ids >= 0, phys.long(), -1) if padded else phys.long()
 
     def picks(self, flags: dict[str, Any], layout: Layout) -> str:
         """The dispatch algorithm this release's own settings logic picks

@@ -19,6 +19,7 @@ imports inside engine functions find them; before and after it holds whatever it
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -334,13 +335,20 @@ def _mend_nested_jit() -> None:
     jit.JITFunction.__call__ = call
 
 
+@functools.lru_cache(maxsize=1024)
+def _parameters(fn: Any) -> Any:
+    """`inspect.signature(fn).parameters`, read once a function (an engine call reads them
+    every time: a step calls thousands)."""
+    return inspect.signature(fn).parameters
+
+
 def call(fn: Any, label: str, **known: Any) -> Any:
     """Call the engine function `fn` by its signature: each parameter it names takes the value
     `known` has under that name; a parameter with a default that `known` lacks keeps it.
     InputError naming a required parameter `known` does not have (an entry point that changed
     beyond what the adapter knows)."""
     try:
-        parameters = inspect.signature(fn).parameters
+        parameters = _parameters(fn)
     except (TypeError, ValueError):  # no signature to read: call with what is known
         return fn(**known)
     given: dict[str, Any] = {}

@@ -30,11 +30,14 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..compiled import JIT, jit, prange
 from ..errors import InputError
 from ..files import check_memory
 from ..limits import MAX_EXPERTS, MAX_LAYERS, MAX_SEED, check_at_most
 from ..registry import lookup, name_of
 from .trace import Trace
+
+COMPILED_TOP = 32  # a top-k of at most this many takes the compiled pass (`_topk_desc`)
 
 Generator = Callable[..., Trace]
 
@@ -89,7 +92,23 @@ def _topk_desc(scores: np.ndarray, k: int) -> np.ndarray:
 
     scores: `[..., E]` float -> int64 `[..., k]`. Ties are broken by argpartition/argsort; the
     scores used here carry continuous noise so ties have probability zero among finite entries.
+    A row whose `k + 1` largest are distinct has one answer, found by a compiled pass
+    (`_top_rows`, for `k` up to `COMPILED_TOP`); the others (ties, NaN) take numpy's, so the
+    result is numpy's, bit for bit, either way.
     """
+    E = scores.shape[-1]
+    if k >= E or k > COMPILED_TOP:
+        return _topk_numpy(scores, k)
+    rows = np.ascontiguousarray(scores).reshape(-1, E)  # [R, E]
+    out, tied = np.empty((rows.shape[0], k), np.int64), np.empty(rows.shape[0], np.bool_)
+    _top_rows(rows, k, out, tied)
+    if tied.any():
+        out[tied] = _topk_numpy(rows[tied], k)
+    return out.reshape(scores.shape[:-1] + (k,))
+
+
+def _topk_numpy(scores: np.ndarray, k: int) -> np.ndarray:
+    """`_topk_desc` by numpy's argpartition and a stable argsort of the `k` it picked."""
     E = scores.shape[-1]
     if k < E:
         idx = np.argpartition(-scores, k - 1, axis=-1)[..., :k]  # [..., k] unordered
@@ -100,11 +119,43 @@ def _topk_desc(scores: np.ndarray, k: int) -> np.ndarray:
     return np.take_along_axis(idx, order, axis=-1)
 
 
+@jit(parallel=True, **JIT)
+def _top_rows(rows, k, out, tied):  # pragma: no cover - compiled
+    """Each row's `k` largest of `rows [R, E]` (`k < E`) into int64 `out [R, k]`, largest
+    first; `tied [R]` where the row's `k + 1` largest are not all distinct (or it holds NaN):
+    there the order is not unique and `out` is not to be used."""
+    for r in prange(rows.shape[0]):
+        vals = np.empty(k + 1, rows.dtype)  # the k + 1 largest so far, descending
+        idx = np.empty(k + 1, np.int64)
+        n, nan = 0, False
+        for e in range(rows.shape[1]):
+            v = rows[r, e]
+            if v != v:
+                nan = True
+                continue
+            if n == k + 1 and not v > vals[k]:
+                continue  # an equal value there leaves the k + 1 largest values as they are
+            j = n if n < k + 1 else k
+            while j > 0 and vals[j - 1] < v:
+                vals[j], idx[j] = vals[j - 1], idx[j - 1]
+                j -= 1
+            vals[j], idx[j] = v, e
+            n = min(n + 1, k + 1)
+        distinct = True
+        for j in range(k):
+            distinct &= vals[j] > vals[j + 1]
+        tied[r] = nan or not distinct
+        for j in range(k):
+            out[r, j] = idx[j]
+
+
 def _gumbel(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
-    """Standard Gumbel noise, float32 (`-log(-log U)`, U in (0, 1))."""
+    """Standard Gumbel noise, float32 (`-log(-log U)`, U in (0, 1)), computed in place."""
     u = rng.random(shape, dtype=np.float32)
     np.maximum(u, np.float32(1e-30), out=u)  # keep log finite at u == 0
-    return -np.log(-np.log(u))
+    for op in (np.log, np.negative, np.log, np.negative):
+        op(u, out=u)
+    return u
 
 
 def _add_noise(rng: np.random.Generator, ids: np.ndarray, E: int, noise: float) -> np.ndarray:

@@ -67,8 +67,9 @@ def reference_step(policy: Any, topk_ids: torch.Tensor, view: View, ctx: Dispatc
     when it raises, modifies them or returns anything but an integer `[T, K]` tensor."""
     name = name or getattr(policy.fn, "__name__", repr(policy.fn))
     layers = []
+    by_layer = topk_ids.transpose(0, 1).contiguous()  # [L, T, K]: each layer's ids in one block
     for layer in range(topk_ids.shape[1]):
-        ids = topk_ids[:, layer]
+        ids = by_layer[layer]
         given = ids.clone()
         try:
             phys = policy.fn(given, view, replace(ctx, layer=layer))
@@ -109,11 +110,11 @@ def check_choices(phys: torch.Tensor, topk_ids: torch.Tensor, placement: Placeme
     (any slot when the policy `reroutes`, `DispatchPolicy`), and -1 exactly at padding: a
     wrong policy must not become a silently wrong number."""
     _check_slots(phys, topk_ids, name)
-    ids = topk_ids.long()
     if phys.device.type == "cpu":  # one compiled pass (kernels.cpu.first_bad_choice)
         from .cpu import first_bad_choice
-        found = first_bad_choice(phys, ids, placement.phy2log, reroutes)
+        found = first_bad_choice(phys, topk_ids, placement.phy2log, reroutes)
     else:
+        ids = topk_ids.long()
         valid = ids >= 0
         P = placement.num_slots
         inside = (phys >= 0) & (phys < P)
@@ -124,7 +125,7 @@ def check_choices(phys: torch.Tensor, topk_ids: torch.Tensor, placement: Placeme
     if found is not None:
         t, lay, k = found
         raise InputError(f"policy {name} sent pair (token {t}, slot {k}) of expert "
-                         f"{int(ids[t, lay, k])} in layer {lay} to slot {int(phys[t, lay, k])}, "
+                         f"{int(topk_ids[t, lay, k])} in layer {lay} to slot {int(phys[t, lay, k])}, "
                          f"which does not hold that expert")
 
 

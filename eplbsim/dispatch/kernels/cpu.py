@@ -403,9 +403,10 @@ def first_bad_choice(phys: torch.Tensor, topk_ids: torch.Tensor, phy2log: torch.
                      reroutes: bool) -> tuple[int, int, int] | None:
     """`(token, layer, k)` of the first pair of CPU `phys [T, L, K]` that is not a slot of its
     routed expert in `phy2log [L, P]` (any slot in range when `reroutes`) or not -1 at padding
-    (`kernels.check_choices`' rule, in one compiled pass); None when every pair is right."""
-    ids = np.ascontiguousarray(topk_ids.numpy()).astype(np.int64, copy=False)
-    chosen = np.ascontiguousarray(phys.numpy()).astype(np.int64, copy=False)
+    (`kernels.check_choices`' rule, in one compiled pass); None when every pair is right.
+    `phys` and `topk_ids` may be of any integer dtype (compiled for each: no copies)."""
+    ids = np.ascontiguousarray(topk_ids.numpy())  # any integer dtype: compiled for each
+    chosen = np.ascontiguousarray(phys.numpy())
     first = np.empty(ids.shape[0], np.int64)  # per token: its first bad pair, layer * K + k
     _bad_choices(chosen, ids, np.ascontiguousarray(phy2log.numpy()), reroutes, first)
     rows = np.flatnonzero(first >= 0)
