@@ -7,6 +7,9 @@ Contenders, side by side on the same pair of placements:
   point-to-point calls (`simdist.SimWorld`), SGLang 0.5.23's and vLLM 0.33.0's updaters;
 - **real**: `migration.real.migrate_on_processes`, one gloo process a rank (the proof path; its
   time includes starting 32 processes);
+- **vLLM async**: `migration.migrate_async`, vLLM's asynchronous path (its async worker a
+  thread a rank, one layer a step, the maps checked against the slots before every step); its
+  sends are checked equal to the synchronous path's ("equal");
 - **model**: eplbsim's own migration model of the same move (`schedule.migration.transfer_kinds`
   and `cost.rebalance.sync_stall_seconds`'s copy counts), for scale: it moves nothing.
 Both paths' slots and sends are checked equal. Seconds are the best of `REPEATS` (real: one).
@@ -21,7 +24,7 @@ import time
 import numpy as np
 import torch
 
-from eplbsim.migration import migrate, plan
+from eplbsim.migration import migrate, migrate_async, plan
 from eplbsim.migration.real import migrate_on_processes
 from eplbsim.placement import Placement
 from eplbsim.schedule.migration import transfer_counts
@@ -77,6 +80,18 @@ def main() -> None:
         print(f"{engine:7s} {min(times):8.3f} {real_s:>8s} {summary['p2p_ops']:8d} "
               f"{summary['nvlink_bytes']:9d} {summary['rdma_bytes']:8d} {equal:>6s}",
               flush=True)
+    migrate_async(old, new, E, topology)  # warm
+    times = []
+    for _ in range(REPEATS):
+        start = time.perf_counter()
+        moved, steps = migrate_async(old, new, E, topology)
+        times.append(time.perf_counter() - start)
+    assert torch.equal(moved.holds, new) and not any(s.mismatch for s in steps), \
+        "vLLM async: slots or maps wrong"
+    summary = plan(moved.sent, topology)
+    equal = sorted(migrate("vllm", old, new, E, topology).sent) == sorted(moved.sent)
+    print(f"{'vllm-as':7s} {min(times):8.3f} {'-':>8s} {summary['p2p_ops']:8d} "
+          f"{summary['nvlink_bytes']:9d} {summary['rdma_bytes']:8d} {str(equal):>6s}")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import torch
 
 from eplbsim import engines
 from eplbsim.errors import InputError
-from eplbsim.migration import migrate, plan
+from eplbsim.migration import migrate, migrate_async, plan
 from eplbsim.migration.simdist import SimWorld, simulated
 from eplbsim.migration.weights import held, lost_experts, rank_weights, slot_mismatch
 from eplbsim.review import EXIT
@@ -354,3 +354,51 @@ def test_every_tested_release_moves_right_and_shows_the_faults(engine, version):
     if engine == "sglang":
         first = migrate(engine, old, new, 16, topology, sources, chunks=[[0]])
         assert all(torch.equal(m.physical_to_logical_map_cpu, first.holds) for m in first.maps)
+
+
+def test_the_simulated_world_sums_an_all_reduce_over_every_rank():
+    world = SimWorld(3, wait_s=5)
+
+    def rank(r):
+        flag = torch.tensor([r + 1], dtype=torch.int32)
+        world.all_reduce(flag)
+        return int(flag)
+    assert world.run(rank) == [6, 6, 6]
+    with pytest.raises(InputError, match="only sums"):
+        SimWorld(1).run(lambda r: SimWorld.all_reduce(
+            world, torch.ones(1), op=torch.distributed.ReduceOp.MAX))
+
+
+@pytest.mark.parametrize("version", engines.ENGINES["vllm"].tested)
+def test_vllms_async_path_switches_each_layers_maps_only_after_its_weights_land(version):
+    """Case 5: vLLM's own async worker and `_move_to_workspace`, one layer a step: before
+    every step each rank's committed maps name what its slots hold, one more layer switched
+    each step; the sends are the synchronous path's. A tensor left out, or maps committed a
+    step before their weights (`lead`), show as mismatches."""
+    if not (engines.source.release_folder("vllm", version) / "vllm").is_dir():
+        pytest.skip(f"vllm {version} is not fetched")
+    sources = engines.as_sources({"vllm": "=" + version})
+    gen = torch.Generator().manual_seed(8)
+    old, new = _placement(gen, 3, 16, 24), _placement(gen, 3, 16, 24)
+    topology = Topology(4, 2)
+    moved, steps = migrate_async(old, new, 16, topology, sources)
+    assert torch.equal(moved.holds, new) and not moved.lost
+    assert [s.committed for s in steps] == [s.landed for s in steps] == [0, 1, 2, 3]
+    assert all(s.mismatch == 0 and s.stale_maps == 0 for s in steps)
+    assert sorted(moved.sent) == sorted(migrate("vllm", old, new, 16, topology, sources).sent)
+    _, early = migrate_async(old, new, 16, topology, sources, lead=1)
+    assert [s.committed for s in early] == [1, 2, 3, 3]
+    assert all(s.mismatch > 0 for s in early[:-1]) and early[-1].mismatch == 0
+    dropped, left = migrate_async(old, new, 16, topology, sources, drop=[1])
+    assert left[0].mismatch == 0 and left[-1].mismatch == 4 * int((old != new).sum())
+    assert torch.equal(dropped.mismatch, (old != new).sum(1))
+
+
+def test_a_release_without_the_async_worker_is_one_error_naming_the_file(tmp_path):
+    _fetched("vllm")
+    copy = tmp_path / "vllm-no-async"
+    shutil.copytree(engines.release("vllm"), copy)
+    (copy / "vllm/distributed/eplb/async_worker.py").unlink()
+    old = torch.arange(8).reshape(1, 8)
+    with pytest.raises(InputError, match="no vllm/distributed/eplb/async_worker.py"):
+        migrate_async(old, old, 8, Topology(2), engines.as_sources({"vllm": str(copy)}))

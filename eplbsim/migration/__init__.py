@@ -22,10 +22,16 @@ engine is given while they stay in the weights (a tensor the updater is not told
   `map_mismatch`, the SGLang ranks whose committed maps differ from those built for the new
   placement.
 `prepare` is what both this path and the real processes (`migration.real`) run per rank.
+
+`migrate_async` runs vLLM's asynchronous rebalance instead (`engines.vllm_async`): one layer
+a step lands in every rank's weights and switches that layer's maps, and before every step it
+checks the maps the dispatch reads against what the slots hold (`AsyncStep`).
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Callable, Sequence
@@ -34,7 +40,7 @@ import torch
 
 from ..errors import InputError
 from ..topology import Topology
-from .simdist import SimWorld, simulated
+from .simdist import WAIT_S, SimWorld, simulated
 from .weights import SHAPES, given_to_engine, held, lost_experts, rank_weights, slot_mismatch
 
 MIGRATIONS = {  # --migration: who moves the weights at a rebalance
@@ -150,6 +156,96 @@ def migrate(engine: str, old: torch.Tensor, new: torch.Tensor, num_experts: int,
     return Moved.read(weights, new, num_experts, world.sent, maps, committed_apart(mover))
 
 
+@dataclass
+class AsyncStep:
+    """The ranks before one step of vLLM's asynchronous rebalance (`migrate_async`):
+    `committed`, the layers whose maps switched so far; `landed`, the layers whose slots all
+    hold the new placement; `mismatch`, over ranks, layers and slots, the slots whose weights
+    are not the expert that rank's committed `physical_to_logical_map` names (what its
+    dispatch reads); `stale_maps`, the ranks whose committed maps differ from rank 0's."""
+
+    committed: int
+    landed: int
+    mismatch: int
+    stale_maps: int
+
+
+def migrate_async(old: torch.Tensor, new: torch.Tensor, num_experts: int, topology: Topology,
+                  sources: Any = (), shapes: Sequence[Sequence[int]] = SHAPES,
+                  drop: Sequence[int] = (), lead: int = 0, wait_s: float = WAIT_S
+                  ) -> tuple[Moved, list[AsyncStep]]:
+    """vLLM's asynchronous rebalance of `old [L, P]` to `new [L, P]` on every rank of
+    `topology`, simulated in this process (`engines.vllm_async`): each rank's async worker in a
+    thread of its own, and, as the main threads, before each of `L + 1` steps a check of what
+    the ranks serve (`AsyncStep`), then every rank's `_move_to_workspace` of the layer its
+    worker posted. `drop` as `migrate`; `lead`, a fault: before each check the maps of the next
+    `lead` layers are committed early (the engine's `_commit_eplb_maps_for_layer`), before their
+    weights land. Returns what the move did and the `L + 1` checks (the first before any layer
+    switched). InputError when a worker posts no layer within `wait_s`, or fails."""
+    from ..engines import adapter, vllm_async
+    old, new = old.long(), new.long()
+    if old.shape != new.shape:
+        raise InputError(f"old and new placements differ in shape: {tuple(old.shape)} and "
+                         f"{tuple(new.shape)}")
+    L, G = old.shape[0], topology.num_gpus
+    run = adapter("vllm", sources)
+    loaded = vllm_async.load(run)
+    weights = rank_weights(old, num_experts, G, shapes)
+    world = SimWorld(G, wait_s)
+    group = SimpleNamespace(size=lambda: G, rank=world.get_rank)
+    maps = vllm_async.committed(loaded, old, num_experts)
+    states = [vllm_async.rank_state(loaded, old, new, maps, given_to_engine(weights[r], drop),
+                                    group, topology.num_nodes) for r in range(G)]
+    models = [s.model_states["eplbsim"] for s in states]
+    move, commit = loaded.main["_move_to_workspace"], loaded.main["_commit_eplb_maps_for_layer"]
+    failed: list[BaseException] = []
+
+    def workers() -> None:
+        try:
+            world.run(lambda r: vllm_async.work(loaded, states[r]))
+        except BaseException as exc:  # handed to the caller below
+            failed.append(exc)
+
+    def check(done: int) -> AsyncStep:
+        for layer in range(done, min(done + lead, L)):  # the fault: maps ahead of weights
+            for model in models:
+                commit(model, new_physical_to_logical_map=new[layer], layer=layer)
+        holds = held(weights, num_experts)
+        maps = [m.physical_to_logical_map for m in models]
+        return AsyncStep(
+            committed=sum(int(torch.equal(maps[0][l], new[l])) for l in range(L)),
+            landed=int((holds == new).all(1).sum()),
+            mismatch=int(sum((holds != m).sum() for m in maps)),
+            stale_maps=sum(not torch.equal(m, maps[0]) for m in maps[1:]))
+
+    steps = []
+    with run.modules.active(), simulated(world, [loaded.worker, loaded.comm]), \
+            vllm_async.stand_ins(loaded, group):
+        runner = threading.Thread(target=workers, daemon=True)
+        runner.start()
+        for done in range(L):  # each check once every worker took its snapshot
+            waited = time.monotonic()
+            while any(m.pending_result is None for m in models) and runner.is_alive():
+                if time.monotonic() - waited > wait_s:
+                    raise InputError(f"vLLM's async workers posted no layer within {wait_s:g} "
+                                     f"s (layers committed: {done} of {L})")
+                time.sleep(0.0005)
+            if failed or any(m.pending_result is None for m in models):
+                break
+            steps.append(check(done))
+            for rank, model in enumerate(models):
+                move(model_state=model, ep_rank=rank)
+        else:
+            steps.append(check(L))
+        runner.join(wait_s)
+    if failed:
+        raise failed[0]
+    if len(steps) < L + 1:
+        raise InputError(f"vLLM's async workers stopped after {len(steps) - 1} of {L} layers")
+    return Moved.read(weights, new, num_experts, world.sent,
+                      run.logical_maps(new, num_experts)), steps
+
+
 def plan(sent: Sequence[tuple[int, int, int]], topology: Topology) -> dict[str, int]:
     """The engine's transfers summed: `nvlink_bytes` (within a node), `rdma_bytes` (across
     nodes), `p2p_ops` (sends), and `max_recv_bytes` (the rank receiving the most)."""
@@ -163,4 +259,5 @@ def plan(sent: Sequence[tuple[int, int, int]], topology: Topology) -> dict[str, 
     return out
 
 
-__all__ = ["MIGRATIONS", "Moved", "Mover", "SHAPES", "migrate", "plan", "prepare"]
+__all__ = ["MIGRATIONS", "AsyncStep", "Moved", "Mover", "SHAPES", "migrate", "migrate_async",
+           "plan", "prepare"]

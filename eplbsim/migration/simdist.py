@@ -3,7 +3,9 @@ the engine's updater in a thread of its own, and a send is matched to a receive 
 destination) in posting order, as NCCL and gloo match untagged point-to-point operations.
 
 What an engine's updater calls is answered per thread (`SimWorld.run` says which rank a thread
-is): `get_rank`, `get_world_size`, `isend`, `irecv`, `batch_isend_irecv`, `barrier`, and a
+is): `get_rank`, `get_world_size`, `isend`, `irecv`, `batch_isend_irecv`, `barrier`,
+`all_reduce` (a sum, every rank's tensor in rank order: vLLM's async worker agrees on a flag by
+it), and a
 `P2POp` of the fields engines pass (`op`, `tensor`, `peer` or `group_peer`, `group`, `tag`).
 A send copies its tensor when it is posted (the engines leave a sent tensor untouched until the
 batch completes); a receive copies the matched message into its tensor when it is waited on. A
@@ -65,6 +67,8 @@ class SimWorld:
         self._cond = threading.Condition()
         self.sent: list[tuple[int, int, int]] = []  # (source, destination, bytes)
         self._barrier = threading.Barrier(world_size)
+        self._reducing = threading.Barrier(world_size)  # all_reduce's own, apart from barrier()
+        self._partials: list[torch.Tensor | None] = [None] * world_size
 
     # -- what the engine calls ---------------------------------------------------------------
 
@@ -76,6 +80,19 @@ class SimWorld:
 
     def barrier(self, group: Any = None, **kwargs: Any) -> None:
         self._barrier.wait(self.wait_s)
+
+    def all_reduce(self, tensor: torch.Tensor, op: Any = None, group: Any = None,
+                   async_op: bool = False) -> _Work | None:
+        if op is not None and op != torch.distributed.ReduceOp.SUM:
+            raise InputError(f"an all_reduce with {op}: only sums are simulated")
+        self._partials[self._local.rank] = tensor.detach().clone()
+        self._reducing.wait(self.wait_s)  # every rank's part is in
+        total = self._partials[0].clone()
+        for part in self._partials[1:]:
+            total += part
+        self._reducing.wait(self.wait_s)  # every rank has read them
+        tensor.copy_(total)
+        return _Work() if async_op else None
 
     def isend(self, tensor: torch.Tensor, dst: int | None = None, group: Any = None,
               tag: int = 0, group_dst: int | None = None) -> _Work:
@@ -137,15 +154,16 @@ class SimWorld:
             except BaseException as exc:  # handed to the caller below
                 errors[rank] = exc
                 self._barrier.abort()
+                self._reducing.abort()
         threads = [threading.Thread(target=body, args=(r,), daemon=True)
                    for r in range(self.world_size)]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-        for exc in errors:
-            if exc is not None:
-                raise exc
+        broken = [e for e in errors if isinstance(e, threading.BrokenBarrierError)]
+        for exc in [e for e in errors if e is not None and e not in broken] + broken:
+            raise exc  # the cause first: the others broke the barriers it left
         left = {k: len(v) for k, v in self._boxes.items() if v}
         if left:
             (src, dst), n = next(iter(left.items()))
@@ -162,6 +180,7 @@ def simulated(world: SimWorld, modules: Sequence[Any] = ()) -> Iterator[None]:
     dist = torch.distributed
     names = {"get_rank": world.get_rank, "get_world_size": world.get_world_size,
              "isend": world.isend, "irecv": world.irecv, "barrier": world.barrier,
+             "all_reduce": world.all_reduce,
              "batch_isend_irecv": world.batch_isend_irecv, "P2POp": P2POp}
     saved = [(dist, k, getattr(dist, k)) for k in names if hasattr(dist, k)]
     for module in modules:
