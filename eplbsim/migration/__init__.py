@@ -241,7 +241,7 @@ def migrate_async(old: torch.Tensor, new: torch.Tensor, num_experts: int, topolo
     if failed:
         raise failed[0]
     if len(steps) < L + 1:
-        raise InputError(f"vLLM's async workers stopped after {len(steps) - 1} of {L} layers")
+        raise InputError(f"vLLM's async workers stopped after {len(steps)} of {L} layers")
     return Moved.read(weights, new, num_experts, world.sent,
                       run.logical_maps(new, num_experts)), steps
 
