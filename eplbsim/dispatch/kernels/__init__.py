@@ -125,8 +125,8 @@ def check_choices(phys: torch.Tensor, topk_ids: torch.Tensor, placement: Placeme
     if found is not None:
         t, lay, k = found
         raise InputError(f"policy {name} sent pair (token {t}, slot {k}) of expert "
-                         f"{int(topk_ids[t, lay, k])} in layer {lay} to slot {int(phys[t, lay, k])}, "
-                         f"which does not hold that expert")
+                         f"{int(topk_ids[t, lay, k])} in layer {lay} to slot "
+                         f"{int(phys[t, lay, k])}, which does not hold that expert")
 
 
 def _check_slots(phys: Any, ids: torch.Tensor, name: str) -> None:
