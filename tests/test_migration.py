@@ -17,7 +17,7 @@ import torch
 
 from eplbsim import engines
 from eplbsim.errors import InputError
-from eplbsim.migration import migrate, migrate_async, plan
+from eplbsim.migration import elastic, migrate, migrate_async, plan
 from eplbsim.migration.simdist import SimWorld, simulated
 from eplbsim.migration.weights import held, lost_experts, rank_weights, slot_mismatch
 from eplbsim.review import EXIT
@@ -402,3 +402,38 @@ def test_a_release_without_the_async_worker_is_one_error_naming_the_file(tmp_pat
     old = torch.arange(8).reshape(1, 8)
     with pytest.raises(InputError, match="no vllm/distributed/eplb/async_worker.py"):
         migrate_async(old, old, 8, Topology(2), engines.as_sources({"vllm": str(copy)}))
+
+
+def test_an_elastic_move_names_each_ranks_slots_in_the_group_that_runs_it():
+    old = torch.arange(8).reshape(1, 8)  # 4 ranks of 2 slots
+    new = torch.tensor([[10, 11, 12, 13, 14, 15]])  # 3 ranks
+    start, want = elastic(old, new, {0: 0, 1: 2, 2: -1, 3: 1}, 4)
+    assert torch.equal(start, old) and want.tolist() == [[10, 11, 14, 15, -1, -1, 12, 13]]
+    start, want = elastic(new[:, :4], old, {0: 1, 1: 3}, 4)  # 2 ranks -> 4
+    assert start.tolist() == [[-1, -1, 10, 11, -1, -1, 12, 13]] and torch.equal(want, old)
+    for bad in ({0: 0, 1: 0, 2: 1, 3: -1}, {0: 0, 1: 5, 2: 1, 3: 2}, {1: 0}):
+        with pytest.raises(InputError, match="rank mapping"):
+            elastic(old, new, bad, 4)
+    with pytest.raises(InputError, match="do not fit"):
+        elastic(old, new[:, :4], {0: 0, 1: 2, 2: -1, 3: 1}, 4)
+
+
+@pytest.mark.parametrize("version", engines.ENGINES["vllm"].tested)
+def test_vllms_elastic_ep_moves_every_kept_or_new_rank_right(version):
+    """vLLM's `rank_mapping`: 4 ranks down to 3 (one leaves) and 2 up to 4 (two join): after
+    its own move every slot the new placement names holds that expert."""
+    if not (engines.source.release_folder("vllm", version) / "vllm").is_dir():
+        pytest.skip(f"vllm {version} is not fetched")
+    sources = engines.as_sources({"vllm": "=" + version})
+    gen = torch.Generator().manual_seed(9)
+    topology = Topology(4, 2)
+    old, new = _placement(gen, 2, 8, 16), _placement(gen, 2, 8, 12)
+    mapping = {0: 0, 1: 2, 2: -1, 3: 1}
+    down = migrate("vllm", old, new, 8, topology, sources, rank_mapping=mapping)
+    want = elastic(old, new, mapping, 4)[1]
+    assert down.mismatch.sum() == 0 and torch.equal(down.holds[want >= 0], want[want >= 0])
+    old, new = _placement(gen, 2, 8, 8), _placement(gen, 2, 8, 16)
+    up = migrate("vllm", old, new, 8, topology, sources, rank_mapping={0: 1, 1: 3})
+    assert torch.equal(up.holds, new) and up.sent
+    with pytest.raises(InputError, match="vLLM's"):
+        migrate("sglang", old, new, 8, topology, rank_mapping={0: 1, 1: 3})

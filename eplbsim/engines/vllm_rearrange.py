@@ -40,10 +40,11 @@ def modules(run: VLLM) -> tuple[Any, Any]:
 
 
 def move_rank(run: VLLM, loaded: tuple[Any, Any], old: torch.Tensor, new: torch.Tensor,
-              weights: list, group: Any) -> None:
+              weights: list, group: Any, rank_mapping: dict[int, int] | None = None) -> None:
     """Rank `group.rank()`'s part of vLLM's rebalance from `old [L, P]` to `new [L, P]`: its
     weights `[L][W]` moved in place (module doc), with buffers shaped as its first layer's;
-    `loaded` is `modules(run)`, loaded beforehand (ranks in threads import nothing)."""
+    `loaded` is `modules(run)`, loaded beforehand (ranks in threads import nothing);
+    `rank_mapping` (old rank -> new rank) for elastic EP, as vLLM takes it."""
     rebalance, comm = loaded
     if not hasattr(rebalance, "rearrange_expert_weights_inplace"):
         raise InputError(f"{run.label}: {REBALANCE} has no rearrange_expert_weights_inplace")
@@ -51,4 +52,5 @@ def move_rank(run: VLLM, loaded: tuple[Any, Any], old: torch.Tensor, new: torch.
     buffers = [torch.empty_like(t) for t in weights[0]]
     call(rebalance.rearrange_expert_weights_inplace, run.label,
          old_global_expert_indices=old, new_global_expert_indices=new, expert_weights=weights,
-         expert_buffer=buffers, ep_group=group, communicator=communicator)
+         expert_buffer=buffers, ep_group=group, communicator=communicator,
+         rank_mapping=rank_mapping)

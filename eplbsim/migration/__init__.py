@@ -89,12 +89,13 @@ class Mover:
 
 def prepare(engine: str, run: Any, old: torch.Tensor, new: torch.Tensor, num_experts: int,
             topology: Topology, ranks: Sequence[int],
-            chunks: Sequence[Sequence[int]] | None = None) -> Mover:
+            chunks: Sequence[Sequence[int]] | None = None,
+            rank_mapping: dict[int, int] | None = None) -> Mover:
     """`engine`'s move of `old [L, P]` to `new [L, P]` for `ranks` of `topology`, from the
     adapter `run`: SGLang's metadata built for each rank (`init_by_mapping` of both
     placements), `chunks` the layer ids each update takes in turn (default: all at once);
-    vLLM's rebalance and communicator modules loaded. Everything is loaded here, so ranks in
-    threads import nothing."""
+    vLLM's rebalance and communicator modules loaded, `rank_mapping` handed to it (`elastic`).
+    Everything is loaded here, so ranks in threads import nothing."""
     L, P = old.shape
     if engine == "sglang":
         from ..engines.sglang import Layout
@@ -109,7 +110,7 @@ def prepare(engine: str, run: Any, old: torch.Tensor, new: torch.Tensor, num_exp
     from ..engines.vllm_rearrange import modules, move_rank
     loaded = modules(run)
     return Mover(list(loaded), lambda rank, given, group: move_rank(
-        run, loaded, old, new, given, group))
+        run, loaded, old, new, given, group, rank_mapping))
 
 
 def committed_apart(mover: Mover) -> int:
@@ -128,32 +129,70 @@ def committed_apart(mover: Mover) -> int:
 def migrate(engine: str, old: torch.Tensor, new: torch.Tensor, num_experts: int,
             topology: Topology, sources: Any = (), shapes: Sequence[Sequence[int]] = SHAPES,
             chunks: Sequence[Sequence[int]] | None = None, drop: Sequence[int] = (),
-            weights: list | None = None) -> Moved:
+            weights: list | None = None, rank_mapping: dict[int, int] | None = None) -> Moved:
     """Move the weights of placement `old [L, P]` to `new [L, P]` with `engine`'s updater
     ("sglang" or "vllm", from `sources`), every rank of `topology` simulated in this process;
     `chunks` (SGLang) the layer ids each update call takes in turn (default: all at once);
     `drop` the indices of tensors left out of what the engine is given; `weights` the ranks'
-    weights `[G][L][W]` to move in place (default: fresh ones holding `old`)."""
+    weights `[G][L][W]` to move in place (default: fresh ones holding `old`). `rank_mapping`
+    (vLLM: elastic EP, `elastic`) moves between EP groups of different sizes, `topology` the
+    group that runs the move; the result's `holds` and `mismatch` are in its slots."""
     from ..engines import adapter
     if engine not in ("sglang", "vllm"):
         raise InputError(f"unknown migration {engine!r}; the engines' own: sglang, vllm")
     old, new = old.long(), new.long()
-    if old.shape != new.shape:
+    G = topology.num_gpus
+    start, want = (old, new) if rank_mapping is None else elastic(old, new, rank_mapping, G)
+    if rank_mapping is not None and engine != "vllm":
+        raise InputError("a rank mapping (elastic EP) is vLLM's: SGLang's updater takes none")
+    if old.shape != new.shape and rank_mapping is None:
         raise InputError(f"old and new placements differ in shape: {tuple(old.shape)} and "
                          f"{tuple(new.shape)}")
-    G = topology.num_gpus
     if weights is None:
-        weights = rank_weights(old, num_experts, G, shapes)
+        weights = rank_weights(start, num_experts, G, shapes)
     given = [given_to_engine(rank, drop) for rank in weights]
     run = adapter(engine, sources)
-    mover = prepare(engine, run, old, new, num_experts, topology, range(G), chunks)
+    mover = prepare(engine, run, old, new, num_experts, topology, range(G), chunks,
+                    rank_mapping)
     world = SimWorld(G)
     group = SimpleNamespace(size=lambda: G, rank=world.get_rank)
     with run.modules.active(), simulated(world, mover.owners):
         world.run(lambda r: mover.move(r, given[r], group))
     maps = list(mover.maps.values()) if mover.maps is not None else \
         run.logical_maps(new, num_experts)
-    return Moved.read(weights, new, num_experts, world.sent, maps, committed_apart(mover))
+    return Moved.read(weights, want, num_experts, world.sent, maps, committed_apart(mover))
+
+
+def elastic(old: torch.Tensor, new: torch.Tensor, rank_mapping: dict[int, int], world: int
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """An elastic EP move (vLLM's `rank_mapping`, old rank -> new rank, -1: leaves) in the
+    slots of the group of `world` ranks that runs it: `(start, want)`, both `[L, world x S]`,
+    S slots a rank. Scale-down (`world` = the old group, every old rank mapped): `start` is
+    `old [L, P_old]`, `want` each kept rank's new slots (`new [L, P_new]` under its new rank)
+    and -1 (anything) on the ranks that leave. Scale-up (`world` = the new group, the mapping
+    the old ranks'): `start` each old rank's slots under its new rank and -1 (nothing) on the
+    ranks that join, `want` is `new`. InputError for a mapping that fits neither."""
+    ranks = sorted(rank_mapping)
+    targets = [rank_mapping[r] for r in ranks]
+    kept = [t for t in targets if t >= 0]
+    down = len(ranks) == world
+    size = len(kept) if down else world
+    if (ranks != list(range(len(ranks))) or len(set(kept)) != len(kept)
+            or any(t < -1 or t >= size for t in targets) or not kept
+            or (not down and len(ranks) > world)):
+        raise InputError(f"rank mapping {rank_mapping}: give every old rank 0..n-1 a distinct "
+                         f"new rank below the new group's size, or -1 where it leaves")
+    S = (old.shape[1] // len(ranks)) if len(ranks) else 0
+    if old.shape[1] != len(ranks) * S or new.shape[1] != size * S or old.shape[0] != new.shape[0]:
+        raise InputError(f"placements {tuple(old.shape)} -> {tuple(new.shape)} do not fit "
+                         f"{len(ranks)} old and {size} new ranks of equal slots")
+    fine, coarse = (old, new) if down else (new, old)
+    mapped = torch.full_like(fine, -1)
+    for r, t in zip(ranks, targets):
+        if t >= 0:
+            mapped[:, (r if down else t) * S:((r if down else t) + 1) * S] = \
+                coarse[:, (t if down else r) * S:((t if down else r) + 1) * S]
+    return (old, mapped) if down else (mapped, new)
 
 
 @dataclass
@@ -259,5 +298,5 @@ def plan(sent: Sequence[tuple[int, int, int]], topology: Topology) -> dict[str, 
     return out
 
 
-__all__ = ["MIGRATIONS", "AsyncStep", "Moved", "Mover", "SHAPES", "migrate", "migrate_async",
-           "plan", "prepare"]
+__all__ = ["MIGRATIONS", "AsyncStep", "Moved", "Mover", "SHAPES", "elastic", "migrate",
+           "migrate_async", "plan", "prepare"]
