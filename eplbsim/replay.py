@@ -23,6 +23,7 @@ from .engines import is_engine_name, resolve_solver
 from .errors import InputError
 from .files import check_memory
 from .metrics import Counters
+from .migration.replayed import served
 from .moe import make_toy_moe, square_sums, step_sums
 from .placement import rank_view
 from .placement_io import load_placement
@@ -31,7 +32,6 @@ from .ranks import LOCAL, MODES, Collectives, Epoch, make_ranks, rank_context, r
 from .registry import lookup
 from .results import Comparison, Results
 from .schedule.plan import Segment, plan
-from .migration.replayed import served
 from .runspec import RunSpec, label
 from .traces.coactivation import coactivation
 from .traces.counts import CountsTrace

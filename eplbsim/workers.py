@@ -42,9 +42,9 @@ PAYS_OFF = 5e9
 # An engine's own code in eplbsim's compiled pair dispatches (0.7 ns each): a call costs
 # `ENGINE_CALL` and each pair it maps `ENGINE_PAIR`. Fitted to a DeepSeek-V3 step (58 layers,
 # 1.9M pairs, 32 ranks) of sglang:dynamic: 1856 calls of a rank's tokens each in "a2a" took
-# 0.464 s, 1856 calls of every token in "none" (one a rank) 2.86 s: 0.21 ms a call and 41 ns a
-# pair (benchmarks/RESULTS.md, "After engine sources activate in microseconds", 2-core guest).
-ENGINE_CALL, ENGINE_PAIR = 3.0e5, 58.0
+# 0.246 s, 1856 calls of every token in "none" (one a rank) 2.17 s: 0.10 ms a call and 33 ns a
+# pair (benchmarks/RESULTS.md, "bench_engines after the lighter engine calls", 2-core guest).
+ENGINE_CALL, ENGINE_PAIR = 1.4e5, 47.0
 
 
 def dispatch_work(trace: Any, specs: Sequence[RunSpec]) -> float:

@@ -364,9 +364,9 @@ def test_the_simulated_world_sums_an_all_reduce_over_every_rank():
         world.all_reduce(flag)
         return int(flag)
     assert world.run(rank) == [6, 6, 6]
+    one = SimWorld(1)
     with pytest.raises(InputError, match="only sums"):
-        SimWorld(1).run(lambda r: SimWorld.all_reduce(
-            world, torch.ones(1), op=torch.distributed.ReduceOp.MAX))
+        one.run(lambda r: one.all_reduce(torch.ones(1), op=torch.distributed.ReduceOp.MAX))
 
 
 @pytest.mark.parametrize("version", engines.ENGINES["vllm"].tested)

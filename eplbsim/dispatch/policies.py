@@ -101,7 +101,7 @@ def unmapped_policy(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) ->
     """The logical id used as the physical slot (a model path that passes no map to top-k:
     sglang #18213, #39580): the right expert while the placement is the trivial one (slot `e`
     holds expert `e`), another expert's slot after a rebalance moves them."""
-    return topk_ids.long().clone()
+    return topk_ids.to(torch.int64, copy=True)
 
 
 def unmapped_table(view: View, ctx: DispatchContext) -> torch.Tensor:

@@ -385,7 +385,8 @@ class SGLang:
         default generator during the call; padding (-1) goes in as expert 0 and comes back
         as -1 (the engine gets a copy: it may write into it). -> int64 `[T, K]`."""
         padded = bool((topk_ids < 0).any())
-        ids = (topk_ids.clamp(min=0) if padded else topk_ids.clone()).to(torch.int32)
+        ids = (topk_ids.clamp(min=0).to(torch.int32) if padded
+               else topk_ids.to(torch.int32, copy=True))
         with self.modules.active(), _default_generator(generator, ids.device):
             phys = call(self.dispatch_module.topk_ids_logical_to_physical, self.label,
                         topk_ids=ids, info=info)

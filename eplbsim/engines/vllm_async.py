@@ -38,8 +38,9 @@ from typing import Any, Iterator
 import torch
 
 from ..errors import InputError
+from ..migration.simdist import patched
 from .vllm import VLLM
-from .vllm_rearrange import COMMUNICATOR, REBALANCE
+from .vllm_rearrange import modules
 
 WORKER = "vllm.distributed.eplb.async_worker"
 STATE = "vllm.distributed.eplb.eplb_state"
@@ -87,10 +88,9 @@ def load(run: VLLM) -> SimpleNamespace:
         if not run.root.joinpath(*name.split(".")).with_suffix(".py").is_file():
             raise InputError(f"{run.label}: no {name.replace('.', '/')}.py (vLLM's async "
                              f"rebalance is not in this release)")
+    rebalance, comm = modules(run)
     try:
-        rebalance = run.modules.load(REBALANCE)
         worker = run.modules.load(WORKER)
-        comm = run.modules.load(COMMUNICATOR)
     except InputError:
         raise
     except Exception as exc:  # a release whose modules do not load here: say why
@@ -156,15 +156,8 @@ def stand_ins(loaded: SimpleNamespace, group: Any) -> Iterator[None]:
     """The accelerator and the EP group as the module doc says, during the block."""
     eplb_group = SimpleNamespace(device_group=group, cpu_group=group)
     cpu = torch.Stream(device="cpu")
-    patches = [(torch, "Event", _InOrderEvent),
-               (torch.accelerator, "current_stream", lambda *args: cpu),
-               (torch.accelerator, "set_stream", lambda stream: None),
-               (loaded.worker, "get_eplb_group", lambda: eplb_group)]
-    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
-    try:
-        for owner, name, value in patches:
-            setattr(owner, name, value)
+    with patched([(torch, "Event", _InOrderEvent),
+                  (torch.accelerator, "current_stream", lambda *args: cpu),
+                  (torch.accelerator, "set_stream", lambda stream: None),
+                  (loaded.worker, "get_eplb_group", lambda: eplb_group)]):
         yield
-    finally:
-        for owner, name, value in saved:
-            setattr(owner, name, value)

@@ -140,27 +140,41 @@ def migrate(engine: str, old: torch.Tensor, new: torch.Tensor, num_experts: int,
     from ..engines import adapter
     if engine not in ("sglang", "vllm"):
         raise InputError(f"unknown migration {engine!r}; the engines' own: sglang, vllm")
-    old, new = old.long(), new.long()
-    G = topology.num_gpus
-    start, want = (old, new) if rank_mapping is None else elastic(old, new, rank_mapping, G)
     if rank_mapping is not None and engine != "vllm":
         raise InputError("a rank mapping (elastic EP) is vLLM's: SGLang's updater takes none")
-    if old.shape != new.shape and rank_mapping is None:
-        raise InputError(f"old and new placements differ in shape: {tuple(old.shape)} and "
-                         f"{tuple(new.shape)}")
+    G = topology.num_gpus
+    if rank_mapping is None:
+        old, new = _placements(old, new)
+        start, want = old, new
+    else:
+        old, new = old.long(), new.long()
+        start, want = elastic(old, new, rank_mapping, G)
     if weights is None:
         weights = rank_weights(start, num_experts, G, shapes)
     given = [given_to_engine(rank, drop) for rank in weights]
     run = adapter(engine, sources)
     mover = prepare(engine, run, old, new, num_experts, topology, range(G), chunks,
                     rank_mapping)
-    world = SimWorld(G)
-    group = SimpleNamespace(size=lambda: G, rank=world.get_rank)
+    world, group = _world(G)
     with run.modules.active(), simulated(world, mover.owners):
         world.run(lambda r: mover.move(r, given[r], group))
     maps = list(mover.maps.values()) if mover.maps is not None else \
         run.logical_maps(new, num_experts)
     return Moved.read(weights, want, num_experts, world.sent, maps, committed_apart(mover))
+
+
+def _placements(old: torch.Tensor, new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`old` and `new` as int64; InputError when their shapes differ."""
+    if old.shape != new.shape:
+        raise InputError(f"old and new placements differ in shape: {tuple(old.shape)} and "
+                         f"{tuple(new.shape)}")
+    return old.long(), new.long()
+
+
+def _world(G: int, wait_s: float = WAIT_S) -> tuple[SimWorld, Any]:
+    """A simulated world of `G` ranks and the EP group its ranks see (`size()`, `rank()`)."""
+    world = SimWorld(G, wait_s)
+    return world, SimpleNamespace(size=lambda: G, rank=world.get_rank)
 
 
 def elastic(old: torch.Tensor, new: torch.Tensor, rank_mapping: dict[int, int], world: int
@@ -222,16 +236,12 @@ def migrate_async(old: torch.Tensor, new: torch.Tensor, num_experts: int, topolo
     weights land. Returns what the move did and the `L + 1` checks (the first before any layer
     switched). InputError when a worker posts no layer within `wait_s`, or fails."""
     from ..engines import adapter, vllm_async
-    old, new = old.long(), new.long()
-    if old.shape != new.shape:
-        raise InputError(f"old and new placements differ in shape: {tuple(old.shape)} and "
-                         f"{tuple(new.shape)}")
+    old, new = _placements(old, new)
     L, G = old.shape[0], topology.num_gpus
     run = adapter("vllm", sources)
     loaded = vllm_async.load(run)
     weights = rank_weights(old, num_experts, G, shapes)
-    world = SimWorld(G, wait_s)
-    group = SimpleNamespace(size=lambda: G, rank=world.get_rank)
+    world, group = _world(G, wait_s)
     maps = vllm_async.committed(loaded, old, num_experts)
     states = [vllm_async.rank_state(loaded, old, new, maps, given_to_engine(weights[r], drop),
                                     group, topology.num_nodes) for r in range(G)]

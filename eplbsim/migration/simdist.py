@@ -182,12 +182,20 @@ def simulated(world: SimWorld, modules: Sequence[Any] = ()) -> Iterator[None]:
              "isend": world.isend, "irecv": world.irecv, "barrier": world.barrier,
              "all_reduce": world.all_reduce,
              "batch_isend_irecv": world.batch_isend_irecv, "P2POp": P2POp}
-    saved = [(dist, k, getattr(dist, k)) for k in names if hasattr(dist, k)]
-    for module in modules:
-        saved += [(module, k, getattr(module, k)) for k in names if k in vars(module)]
+    targets = [(dist, k, v) for k, v in names.items() if hasattr(dist, k)]
+    targets += [(m, k, v) for m in modules for k, v in names.items() if k in vars(m)]
+    with patched(targets):
+        yield
+
+
+@contextmanager
+def patched(targets: Sequence[tuple[Any, str, Any]]) -> Iterator[None]:
+    """Each `(owner, name, value)` of `targets` set as `owner.name` during the block, and
+    what was there put back after."""
+    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in targets]
     try:
-        for owner, name, _ in saved:
-            setattr(owner, name, names[name])
+        for owner, name, value in targets:
+            setattr(owner, name, value)
         yield
     finally:
         for owner, name, value in saved:

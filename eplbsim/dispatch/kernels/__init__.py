@@ -67,10 +67,9 @@ def reference_step(policy: Any, topk_ids: torch.Tensor, view: View, ctx: Dispatc
     when it raises, modifies them or returns anything but an integer `[T, K]` tensor."""
     name = name or getattr(policy.fn, "__name__", repr(policy.fn))
     layers = []
-    by_layer = topk_ids.transpose(0, 1).contiguous()  # [L, T, K]: each layer's ids in one block
+    copies = topk_ids.transpose(0, 1).clone(memory_format=torch.contiguous_format)  # [L, T, K]
     for layer in range(topk_ids.shape[1]):
-        ids = by_layer[layer]
-        given = ids.clone()
+        ids, given = topk_ids[:, layer], copies[layer]  # the policy gets its layer's copy
         try:
             phys = policy.fn(given, view, replace(ctx, layer=layer))
         except InputError:
