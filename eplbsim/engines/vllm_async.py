@@ -38,7 +38,7 @@ from typing import Any, Iterator
 import torch
 
 from ..errors import InputError
-from ..migration.simdist import patched
+from ..patching import patched
 from .vllm import VLLM
 from .vllm_rearrange import modules
 

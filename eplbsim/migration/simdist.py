@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from ..errors import InputError
+from ..patching import patched
 
 WAIT_S = 30.0  # by default a receive waits this long for its send before the plan is broken
 
@@ -186,17 +187,3 @@ def simulated(world: SimWorld, modules: Sequence[Any] = ()) -> Iterator[None]:
     targets += [(m, k, v) for m in modules for k, v in names.items() if k in vars(m)]
     with patched(targets):
         yield
-
-
-@contextmanager
-def patched(targets: Sequence[tuple[Any, str, Any]]) -> Iterator[None]:
-    """Each `(owner, name, value)` of `targets` set as `owner.name` during the block, and
-    what was there put back after."""
-    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in targets]
-    try:
-        for owner, name, value in targets:
-            setattr(owner, name, value)
-        yield
-    finally:
-        for owner, name, value in saved:
-            setattr(owner, name, value)
