@@ -28,9 +28,9 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from .. import metrics as M
 from ..counting import summed
 from ..errors import InputError
+from ..loads import balancedness, gpu_loads, nanmean_or_none
 from ..placement import Placement, trivial_placement
 from ..registry import lookup, name_of
 from ..solvers import find_solver, solve, solver_options
@@ -152,14 +152,14 @@ def plan(true_load: torch.Tensor, schedule: Any, solver: Any, topology: Topology
             continue
         forecast = _check_forecast(predictor(true_load[:lo], true_load[lo:hi], window, decay),
                                    L, E, predictor)
-        promised = M.gpu_loads(current.expected_load(forecast), topology.num_gpus)  # [L, G]
-        balancedness = M.nanmean_or_none(M.balancedness(promised))
-        balancedness = math.nan if balancedness is None else balancedness
-        skipped = schedule.skip_above is not None and balancedness > schedule.skip_above
+        promised = gpu_loads(current.expected_load(forecast), topology.num_gpus)  # [L, G]
+        promised_balance = nanmean_or_none(balancedness(promised))
+        promised_balance = math.nan if promised_balance is None else promised_balance
+        skipped = schedule.skip_above is not None and promised_balance > schedule.skip_above
         new = current if skipped else solve_for(forecast, previous, max(0, lo - window), lo)
         best = (new if not skipped and torch.equal(forecast, truth)
                 else solve_for(truth, previous, lo, hi))
-        rebalance = Rebalance(lo, skipped, balancedness, transfer_counts(current, new))
+        rebalance = Rebalance(lo, skipped, promised_balance, transfer_counts(current, new))
         segments.append(Segment(lo, hi, new, best, rebalance))
         current = new
     return switched(segments, schedule, seed, topology.num_gpus, S)
