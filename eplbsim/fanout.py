@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from .compiled import JIT, jit, prange
-from .counting import row_chunks
+from .loops import row_chunks
 
 FIELDS = ("tokens", "gpus", "nodes", "remote")  # the columns of `tally`
 

@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from . import counting
+from . import counting, loops
 from .dispatch import DispatchContext, DispatchPolicy
 from .dispatch.kernels.cpu import StreamedViews
 from .dispatch.observe import observed_groups
@@ -248,7 +248,7 @@ class Table:
     def count(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """`(slot_load [L, P], counts [L, 3], agreed [L])`, int64, of a step's ids
         `[T, L, K]`, from its expert counts alone."""
-        n = counting.expert_counts(ids, np.array([0, ids.shape[0]]), self.times.shape[1])[0]
+        n = loops.expert_counts(ids, np.array([0, ids.shape[0]]), self.times.shape[1])[0]
         slot_load = counting.table_loads(self.tables, n, self.executed, self.num_slots)
         c = self.times  # [L, E]
         counts = np.stack([(n * (c == 0)).sum(1), (n * (c == 1)).sum(1),
@@ -257,4 +257,4 @@ class Table:
 
     def multiplicity(self, ids: np.ndarray) -> np.ndarray:
         """Times each pair of `ids [T, L, K]` is executed, int32 `[T, L, K]` (0 at padding)."""
-        return counting.pair_table(self.times, ids)
+        return loops.pair_table(self.times, ids)

@@ -48,7 +48,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 import torch
 
-from . import counting
+from . import counting, loops
 from .dispatch.kernels import dispatch_step, flat_index
 from .dispatch.shared import has_pairs
 from .loads import multiplicity_counts
@@ -352,7 +352,7 @@ def _executing(epoch: Epoch, step: int, topk_ids: torch.Tensor,
         if known is not None:
             phys = known[n]
         elif epoch.policy.table is not None:
-            phys = torch.from_numpy(counting.pair_table(epoch.table.tables[group[0]],
+            phys = torch.from_numpy(loops.pair_table(epoch.table.tables[group[0]],
                                                         topk_ids.numpy(), -1))
         else:
             phys = _dispatch(epoch, group[0], step, _own_ids(topk_ids))

@@ -1,4 +1,4 @@
-"""The compiled counting loops equal their straightforward torch/numpy definitions, and the
+"""The compiled counting loops (`counting`, `loops`) equal their straightforward torch/numpy definitions, and the
 replay counted fast equals the straightforward rank model bit for bit (hypothesis over
 policies, modes, views, rng relations, schedules, source ranks and padding).
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from eplbsim import counting
+from eplbsim import counting, loops
 from eplbsim.dispatch import POLICIES
 from eplbsim.dispatch.kernels import cpu as cpu_kernels
 from eplbsim.ranks import UNMEASURED
@@ -34,7 +34,7 @@ def test_expert_and_slot_counts_equal_bincount(dtype):
     rng = np.random.default_rng(1)
     ids = _ids(rng, 300, 3, 4, 11, dtype=dtype)
     offsets = np.array([0, 0, 120, 300])
-    got = counting.expert_counts(ids, offsets, 11)
+    got = loops.expert_counts(ids, offsets, 11)
     for s in range(3):
         part = torch.from_numpy(ids[offsets[s]:offsets[s + 1]].astype(np.int64))
         for layer in range(3):
@@ -47,13 +47,13 @@ def test_expert_and_slot_counts_equal_bincount(dtype):
 def test_first_duplicate_finds_the_lowest_row_then_layer_then_expert():
     rng = np.random.default_rng(2)
     ids = _ids(rng, 5000, 3, 4, 20)
-    assert counting.first_duplicate(ids) is None
+    assert loops.first_duplicate(ids) is None
     ids[4321, 2, :] = [7, 3, 7, 3]
     ids[4321, 1, :] = [-1, 9, -1, 9]
     ids[4999, 0, :2] = [5, 5]
-    assert counting.first_duplicate(ids) == (4321, 1, 9)
+    assert loops.first_duplicate(ids) == (4321, 1, 9)
     ids[0, 0, :] = -1  # padding repeats freely
-    assert counting.first_duplicate(ids) == (4321, 1, 9)
+    assert loops.first_duplicate(ids) == (4321, 1, 9)
 
 
 def test_execute_and_pair_counts_equal_the_straightforward_counts():
@@ -88,7 +88,7 @@ def test_pair_table_looks_up_every_pair():
     rng = np.random.default_rng(4)
     ids = _ids(rng, 50, 2, 3, 9)
     table = rng.integers(0, 5, (2, 9)).astype(np.int32)
-    got = counting.pair_table(table, ids)
+    got = loops.pair_table(table, ids)
     want = np.where(ids >= 0, table[np.arange(2).reshape(1, 2, 1), np.maximum(ids, 0)], 0)
     assert got.dtype == np.int32 and np.array_equal(got, want)
 
@@ -268,7 +268,7 @@ def test_random_counted_fast_draws_all_streams_at_once_or_one_at_a_time(eager, r
 @settings(max_examples=40, deadline=None)
 @given(st.integers(0, 2**31 - 1))
 def test_one_pass_counts_and_finds_the_first_duplicate_as_the_two_passes_do(seed):
-    from eplbsim.counting import counts_and_first_duplicate, expert_counts, first_duplicate
+    from eplbsim.loops import counts_and_first_duplicate, expert_counts, first_duplicate
     rng = np.random.default_rng(seed)
     S, L, K, E = int(rng.integers(1, 5)), int(rng.integers(1, 4)), int(rng.integers(1, 5)), 9
     sizes = rng.integers(0, 7, S)

@@ -28,7 +28,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from ..counting import summed
+from ..loops import summed
 from ..errors import InputError
 from ..loads import balancedness, gpu_loads, nanmean_or_none
 from ..placement import Placement, trivial_placement

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..counting import expert_counts
+from ..loops import expert_counts
 from ..errors import InputError
 from .counts import CountsTrace
 from .trace import View, shape_words

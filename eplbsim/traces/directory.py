@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..counting import counts_and_first_duplicate, expert_counts
+from ..loops import counts_and_first_duplicate, expert_counts
 from ..errors import InputError, InputWarning
 from ..files import NPY_HEADER_ERRORS, atomic_dir, npy_header, npy_refusal, regular_file
 from ..limits import MAX_EXPERTS, MAX_GPUS

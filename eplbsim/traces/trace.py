@@ -23,7 +23,7 @@ import torch
 
 from ..errors import InputError
 from ..files import NPY_HEADER, atomic_file, check_memory, npy_refusal, regular_file
-from ..counting import counts_and_first_duplicate, expert_counts, first_duplicate
+from ..loops import counts_and_first_duplicate, expert_counts, first_duplicate
 from ..limits import MAX_EXPERTS, MAX_GPUS, MAX_LAYERS, MAX_TOP_K, check_at_most
 
 
@@ -346,7 +346,7 @@ _ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")  # a zip archive (an .npz), or an em
 
 def check_distinct(ids: np.ndarray, what: str) -> None:
     """InputError naming `what` unless every token row of `ids [N, L, K]` routes distinct
-    experts in each layer (`counting.first_duplicate`; padding -1 repeats freely)."""
+    experts in each layer (`loops.first_duplicate`; padding -1 repeats freely)."""
     raise_duplicate(first_duplicate(ids), what)
 
 

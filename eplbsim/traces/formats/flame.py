@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from ...counting import first_duplicate
+from ...loops import first_duplicate
 from ...errors import InputError
 from ...files import check_memory
 from ...limits import MAX_EXPERTS, MAX_LAYERS, MAX_TOP_K
