@@ -17,7 +17,7 @@ import numpy as np
 
 from eplbsim import fanout
 from eplbsim.bench import skewed_trace
-from eplbsim.loops import expert_counts
+from eplbsim.base.loops import expert_counts
 from eplbsim.traces.coactivation import coactivation
 
 

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from eplbsim.traces.counts import load_counts_csv
-from eplbsim.errors import InputError
+from eplbsim.base.errors import InputError
 from eplbsim.metrics import gpu_loads
 from eplbsim.solvers import SOLVERS, solve, solve_with_info, solver_options
 from eplbsim.solvers.bounds import hierarchical_lower_bound, lower_bound

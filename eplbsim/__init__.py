@@ -7,16 +7,16 @@ What a notebook reaches for, importable from here: `replay`, `compare` and their
 dispatch change, a `Report`). The modules hold the rest
 (DESIGN.md §6).
 
-The run schema is `eplbsim.runspec`; its old name `eplbsim.spec` (and `eplbsim.spec.parts`,
-..., `from eplbsim.spec.runspec import ...` for what is now `runspec.run`) still imports, as
-the same modules (`OLD_NAMES`), so a notebook written against it keeps working.
+A module that moved keeps its old path for one release (`eplbsim.spec`, `eplbsim.errors`, ...:
+`base.moved.OLD_NAMES`): importing it gives the same module as the new path.
 """
 
-import sys
-from importlib import import_module
+from .base import moved
 
+moved.install(__name__)
+
+from .base.errors import InputError
 from .dispatch import POLICIES, DispatchPolicy
-from .errors import InputError
 from .metrics import METRICS, Metric
 from .placement import VIEWS, Placement
 from .ranks import MODES
@@ -35,11 +35,7 @@ __all__ = ["METRICS", "MODES", "POLICIES", "PREDICTORS", "SCENARIOS", "SOLVERS",
            "Topology", "compare", "load_trace", "open_trace", "replay", "review", "solve",
            "synthesize"]
 
-# Old module name -> the module it names now (the run schema was `eplbsim/spec/` until issue 43).
-OLD_NAMES = {"spec": "runspec", "spec.flags": "runspec.flags", "spec.knobs": "runspec.knobs",
-             "spec.parts": "runspec.parts", "spec.runspec": "runspec.run",
-             "spec.source": "runspec.source", "spec.values": "runspec.values"}
-for _old, _new in OLD_NAMES.items():
-    sys.modules.setdefault(f"{__name__}.{_old}", import_module(f"{__name__}.{_new}"))
-spec = runspec  # `eplbsim.spec.X` after `import eplbsim.spec` (the import finds it in sys.modules)
-del _old, _new
+
+def __getattr__(name: str):
+    """`eplbsim.<old module name>` (`base.moved`): the module that name stands for."""
+    return moved.attribute(__name__, name)

@@ -40,13 +40,13 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from .compiled import JIT, jit, prange
+from .base.compiled import JIT, jit, prange
 from .dispatch import POLICIES, resolve_policy
 from .dispatch.kernels import dispatch_step, reference_step
 from .dispatch.policies import DispatchContext, ordinal_offset, static_table
 from .dispatch.streams import Stream, stream_key
 from .placement import View, full_view, rank_view
-from .progress import Progress
+from .base.progress import Progress
 from .ranks import make_ranks, rank_context, rank_groups, share_bounds
 from .replay import replay, resolve_device, routed_loads, schedule_of
 from .runspec import RunSpec

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 from .engines import version_key
-from .errors import InputError
+from .base.errors import InputError
 
 
 @dataclass

@@ -17,10 +17,10 @@ from typing import Any
 import torch
 
 from .dispatch import Policy, resolve_policy
-from .errors import InputError
+from .base.errors import InputError
 from .placement import Placement, rank_view
 from .ranks import MODES, Epoch, make_ranks, rank_context, rank_groups
-from .registry import lookup
+from .base.registry import lookup
 from .topology import Topology
 
 

@@ -49,9 +49,9 @@ import torch
 import torch.distributed as dist
 
 from .dispatch.kernels import flat_index
-from .errors import InputError
+from .base.errors import InputError
 from .placement import Placement
-from .progress import Progress, bar, run_label
+from .base.progress import Progress, bar, run_label
 from .ranks import Collectives, token_owners
 from .replay import replay, run_steps, schedule_of
 from .results import Results

@@ -19,10 +19,10 @@ from typing import Callable, Sequence
 
 from . import plots
 from .dispatch import POLICIES as ALL_POLICIES
-from .errors import InputError
+from .base.errors import InputError
 from .metrics import placement_gap
 from .plots import Figure
-from .registry import lookup
+from .base.registry import lookup
 from .replay import compare, replay
 from .solvers import solve
 from .runspec import RunSpec

@@ -16,8 +16,8 @@ from typing import Any, Callable
 
 import torch
 
-from .errors import InputError
-from .registry import lookup
+from .base.errors import InputError
+from .base.registry import lookup
 from .topology import Topology
 
 

@@ -29,8 +29,8 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from .errors import InputError
-from .files import regular_file
+from .base.errors import InputError
+from .base.files import regular_file
 from .placement import Placement
 from .topology import Topology
 

@@ -17,12 +17,13 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from . import counting, loops
+from . import counting
+from .base import loops
 from .dispatch import DispatchContext, DispatchPolicy
 from .dispatch.kernels.cpu import StreamedViews
 from .dispatch.observe import observed_groups
 from .dispatch.streams import Stream, coin_hits, stream_key
-from .errors import InputError
+from .base.errors import InputError
 from .moe import ToyMoE
 from .placement import Placement, View
 

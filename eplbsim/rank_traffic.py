@@ -21,7 +21,7 @@ from .cost.comm import a2a_crossings, a2a_token_counts
 from .dispatch import SharedInputs
 from .dispatch.kernels import flat_index
 from .dispatch.shared import even_split, has_pairs, home, per_gpu
-from .errors import InputError
+from .base.errors import InputError
 from .rank_epoch import LOCAL, Epoch
 
 

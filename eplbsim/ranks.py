@@ -48,7 +48,8 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 import torch
 
-from . import counting, loops
+from . import counting
+from .base import loops
 from .dispatch.kernels import dispatch_step, flat_index
 from .dispatch.shared import has_pairs
 from .loads import multiplicity_counts

@@ -20,16 +20,16 @@ import torch
 from .cost.catalog import trace_model
 from .dispatch import resolve_policy
 from .engines import is_engine_name, resolve_solver
-from .errors import InputError
-from .files import check_memory
+from .base.errors import InputError
+from .base.files import check_memory
 from .metrics import Counters
 from .migration.replayed import served
 from .moe import make_toy_moe, square_sums, step_sums
 from .placement import rank_view
 from .placement_io import load_placement
-from .progress import Progress
+from .base.progress import Progress
 from .ranks import LOCAL, MODES, Collectives, Epoch, make_ranks, rank_context, rank_groups
-from .registry import lookup
+from .base.registry import lookup
 from .results import Comparison, Results
 from .schedule.plan import Segment, plan
 from .runspec import RunSpec, label

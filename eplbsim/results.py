@@ -24,13 +24,13 @@ import numpy as np
 import torch
 
 from . import metrics as M
-from .errors import InputError
-from .files import atomic_file
+from .base.errors import InputError
+from .base.files import atomic_file
 from .engines import as_sources, auto_algorithm, ran
 from .engines import label as engine_label
 from .metrics import METRICS, Counters
 from .placement import Placement
-from .registry import name_of
+from .base.registry import name_of
 from .schedule.migration import MIGRATION_FIELDS, migration_rows
 from .schedule.plan import Segment, epochs
 from .cost.catalog import model_note

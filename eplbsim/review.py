@@ -44,7 +44,7 @@ import numpy as np
 from . import metrics as M
 from .dispatch import resolve_policy
 from .engines import as_sources, ran
-from .errors import InputError
+from .base.errors import InputError
 from .evidence import RESAMPLES, draws
 from .placement import Placement
 from .replay import fitted, replay, routed_loads, schedule_of

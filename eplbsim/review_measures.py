@@ -19,7 +19,7 @@ import torch
 from . import metrics as M
 from .cost.compute import ETA_COMPUTE, ETA_MEMORY, roofline_terms
 from .cost.measured import ROOFLINE
-from .errors import InputError
+from .base.errors import InputError
 from .evidence import LEVEL, Draws, figure, interval, resampled
 from .placement import Placement
 from .results import Results

@@ -57,11 +57,11 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from .errors import InputError
+from .base.errors import InputError
 from .executors import check_executor, local_pool, ray_session
-from .files import atomic_file, check_output, regular_file
-from .limits import MAX_CELLS
-from .progress import bar
+from .base.files import atomic_file, check_output, regular_file
+from .base.limits import MAX_CELLS
+from .base.progress import bar
 from .replay import replay
 from .results import csv_value, flat_row, write_csv
 from .runspec import (BATCHING, READER_OPTIONS, RUN_PARTS, SELECTION, Device, File, Filter, Name,

@@ -23,12 +23,12 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from .compiled import set_threads
+from .base.compiled import set_threads
 from .dispatch import resolve_policy
-from .errors import InputError
+from .base.errors import InputError
 from .executors import check_executor, local_pool, ray_session
 from .metrics import Counters
-from .progress import Progress
+from .base.progress import Progress
 from .replay import dispatch_steps, fill_norms, replay
 from .results import Results
 from .schedule.plan import Segment

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from eplbsim.cli import main
-from eplbsim.errors import InputError
+from eplbsim.base.errors import InputError
 from eplbsim.replay import replay
 from eplbsim.solvers import solve, solve_with_info
 from eplbsim.runspec import RunSpec

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from eplbsim.errors import InputError
+from eplbsim.base.errors import InputError
 from eplbsim.placement import Placement
 from eplbsim.solvers import SOLVERS, solve, solver_options
 from eplbsim.topology import Topology

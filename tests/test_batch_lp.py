@@ -15,7 +15,7 @@ from eplbsim.dispatch import batch_lp
 from eplbsim.dispatch.batch_lp import gpu_load, integer_quotas, optimal_fractions, optimal_quotas
 from eplbsim.dispatch import POLICIES
 from eplbsim.dispatch.policies import DispatchContext, lp_fractions, lp_quotas, occurrence_index
-from eplbsim.errors import InputError
+from eplbsim.base.errors import InputError
 from eplbsim.placement import Placement, full_view
 from eplbsim.ranks import rank_groups
 from eplbsim.replay import replay

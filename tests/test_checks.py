@@ -9,7 +9,7 @@ import torch
 
 from eplbsim.checks import check_policy, rank_invariance
 from eplbsim.dispatch import POLICIES, replica_slots
-from eplbsim.errors import InputError
+from eplbsim.base.errors import InputError
 from eplbsim.replay import replay
 from eplbsim.runspec import RunSpec
 from eplbsim.placement import Placement

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from eplbsim.errors import InputError
+from eplbsim.base.errors import InputError
 from eplbsim.traces.chunks import ChunkView, chunk_steps
 from eplbsim.traces.counts import CountsTrace
 from eplbsim.traces.directory import save_trace_dir

@@ -10,7 +10,7 @@ import torch
 
 from eplbsim.checks import rank_invariance
 from eplbsim.dispatch import DispatchContext, POLICIES
-from eplbsim.errors import InputError
+from eplbsim.base.errors import InputError
 from eplbsim.placement import Placement, full_view
 from eplbsim.topology import Topology
 from eplbsim.traces.coactivation import coactivation, grouped, kept_share, random_groups

@@ -49,7 +49,7 @@ def test_loops_across_modules_compile_on_first_call(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     import lazy_a
     import lazy_b
-    from eplbsim.compiled import Compiled
+    from eplbsim.base.compiled import Compiled
 
     assert isinstance(lazy_b.twice, Compiled) and isinstance(lazy_b.inc, Compiled)
     assert lazy_b.twice(5) == 7

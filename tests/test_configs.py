@@ -10,7 +10,7 @@ from eplbsim.cost.catalog import (closest, model_label, model_named, model_note,
                                   shipped, trace_model)
 from eplbsim.cost.configs import shape_of
 from eplbsim.cost.shapes import DEFAULT_MODEL, MODELS
-from eplbsim.errors import InputError
+from eplbsim.base.errors import InputError
 
 QWEN3_30B = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
              "hidden_size": 2048, "intermediate_size": 6144, "moe_intermediate_size": 768,

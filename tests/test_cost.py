@@ -15,7 +15,7 @@ from eplbsim.cost.comm import (a2a_crossings, a2a_link_bytes, a2a_seconds, a2a_t
 from eplbsim.cost.compute import ETA_COMPUTE, ETA_MEMORY, roofline
 from eplbsim.cost.devices import DeviceProfile
 from eplbsim.cost.shapes import ModelShape
-from eplbsim.errors import InputError
+from eplbsim.base.errors import InputError
 from eplbsim.metrics import gpu_loads
 from eplbsim.placement import trivial_placement
 from eplbsim.topology import Topology

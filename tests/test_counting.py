@@ -12,7 +12,8 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from eplbsim import counting, loops
+from eplbsim import counting
+from eplbsim.base import loops
 from eplbsim.dispatch import POLICIES
 from eplbsim.dispatch.kernels import cpu as cpu_kernels
 from eplbsim.ranks import UNMEASURED
@@ -268,7 +269,7 @@ def test_random_counted_fast_draws_all_streams_at_once_or_one_at_a_time(eager, r
 @settings(max_examples=40, deadline=None)
 @given(st.integers(0, 2**31 - 1))
 def test_one_pass_counts_and_finds_the_first_duplicate_as_the_two_passes_do(seed):
-    from eplbsim.loops import counts_and_first_duplicate, expert_counts, first_duplicate
+    from eplbsim.base.loops import counts_and_first_duplicate, expert_counts, first_duplicate
     rng = np.random.default_rng(seed)
     S, L, K, E = int(rng.integers(1, 5)), int(rng.integers(1, 4)), int(rng.integers(1, 5)), 9
     sizes = rng.integers(0, 7, S)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from eplbsim.traces.counts import load_counts_csv, parse_where
-from eplbsim.errors import InputError
+from eplbsim.base.errors import InputError
 
 REAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "olmoe-routing-counts" \
     / "expert_counts.csv"

@@ -12,7 +12,7 @@ import pytest
 from eplbsim.engines.sglang_runtime import MissingSetting, Settings, modules
 from eplbsim.engines.source import Modules, call
 from eplbsim.engines.standins import Inert
-from eplbsim.errors import InputError
+from eplbsim.base.errors import InputError
 
 
 def _package(root, files):

@@ -16,7 +16,7 @@ import torch
 
 from eplbsim import engines
 from eplbsim.cli import main
-from eplbsim.errors import InputError
+from eplbsim.base.errors import InputError
 from eplbsim.engines.conform import conformance
 from eplbsim.replay import compare, replay
 from eplbsim.runspec import RunSpec

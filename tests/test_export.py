@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from eplbsim.traces.counts import CountsTrace, save_counts_trace
-from eplbsim.errors import InputError
+from eplbsim.base.errors import InputError
 from eplbsim.placement_io import (check_sglang_placement, read_sglang_placement,
                             sglang_logical_count, sglang_placement)
 from eplbsim.traces.synth import synthesize

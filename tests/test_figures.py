@@ -10,7 +10,7 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from eplbsim.errors import InputError
+from eplbsim.base.errors import InputError
 from eplbsim.figures import FIGURES, build
 
 from cli_helpers import assert_input_error, run

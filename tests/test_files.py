@@ -6,7 +6,7 @@ import stat
 
 import pytest
 
-from eplbsim.files import atomic_dir, atomic_file
+from eplbsim.base.files import atomic_dir, atomic_file
 
 from cli_helpers import run
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from eplbsim.errors import InputError
+from eplbsim.base.errors import InputError
 from eplbsim.traces.formats.flame import is_flame, read_flame
 from eplbsim.traces.trace import Trace
 

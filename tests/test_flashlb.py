@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from eplbsim.errors import InputError
+from eplbsim.base.errors import InputError
 from eplbsim.solvers import solve
 from eplbsim.solvers.bounds import peak_gpu_load
 from eplbsim.solvers.flashlb import flashlb

@@ -7,7 +7,7 @@ The files are written as each reader's own tests write them (the layouts their m
 import numpy as np
 import pytest
 
-from eplbsim.errors import InputError
+from eplbsim.base.errors import InputError
 from eplbsim.traces import CountsTrace
 from eplbsim.traces.formats import is_request_input, open_requests, open_trace
 from eplbsim.traces.formats.jsonl import write_jsonl

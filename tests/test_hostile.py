@@ -29,7 +29,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from eplbsim.errors import InputError
+from eplbsim.base.errors import InputError
 from eplbsim.sweep import read_spec
 from eplbsim.traces import Trace, open_trace, save_trace, synthesize
 from eplbsim.traces.counts import CountsTrace, save_counts_trace

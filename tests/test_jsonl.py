@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from eplbsim.cli import main
-from eplbsim.errors import InputError
+from eplbsim.base.errors import InputError
 from eplbsim.traces.formats.jsonl import read_jsonl, write_jsonl
 from eplbsim.traces.trace import Trace, load_trace
 from eplbsim.traces.directory import DirTrace, load_trace_dir

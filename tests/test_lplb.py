@@ -9,7 +9,7 @@ import torch
 from eplbsim.dispatch import POLICIES
 from eplbsim.dispatch.batch_lp import optimal_fractions
 from eplbsim.dispatch.policies import DispatchContext
-from eplbsim.errors import InputError
+from eplbsim.base.errors import InputError
 from eplbsim.placement import full_view
 from eplbsim.solvers import solve
 from eplbsim.solvers.lplb import redundancy_links

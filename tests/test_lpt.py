@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eplbsim.errors import InputError
+from eplbsim.base.errors import InputError
 from eplbsim.metrics import placement_gap
 from eplbsim.placement import Placement
 from eplbsim.solvers import bounds, solve

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from eplbsim.errors import InputError
+from eplbsim.base.errors import InputError
 from eplbsim.traces.formats.megatron import is_megatron_trace, read_megatron
 
 from id_helpers import distinct

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from eplbsim import engines
-from eplbsim.errors import InputError
+from eplbsim.base.errors import InputError
 from eplbsim.migration import elastic, migrate, migrate_async, plan
 from eplbsim.migration.simdist import SimWorld, simulated
 from eplbsim.migration.weights import held, lost_experts, rank_weights, slot_mismatch

@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eplbsim.errors import InputError
+from eplbsim.base.errors import InputError
 from eplbsim.placement import (
     VIEWS,
     Placement,

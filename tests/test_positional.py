@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from eplbsim.errors import InputError, InputWarning
+from eplbsim.base.errors import InputError, InputWarning
 from eplbsim.traces.formats import open_trace
 from eplbsim.traces.formats.positional import read_positional
 from eplbsim.traces.steps import flag_steps

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import termios
 
-from eplbsim.progress import bar
+from eplbsim.base.progress import bar
 from eplbsim.replay import compare
 from eplbsim.runspec import RunSpec
 from eplbsim.traces.synth import synthesize

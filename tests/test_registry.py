@@ -3,8 +3,8 @@ and the forms a registry takes beyond its names."""
 
 import pytest
 
-from eplbsim.errors import InputError
-from eplbsim.registry import FILE_FORM, Joined, lookup, unknown
+from eplbsim.base.errors import InputError
+from eplbsim.base.registry import FILE_FORM, Joined, lookup, unknown
 
 from cli_helpers import assert_input_error
 

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from eplbsim.dispatch import POLICIES
-from eplbsim.errors import InputError
+from eplbsim.base.errors import InputError
 from eplbsim.placement import Placement
 from eplbsim.replay import compare, replay
 from eplbsim.runspec import RunSpec

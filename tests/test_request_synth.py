@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from eplbsim.errors import InputError
+from eplbsim.base.errors import InputError
 from eplbsim.traces.request_synth import REQUEST_SCENARIOS, request_options, synthesize_requests
 
 SIZES = dict(layers=2, experts=32, top_k=4)

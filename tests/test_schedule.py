@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from eplbsim.errors import InputError
+from eplbsim.base.errors import InputError
 from eplbsim.placement import Placement, trivial_placement
 from eplbsim.schedule.plan import plan, transfer_counts
 from eplbsim.replay import replay

@@ -8,7 +8,7 @@ import torch
 
 from eplbsim.cli import main
 from eplbsim.traces.counts import CountsTrace, load_counts_trace
-from eplbsim.errors import InputError
+from eplbsim.base.errors import InputError
 from eplbsim.replay import replay
 from eplbsim.runspec import RunSpec
 from eplbsim.traces.formats.sglang import import_sglang

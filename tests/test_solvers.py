@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eplbsim.errors import InputError
+from eplbsim.base.errors import InputError
 from eplbsim.placement import Placement
 from eplbsim.solvers import SOLVERS, solve, solver_options
 from eplbsim.solvers.bounds import replicate

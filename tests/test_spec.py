@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from eplbsim.cli import build_parser
-from eplbsim.errors import InputError
+from eplbsim.base.errors import InputError
 from eplbsim.placement import Placement
 from eplbsim.runspec import (PARTS, RunSpec, Source, Switch, build, default_of, from_args, knobs,
                              run_knobs)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from eplbsim.errors import InputError
+from eplbsim.base.errors import InputError
 from eplbsim.metrics import METRICS
 from eplbsim.replay import replay
 from eplbsim.runspec import RunSpec

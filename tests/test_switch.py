@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from eplbsim.errors import InputError
+from eplbsim.base.errors import InputError
 from eplbsim.placement import Placement
 from eplbsim.replay import replay, run_steps
 from eplbsim.schedule.plan import Segment

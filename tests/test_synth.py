@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from eplbsim.errors import InputError
+from eplbsim.base.errors import InputError
 from eplbsim.traces.synth import SCENARIOS, synthesize
 from eplbsim.traces.trace import Trace, load_trace, save_trace
 

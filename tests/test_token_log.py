@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from eplbsim.errors import InputError, InputWarning
+from eplbsim.base.errors import InputError, InputWarning
 from eplbsim.traces.formats.jsonl import write_jsonl
 from eplbsim.traces.formats.token_log import (is_token_log, read_token_requests,
                                                read_token_trace)

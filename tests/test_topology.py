@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 import torch
 
-from eplbsim.errors import InputError
+from eplbsim.base.errors import InputError
 from eplbsim.topology import Topology
 
 

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from eplbsim.errors import InputError
+from eplbsim.base.errors import InputError
 from eplbsim.traces.trace import Trace, TraceShape, load_trace, save_trace
 
 from id_helpers import distinct

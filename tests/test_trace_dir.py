@@ -17,7 +17,7 @@ import torch
 
 from eplbsim.traces import directory as TD
 from eplbsim.cli import main
-from eplbsim.errors import InputError
+from eplbsim.base.errors import InputError
 from eplbsim.replay import replay
 from eplbsim.runspec import RunSpec
 from eplbsim.traces.trace import Trace, load_trace, save_trace
@@ -255,7 +255,7 @@ def test_a_file_cut_short_after_its_checks_is_an_input_error(tmp_path):
 
 
 def test_a_weighted_trace_written_as_a_directory_says_its_weights_are_not_kept(tmp_path):
-    from eplbsim.errors import InputWarning
+    from eplbsim.base.errors import InputWarning
     from eplbsim.traces.directory import to_memory
     from eplbsim.traces.steps import select
     from eplbsim.traces.trace import Trace

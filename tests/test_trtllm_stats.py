@@ -9,7 +9,7 @@ import struct
 import numpy as np
 import pytest
 
-from eplbsim.errors import InputError
+from eplbsim.base.errors import InputError
 from eplbsim.traces.counts import CountsTrace
 from eplbsim.traces.formats.trtllm import is_trtllm_stats, read_safetensors, read_trtllm_stats
 

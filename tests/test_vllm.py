@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from eplbsim.errors import InputError
+from eplbsim.base.errors import InputError
 from eplbsim.traces.formats.vllm import (is_vllm_arrays, is_vllm_json, read_vllm_arrays,
                                          read_vllm_json)
 from eplbsim.traces.requests import RequestSet

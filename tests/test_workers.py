@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from eplbsim.dispatch import POLICIES
-from eplbsim.errors import InputError
+from eplbsim.base.errors import InputError
 from eplbsim.replay import compare, replay
 from eplbsim.runspec import RunSpec
 from eplbsim.traces.directory import save_trace_dir

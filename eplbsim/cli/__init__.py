@@ -24,8 +24,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import InputError, InputWarning
-from ..files import available_memory, size_text
+from ..base.errors import InputError, InputWarning
+from ..base.files import available_memory, size_text
 from . import (bench, engines, export, figures, ranks, registries, review, run, solve, sweep,
                trace)
 

@@ -9,12 +9,12 @@ import math
 import torch
 
 from .. import bench as B
-from ..errors import InputError
-from ..progress import bar
+from ..base.errors import InputError
+from ..base.progress import bar
 from ..replay import resolve_device
 from ..results import to_json
 from ..runspec import Device
-from ..files import check_memory
+from ..base.files import check_memory
 from .common import positive, seed, split
 
 HELP = ("time the dispatch hot path against the torch expression and the roofline "

@@ -8,9 +8,9 @@ import os
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..errors import InputError
-from ..files import check_output
-from ..limits import MAX_SEED
+from ..base.errors import InputError
+from ..base.files import check_output
+from ..base.limits import MAX_SEED
 
 
 def split(text: str, what: str) -> list[str]:
@@ -56,7 +56,7 @@ positive, nonnegative, seed = _at_least(1), _at_least(0), _at_least(0, MAX_SEED)
 def registered(names: Iterable[str], kind: str):
     """An argparse type: a name among `names` (a registry), else argparse's error with
     "did you mean ..." and every name (`registry.unknown`), as the run schema's names give."""
-    from ..registry import unknown
+    from ..base.registry import unknown
 
     def parse(text: str) -> str:
         if text in names:

@@ -9,7 +9,7 @@ from contextlib import ExitStack
 from typing import Any
 
 from .. import runspec
-from ..errors import InputError
+from ..base.errors import InputError
 from ..results import to_json
 from .common import positive
 

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from .. import runspec
-from ..errors import InputError
-from ..files import atomic_file, check_output
-from ..limits import MAX_LAYERS
+from ..base.errors import InputError
+from ..base.files import atomic_file, check_output
+from ..base.limits import MAX_LAYERS
 from ..placement_io import (placement_experts, read_json, read_phy2log, sglang_logical_count,
                             sglang_placement)
 from ..traces import CountsTrace

@@ -8,7 +8,7 @@ import textwrap
 from pathlib import Path
 
 from .. import runspec
-from ..errors import InputError
+from ..base.errors import InputError
 from .common import check_out_dir, split
 
 HELP = ("rebuild the paper figures (PDF and PNG), deterministically, or draw your own trace's "
@@ -36,7 +36,7 @@ def _figures(trace: bool) -> dict:
 
 def handle(args: argparse.Namespace) -> int:
     from ..figures import build
-    from ..registry import first_sentence, lookup
+    from ..base.registry import first_sentence, lookup
     figures = _figures(args.trace is not None)
     if args.list:
         width = max(map(len, figures)) + 2

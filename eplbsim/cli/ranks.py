@@ -13,7 +13,7 @@ import sys
 from .. import runspec
 from ..distributed import (REPORT_COLUMNS, GroupFailure, join_launched, launch,
                            launched_by_torchrun, report_cells)
-from ..errors import InputError
+from ..base.errors import InputError
 from ..replay import check_fits, comparison, resolve_device
 from ..results import describe, format_table, to_json
 from ..traces.counts import CountsTrace

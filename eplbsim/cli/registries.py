@@ -8,7 +8,7 @@ import argparse
 import sys
 from typing import Any
 
-from ..registry import first_sentence
+from ..base.registry import first_sentence
 from ..results import to_json
 
 POLICIES_HELP = "list the dispatch policies: rank-invariance class in \"none\" mode, source"

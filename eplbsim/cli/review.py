@@ -9,7 +9,7 @@ from pathlib import Path
 
 from .. import runspec
 from ..dispatch import is_file_policy, resolve_policy
-from ..errors import InputError
+from ..base.errors import InputError
 from ..report import html, markdown
 from ..evidence import RESAMPLES
 from ..review import WINDOWS, review, to_json

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from .. import runspec
-from ..errors import InputError
-from ..progress import bar, run_label
+from ..base.errors import InputError
+from ..base.progress import bar, run_label
 from ..replay import compare, comparison, replay
 from ..results import (describe, format_table, rebalance_report, series_rows, table_notes,
                        time_report, to_json, warnings, with_speedup, write_csv,

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from .. import runspec
-from ..errors import InputError
+from ..base.errors import InputError
 from ..metrics import placement_report
 from ..placement_io import read_json, read_phy2log
 from ..results import to_json

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..errors import InputError
-from ..limits import MAX_CELLS
+from ..base.errors import InputError
+from ..base.limits import MAX_CELLS
 from .common import positive
 
 HELP = "run a grid of replays from a TOML spec into one table"

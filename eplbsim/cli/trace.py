@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 
 from .. import runspec
-from ..errors import InputError
-from ..files import check_output
-from ..progress import bar
+from ..base.errors import InputError
+from ..base.files import check_output
+from ..base.progress import bar
 from ..results import to_json
 from ..traces import CountsTrace, save_trace, summarize_trace
 from ..traces.formats import is_request_input

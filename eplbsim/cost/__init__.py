@@ -19,8 +19,8 @@ from typing import Any, Callable
 
 import torch
 
-from ..errors import InputError
-from ..registry import lookup, name_of
+from ..base.errors import InputError
+from ..base.registry import lookup, name_of
 from .compute import roofline
 from .devices import DEVICES, DeviceProfile
 from .measured import describe as measured_table

@@ -18,7 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError
+from ..base.errors import InputError
 from ..traces.trace import model_in
 from .configs import config_shape
 from .shapes import DEFAULT_MODEL, MODELS, ModelShape

@@ -34,8 +34,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError
-from ..files import regular_file
+from ..base.errors import InputError
+from ..base.files import regular_file
 from .shapes import ModelShape
 
 MAX_CONFIG_BYTES = 64 * 2**20  # a config.json read whole (ModelOpt's run to 2.4 MB)

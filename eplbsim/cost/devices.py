@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
-from ..errors import InputError
+from ..base.errors import InputError
 
 TERA = 1e12
 GIGA = 1e9

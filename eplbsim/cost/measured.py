@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import InputError
+from ..base.errors import InputError
 from .devices import DeviceProfile
 from .shapes import ModelShape
 

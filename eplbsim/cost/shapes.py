@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..errors import InputError
+from ..base.errors import InputError
 
 # bytes an element; a block-scaled 4-bit format counts its scales: NVFP4 one FP8 scale a 16
 # elements, MXFP4 and MXFP8 one E8M0 scale a 32 (OCP MX spec); `fp4`, `int4` and `int8` are

@@ -21,9 +21,9 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from ..errors import InputError
+from ..base.errors import InputError
 from ..placement import View
-from ..registry import FILE_FORM, lookup, name_of
+from ..base.registry import FILE_FORM, lookup, name_of
 from .policies import (DispatchContext, Policy, ascend_fixed_policy, ascend_policy,
                        ascend_replicas, candidate_counts, colocate_policy, flat_policy,
                        hash_policy, lp_golden_policy, lp_policy, lplb_atomic_policy,

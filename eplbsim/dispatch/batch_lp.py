@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import InputError
+from ..base.errors import InputError
 
 ROUND_TOL = 1e-6  # values within this of an integer count as that integer
 STAGE2_SLACK = 1e-9  # relative room on z* for the second (even-split) stage

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..compiled import JIT, jit, prange
-from ..errors import InputError
+from ..base.compiled import JIT, jit, prange
+from ..base.errors import InputError
 
 M0, M1 = 0xD2511F53, 0xCD9E8D57  # Philox4x32 multipliers
 W0, W1 = 0x9E3779B9, 0xBB67AE85  # its key increments (Weyl sequence)

@@ -29,7 +29,7 @@ import torch
 
 from .. import dispatch
 from ..dispatch import DispatchPolicy
-from ..errors import InputError
+from ..base.errors import InputError
 from . import sglang as _sglang, sglang_runtime, vllm as _vllm
 from .source import cache_root, fetch, fetched_version, release_folder
 

@@ -45,7 +45,7 @@ from typing import Any, Iterator, NamedTuple
 
 import torch
 
-from ..errors import InputError
+from ..base.errors import InputError
 from . import sglang_runtime
 from .source import Modules, call, interpreted
 from .standins import stand_in

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from types import ModuleType
 from typing import Any, Iterator
 
-from ..errors import InputError
+from ..base.errors import InputError
 
 A2A_BACKEND = "deepep"  # any backend but "none" turns on per-rank narrowing and randint
 

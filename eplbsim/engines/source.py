@@ -35,7 +35,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Iterator, Mapping, Sequence
 
-from ..errors import InputError
+from ..base.errors import InputError
 from .standins import Finder, stand_in
 
 _LOCK = threading.RLock()

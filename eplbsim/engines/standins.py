@@ -26,7 +26,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from ..errors import InputError
+from ..base.errors import InputError
 
 
 def _refuse(self: "Inert", *args: Any, **kwargs: Any) -> Any:

@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from ..errors import InputError
+from ..base.errors import InputError
 from .source import Modules, call, interpreted
 from .standins import stand_in
 

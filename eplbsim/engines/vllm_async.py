@@ -37,8 +37,8 @@ from typing import Any, Iterator
 
 import torch
 
-from ..errors import InputError
-from ..patching import patched
+from ..base.errors import InputError
+from ..base.patching import patched
 from .vllm import VLLM
 from .vllm_rearrange import modules
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ..errors import InputError
+from ..base.errors import InputError
 from .source import call
 from .vllm import VLLM
 

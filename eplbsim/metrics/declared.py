@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..cost.rebalance import sync_stall_seconds
-from ..loops import summed
+from ..base.loops import summed
 from ..fanout import FIELDS
 from ..loads import balancedness, idle_replicas, nanmax_or_none, replica_skew
 from ..schedule.migration import transfer_kinds

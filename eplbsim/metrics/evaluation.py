@@ -12,7 +12,7 @@ from typing import Any, Iterable
 import numpy as np
 import torch
 
-from ..loops import summed
+from ..base.loops import summed
 from .chunks import Chunk
 from .declared import METRICS, Metric
 from .reductions import PER_LAYER, PER_STEP, WHOLE, total

@@ -22,7 +22,7 @@ from typing import Any, Iterator, Sequence
 import torch
 import torch.distributed as dist
 
-from ..errors import InputError
+from ..base.errors import InputError
 from ..topology import Topology
 from . import Moved, prepare
 from .weights import SHAPES, given_to_engine, rank_weights

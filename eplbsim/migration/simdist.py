@@ -26,8 +26,8 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from ..errors import InputError
-from ..patching import patched
+from ..base.errors import InputError
+from ..base.patching import patched
 
 WAIT_S = 30.0  # by default a receive waits this long for its send before the plan is broken
 

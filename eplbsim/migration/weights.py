@@ -18,7 +18,7 @@ from typing import Sequence
 
 import torch
 
-from ..errors import InputError
+from ..base.errors import InputError
 
 SHAPES = ((4, 8), (8, 2), (2,))  # default per-slot tensor shapes: w13, w2, a scale
 Weights = list  # a rank's weights: [L][W] tensors, each float32 [local, *shape]

@@ -12,10 +12,10 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from ..errors import InputError
+from ..base.errors import InputError
 from ..metrics import rebalance_stalls
 from ..results import Results
-from ..registry import name_of
+from ..base.registry import name_of
 from ..schedule.switch import phases
 from .runs import replica_load
 from .style import (OKABE_ITO, from_baseline, grouped_ratio_bars, legend_once, policy_styles,

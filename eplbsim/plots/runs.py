@@ -14,9 +14,9 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from ..dispatch import resolve_policy
-from ..errors import InputError
+from ..base.errors import InputError
 from ..results import Results
-from ..registry import name_of
+from ..base.registry import name_of
 from .style import (MODE_LINES, OKABE_ITO, PAPER_STYLE, common_title, draw_dot, from_baseline,
                     mark_na, mode_key, multiplicity_bars, policy_styles, run_labels)
 

@@ -14,8 +14,8 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from ..dispatch import POLICIES
-from ..errors import InputError
-from ..files import atomic_file
+from ..base.errors import InputError
+from ..base.files import atomic_file
 from ..results import Results
 
 # Okabe & Ito (2008), "Color Universal Design": safe for the common colour-vision deficiencies.

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
-from ..errors import InputError
+from ..base.errors import InputError
 from ..loads import max_over_mean, top_share
 from ..traces.coactivation import grouped
 from .paper import expert_load_heatmap

@@ -13,7 +13,7 @@ from typing import Sequence
 import numpy as np
 from matplotlib.figure import Figure
 
-from ..errors import InputError
+from ..base.errors import InputError
 from ..results import Results
 from .style import from_baseline, styles_in_order
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..dispatch import resolve_policy
-from ..errors import InputError
+from ..base.errors import InputError
 from ..traces.request_synth import REQUEST_SCENARIOS
 from .knobs import Knob, checked
 from .run import PARTS, RunSpec, default_of, knobs

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Sequence
 
-from ..errors import InputError
+from ..base.errors import InputError
 
 
 KNOB = "eplbsim.knob"  # the metadata key of a declared field

@@ -15,13 +15,13 @@ from ..cost import check_options as check_cost_options
 from ..cost import describe as describe_cost
 from ..dispatch import FAULTS, POLICIES, DispatchPolicy, FilePolicies, resolve_policy
 from ..engines import ENGINE_POLICIES, ENGINE_SOLVERS, as_sources, resolve_solver
-from ..errors import InputError
+from ..base.errors import InputError
 from ..migration import MIGRATIONS
-from ..limits import (MAX_EXPERT_BYTES, MAX_EXPERTS, MAX_GPUS, MAX_HIDDEN, MAX_SEED, MAX_SLOTS,
-                      MAX_TOP_K)
+from ..base.limits import (MAX_EXPERT_BYTES, MAX_EXPERTS, MAX_GPUS, MAX_HIDDEN, MAX_SEED, MAX_SLOTS,
+                           MAX_TOP_K)
 from ..placement import VIEWS
 from ..ranks import MODES, RNG_RELATIONS
-from ..registry import Joined, name_of
+from ..base.registry import Joined, name_of
 from ..schedule.predictors import PREDICTORS
 from ..schedule.switch import REBALANCE_MODES
 from ..solvers import SOLVERS, check_options, find_solver

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Iterator, Sequence
 
 from ..dispatch import POLICIES, resolve_policy
-from ..errors import InputError
+from ..base.errors import InputError
 from ..placement import Placement
-from ..registry import name_of
+from ..base.registry import name_of
 from .knobs import KNOB, Knob, Part, default_value
 from .parts import CostPart, DispatchPart, SchedulePart, SolverPart, TopologyPart
 from .source import Source

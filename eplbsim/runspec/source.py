@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ..errors import InputError
-from ..limits import MAX_EXPERTS, MAX_GPUS, MAX_LAYERS, MAX_TOP_K
+from ..base.errors import InputError
+from ..base.limits import MAX_EXPERTS, MAX_GPUS, MAX_LAYERS, MAX_TOP_K
 from ..traces.formats import is_request_input, open_requests, open_trace
 from ..traces.request_synth import REQUEST_SCENARIOS, request_options, synthesize_requests
 from ..traces.requests import RequestSet

@@ -15,10 +15,10 @@ from typing import Any, Mapping, Sequence
 from ..cost.catalog import config_path, model_shape
 from ..cost.shapes import ModelShape
 from ..engines.sglang_runtime import flags as engine_flags
-from ..errors import InputError
-from ..limits import MAX_BATCH, MAX_COUNT, check_at_most, shown
+from ..base.errors import InputError
+from ..base.limits import MAX_BATCH, MAX_COUNT, check_at_most, shown
 from ..placement import Placement
-from ..registry import unknown
+from ..base.registry import unknown
 from ..traces.counts import parse_where
 from ..traces.request_synth import REQUEST_SCENARIOS
 from ..traces.requests import RequestSet

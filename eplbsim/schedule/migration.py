@@ -11,7 +11,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from ..errors import InputError
+from ..base.errors import InputError
 from ..placement import Placement
 
 TRANSFER_KINDS = ("same_gpu", "same_node", "cross_node")

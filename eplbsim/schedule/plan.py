@@ -28,11 +28,11 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from ..loops import summed
-from ..errors import InputError
+from ..base.loops import summed
+from ..base.errors import InputError
 from ..loads import balancedness, gpu_loads, nanmean_or_none
 from ..placement import Placement, trivial_placement
-from ..registry import lookup, name_of
+from ..base.registry import lookup, name_of
 from ..solvers import find_solver, solve, solver_options
 from ..topology import Topology
 from .migration import transfer_counts

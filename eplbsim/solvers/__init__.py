@@ -27,10 +27,10 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from ..errors import InputError
-from ..limits import MAX_EXPERTS, MAX_LAYERS, MAX_LOAD, MAX_SLOTS, check_at_most
+from ..base.errors import InputError
+from ..base.limits import MAX_EXPERTS, MAX_LAYERS, MAX_LOAD, MAX_SLOTS, check_at_most
 from ..placement import Placement
-from ..registry import lookup, name_of
+from ..base.registry import lookup, name_of
 from ..topology import Topology
 from .migration import check_previous, migrate, moved_slots
 from .affinity import affinity

@@ -47,7 +47,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..cost.devices import DEVICES
-from ..errors import InputError
+from ..base.errors import InputError
 from ..topology import Topology
 from .deepseek import deepseek
 

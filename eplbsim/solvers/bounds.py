@@ -19,7 +19,7 @@ import math
 
 import numpy as np
 
-from ..errors import InputError
+from ..base.errors import InputError
 from ..topology import Topology
 
 # Enumerate group -> node partitions exactly up to this many (8 groups on 4 nodes: 105).

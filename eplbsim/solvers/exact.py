@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import InputError
+from ..base.errors import InputError
 from ..topology import Topology
 from .bounds import peak_gpu_load
 from .deepseek import deepseek

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InputError
+from ..base.errors import InputError
 from ..topology import Topology
 
 Z_RISK = 0.674  # FlashLB's risk quantile (the 75th percentile of a normal)

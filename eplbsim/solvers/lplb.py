@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import InputError
+from ..base.errors import InputError
 from ..topology import Topology
 from .deepseek import deepseek
 

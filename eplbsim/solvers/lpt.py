@@ -36,8 +36,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..compiled import JIT, jit, prange
-from ..errors import InputError
+from ..base.compiled import JIT, jit, prange
+from ..base.errors import InputError
 from ..topology import Topology
 from .bounds import hierarchical_assignment, replicate
 from .deepseek import balanced_packing

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import InputError
+from ..base.errors import InputError
 from ..placement import Placement
 from ..topology import Topology
 from .bounds import peak_gpu_load

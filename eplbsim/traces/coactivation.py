@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from ..compiled import JIT, jit, prange
-from ..errors import InputError
+from ..base.compiled import JIT, jit, prange
+from ..base.errors import InputError
 
 
 @jit(parallel=True, **JIT)

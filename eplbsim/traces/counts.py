@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InputError
-from ..files import atomic_file, regular_file
-from ..limits import MAX_EXPERTS, MAX_LAYERS, MAX_LOAD, check_at_most
+from ..base.errors import InputError
+from ..base.files import atomic_file, regular_file
+from ..base.limits import MAX_EXPERTS, MAX_LAYERS, MAX_LOAD, check_at_most
 from .trace import npz_names, read_npz
 
 REQUIRED = ("layer", "expert", "count")

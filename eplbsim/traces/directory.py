@@ -31,11 +31,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..loops import counts_and_first_duplicate, expert_counts
-from ..errors import InputError, InputWarning
-from ..files import NPY_HEADER_ERRORS, atomic_dir, npy_header, npy_refusal, regular_file
-from ..limits import MAX_EXPERTS, MAX_GPUS
-from ..progress import Progress
+from ..base.loops import counts_and_first_duplicate, expert_counts
+from ..base.errors import InputError, InputWarning
+from ..base.files import NPY_HEADER_ERRORS, atomic_dir, npy_header, npy_refusal, regular_file
+from ..base.limits import MAX_EXPERTS, MAX_GPUS
+from ..base.progress import Progress
 from .trace import Trace, TraceShape, check_sizes_of, id_dtype, shape_words
 
 IDS, OFFSETS, SRC, META = "topk_ids.npy", "step_offsets.npy", "src_rank.npy", "meta.json"

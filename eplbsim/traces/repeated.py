@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ..errors import InputError
+from ..base.errors import InputError
 from .trace import TraceShape
 
 

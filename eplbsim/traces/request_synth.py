@@ -22,9 +22,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import InputError
-from ..files import check_memory
-from ..registry import lookup
+from ..base.errors import InputError
+from ..base.files import check_memory
+from ..base.registry import lookup
 from .requests import RequestSet, requests_of
 from .trace import id_dtype
 

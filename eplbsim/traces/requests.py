@@ -24,9 +24,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import InputError
-from ..files import atomic_file
-from ..limits import MAX_EXPERTS, MAX_LAYERS, MAX_LOAD, MAX_TOP_K
+from ..base.errors import InputError
+from ..base.files import atomic_file
+from ..base.limits import MAX_EXPERTS, MAX_LAYERS, MAX_LOAD, MAX_TOP_K
 from .trace import id_dtype, npz_names, read_npz
 
 REQUEST_KEYS = ("ids", "offsets", "prompt_len", "arrival", "request_id", "num_experts", "meta")

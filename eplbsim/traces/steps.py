@@ -40,7 +40,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from ..errors import InputError
+from ..base.errors import InputError
 from .chunks import describe_chunks
 from .counts import CountsTrace
 from .trace import View, shape_words

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ..files import check_memory
+from ..base.files import check_memory
 from ..loads import max_over_mean, nanmean_or_none
 
 

@@ -30,11 +30,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..compiled import JIT, jit, prange
-from ..errors import InputError
-from ..files import check_memory
-from ..limits import MAX_EXPERTS, MAX_LAYERS, MAX_SEED, check_at_most
-from ..registry import lookup, name_of
+from ..base.compiled import JIT, jit, prange
+from ..base.errors import InputError
+from ..base.files import check_memory
+from ..base.limits import MAX_EXPERTS, MAX_LAYERS, MAX_SEED, check_at_most
+from ..base.registry import lookup, name_of
 from .trace import Trace
 
 COMPILED_TOP = 32  # a top-k of at most this many takes the compiled pass (`_topk_desc`)

@@ -46,8 +46,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..errors import InputError
-from ..limits import MAX_BATCH, check_at_most
+from ..base.errors import InputError
+from ..base.limits import MAX_BATCH, check_at_most
 from .requests import RequestSet
 from .trace import Trace, id_dtype, model_in
 

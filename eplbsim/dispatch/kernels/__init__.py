@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import torch
 
-from ...errors import InputError
+from ...base.errors import InputError
 from ...placement import Placement, View
 from ..policies import DispatchContext
 

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ...compiled import JIT, jit, prange, threads
-from ...loops import pair_table, row_chunks
+from ...base.compiled import JIT, jit, prange, threads
+from ...base.loops import pair_table, row_chunks
 from ..policies import (HASH_MULTIPLIER, DispatchContext, layer_draws, layer_offsets,
                         static_table)
 from ..streams import DRAW, LANE_KEYS, Stream, lane_mod, philox, philox_lanes, split_key

@@ -28,10 +28,10 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import InputError
-from ...files import atomic_file
-from ...limits import MAX_EXPERTS, MAX_LAYERS, MAX_TOP_K
-from ...progress import Progress
+from ...base.errors import InputError
+from ...base.files import atomic_file
+from ...base.limits import MAX_EXPERTS, MAX_LAYERS, MAX_TOP_K
+from ...base.progress import Progress
 from ..trace import Trace, model_in
 from ..directory import DirTrace, write_steps
 from .records import records

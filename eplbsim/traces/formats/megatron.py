@@ -48,8 +48,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ...errors import InputError
-from ...limits import MAX_EXPERTS, MAX_GPUS, MAX_LAYERS, MAX_TOP_K
+from ...base.errors import InputError
+from ...base.limits import MAX_EXPERTS, MAX_GPUS, MAX_LAYERS, MAX_TOP_K
 from ..trace import Trace
 from .records import MAX_INDEX, id_rows, integer, records, require
 

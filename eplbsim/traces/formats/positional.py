@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import InputError, InputWarning
-from ...limits import MAX_EXPERTS, MAX_LAYERS
+from ...base.errors import InputError, InputWarning
+from ...base.limits import MAX_EXPERTS, MAX_LAYERS
 from ..trace import Trace
 from .records import id_rows, keep_header, records, require, weight_rows, weights_kept
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import InputError, InputWarning
-from ...files import regular_file
-from ...limits import MAX_EXPERTS, MAX_TOP_K
+from ...base.errors import InputError, InputWarning
+from ...base.files import regular_file
+from ...base.limits import MAX_EXPERTS, MAX_TOP_K
 from ..trace import model_in
 
 MAX_INDEX = 2**62  # step and token indices: any a log can hold, far from wrapping an int64

@@ -36,10 +36,10 @@ import numpy as np
 import torch
 
 from ..counts import CountsTrace
-from ...errors import InputError
-from ...files import regular_file
-from ...limits import MAX_EXPERTS
-from ...progress import Progress
+from ...base.errors import InputError
+from ...base.files import regular_file
+from ...base.limits import MAX_EXPERTS
+from ...base.progress import Progress
 from ..trace import Trace
 
 MODES = ("per_token", "per_pass", "stat")

@@ -66,8 +66,8 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import InputError, InputWarning
-from ...limits import MAX_EXPERTS, MAX_LAYERS
+from ...base.errors import InputError, InputWarning
+from ...base.limits import MAX_EXPERTS, MAX_LAYERS
 from ..requests import RequestSet, requests_of
 from ..trace import Trace
 from .records import (MAX_INDEX, id_rows, integer, keep_header, records, require, weight_rows,

@@ -44,9 +44,9 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import InputError
-from ...files import regular_file
-from ...limits import MAX_EXPERTS, MAX_LOAD, MAX_TOP_K
+from ...base.errors import InputError
+from ...base.files import regular_file
+from ...base.limits import MAX_EXPERTS, MAX_LOAD, MAX_TOP_K
 from ..counts import CountsTrace
 
 META = "meta_info.json"

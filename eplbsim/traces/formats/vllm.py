@@ -67,10 +67,10 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import InputError
-from ...files import (NPY_HEADER, NPY_HEADER_ERRORS, npy_header, npy_refusal, regular_file,
-                      size_text)
-from ...limits import MAX_EXPERTS
+from ...base.errors import InputError
+from ...base.files import (NPY_HEADER, NPY_HEADER_ERRORS, npy_header, npy_refusal, regular_file,
+                           size_text)
+from ...base.limits import MAX_EXPERTS
 from ..directory import TRACE_FILES
 from ..requests import RequestSet, requests_of
 from ..trace import check_distinct, model_in
