@@ -32,7 +32,7 @@ import torch
 
 from eplbsim.cost import DEVICES, MODELS
 from eplbsim.cost.comm import a2a_crossings, a2a_token_counts, phase_seconds
-from eplbsim.topology import Topology
+from eplbsim.placement.topology import Topology
 
 TOKENS, EXPERTS, TOP_K = 4096, 256, 8
 ANCHORS = {8: (153, 158), 16: (43, 43), 32: (58, 57), 64: (51, 50)}  # GB/s: dispatch, combine

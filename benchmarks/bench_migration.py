@@ -29,7 +29,7 @@ from eplbsim.migration.real import migrate_on_processes
 from eplbsim.placement import Placement
 from eplbsim.schedule.migration import transfer_counts
 from eplbsim.solvers import solve
-from eplbsim.topology import Topology
+from eplbsim.placement.topology import Topology
 
 E, P, G, NODES, REPEATS = 256, 288, 32, 4, 3
 

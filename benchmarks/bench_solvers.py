@@ -28,7 +28,7 @@ from eplbsim.base.errors import InputError
 from eplbsim.metrics import gpu_loads
 from eplbsim.solvers import SOLVERS, solve, solve_with_info, solver_options
 from eplbsim.solvers.bounds import hierarchical_lower_bound, lower_bound
-from eplbsim.topology import Topology
+from eplbsim.placement.topology import Topology
 
 REAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "olmoe-routing-counts" \
     / "expert_counts.csv"

@@ -27,7 +27,7 @@ from .schedule.predictors import PREDICTORS
 from . import runspec
 from .runspec import RunSpec
 from .solvers import SOLVERS, solve
-from .topology import Topology
+from .placement.topology import Topology
 from .traces import SCENARIOS, load_trace, open_trace, synthesize
 
 __all__ = ["METRICS", "MODES", "POLICIES", "PREDICTORS", "SCENARIOS", "SOLVERS", "VIEWS",

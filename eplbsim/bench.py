@@ -51,7 +51,7 @@ from .ranks import make_ranks, rank_context, rank_groups, share_bounds
 from .replay import replay, resolve_device, routed_loads, schedule_of
 from .runspec import RunSpec
 from .solvers import solve
-from .topology import Topology
+from .placement.topology import Topology
 from .traces.trace import Trace
 
 # DeepSeek-V3's MoE shape: experts, top-k, physical slots, GPUs, GPUs per node.

@@ -21,7 +21,7 @@ from .base.errors import InputError
 from .placement import Placement, rank_view
 from .ranks import MODES, Epoch, make_ranks, rank_context, rank_groups
 from .base.registry import lookup
-from .topology import Topology
+from .placement.topology import Topology
 
 
 def _as_step(topk_ids: torch.Tensor) -> torch.Tensor:

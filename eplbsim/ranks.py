@@ -52,7 +52,7 @@ from . import counting
 from .base import loops
 from .dispatch.kernels import dispatch_step, flat_index
 from .dispatch.shared import has_pairs
-from .loads import multiplicity_counts
+from .placement.loads import multiplicity_counts
 from .moe import all_reduced_error_terms, error_terms, local_error_terms, step_sums
 from .rank_epoch import (LOCAL, RNG_RELATIONS, Collectives, Epoch, Rank, Table, make_ranks,
                          rank_context, rank_groups)

@@ -26,7 +26,7 @@ from .metrics import Counters
 from .migration.replayed import served
 from .moe import make_toy_moe, square_sums, step_sums
 from .placement import rank_view
-from .placement_io import load_placement
+from .placement.io import load_placement
 from .base.progress import Progress
 from .ranks import LOCAL, MODES, Collectives, Epoch, make_ranks, rank_context, rank_groups
 from .base.registry import lookup

@@ -12,7 +12,7 @@ from eplbsim.base.errors import InputError
 from eplbsim.replay import replay
 from eplbsim.solvers import solve, solve_with_info
 from eplbsim.runspec import RunSpec
-from eplbsim.topology import Topology
+from eplbsim.placement.topology import Topology
 from eplbsim.traces import synthesize
 from eplbsim.traces.counts import CountsTrace
 from eplbsim.traces.trace import save_trace

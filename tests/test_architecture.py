@@ -153,7 +153,7 @@ def test_imports_go_one_way_between_the_layers():
     """Solvers never see tokens, so they never reach the dispatch layer or the engines (engine
     solvers are resolved above, `engines.resolve_solver`); the dispatch layer knows no engine
     (the engines register into it); a trace knows no metric (the load reductions both use are
-    in `eplbsim.loads`)."""
+    in `eplbsim.placement.loads`)."""
     forbidden = {"eplbsim.solvers": ("eplbsim.engines", "eplbsim.dispatch", "eplbsim.metrics"),
                  "eplbsim.dispatch": ("eplbsim.engines",),
                  "eplbsim.traces": ("eplbsim.metrics", "eplbsim.engines", "eplbsim.dispatch")}
@@ -161,7 +161,7 @@ def test_imports_go_one_way_between_the_layers():
         for name in _below(layer):
             wrong = sorted(t for t in _edges(name) for a in above if t in _below(a))
             assert not wrong, f"{name} imports {wrong}"
-    assert "eplbsim.loads" in _edges("eplbsim.traces.summary")
+    assert "eplbsim.placement.loads" in _edges("eplbsim.traces.summary")
 
 
 ROOM = 700  # lines: a module read in one sitting

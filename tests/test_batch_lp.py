@@ -21,7 +21,7 @@ from eplbsim.ranks import rank_groups
 from eplbsim.replay import replay
 from eplbsim.runspec import RunSpec
 from eplbsim.traces.synth import synthesize
-from eplbsim.topology import Topology
+from eplbsim.placement.topology import Topology
 
 from rank_helpers import step
 

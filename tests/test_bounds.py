@@ -25,7 +25,7 @@ from eplbsim.solvers.bounds import (
     replicate,
     water_fill_counts,
 )
-from eplbsim.topology import Topology
+from eplbsim.placement.topology import Topology
 from solver_helpers import inputs
 
 

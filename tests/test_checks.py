@@ -15,7 +15,7 @@ from eplbsim.runspec import RunSpec
 from eplbsim.placement import Placement
 from eplbsim.solvers import solve
 from eplbsim.traces.synth import synthesize
-from eplbsim.topology import Topology
+from eplbsim.placement.topology import Topology
 
 TRACE = synthesize("skewed", steps=2, tokens=48, layers=2, experts=16, top_k=4, seed=3)
 PLACEMENT = solve("deepseek", TRACE.counts().sum(0), 24, Topology(4, 2))

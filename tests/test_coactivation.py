@@ -12,7 +12,7 @@ from eplbsim.checks import rank_invariance
 from eplbsim.dispatch import DispatchContext, POLICIES
 from eplbsim.base.errors import InputError
 from eplbsim.placement import Placement, full_view
-from eplbsim.topology import Topology
+from eplbsim.placement.topology import Topology
 from eplbsim.traces.coactivation import coactivation, grouped, kept_share, random_groups
 from eplbsim.traces.synth import synthesize
 from eplbsim.traces.trace import Trace, save_trace

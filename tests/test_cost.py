@@ -18,7 +18,7 @@ from eplbsim.cost.shapes import ModelShape
 from eplbsim.base.errors import InputError
 from eplbsim.metrics import gpu_loads
 from eplbsim.placement import trivial_placement
-from eplbsim.topology import Topology
+from eplbsim.placement.topology import Topology
 
 # the measured model's tables: the `cost` extra, which `dev` installs (Python >= 3.11)
 NEEDS_AIC = pytest.mark.skipif(sys.version_info < (3, 11),

@@ -12,7 +12,7 @@ from eplbsim.dispatch import POLICIES, DispatchPolicy, resolve_policy
 from eplbsim.dispatch.policies import DispatchContext, occurrence_index, ordinal_offset, static_table
 from eplbsim.base.errors import InputError
 from eplbsim.placement import VIEWS, Placement, full_view, sglang_0_5_14_view, rank_view
-from eplbsim.topology import Topology
+from eplbsim.placement.topology import Topology
 
 def random_placement(gen, L, E, P, topo):
     """Every expert once, the P - E redundant slots random, slots shuffled."""

@@ -295,7 +295,7 @@ def test_vllm_hash_equals_its_twin(capsys):
 
 def test_deepseek_publishes_its_replica_order():
     from eplbsim.solvers import solve
-    from eplbsim.topology import Topology
+    from eplbsim.placement.topology import Topology
     load = torch.tensor([[90.0, 5.0, 3.0, 2.0], [1.0, 1.0, 1.0, 60.0]])
     placement = solve("deepseek", load, 8, Topology(2))
     order = placement.order  # each expert's slots, then -1

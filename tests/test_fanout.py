@@ -11,7 +11,7 @@ from eplbsim.ranks import MODES, Epoch, make_ranks, rank_groups, token_owners
 from eplbsim.dispatch import resolve_policy
 from eplbsim.replay import replay
 from eplbsim.runspec import RunSpec
-from eplbsim.topology import Topology
+from eplbsim.placement.topology import Topology
 from eplbsim.traces import synthesize
 
 

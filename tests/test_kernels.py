@@ -17,7 +17,7 @@ from eplbsim.dispatch.kernels import cpu, dispatch_step, reference_step, step_ke
 from eplbsim.dispatch.policies import DispatchContext, layer_offsets
 from eplbsim.dispatch.streams import Stream, stream_key
 from eplbsim.placement import Placement, full_view, sglang_0_5_14_view
-from eplbsim.topology import Topology
+from eplbsim.placement.topology import Topology
 
 KERNEL_POLICIES = sorted(name for name, entry in POLICIES.items() if entry.kernels)
 

@@ -23,7 +23,7 @@ triton = pytest.importorskip("triton")
 
 from eplbsim.dispatch.policies import DispatchContext, ordinal_policy, row_policy  # noqa: E402
 from eplbsim.placement import Placement, full_view  # noqa: E402
-from eplbsim.topology import Topology  # noqa: E402
+from eplbsim.placement.topology import Topology  # noqa: E402
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 

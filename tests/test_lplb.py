@@ -13,7 +13,7 @@ from eplbsim.base.errors import InputError
 from eplbsim.placement import full_view
 from eplbsim.solvers import solve
 from eplbsim.solvers.lplb import redundancy_links
-from eplbsim.topology import Topology
+from eplbsim.placement.topology import Topology
 
 
 def test_redundancy_topologies_are_the_published_ones():

@@ -18,7 +18,7 @@ from eplbsim.placement import Placement
 from eplbsim.solvers import bounds, solve
 from eplbsim.solvers.bounds import hierarchical_lower_bound
 from eplbsim.solvers.lpt import lpt, lpt_hier
-from eplbsim.topology import Topology
+from eplbsim.placement.topology import Topology
 
 
 def _peak(placement: Placement, load: np.ndarray) -> np.ndarray:

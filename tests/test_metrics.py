@@ -44,7 +44,7 @@ from eplbsim.replay import replay
 from eplbsim.runspec import RunSpec
 from eplbsim.traces.synth import synthesize
 from eplbsim.placement import Placement
-from eplbsim.topology import Topology
+from eplbsim.placement.topology import Topology
 
 NAN = math.nan
 

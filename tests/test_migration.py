@@ -21,7 +21,7 @@ from eplbsim.migration import elastic, migrate, migrate_async, plan
 from eplbsim.migration.simdist import SimWorld, simulated
 from eplbsim.migration.weights import held, lost_experts, rank_weights, slot_mismatch
 from eplbsim.review import EXIT
-from eplbsim.topology import Topology
+from eplbsim.placement.topology import Topology
 
 from cli_helpers import assert_input_error, run
 

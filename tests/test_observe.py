@@ -21,7 +21,7 @@ from eplbsim.placement import rank_view
 from eplbsim.ranks import make_ranks, rank_context
 from eplbsim.replay import replay
 from eplbsim.runspec import RunSpec
-from eplbsim.topology import Topology
+from eplbsim.placement.topology import Topology
 from eplbsim.traces.synth import synthesize
 
 

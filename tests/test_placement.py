@@ -22,7 +22,7 @@ from eplbsim.placement import (
     rank_view,
     trivial_placement,
 )
-from eplbsim.topology import Topology
+from eplbsim.placement.topology import Topology
 
 # ---------------------------------------------------------------- reference implementations
 

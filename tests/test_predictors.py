@@ -102,7 +102,7 @@ def _factors_seen(monkeypatch, loads, **schedule):
     """The factors `decay` and `ema` sum with in a plan of `schedule` (every 5 steps)."""
     import eplbsim.schedule.predictors as predictors
     from eplbsim.schedule.plan import plan
-    from eplbsim.topology import Topology
+    from eplbsim.placement.topology import Topology
     seen = []
     real = predictors._decayed_sum
 

@@ -17,7 +17,7 @@ from eplbsim.moe import make_toy_moe
 from eplbsim.placement import Placement, full_view, sglang_0_5_14_view
 from eplbsim.ranks import (MODES, Collectives, make_ranks, rank_context, rank_groups,
                            token_owners)
-from eplbsim.topology import Topology
+from eplbsim.placement.topology import Topology
 
 from rank_helpers import epoch, step
 

@@ -16,7 +16,7 @@ from eplbsim.placement import Placement
 from eplbsim.replay import compare, replay
 from eplbsim.runspec import RunSpec
 from eplbsim.traces.synth import synthesize
-from eplbsim.topology import Topology
+from eplbsim.placement.topology import Topology
 from eplbsim.traces.trace import Trace
 
 from id_helpers import distinct

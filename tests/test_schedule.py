@@ -16,7 +16,7 @@ from eplbsim.replay import replay
 from eplbsim.runspec import RunSpec
 from eplbsim.solvers import solve
 from eplbsim.traces.synth import synthesize
-from eplbsim.topology import Topology
+from eplbsim.placement.topology import Topology
 
 TOPO = Topology(4, 2)
 CFG = RunSpec.of(gpus=4, gpus_per_node=2, redundant=8)

@@ -16,7 +16,7 @@ from eplbsim.dispatch.streams import (DRAW, MASK, Stream, batch_draws, coin_hits
 from eplbsim.placement import Placement
 from eplbsim.replay import replay
 from eplbsim.runspec import RunSpec
-from eplbsim.topology import Topology
+from eplbsim.placement.topology import Topology
 from eplbsim.traces.trace import Trace
 
 # Random123's known answers for Philox4x32-10: (key, counter) -> output

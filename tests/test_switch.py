@@ -15,7 +15,7 @@ from eplbsim.replay import replay, run_steps
 from eplbsim.schedule.plan import Segment
 from eplbsim.schedule.switch import held_experts, phases
 from eplbsim.runspec import RunSpec
-from eplbsim.topology import Topology
+from eplbsim.placement.topology import Topology
 from eplbsim.traces.synth import synthesize
 from eplbsim.traces.trace import Trace
 

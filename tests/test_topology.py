@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from eplbsim.base.errors import InputError
-from eplbsim.topology import Topology
+from eplbsim.placement.topology import Topology
 
 
 def test_one_node_by_default():

@@ -28,6 +28,8 @@ OLD_NAMES = {
     "compiled": "base.compiled", "errors": "base.errors", "files": "base.files",
     "limits": "base.limits", "patching": "base.patching", "progress": "base.progress",
     "registry": "base.registry", "simd": "base.simd",
+    # where experts live
+    "loads": "placement.loads", "placement_io": "placement.io", "topology": "placement.topology",
 }
 
 

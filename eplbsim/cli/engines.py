@@ -63,7 +63,7 @@ def _observed(engine: str, policies: list[str]) -> dict[str, str]:
     from ..checks import observed_sharing, probe_placement
     from ..dispatch import resolve_policy
     from ..engines import release
-    from ..topology import Topology
+    from ..placement.topology import Topology
     if release(engine) is None:
         return {name: "pinned release not fetched" for name in policies}
     E, P, G, N, L, K = PROBE_LAYOUT

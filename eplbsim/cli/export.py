@@ -11,7 +11,7 @@ from .. import runspec
 from ..base.errors import InputError
 from ..base.files import atomic_file, check_output
 from ..base.limits import MAX_LAYERS
-from ..placement_io import (placement_experts, read_json, read_phy2log, sglang_logical_count,
+from ..placement.io import (placement_experts, read_json, read_phy2log, sglang_logical_count,
                             sglang_placement)
 from ..traces import CountsTrace
 from .common import positive, split

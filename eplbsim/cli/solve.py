@@ -10,11 +10,11 @@ import torch
 from .. import runspec
 from ..base.errors import InputError
 from ..metrics import placement_report
-from ..placement_io import read_json, read_phy2log
+from ..placement.io import read_json, read_phy2log
 from ..results import to_json
 from ..engines import resolve_solver
 from ..solvers import SOLVERS, as_load, find_solver, solve_with_info, solver_options
-from ..topology import Topology
+from ..placement.topology import Topology
 from ..traces.coactivation import coactivation
 from ..traces.counts import CountsTrace
 from ..traces.formats import layer_loads

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from ..topology import Topology
+from ..placement.topology import Topology
 from .devices import DeviceProfile
 from .shapes import ModelShape
 

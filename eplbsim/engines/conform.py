@@ -25,7 +25,7 @@ from ..dispatch.policies import (DispatchContext, hash_policy, random_policy, ro
                                  static_table)
 from ..placement import VIEWS, Placement, full_view
 from ..solvers import solve
-from ..topology import Topology
+from ..placement.topology import Topology
 from ..dispatch.shared import SharedInputs, per_gpu, waterfill_dynamic, waterfill_static
 from ..dispatch.sglang_lp import sglang_lp_policy
 from . import (ENGINES, ENGINE_SOLVERS, adapter, engine_policy, label, release_of, sglang_infos,

@@ -16,7 +16,7 @@ import torch
 
 from .. import cost
 from ..cost.comm import layer_comm_seconds
-from ..loads import ReplicaStats, gpu_imbalance, gpu_loads, replica_skew, replica_stats
+from ..placement.loads import ReplicaStats, gpu_imbalance, gpu_loads, replica_skew, replica_stats
 from ..placement import Placement
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..loads import gpu_imbalance, gpu_loads, nanmean_or_none
+from ..placement.loads import gpu_imbalance, gpu_loads, nanmean_or_none
 from ..placement import Placement
 from ..solvers.bounds import lower_bound
 

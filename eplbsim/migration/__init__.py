@@ -39,7 +39,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..base.errors import InputError
-from ..topology import Topology
+from ..placement.topology import Topology
 from .simdist import WAIT_S, SimWorld, simulated
 from .weights import SHAPES, given_to_engine, held, lost_experts, rank_weights, slot_mismatch
 

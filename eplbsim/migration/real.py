@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from ..base.errors import InputError
-from ..topology import Topology
+from ..placement.topology import Topology
 from . import Moved, prepare
 from .weights import SHAPES, given_to_engine, rank_weights
 

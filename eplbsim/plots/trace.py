@@ -16,7 +16,7 @@ import torch
 from matplotlib.figure import Figure
 
 from ..base.errors import InputError
-from ..loads import max_over_mean, top_share
+from ..placement.loads import max_over_mean, top_share
 from ..traces.coactivation import grouped
 from .paper import expert_load_heatmap
 from .style import OKABE_ITO, from_baseline

@@ -26,7 +26,7 @@ from ..schedule.predictors import PREDICTORS
 from ..schedule.switch import REBALANCE_MODES
 from ..solvers import SOLVERS, check_options, find_solver
 from ..solvers.lplb import TOPOLOGIES as LPLB_TOPOLOGIES
-from ..topology import Topology
+from ..placement.topology import Topology
 from ..traces.synth import DEFAULT_SIZES
 from .knobs import COMMANDS, Part, SYNTH, changed_fields, knob
 from .values import (Device, EngineFlags, EngineSources, File, Integer, Model, Name, Number,

@@ -30,11 +30,11 @@ import torch
 
 from ..base.loops import summed
 from ..base.errors import InputError
-from ..loads import balancedness, gpu_loads, nanmean_or_none
+from ..placement.loads import balancedness, gpu_loads, nanmean_or_none
 from ..placement import Placement, trivial_placement
 from ..base.registry import lookup, name_of
 from ..solvers import find_solver, solve, solver_options
-from ..topology import Topology
+from ..placement.topology import Topology
 from .migration import transfer_counts
 from .predictors import DEFAULT_DECAY, PREDICTORS
 from .switch import switched

@@ -31,7 +31,7 @@ from ..base.errors import InputError
 from ..base.limits import MAX_EXPERTS, MAX_LAYERS, MAX_LOAD, MAX_SLOTS, check_at_most
 from ..placement import Placement
 from ..base.registry import lookup, name_of
-from ..topology import Topology
+from ..placement.topology import Topology
 from .migration import check_previous, migrate, moved_slots
 from .affinity import affinity
 from .deepseek import deepseek

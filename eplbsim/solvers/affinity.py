@@ -48,7 +48,7 @@ import numpy as np
 
 from ..cost.devices import DEVICES
 from ..base.errors import InputError
-from ..topology import Topology
+from ..placement.topology import Topology
 from .deepseek import deepseek
 
 SLACK = 0.05  # the default slack on the balance solver's max GPU load

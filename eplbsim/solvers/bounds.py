@@ -20,7 +20,7 @@ import math
 import numpy as np
 
 from ..base.errors import InputError
-from ..topology import Topology
+from ..placement.topology import Topology
 
 # Enumerate group -> node partitions exactly up to this many (8 groups on 4 nodes: 105).
 MAX_PARTITIONS = 10_000

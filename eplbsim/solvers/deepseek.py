@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..base.errors import InputError
-from ..topology import Topology
+from ..placement.topology import Topology
 from .bounds import replicate
 
 

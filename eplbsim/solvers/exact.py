@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..base.errors import InputError
-from ..topology import Topology
+from ..placement.topology import Topology
 from .bounds import peak_gpu_load
 from .deepseek import deepseek
 

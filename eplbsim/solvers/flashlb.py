@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from ..base.errors import InputError
-from ..topology import Topology
+from ..placement.topology import Topology
 
 Z_RISK = 0.674  # FlashLB's risk quantile (the 75th percentile of a normal)
 

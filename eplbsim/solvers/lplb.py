@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..base.errors import InputError
-from ..topology import Topology
+from ..placement.topology import Topology
 from .deepseek import deepseek
 
 TOPOLOGIES = ("ring", "cube", "hypercube", "torus")

@@ -38,7 +38,7 @@ import numpy as np
 
 from ..base.compiled import JIT, jit, prange
 from ..base.errors import InputError
-from ..topology import Topology
+from ..placement.topology import Topology
 from .bounds import hierarchical_assignment, replicate
 from .deepseek import balanced_packing
 

@@ -19,7 +19,7 @@ import torch
 
 from ..base.errors import InputError
 from ..placement import Placement
-from ..topology import Topology
+from ..placement.topology import Topology
 from .bounds import peak_gpu_load
 
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..base.errors import InputError
 from ..placement import trivial_placement
-from ..topology import Topology
+from ..placement.topology import Topology
 
 
 def trivial(load: np.ndarray, num_slots: int, topology: Topology, num_groups: int = 1, *,

@@ -48,7 +48,7 @@ import heapq
 
 import numpy as np
 
-from ..topology import Topology
+from ..placement.topology import Topology
 
 
 def replica_counts(weight: np.ndarray, num_slots: int) -> np.ndarray:

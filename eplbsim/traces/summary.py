@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from ..base.files import check_memory
-from ..loads import max_over_mean, nanmean_or_none
+from ..placement.loads import max_over_mean, nanmean_or_none
 
 
 def summarize_trace(trace: Any) -> dict[str, Any]:

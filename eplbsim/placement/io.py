@@ -29,9 +29,9 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from .base.errors import InputError
-from .base.files import regular_file
-from .placement import Placement
+from ..base.errors import InputError
+from ..base.files import regular_file
+from . import Placement
 from .topology import Topology
 
 PLACEMENT_KEY = "physical_to_logical_map"

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .placement import Placement
+from . import Placement
 
 
 def gpu_loads(slot_load: torch.Tensor, num_gpus: int) -> torch.Tensor:

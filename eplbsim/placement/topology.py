@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .base.errors import InputError
-from .base.limits import MAX_GPUS, MAX_SLOTS, check_at_most
+from ..base.errors import InputError
+from ..base.limits import MAX_GPUS, MAX_SLOTS, check_at_most
 
 
 @dataclass(frozen=True)
