@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from eplbsim import fanout
+from eplbsim.ranks import fanout
 from eplbsim.bench import skewed_trace
 from eplbsim.base.loops import expert_counts
 from eplbsim.traces.coactivation import coactivation

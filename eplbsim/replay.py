@@ -24,7 +24,7 @@ from .base.errors import InputError
 from .base.files import check_memory
 from .metrics import Counters
 from .migration.replayed import served
-from .moe import make_toy_moe, square_sums, step_sums
+from .ranks.moe import make_toy_moe, square_sums, step_sums
 from .placement import rank_view
 from .placement.io import load_placement
 from .base.progress import Progress

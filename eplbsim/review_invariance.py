@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .checks import observed_sharing, rank_invariance
+from .ranks.checks import observed_sharing, rank_invariance
 from .dispatch import USER, resolve_policy
 from .engines import is_engine_name
 from .placement import Placement

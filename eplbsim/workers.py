@@ -72,7 +72,7 @@ def dispatch_work(trace: Any, specs: Sequence[RunSpec]) -> float:
 def _engine_calls(trace: Any, spec: RunSpec) -> int:
     """The calls an engine's policy makes for one token in "none" under `spec`, observed on a
     one-layer `checks.probe_placement` of the trace's experts and the spec's slots."""
-    from .checks import observed_calls, probe_placement
+    from .ranks.checks import observed_calls, probe_placement
     d, E = spec.dispatch, trace.num_experts
     topology = spec.topology.topology()
     placement = probe_placement(E, E + spec.topology.fit(E), topology)

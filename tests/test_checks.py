@@ -7,7 +7,7 @@ Dimensions: `T` tokens, `L` layers, `K` top-k, `E` experts, `P` slots, `G` ranks
 import pytest
 import torch
 
-from eplbsim.checks import check_policy, rank_invariance
+from eplbsim.ranks.checks import check_policy, rank_invariance
 from eplbsim.dispatch import POLICIES, replica_slots
 from eplbsim.base.errors import InputError
 from eplbsim.replay import replay

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from eplbsim.checks import rank_invariance
+from eplbsim.ranks.checks import rank_invariance
 from eplbsim.dispatch import DispatchContext, POLICIES
 from eplbsim.base.errors import InputError
 from eplbsim.placement import Placement, full_view

@@ -12,7 +12,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from eplbsim import counting
+from eplbsim.ranks import counting
 from eplbsim.base import loops
 from eplbsim.dispatch import POLICIES
 from eplbsim.dispatch.kernels import cpu as cpu_kernels

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from eplbsim import fanout
+from eplbsim.ranks import fanout
 from eplbsim.placement import Placement, rank_view
 from eplbsim.ranks import MODES, Epoch, make_ranks, rank_groups, token_owners
 from eplbsim.dispatch import resolve_policy

@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from eplbsim import counting
-from eplbsim.moe import (GRID_BITS, all_reduced_error_terms, error_terms, grid_square_sums,
-                         local_error_terms, make_toy_moe, pair_outputs, step_sums, token_inputs)
+from eplbsim.ranks import counting
+from eplbsim.ranks.moe import (GRID_BITS, all_reduced_error_terms, error_terms, grid_square_sums,
+                               local_error_terms, make_toy_moe, pair_outputs, step_sums,
+                               token_inputs)
 
 
 def test_pair_outputs_match_the_definition_and_zero_padding():

@@ -13,7 +13,7 @@ from eplbsim import ranks
 from eplbsim.dispatch import POLICIES
 from eplbsim.dispatch.kernels import check_choices
 from eplbsim.base.errors import InputError
-from eplbsim.moe import make_toy_moe
+from eplbsim.ranks.moe import make_toy_moe
 from eplbsim.placement import Placement, full_view, sglang_0_5_14_view
 from eplbsim.ranks import (MODES, Collectives, make_ranks, rank_context, rank_groups,
                            token_owners)

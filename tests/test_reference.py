@@ -20,7 +20,7 @@ def test_the_api_page_documents_the_helpers_and_its_examples_run(tmp_path, capsy
     import json
     import numpy as np
     from eplbsim import RunSpec, replay, synthesize
-    from eplbsim.checks import rank_invariance
+    from eplbsim.ranks.checks import rank_invariance
     from eplbsim.cli import main
     from eplbsim.cli.reference import API_EXAMPLES
     page = pages()["api.md"]

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import eplbsim
-from eplbsim.checks import rank_invariance
+from eplbsim.ranks.checks import rank_invariance
 from eplbsim.cli import main
 from eplbsim.dispatch.policies import ordinal_policy, replica_slots, row_policy
 from eplbsim.report import markdown

@@ -30,6 +30,9 @@ OLD_NAMES = {
     "registry": "base.registry", "simd": "base.simd",
     # where experts live
     "loads": "placement.loads", "placement_io": "placement.io", "topology": "placement.topology",
+    # the rank step
+    "checks": "ranks.checks", "counting": "ranks.counting", "fanout": "ranks.fanout",
+    "moe": "ranks.moe", "rank_epoch": "ranks.epoch", "rank_traffic": "ranks.traffic",
 }
 
 

@@ -60,7 +60,7 @@ def _observed(engine: str, policies: list[str]) -> dict[str, str]:
     release (`checks.observed_sharing`, on `PROBE_LAYOUT`: every expert once, the first
     `P - E` again): the release not fetched, the policy a shared rule or a2a-only, or one that
     cannot run without flags (`sglang:auto`), said so."""
-    from ..checks import observed_sharing, probe_placement
+    from ..ranks.checks import observed_sharing, probe_placement
     from ..dispatch import resolve_policy
     from ..engines import release
     from ..placement.topology import Topology

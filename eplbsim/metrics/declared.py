@@ -14,7 +14,7 @@ import torch
 
 from ..cost.rebalance import sync_stall_seconds
 from ..base.loops import summed
-from ..fanout import FIELDS
+from ..ranks.fanout import FIELDS
 from ..placement.loads import balancedness, idle_replicas, nanmax_or_none, replica_skew
 from ..schedule.migration import transfer_kinds
 from ..schedule.switch import phases

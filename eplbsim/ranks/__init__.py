@@ -1,5 +1,12 @@
 """The rank model: how `G` EP ranks dispatch one step, and what each GPU then executes.
 
+Holds the one rank step (`MODES`, here) that the replay, the policy checkers (`checks`) and
+real ranks all run; `epoch` (the ranks, their streams and groups, the `Epoch` they step in),
+`traffic` (shared-expert work, fan-out, link crossings), `fanout`, `counting` (the step's
+compiled passes) and `moe` (the toy MoE layer). Takes in a step's ids `[T, L, K]` and an
+`Epoch` built from a placement, its views and a policy; gives out a `StepOutcome`. Imports
+`base`, `placement`, `dispatch` and `cost` (link crossings).
+
 Dimensions: `T` tokens, `L` layers, `K` top-k, `P` physical slots, `G` GPUs = EP ranks,
 `W` processes of a group, `D` hidden size of the toy MoE layer.
 
@@ -34,8 +41,8 @@ only for a step where some pair is not executed exactly once, in one pass with i
 (`moe.local_error_terms`), else it is exactly 0 and the exact norm is left to the caller
 (`UNMEASURED`).
 
-By concern: this module holds the step functions and their fast counts; `rank_epoch` the ranks,
-their streams and groups and the `Epoch` they step in; `rank_traffic` what a step counts beside
+By concern: this module holds the step functions and their fast counts; `epoch` the ranks,
+their streams and groups and the `Epoch` they step in; `traffic` what a step counts beside
 its slot loads (shared-expert work, fan-out, link crossings, wrong-weight pairs, token owners).
 Their public names are importable from here.
 """
@@ -49,15 +56,15 @@ import numpy as np
 import torch
 
 from . import counting
-from .base import loops
-from .dispatch.kernels import dispatch_step, flat_index
-from .dispatch.shared import has_pairs
-from .placement.loads import multiplicity_counts
+from ..base import loops
+from ..dispatch.kernels import dispatch_step, flat_index
+from ..dispatch.shared import has_pairs
+from ..placement.loads import multiplicity_counts
 from .moe import all_reduced_error_terms, error_terms, local_error_terms, step_sums
-from .rank_epoch import (LOCAL, RNG_RELATIONS, Collectives, Epoch, Rank, Table, make_ranks,
-                         rank_context, rank_groups)
-from .rank_traffic import (a2a_fanout, fanout_counts, link_crossings, pair_gpus, share_bounds,
-                           shared_sent, shared_split, token_owners, wrong_pairs)
+from .epoch import (LOCAL, RNG_RELATIONS, Collectives, Epoch, Rank, Table, make_ranks, rank_context,
+                    rank_groups)
+from .traffic import (a2a_fanout, fanout_counts, link_crossings, pair_gpus, share_bounds,
+                      shared_sent, shared_split, token_owners, wrong_pairs)
 
 UNMEASURED = float("inf")  # an exact norm the fast path left to compute (its error is 0)
 

@@ -17,12 +17,12 @@ import numpy as np
 import torch
 
 from . import fanout
-from .cost.comm import a2a_crossings, a2a_token_counts
-from .dispatch import SharedInputs
-from .dispatch.kernels import flat_index
-from .dispatch.shared import even_split, has_pairs, home, per_gpu
-from .base.errors import InputError
-from .rank_epoch import LOCAL, Epoch
+from ..cost.comm import a2a_crossings, a2a_token_counts
+from ..dispatch import SharedInputs
+from ..dispatch.kernels import flat_index
+from ..dispatch.shared import even_split, has_pairs, home, per_gpu
+from ..base.errors import InputError
+from .epoch import LOCAL, Epoch
 
 
 def shared_split(epoch: Epoch, topk_ids: torch.Tensor) -> torch.Tensor | None:

@@ -18,14 +18,14 @@ import numpy as np
 import torch
 
 from . import counting
-from .base import loops
-from .dispatch import DispatchContext, DispatchPolicy
-from .dispatch.kernels.cpu import StreamedViews
-from .dispatch.observe import observed_groups
-from .dispatch.streams import Stream, coin_hits, stream_key
-from .base.errors import InputError
+from ..base import loops
+from ..dispatch import DispatchContext, DispatchPolicy
+from ..dispatch.kernels.cpu import StreamedViews
+from ..dispatch.observe import observed_groups
+from ..dispatch.streams import Stream, coin_hits, stream_key
+from ..base.errors import InputError
 from .moe import ToyMoE
-from .placement import Placement, View
+from ..placement import Placement, View
 
 RNG_RELATIONS = ("independent", "shared", "drift")
 

@@ -28,9 +28,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .base.compiled import JIT, jit, prange
-from .base.loops import expert_counts, row_chunks
-from .base.simd import LANES, pair_lanes
+from ..base.compiled import JIT, jit, prange
+from ..base.loops import expert_counts, row_chunks
+from ..base.simd import LANES, pair_lanes
 
 GRID_BITS = 24  # toy-MoE pair outputs are multiples of 1 / GRID (`moe` defines them)
 GRID = float(2 ** GRID_BITS)

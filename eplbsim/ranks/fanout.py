@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base.compiled import JIT, jit, prange
-from .base.loops import row_chunks
+from ..base.compiled import JIT, jit, prange
+from ..base.loops import row_chunks
 
 FIELDS = ("tokens", "gpus", "nodes", "remote")  # the columns of `tally`
 
