@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from eplbsim.evidence import block_steps, draws, figure, interval, resampled
+from eplbsim.review.evidence import block_steps, draws, figure, interval, resampled
 
 
 @given(st.integers(1, 4), st.integers(1, 40), st.integers(1, 9), st.integers(0, 2**31))

@@ -92,7 +92,7 @@ def test_the_shared_path_gives_every_number_of_one_call_a_rank(name, mode, rng, 
 
 
 def test_the_review_says_how_an_engines_calls_were_observed():
-    from eplbsim.review_invariance import _claimed
+    from eplbsim.review.invariance import _claimed
     from eplbsim.solvers import solve
     _fetched("vllm")
     _fetched("sglang")

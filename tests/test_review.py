@@ -19,7 +19,7 @@ import eplbsim
 from eplbsim.ranks.checks import rank_invariance
 from eplbsim.cli import main
 from eplbsim.dispatch.policies import ordinal_policy, replica_slots, row_policy
-from eplbsim.report import markdown
+from eplbsim.review.page import markdown
 from eplbsim.review import EXIT, review, to_json
 from eplbsim.runspec import RunSpec
 from eplbsim.traces.synth import synthesize

@@ -3,7 +3,7 @@ the headline's one line per axis."""
 
 import pytest
 
-from eplbsim.verdict import MIN_SCORED_STEPS, judge, rules
+from eplbsim.review.verdict import MIN_SCORED_STEPS, judge, rules
 
 
 def findings(pct=(-3.0, -4.0, -2.0), windows=(-3.0, -3.0), balance=(-0.01, -0.02, 0.0),

@@ -33,6 +33,10 @@ OLD_NAMES = {
     # the rank step
     "checks": "ranks.checks", "counting": "ranks.counting", "fanout": "ranks.fanout",
     "moe": "ranks.moe", "rank_epoch": "ranks.epoch", "rank_traffic": "ranks.traffic",
+    # the verdict
+    "evidence": "review.evidence", "report": "review.page",
+    "review_invariance": "review.invariance", "review_measures": "review.measures",
+    "verdict": "review.verdict",
 }
 
 

@@ -10,10 +10,10 @@ from pathlib import Path
 from .. import runspec
 from ..dispatch import is_file_policy, resolve_policy
 from ..base.errors import InputError
-from ..report import html, markdown
-from ..evidence import RESAMPLES
+from ..review.page import html, markdown
+from ..review.evidence import RESAMPLES
 from ..review import WINDOWS, review, to_json
-from ..verdict import MIN_EFFECT
+from ..review.verdict import MIN_EFFECT
 from .common import check_out_dir
 
 HELP = ("judge a dispatch or placement change before upstreaming it: correctness, held-out "

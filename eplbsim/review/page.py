@@ -17,7 +17,7 @@ Report = Any  # a `review.Report`
 
 def figure_png(report: Report) -> dict[str, str]:
     """The report's small multiples (`plots.review_figure`) as base64 PNG data by name."""
-    from .plots import review_figure
+    from ..plots import review_figure
 
     buffer = io.BytesIO()
     review_figure(report.series, report.candidate, report.baseline).savefig(buffer, format="png")

@@ -1,5 +1,11 @@
 """`review`: one verdict on a dispatch change before it goes upstream (DESIGN.md §12).
 
+Holds `review` and its `Report` (here), the correctness finding (`invariance`), the balance,
+time and rebalance findings (`measures`), the block bootstrap (`evidence`), the rules
+(`verdict`) and the page (`page`, Markdown and HTML). Takes in a trace and two `RunSpec`s;
+gives out a `Report`. Imports everything below it in the data flow up to `replay`, and `plots`
+(only when the page draws).
+
 Dimensions: `S` steps, `T` tokens, `L` layers, `E` logical experts, `K` top-k, `P` slots,
 `G` GPUs.
 
@@ -28,9 +34,9 @@ share), candidate beside baseline, in one mode:
 - **verdict**: by the rules of `verdict` (stated on the page), against a minimum effect;
   `EXIT` maps each verdict to the command's exit status.
 
-By concern: this module runs the replays and assembles the `Report`; `review_invariance` holds
-the correctness finding (the counterexample search), `review_measures` the balance, time and
-rebalance findings with their intervals, `verdict` the rules, `report` the page.
+By concern: this module runs the replays and assembles the `Report`; `invariance` holds
+the correctness finding (the counterexample search), `measures` the balance, time and
+rebalance findings with their intervals, `verdict` the rules, `page` the page.
 """
 
 from __future__ import annotations
@@ -41,21 +47,21 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import metrics as M
-from .dispatch import resolve_policy
-from .engines import as_sources, ran
-from .base.errors import InputError
+from .. import metrics as M
+from ..dispatch import resolve_policy
+from ..engines import as_sources, ran
+from ..base.errors import InputError
 from .evidence import RESAMPLES, draws
-from .placement import Placement
-from .replay import fitted, replay, routed_loads, schedule_of
-from .report import html
-from .results import Results, model_origin, warnings
-from .review_invariance import SEARCH_ROWS, invariance_findings
-from .review_measures import (BALANCE_KEYS, STARVED_SHARE, WORST, balance_findings, percent,
-                              rebalance_findings, replica_shares, time_findings)
-from .runspec import RunSpec, default_of
-from .traces.counts import CountsTrace
-from .traces.steps import select
+from ..placement import Placement
+from ..replay import fitted, replay, routed_loads, schedule_of
+from .page import html
+from ..results import Results, model_origin, warnings
+from .invariance import SEARCH_ROWS, invariance_findings
+from .measures import (BALANCE_KEYS, STARVED_SHARE, WORST, balance_findings, percent,
+                       rebalance_findings, replica_shares, time_findings)
+from ..runspec import RunSpec, default_of
+from ..traces.counts import CountsTrace
+from ..traces.steps import select
 from .verdict import EXIT, MIN_EFFECT, judge
 
 WINDOWS = 4  # held-out windows by default
