@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from eplbsim.bench import skewed_ids
+from eplbsim.replay.bench import skewed_ids
 from eplbsim.traces.directory import write_steps
 
 L, K, E = 58, 8, 256

@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 from eplbsim.ranks import fanout
-from eplbsim.bench import skewed_trace
+from eplbsim.replay.bench import skewed_trace
 from eplbsim.base.loops import expert_counts
 from eplbsim.traces.coactivation import coactivation
 

@@ -1,8 +1,8 @@
 """Benchmark the dispatch hot path: `python benchmarks/bench_dispatch.py [options]`.
 
-The same as `eplbsim bench [options]` (all logic lives in `eplbsim.bench`; options are the CLI's:
---device, --n, --policies, --repeats, --replay/--no-replay, --replay-steps/-tokens/-layers,
---seed, --json). Results are recorded in benchmarks/RESULTS.md.
+The same as `eplbsim bench [options]` (all logic lives in `eplbsim.replay.bench`; options are
+the CLI's: --device, --n, --policies, --repeats, --replay/--no-replay,
+--replay-steps/-tokens/-layers, --seed, --json). Results are recorded in benchmarks/RESULTS.md.
 """
 
 import sys

@@ -13,7 +13,7 @@ trace's counts):
   `STRAIGHT_LAYERS` layers and scaled to 58 (stated in the table);
 - **row**: eplbsim's own `row` (compiled), the fastest policy, for the ratio the goals name;
 - **roofline**: the machine's memory bandwidth moving the step's 12 bytes a pair once
-  (`eplbsim.bench.roofline`, best of its copies): no dispatch of the step can beat it.
+  (`eplbsim.replay.bench.roofline`, best of its copies): no dispatch of the step can beat it.
 
 Every figure is the seconds a step beyond the first (`per_step`: a replay of 1 + `EXTRA` steps
 less one of 1 step, each the best of `REPEATS` after a warm-up), so the placement's solve and
@@ -36,7 +36,7 @@ import time
 
 import torch
 
-from eplbsim.bench import best_time, make_problem, roofline
+from eplbsim.replay.bench import best_time, make_problem, roofline
 from eplbsim.dispatch import resolve_policy
 from eplbsim.engines import adapter
 from eplbsim.replay import replay

@@ -21,7 +21,7 @@ from .metrics import METRICS, Metric
 from .placement import VIEWS, Placement
 from .ranks import MODES
 from .replay import compare, replay
-from .results import Results
+from .replay.results import Results
 from .review import Report, review
 from .schedule.predictors import PREDICTORS
 from . import runspec

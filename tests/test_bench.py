@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from eplbsim import bench
+from eplbsim.replay import bench
 from eplbsim.cli import main
 
 N = 4096

@@ -21,7 +21,7 @@ from eplbsim.engines.conform import conformance
 from eplbsim.replay import compare, replay
 from eplbsim.runspec import RunSpec
 from eplbsim.traces.synth import synthesize
-from eplbsim.workers import Workers
+from eplbsim.replay.workers import Workers
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -13,9 +13,9 @@ from eplbsim import runspec
 from eplbsim.dispatch import POLICIES, DispatchPolicy, candidate_counts, replica_slots
 from eplbsim.metrics import METRICS, Metric, peak
 from eplbsim.replay import compare
-from eplbsim.results import format_table
+from eplbsim.replay.results import format_table
 from eplbsim.runspec import DispatchPart, Integer, RunSpec, knob
-from eplbsim.sweep import cell_row, parse_spec
+from eplbsim.replay.sweep import cell_row, parse_spec
 from eplbsim.traces import synthesize
 
 from cli_helpers import run

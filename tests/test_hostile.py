@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from eplbsim.base.errors import InputError
-from eplbsim.sweep import read_spec
+from eplbsim.replay.sweep import read_spec
 from eplbsim.traces import Trace, open_trace, save_trace, synthesize
 from eplbsim.traces.counts import CountsTrace, save_counts_trace
 from eplbsim.traces.directory import save_trace_dir

@@ -143,7 +143,7 @@ def test_the_command_reference_is_current():
 
 
 def test_the_numbers_the_prose_states(capsys):
-    from eplbsim.sweep import read_spec
+    from eplbsim.replay.sweep import read_spec
     assert "(`sweeps/example.toml`, 144 cells)" in DOCS
     assert len(read_spec(ROOT / "sweeps" / "example.toml").cells) == 144
     assert "(`--redundant -1`: `must be an integer in [0, 262144], got -1`)" in DOCS

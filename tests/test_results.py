@@ -4,7 +4,7 @@ comparison that prints as the run command's table, and pandas frames."""
 import pytest
 
 from eplbsim import RunSpec, compare
-from eplbsim.results import flat_row
+from eplbsim.replay.results import flat_row
 from eplbsim.traces.steps import select
 from eplbsim.traces.synth import synthesize
 from eplbsim.traces.workload import Workload, batch

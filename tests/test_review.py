@@ -282,7 +282,7 @@ def test_a_rank_variant_engine_branch_is_not_recommended(tmp_path, capsys):
 
 
 def test_run_ranks_and_sweeps_take_a_policy_from_a_file(tmp_path, capsys):
-    from eplbsim.sweep import parse_spec
+    from eplbsim.replay.sweep import parse_spec
     file = tmp_path / "mine.py"
     file.write_text("from eplbsim.dispatch.policies import row_policy as mine\n")
     name = f"{file}:mine"

@@ -17,7 +17,7 @@ from eplbsim.base.errors import InputError
 from eplbsim.placement import Placement
 from eplbsim.runspec import (PARTS, RunSpec, Source, Switch, build, default_of, from_args, knobs,
                              run_knobs)
-from eplbsim.sweep import parse_spec
+from eplbsim.replay.sweep import parse_spec
 from eplbsim.placement.topology import Topology
 from eplbsim.traces import save_trace, synthesize
 

@@ -11,9 +11,9 @@ from eplbsim.base.errors import InputError
 from eplbsim.metrics import METRICS
 from eplbsim.replay import replay
 from eplbsim.runspec import RunSpec
-from eplbsim.results import flat_row
+from eplbsim.replay.results import flat_row
 from eplbsim.cli import main
-from eplbsim.sweep import SIZES, cell_row, parse_spec, read_spec, run_sweep
+from eplbsim.replay.sweep import SIZES, cell_row, parse_spec, read_spec, run_sweep
 from eplbsim.traces.synth import synthesize
 from eplbsim.traces.trace import load_trace, save_trace
 

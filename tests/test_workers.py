@@ -19,7 +19,7 @@ from eplbsim.runspec import RunSpec
 from eplbsim.traces.directory import save_trace_dir
 from eplbsim.traces.repeated import Repeated
 from eplbsim.traces.synth import synthesize
-from eplbsim.workers import Workers, step_ranges
+from eplbsim.replay.workers import Workers, step_ranges
 
 from cli_helpers import assert_input_error, run
 
@@ -115,7 +115,7 @@ def test_the_run_command_gives_the_same_table_with_workers(capsys, monkeypatch):
     assert code == 0
     code, small, _ = run(capsys, *args[:-1], "--workers", "2")  # too little work to split
     assert code == 0 and small.splitlines()[1].startswith("--workers 2: one process ran it (")
-    import eplbsim.workers
+    import eplbsim.replay.workers
     started = []
     monkeypatch.setattr(eplbsim.workers, "PAYS_OFF", 0)  # workers for any work
     pool = eplbsim.workers.local_pool
@@ -132,7 +132,7 @@ def test_the_engines_own_code_splits_bit_for_bit_and_is_weighed_by_its_calls(tra
     updater with a fault (`--unmoved`, `--map-lead`) too; `dispatch_work` counts an engine's
     calls: shared in "none" when they draw nothing, one a rank in "a2a"."""
     from eplbsim import engines
-    from eplbsim.workers import ENGINE_CALL, dispatch_work
+    from eplbsim.replay.workers import ENGINE_CALL, dispatch_work
     if engines.release("sglang") is None or engines.release("vllm") is None:
         pytest.skip("the pinned releases are not fetched (eplbsim engines fetch)")
     names = ["sglang:dynamic", "sglang:static", "vllm:hash"]

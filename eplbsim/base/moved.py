@@ -37,6 +37,10 @@ OLD_NAMES = {
     "evidence": "review.evidence", "report": "review.page",
     "review_invariance": "review.invariance", "review_measures": "review.measures",
     "verdict": "review.verdict",
+    # running replays
+    "bench": "replay.bench", "distributed": "replay.distributed",
+    "executors": "replay.executors", "results": "replay.results", "sweep": "replay.sweep",
+    "workers": "replay.workers",
 }
 
 

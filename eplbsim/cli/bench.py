@@ -1,5 +1,5 @@
 """`eplbsim bench`: the dispatch hot path against the torch expression and the roofline, and a
-full replay (`eplbsim.bench`)."""
+full replay (`eplbsim.replay.bench`)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import math
 
 import torch
 
-from .. import bench as B
+from ..replay import bench as B
 from ..base.errors import InputError
 from ..base.progress import bar
 from ..replay import resolve_device
-from ..results import to_json
+from ..replay.results import to_json
 from ..runspec import Device
 from ..base.files import check_memory
 from .common import positive, seed, split

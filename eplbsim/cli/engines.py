@@ -10,7 +10,7 @@ from typing import Any
 
 from .. import runspec
 from ..base.errors import InputError
-from ..results import to_json
+from ..replay.results import to_json
 from .common import positive
 
 HELP = "the engines' own EPLB code: fetch it, list it, check eplbsim's twins against it"
@@ -172,7 +172,7 @@ def bisect(args: argparse.Namespace) -> int:
     from ..engines import ENGINES, is_engine_name, version_key
     from ..metrics import METRICS
     from ..replay import replay
-    from ..workers import Workers, pays_off
+    from ..replay.workers import Workers, pays_off
     engine = args.engine
     if engine not in ENGINES:
         raise InputError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")

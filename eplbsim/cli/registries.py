@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 from ..base.registry import first_sentence
-from ..results import to_json
+from ..replay.results import to_json
 
 POLICIES_HELP = "list the dispatch policies: rank-invariance class in \"none\" mode, source"
 SOLVERS_HELP = "list the placement solvers: source, what each does"

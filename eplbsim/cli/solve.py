@@ -11,7 +11,7 @@ from .. import runspec
 from ..base.errors import InputError
 from ..metrics import placement_report
 from ..placement.io import read_json, read_phy2log
-from ..results import to_json
+from ..replay.results import to_json
 from ..engines import resolve_solver
 from ..solvers import SOLVERS, as_load, find_solver, solve_with_info, solver_options
 from ..placement.topology import Topology

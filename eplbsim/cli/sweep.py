@@ -1,4 +1,5 @@
-"""`eplbsim sweep`: a grid of replays from a TOML spec into one table (`eplbsim.sweep`)."""
+"""`eplbsim sweep`: a grid of replays from a TOML spec into one table
+(`eplbsim.replay.sweep`)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,13 @@ HELP = "run a grid of replays from a TOML spec into one table"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ..executors import EXECUTORS
+    from ..replay.executors import EXECUTORS
     p.description = ("Run the cells of a sweep spec (scenarios or traces x solvers x policies "
                      "x modes x topologies x seeds, any setting of the run schema) into "
                      "DIR/results.csv (and .parquet with pyarrow), resuming what DIR already "
                      "holds.")
-    p.add_argument("spec", type=Path, help="the sweep spec, TOML (format: eplbsim.sweep's doc)")
+    p.add_argument("spec", type=Path,
+                   help="the sweep spec, TOML (format: eplbsim.replay.sweep's doc)")
     p.add_argument("--out", type=Path, default=None, metavar="DIR",
                    help="output directory (default: the spec's out); a rerun resumes it")
     p.add_argument("--executor", choices=EXECUTORS, default="local",
@@ -33,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from ..sweep import read_spec, run_sweep, summary_lines
+    from ..replay.sweep import read_spec, run_sweep, summary_lines
     sweep = read_spec(args.spec, args.max_cells)
     out = args.out or sweep.out
     if out is None:

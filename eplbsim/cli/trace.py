@@ -13,7 +13,7 @@ from .. import runspec
 from ..base.errors import InputError
 from ..base.files import check_output
 from ..base.progress import bar
-from ..results import to_json
+from ..replay.results import to_json
 from ..traces import CountsTrace, save_trace, summarize_trace
 from ..traces.formats import is_request_input
 from ..traces.formats.token_log import is_token_log

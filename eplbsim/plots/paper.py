@@ -14,7 +14,7 @@ from matplotlib.ticker import MaxNLocator
 
 from ..base.errors import InputError
 from ..metrics import rebalance_stalls
-from ..results import Results
+from ..replay.results import Results
 from ..base.registry import name_of
 from ..schedule.switch import phases
 from .runs import replica_load

@@ -16,7 +16,7 @@ from matplotlib.lines import Line2D
 from ..dispatch import POLICIES
 from ..base.errors import InputError
 from ..base.files import atomic_file
-from ..results import Results
+from ..replay.results import Results
 
 # Okabe & Ito (2008), "Color Universal Design": safe for the common colour-vision deficiencies.
 OKABE_ITO = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442",

@@ -14,7 +14,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from ..base.errors import InputError
-from ..results import Results
+from ..replay.results import Results
 from .style import from_baseline, styles_in_order
 
 

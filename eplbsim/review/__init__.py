@@ -55,7 +55,7 @@ from .evidence import RESAMPLES, draws
 from ..placement import Placement
 from ..replay import fitted, replay, routed_loads, schedule_of
 from .page import html
-from ..results import Results, model_origin, warnings
+from ..replay.results import Results, model_origin, warnings
 from .invariance import SEARCH_ROWS, invariance_findings
 from .measures import (BALANCE_KEYS, STARVED_SHARE, WORST, balance_findings, percent,
                        rebalance_findings, replica_shares, time_findings)

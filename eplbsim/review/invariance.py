@@ -18,7 +18,7 @@ from ..ranks.checks import observed_sharing, rank_invariance
 from ..dispatch import USER, resolve_policy
 from ..engines import is_engine_name
 from ..placement import Placement
-from ..results import Results
+from ..replay.results import Results
 from ..runspec import RunSpec
 
 SEARCH_ROWS = (1, 2, 3, 5, 7)  # the small batches the invariance search tries first

@@ -22,7 +22,7 @@ from ..cost.measured import ROOFLINE
 from ..base.errors import InputError
 from .evidence import LEVEL, Draws, figure, interval, resampled
 from ..placement import Placement
-from ..results import Results
+from ..replay.results import Results
 from ..runspec import RunSpec
 
 STARVED_SHARE = 0.5  # a replica executing under half its even share of its expert is starved

@@ -23,16 +23,16 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from .base.compiled import set_threads
-from .dispatch import resolve_policy
-from .base.errors import InputError
+from ..base.compiled import set_threads
+from ..dispatch import resolve_policy
+from ..base.errors import InputError
 from .executors import check_executor, local_pool, ray_session
-from .metrics import Counters
-from .base.progress import Progress
-from .replay import dispatch_steps, fill_norms, replay
+from ..metrics import Counters
+from ..base.progress import Progress
+from . import dispatch_steps, fill_norms, replay
 from .results import Results
-from .schedule.plan import Segment
-from .runspec import RunSpec
+from ..schedule.plan import Segment
+from ..runspec import RunSpec
 
 _TRACE: list[Any] = []  # a local worker's trace, set once by `_hold`
 # Pair dispatches (`dispatch_work`) below which local worker processes cost more than they
@@ -72,7 +72,7 @@ def dispatch_work(trace: Any, specs: Sequence[RunSpec]) -> float:
 def _engine_calls(trace: Any, spec: RunSpec) -> int:
     """The calls an engine's policy makes for one token in "none" under `spec`, observed on a
     one-layer `checks.probe_placement` of the trace's experts and the spec's slots."""
-    from .ranks.checks import observed_calls, probe_placement
+    from ..ranks.checks import observed_calls, probe_placement
     d, E = spec.dispatch, trace.num_experts
     topology = spec.topology.topology()
     placement = probe_placement(E, E + spec.topology.fit(E), topology)

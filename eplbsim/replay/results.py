@@ -23,22 +23,22 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import torch
 
-from . import metrics as M
-from .base.errors import InputError
-from .base.files import atomic_file
-from .engines import as_sources, auto_algorithm, ran
-from .engines import label as engine_label
-from .metrics import METRICS, Counters
-from .placement import Placement
-from .base.registry import name_of
-from .schedule.migration import MIGRATION_FIELDS, migration_rows
-from .schedule.plan import Segment, epochs
-from .cost.catalog import model_note
-from .cost.catalog import model_origin as origin_of
-from .dispatch import POLICIES, resolve_policy
-from .runspec import MIN_REDUNDANT, Options, RunSpec, knobs, label
-from .traces.counts import CountsTrace
-from .traces.steps import describe_selection, flag_steps, flag_words
+from .. import metrics as M
+from ..base.errors import InputError
+from ..base.files import atomic_file
+from ..engines import as_sources, auto_algorithm, ran
+from ..engines import label as engine_label
+from ..metrics import METRICS, Counters
+from ..placement import Placement
+from ..base.registry import name_of
+from ..schedule.migration import MIGRATION_FIELDS, migration_rows
+from ..schedule.plan import Segment, epochs
+from ..cost.catalog import model_note
+from ..cost.catalog import model_origin as origin_of
+from ..dispatch import POLICIES, resolve_policy
+from ..runspec import MIN_REDUNDANT, Options, RunSpec, knobs, label
+from ..traces.counts import CountsTrace
+from ..traces.steps import describe_selection, flag_steps, flag_words
 
 COUNTS_ONLY_POLICY = "(even split)"  # the policy a counts-only run reports: no dispatch ran
 FLAG_SCAN_IDS = 2**28  # a run's header scans a trace of at most this many ids for warm-up steps
@@ -137,7 +137,7 @@ class Results:
     def engine_moves(self) -> dict[str, Any] | None:
         """The run's rebalances as its `--migration` engine's updater moved them
         (`migration.replayed.engine_moves`); None under eplbsim's own migration model."""
-        from .migration.replayed import engine_moves
+        from ..migration.replayed import engine_moves
         return engine_moves(self)
 
     def to_pandas(self, series: bool = False, per_layer: bool = False) -> Any:

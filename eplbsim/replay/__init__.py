@@ -1,5 +1,12 @@
 """replay(trace, spec) -> Results: the loop from routing trace to counted loads, nothing else.
 
+Holds `replay` and `compare` (here), their `Results` and `Comparison` (`results`: rows, tables,
+JSON, CSV), and the ways to run many replays: one trace's steps over worker processes
+(`workers`, on the `executors`), real torch.distributed ranks (`distributed`), a grid of runs
+from a spec (`sweep`), and the hot path timed beside its contenders (`bench`). Takes in a trace
+and a `RunSpec`; gives out `Results`. Imports every package below it in the data flow; nothing
+here imports `review`, `plots` or `cli`.
+
 Dimensions: `S` steps, `T` tokens in a step, `L` layers, `E` logical experts, `K` top-k,
 `P` physical slots, `G` GPUs = EP ranks.
 
@@ -17,24 +24,24 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .cost.catalog import trace_model
-from .dispatch import resolve_policy
-from .engines import is_engine_name, resolve_solver
-from .base.errors import InputError
-from .base.files import check_memory
-from .metrics import Counters
-from .migration.replayed import served
-from .ranks.moe import make_toy_moe, square_sums, step_sums
-from .placement import rank_view
-from .placement.io import load_placement
-from .base.progress import Progress
-from .ranks import LOCAL, MODES, Collectives, Epoch, make_ranks, rank_context, rank_groups
-from .base.registry import lookup
+from ..cost.catalog import trace_model
+from ..dispatch import resolve_policy
+from ..engines import is_engine_name, resolve_solver
+from ..base.errors import InputError
+from ..base.files import check_memory
+from ..metrics import Counters
+from ..migration.replayed import served
+from ..ranks.moe import make_toy_moe, square_sums, step_sums
+from ..placement import rank_view
+from ..placement.io import load_placement
+from ..base.progress import Progress
+from ..ranks import LOCAL, MODES, Collectives, Epoch, make_ranks, rank_context, rank_groups
+from ..base.registry import lookup
 from .results import Comparison, Results
-from .schedule.plan import Segment, plan
-from .runspec import RunSpec, label
-from .traces.coactivation import coactivation
-from .traces.counts import CountsTrace
+from ..schedule.plan import Segment, plan
+from ..runspec import RunSpec, label
+from ..traces.coactivation import coactivation
+from ..traces.counts import CountsTrace
 
 
 def resolve_device(name: str) -> str:

@@ -40,19 +40,19 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from .base.compiled import JIT, jit, prange
-from .dispatch import POLICIES, resolve_policy
-from .dispatch.kernels import dispatch_step, reference_step
-from .dispatch.policies import DispatchContext, ordinal_offset, static_table
-from .dispatch.streams import Stream, stream_key
-from .placement import View, full_view, rank_view
-from .base.progress import Progress
-from .ranks import make_ranks, rank_context, rank_groups, share_bounds
-from .replay import replay, resolve_device, routed_loads, schedule_of
-from .runspec import RunSpec
-from .solvers import solve
-from .placement.topology import Topology
-from .traces.trace import Trace
+from ..base.compiled import JIT, jit, prange
+from ..dispatch import POLICIES, resolve_policy
+from ..dispatch.kernels import dispatch_step, reference_step
+from ..dispatch.policies import DispatchContext, ordinal_offset, static_table
+from ..dispatch.streams import Stream, stream_key
+from ..placement import View, full_view, rank_view
+from ..base.progress import Progress
+from ..ranks import make_ranks, rank_context, rank_groups, share_bounds
+from . import replay, resolve_device, routed_loads, schedule_of
+from ..runspec import RunSpec
+from ..solvers import solve
+from ..placement.topology import Topology
+from ..traces.trace import Trace
 
 # DeepSeek-V3's MoE shape: experts, top-k, physical slots, GPUs, GPUs per node.
 EXPERTS, TOP_K, SLOTS, GPUS, GPUS_PER_NODE = 256, 8, 288, 32, 8
@@ -431,8 +431,8 @@ def end_to_end(steps: Sequence[int] = E2E_STEPS, tokens: int = REPLAY_SIZE["toke
     import tempfile
     from pathlib import Path
 
-    from .traces import save_trace
-    from .traces.directory import save_trace_dir
+    from ..traces import save_trace
+    from ..traces.directory import save_trace_dir
 
     short, long = sorted(int(s) for s in steps)
     if short < 1 or long <= short:

@@ -16,7 +16,7 @@ from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
-from .base.errors import InputError
+from ..base.errors import InputError
 
 EXECUTORS = ("local", "ray")
 
