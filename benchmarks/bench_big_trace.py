@@ -38,7 +38,7 @@ from eplbsim.replay import replay
 from eplbsim.runspec import RunSpec
 from eplbsim.traces.directory import DirTrace
 from eplbsim.traces.repeated import Repeated
-from eplbsim.workers import Workers
+from eplbsim.replay.workers import Workers
 
 path, policy, gpus, times = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 workers, executor = int(sys.argv[5]), sys.argv[6]
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="replay the trace's steps this many times over as one run")
     parser.add_argument("--policy", default="row")
     parser.add_argument("--workers", type=int, default=1,
-                        help="replay on this many worker processes (eplbsim.workers; 1: in the "
+                        help="replay on this many worker processes (eplbsim.replay.workers; 1: in the "
                         "child itself)")
     parser.add_argument("--executor", default="local", choices=["local", "ray"])
     parser.add_argument("--gpus", type=int, default=32)

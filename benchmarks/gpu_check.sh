@@ -76,7 +76,7 @@ import json, os, sys, time
 import torch
 from eplbsim.dispatch.kernels.triton_dispatch import ordinal_step_triton, row_step_triton
 from eplbsim.placement import Placement, full_view
-from eplbsim.topology import Topology
+from eplbsim.placement.topology import Topology
 
 DEV = os.environ.get("KERNEL_DEVICE", "cuda")  # cpu only for a dry run under TRITON_INTERPRET=1
 L, K, E, P, N = 58, 8, 256, 288, int(float(os.environ.get("KERNEL_N", "1e8")))
@@ -148,7 +148,7 @@ e2e_json() {  # the whole `eplbsim run --device cuda`, a file in and JSON out, r
     set -euo pipefail
     "$PY" - "$OUTDIR/e2e.json" <<'EOF'
 import json, sys
-from eplbsim.bench import end_to_end, format_end_to_end
+from eplbsim.replay.bench import end_to_end, format_end_to_end
 rows = [end_to_end(steps=(2, 66), policy=p, device="cuda", repeats=2, form="dir")
         for p in ("row", "random")]
 for r in rows:

@@ -1,4 +1,4 @@
-"""Tests of eplbsim.compiled: numba is imported when a compiled loop first runs, not with
+"""Tests of eplbsim.base.compiled: numba is imported when a compiled loop first runs, not with
 eplbsim or any --help, and loops that call each other across modules compile as numba's own."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def test_import_and_every_help_leave_numba_unimported():
 
 def test_loops_across_modules_compile_on_first_call(tmp_path, monkeypatch):
     (tmp_path / "lazy_a.py").write_text(textwrap.dedent("""
-        from eplbsim.compiled import JIT, jit, prange
+        from eplbsim.base.compiled import JIT, jit, prange
 
         @jit(**JIT)
         def inc(x):
@@ -39,7 +39,7 @@ def test_loops_across_modules_compile_on_first_call(tmp_path, monkeypatch):
                 out[i] = inc(i)
     """))
     (tmp_path / "lazy_b.py").write_text(textwrap.dedent("""
-        from eplbsim.compiled import JIT, jit
+        from eplbsim.base.compiled import JIT, jit
         from lazy_a import inc
 
         @jit(**JIT)

@@ -399,7 +399,7 @@ def _json_status(capsys, argv, status):
 def test_bisect_names_the_release_that_fixed_the_seeds_bug(capsys, monkeypatch):
     """Over the tested releases (the package index listed as them, so nothing is fetched
     here): rank agreement of SGLang's own dynamic dispatch in "none" changes at 0.5.17."""
-    from eplbsim import bisect
+    from eplbsim.engines import bisect
     tested = engines.ENGINES["sglang"].tested
     for version in tested:
         _fetched("sglang", version)
@@ -420,7 +420,7 @@ def test_bisect_names_the_release_that_fixed_the_seeds_bug(capsys, monkeypatch):
 
 
 def test_bisect_goes_around_a_release_that_does_not_run():
-    from eplbsim.bisect import bisect
+    from eplbsim.engines.bisect import bisect
     values = {"1": 0.5, "2": 0.5, "3": None, "4": 1.0, "5": 1.0}
 
     def measure(version):

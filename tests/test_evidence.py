@@ -1,4 +1,4 @@
-"""`eplbsim.evidence`: the block bootstrap against a straightforward resampling, its intervals on
+"""`eplbsim.review.evidence`: the block bootstrap against a straightforward resampling, its intervals on
 runs that are alike, differ by a constant or differ only by seed, and its determinism."""
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""Fan-out (`eplbsim.fanout`, the `fanout_*` and `remote_frac` metrics): the compiled sets equal
+"""Fan-out (`eplbsim.ranks.fanout`, the `fanout_*` and `remote_frac` metrics): the compiled sets equal
 a count with Python sets, and a replay's figures equal a recount from every rank's choices."""
 
 import numpy as np

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from eplbsim.base.errors import InputError
-from eplbsim.figures import FIGURES, build
+from eplbsim.plots.figures import FIGURES, build
 
 from cli_helpers import assert_input_error, run
 from test_plots import MAX_PX

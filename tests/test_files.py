@@ -1,4 +1,4 @@
-"""eplbsim.files: what is written follows the umask, as `open` and `mkdir` would make it, not a
+"""eplbsim.base.files: what is written follows the umask, as `open` and `mkdir` would make it, not a
 temporary file's 0600."""
 
 import os

@@ -54,7 +54,7 @@ def test_version(capsys):
 
 
 def test_figures_list_says_each_figure_in_a_whole_sentence(capsys):
-    from eplbsim.figures import FIGURES
+    from eplbsim.plots.figures import FIGURES
     from eplbsim.base.registry import first_sentence
     assert main(["figures", "--list"]) == 0
     text = " ".join(capsys.readouterr().out.split())

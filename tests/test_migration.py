@@ -297,8 +297,8 @@ def test_a_bisect_reads_slot_mismatch_across_releases_on_workers_too(capsys, mon
             "--gpus", "8", "--redundant", "8", "--json"]
     code, out, _ = run(capsys, *args)
     assert code == 0 and json.loads(out)["first_changed"] is None
-    import eplbsim.replay.workers
-    monkeypatch.setattr(eplbsim.workers, "PAYS_OFF", 0)  # the workers replay every release
+    from eplbsim.replay import workers
+    monkeypatch.setattr(workers, "PAYS_OFF", 0)  # the workers replay every release
     code, split, _ = run(capsys, *args, "--workers", "2")
     values = [[t["release"], t["value"]] for t in json.loads(out)["tried"]]
     assert code == 0 and [[t["release"], t["value"]] for t in json.loads(split)["tried"]] \

@@ -19,7 +19,7 @@ from matplotlib.text import Text
 from eplbsim import plots
 from eplbsim.dispatch import POLICIES as ALL_POLICIES
 from eplbsim.base.errors import InputError
-from eplbsim.figures import DPI, FIGURES
+from eplbsim.plots.figures import DPI, FIGURES
 from eplbsim.replay import compare, replay
 from eplbsim.schedule.switch import phases
 from eplbsim.runspec import RunSpec

@@ -1,4 +1,4 @@
-"""eplbsim.registry: lookup, and what a mistyped name is told: the closest names, every choice,
+"""eplbsim.base.registry: lookup, and what a mistyped name is told: the closest names, every choice,
 and the forms a registry takes beyond its names."""
 
 import pytest

@@ -1,4 +1,4 @@
-"""Tests of eplbsim.topology: slot -> GPU -> node maps and input checks.
+"""Tests of eplbsim.placement.topology: slot -> GPU -> node maps and input checks.
 
 Dimensions: `P` physical slots, `G` GPUs, `N` nodes.
 """

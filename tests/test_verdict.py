@@ -1,4 +1,4 @@
-"""`eplbsim.verdict`: each rule on findings made by hand, in the order the rules are tried, and
+"""`eplbsim.review.verdict`: each rule on findings made by hand, in the order the rules are tried, and
 the headline's one line per axis."""
 
 import pytest

@@ -115,11 +115,11 @@ def test_the_run_command_gives_the_same_table_with_workers(capsys, monkeypatch):
     assert code == 0
     code, small, _ = run(capsys, *args[:-1], "--workers", "2")  # too little work to split
     assert code == 0 and small.splitlines()[1].startswith("--workers 2: one process ran it (")
-    import eplbsim.replay.workers
+    from eplbsim.replay import workers
     started = []
-    monkeypatch.setattr(eplbsim.workers, "PAYS_OFF", 0)  # workers for any work
-    pool = eplbsim.workers.local_pool
-    monkeypatch.setattr(eplbsim.workers, "local_pool",
+    monkeypatch.setattr(workers, "PAYS_OFF", 0)  # workers for any work
+    pool = workers.local_pool
+    monkeypatch.setattr(workers, "local_pool",
                         lambda *a: started.append(a[0]) or pool(*a))
     code, two, _ = run(capsys, *args, "--workers", "2")
     assert code == 0 and json.loads(one) == json.loads(two) and started == [2]

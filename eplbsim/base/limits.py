@@ -38,5 +38,5 @@ def shown(value: object) -> str:
 def check_at_most(value: int, cap: int, what: str) -> int:
     """`value` if it is at most `cap`; InputError naming `what` and the cap otherwise."""
     if value > cap:
-        raise InputError(f"{what} is {value}, above the cap of {cap} (eplbsim.limits)")
+        raise InputError(f"{what} is {value}, above the cap of {cap} (eplbsim.base.limits)")
     return value

@@ -41,6 +41,8 @@ OLD_NAMES = {
     "bench": "replay.bench", "distributed": "replay.distributed",
     "executors": "replay.executors", "results": "replay.results", "sweep": "replay.sweep",
     "workers": "replay.workers",
+    # the rest joins the package of its concept
+    "bisect": "engines.bisect", "figures": "plots.figures",
 }
 
 

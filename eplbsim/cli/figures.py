@@ -1,4 +1,4 @@
-"""`eplbsim figures`: rebuild the paper figures (`eplbsim.figures`), or draw a user's trace
+"""`eplbsim figures`: rebuild the paper figures (`eplbsim.plots.figures`), or draw a user's trace
 (`--trace`: `plots.trace`)."""
 
 from __future__ import annotations
@@ -29,13 +29,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _figures(trace: bool) -> dict:
-    from ..figures import FIGURES
+    from ..plots.figures import FIGURES
     from ..plots import TRACE_FIGURES
     return TRACE_FIGURES if trace else FIGURES
 
 
 def handle(args: argparse.Namespace) -> int:
-    from ..figures import build
+    from ..plots.figures import build
     from ..base.registry import first_sentence, lookup
     figures = _figures(args.trace is not None)
     if args.list:

@@ -1,5 +1,5 @@
 """`eplbsim ranks`: the dispatch on real torch.distributed processes, checked against the
-simulation (`eplbsim.distributed`)."""
+simulation (`eplbsim.replay.distributed`)."""
 
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ product it is:
 By concern: `declared` (the `Metric` type and the registry), `reductions` (what components go
 through), `chunks` (what components read: `Counters`, `Chunk`), `gap` (a placement against the
 bound), `evaluation` (summary and time series); the pure load functions they share with the
-trace summaries live below both, in `eplbsim.loads`, and are re-exported here.
+trace summaries live below both, in `eplbsim.placement.loads`, and are re-exported here.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ class Counters:
                   run counts it (`RunSpec.shared_work`); `[S, L, 0]` when it does not
     fanout:       int64 `[S, L, 4]` with a cost model: tokens with a valid pair, and the
                   distinct GPUs, nodes and GPUs other than the source one ("a2a") that their
-                  executed choices reach, summed over tokens (`eplbsim.fanout`; else 0)
+                  executed choices reach, summed over tokens (`eplbsim.ranks.fanout`; else 0)
     """
 
     agreed: torch.Tensor

@@ -13,7 +13,7 @@ one class and one line in `PARTS`.
 By concern: `values` (the value types), `knobs` (declaring a setting, `Part`), `source` (which
 trace a command reads), `parts` (the run parts), `run` (`RunSpec` and the knob listings),
 `flags` (the command line and sweep specs generated from them). Everything is importable from
-here. (The package was `eplbsim.spec`, a name that still imports it: `eplbsim.OLD_NAMES`.)
+here. (The package was `eplbsim.spec`, a name that still imports it: `eplbsim.base.moved`.)
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ from ..traces.steps import parse_steps
 
 @dataclass(frozen=True)
 class Integer:
-    """An integer >= `least` and <= `most`, a cap of `eplbsim.limits` (`MAX_COUNT` when not
+    """An integer >= `least` and <= `most`, a cap of `eplbsim.base.limits` (`MAX_COUNT` when not
     given: every count a run can hold); None too when `optional`."""
 
     least: int = 0

@@ -5,7 +5,7 @@ Dimensions: `S` steps of the trace, `L` layers, `E` experts, `K` top-k.
 An hour of routing from a shorter log, without the copies: step `s` of the run is step
 `s % S` of the trace, read from it (a directory trace: from its files) when the replay asks;
 nothing but the trace and the count is kept, so it pickles as small as the trace does (a
-directory trace as its path) and each worker of `eplbsim.workers` reads its own steps.
+directory trace as its path) and each worker of `eplbsim.replay.workers` reads its own steps.
 """
 
 from __future__ import annotations

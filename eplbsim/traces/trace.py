@@ -326,7 +326,7 @@ def _bounds(arr: np.ndarray) -> tuple[int, int]:
 
 def check_sizes_of(ids_shape: tuple[int, ...], num_experts: Any) -> int:
     """`num_experts` as an int, after checking a trace's `(rows, L, K)` and `E` against the
-    caps of `eplbsim.limits`; InputError otherwise."""
+    caps of `eplbsim.base.limits`; InputError otherwise."""
     if isinstance(num_experts, bool) or not isinstance(num_experts, (int, np.integer)) \
             or num_experts < 1:
         raise InputError(f"num_experts must be a positive integer, got {num_experts!r}")
