@@ -1,6 +1,8 @@
-"""The shape DESIGN.md §6 asks for, checked on the source: no import cycle anywhere in eplbsim,
-the core never imports an app module (the package root, a facade, re-exports `review`), and
-only `plots` imports matplotlib.
+"""The shape DESIGN.md §6 asks for, checked on the source: a top folder of a few packages, each
+a concept, whose imports run one way (the package graph is a DAG, and each package imports only
+what its `__init__` docstring says it may); no import cycle between modules either; `base`
+imports nothing of eplbsim; the core never imports an app module (the package root, a facade,
+re-exports `review`); only `plots` imports matplotlib; no module over `ROOM` lines.
 
 An import of `a.b.c` runs the `__init__` of every package on the way that is not already
 running (the importer's own packages are), so those count as edges too: a package's
@@ -11,12 +13,13 @@ even one deferred to call time.
 """
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent / "eplbsim"
-APPS = ("eplbsim.cli", "eplbsim.sweep", "eplbsim.figures", "eplbsim.plots", "eplbsim.bench",
-        "eplbsim.distributed", "eplbsim.checks", "eplbsim.review", "eplbsim.review_invariance",
-        "eplbsim.review_measures", "eplbsim.report", "eplbsim.verdict", "eplbsim.workers")
+APPS = ("eplbsim.cli", "eplbsim.plots", "eplbsim.review", "eplbsim.replay.sweep",
+        "eplbsim.replay.bench", "eplbsim.replay.distributed", "eplbsim.replay.workers",
+        "eplbsim.ranks.checks")
 FACADE = "eplbsim"  # the package root re-exports what a notebook reaches for, `review` too
 
 
@@ -113,7 +116,7 @@ def test_the_package_has_no_import_cycle():
     for name in sorted(graph):
         if name not in state:
             visit(name)
-    assert len(graph) > 40  # every module was read
+    assert len(graph) > 100  # every module was read
 
 
 def test_the_core_never_imports_an_app_and_only_plots_imports_matplotlib():
@@ -164,6 +167,115 @@ def test_imports_go_one_way_between_the_layers():
     assert "eplbsim.placement.loads" in _edges("eplbsim.traces.summary")
 
 
+TOP_ENTRIES = 18  # modules and packages at the top of eplbsim/
+
+
+def _top(name: str) -> str:
+    """The top-level package (or module) of module `name`: `eplbsim.ranks` for
+    `eplbsim.ranks.epoch`; the package root is its own."""
+    return ".".join(name.split(".")[:2])
+
+
+def _package_graph() -> dict[str, dict[str, set[str]]]:
+    """Top-level package -> {package it imports: the modules whose imports make that edge}
+    (the package root, a facade over every package, is left out)."""
+    graph: dict[str, dict[str, set[str]]] = {}
+    for name in MODULES:
+        if name == FACADE:
+            continue
+        edges = graph.setdefault(_top(name), {})
+        for target in _edges(name):
+            if target != FACADE and _top(target) != _top(name):
+                edges.setdefault(_top(target), set()).add(name)
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of `graph` (node -> successors) as a path that closes, or None."""
+    state: dict[str, int] = {}
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def _may_import(package: str) -> set[str]:
+    """The packages `package`'s `__init__` docstring says it may import: its sentence
+    "Imports ..." names them in backticks ("nothing of eplbsim": none; "every package": all)."""
+    doc = ast.get_docstring(ast.parse(MODULES[package].read_text())) or ""
+    found = re.search(r"Imports (.*?)\.(\s|$)", " ".join(doc.split()))
+    assert found, f"{package}'s docstring does not say what it may import (Imports ...)"
+    sentence = found.group(1)
+    if sentence.startswith("nothing of eplbsim"):
+        return set()
+    if sentence.startswith("every package"):
+        return {_top(n) for n in MODULES} - {FACADE, package}
+    return {f"eplbsim.{name}" for name in re.findall(r"`(\w+)`", sentence)}
+
+
+PACKAGES = sorted(n for n in MODULES if n.count(".") == 1 and _is_package(n))
+
+
+def test_the_top_folder_is_a_few_packages_each_a_concept():
+    entries = sorted(p.name for p in ROOT.iterdir() if p.name != "__pycache__"
+                     and (p.suffix == ".py" or (p / "__init__.py").exists()))
+    assert len(entries) <= TOP_ENTRIES, f"{len(entries)} entries at the top: {entries}"
+    modules = [e[:-3] for e in entries if e.endswith(".py") and e != "__init__.py"]
+    stems = [m.split("_")[0] for m in modules]
+    family = sorted({m for m, s in zip(modules, stems) if stems.count(s) > 1
+                     or (s != m and s in entries)})
+    assert not family, f"top-level modules named by a shared prefix: {family}"
+    assert "eplbsim.base" in PACKAGES and len(PACKAGES) >= 12
+
+
+def test_imports_between_packages_run_one_way():
+    graph = _package_graph()
+    cycle = _cycle({p: set(t) for p, t in graph.items()})
+    assert cycle is None, "packages import each other: " + " -> ".join(cycle) + " (" + "; ".join(
+        f"{a} -> {b} by {sorted(graph[a][b])}" for a, b in zip(cycle, cycle[1:])) + ")"
+    assert not graph["eplbsim.base"], f"base imports {graph['eplbsim.base']}"
+
+
+def test_every_package_says_what_it_holds_and_imports_only_what_it_says():
+    """Each package's `__init__` opens with a docstring of what it holds, takes in, gives out
+    and may import; what it imports is within that, and what the packages may import is itself
+    one way (so the docstrings draw the layers, and the code keeps to them)."""
+    allowed = {p: _may_import(p) for p in PACKAGES}
+    graph = _package_graph()
+    for package in PACKAGES:
+        doc = ast.get_docstring(ast.parse(MODULES[package].read_text())) or ""
+        assert "Holds" in doc and "Takes in" in doc, f"{package}'s docstring: Holds ..., Takes in"
+        unknown = allowed[package] - set(PACKAGES)
+        assert not unknown, f"{package}'s docstring names no package {sorted(unknown)}"
+        extra = {t: sorted(m) for t, m in graph.get(package, {}).items()
+                 if t not in allowed[package]}
+        assert not extra, f"{package} imports what its docstring does not allow: {extra}"
+    assert _cycle(allowed) is None, f"the docstrings allow a cycle: {_cycle(allowed)}"
+
+
+def test_the_package_checks_see_a_cycle_and_an_undeclared_import():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+    assert _may_import("eplbsim.base") == set()
+    assert _may_import("eplbsim.dispatch") == {"eplbsim.base", "eplbsim.placement"}
+    assert "eplbsim.dispatch" not in _may_import("eplbsim.solvers")
+    assert "eplbsim.cost" in _package_graph()["eplbsim.ranks"]  # ranks.traffic's link crossings
+
+
 ROOM = 700  # lines: a module read in one sitting
 
 
@@ -171,3 +283,15 @@ def test_every_module_fits_in_a_room():
     long = {name: n for name, path in MODULES.items()
             if (n := len(path.read_text().splitlines())) > ROOM}
     assert not long, f"split by concern: {long}"
+
+
+def test_the_layout_guide_lists_every_package_in_the_order_data_flows():
+    """docs/guide/15's tree has one line a package, each below every package it may import."""
+    guide = (ROOT.parent / "docs" / "guide" / "15-layout.md").read_text()
+    tree = guide.split("```")[1].split("\neplbsim/\n")[1]
+    listed = [f"eplbsim.{m.group(1)}" for line in tree.splitlines()
+              if (m := re.match(r"  (\w+)/ ", line))]
+    assert sorted(listed) == PACKAGES, f"the guide lists {listed}"
+    for i, package in enumerate(listed):
+        below = _may_import(package) - set(listed[:i])
+        assert not below, f"the guide lists {package} above {sorted(below)}, which it imports"

@@ -291,33 +291,3 @@ def test_a_solvers_own_flag_is_its_option(field, solver, option, value, other):
         RunSpec.of(**{field: value})
     with pytest.raises(InputError, match="disagree"):
         RunSpec.of(solver=solver, solver_options={option: other}, **{field: value})
-
-
-def test_the_old_module_names_still_import_the_run_schema():
-    """The run schema moved from `eplbsim/spec/` to `eplbsim/runspec/` (issue 43); a notebook's
-    `import eplbsim.spec` and `from eplbsim.spec... import ...` still get the same objects, in
-    a fresh interpreter too, and no folder named spec is left."""
-    import subprocess
-    import sys
-
-    import eplbsim
-    import eplbsim.runspec
-    import eplbsim.spec
-    from eplbsim.runspec.run import run_knobs
-    from eplbsim.spec import RunSpec as OldRunSpec, Source as OldSource
-    from eplbsim.spec.parts import SolverPart as OldSolverPart
-    from eplbsim.spec.runspec import run_knobs as old_run_knobs  # now runspec/run.py
-
-    assert eplbsim.spec is eplbsim.runspec and eplbsim.spec.RunSpec is eplbsim.RunSpec
-    assert (OldRunSpec, OldSource) == (eplbsim.runspec.RunSpec, eplbsim.runspec.Source)
-    assert OldSolverPart is eplbsim.runspec.parts.SolverPart and old_run_knobs is run_knobs
-    root = Path(eplbsim.__file__).parent
-    assert (root / "runspec").is_dir() and not (root / "spec").exists()
-    code = ("from eplbsim.spec import RunSpec, Source\nimport eplbsim.spec.values\n"
-            "import eplbsim, eplbsim.runspec\n"
-            "assert RunSpec is eplbsim.RunSpec and Source is eplbsim.runspec.Source\n"
-            "assert eplbsim.spec.values is eplbsim.runspec.values\n"
-            "print(RunSpec.of(gpus=2).topology.gpus)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True)
-    assert out.stdout.strip() == "2"

@@ -1,5 +1,8 @@
 """The `eplbsim` command: one module per command, each with its arguments beside its handler.
 
+Holds one module a command. Takes in the command line; gives out tables, JSON and files.
+Imports every package: it is the top, and nothing imports it.
+
 `COMMANDS` maps a command name to `(help, add_arguments, handle)`: `add_arguments(parser)`
 declares its flags (the run schema's, `runspec.add_flags`, where it runs replays) and
 `handle(args) -> exit status` runs it. Errors in the user's input end with one line on stderr

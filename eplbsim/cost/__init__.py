@@ -1,5 +1,10 @@
 """The cost model (DESIGN.md §8): what a replay counted, in seconds.
 
+Holds the model shapes and device profiles, the compute models (`COST_MODELS`), the
+communication of both modes and the rebalance stalls. Takes in counted loads (pairs per GPU and
+layer), a model and a device; gives out seconds. Imports `base`, `placement` (the topology) and
+`traces` (the model a trace names).
+
 Dimensions: `...` any leading dims (steps, layers), `P` slots, `G` GPUs.
 
 - `shapes.MODELS`: model shapes, `devices.DEVICES`: device profiles, each with its source.

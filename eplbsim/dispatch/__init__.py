@@ -1,5 +1,9 @@
 """Dispatch policies with their properties, in the `POLICIES` registry.
 
+Holds the policies (`policies`), their kernels (`kernels/`), the counter-based random
+streams, the shared experts' rules and the batch LP. Takes in `topk_ids [T, K]`, a rank's view
+and its context; gives out `phys [T, K]`. Imports `base` and `placement`.
+
 Dimensions: `T` tokens, `L` layers, `K` top-k, `E` logical experts, `R` max candidates.
 
 A registry entry is a :class:`DispatchPolicy`: the reference function (`policies.py`, the

@@ -1,5 +1,12 @@
 """The engines' own EPLB code as policies and solvers (DESIGN.md §11).
 
+Holds the sources (`source`, fetched by package name), one adapter an engine
+(`sglang`, `vllm`), the stand-ins for what their EPLB files import, the engines' weight movers
+(`sglang_updater`, `vllm_rearrange`, `vllm_async`), the twins' conformance (`conform`) and the
+release bisect (`bisect`). Takes in an engine source (a release or a checkout); gives out
+policies, solvers and updaters that run the engine's own code. Imports `base`, `placement`,
+`solvers` and `dispatch`.
+
 Dimensions: `L` layers, `E` logical experts, `P` physical slots, `T` tokens, `K` top-k.
 
 `ENGINES` names each supported engine: the release fetched by default (`pinned`), the releases

@@ -1,6 +1,11 @@
 """A rebalance's weights moved by the engine's own updater, on ranks whose weights say whose
 they are, and checked slot by slot (DESIGN.md §14).
 
+Holds `migrate` (here), the weights that say whose they are (`weights`), simulated
+and real ranks (`simdist`, `real`) and a run's rebalances moved by the engine (`replayed`).
+Takes in two placements and an engine; gives out what every slot holds after the move. Imports
+`base`, `placement`, `cost`, `dispatch`, `engines`, `metrics` and `schedule`.
+
 Dimensions: `G` ranks, `L` layers, `E` logical experts, `P` physical slots, `W` tensors a
 layer.
 

@@ -1,9 +1,9 @@
-"""Where experts live: the cluster (`topology`), placements (`phy2log`, the single source of
-truth, here) and the rank views derived from them, the load reductions on a placement (`loads`:
-GPU loads, max / mean, replica skew), and placement files in and out (`io`).
+"""Placements (`phy2log`, the single source of truth) and the rank views derived from them.
 
-Takes in `phy2log [L, P]` and a `Topology`; gives out `Placement`, `View` and load tensors.
-Imports `base` only.
+Holds where experts live: the cluster (`topology`), placements and their views (here), the load
+reductions on a placement (`loads`: GPU loads, max / mean, replica skew) and placement files in
+and out (`io`). Takes in `phy2log [L, P]` and a `Topology`; gives out `Placement`, `View` and
+load tensors. Imports `base` only.
 
 Dimensions: `L` layers, `E` logical experts, `P` physical slots, `G` GPUs = EP ranks,
 `R` max replicas of one expert.

@@ -1,5 +1,9 @@
 """Matplotlib figures from replay Results; the only eplbsim package that imports matplotlib.
 
+Holds the figures by family and the paper figures (`figures`: `FIGURES`, rebuilt by
+`eplbsim figures`). Takes in `Results` and traces; gives out matplotlib figures. Imports `base`,
+`placement`, `traces`, `solvers`, `dispatch`, `schedule`, `metrics`, `runspec` and `replay`.
+
 Dimensions: `S` steps, `L` MoE layers, `E` logical experts, `P` physical slots, `R` max replicas
 of one expert, `G` GPUs = EP ranks.
 

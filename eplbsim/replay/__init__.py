@@ -4,8 +4,8 @@ Holds `replay` and `compare` (here), their `Results` and `Comparison` (`results`
 JSON, CSV), and the ways to run many replays: one trace's steps over worker processes
 (`workers`, on the `executors`), real torch.distributed ranks (`distributed`), a grid of runs
 from a spec (`sweep`), and the hot path timed beside its contenders (`bench`). Takes in a trace
-and a `RunSpec`; gives out `Results`. Imports every package below it in the data flow; nothing
-here imports `review`, `plots` or `cli`.
+and a `RunSpec`; gives out `Results`. Imports `base`, `placement`, `traces`, `cost`, `solvers`,
+`dispatch`, `ranks`, `schedule`, `engines`, `metrics`, `migration` and `runspec`.
 
 Dimensions: `S` steps, `T` tokens in a step, `L` layers, `E` logical experts, `K` top-k,
 `P` physical slots, `G` GPUs = EP ranks.

@@ -3,8 +3,8 @@
 Holds `review` and its `Report` (here), the correctness finding (`invariance`), the balance,
 time and rebalance findings (`measures`), the block bootstrap (`evidence`), the rules
 (`verdict`) and the page (`page`, Markdown and HTML). Takes in a trace and two `RunSpec`s;
-gives out a `Report`. Imports everything below it in the data flow up to `replay`, and `plots`
-(only when the page draws).
+gives out a `Report`. Imports `base`, `placement`, `traces`, `cost`, `dispatch`, `ranks`,
+`engines`, `metrics`, `runspec`, `replay` and `plots` (only when the page draws).
 
 Dimensions: `S` steps, `T` tokens, `L` layers, `E` logical experts, `K` top-k, `P` slots,
 `G` GPUs.

@@ -1,5 +1,10 @@
 """The run schema: every setting of a run, declared once.
 
+Holds the value types, the knobs, which trace a command reads, the parts, `RunSpec`
+and the flags generated from them. Takes in keywords, flags or sweep keys; gives out a
+`RunSpec`. Imports `base`, `placement`, `traces`, `cost`, `solvers`, `dispatch`, `ranks`,
+`schedule`, `engines` and `migration` (the registries its values name).
+
 A run is described by small frozen parts (`PARTS`, in order): `source` (which trace a command
 reads: a file, or a scenario with its sizes and options), `dispatch`, `solver`, `schedule` and
 `topology`. :class:`RunSpec` holds the last four (`replay` takes the trace itself). Each field

@@ -1,5 +1,9 @@
 """Placement solvers: pure functions from expert loads to `phy2log`, in a plain dict registry.
 
+Holds `SOLVERS` (here, one module a solver), the lower bounds and the migration-aware
+layout. Takes in `load [L, E]` and a `Topology`; gives out `phy2log [L, P]`. Imports `base`,
+`placement` and `cost` (affinity prices traffic): a solver never sees a token.
+
 Dimensions: `L` layers, `E` logical experts, `P` physical slots, `G` GPUs, `N` nodes.
 
 A solver is `solver(load, num_slots, topology, num_groups=1, **options) -> phy2log`, or
