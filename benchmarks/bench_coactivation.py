@@ -15,9 +15,9 @@ import time
 
 import numpy as np
 
+from eplbsim.base.loops import expert_counts
 from eplbsim.ranks import fanout
 from eplbsim.replay.bench import skewed_trace
-from eplbsim.base.loops import expert_counts
 from eplbsim.traces.coactivation import coactivation
 
 

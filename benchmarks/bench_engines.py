@@ -36,10 +36,10 @@ import time
 
 import torch
 
-from eplbsim.replay.bench import best_time, make_problem, roofline
 from eplbsim.dispatch import resolve_policy
 from eplbsim.engines import adapter
 from eplbsim.replay import replay
+from eplbsim.replay.bench import best_time, make_problem, roofline
 from eplbsim.runspec import RunSpec
 from eplbsim.traces.synth import synthesize
 

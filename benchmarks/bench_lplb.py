@@ -22,8 +22,8 @@ from eplbsim.dispatch import POLICIES
 from eplbsim.dispatch.batch_lp import gpu_load, optimal_fractions
 from eplbsim.dispatch.policies import DispatchContext
 from eplbsim.placement import full_view
-from eplbsim.solvers import solve
 from eplbsim.placement.topology import Topology
+from eplbsim.solvers import solve
 
 E = 256
 # (name, topology, GPUs, redundant slots a GPU, torus rows, published max / mean bound)

@@ -27,9 +27,9 @@ import torch
 from eplbsim.migration import migrate, migrate_async, plan
 from eplbsim.migration.real import migrate_on_processes
 from eplbsim.placement import Placement
+from eplbsim.placement.topology import Topology
 from eplbsim.schedule.migration import transfer_counts
 from eplbsim.solvers import solve
-from eplbsim.placement.topology import Topology
 
 E, P, G, NODES, REPEATS = 256, 288, 32, 4, 3
 

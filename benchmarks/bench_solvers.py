@@ -23,12 +23,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from eplbsim.traces.counts import load_counts_csv
 from eplbsim.base.errors import InputError
 from eplbsim.metrics import gpu_loads
+from eplbsim.placement.topology import Topology
 from eplbsim.solvers import SOLVERS, solve, solve_with_info, solver_options
 from eplbsim.solvers.bounds import hierarchical_lower_bound, lower_bound
-from eplbsim.placement.topology import Topology
+from eplbsim.traces.counts import load_counts_csv
 
 REAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "olmoe-routing-counts" \
     / "expert_counts.csv"

@@ -15,19 +15,19 @@ from .base import moved
 
 moved.install(__name__)
 
+from . import runspec
 from .base.errors import InputError
 from .dispatch import POLICIES, DispatchPolicy
 from .metrics import METRICS, Metric
 from .placement import VIEWS, Placement
+from .placement.topology import Topology
 from .ranks import MODES
 from .replay import compare, replay
 from .replay.results import Results
 from .review import Report, review
-from .schedule.predictors import PREDICTORS
-from . import runspec
 from .runspec import RunSpec
+from .schedule.predictors import PREDICTORS
 from .solvers import SOLVERS, solve
-from .placement.topology import Topology
 from .traces import SCENARIOS, load_trace, open_trace, synthesize
 
 __all__ = ["METRICS", "MODES", "POLICIES", "PREDICTORS", "SCENARIOS", "SOLVERS", "VIEWS",

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-from eplbsim.cli import main
 from eplbsim.base.errors import InputError
-from eplbsim.replay import replay
-from eplbsim.solvers import solve, solve_with_info
-from eplbsim.runspec import RunSpec
+from eplbsim.cli import main
 from eplbsim.placement.topology import Topology
+from eplbsim.replay import replay
+from eplbsim.runspec import RunSpec
+from eplbsim.solvers import solve, solve_with_info
 from eplbsim.traces import synthesize
 from eplbsim.traces.counts import CountsTrace
 from eplbsim.traces.trace import save_trace

@@ -12,8 +12,8 @@ import torch
 
 from eplbsim.base.errors import InputError
 from eplbsim.placement import Placement
-from eplbsim.solvers import SOLVERS, solve, solver_options
 from eplbsim.placement.topology import Topology
+from eplbsim.solvers import SOLVERS, solve, solver_options
 
 ANTI = [name for name, fn in SOLVERS.items() if "anti_colocation" in solver_options(fn)]
 PUBLISHED_LOAD = [[90, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183, 86],

@@ -11,17 +11,17 @@ import pytest
 import torch
 from scipy.optimize import Bounds, LinearConstraint, linprog, milp
 
-from eplbsim.dispatch import batch_lp
-from eplbsim.dispatch.batch_lp import gpu_load, integer_quotas, optimal_fractions, optimal_quotas
-from eplbsim.dispatch import POLICIES
-from eplbsim.dispatch.policies import DispatchContext, lp_fractions, lp_quotas, occurrence_index
 from eplbsim.base.errors import InputError
+from eplbsim.dispatch import batch_lp
+from eplbsim.dispatch import POLICIES
+from eplbsim.dispatch.batch_lp import gpu_load, integer_quotas, optimal_fractions, optimal_quotas
+from eplbsim.dispatch.policies import DispatchContext, lp_fractions, lp_quotas, occurrence_index
 from eplbsim.placement import Placement, full_view
+from eplbsim.placement.topology import Topology
 from eplbsim.ranks import rank_groups
 from eplbsim.replay import replay
 from eplbsim.runspec import RunSpec
 from eplbsim.traces.synth import synthesize
-from eplbsim.placement.topology import Topology
 
 from rank_helpers import step
 

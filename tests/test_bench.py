@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from eplbsim.replay import bench
 from eplbsim.cli import main
+from eplbsim.replay import bench
 
 N = 4096
 

@@ -16,6 +16,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from eplbsim.metrics import placement_gap
+from eplbsim.placement.topology import Topology
 from eplbsim.solvers import SOLVERS, bounds, solve, solver_options
 from eplbsim.solvers.bounds import (
     group_partitions,
@@ -25,7 +26,6 @@ from eplbsim.solvers.bounds import (
     replicate,
     water_fill_counts,
 )
-from eplbsim.placement.topology import Topology
 from solver_helpers import inputs
 
 

@@ -7,15 +7,15 @@ Dimensions: `T` tokens, `L` layers, `K` top-k, `E` experts, `P` slots, `G` ranks
 import pytest
 import torch
 
-from eplbsim.ranks.checks import check_policy, rank_invariance
-from eplbsim.dispatch import POLICIES, replica_slots
 from eplbsim.base.errors import InputError
+from eplbsim.dispatch import POLICIES, replica_slots
+from eplbsim.placement import Placement
+from eplbsim.placement.topology import Topology
+from eplbsim.ranks.checks import check_policy, rank_invariance
 from eplbsim.replay import replay
 from eplbsim.runspec import RunSpec
-from eplbsim.placement import Placement
 from eplbsim.solvers import solve
 from eplbsim.traces.synth import synthesize
-from eplbsim.placement.topology import Topology
 
 TRACE = synthesize("skewed", steps=2, tokens=48, layers=2, experts=16, top_k=4, seed=3)
 PLACEMENT = solve("deepseek", TRACE.counts().sum(0), 24, Topology(4, 2))

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from eplbsim.ranks.checks import rank_invariance
-from eplbsim.dispatch import DispatchContext, POLICIES
 from eplbsim.base.errors import InputError
+from eplbsim.dispatch import DispatchContext, POLICIES
 from eplbsim.placement import Placement, full_view
 from eplbsim.placement.topology import Topology
+from eplbsim.ranks.checks import rank_invariance
 from eplbsim.traces.coactivation import coactivation, grouped, kept_share, random_groups
 from eplbsim.traces.synth import synthesize
 from eplbsim.traces.trace import Trace, save_trace

@@ -6,11 +6,11 @@ import json
 
 import pytest
 
+from eplbsim.base.errors import InputError
 from eplbsim.cost.catalog import (closest, model_label, model_named, model_note, model_shape,
                                   shipped, trace_model)
 from eplbsim.cost.configs import shape_of
 from eplbsim.cost.shapes import DEFAULT_MODEL, MODELS
-from eplbsim.base.errors import InputError
 
 QWEN3_30B = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
              "hidden_size": 2048, "intermediate_size": 6144, "moe_intermediate_size": 768,

@@ -9,13 +9,13 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
+from eplbsim.base.errors import InputError
 from eplbsim.cost import COST_MODELS, DEVICES, MODELS, layer_seconds
 from eplbsim.cost.comm import (a2a_crossings, a2a_link_bytes, a2a_seconds, a2a_token_counts,
                                allreduce_seconds)
 from eplbsim.cost.compute import ETA_COMPUTE, ETA_MEMORY, roofline
 from eplbsim.cost.devices import DeviceProfile
 from eplbsim.cost.shapes import ModelShape
-from eplbsim.base.errors import InputError
 from eplbsim.metrics import gpu_loads
 from eplbsim.placement import trivial_placement
 from eplbsim.placement.topology import Topology

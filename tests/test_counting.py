@@ -12,10 +12,10 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from eplbsim.ranks import counting
 from eplbsim.base import loops
 from eplbsim.dispatch import POLICIES
 from eplbsim.dispatch.kernels import cpu as cpu_kernels
+from eplbsim.ranks import counting
 from eplbsim.ranks import UNMEASURED
 from eplbsim.replay import routed_loads, run_steps, schedule_of
 from eplbsim.runspec import RunSpec

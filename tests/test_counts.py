@@ -5,8 +5,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from eplbsim.traces.counts import load_counts_csv, parse_where
 from eplbsim.base.errors import InputError
+from eplbsim.traces.counts import load_counts_csv, parse_where
 
 REAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "olmoe-routing-counts" \
     / "expert_counts.csv"

@@ -8,9 +8,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from eplbsim.base.errors import InputError
 from eplbsim.dispatch import POLICIES, DispatchPolicy, resolve_policy
 from eplbsim.dispatch.policies import DispatchContext, occurrence_index, ordinal_offset, static_table
-from eplbsim.base.errors import InputError
 from eplbsim.placement import VIEWS, Placement, full_view, sglang_0_5_14_view, rank_view
 from eplbsim.placement.topology import Topology
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 
-from eplbsim.replay.distributed import RANK_HOOK, GroupFailure, compare_metrics, launch
 from eplbsim.replay import replay
+from eplbsim.replay.distributed import RANK_HOOK, GroupFailure, compare_metrics, launch
 from eplbsim.runspec import RunSpec
 from eplbsim.traces.synth import synthesize
 

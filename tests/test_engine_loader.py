@@ -9,10 +9,10 @@ import textwrap
 
 import pytest
 
+from eplbsim.base.errors import InputError
 from eplbsim.engines.sglang_runtime import MissingSetting, Settings, modules
 from eplbsim.engines.source import Modules, call
 from eplbsim.engines.standins import Inert
-from eplbsim.base.errors import InputError
 
 
 def _package(root, files):

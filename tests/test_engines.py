@@ -15,13 +15,13 @@ import pytest
 import torch
 
 from eplbsim import engines
-from eplbsim.cli import main
 from eplbsim.base.errors import InputError
+from eplbsim.cli import main
 from eplbsim.engines.conform import conformance
 from eplbsim.replay import compare, replay
+from eplbsim.replay.workers import Workers
 from eplbsim.runspec import RunSpec
 from eplbsim.traces.synth import synthesize
-from eplbsim.replay.workers import Workers
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 from eplbsim.base.errors import InputError
 from eplbsim.placement import Placement
+from eplbsim.placement.topology import Topology
 from eplbsim.solvers import SOLVERS, solve, solve_with_info
 from eplbsim.solvers.exact import MAX_INTEGER_VARIABLES, exact
-from eplbsim.placement.topology import Topology
 
 EXAMPLE = [[600, 560, 120, 120, 20, 10, 10, 10]]  # 16 slots on 8 GPUs: optimum 590 / 3
 INFO_KEYS = {"objective", "bound", "optimal", "status", "seconds"}

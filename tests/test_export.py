@@ -6,10 +6,10 @@ import json
 import numpy as np
 import pytest
 
-from eplbsim.traces.counts import CountsTrace, save_counts_trace
 from eplbsim.base.errors import InputError
 from eplbsim.placement.io import (check_sglang_placement, read_sglang_placement,
                                   sglang_logical_count, sglang_placement)
+from eplbsim.traces.counts import CountsTrace, save_counts_trace
 from eplbsim.traces.synth import synthesize
 from eplbsim.traces.trace import save_trace
 

@@ -14,8 +14,8 @@ from eplbsim.dispatch import POLICIES, DispatchPolicy, candidate_counts, replica
 from eplbsim.metrics import METRICS, Metric, peak
 from eplbsim.replay import compare
 from eplbsim.replay.results import format_table
-from eplbsim.runspec import DispatchPart, Integer, RunSpec, knob
 from eplbsim.replay.sweep import cell_row, parse_spec
+from eplbsim.runspec import DispatchPart, Integer, RunSpec, knob
 from eplbsim.traces import synthesize
 
 from cli_helpers import run

@@ -5,13 +5,13 @@ import numpy as np
 import pytest
 import torch
 
-from eplbsim.ranks import fanout
-from eplbsim.placement import Placement, rank_view
-from eplbsim.ranks import MODES, Epoch, make_ranks, rank_groups, token_owners
 from eplbsim.dispatch import resolve_policy
+from eplbsim.placement import Placement, rank_view
+from eplbsim.placement.topology import Topology
+from eplbsim.ranks import fanout
+from eplbsim.ranks import MODES, Epoch, make_ranks, rank_groups, token_owners
 from eplbsim.replay import replay
 from eplbsim.runspec import RunSpec
-from eplbsim.placement.topology import Topology
 from eplbsim.traces import synthesize
 
 

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from eplbsim.base.errors import InputError
+from eplbsim.placement.topology import Topology
 from eplbsim.solvers import solve
 from eplbsim.solvers.bounds import peak_gpu_load
 from eplbsim.solvers.flashlb import flashlb
-from eplbsim.placement.topology import Topology
 
 TOY = np.array([[600, 560, 120, 120, 20, 10, 10, 10]], dtype=np.float64)
 

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-from eplbsim.cli import main
 from eplbsim.base.errors import InputError
+from eplbsim.cli import main
+from eplbsim.traces.directory import DirTrace, load_trace_dir
 from eplbsim.traces.formats.jsonl import read_jsonl, write_jsonl
 from eplbsim.traces.trace import Trace, load_trace
-from eplbsim.traces.directory import DirTrace, load_trace_dir
 
 from id_helpers import distinct
 

@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 import torch
 
+from eplbsim.base.errors import InputError
 from eplbsim.dispatch import POLICIES
 from eplbsim.dispatch.batch_lp import optimal_fractions
 from eplbsim.dispatch.policies import DispatchContext
-from eplbsim.base.errors import InputError
 from eplbsim.placement import full_view
+from eplbsim.placement.topology import Topology
 from eplbsim.solvers import solve
 from eplbsim.solvers.lplb import redundancy_links
-from eplbsim.placement.topology import Topology
 
 
 def test_redundancy_topologies_are_the_published_ones():

@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 from eplbsim.base.errors import InputError
 from eplbsim.metrics import placement_gap
 from eplbsim.placement import Placement
+from eplbsim.placement.topology import Topology
 from eplbsim.solvers import bounds, solve
 from eplbsim.solvers.bounds import hierarchical_lower_bound
 from eplbsim.solvers.lpt import lpt, lpt_hier
-from eplbsim.placement.topology import Topology
 
 
 def _peak(placement: Placement, load: np.ndarray) -> np.ndarray:

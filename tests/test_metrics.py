@@ -40,11 +40,11 @@ from eplbsim.metrics import (
     top_share,
     total,
 )
+from eplbsim.placement import Placement
+from eplbsim.placement.topology import Topology
 from eplbsim.replay import replay
 from eplbsim.runspec import RunSpec
 from eplbsim.traces.synth import synthesize
-from eplbsim.placement import Placement
-from eplbsim.placement.topology import Topology
 
 NAN = math.nan
 

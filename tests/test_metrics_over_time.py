@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from eplbsim.placement import Placement
+from eplbsim.placement.topology import Topology
 from eplbsim.replay import replay
 from eplbsim.runspec import RunSpec
 from eplbsim.traces.synth import synthesize
-from eplbsim.placement.topology import Topology
 from eplbsim.traces.trace import Trace
 
 CFG = RunSpec.of(gpus=4, gpus_per_node=2, redundant=8, rebalance_every=6)

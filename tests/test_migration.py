@@ -20,8 +20,8 @@ from eplbsim.base.errors import InputError
 from eplbsim.migration import elastic, migrate, migrate_async, plan
 from eplbsim.migration.simdist import SimWorld, simulated
 from eplbsim.migration.weights import held, lost_experts, rank_weights, slot_mismatch
-from eplbsim.review import EXIT
 from eplbsim.placement.topology import Topology
+from eplbsim.review import EXIT
 
 from cli_helpers import assert_input_error, run
 

@@ -18,10 +18,10 @@ from eplbsim import engines
 from eplbsim.dispatch import resolve_policy
 from eplbsim.dispatch.observe import draws_nothing, observed_groups, probe_ids, same
 from eplbsim.placement import rank_view
+from eplbsim.placement.topology import Topology
 from eplbsim.ranks import make_ranks, rank_context
 from eplbsim.replay import replay
 from eplbsim.runspec import RunSpec
-from eplbsim.placement.topology import Topology
 from eplbsim.traces.synth import synthesize
 
 

@@ -17,12 +17,12 @@ from matplotlib.lines import Line2D
 from matplotlib.text import Text
 
 from eplbsim import plots
-from eplbsim.dispatch import POLICIES as ALL_POLICIES
 from eplbsim.base.errors import InputError
+from eplbsim.dispatch import POLICIES as ALL_POLICIES
 from eplbsim.plots.figures import DPI, FIGURES
 from eplbsim.replay import compare, replay
-from eplbsim.schedule.switch import phases
 from eplbsim.runspec import RunSpec
+from eplbsim.schedule.switch import phases
 from eplbsim.traces.coactivation import coactivation
 from eplbsim.traces.request_synth import synthesize_requests
 from eplbsim.traces.synth import synthesize

@@ -8,9 +8,9 @@ Dimensions: `S` steps, `L` layers, `E` experts.
 import pytest
 import torch
 
-from eplbsim.schedule.predictors import PREDICTORS
 from eplbsim.replay import replay
 from eplbsim.runspec import RunSpec
+from eplbsim.schedule.predictors import PREDICTORS
 from eplbsim.traces.synth import synthesize
 
 

@@ -10,14 +10,14 @@ import pytest
 import torch
 
 from eplbsim import ranks
+from eplbsim.base.errors import InputError
 from eplbsim.dispatch import POLICIES
 from eplbsim.dispatch.kernels import check_choices
-from eplbsim.base.errors import InputError
-from eplbsim.ranks.moe import make_toy_moe
 from eplbsim.placement import Placement, full_view, sglang_0_5_14_view
+from eplbsim.placement.topology import Topology
 from eplbsim.ranks import (MODES, Collectives, make_ranks, rank_context, rank_groups,
                            token_owners)
-from eplbsim.placement.topology import Topology
+from eplbsim.ranks.moe import make_toy_moe
 
 from rank_helpers import epoch, step
 

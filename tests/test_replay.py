@@ -10,13 +10,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eplbsim.dispatch import POLICIES
 from eplbsim.base.errors import InputError
+from eplbsim.dispatch import POLICIES
 from eplbsim.placement import Placement
+from eplbsim.placement.topology import Topology
 from eplbsim.replay import compare, replay
 from eplbsim.runspec import RunSpec
 from eplbsim.traces.synth import synthesize
-from eplbsim.placement.topology import Topology
 from eplbsim.traces.trace import Trace
 
 from id_helpers import distinct

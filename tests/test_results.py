@@ -5,10 +5,10 @@ import pytest
 
 from eplbsim import RunSpec, compare
 from eplbsim.replay.results import flat_row
+from eplbsim.traces.request_synth import synthesize_requests
 from eplbsim.traces.steps import select
 from eplbsim.traces.synth import synthesize
 from eplbsim.traces.workload import Workload, batch
-from eplbsim.traces.request_synth import synthesize_requests
 
 LONG = 300  # characters: a repr longer than this is a dump, not a summary
 

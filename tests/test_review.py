@@ -16,11 +16,11 @@ import pytest
 import torch
 
 import eplbsim
-from eplbsim.ranks.checks import rank_invariance
 from eplbsim.cli import main
 from eplbsim.dispatch.policies import ordinal_policy, replica_slots, row_policy
-from eplbsim.review.page import markdown
+from eplbsim.ranks.checks import rank_invariance
 from eplbsim.review import EXIT, review, to_json
+from eplbsim.review.page import markdown
 from eplbsim.runspec import RunSpec
 from eplbsim.traces.synth import synthesize
 from eplbsim.traces.trace import Trace

@@ -11,12 +11,12 @@ import torch
 
 from eplbsim.base.errors import InputError
 from eplbsim.placement import Placement, trivial_placement
-from eplbsim.schedule.plan import plan, transfer_counts
+from eplbsim.placement.topology import Topology
 from eplbsim.replay import replay
 from eplbsim.runspec import RunSpec
+from eplbsim.schedule.plan import plan, transfer_counts
 from eplbsim.solvers import solve
 from eplbsim.traces.synth import synthesize
-from eplbsim.placement.topology import Topology
 
 TOPO = Topology(4, 2)
 CFG = RunSpec.of(gpus=4, gpus_per_node=2, redundant=8)

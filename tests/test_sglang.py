@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from eplbsim.cli import main
-from eplbsim.traces.counts import CountsTrace, load_counts_trace
 from eplbsim.base.errors import InputError
+from eplbsim.cli import main
 from eplbsim.replay import replay
 from eplbsim.runspec import RunSpec
+from eplbsim.traces.counts import CountsTrace, load_counts_trace
 from eplbsim.traces.formats.sglang import import_sglang
 from eplbsim.traces.trace import Trace, load_trace
 

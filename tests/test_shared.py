@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 import torch
 
+from eplbsim.base.errors import InputError
 from eplbsim.dispatch import POLICIES, DispatchContext
 from eplbsim.dispatch.shared import (MIN_BATCH, SharedInputs, local_rule, per_gpu,
                                      waterfill_dynamic, waterfill_static)
-from eplbsim.base.errors import InputError
 from eplbsim.replay import compare, replay
 from eplbsim.runspec import RunSpec
 from eplbsim.traces.synth import synthesize

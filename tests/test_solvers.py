@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 
 from eplbsim.base.errors import InputError
 from eplbsim.placement import Placement
+from eplbsim.placement.topology import Topology
 from eplbsim.solvers import SOLVERS, solve, solver_options
 from eplbsim.solvers.bounds import replicate
 from eplbsim.solvers.deepseek import balanced_packing
-from eplbsim.placement.topology import Topology
 from solver_helpers import inputs
 
 PUBLISHED_LOAD = [[90, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183, 86],

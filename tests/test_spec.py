@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from eplbsim.cli import build_parser
 from eplbsim.base.errors import InputError
+from eplbsim.cli import build_parser
 from eplbsim.placement import Placement
+from eplbsim.placement.topology import Topology
+from eplbsim.replay.sweep import parse_spec
 from eplbsim.runspec import (PARTS, RunSpec, Source, Switch, build, default_of, from_args, knobs,
                              run_knobs)
-from eplbsim.replay.sweep import parse_spec
-from eplbsim.placement.topology import Topology
 from eplbsim.traces import save_trace, synthesize
 
 REBALANCE = {"rebalance_every": 4}

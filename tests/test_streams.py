@@ -14,9 +14,9 @@ from eplbsim.dispatch.streams import (DRAW, MASK, Stream, batch_draws, coin_hits
                                       philox_lanes,
                                       philox_torch, split_key, stream_key)
 from eplbsim.placement import Placement
+from eplbsim.placement.topology import Topology
 from eplbsim.replay import replay
 from eplbsim.runspec import RunSpec
-from eplbsim.placement.topology import Topology
 from eplbsim.traces.trace import Trace
 
 # Random123's known answers for Philox4x32-10: (key, counter) -> output

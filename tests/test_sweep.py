@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from eplbsim.base.errors import InputError
+from eplbsim.cli import main
 from eplbsim.metrics import METRICS
 from eplbsim.replay import replay
-from eplbsim.runspec import RunSpec
 from eplbsim.replay.results import flat_row
-from eplbsim.cli import main
 from eplbsim.replay.sweep import SIZES, cell_row, parse_spec, read_spec, run_sweep
+from eplbsim.runspec import RunSpec
 from eplbsim.traces.synth import synthesize
 from eplbsim.traces.trace import load_trace, save_trace
 

@@ -11,11 +11,11 @@ import torch
 
 from eplbsim.base.errors import InputError
 from eplbsim.placement import Placement
+from eplbsim.placement.topology import Topology
 from eplbsim.replay import replay, run_steps
+from eplbsim.runspec import RunSpec
 from eplbsim.schedule.plan import Segment
 from eplbsim.schedule.switch import held_experts, phases
-from eplbsim.runspec import RunSpec
-from eplbsim.placement.topology import Topology
 from eplbsim.traces.synth import synthesize
 from eplbsim.traces.trace import Trace
 

@@ -15,14 +15,14 @@ import numpy as np
 import pytest
 import torch
 
-from eplbsim.traces import directory as TD
-from eplbsim.cli import main
 from eplbsim.base.errors import InputError
+from eplbsim.cli import main
 from eplbsim.replay import replay
 from eplbsim.runspec import RunSpec
-from eplbsim.traces.trace import Trace, load_trace, save_trace
+from eplbsim.traces import directory as TD
 from eplbsim.traces import open_trace
 from eplbsim.traces.directory import DirTrace, load_trace_dir, save_trace_dir
+from eplbsim.traces.trace import Trace, load_trace, save_trace
 
 from id_helpers import distinct
 

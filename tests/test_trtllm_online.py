@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
+from eplbsim.placement.topology import Topology
 from eplbsim.solvers import SOLVERS, solve
 from eplbsim.solvers.trtllm import place_replicas, replica_counts, trtllm_online
-from eplbsim.placement.topology import Topology
 
 
 def _random_load(rng: np.random.Generator, L: int, E: int, kind: int) -> np.ndarray:

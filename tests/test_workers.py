@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 import torch
 
-from eplbsim.dispatch import POLICIES
 from eplbsim.base.errors import InputError
+from eplbsim.dispatch import POLICIES
 from eplbsim.replay import compare, replay
+from eplbsim.replay.workers import Workers, step_ranges
 from eplbsim.runspec import RunSpec
 from eplbsim.traces.directory import save_trace_dir
 from eplbsim.traces.repeated import Repeated
 from eplbsim.traces.synth import synthesize
-from eplbsim.replay.workers import Workers, step_ranges
 
 from cli_helpers import assert_input_error, run
 

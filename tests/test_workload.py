@@ -11,9 +11,9 @@ import torch
 
 from eplbsim.base.errors import InputError
 from eplbsim.placement import Placement
+from eplbsim.placement.topology import Topology
 from eplbsim.replay import replay
 from eplbsim.runspec import RunSpec
-from eplbsim.placement.topology import Topology
 from eplbsim.traces.requests import load_requests, requests_of, save_requests
 from eplbsim.traces.workload import DP_PAD, GRAPH_PAD, Workload, batch
 

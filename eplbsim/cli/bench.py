@@ -8,13 +8,13 @@ import math
 
 import torch
 
-from ..replay import bench as B
 from ..base.errors import InputError
+from ..base.files import check_memory
 from ..base.progress import bar
+from ..replay import bench as B
 from ..replay import resolve_device
 from ..replay.results import to_json
 from ..runspec import Device
-from ..base.files import check_memory
 from .common import positive, seed, split
 
 HELP = ("time the dispatch hot path against the torch expression and the roofline "

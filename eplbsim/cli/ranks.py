@@ -11,10 +11,10 @@ import os
 import sys
 
 from .. import runspec
-from ..replay.distributed import (REPORT_COLUMNS, GroupFailure, join_launched, launch,
-                                  launched_by_torchrun, report_cells)
 from ..base.errors import InputError
 from ..replay import check_fits, comparison, resolve_device
+from ..replay.distributed import (REPORT_COLUMNS, GroupFailure, join_launched, launch,
+                                  launched_by_torchrun, report_cells)
 from ..replay.results import describe, format_table, to_json
 from ..traces.counts import CountsTrace
 from .common import nonnegative, positive

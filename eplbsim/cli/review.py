@@ -8,11 +8,11 @@ import argparse
 from pathlib import Path
 
 from .. import runspec
-from ..dispatch import is_file_policy, resolve_policy
 from ..base.errors import InputError
-from ..review.page import html, markdown
-from ..review.evidence import RESAMPLES
+from ..dispatch import is_file_policy, resolve_policy
 from ..review import WINDOWS, review, to_json
+from ..review.evidence import RESAMPLES
+from ..review.page import html, markdown
 from ..review.verdict import MIN_EFFECT
 from .common import check_out_dir
 

@@ -11,12 +11,12 @@ from .. import runspec
 from ..base.errors import InputError
 from ..base.progress import bar, run_label
 from ..replay import compare, comparison, replay
+from ..replay.executors import EXECUTORS
 from ..replay.results import (describe, format_table, rebalance_report, series_rows, table_notes,
                               time_report, to_json, warnings, with_speedup, write_csv,
                               write_results)
-from ..replay.executors import EXECUTORS
-from ..traces.counts import CountsTrace
 from ..replay.workers import PAYS_OFF, Workers, dispatch_work, pays_off
+from ..traces.counts import CountsTrace
 from .common import check_out_dir, positive
 
 HELP = "compare dispatch policies on a trace or scenario"

@@ -9,12 +9,12 @@ import torch
 
 from .. import runspec
 from ..base.errors import InputError
+from ..engines import resolve_solver
 from ..metrics import placement_report
 from ..placement.io import read_json, read_phy2log
-from ..replay.results import to_json
-from ..engines import resolve_solver
-from ..solvers import SOLVERS, as_load, find_solver, solve_with_info, solver_options
 from ..placement.topology import Topology
+from ..replay.results import to_json
+from ..solvers import SOLVERS, as_load, find_solver, solve_with_info, solver_options
 from ..traces.coactivation import coactivation
 from ..traces.counts import CountsTrace
 from ..traces.formats import layer_loads

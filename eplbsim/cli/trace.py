@@ -15,17 +15,17 @@ from ..base.files import check_output
 from ..base.progress import bar
 from ..replay.results import to_json
 from ..traces import CountsTrace, save_trace, summarize_trace
-from ..traces.formats import is_request_input
-from ..traces.formats.token_log import is_token_log
-from ..traces.requests import is_request_file, save_requests
-from ..traces.trace import npz_names
-from ..traces.workload import batch
 from ..traces.counts import save_counts_trace
 from ..traces.directory import TRACE_FILES, save_trace_dir, to_memory
+from ..traces.formats import is_request_input
 from ..traces.formats.jsonl import read_jsonl, write_jsonl
 from ..traces.formats.sglang import import_sglang
+from ..traces.formats.token_log import is_token_log
+from ..traces.requests import is_request_file, save_requests
 from ..traces.steps import OUTLIER_FACTOR, describe_selection, flag_steps, outlier_median
 from ..traces.synth import SCENARIOS
+from ..traces.trace import npz_names
+from ..traces.workload import batch
 from .common import positive, registered
 
 HELP = "inspect or generate traces"

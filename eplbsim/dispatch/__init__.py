@@ -26,8 +26,8 @@ from typing import Any, Callable, Mapping
 import torch
 
 from ..base.errors import InputError
-from ..placement import View
 from ..base.registry import FILE_FORM, lookup, name_of
+from ..placement import View
 from .policies import (DispatchContext, Policy, ascend_fixed_policy, ascend_policy,
                        ascend_replicas, candidate_counts, colocate_policy, flat_policy,
                        hash_policy, lp_golden_policy, lp_policy, lplb_atomic_policy,

@@ -20,8 +20,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from . import batch_lp
 from ..placement import Placement, View
+from . import batch_lp
 from .streams import Stream, torch_generator
 
 HASH_MULTIPLIER = 2654435769  # Knuth's multiplicative hash constant, floor(2**32 / phi)

@@ -35,8 +35,8 @@ import numpy as np
 import torch
 
 from .. import dispatch
-from ..dispatch import DispatchPolicy
 from ..base.errors import InputError
+from ..dispatch import DispatchPolicy
 from . import sglang as _sglang, sglang_runtime, vllm as _vllm
 from .source import cache_root, fetch, fetched_version, release_folder
 

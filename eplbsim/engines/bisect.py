@@ -18,8 +18,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
-from . import version_key
 from ..base.errors import InputError
+from . import version_key
 
 
 @dataclass

@@ -23,11 +23,11 @@ import torch
 
 from ..dispatch.policies import (DispatchContext, hash_policy, random_policy, row_policy,
                                  static_table)
-from ..placement import VIEWS, Placement, full_view
-from ..solvers import solve
-from ..placement.topology import Topology
-from ..dispatch.shared import SharedInputs, per_gpu, waterfill_dynamic, waterfill_static
 from ..dispatch.sglang_lp import sglang_lp_policy
+from ..dispatch.shared import SharedInputs, per_gpu, waterfill_dynamic, waterfill_static
+from ..placement import VIEWS, Placement, full_view
+from ..placement.topology import Topology
+from ..solvers import solve
 from . import (ENGINES, ENGINE_SOLVERS, adapter, engine_policy, label, release_of, sglang_infos,
                version_key)
 from .sglang import LIST_VIEWS

@@ -16,8 +16,8 @@ import torch
 
 from .. import cost
 from ..cost.comm import layer_comm_seconds
-from ..placement.loads import ReplicaStats, gpu_imbalance, gpu_loads, replica_skew, replica_stats
 from ..placement import Placement
+from ..placement.loads import ReplicaStats, gpu_imbalance, gpu_loads, replica_skew, replica_stats
 
 
 SUMMARY_CHUNK = 128  # steps per chunk: per-expert intermediates stay small

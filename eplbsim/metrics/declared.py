@@ -12,10 +12,10 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ..cost.rebalance import sync_stall_seconds
 from ..base.loops import summed
-from ..ranks.fanout import FIELDS
+from ..cost.rebalance import sync_stall_seconds
 from ..placement.loads import balancedness, idle_replicas, nanmax_or_none, replica_skew
+from ..ranks.fanout import FIELDS
 from ..schedule.migration import transfer_kinds
 from ..schedule.switch import phases
 from .chunks import Chunk, layer_scale

@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..placement.loads import gpu_imbalance, gpu_loads, nanmean_or_none
 from ..placement import Placement
+from ..placement.loads import gpu_imbalance, gpu_loads, nanmean_or_none
 from ..solvers.bounds import lower_bound
 
 

@@ -32,9 +32,9 @@ from .paper import (expert_load_heatmap, policy_mode_bars, predictor_time_series
 from .review import REVIEW_BARS, review_figure
 from .runs import policy_comparison, replica_loads_over_time, time_series_figure
 from .style import OKABE_ITO, PAPER_STYLE, POLICY_MARKERS, paper_style, policy_styles, save_figure
-from .traffic import balance_against_traffic, communication_and_time
 from .trace import (TRACE_FIGURES, coactivation_heatmap, step_imbalance, top_share_over_steps,
                     trace_figures)
+from .traffic import balance_against_traffic, communication_and_time
 
 __all__ = ["Figure", "OKABE_ITO", "PAPER_STYLE", "POLICY_MARKERS", "REVIEW_BARS", "TRACE_FIGURES",
            "balance_against_traffic", "coactivation_heatmap", "communication_and_time",

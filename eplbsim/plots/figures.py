@@ -18,18 +18,18 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from .. import plots
-from ..dispatch import POLICIES as ALL_POLICIES
 from ..base.errors import InputError
-from ..metrics import placement_gap
-from . import Figure
 from ..base.registry import lookup
+from ..dispatch import POLICIES as ALL_POLICIES
+from ..metrics import placement_gap
 from ..replay import compare, replay
-from ..solvers import solve
 from ..runspec import RunSpec
+from ..solvers import solve
 from ..traces.coactivation import coactivation as coactivation_of
 from ..traces.request_synth import synthesize_requests
 from ..traces.synth import synthesize
 from ..traces.workload import DEFAULT_GRAPH_SIZES, Workload, batch
+from . import Figure
 
 SIZES = dict(layers=4, experts=64, top_k=8)
 DPI = 200  # of the PNGs `build` writes

@@ -13,9 +13,9 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from ..base.errors import InputError
+from ..base.registry import name_of
 from ..metrics import rebalance_stalls
 from ..replay.results import Results
-from ..base.registry import name_of
 from ..schedule.switch import phases
 from .runs import replica_load
 from .style import (OKABE_ITO, from_baseline, grouped_ratio_bars, legend_once, policy_styles,

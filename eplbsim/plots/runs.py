@@ -13,10 +13,10 @@ from matplotlib import rcParams
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from ..dispatch import resolve_policy
 from ..base.errors import InputError
-from ..replay.results import Results
 from ..base.registry import name_of
+from ..dispatch import resolve_policy
+from ..replay.results import Results
 from .style import (MODE_LINES, OKABE_ITO, PAPER_STYLE, common_title, draw_dot, from_baseline,
                     mark_na, mode_key, multiplicity_bars, policy_styles, run_labels)
 

@@ -13,9 +13,9 @@ from typing import Any, Iterable, Sequence
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from ..dispatch import POLICIES
 from ..base.errors import InputError
 from ..base.files import atomic_file
+from ..dispatch import POLICIES
 from ..replay.results import Results
 
 # Okabe & Ito (2008), "Color Universal Design": safe for the common colour-vision deficiencies.

@@ -55,14 +55,14 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 import torch
 
-from . import counting
 from ..base import loops
 from ..dispatch.kernels import dispatch_step, flat_index
 from ..dispatch.shared import has_pairs
 from ..placement.loads import multiplicity_counts
-from .moe import all_reduced_error_terms, error_terms, local_error_terms, step_sums
+from . import counting
 from .epoch import (LOCAL, RNG_RELATIONS, Collectives, Epoch, Rank, Table, make_ranks, rank_context,
                     rank_groups)
+from .moe import all_reduced_error_terms, error_terms, local_error_terms, step_sums
 from .traffic import (a2a_fanout, fanout_counts, link_crossings, pair_gpus, share_bounds,
                       shared_sent, shared_split, token_owners, wrong_pairs)
 

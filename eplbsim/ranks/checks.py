@@ -16,12 +16,12 @@ from typing import Any
 
 import torch
 
-from ..dispatch import Policy, resolve_policy
 from ..base.errors import InputError
-from ..placement import Placement, rank_view
-from . import MODES, Epoch, make_ranks, rank_context, rank_groups
 from ..base.registry import lookup
+from ..dispatch import Policy, resolve_policy
+from ..placement import Placement, rank_view
 from ..placement.topology import Topology
+from . import MODES, Epoch, make_ranks, rank_context, rank_groups
 
 
 def _as_step(topk_ids: torch.Tensor) -> torch.Tensor:

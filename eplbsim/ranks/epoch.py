@@ -17,15 +17,15 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from . import counting
 from ..base import loops
+from ..base.errors import InputError
 from ..dispatch import DispatchContext, DispatchPolicy
 from ..dispatch.kernels.cpu import StreamedViews
 from ..dispatch.observe import observed_groups
 from ..dispatch.streams import Stream, coin_hits, stream_key
-from ..base.errors import InputError
-from .moe import ToyMoE
 from ..placement import Placement, View
+from . import counting
+from .moe import ToyMoE
 
 RNG_RELATIONS = ("independent", "shared", "drift")
 

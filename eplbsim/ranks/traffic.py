@@ -16,12 +16,12 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 import torch
 
-from . import fanout
+from ..base.errors import InputError
 from ..cost.comm import a2a_crossings, a2a_token_counts
 from ..dispatch import SharedInputs
 from ..dispatch.kernels import flat_index
 from ..dispatch.shared import even_split, has_pairs, home, per_gpu
-from ..base.errors import InputError
+from . import fanout
 from .epoch import LOCAL, Epoch
 
 

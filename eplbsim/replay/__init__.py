@@ -24,24 +24,24 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from ..base.errors import InputError
+from ..base.files import check_memory
+from ..base.progress import Progress
+from ..base.registry import lookup
 from ..cost.catalog import trace_model
 from ..dispatch import resolve_policy
 from ..engines import is_engine_name, resolve_solver
-from ..base.errors import InputError
-from ..base.files import check_memory
 from ..metrics import Counters
 from ..migration.replayed import served
-from ..ranks.moe import make_toy_moe, square_sums, step_sums
 from ..placement import rank_view
 from ..placement.io import load_placement
-from ..base.progress import Progress
 from ..ranks import LOCAL, MODES, Collectives, Epoch, make_ranks, rank_context, rank_groups
-from ..base.registry import lookup
-from .results import Comparison, Results
-from ..schedule.plan import Segment, plan
+from ..ranks.moe import make_toy_moe, square_sums, step_sums
 from ..runspec import RunSpec, label
+from ..schedule.plan import Segment, plan
 from ..traces.coactivation import coactivation
 from ..traces.counts import CountsTrace
+from .results import Comparison, Results
 
 
 def resolve_device(name: str) -> str:

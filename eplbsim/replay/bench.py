@@ -41,18 +41,18 @@ import numpy as np
 import torch
 
 from ..base.compiled import JIT, jit, prange
+from ..base.progress import Progress
 from ..dispatch import POLICIES, resolve_policy
 from ..dispatch.kernels import dispatch_step, reference_step
 from ..dispatch.policies import DispatchContext, ordinal_offset, static_table
 from ..dispatch.streams import Stream, stream_key
 from ..placement import View, full_view, rank_view
-from ..base.progress import Progress
+from ..placement.topology import Topology
 from ..ranks import make_ranks, rank_context, rank_groups, share_bounds
-from . import replay, resolve_device, routed_loads, schedule_of
 from ..runspec import RunSpec
 from ..solvers import solve
-from ..placement.topology import Topology
 from ..traces.trace import Trace
+from . import replay, resolve_device, routed_loads, schedule_of
 
 # DeepSeek-V3's MoE shape: experts, top-k, physical slots, GPUs, GPUs per node.
 EXPERTS, TOP_K, SLOTS, GPUS, GPUS_PER_NODE = 256, 8, 288, 32, 8

@@ -48,15 +48,15 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..dispatch.kernels import flat_index
 from ..base.errors import InputError
-from ..placement import Placement
 from ..base.progress import Progress, bar, run_label
+from ..dispatch.kernels import flat_index
+from ..placement import Placement
 from ..ranks import Collectives, token_owners
+from ..runspec import RunSpec
+from ..schedule.plan import Segment
 from . import replay, run_steps, schedule_of
 from .results import Results
-from ..schedule.plan import Segment
-from ..runspec import RunSpec
 
 STARTUP_SECONDS = 300  # how long ranks may take to start and meet (imports are slow)
 RANK_HOOK = "EPLBSIM_RANK_HOOK"  # "module:function", called with the rank id in each spawned rank

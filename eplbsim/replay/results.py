@@ -26,17 +26,17 @@ import torch
 from .. import metrics as M
 from ..base.errors import InputError
 from ..base.files import atomic_file
+from ..base.registry import name_of
+from ..cost.catalog import model_note
+from ..cost.catalog import model_origin as origin_of
+from ..dispatch import POLICIES, resolve_policy
 from ..engines import as_sources, auto_algorithm, ran
 from ..engines import label as engine_label
 from ..metrics import METRICS, Counters
 from ..placement import Placement
-from ..base.registry import name_of
+from ..runspec import MIN_REDUNDANT, Options, RunSpec, knobs, label
 from ..schedule.migration import MIGRATION_FIELDS, migration_rows
 from ..schedule.plan import Segment, epochs
-from ..cost.catalog import model_note
-from ..cost.catalog import model_origin as origin_of
-from ..dispatch import POLICIES, resolve_policy
-from ..runspec import MIN_REDUNDANT, Options, RunSpec, knobs, label
 from ..traces.counts import CountsTrace
 from ..traces.steps import describe_selection, flag_steps, flag_words
 

@@ -58,16 +58,16 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from ..base.errors import InputError
-from .executors import check_executor, local_pool, ray_session
 from ..base.files import atomic_file, check_output, regular_file
 from ..base.limits import MAX_CELLS
 from ..base.progress import bar
-from . import replay
-from .results import csv_value, flat_row, write_csv
 from ..runspec import (BATCHING, READER_OPTIONS, RUN_PARTS, SELECTION, Device, File, Filter, Name,
                        Options, build, knobs, sweep_keys, sweep_value)
 from ..traces.request_synth import REQUEST_SCENARIOS
 from ..traces.requests import RequestSet
+from . import replay
+from .executors import check_executor, local_pool, ray_session
+from .results import csv_value, flat_row, write_csv
 
 SOURCES = ("scenario", "trace", "requests")
 SIZES = ("steps", "tokens", "layers", "experts", "top_k")

@@ -24,15 +24,15 @@ import numpy as np
 import torch
 
 from ..base.compiled import set_threads
-from ..dispatch import resolve_policy
 from ..base.errors import InputError
-from .executors import check_executor, local_pool, ray_session
-from ..metrics import Counters
 from ..base.progress import Progress
-from . import dispatch_steps, fill_norms, replay
-from .results import Results
-from ..schedule.plan import Segment
+from ..dispatch import resolve_policy
+from ..metrics import Counters
 from ..runspec import RunSpec
+from ..schedule.plan import Segment
+from . import dispatch_steps, fill_norms, replay
+from .executors import check_executor, local_pool, ray_session
+from .results import Results
 
 _TRACE: list[Any] = []  # a local worker's trace, set once by `_hold`
 # Pair dispatches (`dispatch_work`) below which local worker processes cost more than they

@@ -48,20 +48,20 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import metrics as M
+from ..base.errors import InputError
 from ..dispatch import resolve_policy
 from ..engines import as_sources, ran
-from ..base.errors import InputError
-from .evidence import RESAMPLES, draws
 from ..placement import Placement
 from ..replay import fitted, replay, routed_loads, schedule_of
-from .page import html
 from ..replay.results import Results, model_origin, warnings
-from .invariance import SEARCH_ROWS, invariance_findings
-from .measures import (BALANCE_KEYS, STARVED_SHARE, WORST, balance_findings, percent,
-                       rebalance_findings, replica_shares, time_findings)
 from ..runspec import RunSpec, default_of
 from ..traces.counts import CountsTrace
 from ..traces.steps import select
+from .evidence import RESAMPLES, draws
+from .invariance import SEARCH_ROWS, invariance_findings
+from .measures import (BALANCE_KEYS, STARVED_SHARE, WORST, balance_findings, percent,
+                       rebalance_findings, replica_shares, time_findings)
+from .page import html
 from .verdict import EXIT, MIN_EFFECT, judge
 
 WINDOWS = 4  # held-out windows by default

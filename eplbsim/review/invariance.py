@@ -14,10 +14,10 @@ from typing import Any
 
 import torch
 
-from ..ranks.checks import observed_sharing, rank_invariance
 from ..dispatch import USER, resolve_policy
 from ..engines import is_engine_name
 from ..placement import Placement
+from ..ranks.checks import observed_sharing, rank_invariance
 from ..replay.results import Results
 from ..runspec import RunSpec
 

@@ -17,13 +17,13 @@ import numpy as np
 import torch
 
 from .. import metrics as M
+from ..base.errors import InputError
 from ..cost.compute import ETA_COMPUTE, ETA_MEMORY, roofline_terms
 from ..cost.measured import ROOFLINE
-from ..base.errors import InputError
-from .evidence import LEVEL, Draws, figure, interval, resampled
 from ..placement import Placement
 from ..replay.results import Results
 from ..runspec import RunSpec
+from .evidence import LEVEL, Draws, figure, interval, resampled
 
 STARVED_SHARE = 0.5  # a replica executing under half its even share of its expert is starved
 WORST = 3  # worst layers and starved replicas named

@@ -9,13 +9,13 @@ import argparse
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..dispatch import resolve_policy
 from ..base.errors import InputError
+from ..cost.catalog import config_path
+from ..dispatch import resolve_policy
 from ..traces.request_synth import REQUEST_SCENARIOS
 from .knobs import Knob, checked
 from .run import PARTS, RunSpec, default_of, knobs
 from .source import BATCHING, READER_OPTIONS, Source
-from ..cost.catalog import config_path
 from .values import EngineSources, File, Model, Name, Options, RequestInput, Switch
 
 

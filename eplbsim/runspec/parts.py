@@ -8,25 +8,25 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..cost import COST_MODELS, DEVICES, DeviceProfile, ModelShape
-from ..cost.catalog import NAME_FORMS, model_label, model_shape
-from ..cost.shapes import DEFAULT_MODEL
-from ..cost import check_options as check_cost_options
-from ..cost import describe as describe_cost
-from ..dispatch import FAULTS, POLICIES, DispatchPolicy, FilePolicies, resolve_policy
-from ..engines import ENGINE_POLICIES, ENGINE_SOLVERS, as_sources, resolve_solver
 from ..base.errors import InputError
-from ..migration import MIGRATIONS
 from ..base.limits import (MAX_EXPERT_BYTES, MAX_EXPERTS, MAX_GPUS, MAX_HIDDEN, MAX_SEED, MAX_SLOTS,
                            MAX_TOP_K)
-from ..placement import VIEWS
-from ..ranks import MODES, RNG_RELATIONS
 from ..base.registry import Joined, name_of
+from ..cost import COST_MODELS, DEVICES, DeviceProfile, ModelShape
+from ..cost import check_options as check_cost_options
+from ..cost import describe as describe_cost
+from ..cost.catalog import NAME_FORMS, model_label, model_shape
+from ..cost.shapes import DEFAULT_MODEL
+from ..dispatch import FAULTS, POLICIES, DispatchPolicy, FilePolicies, resolve_policy
+from ..engines import ENGINE_POLICIES, ENGINE_SOLVERS, as_sources, resolve_solver
+from ..migration import MIGRATIONS
+from ..placement import VIEWS
+from ..placement.topology import Topology
+from ..ranks import MODES, RNG_RELATIONS
 from ..schedule.predictors import PREDICTORS
 from ..schedule.switch import REBALANCE_MODES
 from ..solvers import SOLVERS, check_options, find_solver
 from ..solvers.lplb import TOPOLOGIES as LPLB_TOPOLOGIES
-from ..placement.topology import Topology
 from ..traces.synth import DEFAULT_SIZES
 from .knobs import COMMANDS, Part, SYNTH, changed_fields, knob
 from .values import (Device, EngineFlags, EngineSources, File, Integer, Model, Name, Number,

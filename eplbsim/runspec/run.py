@@ -8,10 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Iterator, Sequence
 
-from ..dispatch import POLICIES, resolve_policy
 from ..base.errors import InputError
-from ..placement import Placement
 from ..base.registry import name_of
+from ..dispatch import POLICIES, resolve_policy
+from ..placement import Placement
 from .knobs import KNOB, Knob, Part, default_value
 from .parts import CostPart, DispatchPart, SchedulePart, SolverPart, TopologyPart
 from .source import Source

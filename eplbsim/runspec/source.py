@@ -10,16 +10,16 @@ from typing import Any, Mapping
 
 from ..base.errors import InputError
 from ..base.limits import MAX_EXPERTS, MAX_GPUS, MAX_LAYERS, MAX_TOP_K
+from ..traces.chunks import chunk_steps
 from ..traces.formats import is_request_input, open_requests, open_trace
+from ..traces.formats.token_log import INCOMPLETE
 from ..traces.request_synth import REQUEST_SCENARIOS, request_options, synthesize_requests
 from ..traces.requests import RequestSet
-from ..traces.workload import (ARRIVALS, DP_ASSIGN, DP_LAYOUTS, ORDERS, 
-                              PADDING, Workload, batch)
-from ..traces.chunks import chunk_steps
-from ..traces.formats.token_log import INCOMPLETE
 from ..traces.steps import OUTLIER_FACTOR, select
 from ..traces.synth import (DEFAULT_SCENARIO, DEFAULT_SIZES, SCENARIOS, scenario_options,
                             synthesize)
+from ..traces.workload import (ARRIVALS, DP_ASSIGN, DP_LAYOUTS, ORDERS, 
+                              PADDING, Workload, batch)
 from .knobs import COMMANDS, Part, READS, SYNTH, changed_fields, they, knob
 from .parts import SchedulePart
 from .values import (File, Filter, Integer, Name, Number, Options, RequestInput, Sizes,

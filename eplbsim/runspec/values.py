@@ -12,18 +12,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from ..base.errors import InputError
+from ..base.limits import MAX_BATCH, MAX_COUNT, check_at_most, shown
+from ..base.registry import unknown
 from ..cost.catalog import config_path, model_shape
 from ..cost.shapes import ModelShape
 from ..engines.sglang_runtime import flags as engine_flags
-from ..base.errors import InputError
-from ..base.limits import MAX_BATCH, MAX_COUNT, check_at_most, shown
 from ..placement import Placement
-from ..base.registry import unknown
 from ..traces.counts import parse_where
 from ..traces.request_synth import REQUEST_SCENARIOS
 from ..traces.requests import RequestSet
-from ..traces.workload import DEFAULT_GRAPH_SIZES
 from ..traces.steps import parse_steps
+from ..traces.workload import DEFAULT_GRAPH_SIZES
 
 
 # Each parses command-line text (`parse`) and checks a value from anywhere (`check`): it returns

@@ -28,13 +28,13 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from ..base.loops import summed
 from ..base.errors import InputError
-from ..placement.loads import balancedness, gpu_loads, nanmean_or_none
-from ..placement import Placement, trivial_placement
+from ..base.loops import summed
 from ..base.registry import lookup, name_of
-from ..solvers import find_solver, solve, solver_options
+from ..placement import Placement, trivial_placement
+from ..placement.loads import balancedness, gpu_loads, nanmean_or_none
 from ..placement.topology import Topology
+from ..solvers import find_solver, solve, solver_options
 from .migration import transfer_counts
 from .predictors import DEFAULT_DECAY, PREDICTORS
 from .switch import switched

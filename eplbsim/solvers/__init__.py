@@ -33,16 +33,16 @@ import torch
 
 from ..base.errors import InputError
 from ..base.limits import MAX_EXPERTS, MAX_LAYERS, MAX_LOAD, MAX_SLOTS, check_at_most
-from ..placement import Placement
 from ..base.registry import lookup, name_of
+from ..placement import Placement
 from ..placement.topology import Topology
-from .migration import check_previous, migrate, moved_slots
 from .affinity import affinity
 from .deepseek import deepseek
 from .exact import exact
 from .flashlb import flashlb
 from .lplb import lplb
 from .lpt import lpt, lpt_hier
+from .migration import check_previous, migrate, moved_slots
 from .trivial import trivial
 from .trtllm import trtllm_online
 

@@ -46,8 +46,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..cost.devices import DEVICES
 from ..base.errors import InputError
+from ..cost.devices import DEVICES
 from ..placement.topology import Topology
 from .deepseek import deepseek
 

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..base.loops import expert_counts
 from ..base.errors import InputError
+from ..base.loops import expert_counts
 from .counts import CountsTrace
 from .trace import View, shape_words
 

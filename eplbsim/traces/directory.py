@@ -31,10 +31,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..base.loops import counts_and_first_duplicate, expert_counts
 from ..base.errors import InputError, InputWarning
 from ..base.files import NPY_HEADER_ERRORS, atomic_dir, npy_header, npy_refusal, regular_file
 from ..base.limits import MAX_EXPERTS, MAX_GPUS
+from ..base.loops import counts_and_first_duplicate, expert_counts
 from ..base.progress import Progress
 from .trace import Trace, TraceShape, check_sizes_of, id_dtype, shape_words
 

@@ -23,8 +23,8 @@ import torch
 
 from ..base.errors import InputError
 from ..base.files import NPY_HEADER, atomic_file, check_memory, npy_refusal, regular_file
-from ..base.loops import counts_and_first_duplicate, expert_counts, first_duplicate
 from ..base.limits import MAX_EXPERTS, MAX_GPUS, MAX_LAYERS, MAX_TOP_K, check_at_most
+from ..base.loops import counts_and_first_duplicate, expert_counts, first_duplicate
 
 
 class TraceShape:

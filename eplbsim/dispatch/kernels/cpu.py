@@ -25,10 +25,10 @@ import torch
 
 from ...base.compiled import JIT, jit, prange, threads
 from ...base.loops import pair_table, row_chunks
+from ...placement import View
 from ..policies import (HASH_MULTIPLIER, DispatchContext, layer_draws, layer_offsets,
                         static_table)
 from ..streams import DRAW, LANE_KEYS, Stream, lane_mod, philox, philox_lanes, split_key
-from ...placement import View
 
 @jit(parallel=True, **JIT)
 def _row(ids, log2phy, logcnt, out, chunks):  # pragma: no cover - compiled

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from ..policies import DispatchContext, layer_draws, static_table
 from ...placement import View
+from ..policies import DispatchContext, layer_draws, static_table
 
 
 def _flat(topk_ids: torch.Tensor, view: View) -> tuple[torch.Tensor, torch.Tensor]:

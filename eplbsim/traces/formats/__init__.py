@@ -27,10 +27,10 @@ from ..counts import (CountsTrace, LayerCounts, is_counts_file, load_counts_csv,
 from ..directory import DirTrace, load_trace_dir
 from ..requests import RequestSet, is_request_file, load_requests
 from ..trace import Trace, is_zip, load_trace
+from .flame import is_flame, read_flame
 from .jsonl import read_jsonl
 from .megatron import is_megatron_trace, read_megatron
 from .positional import read_positional
-from .flame import is_flame, read_flame
 from .token_log import is_token_log, read_token_requests, read_token_trace
 from .trtllm import is_trtllm_stats, read_trtllm_stats
 from .vllm import is_vllm_arrays, is_vllm_json, read_vllm_arrays, read_vllm_json

@@ -40,10 +40,10 @@ from typing import Any
 
 import numpy as np
 
-from ...base.loops import first_duplicate
 from ...base.errors import InputError
 from ...base.files import check_memory
 from ...base.limits import MAX_EXPERTS, MAX_LAYERS, MAX_TOP_K
+from ...base.loops import first_duplicate
 from ..trace import Trace
 
 SEQ_LENGTH = 2048  # the capture's --seq-length: the default step

@@ -32,8 +32,8 @@ from ...base.errors import InputError
 from ...base.files import atomic_file
 from ...base.limits import MAX_EXPERTS, MAX_LAYERS, MAX_TOP_K
 from ...base.progress import Progress
-from ..trace import Trace, model_in
 from ..directory import DirTrace, write_steps
+from ..trace import Trace, model_in
 from .records import records
 
 

@@ -35,11 +35,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..counts import CountsTrace
 from ...base.errors import InputError
 from ...base.files import regular_file
 from ...base.limits import MAX_EXPERTS
 from ...base.progress import Progress
+from ..counts import CountsTrace
 from ..trace import Trace
 
 MODES = ("per_token", "per_pass", "stat")
