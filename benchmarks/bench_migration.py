@@ -10,8 +10,9 @@ Contenders, side by side on the same pair of placements:
 - **vLLM async**: `migration.migrate_async`, vLLM's asynchronous path (its async worker a
   thread a rank, one layer a step, the maps checked against the slots before every step); its
   sends are checked equal to the synchronous path's ("equal");
-- **model**: eplbsim's own migration model of the same move (`schedule.migration.transfer_kinds`
-  and `cost.rebalance.sync_stall_seconds`'s copy counts), for scale: it moves nothing.
+- **model**: eplbsim's own migration model of the same move
+  (`schedule.transfers.transfer_kinds` and `cost.rebalance.sync_stall_seconds`'s copy
+  counts), for scale: it moves nothing.
 Both paths' slots and sends are checked equal. Seconds are the best of `REPEATS` (real: one).
 Run: `python benchmarks/bench_migration.py [--layers L] [--no-real]`.
 """
@@ -24,11 +25,11 @@ import time
 import numpy as np
 import torch
 
-from eplbsim.migration import migrate, migrate_async, plan
+from eplbsim.migration import migrate, migrate_async, transfer_totals
 from eplbsim.migration.real import migrate_on_processes
 from eplbsim.placement import Placement
 from eplbsim.placement.topology import Topology
-from eplbsim.schedule.migration import transfer_counts
+from eplbsim.schedule.transfers import transfer_counts
 from eplbsim.solvers import solve
 
 E, P, G, NODES, REPEATS = 256, 288, 32, 4, 3
@@ -67,7 +68,7 @@ def main() -> None:
             moved = migrate(engine, old, new, E, topology)
             times.append(time.perf_counter() - start)
         assert torch.equal(moved.holds, new), f"{engine}: slots wrong after the move"
-        summary = plan(moved.sent, topology)
+        summary = transfer_totals(moved.sent, topology)
         equal = "-"
         real_s = "-"
         if engine in real:
@@ -88,7 +89,7 @@ def main() -> None:
         times.append(time.perf_counter() - start)
     assert torch.equal(moved.holds, new) and not any(s.mismatch for s in steps), \
         "vLLM async: slots or maps wrong"
-    summary = plan(moved.sent, topology)
+    summary = transfer_totals(moved.sent, topology)
     equal = sorted(migrate("vllm", old, new, E, topology).sent) == sorted(moved.sent)
     print(f"{'vllm-as':7s} {min(times):8.3f} {'-':>8s} {summary['p2p_ops']:8d} "
           f"{summary['nvlink_bytes']:9d} {summary['rdma_bytes']:8d} {str(equal):>6s}")

@@ -8,11 +8,12 @@ def epoch(policy, views, mode="none", groups=None, seed=0, rank_offset=False, co
           ranks=None, keep_choices=False, moe=None):
     """An Epoch over `views` (one per held rank; all `G` ranks unless `ranks` says which)."""
     name, entry = resolve_policy(policy)
-    held = make_ranks("independent", seed, len(views)) if ranks is None else tuple(ranks)
+    own = make_ranks("independent", seed, len(views)) if ranks is None else tuple(ranks)
     groups = rank_groups(views, entry) if groups is None else tuple(map(tuple, groups))
     G = len(views) if ranks is None else views[0].placement.topology.num_gpus
-    return Epoch(name, entry, views[0].placement, held, tuple(views), groups, G, mode, seed,
-                 rank_offset, moe=moe, comm=comm, keep_choices=keep_choices)
+    return Epoch(name=name, policy=entry, placement=views[0].placement, ranks=own,
+                 views=tuple(views), groups=groups, num_ranks=G, mode=mode, seed=seed,
+                 rank_offset=rank_offset, moe=moe, comm=comm, keep_choices=keep_choices)
 
 
 def step(ids, views, policy, mode="none", s=0, src_rank=None, **kw):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from eplbsim.metrics import METRICS
-from eplbsim.schedule.migration import MIGRATION_FIELDS
+from eplbsim.schedule.transfers import MIGRATION_FIELDS
 from eplbsim.traces.synth import synthesize
 from eplbsim.traces.trace import load_trace, save_trace
 

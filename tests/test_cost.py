@@ -291,7 +291,7 @@ def test_sync_stall_is_the_slowest_gpus_copies_over_its_links(per_node, link):
     """Experts 0 and 2 swap GPUs: one copy into each GPU, from another node or the same one."""
     from eplbsim.cost.rebalance import sync_stall_seconds
     from eplbsim.placement import Placement
-    from eplbsim.schedule.migration import transfer_kinds
+    from eplbsim.schedule.transfers import transfer_kinds
     topo = Topology(2, per_node)
     old = Placement(torch.tensor([[0, 1, 2, 3]]), 4, topo)
     new = Placement(torch.tensor([[2, 1, 0, 3]]), 4, topo)

@@ -226,7 +226,7 @@ def assert_fast_is_exact(trace, spec):
     fast_load, fast = run_steps(trace, spec, segments, fast=True)
     slow_load, slow = run_steps(trace, spec, segments, fast=False)
     assert torch.equal(fast_load, slow_load)
-    for name in ("agreed", "valid", "multiplicity", "drift", "tokens", "crossings", "shared",
+    for name in ("agreed", "valid", "multiplicity_counts", "drifted", "tokens", "crossings", "shared",
                  "fanout"):
         assert torch.equal(getattr(fast, name), getattr(slow, name)), name
     assert torch.equal(fast.error[..., 0], slow.error[..., 0])

@@ -313,7 +313,7 @@ def test_the_engines_own_code_runs_split_over_workers(sglang_source):
     policies = ["sglang:dynamic", "sglang:static"]
     whole = compare(trace, policies, ["none", "a2a"], spec)
     with Workers(trace, 2) as workers:
-        split = compare(trace, policies, ["none", "a2a"], spec, run=workers.replay)
+        split = compare(trace, policies, ["none", "a2a"], spec, run=workers.replay_planned)
     assert [r.row() for r in split] == [r.row() for r in whole]
     assert {r.row()["engine"] for r in split} == {"sglang 0.5.23"}
 

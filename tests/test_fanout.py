@@ -1,5 +1,6 @@
-"""Fan-out (`eplbsim.ranks.fanout`, the `fanout_*` and `remote_frac` metrics): the compiled sets equal
-a count with Python sets, and a replay's figures equal a recount from every rank's choices."""
+"""Fan-out (`eplbsim.ranks.fanout`, the `fanout_*` and `remote_frac` metrics): the compiled sets
+equal a count with Python sets, and a replay's figures equal a recount from every rank's
+choices."""
 
 import numpy as np
 import pytest
@@ -74,8 +75,9 @@ def test_a_step_counts_the_gpus_its_executed_choices_reach(mode, policy):
     ids = trace.step(0)
     ids[3, 1, 2] = -1  # padding
     for fast in (False, True):
-        epoch = Epoch(name, entry, placement, ranks, views, rank_groups(views, entry), 8, mode,
-                      5, fast=fast, count_links=True, keep_choices=not fast)
+        epoch = Epoch(name=name, policy=entry, placement=placement, ranks=ranks, views=views,
+                      groups=rank_groups(views, entry), num_ranks=8, mode=mode, seed=5,
+                      fast=fast, count_links=True, keep_choices=not fast)
         out = MODES[mode](epoch, 0, ids, None)
         if not fast:
             owners = token_owners(64, 8).numpy()

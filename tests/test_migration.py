@@ -17,9 +17,9 @@ import torch
 
 from eplbsim import engines
 from eplbsim.base.errors import InputError
-from eplbsim.migration import elastic, migrate, migrate_async, plan
+from eplbsim.migration import elastic, migrate, migrate_async, transfer_totals
 from eplbsim.migration.simdist import SimWorld, simulated
-from eplbsim.migration.weights import held, lost_experts, rank_weights, slot_mismatch
+from eplbsim.migration.weights import lost_experts, rank_weights, slot_experts, slot_mismatch
 from eplbsim.placement.topology import Topology
 from eplbsim.review import EXIT
 
@@ -44,11 +44,11 @@ def test_weights_read_back_as_the_expert_they_hold_and_nothing_else():
     p2l = torch.tensor([[0, 1, 2, 3, 0, 1], [3, 2, 1, 0, 3, -1]])
     weights = rank_weights(p2l, 4, 3)
     assert len(weights) == 3 and weights[0][1][0].shape == (2, 4, 8)
-    assert torch.equal(held(weights, 4), p2l)
+    assert torch.equal(slot_experts(weights, 4), p2l)
     weights[1][0][2][0, 1] += 1  # one element of slot 2's scale
     weights[2][1][0][0] = weights[0][1][0][1]  # layer 1 slot 4 gets slot 1's w13 only
     weights[0][0][1][1] = rank_weights(p2l.roll(1, 0), 4, 3)[0][0][1][1]  # another layer's
-    holds = held(weights, 4)
+    holds = slot_experts(weights, 4)
     assert holds[0].tolist() == [0, -1, -1, 3, 0, 1] and holds[1].tolist() == [3, 2, 1, 0, -1, -1]
     assert slot_mismatch(holds, p2l).tolist() == [2, 1]  # the empty slot is not counted
     assert lost_experts(holds, 4) == [(0, 2)]
@@ -93,7 +93,7 @@ def test_the_engines_updater_leaves_every_slot_holding_what_the_new_map_names(
     topology = Topology(gpus, per_node)
     moved = migrate(engine, old, new, E, topology)
     assert torch.equal(moved.holds, new) and moved.mismatch.sum() == 0 and moved.lost == []
-    summary = plan(moved.sent, topology)
+    summary = transfer_totals(moved.sent, topology)
     assert summary["p2p_ops"] == len(moved.sent) > 0
     assert summary["nvlink_bytes"] + summary["rdma_bytes"] == sum(b for *_, b in moved.sent)
     if per_node == gpus:

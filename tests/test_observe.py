@@ -16,7 +16,7 @@ import torch
 
 from eplbsim import engines
 from eplbsim.dispatch import resolve_policy
-from eplbsim.dispatch.observe import draws_nothing, observed_groups, probe_ids, same
+from eplbsim.dispatch.observe import draws_nothing, observed_groups, probe_ids, inputs_equal
 from eplbsim.placement import rank_view
 from eplbsim.placement.topology import Topology
 from eplbsim.ranks import make_ranks, rank_context
@@ -35,9 +35,10 @@ def test_same_compares_tensors_sequences_and_attributes():
         def __init__(self, t):
             self.map, self.n = t, 3
     a, b = torch.arange(4), torch.arange(4)
-    assert same((a, [Info(a)], {"k": 1}), (b, [Info(b)], {"k": 1}))
-    assert not same(a, a.to(torch.int32)) and not same(a, a[:3]) and not same(a, a + 1)
-    assert not same([Info(a)], [Info(a + 1)]) and not same((a,), [a])
+    assert inputs_equal((a, [Info(a)], {"k": 1}), (b, [Info(b)], {"k": 1}))
+    assert not inputs_equal(a, a.to(torch.int32)) and not inputs_equal(a, a[:3])
+    assert not inputs_equal(a, a + 1)
+    assert not inputs_equal([Info(a)], [Info(a + 1)]) and not inputs_equal((a,), [a])
     assert probe_ids(5, 3).tolist()[4] == [4, 0, 1]
 
 

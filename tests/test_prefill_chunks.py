@@ -1,6 +1,6 @@
-"""Tests of eplbsim.traces.chunks: a trace's long steps cut into chunks of at most N tokens (as a
-chunked-prefill engine runs a long pass), over an in-memory trace, a selection of its steps and
-a trace directory; and `--max-batched-tokens` on a trace from the command line.
+"""Tests of eplbsim.traces.prefill_chunks: a trace's long steps cut into chunks of at most N
+tokens (as a chunked-prefill engine runs a long pass), over an in-memory trace, a selection of
+its steps and a trace directory; and `--max-batched-tokens` on a trace from the command line.
 
 Dimensions: `S` steps, `T_s` tokens of step `s`, `L` layers, `E` experts, `K` top-k.
 """
@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from eplbsim.base.errors import InputError
-from eplbsim.traces.chunks import ChunkView, chunk_steps
 from eplbsim.traces.counts import CountsTrace
 from eplbsim.traces.directory import save_trace_dir
+from eplbsim.traces.prefill_chunks import ChunkView, chunk_steps
 from eplbsim.traces.steps import select
 from eplbsim.traces.trace import Trace
 

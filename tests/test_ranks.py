@@ -44,13 +44,13 @@ def test_none_counts_each_rank_executing_its_own_gpu():
     assert out.multiplicity.squeeze(1).tolist() == [[2, 1], [1, 0]]
     assert out.slot_load.tolist() == [[1, 1, 1, 1]]
     assert out.agreed.tolist() == [2] and out.valid.tolist() == [3]
-    assert out.counts.tolist() == [[0, 2, 1]]
+    assert out.multiplicity_counts.tolist() == [[0, 2, 1]]
 
 
 def test_none_drops_pairs_nobody_executes():
     out = step(torch.tensor([[[0]]]), VIEWS, fixed_choices([[[2]], [[0]]]))
     assert out.multiplicity.tolist() == [[[0]]] and out.slot_load.sum() == 0
-    assert out.agreed.tolist() == [0] and out.counts.tolist() == [[1, 0, 0]]
+    assert out.agreed.tolist() == [0] and out.multiplicity_counts.tolist() == [[1, 0, 0]]
 
 
 def test_rank_groups_share_only_provably_identical_choices():
@@ -87,7 +87,7 @@ def test_rank_variant_policies_are_never_short_circuited(monkeypatch, name):
     if name == "row":
         assert calls == [0]  # one computation serves all four identical ranks
         single = step(ids, views, name, groups=[[0], [1], [2], [3]])
-        for field in ("multiplicity", "slot_load", "agreed", "counts"):
+        for field in ("multiplicity", "slot_load", "agreed", "multiplicity_counts"):
             assert torch.equal(getattr(shared, field), getattr(single, field))
     else:
         assert calls == [0, 1, 2, 3]
@@ -106,7 +106,7 @@ def test_a2a_rows_count_within_each_rank_share():
     # rows 0, 1, 2 of rank 0 and rows 0, 1 of rank 1 -> replicas 0 1 0 | 0 1 -> slots 0 2 0 0 2
     assert out.slot_load.tolist() == [[3, 0, 2, 0]]
     assert out.multiplicity.flatten().tolist() == [1] * 5 and out.agreed is None
-    assert out.counts.tolist() == [[0, 5, 0]] and out.error is None
+    assert out.multiplicity_counts.tolist() == [[0, 5, 0]] and out.error is None
 
 
 def test_a2a_takes_the_trace_s_source_ranks():
@@ -214,8 +214,8 @@ def test_the_step_split_over_processes_equals_one_process(mode, name):
     for t in threads:
         t.join()
     for part in parts:
-        for field in ("slot_load", "multiplicity", "counts", "valid", "drifted", "agreed",
-                      "error"):
+        for field in ("slot_load", "multiplicity", "multiplicity_counts", "valid", "drifted",
+                      "agreed", "error"):
             a, b = getattr(whole, field), getattr(part, field)
             assert (a is None and b is None) or torch.equal(a, b), (field, a, b)
 

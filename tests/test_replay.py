@@ -73,10 +73,10 @@ def test_random_with_drift_agrees_until_the_first_drift():
     res = replay(tr, CFG.replace(policy="random", rng="drift", drift_p=0.1))
     c = res.counters
     per_step = c.agreed.sum(1) / c.valid.sum(1)  # [S]
-    drifted = c.drift.any(1)
+    drifted = c.drifted.any(1)
     first = int(drifted.nonzero()[0])
     assert 0 < first < tr.num_steps - 1, "seed chosen so the first drift falls mid-trace"
-    assert not c.drift[first].all(), "some rank must stay in step for the ranks to diverge"
+    assert not c.drifted[first].all(), "some rank must stay in step for the ranks to diverge"
     assert (per_step[:first] == 1).all()
     assert (per_step[first:] < 1).all()
 
@@ -123,7 +123,7 @@ def test_replay_is_deterministic_and_leaves_the_trace_alone(trace):
 def test_executed_load_follows_multiplicity(trace):
     """With 2 ranks c is 0, 1 or 2, so executed pairs = #(c = 1) + 2 #(c = 2)."""
     res = replay(trace, RunSpec.of(gpus=2, redundant=4, policy="random"))
-    c0, c1, c2 = res.counters.multiplicity.sum((0, 1)).tolist()
+    c0, c1, c2 = res.counters.multiplicity_counts.sum((0, 1)).tolist()
     assert c0 > 0 and c2 > 0
     assert int(res.slot_load.sum()) == c1 + 2 * c2
     assert c0 + c1 + c2 == int(res.true_load.sum())

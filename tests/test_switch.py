@@ -71,12 +71,12 @@ def test_none_ranks_drop_and_double_pairs_while_they_disagree(fast):
     # puts expert 0 on GPU 0 and expert 1 on its own GPU 1: expert-0 pairs run nowhere,
     # expert-1 pairs twice, and the ranks agree on no pair.
     slot_load, counters = _swap_run("none", [1, 2], fast)
-    assert counters.multiplicity[1, 0].tolist() == [3, 0, 5]
+    assert counters.multiplicity_counts[1, 0].tolist() == [3, 0, 5]
     assert counters.agreed[:, 0].tolist() == [8, 0, 8]
     assert slot_load[1, 0].tolist() == [5, 5]
     assert counters.error[1, 0, 0] > 0
     _, together = _swap_run("none", None, fast)
-    assert together.multiplicity[:, 0, 1].tolist() == [8, 8, 8]
+    assert together.multiplicity_counts[:, 0, 1].tolist() == [8, 8, 8]
     assert (together.agreed[:, 0] == 8).all()
 
 

@@ -60,7 +60,7 @@ def test_every_policy_in_both_modes_splits_bit_for_bit_on_local_processes(trace)
                       shared_experts=1, cost="roofline")
     whole = compare(trace, POLICY_NAMES, ["none", "a2a"], spec)
     with Workers(trace, 2) as workers:
-        split = compare(trace, POLICY_NAMES, ["none", "a2a"], spec, run=workers.replay)
+        split = compare(trace, POLICY_NAMES, ["none", "a2a"], spec, run=workers.replay_planned)
     assert len(whole) == len(split) > len(POLICY_NAMES)
     for ours, theirs in zip(split, whole):
         _same(ours, theirs)
@@ -72,7 +72,7 @@ def test_a_local_ray_cluster_gives_the_same_bits(trace):
     policies = ["random", "row", "static", "lp"]
     whole = compare(trace, policies, ["none", "a2a"], spec)
     with Workers(trace, 2, "ray") as workers:
-        split = compare(trace, policies, ["none", "a2a"], spec, run=workers.replay)
+        split = compare(trace, policies, ["none", "a2a"], spec, run=workers.replay_planned)
     for ours, theirs in zip(split, whole):
         _same(ours, theirs)
 
@@ -141,7 +141,7 @@ def test_the_engines_own_code_splits_bit_for_bit_and_is_weighed_by_its_calls(tra
     moved = spec.replace(migration="sglang", unmoved=1, map_lead=1)
     whole = compare(short, names, ["none", "a2a"], moved)
     with Workers(short, 2) as workers:
-        split = compare(short, names, ["none", "a2a"], moved, run=workers.replay)
+        split = compare(short, names, ["none", "a2a"], moved, run=workers.replay_planned)
     for ours, theirs in zip(split, whole):
         _same(ours, theirs)
     work = {(p, m): dispatch_work(trace, [spec.replace(policy=p, mode=m)])

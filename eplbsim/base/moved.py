@@ -43,6 +43,9 @@ OLD_NAMES = {
     "workers": "replay.workers",
     # the rest joins the package of its concept
     "bisect": "engines.bisect", "figures": "plots.figures",
+    # one name a module: no two modules called migration or chunks
+    "metrics.chunks": "metrics.counters", "schedule.migration": "schedule.transfers",
+    "solvers.migration": "solvers.few_moves", "traces.chunks": "traces.prefill_chunks",
 }
 
 

@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterator
 from .. import runspec
 from ..base.errors import InputError
 from ..base.progress import bar, run_label
-from ..replay import compare, comparison, replay
+from ..replay import compare, comparison, replay, replay_planned
 from ..replay.executors import EXECUTORS
 from ..replay.results import (describe, format_table, rebalance_report, series_rows, table_notes,
                               time_report, to_json, warnings, with_speedup, write_csv,
@@ -106,10 +106,10 @@ def handle(args: argparse.Namespace) -> int:
 def _runner(args: argparse.Namespace, trace: Any, split: bool) -> Iterator[Callable[..., Any]]:
     """How each row is replayed: in this process, or (`split`) over `--workers`."""
     if not split:
-        yield replay
+        yield replay_planned
         return
     with Workers(trace, args.workers, args.executor, args.address) as workers:
-        yield workers.replay
+        yield workers.replay_planned
 
 
 def _counts_only(args: argparse.Namespace, counts: CountsTrace, base: runspec.RunSpec) -> int:

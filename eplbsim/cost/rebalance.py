@@ -13,7 +13,7 @@ from .devices import DeviceProfile
 def sync_stall_seconds(kinds: np.ndarray, slot_gpu: np.ndarray, num_gpus: int,
                        expert_bytes: int, device: DeviceProfile) -> float:
     """Seconds serving stalls while one rebalance's copies land, from each slot's copy source
-    `kinds [L, P]` (`schedule.migration.transfer_kinds`: -1 none, 0 same GPU, 1 same node,
+    `kinds [L, P]` (`schedule.transfers.transfer_kinds`: -1 none, 0 same GPU, 1 same node,
     2 another node) on GPUs `slot_gpu [P]`, every layer at once: each receiving GPU takes its
     same-GPU copies over HBM (read and written), then its same-node bytes over NVLink and its
     other-node bytes over RDMA; the slowest GPU decides (0 when nothing moves)."""

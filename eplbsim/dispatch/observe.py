@@ -29,7 +29,7 @@ import torch
 PROBE_SEED = 0  # the generator a probe hands the call (its state is what is compared)
 
 
-def same(a: Any, b: Any) -> bool:
+def inputs_equal(a: Any, b: Any) -> bool:
     """Whether two inputs are equal: tensors of equal dtype, shape and values; sequences and
     mappings item by item; objects with attributes (an engine's dispatch info) attribute by
     attribute; anything else by `==`."""
@@ -38,12 +38,12 @@ def same(a: Any, b: Any) -> bool:
                 and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.cpu(), b.cpu()))
     if isinstance(a, (list, tuple)) or isinstance(b, (list, tuple)):
         return (type(a) is type(b) and len(a) == len(b)
-                and all(same(x, y) for x, y in zip(a, b)))
+                and all(inputs_equal(x, y) for x, y in zip(a, b)))
     if isinstance(a, dict) or isinstance(b, dict):
         return (isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys()
-                and all(same(a[k], b[k]) for k in a))
+                and all(inputs_equal(a[k], b[k]) for k in a))
     if hasattr(a, "__dict__") and not callable(a):
-        return type(a) is type(b) and same(vars(a), vars(b))
+        return type(a) is type(b) and inputs_equal(vars(a), vars(b))
     return bool(a == b)
 
 
@@ -100,7 +100,7 @@ def observed_groups(views: Sequence[Any], contexts: Sequence[Any], policy: Any,
     groups: list[list[int]] = []
     for i in range(len(views)):
         for group in groups:
-            if same(inputs[group[0]], inputs[i]):
+            if inputs_equal(inputs[group[0]], inputs[i]):
                 group.append(i)
                 break
         else:

@@ -218,7 +218,7 @@ def ordinal_offset(ctx: DispatchContext) -> int:
     """Start offset of ordinal: step + layer, so leftover pairs rotate over the replicas from
     step to step; plus the rank in "a2a" mode unless `ctx.rank_offset` is False (each rank's
     share then starts where the others' do not, which on small per-rank batches balances
-    better: benchmarks/RESULTS.md)."""
+    better: benchmarks/history/2026-12.md)."""
     offset = ctx.step + ctx.layer
     if ctx.mode == "a2a" and ctx.rank_offset is not False:
         offset += ctx.rank

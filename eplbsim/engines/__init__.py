@@ -196,7 +196,7 @@ def fetch_engine(engine: str, version: str | None = None) -> Path:
     return fetch(engine, version, spec.keep)
 
 
-def ran(names: Any, sources: Any = ()) -> str | None:
+def engine_code(names: Any, sources: Any = ()) -> str | None:
     """What engine code the engine algorithms among `names` ran (`label`, joined by ", "), or
     None when none of them is an engine's."""
     engines = sorted({n.partition(":")[0] for n in names if is_engine_name(n)})

@@ -29,9 +29,9 @@ class Counters:
 
     agreed:       int64 `[S, L]` pairs on which all ranks chose the same slot (0 in "a2a")
     valid:        int64 `[S, L]` non-padding pairs
-    multiplicity: int64 `[S, L, 3]` valid pairs executed 0, 1, >= 2 times
+    multiplicity_counts: int64 `[S, L, 3]` valid pairs executed 0, 1, >= 2 times
     error:        float64 `[S, L, 2]` (||Y - Y_exact||^2, ||Y_exact||^2) of the toy layer
-    drift:        bool `[S, G]` ranks that consumed an extra batch of draws before the step
+    drifted:      bool `[S, G]` ranks that consumed an extra batch of draws before the step
     tokens:       int64 `[S]` tokens of each step
     crossings:    int64 `[S, L, 2]` in "a2a" with a cost model: the busiest GPU's token
                   crossings of each layer's dispatch over NVLink and RDMA (else 0)
@@ -46,9 +46,9 @@ class Counters:
 
     agreed: torch.Tensor
     valid: torch.Tensor
-    multiplicity: torch.Tensor
+    multiplicity_counts: torch.Tensor
     error: torch.Tensor
-    drift: torch.Tensor
+    drifted: torch.Tensor
     tokens: torch.Tensor
     crossings: torch.Tensor
     wrong: torch.Tensor
@@ -72,6 +72,16 @@ class Counters:
     def __repr__(self) -> str:
         S, L = self.valid.shape
         return f"Counters({S} steps x {L} layers, {int(self.valid.sum())} pairs)"
+
+    def record(self, i: int, outcome: Any, tokens: int) -> None:
+        """Put step `i`'s outcome (`ranks.StepOutcome`, whose counters have these names) in
+        place: each counter it holds (None: not counted in this run, left 0), and the step's
+        `tokens`."""
+        self.tokens[i] = tokens
+        for f in fields(self):
+            value = getattr(outcome, f.name, None)
+            if value is not None:
+                getattr(self, f.name)[i] = value
 
     def steps(self, lo: int, hi: int) -> "Counters":
         """The counters of steps `[lo, hi)` (views)."""

@@ -16,9 +16,9 @@ from ..base.loops import summed
 from ..cost.rebalance import sync_stall_seconds
 from ..placement.loads import balancedness, idle_replicas, nanmax_or_none, replica_skew
 from ..ranks.fanout import FIELDS
-from ..schedule.migration import transfer_kinds
 from ..schedule.switch import phases
-from .chunks import Chunk, layer_scale
+from ..schedule.transfers import transfer_kinds
+from .counters import Chunk, layer_scale
 from .gap import placement_gap
 from .reductions import (mean, overhead, peak, ratio, root_ratio, shares, step_time, throughput,
                          total)
@@ -104,7 +104,8 @@ def _corrupt(results: Any) -> bool:
     """Whether the run's output is wrong: some pair executed other than once (ranks that
     disagree, "none") or sent to a slot holding another expert ("a2a", while ranks switch)."""
     c = results.counters
-    return bool(c.multiplicity[..., 0].sum() + c.multiplicity[..., 2].sum() + c.wrong.sum())
+    once = c.multiplicity_counts  # [S, L, 3]
+    return bool(once[..., 0].sum() + once[..., 2].sum() + c.wrong.sum())
 
 
 def _rebalances(results: Any) -> int:
@@ -220,7 +221,8 @@ METRICS: dict[str, Metric] = {
     "output_corrupt": Metric("corrupt", whole=_corrupt, needs=COUNTERS, tables=frozenset()),
     "rank_agreement": Metric("agree", lambda c: (c.counters.agreed, c.counters.valid), ratio,
                              needs=COUNTERS, modes=("none",)),
-    "multiplicity": Metric(("c=0", "c=1", "c>=2"), lambda c: c.counters.multiplicity.unbind(-1),
+    "multiplicity": Metric(("c=0", "c=1", "c>=2"),
+                           lambda c: c.counters.multiplicity_counts.unbind(-1),
                            shares, needs=COUNTERS, subkeys=("0", "1", "2+")),
     "output_rel_error": Metric("out_err", lambda c: c.counters.error.unbind(-1), root_ratio,
                                needs=COUNTERS, modes=("none",)),

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from ..base.loops import summed
-from .chunks import Chunk
+from .counters import Chunk
 from .declared import METRICS, Metric
 from .reductions import PER_LAYER, PER_STEP, WHOLE, total
 

@@ -13,7 +13,7 @@ layer.
 (`weights.rank_weights`), hands each rank's list to the engine's updater (`MIGRATIONS`: SGLang's
 `expert_location_updater`, vLLM's `rearrange_expert_weights_inplace`), runs the ranks in one
 process (`simdist.SimWorld`, threads answering torch.distributed's point-to-point calls) and
-reads back what every slot holds (`weights.held`). `drop` leaves tensors out of the list the
+reads back what every slot holds (`weights.slot_experts`). `drop` leaves tensors out of the list the
 engine is given while they stay in the weights (a tensor the updater is not told of: vLLM
 #47588's shape). The result says:
 - `holds [L, P]`: the expert each slot holds after the move (-1: nothing valid);
@@ -46,7 +46,8 @@ import torch
 from ..base.errors import InputError
 from ..placement.topology import Topology
 from .simdist import WAIT_S, SimWorld, simulated
-from .weights import SHAPES, given_to_engine, held, lost_experts, rank_weights, slot_mismatch
+from .weights import (SHAPES, given_to_engine, lost_experts, rank_weights, slot_experts,
+                      slot_mismatch)
 
 MIGRATIONS = {  # --migration: who moves the weights at a rebalance
     "eplbsim": "eplbsim's own migration model (moved slots priced by the cost model)",
@@ -73,7 +74,7 @@ class Moved:
     def read(cls, weights: list, new: torch.Tensor, num_experts: int, sent: list,
              maps: Any = None, map_mismatch: int = 0) -> "Moved":
         """What the ranks' weights `[G][L][W]` hold after a move to `new [L, P]`."""
-        holds = held(weights, num_experts)
+        holds = slot_experts(weights, num_experts)
         return cls(holds, slot_mismatch(holds, new), lost_experts(holds, num_experts),
                    list(sent), maps, weights, map_mismatch)
 
@@ -120,7 +121,7 @@ def prepare(engine: str, run: Any, old: torch.Tensor, new: torch.Tensor, num_exp
 
 def committed_apart(mover: Mover) -> int:
     """Ranks whose committed maps differ from those built for the new placement (`Mover`)."""
-    from ..dispatch.observe import same
+    from ..dispatch.observe import inputs_equal
     if mover.maps is None:
         return 0
     names = ("physical_to_logical_map", "logical_to_all_physical_map",
@@ -128,7 +129,7 @@ def committed_apart(mover: Mover) -> int:
 
     def maps(meta: Any) -> list:
         return [getattr(meta, n) for n in names if getattr(meta, n, None) is not None]
-    return sum(not same(maps(mover.maps[r]), maps(mover.fresh[r])) for r in mover.maps)
+    return sum(not inputs_equal(maps(mover.maps[r]), maps(mover.fresh[r])) for r in mover.maps)
 
 
 def migrate(engine: str, old: torch.Tensor, new: torch.Tensor, num_experts: int,
@@ -264,7 +265,7 @@ def migrate_async(old: torch.Tensor, new: torch.Tensor, num_experts: int, topolo
         for layer in range(done, min(done + lead, L)):  # the fault: maps ahead of weights
             for model in models:
                 commit(model, new_physical_to_logical_map=new[layer], layer=layer)
-        holds = held(weights, num_experts)
+        holds = slot_experts(weights, num_experts)
         maps = [m.physical_to_logical_map for m in models]
         return AsyncStep(
             committed=sum(int(torch.equal(maps[0][l], new[l])) for l in range(L)),
@@ -300,7 +301,7 @@ def migrate_async(old: torch.Tensor, new: torch.Tensor, num_experts: int, topolo
                       run.logical_maps(new, num_experts)), steps
 
 
-def plan(sent: Sequence[tuple[int, int, int]], topology: Topology) -> dict[str, int]:
+def transfer_totals(sent: Sequence[tuple[int, int, int]], topology: Topology) -> dict[str, int]:
     """The engine's transfers summed: `nvlink_bytes` (within a node), `rdma_bytes` (across
     nodes), `p2p_ops` (sends), and `max_recv_bytes` (the rank receiving the most)."""
     per_node = topology.gpus_per_node

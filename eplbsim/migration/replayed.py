@@ -34,7 +34,7 @@ import torch
 
 from ..cost.rebalance import copies_stall_seconds
 from ..engines import as_sources
-from ..metrics.chunks import layer_scale
+from ..metrics.counters import layer_scale
 from ..metrics.declared import rebalance_stalls
 from ..schedule.switch import held_experts, phases
 from . import migrate
@@ -91,7 +91,7 @@ def segment_holds(spec: Any, segments: Sequence[Any]) -> list[torch.Tensor] | No
     return out
 
 
-def served(spec: Any, segments: Sequence[Any]) -> list[tuple[int, int, Any, Any, Any]]:
+def serving_stretches(spec: Any, segments: Sequence[Any]) -> list[tuple[int, int, Any, Any, Any]]:
     """The replay's stretches `(start, stop, placement, serving, held)`: `schedule.switch.phases`
     with what each slot holds (`held [L, P]`, or None where every slot holds what the serving
     placement names): the experts the engine's updater left (`segment_holds`, `--migration`),

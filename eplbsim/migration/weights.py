@@ -70,7 +70,7 @@ def given_to_engine(weights: Weights, drop: Sequence[int] = ()) -> Weights:
     return out
 
 
-def held(weights: Sequence[Weights], num_experts: int) -> torch.Tensor:
+def slot_experts(weights: Sequence[Weights], num_experts: int) -> torch.Tensor:
     """The expert each slot holds, int64 `[L, P]` over the ranks' weights `[G][L][W]`: `e`
     when every tensor of the slot holds `code(l, e, i)` throughout, else -1."""
     W = len(weights[0][0])

@@ -76,7 +76,7 @@ class StepOutcome:
     slot_load:    int64 `[L, P]` pairs executed on each slot (CPU)
     multiplicity: int64 `[T, L, K]` times each pair was executed (0 at padding); None when
                   counted fast (`Epoch.fast`)
-    counts:       int64 `[L, 3]` valid pairs executed 0, 1 and >= 2 times (CPU)
+    multiplicity_counts: int64 `[L, 3]` valid pairs executed 0, 1 and >= 2 times (CPU)
     valid:        int64 `[L]` non-padding pairs (CPU)
     drifted:      bool `[G]` ranks that consumed an extra batch of draws before the step
     agreed:       int64 `[L]` pairs on which every rank chose the same slot; None in "a2a"
@@ -86,7 +86,7 @@ class StepOutcome:
     choices:      int64 `[len(ranks), T, L, K]` each held rank's slots, when kept; else None
     crossings:    int64 `[L, 2]` in "a2a" when `Epoch.count_links`: the busiest GPU's token
                   crossings of the dispatch over NVLink and RDMA (`cost.comm.a2a_crossings`)
-    wrong:        int64 `[L]` in "a2a" when `Epoch.held` is set: pairs sent to a slot whose
+    wrong:        int64 `[L]` in "a2a" when `Epoch.slot_experts` is set: pairs sent to a slot whose
                   weights are another expert's (CPU); else None
     shared:       float64 `[L, G]` with `Epoch.shared`: the tokens whose shared-expert work
                   each GPU runs (in "none" a `1 / G` share of every token's; CPU); else None
@@ -96,7 +96,7 @@ class StepOutcome:
 
     slot_load: torch.Tensor
     multiplicity: torch.Tensor | None
-    counts: torch.Tensor
+    multiplicity_counts: torch.Tensor
     valid: torch.Tensor
     drifted: torch.Tensor
     agreed: torch.Tensor | None = None
@@ -131,15 +131,15 @@ def _slot_counts(phys: torch.Tensor, executed: torch.Tensor, num_slots: int) -> 
 def weighed_error_terms(epoch: Epoch, step: int, topk_ids: torch.Tensor,
                         runs: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
     """`all_reduced_error_terms` where each pair runs with the weights its slot holds
-    (`Epoch.held`, `weighed`): `runs` are each group's `(phys [T, L, K], executed [T, L, K])`
-    in this process (`none_step`); a pair run on a slot holding expert `h` adds expert `h`'s
-    output for the token, one holding nothing valid adds nothing. The ranks of this process
-    sum their outputs; the group's all-reduce sums the processes'."""
-    held, P = epoch.held.to(topk_ids.device).reshape(-1), epoch.held.shape[1]
+    (`Epoch.slot_experts`, `weighed`): `runs` are each group's `(phys [T, L, K],
+    executed [T, L, K])` in this process (`none_step`); a pair run on a slot holding expert
+    `h` adds expert `h`'s output for the token, one holding nothing valid adds nothing. The
+    ranks of this process sum their outputs; the group's all-reduce sums the processes'."""
+    experts, P = epoch.slot_experts.to(topk_ids.device).reshape(-1), epoch.slot_experts.shape[1]
     right = torch.zeros(topk_ids.shape, dtype=torch.int64, device=topk_ids.device)
     wrong_sums = None
     for phys, executed in runs:
-        holds = held[flat_index(phys.clamp(min=0), P)]  # [T, L, K] the expert each slot holds
+        holds = experts[flat_index(phys.clamp(min=0), P)]  # [T, L, K] the expert each slot holds
         ok = executed & (holds == topk_ids)
         right += ok
         bad = executed & ~ok & (holds >= 0)
@@ -322,7 +322,7 @@ def _a2a_counted(epoch: Epoch, step: int, topk_ids: torch.Tensor,
     otherwise every rank's own rows (slices of contiguous shares when there is no `src_rank`)
     dispatched into one buffer, counted once."""
     if (epoch.policy.table is not None and src_rank is None and not epoch.count_links
-            and epoch.held is None and not epoch.shared):
+            and epoch.slot_experts is None and not epoch.shared):
         slot_load = epoch.table.sent_loads(topk_ids.numpy(),
                                            share_bounds(topk_ids.shape[0], epoch.num_ranks))
         valid = slot_load.sum(1)

@@ -45,9 +45,9 @@ def rank_epoch(policy: str | Policy, placement: Placement, view: str, rng: str, 
     ranks = make_ranks(rng, seed, placement.topology.num_gpus)
     views = tuple(rank_view(view, placement, r.rank, mode) for r in ranks)
     contexts = [rank_context(step, r, mode, seed, None) for r in ranks]
-    return Epoch(name, entry, placement, ranks, views,
-                 rank_groups(views, entry, None, contexts, top_k), len(ranks), mode, seed,
-                 keep_choices=True)
+    return Epoch(name=name, policy=entry, placement=placement, ranks=ranks, views=views,
+                 groups=rank_groups(views, entry, None, contexts, top_k), num_ranks=len(ranks),
+                 mode=mode, seed=seed, keep_choices=True)
 
 
 def probe_placement(num_experts: int, num_slots: int, topology: Topology,

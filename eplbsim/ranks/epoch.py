@@ -122,7 +122,7 @@ def rank_groups(views: Sequence[View], policy: DispatchPolicy,
     return tuple(map(tuple, groups))
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, kw_only=True)
 class Epoch:
     """What the steps served by one placement share, for the ranks this process holds.
 
@@ -138,8 +138,8 @@ class Epoch:
     count_links:  count each step's fan-out (`fanout`: the GPUs and nodes each token's executed
                   choices reach) and, in "a2a", its token crossings between GPUs and nodes
                   (what the cost model's communication reads)
-    held:         int64 `[L, P]` the expert whose weights each slot holds, when that is not
-                  what `placement` names everywhere (`migration.replayed.served`): ranks
+    slot_experts: int64 `[L, P]` the expert whose weights each slot holds, when that is not
+                  what `placement` names everywhere (`migration.replayed.serving_stretches`): ranks
                   serving different placements (a switch in progress, `schedule.switch`:
                   `views[i]` is then of the placement rank `i` serves, `placement` the new
                   one), what an engine's updater left (`--migration`), old weights under new
@@ -147,7 +147,7 @@ class Epoch:
                   expert. None when every slot holds what `placement` names
     shared:       count where each token's shared-expert work runs (`StepOutcome.shared`)
     tp:           the attention tensor-parallel size (`DispatchContext.tp`)
-    weighed:      `held` is what an engine's updater left in each slot (`--migration`,
+    weighed:      `slot_experts` is what an engine's updater left in each slot (`--migration`,
                   `migration.replayed`), -1 where a slot holds nothing valid: "none" also
                   computes each executed pair with the weights of the slot it ran on (the
                   output error then counts a wrong slot's output)
@@ -168,7 +168,7 @@ class Epoch:
     keep_choices: bool = False
     fast: bool = False
     count_links: bool = False
-    held: torch.Tensor | None = None
+    slot_experts: torch.Tensor | None = None
     shared: bool = False
     tp: int = 1
     weighed: bool = False

@@ -121,12 +121,13 @@ def link_crossings(epoch: Epoch, src_rank: torch.Tensor | None, gpu: torch.Tenso
 def wrong_pairs(epoch: Epoch, topk_ids: torch.Tensor, phys: torch.Tensor,
                 all_reduce: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor | None:
     """Pairs of `topk_ids [T, L, K]` sent (`phys [T, L, K]`, -1 where not sent) to a slot
-    whose weights are another expert's (`Epoch.held`), int64 `[L]` summed over the group;
-    None when `held` is not set."""
-    if epoch.held is None:
+    whose weights are another expert's (`Epoch.slot_experts`), int64 `[L]` summed over the
+    group; None when `slot_experts` is not set."""
+    experts = epoch.slot_experts  # [L, P]
+    if experts is None:
         return None
-    held = epoch.held.flatten()[flat_index(phys.clamp(min=0), epoch.held.shape[1])]
-    wrong = (phys >= 0) & (held != topk_ids)  # [T, L, K]
+    holds = experts.flatten()[flat_index(phys.clamp(min=0), experts.shape[1])]  # [T, L, K]
+    wrong = (phys >= 0) & (holds != topk_ids)  # [T, L, K]
     return all_reduce(wrong.sum((0, 2))).cpu()
 
 

@@ -19,7 +19,7 @@ has no token rows: nothing is dispatched, and the results hold the placement's p
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 import torch
@@ -32,7 +32,7 @@ from ..cost.catalog import trace_model
 from ..dispatch import resolve_policy
 from ..engines import is_engine_name, resolve_solver
 from ..metrics import Counters
-from ..migration.replayed import served
+from ..migration.replayed import serving_stretches
 from ..placement import rank_view
 from ..placement.io import load_placement
 from ..ranks import LOCAL, MODES, Collectives, Epoch, make_ranks, rank_context, rank_groups
@@ -62,7 +62,7 @@ def routed_loads(trace: Any) -> torch.Tensor:
     return trace.counts()
 
 
-def fitted(trace: Any, spec: RunSpec) -> RunSpec:
+def spec_for_trace(trace: Any, spec: RunSpec) -> RunSpec:
     """`spec` decided for `trace`: its redundant slots (`RunSpec.fit`: those of the placement
     it serves, `placement` or `initial` before the first rebalance, a file read for the
     trace's experts and layers; else the given number, else the default), and its model when
@@ -81,11 +81,11 @@ def fitted(trace: Any, spec: RunSpec) -> RunSpec:
 
 
 def check_fits(trace: Any, spec: RunSpec) -> RunSpec:
-    """`spec` fitted to the trace (`fitted`); InputError unless its topology takes the trace's
-    experts (slots divide over the GPUs, groups divide the experts), its placement files are
-    placements for it, its cost model can price it and it fits in memory: what a run would
-    otherwise find out only after starting."""
-    spec = fitted(trace, spec)
+    """`spec` decided for the trace (`spec_for_trace`); InputError unless its topology takes
+    the trace's experts (slots divide over the GPUs, groups divide the experts), its placement
+    files are placements for it, its cost model can price it and it fits in memory: what a run
+    would otherwise find out only after starting."""
+    spec = spec_for_trace(trace, spec)
     check_memory_of(trace, spec)
     topo = spec.topology.topology()
     E = trace.num_experts
@@ -135,23 +135,24 @@ def schedule_of(trace: Any, spec: RunSpec, true_load: torch.Tensor) -> tuple[Seg
 
 
 def run_steps(trace: Any, spec: RunSpec, segments: Sequence[Segment],
-              held: Sequence[int] | None = None, comm: Collectives = LOCAL,
+              own_ranks: Sequence[int] | None = None, comm: Collectives = LOCAL,
               device: str | None = None, fast: bool = True,
               progress: Progress | None = None) -> tuple[torch.Tensor, Counters]:
-    """Dispatch every step of `trace` on the ranks `held` (default all `G`, in this process),
+    """Dispatch every step of `trace` on the ranks `own_ranks` (default all `G`, in this
+    process),
     combining counts with the group through `comm`. Returns the executed pairs per slot,
     `trace.load_dtype` (int32) `[S, L, P]`, and the rank counters, both summed over the
     group. `fast` counts with compiled loops where that is possible (`ranks`), with the same
     results; exact norms it leaves out are filled in by `fill_norms`. `progress` is told of
     each step done."""
-    slot_load, counters = dispatch_steps(trace, spec, segments, range(trace.num_steps), held,
+    slot_load, counters = dispatch_steps(trace, spec, segments, range(trace.num_steps), own_ranks,
                                          comm, device, fast, progress)
     fill_norms(trace, spec, counters, device)
     return slot_load, counters
 
 
 def dispatch_steps(trace: Any, spec: RunSpec, segments: Sequence[Segment], steps: range,
-                   held: Sequence[int] | None = None, comm: Collectives = LOCAL,
+                   own_ranks: Sequence[int] | None = None, comm: Collectives = LOCAL,
                    device: str | None = None, fast: bool = True,
                    progress: Progress | None = None) -> tuple[torch.Tensor, Counters]:
     """`run_steps` for the contiguous `steps` of the run alone: `(slot_load [len(steps), L,
@@ -164,7 +165,7 @@ def dispatch_steps(trace: Any, spec: RunSpec, segments: Sequence[Segment], steps
     mode_step = lookup(MODES, d.mode, "mode")
     device = device or resolve_device(d.device)
     L, E, G = trace.num_layers, trace.num_experts, spec.topology.gpus
-    ranks = make_ranks(d.rng, d.seed, G, held, d.drift_p)
+    ranks = make_ranks(d.rng, d.seed, G, own_ranks, d.drift_p)
     moe = make_toy_moe(L, E, d.hidden, d.seed, device, trace)
     slot_load = torch.zeros(len(steps), L, segments[0].placement.num_slots,
                             dtype=trace.load_dtype)
@@ -172,39 +173,24 @@ def dispatch_steps(trace: Any, spec: RunSpec, segments: Sequence[Segment], steps
     counters = Counters.zeros(len(steps), L, G, shared)
     read = getattr(trace, "stored_step", trace.step)  # ids as stored: the steps widen them
     weighed = spec.schedule.migration != "eplbsim"  # slots hold what the engine's move left
-    for start, stop, placement, serving, held in served(spec, segments):
+    for start, stop, placement, serving, experts in serving_stretches(spec, segments):
         start, stop = max(start, steps.start), min(stop, steps.stop)
         if start >= stop:
             continue
         views = tuple(rank_view(d.view, placement if serving is None else serving[r.rank],
                                 r.rank, d.mode).to(device) for r in ranks)
         contexts = [rank_context(start, r, d.mode, d.seed, d.rank_offset, d.tp) for r in ranks]
-        epoch = Epoch(name, policy, placement, ranks, views,
-                      rank_groups(views, policy, d.rank_offset, contexts, trace.top_k), G,
-                      d.mode, d.seed, d.rank_offset, moe, comm, fast=fast,
-                      count_links=spec.cost.cost is not None,
-                      held=None if held is None else held.to(device),
+        epoch = Epoch(name=name, policy=policy, placement=placement, ranks=ranks, views=views,
+                      groups=rank_groups(views, policy, d.rank_offset, contexts, trace.top_k),
+                      num_ranks=G, mode=d.mode, seed=d.seed, rank_offset=d.rank_offset, moe=moe,
+                      comm=comm, fast=fast, count_links=spec.cost.cost is not None,
+                      slot_experts=None if experts is None else experts.to(device),
                       shared=shared, tp=d.tp, weighed=weighed)
         for s in range(start, stop):
             ids = read(s).to(device)  # [T, L, K]
             out = mode_step(epoch, s, ids, trace.step_src_rank(s))
-            i = s - steps.start
-            slot_load[i] = out.slot_load
-            counters.valid[i], counters.multiplicity[i] = out.valid, out.counts
-            counters.drift[i] = out.drifted
-            counters.tokens[i] = ids.shape[0]
-            if out.crossings is not None:
-                counters.crossings[i] = out.crossings
-            if out.fanout is not None:
-                counters.fanout[i] = out.fanout
-            if out.agreed is not None:
-                counters.agreed[i] = out.agreed
-            if out.wrong is not None:
-                counters.wrong[i] = out.wrong
-            if out.shared is not None:
-                counters.shared[i] = out.shared
-            if out.error is not None:
-                counters.error[i] = out.error
+            slot_load[s - steps.start] = out.slot_load
+            counters.record(s - steps.start, out, ids.shape[0])
             if progress is not None:
                 progress(1)
     return slot_load, counters
@@ -225,27 +211,56 @@ def fill_norms(trace: Any, spec: RunSpec, counters: Counters,
         counters.error[s, :, 1] = square_sums(step_sums(moe, s, trace.step(s))[0])
 
 
-def replay(trace: Any, spec: RunSpec | None = None,
-           progress: Progress | None = None,
-           planned: tuple[torch.Tensor, tuple[Segment, ...]] | None = None,
-           steps: Callable[..., tuple[torch.Tensor, Counters]] = run_steps) -> Results:
-    """Replay `trace` (a Trace, DirTrace or CountsTrace) under `spec` (default `RunSpec()`);
-    the same inputs give the same numbers. `progress` is told of each step dispatched.
-    `planned`, when given, is `(routed loads [S, L, E], segments)` already made for this trace
-    by a spec whose topology, solver and schedule are `spec`'s (`compare` counts and solves
-    once for all its rows); they are not made again. `steps(trace, spec, segments,
-    progress=)` dispatches every step as `run_steps` does (`workers.Workers` splits them over
-    processes)."""
-    spec = fitted(trace, RunSpec() if spec is None else spec)
+@dataclass(frozen=True)
+class Plan:
+    """What a run is planned on before any step is dispatched.
+
+    true_load: int32 `[S, L, E]` routed pairs per logical expert (`routed_loads`)
+    segments:  the run's stretches of steps, each on one placement (`schedule.plan`)
+    """
+
+    true_load: torch.Tensor
+    segments: tuple[Segment, ...]
+
+
+def plan_run(trace: Any, spec: RunSpec) -> Plan:
+    """The `Plan` of `trace` under `spec` (decided for the trace, `spec_for_trace`): its loads
+    counted and its schedule solved. Runs whose topology, solver and schedule are the same
+    share one plan (`compare`, `review`)."""
+    true_load = routed_loads(trace)
+    return Plan(true_load, schedule_of(trace, spec, true_load))
+
+
+def replay_planned(trace: Any, spec: RunSpec, plan: Plan, progress: Progress | None = None,
+                   steps: Callable[..., tuple[torch.Tensor, Counters]] = run_steps) -> Results:
+    """`replay` on a `plan` already made for `trace` by a spec whose topology, solver and
+    schedule are `spec`'s: every step dispatched by `steps(trace, spec, segments, progress=)`
+    (`run_steps`; `workers.Workers.run_steps` splits them over processes), then `Results`."""
+    spec = spec_for_trace(trace, spec)
     check_memory_of(trace, spec)
-    if planned is None:
-        true_load = routed_loads(trace)
-        planned = true_load, schedule_of(trace, spec, true_load)
-    true_load, segments = planned
     if isinstance(trace, CountsTrace):
-        return Results(spec, None, true_load, segments, None)
-    slot_load, counters = steps(trace, spec, segments, progress=progress)
-    return Results(spec, slot_load, true_load, segments, counters)
+        return Results(spec, None, plan.true_load, plan.segments, None)
+    slot_load, counters = steps(trace, spec, plan.segments, progress=progress)
+    return Results(spec, slot_load, plan.true_load, plan.segments, counters)
+
+
+def replay(trace: Any, spec: RunSpec | None = None,
+           progress: Progress | None = None) -> Results:
+    """Replay a routing trace under one run's settings: plan, dispatch every step, results.
+
+    trace:    a `Trace` (`topk_ids [N, L, K]`, `step_offsets [S + 1]`), `DirTrace` or
+              `CountsTrace` (`[S, L, E]`: nothing is dispatched, the results hold the
+              placement's promise only)
+    spec:     the run's settings (default `RunSpec()`), decided for the trace
+              (`spec_for_trace`: its redundant slots and model)
+    progress: told of each step dispatched (a bar's `update`), or None
+    Returns the run's `Results`: `slot_load [S, L, P]`, `true_load [S, L, E]`, the segments
+    and the rank counters, with the metrics computed on first use. The same inputs give the
+    same numbers.
+    """
+    spec = spec_for_trace(trace, RunSpec() if spec is None else spec)
+    check_memory_of(trace, spec)
+    return replay_planned(trace, spec, plan_run(trace, spec), progress)
 
 
 def comparison(spec: RunSpec, policies: Sequence[Any], modes: Sequence[str],
@@ -271,28 +286,36 @@ def comparison(spec: RunSpec, policies: Sequence[Any], modes: Sequence[str],
 def compare(trace: Any, policies: Sequence[Any], modes: Sequence[str],
             spec: RunSpec | None = None,
             progress: Callable[[RunSpec], Any] | None = None,
-            run: Callable[..., Results] = replay,
+            run: Callable[..., Results] = replay_planned,
             sources: Sequence[Any] | None = None) -> Comparison:
-    """Replay every spec of `comparison` on the same trace, counting its loads once and solving
-    its schedule once for all (the specs differ in policy, mode and engine source; once for
-    each engine source when the solver is an engine's): a list of Results that prints as a
-    table (`Comparison`). `progress(spec)`, when given, makes a bar for one replay (a context
-    manager with `update`, as `progress.bar` does). `run` replays one spec, called as `replay`
-    is (`workers.Workers.replay` splits it over processes)."""
+    """Replay one trace under several dispatch policies and modes, planned once.
+
+    trace:    as `replay`'s
+    policies: names, files (`path.py:function`) or callables, each a row per mode it runs in
+    modes:    "none" and/or "a2a"
+    spec:     every other setting (default `RunSpec()`); `comparison` makes each row's spec
+    progress: `progress(spec)` makes a bar for one replay (a context manager with `update`,
+              as `progress.bar` does), or None
+    run:      replays one spec on a plan, called as `replay_planned` is
+              (`workers.Workers.replay_planned` splits it over processes)
+    sources:  engine source sets to run each engine algorithm from (`comparison`)
+    Returns a `Comparison`, a list of `Results` that prints as a table. The loads are counted
+    once and the schedule solved once for all rows (once for each engine source when the
+    solver is an engine's): only the dispatch differs.
+    """
     out = Comparison()
-    specs = comparison(fitted(trace, RunSpec() if spec is None else spec), policies, modes,
-                       sources)
-    true_load = routed_loads(trace)  # counted and solved once: only the dispatch differs
-    plans: dict[str, tuple] = {}
+    specs = comparison(spec_for_trace(trace, RunSpec() if spec is None else spec), policies,
+                       modes, sources)
+    true_load = routed_loads(trace)
+    plans: dict[str, Plan] = {}
     for one in specs:
         key = repr(sorted(one.dispatch.engine_source.items())) \
             if is_engine_name(one.solver.solver) else ""
         if key not in plans:
-            plans[key] = true_load, schedule_of(trace, one, true_load)
-        planned = plans[key]
+            plans[key] = Plan(true_load, schedule_of(trace, one, true_load))
         if progress is None:
-            out.append(run(trace, one, planned=planned))
+            out.append(run(trace, one, plans[key]))
             continue
-        with progress(one) as steps:
-            out.append(run(trace, one, steps.update, planned))
+        with progress(one) as bar:
+            out.append(run(trace, one, plans[key], bar.update))
     return out

@@ -104,7 +104,7 @@ def run_rank(trace: Any, spec: RunSpec, rank: int, device: torch.device,
     comm = torch_collectives(group, device)
     true_load = comm.all_reduce(_own_counts(trace, rank, G)).cpu()  # [S, L, E]
     segments = _broadcast_plan(trace, spec, true_load, rank, group)
-    slot_load, counters = run_steps(trace, spec, segments, held=[rank], comm=comm,
+    slot_load, counters = run_steps(trace, spec, segments, own_ranks=[rank], comm=comm,
                                     device=str(device), progress=progress)
     return Results(spec, slot_load, true_load, segments, counters) if rank == 0 else None
 

@@ -30,13 +30,13 @@ from ..base.registry import name_of
 from ..cost.catalog import model_note
 from ..cost.catalog import model_origin as origin_of
 from ..dispatch import POLICIES, resolve_policy
-from ..engines import as_sources, auto_algorithm, ran
+from ..engines import as_sources, auto_algorithm, engine_code
 from ..engines import label as engine_label
 from ..metrics import METRICS, Counters
 from ..placement import Placement
 from ..runspec import MIN_REDUNDANT, Options, RunSpec, knobs, label
-from ..schedule.migration import MIGRATION_FIELDS, migration_rows
 from ..schedule.plan import Segment, epochs
+from ..schedule.transfers import MIGRATION_FIELDS, migration_rows
 from ..traces.counts import CountsTrace
 from ..traces.steps import describe_selection, flag_steps, flag_words
 
@@ -109,7 +109,7 @@ class Results:
         """The run's settings, then its metrics: one table row. A counts-only run reports the
         policy "(even split)" and "-" for every other dispatch setting."""
         labels = self.spec.labels()
-        engine = ran((self.spec.dispatch.policy, self.spec.solver.solver),
+        engine = engine_code((self.spec.dispatch.policy, self.spec.solver.solver),
                      self.spec.dispatch.engine_source)
         if engine is not None:
             labels["engine"] = engine
@@ -128,7 +128,7 @@ class Results:
         return M.time_series(self, per_layer)
 
     def migrations(self) -> Rows:
-        """One row per rebalance point: `schedule.migration.migration_rows`, with its columns
+        """One row per rebalance point: `schedule.transfers.migration_rows`, with its columns
         named even when there is none; its bytes are the whole model's, as the stalls are."""
         scale = M.layer_scale(self.spec.cost, self.true_load.shape[1])
         return Rows(migration_rows(self.segments, self.spec.expert_bytes(), scale),
@@ -296,9 +296,9 @@ def describe(trace: Any, spec: RunSpec, asked: RunSpec | None = None,
 
 def _engine_words(spec: RunSpec, policies: Sequence[Any]) -> str:
     """", engine code sglang 0.5.16" naming the engine code the run's engine algorithms ran
-    (`engines.ran`), and ", weights moved by vllm 0.33.0" the engine whose updater moved the
+    (`engines.engine_code`), and ", weights moved by vllm 0.33.0" the engine whose updater moved the
     weights (`--migration`); or ""."""
-    code = ran([*policies, spec.dispatch.policy, spec.solver.solver],
+    code = engine_code([*policies, spec.dispatch.policy, spec.solver.solver],
                spec.dispatch.engine_source)
     migration = spec.schedule.migration
     moved = "" if migration == "eplbsim" else \
@@ -313,8 +313,9 @@ def _model_words(trace: Any, spec: RunSpec, asked: RunSpec | None) -> str:
 
 
 def model_origin(meta: dict, asked: RunSpec | None) -> str:
-    """Where a run's model came from: "given" (`asked`, the spec before `replay.fitted`, names
-    one; or `asked` is None), the trace's meta, or the default (`cost.catalog.model_origin`)."""
+    """Where a run's model came from: "given" (`asked`, the spec before
+    `replay.spec_for_trace`, names one; or `asked` is None), the trace's meta, or the default
+    (`cost.catalog.model_origin`)."""
     return origin_of(meta, asked is None or asked.cost.model is not None)
 
 

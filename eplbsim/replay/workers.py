@@ -30,20 +30,21 @@ from ..dispatch import resolve_policy
 from ..metrics import Counters
 from ..runspec import RunSpec
 from ..schedule.plan import Segment
-from . import dispatch_steps, fill_norms, replay
+from . import Plan, dispatch_steps, fill_norms, plan_run, replay_planned, spec_for_trace
 from .executors import check_executor, local_pool, ray_session
 from .results import Results
 
 _TRACE: list[Any] = []  # a local worker's trace, set once by `_hold`
 # Pair dispatches (`dispatch_work`) below which local worker processes cost more than they
 # save: on a 2-core guest, where one process already runs its compiled loops on both cores, two
-# workers were slower at 4.1e9 and 1.19x faster at 5.5e9 (benchmarks/RESULTS.md, "Workers").
+# workers were slower at 4.1e9 and 1.19x faster at 5.5e9 (benchmarks/history/2026-12.md,
+# "Workers: when they pay off").
 PAYS_OFF = 5e9
 # An engine's own code in eplbsim's compiled pair dispatches (0.7 ns each): a call costs
 # `ENGINE_CALL` and each pair it maps `ENGINE_PAIR`. Fitted to a DeepSeek-V3 step (58 layers,
 # 1.9M pairs, 32 ranks) of sglang:dynamic: 1856 calls of a rank's tokens each in "a2a" took
 # 0.246 s, 1856 calls of every token in "none" (one a rank) 2.17 s: 0.10 ms a call and 33 ns a
-# pair (benchmarks/RESULTS.md, "bench_engines after the lighter engine calls", 2-core guest).
+# pair (benchmarks/history/2026-12.md, "bench_engines after the lighter engine calls").
 ENGINE_CALL, ENGINE_PAIR = 1.4e5, 47.0
 
 
@@ -126,7 +127,8 @@ def _ray_range(trace: Any, spec: RunSpec, segments: Sequence[Segment], lo: int,
 class Workers:
     """`workers` processes replaying ranges of `trace`'s steps, as a context manager: the
     processes start (and the trace is shipped) on entry and stop on exit. `replay` is called as
-    `replay.replay` is, so `replay.compare(..., run=workers.replay)` splits every row.
+    `replay.replay` is, and `replay_planned` as `replay.replay_planned`, so
+    `replay.compare(..., run=workers.replay_planned)` splits every row.
 
     executor: "local" (default) or "ray"; address: the Ray cluster (default a local instance of
     `workers` CPUs). InputError for an unknown executor, an address without Ray, or settings
@@ -159,13 +161,20 @@ class Workers:
         if self._session is not None:
             self._session.__exit__(*exc)
 
-    def replay(self, trace: Any, spec: RunSpec | None = None, progress: Progress | None = None,
-               planned: tuple[torch.Tensor, tuple[Segment, ...]] | None = None) -> Results:
-        """`replay.replay(trace, spec, progress, planned)` with the steps split over the
-        workers (`trace` must be the one they hold); the same Results bit for bit."""
+    def replay(self, trace: Any, spec: RunSpec | None = None,
+               progress: Progress | None = None) -> Results:
+        """`replay.replay(trace, spec, progress)` with the steps split over the workers
+        (`trace` must be the one they hold); the same Results bit for bit."""
+        spec = spec_for_trace(trace, RunSpec() if spec is None else spec)
+        return self.replay_planned(trace, spec, plan_run(trace, spec), progress)
+
+    def replay_planned(self, trace: Any, spec: RunSpec, plan: Plan,
+                       progress: Progress | None = None) -> Results:
+        """`replay.replay_planned` with the steps split over the workers (`trace` must be the
+        one they hold); the same Results bit for bit."""
         if trace is not self.trace:
             raise ValueError("Workers.replay replays the trace its workers hold")
-        return replay(trace, spec, progress, planned, self.run_steps)
+        return replay_planned(trace, spec, plan, progress, self.run_steps)
 
     def run_steps(self, trace: Any, spec: RunSpec, segments: Sequence[Segment],
                   progress: Progress | None = None) -> tuple[torch.Tensor, Counters]:

@@ -50,9 +50,9 @@ import numpy as np
 from .. import metrics as M
 from ..base.errors import InputError
 from ..dispatch import resolve_policy
-from ..engines import as_sources, ran
+from ..engines import as_sources, engine_code
 from ..placement import Placement
-from ..replay import fitted, replay, routed_loads, schedule_of
+from ..replay import Plan, replay, replay_planned, routed_loads, schedule_of, spec_for_trace
 from ..replay.results import Results, model_origin, warnings
 from ..runspec import RunSpec, default_of
 from ..traces.counts import CountsTrace
@@ -133,7 +133,7 @@ def review(trace: Any, candidate: Any, baseline: Any = None, spec: RunSpec | Non
         raise InputError("a review dispatches token rows; a counts-only trace has none")
     _check_options(holdout, seeds, windows, min_effect, resamples)
     asked = RunSpec() if spec is None else spec
-    spec = fitted(trace, asked)
+    spec = spec_for_trace(trace, asked)
     if spec.cost.cost is None:
         spec = spec.replace(cost="roofline")
     mode = spec.dispatch.mode
@@ -172,13 +172,13 @@ def review(trace: Any, candidate: Any, baseline: Any = None, spec: RunSpec | Non
         plans = _plans(test, specs, routed, solvers)
         for which, role in roles.items():
             note(f"{which} {names[which == 'baseline']}, seed {spec.dispatch.seed + i}")
-            runs[which].append(replay(test, specs[which].replace(**role), planned=plans[which]))
+            runs[which].append(replay_planned(test, specs[which].replace(**role), plans[which]))
     cand, base = runs["candidate"][0], runs["baseline"][0]
-    held = None
+    unrebalanced = None
     if rebalancing:
         note(f"candidate {names[0]} without rebalancing")
-        held = replay(test, _without_schedule(spec).replace(policy=candidate,
-                                                            placement=placement))
+        unrebalanced = replay(test, _without_schedule(spec).replace(policy=candidate,
+                                                                    placement=placement))
     cuts = _cuts(placed, S, windows)
     windowed = [_window(trace, solvers, a, b, roles, note,
                         placements if a == placed else None) for a, b in cuts]
@@ -188,8 +188,8 @@ def review(trace: Any, candidate: Any, baseline: Any = None, spec: RunSpec | Non
                                      _scoring(spec, placement), cand)
     balance = balance_findings(runs, test, placement, d)
     time = time_findings(runs, spec, d, windowed, min_effect, model_origin(trace.meta, asked))
-    rebalance = rebalance_findings(cand, held, scored, base if kind == "placement" else None) \
-        if rebalancing else None
+    rebalance = rebalance_findings(cand, unrebalanced, scored,
+                                   base if kind == "placement" else None) if rebalancing else None
     verdict, reasons, headline = judge(invariance, balance, time, rebalance, scored, mode,
                                        kind)
     setup = {"kind": kind, "steps": S, "placed_on": [0, placed], "scored_on": [placed, S],
@@ -250,7 +250,7 @@ def _name(policy: Any, sources: Any, apart: bool) -> str:
     """A policy's name on the page; with the engine code it ran from when the candidate's and
     the baseline's sources are `apart`."""
     name = resolve_policy(policy, sources)[0]
-    code = ran([name], sources) if apart else None
+    code = engine_code([name], sources) if apart else None
     return f"{name} ({code})" if code else name
 
 
@@ -268,7 +268,7 @@ def _window(trace: Any, solvers: dict[str, RunSpec], a: int, b: int, roles: dict
     note(f"held-out window {a}-{b - 1}")
     specs = {r: _scored(test, solvers[r], placed[r]) for r in roles}
     plans = _plans(test, specs, routed, solvers)
-    cand, base = (replay(test, specs[r].replace(**roles[r]), planned=plans[r]).metrics
+    cand, base = (replay_planned(test, specs[r].replace(**roles[r]), plans[r]).metrics
                   for r in ("candidate", "baseline"))
     return {"placed_on": [0, a], "scored_on": [a, b],
             "difference_ms": cand["moe_ms"] - base["moe_ms"],
@@ -301,17 +301,17 @@ def _shared(solvers: dict[str, RunSpec]) -> bool:
 
 def _scored(test: Any, spec: RunSpec, placement: Placement) -> RunSpec:
     """`spec` scoring `test` on `placement` (`_scoring`), fitted to it."""
-    return fitted(test, _scoring(spec, placement))
+    return spec_for_trace(test, _scoring(spec, placement))
 
 
 def _plans(test: Any, specs: dict[str, RunSpec], routed: Any,
-           solvers: dict[str, RunSpec]) -> dict[str, tuple]:
-    """Each role's `(routed loads, segments)` on `test` (`replay`'s `planned`) for its scoring
-    spec in `specs`: the schedule solved once for both when the roles share a spec
-    (`_shared`), once a role in a placement review."""
-    plans = {"candidate": (routed, schedule_of(test, specs["candidate"], routed))}
+           solvers: dict[str, RunSpec]) -> dict[str, Plan]:
+    """Each role's `Plan` on `test` (`replay_planned`) for its scoring spec in `specs`: the
+    schedule solved once for both when the roles share a spec (`_shared`), once a role in a
+    placement review."""
+    plans = {"candidate": Plan(routed, schedule_of(test, specs["candidate"], routed))}
     plans["baseline"] = plans["candidate"] if _shared(solvers) else \
-        (routed, schedule_of(test, specs["baseline"], routed))
+        Plan(routed, schedule_of(test, specs["baseline"], routed))
     return plans
 
 

@@ -353,7 +353,7 @@ class CostPart(Part):
     @property
     def name(self) -> str:
         """The model's name (`cost.catalog.model_label`: a known name, the config path as
-        given), `DEFAULT_MODEL` before a trace has decided it (`replay.fitted`)."""
+        given), `DEFAULT_MODEL` before a trace has decided it (`replay.spec_for_trace`)."""
         return model_label(DEFAULT_MODEL if self.model is None else self.model)
 
     @property

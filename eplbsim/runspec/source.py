@@ -10,9 +10,9 @@ from typing import Any, Mapping
 
 from ..base.errors import InputError
 from ..base.limits import MAX_EXPERTS, MAX_GPUS, MAX_LAYERS, MAX_TOP_K
-from ..traces.chunks import chunk_steps
 from ..traces.formats import is_request_input, open_requests, open_trace
 from ..traces.formats.token_log import INCOMPLETE
+from ..traces.prefill_chunks import chunk_steps
 from ..traces.request_synth import REQUEST_SCENARIOS, request_options, synthesize_requests
 from ..traces.requests import RequestSet
 from ..traces.steps import OUTLIER_FACTOR, select
@@ -234,8 +234,8 @@ class Source(Part):
 
     def chunked(self, trace: Any) -> Any:
         """`trace` with its steps of more than `max_batched_tokens` cut into chunks
-        (`traces.chunks.chunk_steps`) when that is given for a trace (not for requests, whose
-        workload already keeps to it); else `trace`."""
+        (`traces.prefill_chunks.chunk_steps`) when that is given for a trace (not for requests,
+        whose workload already keeps to it); else `trace`."""
         if self.requests is not None or self.max_batched_tokens is None:
             return trace
         return chunk_steps(trace, self.max_batched_tokens)

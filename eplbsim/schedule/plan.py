@@ -35,9 +35,9 @@ from ..placement import Placement, trivial_placement
 from ..placement.loads import balancedness, gpu_loads, nanmean_or_none
 from ..placement.topology import Topology
 from ..solvers import find_solver, solve, solver_options
-from .migration import transfer_counts
 from .predictors import DEFAULT_DECAY, PREDICTORS
 from .switch import switched
+from .transfers import transfer_counts
 
 
 @dataclass(frozen=True, eq=False)

@@ -39,10 +39,10 @@ from ..placement.topology import Topology
 from .affinity import affinity
 from .deepseek import deepseek
 from .exact import exact
+from .few_moves import check_previous, fewest_moves, moved_slots
 from .flashlb import flashlb
 from .lplb import lplb
 from .lpt import lpt, lpt_hier
-from .migration import check_previous, migrate, moved_slots
 from .trivial import trivial
 from .trtllm import trtllm_online
 
@@ -128,7 +128,7 @@ def solve_with_info(solver: str | Solver, load: Any, num_slots: int, topology: T
         info["moved_slots"] = int(moved_slots(prev, phy2log).sum())
     elif previous is not None:
         prev = previous.phy2log.numpy() if isinstance(previous, Placement) else previous
-        phy2log = migrate(array, np.asarray(phy2log), np.asarray(prev), topology, num_groups,
+        phy2log = fewest_moves(array, np.asarray(phy2log), np.asarray(prev), topology, num_groups,
                           migration_tolerance, bool(options.get("anti_colocation")), info)
     placement = Placement(torch.from_numpy(np.array(phy2log, dtype=np.int64)), num_experts,
                           topology)

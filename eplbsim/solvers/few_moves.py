@@ -163,7 +163,7 @@ def check_previous(prev: np.ndarray, phy2log: np.ndarray, num_experts: int,
     Placement(torch.as_tensor(prev), num_experts, topology)  # validates ids and coverage
 
 
-def migrate(load: np.ndarray, phy2log: np.ndarray, prev: np.ndarray, topology: Topology,
+def fewest_moves(load: np.ndarray, phy2log: np.ndarray, prev: np.ndarray, topology: Topology,
             num_groups: int, tolerance: float, anti_colocation: bool,
             info: dict[str, Any]) -> np.ndarray:
     """Per layer, the fewer-moves choice between the fresh solve `phy2log [L, P]` laid out over

@@ -41,8 +41,8 @@ import numpy as np
 import torch
 
 from ..base.errors import InputError
-from .chunks import describe_chunks
 from .counts import CountsTrace
+from .prefill_chunks import describe_chunks
 from .trace import View, shape_words
 
 OUTLIER_FACTOR = 8  # a step with more than this many times the median tokens is an outlier

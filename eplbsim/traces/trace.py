@@ -90,7 +90,7 @@ class TraceShape:
 
 class View(TraceShape):
     """Sizes of a trace read through another (`base`: its layers, top-k and experts) with rows
-    of its own (`step_offsets`): `traces.steps.StepView`, `traces.chunks.ChunkView`."""
+    of its own (`step_offsets`): `traces.steps.StepView`, `traces.prefill_chunks.ChunkView`."""
 
     base: Any
 
