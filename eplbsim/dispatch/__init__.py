@@ -42,7 +42,7 @@ StepKernel = Callable  # (topk_ids [T, L, K], view, ctx) -> phys int64 [T, L, K]
 USER = "a callable given by the user"
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, kw_only=True)
 class DispatchPolicy:
     """A policy and the properties the simulator relies on.
 
@@ -81,7 +81,7 @@ class DispatchPolicy:
                     call a rank
     """
 
-    fn: Policy
+    fn: Policy = field(kw_only=False)
     rank_invariant: bool = False
     kernels: Mapping[str, tuple[str | StepKernel, ...]] = field(default_factory=dict)
     source: str = USER
@@ -150,69 +150,77 @@ def _static_table(view: View, ctx: DispatchContext) -> torch.Tensor:
 
 POLICIES: dict[str, DispatchPolicy] = {
     "static": DispatchPolicy(
-        static_policy, False, _TABLE, "SGLang before its fix (per-rank replica tables)",
-        "each rank's own fixed table expert -> one replica", _static_table),
+        static_policy, kernels=_TABLE, table=_static_table,
+        source="SGLang before its fix (per-rank replica tables)",
+        summary="each rank's own fixed table expert -> one replica"),
     "random": DispatchPolicy(
-        random_policy, False, {"cpu": ("cpu.random_step",), "cuda": ("torch_step.random_step",)},
-        "SGLang before its fix (per-rank randint)",
-        "a draw in [0, 65536) % n_e from the rank's own stream (Philox, counter-based)",
-        streamed=True),
+        random_policy, streamed=True,
+        kernels={"cpu": ("cpu.random_step",), "cuda": ("torch_step.random_step",)},
+        source="SGLang before its fix (per-rank randint)",
+        summary="a draw in [0, 65536) % n_e from the rank's own stream (Philox, counter-based)"),
     "row": DispatchPolicy(
-        row_policy, True, _ROW, "SGLang's fix", "the token's row in the batch, row % n_e"),
+        row_policy, rank_invariant=True, kernels=_ROW, source="SGLang's fix",
+        summary="the token's row in the batch, row % n_e"),
     "ordinal": DispatchPolicy(
-        ordinal_policy, True, {"cpu": ("cpu.ordinal_step",), "cuda": ("cuda.ordinal_step",)},
-        "eplbsim",
-        "(occurrence index of the expert in the batch + step + layer [+ rank in a2a]) % n_e"),
+        ordinal_policy, rank_invariant=True,
+        kernels={"cpu": ("cpu.ordinal_step",), "cuda": ("cuda.ordinal_step",)},
+        source="eplbsim",
+        summary="(occurrence index of the expert in the batch + step + layer [+ rank in a2a]) "
+        "% n_e"),
     "flat": DispatchPolicy(
-        flat_policy, True, {"cpu": ("cpu.flat_step",)}, "vLLM, the earlier generation",
-        "the flat pair position, (row * K + k) % n_e"),
+        flat_policy, rank_invariant=True, kernels={"cpu": ("cpu.flat_step",)},
+        source="vLLM, the earlier generation",
+        summary="the flat pair position, (row * K + k) % n_e"),
     "hash": DispatchPolicy(
-        hash_policy, True, {"cpu": ("cpu.hash_step",)}, "vLLM",
-        "Knuth's multiplicative hash of the row, % n_e"),
+        hash_policy, rank_invariant=True, kernels={"cpu": ("cpu.hash_step",)}, source="vLLM",
+        summary="Knuth's multiplicative hash of the row, % n_e"),
     "lp": DispatchPolicy(
-        lp_policy, False, {}, "eplbsim (after SGLang's LP dispatch)",
-        "samples the batch's LP-optimal replica fractions with the rank's generator"),
+        lp_policy, source="eplbsim (after SGLang's LP dispatch)",
+        summary="samples the batch's LP-optimal replica fractions with the rank's generator"),
     "sglang-lp": DispatchPolicy(
-        sglang_lp_policy, False, {}, SGLANG_LP,
-        "the batch's LP shares by SGLang's 5 float32 barrier steps, each pair drawn (float32) "
-        "from the rank's own generator"),
+        sglang_lp_policy, source=SGLANG_LP,
+        summary="the batch's LP shares by SGLang's 5 float32 barrier steps, each pair drawn "
+        "(float32) from the rank's own generator"),
     "lp-golden": DispatchPolicy(
-        lp_golden_policy, True, {}, "eplbsim, after a fix proposed for SGLang's LP dispatch "
-        "(the golden-ratio draw of its earlier non-fused path)",
-        "the batch's LP-optimal fractions, pair i drawn as frac(i x 0.618...)"),
+        lp_golden_policy, rank_invariant=True,
+        source="eplbsim, after a fix proposed for SGLang's LP dispatch (the golden-ratio draw "
+        "of its earlier non-fused path)",
+        summary="the batch's LP-optimal fractions, pair i drawn as frac(i x 0.618...)"),
     "trtllm": DispatchPolicy(
-        trtllm_policy, True, {}, TRTLLM_ROUTE,
-        "(earlier pairs of the expert in the 1024-pair block + block index "
-        "[+ rank with --rank-offset]) % n_e", offset_by_rank=True),
+        trtllm_policy, rank_invariant=True, offset_by_rank=True, source=TRTLLM_ROUTE,
+        summary="(earlier pairs of the expert in the 1024-pair block + block index "
+        "[+ rank with --rank-offset]) % n_e"),
     "ascend": DispatchPolicy(
-        ascend_policy, False, {}, ASCEND + ", its rule without attention TP)",
-        "every pair of an expert to replica ep_rank % n_e", _ascend_table),
+        ascend_policy, table=_ascend_table, source=ASCEND + ", its rule without attention TP)",
+        summary="every pair of an expert to replica ep_rank % n_e"),
     "ascend-fixed": DispatchPolicy(
-        ascend_fixed_policy, False, {}, ASCEND + ", its rule with attention TP, --tp > 1)",
-        "every pair of expert e to replica (tp_rank + dp_rank + e) % n_e; ep_rank % n_e at "
-        "TP 1", _ascend_fixed_table),
+        ascend_fixed_policy, table=_ascend_fixed_table,
+        source=ASCEND + ", its rule with attention TP, --tp > 1)",
+        summary="every pair of expert e to replica (tp_rank + dp_rank + e) % n_e; ep_rank % n_e "
+        "at TP 1"),
     "lplb": DispatchPolicy(
-        lplb_policy, True, {}, LPLB + ", the deterministic variant",
-        "the batch's LP fractions; the k-th pair of an expert to the replica holding "
+        lplb_policy, rank_invariant=True, source=LPLB + ", the deterministic variant",
+        summary="the batch's LP fractions; the k-th pair of an expert to the replica holding "
         "(499k + 41) mod n in its share"),
     "lplb-atomic": DispatchPolicy(
-        lplb_atomic_policy, False, {}, LPLB + ", as its kernel counts (atomic, per block)",
-        "lplb with each block's occurrence order drawn from the rank's generator"),
+        lplb_atomic_policy, source=LPLB + ", as its kernel counts (atomic, per block)",
+        summary="lplb with each block's occurrence order drawn from the rank's generator"),
     "waterfill": DispatchPolicy(
-        row_policy, True, _ROW, WATERFILL + ", its static mode",
-        "row % n_e; each token's shared expert to a rank drawn by its room below the fill "
-        "level of the sending rank's own counts", shared=waterfill_static, modes=("a2a",)),
+        row_policy, rank_invariant=True, kernels=_ROW, shared=waterfill_static, modes=("a2a",),
+        source=WATERFILL + ", its static mode",
+        summary="row % n_e; each token's shared expert to a rank drawn by its room below the "
+        "fill level of the sending rank's own counts"),
     "waterfill-dynamic": DispatchPolicy(
-        row_policy, True, _ROW,
-        WATERFILL + ", its dynamic mode (SGLANG_DISABLE_STATIC_WATERFILL=1)",
-        "waterfill with the fill level of every rank's counts and tokens (one all-reduce)",
-        shared=waterfill_dynamic, modes=("a2a",)),
+        row_policy, rank_invariant=True, kernels=_ROW, shared=waterfill_dynamic, modes=("a2a",),
+        source=WATERFILL + ", its dynamic mode (SGLANG_DISABLE_STATIC_WATERFILL=1)",
+        summary="waterfill with the fill level of every rank's counts and tokens (one "
+        "all-reduce)"),
     "quota": DispatchPolicy(
-        quota_policy, True, {}, "eplbsim",
-        "the batch's LP-optimal integer quotas, filled in occurrence order"),
+        quota_policy, rank_invariant=True, source="eplbsim",
+        summary="the batch's LP-optimal integer quotas, filled in occurrence order"),
     "colocate": DispatchPolicy(
-        colocate_policy, True, {}, "eplbsim (DESIGN.md §13)",
-        "the first candidate on a GPU the token already sends an earlier pair to, else "
+        colocate_policy, rank_invariant=True, source="eplbsim (DESIGN.md §13)",
+        summary="the first candidate on a GPU the token already sends an earlier pair to, else "
         "ordinal's"),
 }
 
@@ -277,9 +285,9 @@ class FilePolicies(Mapping):
 # pair's expert) on purpose, so the registry-wide contracts over `POLICIES` leave them out.
 FAULTS: dict[str, DispatchPolicy] = {
     "unmapped": DispatchPolicy(
-        unmapped_policy, True, {}, "a fault: sglang #18213 / #39580 (a model path that passes "
-        "no map to top-k)", "the logical id as the physical slot: right on the trivial "
-        "placement only", unmapped_table, reroutes=True),
+        unmapped_policy, rank_invariant=True, table=unmapped_table, reroutes=True,
+        source="a fault: sglang #18213 / #39580 (a model path that passes no map to top-k)",
+        summary="the logical id as the physical slot: right on the trivial placement only"),
 }
 
 # `ENGINE:ALGORITHM` -> `(sources, engine_args) -> DispatchPolicy` running that engine's own

@@ -275,9 +275,9 @@ def _engine_policy(name: str, sources: Sources, engine_args: str = "") -> Dispat
     engine, algorithm, summary = _entry(ENGINE_POLICIES, name, "policy")
     source = label(engine, sources) + "'s own code"
     if algorithm.startswith("waterfill"):  # routed by its dynamic dispatch, shared by Waterfill
-        return DispatchPolicy(_engine_policy("sglang:dynamic", sources).fn, False, {}, source,
-                              summary, shared=_waterfill_rule(sources, algorithm.endswith(
-                                  "dynamic")), modes=("a2a",))
+        return DispatchPolicy(_engine_policy("sglang:dynamic", sources).fn, source=source,
+                              summary=summary, modes=("a2a",),
+                              shared=_waterfill_rule(sources, algorithm.endswith("dynamic")))
     reroutes = algorithm == "fake"
     if engine == "sglang":
         if algorithm == "auto":  # the flags are read now, so a bad one fails before any work
@@ -331,7 +331,8 @@ def _engine_policy(name: str, sources: Sources, engine_args: str = "") -> Dispat
             are made from it, the same for every rank)."""
             return view.placement.phy2log
     fn.__name__ = name
-    return DispatchPolicy(fn, False, {}, source, summary, reroutes=reroutes, observed=observed)
+    return DispatchPolicy(fn, source=source, summary=summary, reroutes=reroutes,
+                          observed=observed)
 
 
 def _waterfill_rule(sources: Sources, dynamic: bool) -> Callable:
