@@ -5,6 +5,7 @@ Dimensions: `S` steps, `L` layers, `E` experts, `P` slots, `G` GPUs.
 """
 
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -273,3 +274,14 @@ def test_the_output_error_weighs_each_pair_by_the_traces_gating_weight():
     none = Trace(base.topk_ids, base.step_offsets, base.num_experts, None, base.meta,
                  torch.zeros(base.ids_shape))
     assert replay(none, spec).metrics["output_rel_error"] in (0.0, None)
+
+
+@pytest.mark.parametrize("thing", [np.zeros((4, 2, 8), dtype=np.int16), "traces/x.npz", None])
+def test_a_run_of_something_that_is_no_trace_is_one_clear_error(thing):
+    """`replay`, `compare` and `review` take a trace of any form (`traces.RunTrace`); anything
+    else is an InputError naming what was given, not an AttributeError deep in the loop."""
+    from eplbsim import compare, review
+    for call in (lambda: replay(thing), lambda: compare(thing, ["row"], ["none"]),
+                 lambda: review(thing, "ordinal")):
+        with pytest.raises(InputError, match=f"not {type(thing).__name__}"):
+            call()

@@ -32,8 +32,9 @@ rank's worker posted its layer, then runs each rank's `_move_to_workspace`.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from types import SimpleNamespace
-from typing import Any, Iterator
+from dataclasses import dataclass
+from types import ModuleType, SimpleNamespace
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -80,10 +81,23 @@ class _InOrderEvent:
         pass
 
 
-def load(run: VLLM) -> SimpleNamespace:
-    """The async worker's module and the main thread's functions from `run`'s source
-    (`worker`, `main`: `MAIN` by name), and the communicator's module (`comm`); InputError
-    naming the file a release lacks."""
+@dataclass(frozen=True)
+class AsyncCode:
+    """vLLM's asynchronous rebalance, loaded from a release's own files.
+
+    worker: the async worker's module (`transfer_run_periodically`)
+    comm:   the communicator's module (`TorchDistNcclEplbCommunicator`)
+    main:   the main thread's functions extracted from eplb_state.py, `MAIN` by name
+    """
+
+    worker: ModuleType
+    comm: ModuleType
+    main: dict[str, Callable]
+
+
+def load(run: VLLM) -> AsyncCode:
+    """vLLM's asynchronous rebalance from `run`'s source (`AsyncCode`); InputError naming the
+    file a release lacks."""
     for name in (WORKER, STATE):
         if not run.root.joinpath(*name.split(".")).with_suffix(".py").is_file():
             raise InputError(f"{run.label}: no {name.replace('.', '/')}.py (vLLM's async "
@@ -102,10 +116,10 @@ def load(run: VLLM) -> SimpleNamespace:
              "EplbModelState": Any,
              "gpu_sync_allowed": run.modules.load("vllm.utils.gpu_sync_debug").gpu_sync_allowed}
     main = run.modules.extract(STATE, MAIN, names)
-    return SimpleNamespace(worker=worker, comm=comm, main=main)
+    return AsyncCode(worker=worker, comm=comm, main=main)
 
 
-def committed(loaded: SimpleNamespace, old: torch.Tensor, num_experts: int
+def committed(loaded: AsyncCode, old: torch.Tensor, num_experts: int
               ) -> tuple[torch.Tensor, torch.Tensor]:
     """The maps a rank holds for `old [L, P]`: `logical_to_physical_map [L, E, R]` (-1
     padded) and `logical_replica_count [L, E]`, by the engine's `compute_logical_maps`."""
@@ -116,7 +130,7 @@ def committed(loaded: SimpleNamespace, old: torch.Tensor, num_experts: int
     return log2phy, counts
 
 
-def rank_state(loaded: SimpleNamespace, old: torch.Tensor, new: torch.Tensor,
+def rank_state(loaded: AsyncCode, old: torch.Tensor, new: torch.Tensor,
                maps: tuple[torch.Tensor, torch.Tensor], weights: list, group: Any,
                nodes: int) -> SimpleNamespace:
     """One rank's `EplbState` stand-in (module doc), its weights `[L][W]` holding `old [L, P]`,
@@ -142,7 +156,7 @@ def rank_state(loaded: SimpleNamespace, old: torch.Tensor, new: torch.Tensor,
                            rearrange_event=_Trigger(), async_worker_error=None)
 
 
-def work(loaded: SimpleNamespace, state: SimpleNamespace) -> None:
+def work(loaded: AsyncCode, state: SimpleNamespace) -> None:
     """The rank's async worker until its rearrangement is done (`transfer_run_periodically`,
     ended by `Done`)."""
     try:
@@ -152,7 +166,7 @@ def work(loaded: SimpleNamespace, state: SimpleNamespace) -> None:
 
 
 @contextmanager
-def stand_ins(loaded: SimpleNamespace, group: Any) -> Iterator[None]:
+def stand_ins(loaded: AsyncCode, group: Any) -> Iterator[None]:
     """The accelerator and the EP group as the module doc says, during the block."""
     eplb_group = SimpleNamespace(device_group=group, cpu_group=group)
     cpu = torch.Stream(device="cpu")

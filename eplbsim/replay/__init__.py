@@ -39,6 +39,7 @@ from ..ranks import LOCAL, MODES, Collectives, Epoch, make_ranks, rank_context, 
 from ..ranks.moe import make_toy_moe, square_sums, step_sums
 from ..runspec import RunSpec, label
 from ..schedule.plan import Segment, plan
+from ..traces import RunTrace, TokenTrace, check_run_trace
 from ..traces.coactivation import coactivation
 from ..traces.counts import CountsTrace
 from .results import Comparison, Results
@@ -54,7 +55,7 @@ def resolve_device(name: str) -> str:
     return name
 
 
-def routed_loads(trace: Any) -> torch.Tensor:
+def routed_loads(trace: RunTrace) -> torch.Tensor:
     """Routed pairs per logical expert, `[S, L, E]`, of any trace form: int32 (`load_dtype`)
     for token traces, int64 for counts."""
     if isinstance(trace, CountsTrace):
@@ -62,12 +63,13 @@ def routed_loads(trace: Any) -> torch.Tensor:
     return trace.counts()
 
 
-def spec_for_trace(trace: Any, spec: RunSpec) -> RunSpec:
+def spec_for_trace(trace: RunTrace, spec: RunSpec) -> RunSpec:
     """`spec` decided for `trace`: its redundant slots (`RunSpec.fit`: those of the placement
     it serves, `placement` or `initial` before the first rebalance, a file read for the
     trace's experts and layers; else the given number, else the default), and its model when
     none is given (`cost.catalog.trace_model`: the one the trace's meta names, checked against
-    its experts and top-k, else the default)."""
+    its experts and top-k, else the default). InputError when `trace` is no trace."""
+    check_run_trace(trace)
     if spec.cost.model is None:
         spec = spec.replace(model=trace_model(trace.meta, trace.num_experts,
                                               getattr(trace, "top_k", None)))
@@ -80,7 +82,7 @@ def spec_for_trace(trace: Any, spec: RunSpec) -> RunSpec:
     return spec.fit(trace.num_experts, slots, label(given))
 
 
-def check_fits(trace: Any, spec: RunSpec) -> RunSpec:
+def check_fits(trace: RunTrace, spec: RunSpec) -> RunSpec:
     """`spec` decided for the trace (`spec_for_trace`); InputError unless its topology takes
     the trace's experts (slots divide over the GPUs, groups divide the experts), its placement
     files are placements for it, its cost model can price it and it fits in memory: what a run
@@ -100,7 +102,7 @@ def check_fits(trace: Any, spec: RunSpec) -> RunSpec:
     return spec
 
 
-def check_memory_of(trace: Any, spec: RunSpec) -> None:
+def check_memory_of(trace: RunTrace, spec: RunSpec) -> None:
     """InputError when replaying `trace` under `spec` would need more memory than there is:
     loads per (step, layer, slot or expert) (int32, `load_dtype`) and the counters (80 bytes a
     step and layer, and 8 a GPU more when the shared experts are counted) for the whole run,
@@ -117,7 +119,7 @@ def check_memory_of(trace: Any, spec: RunSpec) -> None:
                  "redundant slots")
 
 
-def schedule_of(trace: Any, spec: RunSpec, true_load: torch.Tensor) -> tuple[Segment, ...]:
+def schedule_of(trace: RunTrace, spec: RunSpec, true_load: torch.Tensor) -> tuple[Segment, ...]:
     """The run's segments (`schedule.plan`) over `true_load [S, L, E]`, with the spec's
     placement files read for this trace."""
     topo = spec.topology.topology()
@@ -134,7 +136,7 @@ def schedule_of(trace: Any, spec: RunSpec, true_load: torch.Tensor) -> tuple[Seg
                 spec.dispatch.seed, pairs)
 
 
-def run_steps(trace: Any, spec: RunSpec, segments: Sequence[Segment],
+def run_steps(trace: TokenTrace, spec: RunSpec, segments: Sequence[Segment],
               own_ranks: Sequence[int] | None = None, comm: Collectives = LOCAL,
               device: str | None = None, fast: bool = True,
               progress: Progress | None = None) -> tuple[torch.Tensor, Counters]:
@@ -151,7 +153,7 @@ def run_steps(trace: Any, spec: RunSpec, segments: Sequence[Segment],
     return slot_load, counters
 
 
-def dispatch_steps(trace: Any, spec: RunSpec, segments: Sequence[Segment], steps: range,
+def dispatch_steps(trace: TokenTrace, spec: RunSpec, segments: Sequence[Segment], steps: range,
                    own_ranks: Sequence[int] | None = None, comm: Collectives = LOCAL,
                    device: str | None = None, fast: bool = True,
                    progress: Progress | None = None) -> tuple[torch.Tensor, Counters]:
@@ -196,7 +198,7 @@ def dispatch_steps(trace: Any, spec: RunSpec, segments: Sequence[Segment], steps
     return slot_load, counters
 
 
-def fill_norms(trace: Any, spec: RunSpec, counters: Counters,
+def fill_norms(trace: TokenTrace, spec: RunSpec, counters: Counters,
                device: str | None = None) -> None:
     """Compute, in place, the exact norms the fast path left `UNMEASURED` in the whole run's
     `counters` when some step's error is not 0 (else nothing reads them: every relative error
@@ -223,7 +225,7 @@ class Plan:
     segments: tuple[Segment, ...]
 
 
-def plan_run(trace: Any, spec: RunSpec) -> Plan:
+def plan_run(trace: RunTrace, spec: RunSpec) -> Plan:
     """The `Plan` of `trace` under `spec` (decided for the trace, `spec_for_trace`): its loads
     counted and its schedule solved. Runs whose topology, solver and schedule are the same
     share one plan (`compare`, `review`)."""
@@ -231,7 +233,7 @@ def plan_run(trace: Any, spec: RunSpec) -> Plan:
     return Plan(true_load, schedule_of(trace, spec, true_load))
 
 
-def replay_planned(trace: Any, spec: RunSpec, plan: Plan, progress: Progress | None = None,
+def replay_planned(trace: RunTrace, spec: RunSpec, plan: Plan, progress: Progress | None = None,
                    steps: Callable[..., tuple[torch.Tensor, Counters]] = run_steps) -> Results:
     """`replay` on a `plan` already made for `trace` by a spec whose topology, solver and
     schedule are `spec`'s: every step dispatched by `steps(trace, spec, segments, progress=)`
@@ -244,7 +246,7 @@ def replay_planned(trace: Any, spec: RunSpec, plan: Plan, progress: Progress | N
     return Results(spec, slot_load, plan.true_load, plan.segments, counters)
 
 
-def replay(trace: Any, spec: RunSpec | None = None,
+def replay(trace: RunTrace, spec: RunSpec | None = None,
            progress: Progress | None = None) -> Results:
     """Replay a routing trace under one run's settings: plan, dispatch every step, results.
 
@@ -283,7 +285,7 @@ def comparison(spec: RunSpec, policies: Sequence[Any], modes: Sequence[str],
             for src in (sets if is_engine_name(p) or engine_solver else sets[:1])]
 
 
-def compare(trace: Any, policies: Sequence[Any], modes: Sequence[str],
+def compare(trace: RunTrace, policies: Sequence[Any], modes: Sequence[str],
             spec: RunSpec | None = None,
             progress: Callable[[RunSpec], Any] | None = None,
             run: Callable[..., Results] = replay_planned,

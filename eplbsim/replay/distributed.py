@@ -55,6 +55,7 @@ from ..placement import Placement
 from ..ranks import Collectives, token_owners
 from ..runspec import RunSpec
 from ..schedule.plan import Segment
+from ..traces import TokenTrace
 from . import replay, run_steps, schedule_of
 from .results import Results
 
@@ -92,7 +93,7 @@ def torch_collectives(group: Any, device: torch.device) -> Collectives:
 
 # ----------------------------------------------------------------------------- one rank
 
-def run_rank(trace: Any, spec: RunSpec, rank: int, device: torch.device,
+def run_rank(trace: TokenTrace, spec: RunSpec, rank: int, device: torch.device,
              group: Any = None, progress: Progress | None = None) -> Results | None:
     """Run `spec` as rank `rank` of the initialised process group (`G` = its size, which must
     equal the spec's GPUs). Returns rank 0's Results, None elsewhere. `progress` is told of
@@ -109,7 +110,7 @@ def run_rank(trace: Any, spec: RunSpec, rank: int, device: torch.device,
     return Results(spec, slot_load, true_load, segments, counters) if rank == 0 else None
 
 
-def _own_counts(trace: Any, rank: int, num_ranks: int) -> torch.Tensor:
+def _own_counts(trace: TokenTrace, rank: int, num_ranks: int) -> torch.Tensor:
     """Routed pairs per (step, layer, expert) of the tokens `rank` owns (`token_owners`):
     int64 `[S, L, E]`; summed over the ranks, every token counts once."""
     E = trace.num_experts
@@ -123,7 +124,7 @@ def _own_counts(trace: Any, rank: int, num_ranks: int) -> torch.Tensor:
     return torch.stack(out)
 
 
-def _broadcast_plan(trace: Any, spec: RunSpec, true_load: torch.Tensor, rank: int,
+def _broadcast_plan(trace: TokenTrace, spec: RunSpec, true_load: torch.Tensor, rank: int,
                     group: Any) -> tuple[Segment, ...]:
     """Rank 0 solves the schedule; every rank receives the placements (`phy2log`, and the
     replica order a solver published, which SGLang's views read), the segment bounds and the

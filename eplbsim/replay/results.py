@@ -37,6 +37,7 @@ from ..placement import Placement
 from ..runspec import MIN_REDUNDANT, Options, RunSpec, knobs, label
 from ..schedule.plan import Segment, epochs
 from ..schedule.transfers import MIGRATION_FIELDS, migration_rows
+from ..traces import RunTrace
 from ..traces.counts import CountsTrace
 from ..traces.steps import describe_selection, flag_steps, flag_words
 
@@ -262,7 +263,7 @@ def table_notes(rows: Sequence[dict[str, Any]]) -> list[str]:
             "a policy whose ranks disagree can look balanced while its output is wrong."]
 
 
-def describe(trace: Any, spec: RunSpec, asked: RunSpec | None = None,
+def describe(trace: RunTrace, spec: RunSpec, asked: RunSpec | None = None,
              policies: Sequence[Any] = (), sources: int = 1) -> str:
     """One line: the trace's sizes (and the steps selected), the run's topology, slots,
     solver or given placement, view, rng and seed, the model and where it came from when time
@@ -306,7 +307,7 @@ def _engine_words(spec: RunSpec, policies: Sequence[Any]) -> str:
     return (f", engine code {code}" if code else "") + moved
 
 
-def _model_words(trace: Any, spec: RunSpec, asked: RunSpec | None) -> str:
+def _model_words(trace: RunTrace, spec: RunSpec, asked: RunSpec | None) -> str:
     """"model NAME (M MoE layers; the trace holds L; where it came from)"."""
     return (f"model {spec.cost.name} ({spec.cost.shape.moe_layers} MoE layers; the trace "
             f"holds {trace.num_layers}; {model_origin(trace.meta, asked)})")
@@ -319,7 +320,7 @@ def model_origin(meta: dict, asked: RunSpec | None) -> str:
     return origin_of(meta, asked is None or asked.cost.model is not None)
 
 
-def warnings(trace: Any, spec: RunSpec, asked: RunSpec | None,
+def warnings(trace: RunTrace, spec: RunSpec, asked: RunSpec | None,
              windows: Sequence[tuple[str, int, int]] = ()) -> list[str]:
     """What a run's header warns of: when a cost model prices the time, a model whose experts
     or top-k differ from the trace's, or the default priced for a model the trace names but
@@ -343,7 +344,7 @@ def warnings(trace: Any, spec: RunSpec, asked: RunSpec | None,
     return out
 
 
-def _slot_words(spec: RunSpec, asked: RunSpec | None, trace: Any) -> str:
+def _slot_words(spec: RunSpec, asked: RunSpec | None, trace: RunTrace) -> str:
     """" (redundant R, ...)" saying where the redundant slots came from, when not given."""
     if asked is None or asked.topology.redundant is not None:
         return ""

@@ -30,6 +30,7 @@ from ..dispatch import resolve_policy
 from ..metrics import Counters
 from ..runspec import RunSpec
 from ..schedule.plan import Segment
+from ..traces import TokenTrace
 from . import Plan, dispatch_steps, fill_norms, plan_run, replay_planned, spec_for_trace
 from .executors import check_executor, local_pool, ray_session
 from .results import Results
@@ -48,7 +49,7 @@ PAYS_OFF = 5e9
 ENGINE_CALL, ENGINE_PAIR = 1.4e5, 47.0
 
 
-def dispatch_work(trace: Any, specs: Sequence[RunSpec]) -> float:
+def dispatch_work(trace: TokenTrace, specs: Sequence[RunSpec]) -> float:
     """The work of replaying `specs` on `trace`, summed over the specs, in eplbsim's compiled
     pair dispatches. eplbsim's policies: tokens x layers x top-k pairs, times the ranks that
     compute each token's choice (every rank in "none", where a policy with a table,
@@ -70,7 +71,7 @@ def dispatch_work(trace: Any, specs: Sequence[RunSpec]) -> float:
     return out
 
 
-def _engine_calls(trace: Any, spec: RunSpec) -> int:
+def _engine_calls(trace: TokenTrace, spec: RunSpec) -> int:
     """The calls an engine's policy makes for one token in "none" under `spec`, observed on a
     one-layer `checks.probe_placement` of the trace's experts and the spec's slots."""
     from ..ranks.checks import observed_calls, probe_placement
@@ -81,7 +82,7 @@ def _engine_calls(trace: Any, spec: RunSpec) -> int:
                           d.engine_source)
 
 
-def pays_off(trace: Any, specs: Sequence[RunSpec], workers: int) -> bool:
+def pays_off(trace: TokenTrace, specs: Sequence[RunSpec], workers: int) -> bool:
     """Whether `workers` local processes replay `specs` on `trace` sooner than one: more than
     one worker, and at least `PAYS_OFF` pair dispatches (`dispatch_work`)."""
     return workers > 1 and dispatch_work(trace, specs) >= PAYS_OFF
@@ -99,7 +100,7 @@ def step_ranges(tokens: np.ndarray, parts: int) -> list[tuple[int, int]]:
     return [(int(lo), int(hi)) for lo, hi in zip(bounds, bounds[1:])]
 
 
-def _hold(trace: Any, threads: int) -> None:
+def _hold(trace: TokenTrace, threads: int) -> None:
     """Local worker initializer: keep the trace, take `threads` cores."""
     _TRACE[:] = [trace]
     _threads(threads)
@@ -117,7 +118,7 @@ def _local_range(spec: RunSpec, segments: Sequence[Segment], lo: int,
     return dispatch_steps(_TRACE[0], spec, segments, range(lo, hi))
 
 
-def _ray_range(trace: Any, spec: RunSpec, segments: Sequence[Segment], lo: int,
+def _ray_range(trace: TokenTrace, spec: RunSpec, segments: Sequence[Segment], lo: int,
                hi: int) -> tuple[torch.Tensor, Counters]:
     """A Ray task: steps `[lo, hi)` of `trace` on the task's one CPU."""
     _threads(1)
@@ -134,7 +135,7 @@ class Workers:
     `workers` CPUs). InputError for an unknown executor, an address without Ray, or settings
     that cannot be sent to a worker (a policy given as a function of this process)."""
 
-    def __init__(self, trace: Any, workers: int, executor: str = "local",
+    def __init__(self, trace: TokenTrace, workers: int, executor: str = "local",
                  address: str | None = None) -> None:
         check_executor(executor, address)
         if workers < 1:
@@ -161,14 +162,14 @@ class Workers:
         if self._session is not None:
             self._session.__exit__(*exc)
 
-    def replay(self, trace: Any, spec: RunSpec | None = None,
+    def replay(self, trace: TokenTrace, spec: RunSpec | None = None,
                progress: Progress | None = None) -> Results:
         """`replay.replay(trace, spec, progress)` with the steps split over the workers
         (`trace` must be the one they hold); the same Results bit for bit."""
         spec = spec_for_trace(trace, RunSpec() if spec is None else spec)
         return self.replay_planned(trace, spec, plan_run(trace, spec), progress)
 
-    def replay_planned(self, trace: Any, spec: RunSpec, plan: Plan,
+    def replay_planned(self, trace: TokenTrace, spec: RunSpec, plan: Plan,
                        progress: Progress | None = None) -> Results:
         """`replay.replay_planned` with the steps split over the workers (`trace` must be the
         one they hold); the same Results bit for bit."""
@@ -176,7 +177,7 @@ class Workers:
             raise ValueError("Workers.replay replays the trace its workers hold")
         return replay_planned(trace, spec, plan, progress, self.run_steps)
 
-    def run_steps(self, trace: Any, spec: RunSpec, segments: Sequence[Segment],
+    def run_steps(self, trace: TokenTrace, spec: RunSpec, segments: Sequence[Segment],
                   progress: Progress | None = None) -> tuple[torch.Tensor, Counters]:
         """`replay.run_steps` for every step of the trace the workers hold, one contiguous
         range a worker (balanced by tokens), the ranges' counts put in place."""

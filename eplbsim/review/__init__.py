@@ -55,6 +55,7 @@ from ..placement import Placement
 from ..replay import Plan, replay, replay_planned, routed_loads, schedule_of, spec_for_trace
 from ..replay.results import Results, model_origin, warnings
 from ..runspec import RunSpec, default_of
+from ..traces import RunTrace
 from ..traces.counts import CountsTrace
 from ..traces.steps import select
 from .evidence import RESAMPLES, draws
@@ -111,7 +112,7 @@ class Report:
         return html(self)
 
 
-def review(trace: Any, candidate: Any, baseline: Any = None, spec: RunSpec | None = None, *,
+def review(trace: RunTrace, candidate: Any, baseline: Any = None, spec: RunSpec | None = None, *,
            holdout: float = 0.5, seeds: int = 3, windows: int = WINDOWS,
            min_effect: float = MIN_EFFECT, resamples: int = RESAMPLES,
            baseline_sources: Any = None, baseline_solver: Any = None,
@@ -254,7 +255,7 @@ def _name(policy: Any, sources: Any, apart: bool) -> str:
     return f"{name} ({code})" if code else name
 
 
-def _window(trace: Any, solvers: dict[str, RunSpec], a: int, b: int, roles: dict[str, dict],
+def _window(trace: RunTrace, solvers: dict[str, RunSpec], a: int, b: int, roles: dict[str, dict],
             note: Callable[[str], None],
             placed: dict[str, Placement] | None = None) -> dict[str, Any]:
     """One held-out window: each role placed on steps `[0, a)` by its spec's solver
@@ -280,13 +281,13 @@ def _minus(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else a - b
 
 
-def _placement(train: Any, spec: RunSpec) -> Placement:
+def _placement(train: RunTrace, spec: RunSpec) -> Placement:
     """The placement the spec's solver makes from the placed steps' loads (or the given one)."""
     segments = schedule_of(train, _without_schedule(spec), routed_loads(train))
     return segments[0].placement
 
 
-def _placements(train: Any, solvers: dict[str, RunSpec]) -> dict[str, Placement]:
+def _placements(train: RunTrace, solvers: dict[str, RunSpec]) -> dict[str, Placement]:
     """Each role's placement from the placed steps (`_placement`), solved once when the
     roles share one spec (a dispatch review)."""
     cand = _placement(train, solvers["candidate"])
@@ -299,12 +300,12 @@ def _shared(solvers: dict[str, RunSpec]) -> bool:
     return solvers["baseline"] is solvers["candidate"]
 
 
-def _scored(test: Any, spec: RunSpec, placement: Placement) -> RunSpec:
+def _scored(test: RunTrace, spec: RunSpec, placement: Placement) -> RunSpec:
     """`spec` scoring `test` on `placement` (`_scoring`), fitted to it."""
     return spec_for_trace(test, _scoring(spec, placement))
 
 
-def _plans(test: Any, specs: dict[str, RunSpec], routed: Any,
+def _plans(test: RunTrace, specs: dict[str, RunSpec], routed: Any,
            solvers: dict[str, RunSpec]) -> dict[str, Plan]:
     """Each role's `Plan` on `test` (`replay_planned`) for its scoring spec in `specs`: the
     schedule solved once for both when the roles share a spec (`_shared`), once a role in a

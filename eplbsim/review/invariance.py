@@ -20,6 +20,7 @@ from ..placement import Placement
 from ..ranks.checks import observed_sharing, rank_invariance
 from ..replay.results import Results
 from ..runspec import RunSpec
+from ..traces import RunTrace
 
 SEARCH_ROWS = (1, 2, 3, 5, 7)  # the small batches the invariance search tries first
 
@@ -39,7 +40,7 @@ def _claimed(policy: Any, sources: Any, placement: Placement, spec: RunSpec,
                                                        d.seed, top_k, sources)
 
 
-def invariance_findings(policy: Any, name: str, test: Any, placement: Placement, spec: RunSpec,
+def invariance_findings(policy: Any, name: str, test: RunTrace, placement: Placement, spec: RunSpec,
                         results: Results) -> dict[str, Any]:
     """Claimed class against observed: in "none" the smallest adversarial batch on which ranks
     choose differently (module doc), and the output error on the scored steps."""
@@ -96,7 +97,7 @@ def _first_disagreement(results: Results, spec: RunSpec) -> dict[str, Any] | Non
             "agreed": int(c.agreed[step, layer]), "during_switch": switching}
 
 
-def _search_batches(test: Any) -> list[tuple[int, torch.Tensor]]:
+def _search_batches(test: RunTrace) -> list[tuple[int, torch.Tensor]]:
     """`(step, ids [T, L, K])` batches in the order the search tries them: the first rows of the
     first scored step (1, 2, 3, 5, 7), one row repeated, a padding row inside, then every
     scored step whole."""

@@ -23,6 +23,7 @@ from ..cost.measured import ROOFLINE
 from ..placement import Placement
 from ..replay.results import Results
 from ..runspec import RunSpec
+from ..traces import RunTrace
 from .evidence import LEVEL, Draws, figure, interval, resampled
 
 STARVED_SHARE = 0.5  # a replica executing under half its even share of its expert is starved
@@ -34,7 +35,7 @@ BALANCE_KEYS = ("gpu_imbalance", "gpu_imbalance_with_shared", "replica_skew_mean
                 "fanout_gpus", "fanout_nodes", "remote_frac")  # each where the run has it
 
 
-def balance_findings(runs: dict[str, list[Results]], test: Any, placement: Placement,
+def balance_findings(runs: dict[str, list[Results]], test: RunTrace, placement: Placement,
                      d: Draws) -> dict[str, Any]:
     """Balance and traffic metrics side by side (each where the run has it: the shared
     experts' work when counted, fan-out with the cost model, remote GPUs in "a2a"), the
@@ -114,7 +115,7 @@ def replica_shares(results: Results) -> np.ndarray:
     return np.sort(share[torch.isfinite(share)].numpy())
 
 
-def _starved(results: Results, test: Any) -> list[dict[str, Any]]:
+def _starved(results: Results, test: RunTrace) -> list[dict[str, Any]]:
     """The replicas executing under `STARVED_SHARE` of their even share (worst first), each with
     the share of its expert's pairs each row residue class `row % n` carries."""
     placement = results.segments[0].placement
@@ -132,7 +133,7 @@ def _starved(results: Results, test: Any) -> list[dict[str, Any]]:
     return out
 
 
-def _residues(test: Any, layer: int, expert: int, n: int) -> list[float]:
+def _residues(test: RunTrace, layer: int, expert: int, n: int) -> list[float]:
     """The share of `expert`'s pairs in `layer` on rows of each residue class `row % n`."""
     counts = torch.zeros(n, dtype=torch.float64)
     for s in range(test.num_steps):
