@@ -1,13 +1,39 @@
-"""What a rebalance costs in time (DESIGN.md §8, `sync`: serving stalls until the copies land).
+"""What a rebalance costs in time (DESIGN.md §8, `sync`: serving stalls until the copies land),
+and its copies in bytes, both for the whole model.
 
 Dimensions: `L` layers, `P` slots, `G` GPUs.
+
+A trace records `L` of the model's MoE layers; each stands for `layer_scale` of them, so a
+rebalance's bytes (`model_bytes`) and stall (`model_ms`) are the whole model's, on the scale of
+every time metric.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from .devices import DeviceProfile
+
+
+def layer_scale(cost: Any, num_layers: int) -> float:
+    """How many of the model's MoE layers each of a trace's `num_layers` layers stands for when
+    time is priced (`cost`, a `runspec.CostPart`): `moe_layers / L` of its model shape, so a
+    step's time is the whole model's, whatever layers the trace recorded."""
+    return cost.profiles()[0].moe_layers / num_layers
+
+
+def model_bytes(copies: float, expert_bytes: int, scale: float) -> int:
+    """Bytes of `copies` expert copies of the trace's layers in the whole model: `scale` its
+    `layer_scale`, each copy `expert_bytes`, rounded to whole bytes."""
+    return round(copies * expert_bytes * scale)
+
+
+def model_ms(seconds: float, scale: float) -> float:
+    """A stall of `seconds` over the trace's layers in milliseconds of the whole model (`scale`
+    its `layer_scale`)."""
+    return seconds * scale * 1e3
 
 
 def sync_stall_seconds(kinds: np.ndarray, slot_gpu: np.ndarray, num_gpus: int,

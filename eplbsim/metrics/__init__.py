@@ -40,11 +40,12 @@ trace summaries live below both, in `eplbsim.placement.loads`, and are re-export
 
 from __future__ import annotations
 
+from ..cost.rebalance import layer_scale
 from ..placement.loads import (ReplicaStats, balancedness, gini, gpu_imbalance, gpu_loads,
                                idle_replicas, max_over_mean, multiplicity_counts, nanmax_or_none,
                                nanmean_or_none, replica_loads, replica_skew, replica_stats,
                                top_share)
-from .counters import SUMMARY_CHUNK, Chunk, Counters, chunks, gpu_work, layer_scale
+from .counters import SUMMARY_CHUNK, Chunk, Counters, chunks, gpu_work
 from .declared import (COST, COUNT, COUNTERS, DECOMPOSITION, EXECUTED, METRICS, PERCENT, RATIO,
                        SOLVED, TIME, TIME_FMT, Metric, rebalance_stalls)
 from .evaluation import components, summary, time_series

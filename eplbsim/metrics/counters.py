@@ -16,6 +16,7 @@ import torch
 
 from .. import cost
 from ..cost.comm import layer_comm_seconds
+from ..cost.rebalance import layer_scale
 from ..placement import Placement
 from ..placement.loads import ReplicaStats, gpu_imbalance, gpu_loads, replica_skew, replica_stats
 
@@ -193,13 +194,6 @@ class Chunk:
     def skew(self) -> torch.Tensor:
         """Replica skew of every expert, `[c, L, E]`, NaN where undefined."""
         return replica_skew(self.executed, self.placement, self.replicas)
-
-
-def layer_scale(cost: Any, num_layers: int) -> float:
-    """How many of the model's MoE layers each of a trace's `num_layers` layers stands for when
-    time is priced (`cost`, a `runspec.CostPart`): `moe_layers / L` of its model shape, so a step's
-    time is the whole model's, whatever layers the trace recorded."""
-    return cost.profiles()[0].moe_layers / num_layers
 
 
 def _promise(placement: Placement, routed: torch.Tensor, num_gpus: int) -> torch.Tensor:

@@ -13,12 +13,12 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..base.loops import summed
-from ..cost.rebalance import sync_stall_seconds
+from ..cost.rebalance import layer_scale, model_bytes, model_ms, sync_stall_seconds
 from ..placement.loads import balancedness, idle_replicas, nanmax_or_none, replica_skew
 from ..ranks.fanout import FIELDS
 from ..schedule.switch import phases
 from ..schedule.transfers import transfer_kinds
-from .counters import Chunk, layer_scale
+from .counters import Chunk
 from .gap import placement_gap
 from .reductions import (mean, overhead, peak, ratio, root_ratio, shares, step_time, throughput,
                          total)
@@ -119,7 +119,7 @@ def _moved_bytes(results: Any) -> int:
     trace's stands for (`layer_scale`)."""
     slots = int(results.components["moved_slots"][0].sum())
     scale = layer_scale(results.spec.cost, results.true_load.shape[1])
-    return round(slots * results.spec.expert_bytes() * scale)
+    return model_bytes(slots, results.spec.expert_bytes(), scale)
 
 
 def _hazard_steps(results: Any) -> int:
@@ -148,7 +148,7 @@ def rebalance_stalls(results: Any) -> list[tuple[int, float]]:
         seconds = sync_stall_seconds(transfer_kinds(before.placement, placement),
                                      placement.slot_gpu.numpy(), placement.topology.num_gpus,
                                      spec.expert_bytes(), device)
-        out.append((seg.start, seconds * scale * 1e3))
+        out.append((seg.start, model_ms(seconds, scale)))
     return out
 
 

@@ -32,9 +32,8 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from ..cost.rebalance import copies_stall_seconds
+from ..cost.rebalance import copies_stall_seconds, layer_scale, model_bytes, model_ms
 from ..engines import as_sources
-from ..metrics.counters import layer_scale
 from ..metrics.declared import rebalance_stalls
 from ..schedule.switch import held_experts, phases
 from . import migrate
@@ -132,7 +131,7 @@ def engine_moves(results: Any) -> dict[str, Any] | None:
     copy_bytes = sum(4 * int(np.prod(s)) for s in SHAPES)  # one expert's tensors, float32
     priced = spec.cost.cost is not None
     device = spec.cost.profiles()[1] if priced else None
-    model_ms = dict(rebalance_stalls(results)) if priced else {}  # eplbsim's own, by step
+    model_stalls = dict(rebalance_stalls(results)) if priced else {}  # eplbsim's own, by step
     scale = layer_scale(spec.cost, results.true_load.shape[1])
     rows, wrong = [], 0
     slot_load = results.slot_load
@@ -158,9 +157,9 @@ def engine_moves(results: Any) -> dict[str, Any] | None:
                "max_recv_copies": int(recv.sum(1).max(initial=0))}
         if priced:
             copies = np.stack([local, recv[:, 0], recv[:, 1]], 1)  # [G, 3] copies by source
-            row["engine_stall_ms"] = copies_stall_seconds(copies, spec.expert_bytes(),
-                                                          device) * scale * 1e3
-            row["model_stall_ms"] = model_ms[seg.start]
+            row["engine_stall_ms"] = model_ms(
+                copies_stall_seconds(copies, spec.expert_bytes(), device), scale)
+            row["model_stall_ms"] = model_stalls[seg.start]
         rows.append(row)
     pairs = 0
     if slot_load is not None and len(segments) > 1:
@@ -174,11 +173,11 @@ def engine_moves(results: Any) -> dict[str, Any] | None:
               "engine_copies_nvlink": sum(r["copies_nvlink"] for r in rows),
               "engine_copies_rdma": sum(r["copies_rdma"] for r in rows),
               "engine_p2p_ops": sum(r["p2p_ops"] for r in rows),
-              "engine_moved_bytes": round(sum(r["copies_same_gpu"] + r["copies_nvlink"]
-                                              + r["copies_rdma"] for r in rows)
-                                          * spec.expert_bytes() * scale),
-              "engine_cross_node_bytes": round(sum(r["copies_rdma"] for r in rows)
-                                               * spec.expert_bytes() * scale),
+              "engine_moved_bytes": model_bytes(
+                  sum(r["copies_same_gpu"] + r["copies_nvlink"] + r["copies_rdma"] for r in rows),
+                  spec.expert_bytes(), scale),
+              "engine_cross_node_bytes": model_bytes(sum(r["copies_rdma"] for r in rows),
+                                                     spec.expert_bytes(), scale),
               "engine_stall_ms": sum(r.get("engine_stall_ms", 0.0) for r in rows)
               if priced else None,
               "first_wrong_step": next((seg.start for seg in segments

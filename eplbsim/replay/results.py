@@ -29,6 +29,7 @@ from ..base.files import atomic_file
 from ..base.registry import name_of
 from ..cost.catalog import model_note
 from ..cost.catalog import model_origin as origin_of
+from ..cost.rebalance import layer_scale
 from ..dispatch import POLICIES, resolve_policy
 from ..engines import as_sources, auto_algorithm, engine_code
 from ..engines import label as engine_label
@@ -131,7 +132,7 @@ class Results:
     def migrations(self) -> Rows:
         """One row per rebalance point: `schedule.transfers.migration_rows`, with its columns
         named even when there is none; its bytes are the whole model's, as the stalls are."""
-        scale = M.layer_scale(self.spec.cost, self.true_load.shape[1])
+        scale = layer_scale(self.spec.cost, self.true_load.shape[1])
         return Rows(migration_rows(self.segments, self.spec.expert_bytes(), scale),
                     MIGRATION_FIELDS)
 

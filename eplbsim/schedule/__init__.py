@@ -4,5 +4,5 @@ Holds the predictors of the next loads (`predictors`), the rebalance plan (`plan
 steps, each on a placement solved on a schedule), when each rank switches to a new placement
 (`switch`) and what a rebalance moves (`migration`: each slot's transfer by kind). Takes in the
 routed loads `[S, L, E]` and a schedule's settings; gives out `Segment`s. Imports `base`,
-`placement` and `solvers`.
+`placement`, `cost` (a move's bytes in the whole model) and `solvers`.
 """

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from ..base.errors import InputError
+from ..cost.rebalance import model_bytes
 from ..placement import Placement
 
 TRANSFER_KINDS = ("same_gpu", "same_node", "cross_node")
@@ -54,8 +55,8 @@ def migration_rows(segments: Sequence[Any], expert_bytes: int,
     `balancedness` (of the placement in service on the forecast), `moved_slots`, copies by
     source (`same_gpu`, `same_node`, `cross_node`), `bytes` (all copies) and
     `cross_node_bytes`, for experts of `expert_bytes`. Slots and copies are the segments'
-    layers'; the bytes are `scale` times theirs (the model's layers each of them stands for,
-    `metrics.layer_scale`, so they are on the scale of the stalls), rounded to whole bytes."""
+    layers'; the bytes are the whole model's (`cost.rebalance.model_bytes`, `scale` its
+    `layer_scale`), on the scale of the stalls."""
     rows = []
     for seg in segments:
         r = seg.rebalance
@@ -65,6 +66,6 @@ def migration_rows(segments: Sequence[Any], expert_bytes: int,
         rows.append({"step": r.step, "skipped": r.skipped,
                      "balancedness": None if math.isnan(r.balancedness) else r.balancedness,
                      "moved_slots": r.moved_slots, **kinds,
-                     "bytes": round(r.moved_slots * expert_bytes * scale),
-                     "cross_node_bytes": round(kinds["cross_node"] * expert_bytes * scale)})
+                     "bytes": model_bytes(r.moved_slots, expert_bytes, scale),
+                     "cross_node_bytes": model_bytes(kinds["cross_node"], expert_bytes, scale)})
     return rows
