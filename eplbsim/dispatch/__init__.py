@@ -297,11 +297,16 @@ ENGINE_POLICIES: dict[str, Callable[[Any, str], DispatchPolicy]] = {}
 
 def resolve_policy(policy: str | Policy | DispatchPolicy, sources: Any = (),
                    engine_args: str = "") -> tuple[str, DispatchPolicy]:
-    """`(name, entry)` of a registry name, an engine algorithm (`ENGINE:ALGORITHM`, run from
-    the engine source `sources` names, else the pinned version, with the engine's server
-    flags `engine_args` where it reads them: `eplbsim.engines`), a
-    `DispatchPolicy` or a bare policy callable (wrapped as a rank-variant entry without
-    kernels); InputError for an unknown name."""
+    """The registry entry a policy stands for, and the name it reports.
+
+    policy:      a registry name (`POLICIES`, `FAULTS`), an engine algorithm
+                 (`ENGINE:ALGORITHM`: `eplbsim.engines`), `path/file.py:function`, a
+                 `DispatchPolicy`, or a bare callable `(topk_ids [T, K], view, ctx) ->
+                 phys [T, K]` (wrapped as a rank-variant entry without kernels)
+    sources:     the engine source an engine algorithm runs from (default the pinned release)
+    engine_args: the engine's server flags, where its code reads them
+    Returns `(name, entry)`; InputError for an unknown name.
+    """
     if isinstance(policy, DispatchPolicy):
         return name_of(policy, POLICIES), policy
     if isinstance(policy, str) and ":" in policy and policy in ENGINE_POLICIES:

@@ -136,13 +136,24 @@ def migrate(engine: str, old: torch.Tensor, new: torch.Tensor, num_experts: int,
             topology: Topology, sources: Any = (), shapes: Sequence[Sequence[int]] = SHAPES,
             chunks: Sequence[Sequence[int]] | None = None, drop: Sequence[int] = (),
             weights: list | None = None, rank_mapping: dict[int, int] | None = None) -> Moved:
-    """Move the weights of placement `old [L, P]` to `new [L, P]` with `engine`'s updater
-    ("sglang" or "vllm", from `sources`), every rank of `topology` simulated in this process;
-    `chunks` (SGLang) the layer ids each update call takes in turn (default: all at once);
-    `drop` the indices of tensors left out of what the engine is given; `weights` the ranks'
-    weights `[G][L][W]` to move in place (default: fresh ones holding `old`). `rank_mapping`
-    (vLLM: elastic EP, `elastic`) moves between EP groups of different sizes, `topology` the
-    group that runs the move; the result's `holds` and `mismatch` are in its slots."""
+    """Move a rebalance's weights with an engine's own updater, every rank simulated here.
+
+    engine:       "sglang" (its `expert_location_updater`) or "vllm" (its
+                  `rearrange_expert_weights_inplace`), run from `sources` (default pinned)
+    old, new:     int `[L, P]` the placements before and after (`phy2log`)
+    num_experts:  `E`
+    topology:     the EP group that runs the move (`G` ranks)
+    shapes:       the shape of each of an expert's `W` tensors, one slot's
+    chunks:       SGLang: the layer ids each update call takes in turn (default all at once)
+    drop:         indices of tensors left out of what the engine is given (they stay in the
+                  weights: a tensor the updater is not told of)
+    weights:      the ranks' weights `[G][L][W]` to move in place (default fresh ones holding
+                  `old`, `weights.rank_weights`)
+    rank_mapping: vLLM's elastic EP (`elastic`): old rank -> new rank, -1 for one that leaves
+    Returns `Moved`: what every slot holds after (`holds [L, P]`), the slots that hold another
+    expert than `new` names (`mismatch [L]`), experts lost, the sends `(src, dst, bytes)` and
+    the maps each rank committed; in `topology`'s slots.
+    """
     from ..engines import adapter
     if engine not in ("sglang", "vllm"):
         raise InputError(f"unknown migration {engine!r}; the engines' own: sglang, vllm")

@@ -117,19 +117,31 @@ def review(trace: RunTrace, candidate: Any, baseline: Any = None, spec: RunSpec 
            min_effect: float = MIN_EFFECT, resamples: int = RESAMPLES,
            baseline_sources: Any = None, baseline_solver: Any = None,
            progress: Callable[[str], None] | None = None) -> Report:
-    """Review `candidate` against `baseline` (default: SGLang's dispatch for the spec's mode,
-    `row` in "none", `random` in "a2a") on `trace` under `spec` (module doc). Policies are
-    registry names, engine algorithms, `file.py:function` names or callables. `holdout` is the
-    scored share of the steps, in (0, 1); `seeds` the seeds every scored step is replayed
-    with; `windows` the held-out windows the scored steps are cut into (a rolling origin);
-    `min_effect` the smallest gain worth a pull request, in % of the baseline's step time;
-    `resamples` the block bootstrap's (`evidence`). `baseline_sources`: the engine sources
-    the baseline's engine code runs from, when not the spec's (a branch against main: the
-    candidate from the branch, the baseline from main). `baseline_solver`, when given, makes it
-    a review of a placement change: the spec's solver (the candidate's) against this one (a
-    registry name, an engine's, `file.py:function` or a callable), each placing on the placed
-    steps and re-solving on its schedule, with the baseline's policy `candidate` unless
-    `baseline` says otherwise. `progress(what)` hears of each replay."""
+    """One verdict on a dispatch (or placement) change before it goes upstream (module doc).
+
+    trace:       a token trace (`TokenTrace`: `[N, L, K]` ids in `S` steps); the first part
+                 places, the rest is scored
+    candidate:   the policy under review: a registry name, an engine algorithm
+                 (`ENGINE:ALGORITHM`), `file.py:function` or a callable
+    baseline:    the policy it is held against (default SGLang's dispatch for the spec's mode:
+                 `row` in "none", `random` in "a2a"; in a placement review, `candidate`)
+    spec:        every other setting (default `RunSpec()`; priced by the roofline unless it
+                 names a cost model)
+    holdout:     the scored share of the steps, in (0, 1)
+    seeds:       the seeds every scored step is replayed with
+    windows:     the held-out windows the scored steps are cut into (a rolling origin)
+    min_effect:  the smallest gain worth a pull request, % of the baseline's step time
+    resamples:   the block bootstrap's resamples (`evidence`)
+    baseline_sources: the engine sources the baseline's engine code runs from, when not the
+                 spec's (a branch against main: the candidate from the branch, the baseline
+                 from main)
+    baseline_solver: when given, a review of a placement change: the spec's solver (the
+                 candidate's) against this one, each placing on the placed steps and
+                 re-solving on its schedule
+    progress:    `progress(what)` hears of each replay
+    Returns the `Report`: the verdict, its reasons and every finding (`Report.markdown`,
+    `Report.html`, `as_json`); `EXIT[report.verdict]` is the command's exit status.
+    """
     if isinstance(trace, CountsTrace):
         raise InputError("a review dispatches token rows; a counts-only trace has none")
     _check_options(holdout, seeds, windows, min_effect, resamples)

@@ -140,7 +140,17 @@ def solve_with_info(solver: str | Solver, load: Any, num_slots: int, topology: T
 
 def solve(solver: str | Solver, load: Any, num_slots: int, topology: Topology,
           num_groups: int = 1, **options: Any) -> Placement:
-    """`solve_with_info` without the report: load `[L, E]` -> Placement `[L, P]`."""
+    """Place experts for the given loads: `solve_with_info` without its report.
+
+    solver:     a `SOLVERS` name, an engine's (`ENGINE:ALGORITHM`, resolved above:
+                `engines.resolve_solver`), `path/file.py:function` or a callable
+    load:       float `[L, E]` pairs per logical expert (non-negative, finite)
+    num_slots:  `P`, a multiple of `G`, at least `E`
+    topology:   the cluster (`G` GPUs in `N` nodes)
+    num_groups: expert groups for group-limited routing
+    options:    the solver's keyword options and `SOLVE_OPTIONS` (`previous`, ...)
+    Returns the `Placement` (`phy2log [L, P]`).
+    """
     return solve_with_info(solver, load, num_slots, topology, num_groups, **options)[0]
 
 
