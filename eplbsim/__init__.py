@@ -15,7 +15,6 @@ from .base import moved
 
 moved.install(__name__)
 
-from . import runspec
 from .base.errors import InputError
 from .dispatch import POLICIES, DispatchPolicy
 from .metrics import METRICS, Metric

@@ -15,7 +15,7 @@ from typing import Any, Mapping, Sequence
 from ..base.errors import InputError
 from ..base.limits import MAX_BATCH, MAX_COUNT, check_at_most, shown
 from ..base.registry import unknown
-from ..cost.catalog import config_path, model_shape
+from ..cost.catalog import model_shape
 from ..cost.shapes import ModelShape
 from ..engines.sglang_runtime import flags as engine_flags
 from ..placement import Placement
