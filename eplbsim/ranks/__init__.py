@@ -69,7 +69,7 @@ from .traffic import (a2a_fanout, fanout_counts, link_crossings, pair_gpus, shar
 UNMEASURED = float("inf")  # an exact norm the fast path left to compute (its error is 0)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class StepOutcome:
     """What the GPUs executed for one step, every layer, summed over the group.
 
@@ -203,10 +203,12 @@ def none_step(epoch: Epoch, step: int, topk_ids: torch.Tensor,
     else:
         error = all_reduced_error_terms(epoch.moe, step, topk_ids, executed_here,
                                         comm.all_reduce)
-    return StepOutcome(comm.all_reduce(slot_load).view(L, P).cpu(), multiplicity,
-                       multiplicity_counts(multiplicity, valid), valid.sum((0, 2)).cpu(),
-                       drifted, agree.sum((0, 2)).cpu(), error,
-                       torch.stack(choices) if epoch.keep_choices else None,
+    return StepOutcome(slot_load=comm.all_reduce(slot_load).view(L, P).cpu(),
+                       multiplicity=multiplicity,
+                       multiplicity_counts=multiplicity_counts(multiplicity, valid),
+                       valid=valid.sum((0, 2)).cpu(), drifted=drifted,
+                       agreed=agree.sum((0, 2)).cpu(), error=error,
+                       choices=torch.stack(choices) if epoch.keep_choices else None,
                        shared=shared_split(epoch, topk_ids),
                        fanout=fanout_counts(epoch, topk_ids.shape,
                                             _executing(epoch, step, topk_ids, known),
@@ -247,9 +249,9 @@ def a2a_step(epoch: Epoch, step: int, topk_ids: torch.Tensor,
     slot_load = comm.all_reduce(_slot_counts(phys, sent, epoch.placement.num_slots))
     gpu = pair_gpus(epoch, phys)
     shared, dest = shared_sent(epoch, step, gpu, rows)
-    return StepOutcome(slot_load.view(L, -1).cpu(), multiplicity,
-                       multiplicity_counts(multiplicity, multiplicity > 0),
-                       comm.all_reduce(sent.sum((0, 2))).cpu(), drifted,
+    return StepOutcome(slot_load=slot_load.view(L, -1).cpu(), multiplicity=multiplicity,
+                       multiplicity_counts=multiplicity_counts(multiplicity, multiplicity > 0),
+                       valid=comm.all_reduce(sent.sum((0, 2))).cpu(), drifted=drifted,
                        choices=torch.stack(choices) if epoch.keep_choices else None,
                        crossings=link_crossings(epoch, src_rank, gpu, dest),
                        wrong=wrong_pairs(epoch, topk_ids, phys, comm.all_reduce), shared=shared,
@@ -306,8 +308,10 @@ def _none_counted(epoch: Epoch, step: int, topk_ids: torch.Tensor) -> StepOutcom
         error[:, 1] = torch.from_numpy(np.where(valid > 0, UNMEASURED, 0.0))
     else:
         error = local_error_terms(epoch.moe, step, topk_ids, torch.from_numpy(mult))
-    return StepOutcome(torch.from_numpy(slot_load), None, torch.from_numpy(counts),
-                       torch.from_numpy(valid), drifted, torch.from_numpy(agreed), error,
+    return StepOutcome(slot_load=torch.from_numpy(slot_load), multiplicity=None,
+                       multiplicity_counts=torch.from_numpy(counts),
+                       valid=torch.from_numpy(valid), drifted=drifted,
+                       agreed=torch.from_numpy(agreed), error=error,
                        shared=shared_split(epoch, topk_ids),
                        fanout=fanout_counts(epoch, topk_ids.shape,
                                             _executing(epoch, step, topk_ids, known),
@@ -326,9 +330,9 @@ def _a2a_counted(epoch: Epoch, step: int, topk_ids: torch.Tensor,
         slot_load = epoch.table.sent_loads(topk_ids.numpy(),
                                            share_bounds(topk_ids.shape[0], epoch.num_ranks))
         valid = slot_load.sum(1)
-        return StepOutcome(torch.from_numpy(slot_load), None,
-                           torch.from_numpy(_executed_once(valid)), torch.from_numpy(valid),
-                           drifted)
+        return StepOutcome(slot_load=torch.from_numpy(slot_load), multiplicity=None,
+                           multiplicity_counts=torch.from_numpy(_executed_once(valid)),
+                           valid=torch.from_numpy(valid), drifted=drifted)
     topk_ids = _own_ids(topk_ids)
     out = epoch.scratch(topk_ids.shape)
     phys = torch.from_numpy(out)
@@ -343,8 +347,9 @@ def _a2a_counted(epoch: Epoch, step: int, topk_ids: torch.Tensor,
     slot_load, valid = counting.slot_counts(phys.numpy(), epoch.placement.num_slots)
     gpu = pair_gpus(epoch, phys)
     shared, dest = shared_sent(epoch, step, gpu, rows)
-    return StepOutcome(torch.from_numpy(slot_load), None,
-                       torch.from_numpy(_executed_once(valid)), torch.from_numpy(valid), drifted,
+    return StepOutcome(slot_load=torch.from_numpy(slot_load), multiplicity=None,
+                       multiplicity_counts=torch.from_numpy(_executed_once(valid)),
+                       valid=torch.from_numpy(valid), drifted=drifted,
                        crossings=link_crossings(epoch, src_rank, gpu, dest),
                        wrong=wrong_pairs(epoch, topk_ids, phys, LOCAL.all_reduce), shared=shared,
                        fanout=a2a_fanout(epoch, src_rank, gpu, topk_ids >= 0))
