@@ -44,9 +44,16 @@ Z_RISK = 0.674  # FlashLB's risk quantile (the 75th percentile of a normal)
 def flashlb(load: np.ndarray, num_slots: int, topology: Topology, num_groups: int = 1, *,
             history: Any = None, z: float = Z_RISK, depth: int = 8,
             width: int = 4) -> np.ndarray:
-    """Risk-aware replica counts, greedy risk-aware placement and a bounded search over the
-    counts (FlashLB). Places `load [L, E]` (or the window `history [W, L, E]`) on `num_slots`
-    slots (module doc): int64 `[L, P]`."""
+    """FlashLB: risk-aware replica counts, greedy risk-aware placement, a bounded search.
+
+    load:       float64 `[L, E]` pairs per logical expert
+    num_slots:  `P`, a multiple of `G`, at least `E`
+    topology:   the cluster; num_groups: ignored
+    history:    float `[W, L, E]` the window's per-step loads, whose means and covariances
+                the risk reads (default: `load` as one step, no variance)
+    z:          the risk quantile (`Z_RISK`); depth, width: the search's rounds and candidates
+    Returns phy2log int64 `[L, P]` (module doc).
+    """
     L, E = load.shape
     G = topology.num_gpus
     stats = _stats(load, history)

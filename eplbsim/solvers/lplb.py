@@ -56,9 +56,15 @@ def redundancy_links(kind: str, group_size: int | None = None,
 
 def lplb(load: np.ndarray, num_slots: int, topology: Topology, num_groups: int = 1, *,
          redundancy: str = "cube", torus_rows: int = 8) -> np.ndarray:
-    """LPLB's placement (module doc) of `load [L, E]` on `num_slots` slots over the
-    `redundancy` topology: int64 `[L, P]`. InputError when the GPUs do not form whole groups of
-    the topology or the redundant slots a GPU has are not a multiple of its links."""
+    """DeepSeek LPLB's placement over a redundancy topology (module doc).
+
+    load:       float64 `[L, E]` pairs per logical expert
+    num_slots:  `P`: `E / G` originals and the redundant slots on each GPU
+    topology:   the cluster; num_groups: ignored
+    redundancy: the redundancy topology, one of `TOPOLOGIES`; torus_rows: its rows (torus)
+    Returns phy2log int64 `[L, P]`. InputError when the GPUs do not form whole groups of the
+    topology or the redundant slots a GPU has are not a multiple of its links.
+    """
     L, E = load.shape
     G = topology.num_gpus
     if E % G:

@@ -269,9 +269,12 @@ def lpt(load: np.ndarray, num_slots: int, topology: Topology, num_groups: int = 
         anti_colocation: bool = False) -> np.ndarray:
     """Water-filling replication, largest-first packing onto all GPUs, improving swaps.
 
-    load: float64 `[L, E]` pairs per logical expert, `num_slots` = `P` -> phy2log int64
-    `[L, P]`. `num_groups` is ignored (see `lpt_hier`). `anti_colocation`: no GPU holds two
-    replicas of one expert (InputError when `P > E * G` makes that impossible).
+    load:            float64 `[L, E]` pairs per logical expert
+    num_slots:       `P`, a multiple of `G`, at least `E`
+    topology:        the cluster; num_groups: ignored (`lpt_hier` keeps groups on nodes)
+    anti_colocation: no GPU holds two replicas of one expert (InputError when `P > E * G`
+                     makes that impossible)
+    Returns phy2log int64 `[L, P]`.
     """
     load = np.asarray(load, dtype=np.float64)
     num_experts, num_gpus = load.shape[1], topology.num_gpus
@@ -363,10 +366,12 @@ def lpt_hier(load: np.ndarray, num_slots: int, topology: Topology, num_groups: i
              anti_colocation: bool = False) -> np.ndarray:
     """`lpt` with each expert group kept on one node (`num_groups / N` groups per node).
 
-    load: float64 `[L, E]` pairs per logical expert, `num_slots` = `P` -> phy2log int64
-    `[L, P]`. Falls back to `lpt` unless `num_groups % N == 0` and `N > 1`.
-    `anti_colocation`: no GPU holds two replicas of one expert (InputError when a node's
-    `P / N` slots cannot hold its `E / N` experts that way on its `G / N` GPUs).
+    load:            float64 `[L, E]` pairs per logical expert
+    num_slots:       `P`, a multiple of `G`, at least `E`
+    topology:        the cluster (`N` nodes); num_groups: expert groups (contiguous blocks)
+    anti_colocation: no GPU holds two replicas of one expert (InputError when a node's
+                     `P / N` slots cannot hold its `E / N` experts that way on its `G / N` GPUs)
+    Returns phy2log int64 `[L, P]`; `lpt`'s unless `num_groups % N == 0` and `N > 1`.
     """
     load = np.asarray(load, dtype=np.float64)
     num_layers, num_experts = load.shape
