@@ -95,6 +95,9 @@ def test_shared_experts_nested_text_config_and_latent_size():
     ({"num_experts": -3}, "config.json: num_experts must be an integer >= 1"),
     ({"num_experts": 12.5}, "num_experts must be an integer >= 1 .*got 12.5"),
     ({"num_experts_per_tok": None}, "no experts a token is routed to .*num_experts_per_tok"),
+    ({"num_experts_per_tok": 200}, "num_experts_per_tok is 200, more than its 128 routed "
+                                   "experts"),
+    ({"num_experts": int("9" * 400)}, "num_experts is a 400-digit number .*above the cap"),
     ({"moe_intermediate_size": None}, "no routed expert intermediate size .*qwen3_moe"),
     ({"hidden_size": "big"}, "hidden_size must be an integer"),
     ({"enable_moe_block": False}, "not an MoE model"),

@@ -101,7 +101,7 @@ EXAMPLES = {
     "batch_order": ("prefill-first", "prefill-first", "random", "unknown batch order 'random'",
                     REQUESTS),
     "arrivals": ("poisson", "poisson", "later", "unknown arrivals 'later'", REQUESTS),
-    "arrival_rate": ("2", 2.0, 0, "must be a number in [1e-09, inf], got 0", REQUESTS),
+    "arrival_rate": ("2", 2.0, 0, "must be a number in [1e-09, 4.61169e+18], got 0", REQUESTS),
     "dp": ("2", 2, 0, "must be an integer in [1, 65536], got 0", REQUESTS),
     "dp_assign": ("least-loaded", "least-loaded", "random", "unknown dp assignment 'random'",
                   REQUESTS),

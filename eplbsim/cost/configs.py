@@ -36,6 +36,7 @@ from typing import Any
 
 from ..base.errors import InputError
 from ..base.files import regular_file
+from ..base.limits import MAX_EXPERTS, MAX_TOP_K, shown
 from .shapes import ModelShape
 
 MAX_CONFIG_BYTES = 64 * 2**20  # a config.json read whole (ModelOpt's run to 2.4 MB)
@@ -117,9 +118,9 @@ def _get(config: dict[str, Any], keys: tuple[str, ...]) -> tuple[str, Any] | Non
 
 
 def _count(config: dict[str, Any], keys: tuple[str, ...], where: str, what: str,
-           least: int = 1, required: bool = True) -> int | None:
-    """The integer of the first of `keys` (at least `least`); InputError naming the key and
-    `where` when it is not one, or when none is there and `required`."""
+           least: int = 1, required: bool = True, most: int | None = None) -> int | None:
+    """The integer of the first of `keys` (at least `least`, at most `most`); InputError naming
+    the key and `where` when it is not one, or when none is there and `required`."""
     found = _get(config, keys)
     if found is None:
         if not required:
@@ -128,7 +129,9 @@ def _count(config: dict[str, Any], keys: tuple[str, ...], where: str, what: str,
     key, value = found
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
         raise InputError(f"{where}: {key} must be an integer >= {least} ({what}), got "
-                         f"{value!r}")
+                         f"{shown(value)}")
+    if most is not None and value > most:
+        raise InputError(f"{where}: {key} is {shown(value)} ({what}), above the cap of {most}")
     return value
 
 
@@ -155,8 +158,11 @@ def shape_of(config: dict[str, Any], where: str, quant: dict[str, Any] | None = 
     if experts is None or c.get("enable_moe_block") is False:
         raise InputError(f"{where}: not an MoE model (model_type {kind!r}): no routed expert "
                          f"count ({' or '.join(EXPERT_KEYS)})")
-    E = _count(c, EXPERT_KEYS, where, "routed experts")
-    K = _count(c, TOP_K_KEYS, where, "experts a token is routed to")
+    E = _count(c, EXPERT_KEYS, where, "routed experts", most=MAX_EXPERTS)
+    K = _count(c, TOP_K_KEYS, where, "experts a token is routed to", most=MAX_TOP_K)
+    if K > E:
+        raise InputError(f"{where}: {_get(c, TOP_K_KEYS)[0]} is {K}, more than its {E} routed "
+                         f"experts: a token is routed to top-k distinct experts")
     full = _count(c, HIDDEN_KEYS, where, "hidden size")
     H = _count(c, LATENT_KEYS, where, "latent size", required=False) or full
     size_keys = EXPERT_SIZE_KEYS + (("intermediate_size",) if kind in EXPERT_SIZED_TYPES else ())

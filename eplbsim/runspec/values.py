@@ -73,7 +73,8 @@ def _quoted(text: str) -> str:
 
 @dataclass(frozen=True)
 class Number:
-    """A finite number in `[least, most]` (stored as float); None too when `optional`."""
+    """A finite number in `[least, most]`, both within `MAX_COUNT` of 0 (stored as float); None
+    too when `optional`."""
 
     least: float = -math.inf
     most: float = math.inf
@@ -92,11 +93,11 @@ class Number:
         if value is None and self.optional:
             return None
         number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if not number or abs(value) > MAX_COUNT or not math.isfinite(value) \
-                or not self.least <= value <= self.most:
+        least, most = max(self.least, -MAX_COUNT), min(self.most, MAX_COUNT)
+        if not number or not math.isfinite(value) or not least <= value <= most:
             got = (f"{value:g}" if number and abs(value) <= MAX_COUNT  # 2 and 2.0 read alike
                    else shown(value))
-            raise InputError(f"must be a number in [{self.least:g}, {self.most:g}], got {got}")
+            raise InputError(f"must be a number in [{least:g}, {most:g}], got {got}")
         return float(value)
 
 
