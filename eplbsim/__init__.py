@@ -2,7 +2,7 @@
 dispatch.
 
 What a notebook reaches for, importable from here: `replay`, `compare` and their settings
-`RunSpec`; traces (`open_trace`, `load_trace`, `synthesize`); the registries `POLICIES`,
+`RunSpec`; traces (`open_trace`, `load_trace`, `synthesize`, `Trace.from_arrays`); the registries `POLICIES`,
 `SOLVERS`, `SCENARIOS`, `VIEWS`, `PREDICTORS`, `MODES` and `METRICS`; `review` (a verdict on a
 dispatch change, a `Report`). The modules hold the rest
 (DESIGN.md §6).
@@ -27,11 +27,11 @@ from .review import Report, review
 from .runspec import RunSpec
 from .schedule.predictors import PREDICTORS
 from .solvers import SOLVERS, solve
-from .traces import SCENARIOS, load_trace, open_trace, synthesize
+from .traces import SCENARIOS, Trace, load_trace, open_trace, synthesize
 
 __all__ = ["METRICS", "MODES", "POLICIES", "PREDICTORS", "SCENARIOS", "SOLVERS", "VIEWS",
            "DispatchPolicy", "InputError", "Metric", "Placement", "Report", "Results", "RunSpec",
-           "Topology", "compare", "load_trace", "open_trace", "replay", "review", "solve",
+           "Topology", "Trace", "compare", "load_trace", "open_trace", "replay", "review", "solve",
            "synthesize"]
 
 

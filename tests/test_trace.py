@@ -529,3 +529,33 @@ def test_bad_gating_weights_are_named(change, pattern):
     tr = _trace(src=False)
     with pytest.raises(InputError, match=pattern):
         Trace(tr.topk_ids, tr.step_offsets, 8, None, {}, change(_weights(tr.num_tokens)))
+
+
+def test_a_trace_from_arrays_is_checked_as_a_file_and_runs_every_command(tmp_path):
+    """Five lines of Python for a log no reader takes: the arrays, steps by their sizes, a
+    model name; then replay, compare, review and save_trace on it."""
+    from eplbsim import RunSpec, compare, replay, review
+    rng = np.random.default_rng(0)
+    ids = np.argsort(rng.random((40, 2, 16)), -1)[..., :4]  # [N, L, K] distinct a row
+    weights = rng.random(ids.shape).astype(np.float32)
+    trace = Trace.from_arrays(ids, tokens_per_step=[10, 10, 20], weights=weights, num_experts=60,
+                              model="Qwen/Qwen1.5-MoE-A2.7B-Chat", layers=[3, 7])
+    assert trace.tokens_per_step.tolist() == [10, 10, 20] and trace.num_experts == 60
+    assert trace.meta["model_layers"] == [3, 7] and np.array_equal(trace.topk_ids.numpy(), ids)
+    assert Trace.from_arrays(torch.from_numpy(ids), step_offsets=[0, 10, 20, 40]).num_experts == 16
+    assert Trace.from_arrays(ids[:, 0]).num_layers == 1 and trace.num_steps == 3
+    spec = RunSpec.of(gpus=4, redundant=4, cost="roofline")
+    assert replay(trace, spec).spec.cost.model == "qwen1.5-moe-a2.7b"
+    assert len(compare(trace, ["row", "ordinal"], ["none"], spec)) == 2
+    assert review(trace, "ordinal", spec=spec, seeds=1, windows=1).verdict
+    save_trace(trace, tmp_path / "t.npz")
+    assert torch.equal(load_trace(tmp_path / "t.npz").topk_ids, trace.topk_ids)
+    bad = ids.copy()
+    bad[3, 1, 2] = bad[3, 1, 0]
+    for args, kwargs, match in [((bad,), {}, "token row 3 routes expert"),
+                                ((ids,), {"num_experts": 8}, "expert id 15"),
+                                ((ids,), {"tokens_per_step": [10, 10]}, "end at the number"),
+                                ((ids.astype(float),), {}, "must hold integers"),
+                                ((ids,), {"layers": [1]}, "layers names 1 layers")]:
+        with pytest.raises(InputError, match=match):
+            Trace.from_arrays(*args, **kwargs)

@@ -220,6 +220,51 @@ class Trace(TraceShape):
         gates = None if weights is None else np.concatenate([np.asarray(w) for w in weights])
         return cls(np.concatenate(parts), sizes, num_experts, src, meta or {}, gates)
 
+    @classmethod
+    def from_arrays(cls, topk_ids: Any, *, step_offsets: Any = None,
+                    tokens_per_step: Any = None, num_experts: int | None = None,
+                    weights: Any = None, model: str | None = None,
+                    layers: Sequence[int] | None = None,
+                    meta: dict[str, Any] | None = None) -> "Trace":
+        """A trace from the arrays a notebook holds (numpy, torch or nested lists), checked as
+        a file of the same content is: for a log of a shape no reader takes.
+
+        topk_ids:        int `[N, L, K]` logical expert ids, -1 for padding (`[N, K]`: one layer)
+        step_offsets:    int `[S + 1]`, rows of step `s` are `step_offsets[s]:step_offsets[s+1]`
+        tokens_per_step: int `[S]`, the rows of each step in order (instead of `step_offsets`;
+                         neither: one step of all `N` rows)
+        num_experts:     `E` (default the largest id + 1)
+        weights:         float `[N, L, K]` (`[N, K]`) gating weights (default none: the toy MoE
+                         draws its gates)
+        model:           the model's name (`meta["model"]`: priced as it)
+        layers:          the model's layer number of each of the `L` layers
+        meta:            more provenance, kept
+        Returns the Trace; InputError where a file holding the same would be refused.
+        """
+        ids = _int_array(topk_ids, "topk_ids")
+        if ids.ndim == 2:
+            ids = ids[:, None]
+            weights = None if weights is None else np.asarray(weights)[:, None]
+        if step_offsets is not None and tokens_per_step is not None:
+            raise InputError("give step_offsets or tokens_per_step, not both")
+        if step_offsets is None:
+            sizes = [ids.shape[0]] if tokens_per_step is None else \
+                _int_array(tokens_per_step, "tokens_per_step")
+            if np.ndim(sizes) != 1 or (np.asarray(sizes) < 0).any():
+                raise InputError("tokens_per_step must be a 1-D list of counts >= 0")
+            step_offsets = np.concatenate([[0], np.cumsum(sizes)])
+        if num_experts is None:
+            num_experts = max(_bounds(ids)[1] + 1, 1)
+        info = dict(meta or {}, source=(meta or {}).get("source", "arrays"))
+        if model is not None:
+            info["model"] = model
+        if layers is not None:
+            info["model_layers"] = [int(x) for x in layers]
+            if len(info["model_layers"]) != ids.shape[1]:
+                raise InputError(f"layers names {len(info['model_layers'])} layers; topk_ids "
+                                 f"holds {ids.shape[1]}")
+        return cls(ids, step_offsets, num_experts, None, info, weights)
+
 
     @property
     def ids_shape(self) -> tuple[int, int, int]:
