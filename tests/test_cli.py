@@ -112,7 +112,8 @@ def test_truncated_and_foreign_files_are_reported(capsys, tmp_path):
     assert_input_error(capsys, "run", "--trace", cut, match=str(cut))
     foreign = tmp_path / "foreign.npz"
     np.savez(foreign, weights=np.zeros(3))
-    assert_input_error(capsys, "trace", "info", foreign, match="not an eplbsim trace")
+    assert_input_error(capsys, "trace", "info", foreign,
+                       match="an array of shape [3] (float64) is neither counts")
     assert_input_error(capsys, "run", "--trace", tmp_path / "nope.npz", match="no such file")
 
 

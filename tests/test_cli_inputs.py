@@ -43,8 +43,10 @@ def test_a_per_token_log_runs_in_one_command_without_its_warm_up(capsys, tmp_pat
     assert with_warmup["placement_imbalance"] != without["placement_imbalance"]
     # the same steps chosen by number give the same numbers
     assert json.loads(run(capsys, *args, "--select-steps", "1:", "--json")[1])[0] == without
-    # a log whose header is not skipped: the message names the flag that skips it
-    assert_input_error(capsys, "run", "--trace", log, match="--skip-type meta")
+    # its header is recognised as one without a flag, and no key needs naming either
+    bare = json.loads(run(capsys, "run", "--trace", log, "--gpus", "4", "--policies", "row",
+                          "--mode", "none", "--json")[1])[0]
+    assert bare == with_warmup
 
 
 def test_trace_info_flags_warm_up_and_outlier_steps(capsys, tmp_path):

@@ -23,7 +23,8 @@ from eplbsim.traces.steps import flag_steps
 from cli_helpers import assert_input_error, run
 from id_helpers import distinct
 
-QWEN = Path(__file__).resolve().parents[2] / "shared" / "data" / \
+QWEN = Path(__file__).resolve().parents[1] / "traces" / "qwen3-30b-a3b-vllm" / "ep_states.jsonl"
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / \
     "qwen3-30b-a3b-vllm-routing" / "ep_states.jsonl"
 
 
@@ -108,13 +109,20 @@ def test_trace_info_reads_a_positional_log(capsys, tmp_path):
     assert code == 0 and "steps 3, tokens 8 (per step 1..5, mean 2.7), layers 3" in out
 
 
-@pytest.mark.skipif(not QWEN.exists(), reason="../shared/data is absent")
 def test_the_qwen3_vllm_log(capsys):
-    """32 passes x 48 layers: a 15-token warm-up, a 1960-token prefill and 30 4-token dummy
-    batches; what remains of it is the prefill, chunked as an engine runs it."""
-    trace = open_trace(QWEN, layers_per_pass=48)
+    """The real log shipped in traces/ (the folder, as it is): 32 passes x 48 layers, a
+    15-token warm-up, a 1960-token prefill and 30 4-token dummy batches; what remains of it is
+    the prefill, chunked as an engine runs it. Its per-layer counts equal a count of the file's
+    lines made here."""
+    trace = open_trace(QWEN.parent, layers_per_pass=48)
     assert (trace.num_steps, trace.num_layers, trace.num_experts, trace.top_k) == \
         (32, 48, 128, 8)
+    lines = [json.loads(line)["topk_ids"] for line in QWEN.read_text().splitlines()]
+    counts = np.zeros((48, 128), dtype=np.int64)
+    for n, rows in enumerate(lines):
+        np.add.at(counts[n % 48], np.array(rows).ravel(), 1)
+    assert np.array_equal(trace.counts().sum(0).numpy(), counts)
+    assert "left out: LICENSE, README.md" in trace.meta["read_as"]
     assert trace.tokens_per_step[:3].tolist() == [15, 4, 1960]
     flags = flag_steps(trace)
     assert flags == {"warmup": [0], "dummy": [1] + list(range(3, 32)), "outlier": []}
@@ -123,6 +131,11 @@ def test_the_qwen3_vllm_log(capsys):
     assert code == 0
     assert "steps 8, tokens 1960 (per step 168..256, mean 245.0), layers 48, experts 128, " \
            "top-k 8" in out
+
+
+@pytest.mark.skipif(not SHARED.exists(), reason="../shared/data is absent")
+def test_the_shipped_qwen3_log_is_the_original_byte_for_byte():
+    assert QWEN.read_bytes() == SHARED.read_bytes()
 
 
 def test_gating_weights_are_kept_when_every_record_has_values(tmp_path):

@@ -166,9 +166,8 @@ def test_a_torn_last_line_loses_its_record_with_one_warning(tmp_path, capsys):
     code, out, err = run(capsys, "trace", "info", torn)
     assert code == 0 and "tokens 3" in out, err
     assert err.splitlines() == [f"eplbsim: warning: {torn}:10: the last line is cut short (not "
-                                f"valid JSON, no line break at its end), as when the token "
-                                f"router log's writer is stopped mid-write; its record is left "
-                                f"out"]
+                                f"valid JSON, no line break at its end), as when the router "
+                                f"log's writer is stopped mid-write; its record is left out"]
 
 
 def _tok(t, layer, ids, **extra):
@@ -284,11 +283,22 @@ def test_tokens_missing_from_some_layers(capsys, tmp_path):
     assert "2 of the log's 7 tokens lack some layer" in err
     with pytest.raises(InputError, match="incomplete must be one of error, drop"):
         read_token_trace(log, incomplete="keep")
-    # a request log has no --incomplete: its message does not offer it
+    # a request log drops them the same way, with the same one warning, by requests
     kept = [r for i, r in enumerate(records) if i not in drop]
     requests = [{**r, "request_id": "ab"[int(i >= 8)]} for i, r in enumerate(kept)]
-    with pytest.raises(InputError, match=r"lack some layer \(in 2 requests\)$"):
-        read_token_requests(_write(tmp_path / "req.jsonl", requests))
+    req = _write(tmp_path / "req.jsonl", requests)
+    with pytest.raises(InputError, match=r"lack some layer \(in 2 requests\): --incomplete "
+                       r"drop leaves them out$"):
+        read_token_requests(req)
+    with pytest.warns(InputWarning, match=r"2 of the log's 7 tokens lack some layer \(in 2 "
+                      r"requests\); --incomplete drop left them out"):
+        got = read_token_requests(req, incomplete="drop")
+    assert [r.ids.shape[0] for r in got.requests] == [2, 3]
+    assert [r.prompt_len for r in got.requests] == [2, 3]  # every token kept counts as prompt
+    code, out, err = run(capsys, "trace", "info", req, "--request-key", "request_id",
+                         "--incomplete", "drop", "--json")
+    assert code == 0 and json.loads(out)["requests"] == 2
+    assert "2 of the log's 7 tokens lack some layer (in 2 requests)" in err
 
 
 def test_gating_weights_follow_their_tokens_in_either_form(tmp_path):

@@ -218,7 +218,7 @@ def test_a_per_token_log_with_a_header_converts_to_steps_or_requests(tmp_path, c
     from eplbsim.traces.formats import open_trace
     log = _token_log(tmp_path / "log.jsonl", with_requests=False)
     assert_input_error(capsys, "trace", "convert", str(log), "--out", str(tmp_path / "x.npz"),
-                       match="log.jsonl:1: missing key(s)")  # the header: --skip-type
+                       match="no field gives the token's index: name it with --token-key")
     keys = ["--token-key", "tok", "--ids-key", "experts", "--skip-type", "header"]
     code, _, _ = run(capsys, "trace", "convert", str(log), "--out", str(tmp_path / "t.npz"),
                      *keys)

@@ -1,5 +1,5 @@
-"""What several commands share: comma-separated lists, argparse integer types and output
-directories checked against the inputs."""
+"""What several commands share: comma-separated lists, argparse integer types, logs named by
+one path or several, and output directories checked against the inputs."""
 
 from __future__ import annotations
 
@@ -11,6 +11,18 @@ from typing import Any, Iterable
 from ..base.errors import InputError
 from ..base.files import check_output
 from ..base.limits import MAX_SEED
+
+
+def log_paths(paths: list[Path]) -> Any:
+    """The paths of a log given as several words (`nargs="+"`): one as a string, several as a
+    tuple (read as one log: `traces.formats.open_trace`)."""
+    return str(paths[0]) if len(paths) == 1 else tuple(str(p) for p in paths)
+
+
+def shown_paths(paths: list[Path]) -> str:
+    """`paths` as a line names them: the first, and how many more."""
+    more = len(paths) - 1
+    return str(paths[0]) + (f" (and {more} more file{'s' if more > 1 else ''})" if more else "")
 
 
 def split(text: str, what: str) -> list[str]:

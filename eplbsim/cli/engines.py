@@ -167,7 +167,8 @@ def conform(args: argparse.Namespace) -> int:
 
 
 def bisect(args: argparse.Namespace) -> int:
-    """`engines bisect`: the first release whose metric differs from GOOD's (`eplbsim.engines.bisect`)."""
+    """`engines bisect`: the first release whose metric differs from GOOD's
+    (`eplbsim.engines.bisect`)."""
     from ..engines.bisect import bisect as search, releases
     from ..engines import ENGINES, is_engine_name, version_key
     from ..metrics import METRICS

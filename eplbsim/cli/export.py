@@ -14,7 +14,7 @@ from ..base.limits import MAX_LAYERS
 from ..placement.io import (placement_experts, read_json, read_phy2log, sglang_logical_count,
                             sglang_placement)
 from ..traces import CountsTrace
-from .common import positive, split
+from .common import log_paths, positive, shown_paths, split
 
 HELP = "write a placement (or expert loads) in a form a serving engine loads"
 
@@ -26,8 +26,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     what.add_argument("--placement", type=Path, help="a placement file (a `solve --json` "
                       "output, a bare JSON phy2log [L][P] or an SGLang map); writes "
                       "physical_to_logical_map")
-    what.add_argument("--counts", type=Path, help="a counts-only or routing trace; writes "
-                      "logical_count (the engine runs its own solver)")
+    what.add_argument("--counts", type=Path, nargs="+", metavar="FILE",
+                      help="a counts-only or routing trace (one file, a folder or several read "
+                      "as one log); writes logical_count (the engine runs its own solver)")
     p.add_argument("--num-model-layers", type=positive, default=None,
                    help="layers of the model, dense ones included (default: the trace's "
                    "num_model_layers)")
@@ -39,7 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    check_output(args.out, [args.placement, args.counts])
+    check_output(args.out, [args.placement, *(args.counts or [])])
     meta: dict[str, Any] = {}
     values, _ = runspec.from_args(args, "export")
     if args.placement is not None:
@@ -53,7 +54,8 @@ def handle(args: argparse.Namespace) -> int:
             meta["model_layers"] = data["layers"]
         num_layers = len(phy2log)
     else:
-        trace = runspec.Source(trace=str(args.counts), **values).open(0, runspec.SchedulePart())
+        trace = runspec.Source(trace=log_paths(args.counts), **values).open(
+            0, runspec.SchedulePart())
         counts = trace.counts if isinstance(trace, CountsTrace) else trace.counts().numpy()
         meta = trace.meta  # counts [S, L, E]
         num_layers = counts.shape[1]
@@ -64,7 +66,7 @@ def handle(args: argparse.Namespace) -> int:
     if not isinstance(model_layers, int) or isinstance(model_layers, bool) or \
             not 1 <= model_layers <= MAX_LAYERS:
         given = "--num-model-layers" if args.num_model_layers else \
-            f"{args.counts}: its num_model_layers"
+            f"{shown_paths(args.counts)}: its num_model_layers"
         raise InputError(f"{given}: the model's layer count must be an integer in [1, "
                          f"{MAX_LAYERS}], got {model_layers!r}")
     if args.moe_layers is not None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from .. import runspec
 from ..base.errors import InputError
-from .common import check_out_dir, split
+from .common import check_out_dir, log_paths, shown_paths, split
 
 HELP = ("rebuild the paper figures (PDF and PNG), deterministically, or draw your own trace's "
         "(--trace)")
@@ -22,9 +22,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--only", default=None,
                    help="comma-separated figure names (default all; see --list)")
     p.add_argument("--list", action="store_true", help="print the figure names and exit")
-    p.add_argument("--trace", type=Path, default=None, metavar="FILE",
-                   help="draw this trace instead (any form run reads, with the reading flags "
-                        "below): its expert load heatmap, top share and per-step imbalance")
+    p.add_argument("--trace", type=Path, nargs="+", default=None, metavar="FILE",
+                   help="draw this trace instead (any form run reads, one file, a folder or "
+                        "several files read as one log, with the reading flags below): its "
+                        "expert load heatmap, top share and per-step imbalance")
     runspec.add_flags(p, "figures")
 
 
@@ -54,7 +55,7 @@ def handle(args: argparse.Namespace) -> int:
     else:
         if args.out is None:
             raise InputError("--out DIR: where to write the trace's figures")
-        paths = _draw_trace(args, names, check_out_dir(args.out, [args.trace], files))
+        paths = _draw_trace(args, names, check_out_dir(args.out, args.trace, files))
     print(f"wrote {len(paths)} files to {args.out or 'figures'}: "
           + ", ".join(p.name for p in paths))
     return 0
@@ -65,10 +66,10 @@ def _draw_trace(args: argparse.Namespace, names: list[str], out: Path) -> list[P
     each as PDF and PNG in `out`."""
     from ..plots import save_figure, trace_figures
     values, _ = runspec.from_args(args, "figures")
-    source = runspec.Source(**{**values, "trace": str(args.trace)})
+    source = runspec.Source(**{**values, "trace": log_paths(args.trace)})
     trace = source.select(source.read(0, runspec.SchedulePart()))
     if trace.num_steps == 0:
-        raise InputError(f"{args.trace}: no steps to draw")
+        raise InputError(f"{shown_paths(args.trace)}: no steps to draw")
     paths: list[Path] = []
     for name, fig in trace_figures(trace.counts(), names).items():
         paths += save_figure(fig, out / f"{name}.pdf")

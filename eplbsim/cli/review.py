@@ -89,7 +89,7 @@ def handle(args: argparse.Namespace) -> int:
         files = [p.rpartition(":")[0] for p in (args.candidate, args.baseline,
                                                 base.solver.solver, args.baseline_solver)
                  if is_file_policy(p)]
-        check_out_dir(args.out, [source.file, base.solver.placement, base.schedule.initial,
+        check_out_dir(args.out, [*source.files, base.solver.placement, base.schedule.initial,
                                  *files], OUTPUTS)
     trace = source.open(base.dispatch.seed, base.schedule)
     report = review(trace, args.candidate, args.baseline, base, holdout=args.holdout,

@@ -50,7 +50,7 @@ def handle(args: argparse.Namespace) -> int:
     values, lists = runspec.from_args(args, "run")
     source, base = runspec.build(values)
     if args.out:
-        check_out_dir(args.out, [source.file, base.solver.placement, base.schedule.initial],
+        check_out_dir(args.out, [*source.files, base.solver.placement, base.schedule.initial],
                       OUTPUTS)
     trace = source.open(base.dispatch.seed, base.schedule)
     if isinstance(trace, CountsTrace):

@@ -18,7 +18,7 @@ from ..solvers import SOLVERS, as_load, find_solver, solve_with_info, solver_opt
 from ..traces.coactivation import coactivation
 from ..traces.counts import CountsTrace
 from ..traces.formats import layer_loads
-from .common import nonnegative, positive, registered
+from .common import log_paths, nonnegative, positive, registered
 
 HELP = "solve a placement for expert loads (a JSON [L][E] matrix or a counts CSV)"
 
@@ -26,9 +26,10 @@ HELP = "solve a placement for expert loads (a JSON [L][E] matrix or a counts CSV
 def add_arguments(p: argparse.ArgumentParser) -> None:
     loads = p.add_mutually_exclusive_group(required=True)
     loads.add_argument("--load", type=Path, help="a JSON [layers][experts] load matrix")
-    loads.add_argument("--counts", type=Path,
+    loads.add_argument("--counts", type=Path, nargs="+", metavar="FILE",
                        help="a CSV with columns layer,expert,count (others can be filtered on), "
-                       "a counts-only .npz, or any routing trace (summed over steps)")
+                       "a counts matrix (JSON, .npy), a counts-only .npz, or any routing trace "
+                       "(summed over steps): one file, a folder or several read as one log")
     runspec.add_flags(p, "solve")  # how --counts is read
     slots = p.add_mutually_exclusive_group()
     slots.add_argument("--slots", type=positive, default=None,
@@ -63,7 +64,8 @@ def handle(args: argparse.Namespace) -> int:
     taken = solver_options(find_solver(resolve_solver(args.solver)))
     options: dict = {}
     if args.counts is not None:
-        trace = runspec.Source(trace=str(args.counts), **values).open(0, runspec.SchedulePart())
+        trace = runspec.Source(trace=log_paths(args.counts), **values).open(
+            0, runspec.SchedulePart())
         counts = layer_loads(trace)
         load, layers = counts.load, list(counts.layers)
         if "coactivation" in taken and not isinstance(trace, CountsTrace):  # affinity's

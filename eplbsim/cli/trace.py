@@ -26,25 +26,31 @@ from ..traces.steps import OUTLIER_FACTOR, describe_selection, flag_steps, outli
 from ..traces.synth import SCENARIOS
 from ..traces.trace import npz_names
 from ..traces.workload import batch
-from .common import positive, registered
+from .common import log_paths, positive, registered, shown_paths
 
 HELP = "inspect or generate traces"
 
 
-def _routing(trace: Any, path: Path) -> Any:
+def _routing(trace: Any, paths: list[Path]) -> Any:
     """`trace` if it has token rows; InputError for counts only."""
     if isinstance(trace, CountsTrace):
-        raise InputError(f"{path}: holds expert counts only, no token rows")
+        raise InputError(f"{shown_paths(paths)}: holds expert counts only, no token rows")
     return trace
 
 
-def _source(args: argparse.Namespace, path: Path, command: str) -> tuple[runspec.Source, bool]:
-    """The run schema's source for a file argument with the reading flags given, and whether
-    it holds requests (`is_request_input`) rather than steps."""
+def _source(args: argparse.Namespace, paths: list[Path], command: str
+            ) -> tuple[runspec.Source, bool]:
+    """The run schema's source for a file argument (one path or several: `log_paths`) with the
+    reading flags given, and whether it holds requests (`is_request_input`) rather than
+    steps."""
     values, _ = runspec.from_args(args, command)
     options = {k: values[k] for k in runspec.READER_OPTIONS if values.get(k) is not None}
-    requests = is_request_input(path, **options)
-    return runspec.Source(**{**values, ("requests" if requests else "trace"): str(path)}), requests
+    given = log_paths(paths)
+    requests = is_request_input(given, **options)
+    if requests and isinstance(given, tuple):
+        raise InputError(f"{paths[0]}: several files read as requests do not join; give one "
+                         f"request log")
+    return runspec.Source(**{**values, ("requests" if requests else "trace"): given}), requests
 
 
 def _distribution(values: np.ndarray) -> str:
@@ -95,7 +101,9 @@ def request_info(args: argparse.Namespace, source: runspec.Source) -> int:
         return 0
     tps = trace.tokens_per_step
     selected = describe_selection(trace.meta)
-    print(f"{args.file}")
+    print(shown_paths(args.file))
+    if requests.meta.get("read_as"):
+        print(f"  read as: {requests.meta['read_as']}")
     print(f"  requests {len(requests.requests)}, layers {requests.num_layers}, experts "
           f"{requests.num_experts}, top-k {requests.top_k}")
     print(f"  prompt tokens: {_distribution(prompt)}")
@@ -109,11 +117,30 @@ def request_info(args: argparse.Namespace, source: runspec.Source) -> int:
     return 0
 
 
+def counts_info(args: argparse.Namespace, counts: CountsTrace) -> int:
+    """`trace info` of counts only: their shape, how they were read, what they cannot show."""
+    summary = {"steps": counts.num_steps, "layers": counts.num_layers,
+               "experts": counts.num_experts, "pairs": int(counts.counts.sum()),
+               "counts_only": True, "meta": counts.meta}
+    if args.json:
+        print(to_json(summary))
+        return 0
+    print(shown_paths(args.file))
+    print(f"  counts only: steps {counts.num_steps}, layers {counts.num_layers}, experts "
+          f"{counts.num_experts}, {summary['pairs']} pairs; no token rows, so a run gives a "
+          f"placement's even-split promise, no dispatch")
+    if counts.meta.get("read_as"):
+        print(f"  read as: {counts.meta['read_as']}")
+    return 0
+
+
 def info(args: argparse.Namespace) -> int:
     source, requests = _source(args, args.file, "info")
     if requests:
         return request_info(args, source)
-    whole = _routing(source.read(0, runspec.SchedulePart()), args.file)
+    whole = source.read(0, runspec.SchedulePart())
+    if isinstance(whole, CountsTrace):
+        return counts_info(args, source.select(whole))
     flags = flag_steps(whole)
     trace = source.chunked(source.select(whole))
     summary = {**summarize_trace(trace), "flagged": flags}
@@ -124,7 +151,9 @@ def info(args: argparse.Namespace) -> int:
         return 0
     tps = summary["tokens_per_step"]
     selected = describe_selection(trace.meta)
-    print(f"{args.file}")
+    print(shown_paths(args.file))
+    if trace.meta.get("read_as"):
+        print(f"  read as: {trace.meta['read_as']}")
     print(f"  steps {summary['steps']}, tokens {summary['tokens']} (per step {tps['min']}.."
           f"{tps['max']}, mean {tps['mean']:.1f}), layers {summary['layers']}, "
           f"experts {summary['experts']}, top-k {summary['top_k']}"
@@ -201,7 +230,7 @@ def _written_by_convert(out: Path) -> bool:
 
 def convert(args: argparse.Namespace) -> int:
     out_kind = args.out.suffix.lower()
-    check_output(args.out, [args.src], replaces=out_kind not in (".npz", ".jsonl"))
+    check_output(args.out, args.src, replaces=out_kind not in (".npz", ".jsonl"))
     if not args.force and not _written_by_convert(args.out):
         raise InputError(f"{args.out}: exists and is not what trace convert writes (a trace "
                          f"directory, an .npz trace or request file, a JSONL router log), so "
@@ -209,11 +238,11 @@ def convert(args: argparse.Namespace) -> int:
     source, requests = _source(args, args.src, "convert")
     if requests:
         if out_kind != ".npz":
-            raise InputError(f"{args.src} holds requests: write them to an .npz request file "
-                             f"(run --requests batches it into steps)")
+            raise InputError(f"{args.src[0]} holds requests: write them to an .npz request "
+                             f"file (run --requests batches it into steps)")
         if source.selects:
-            raise InputError(f"{args.src} holds requests, not steps: steps are selected where "
-                             f"they are batched (run --requests ... --select-steps)")
+            raise InputError(f"{args.src[0]} holds requests, not steps: steps are selected "
+                             f"where they are batched (run --requests ... --select-steps)")
         requests = source.request_set(0)
         save_requests(requests, args.out)
         prompt, output = requests.lengths()
@@ -222,11 +251,12 @@ def convert(args: argparse.Namespace) -> int:
               f"{requests.num_layers} layers, {requests.num_experts} experts, "
               f"top-{requests.top_k}")
         return 0
-    streamed = args.src.suffix.lower() == ".jsonl" and not is_token_log(args.src) \
+    src = args.src[0]
+    streamed = len(args.src) == 1 and src.suffix.lower() == ".jsonl" and not is_token_log(src) \
         and source.reader_options().keys() <= {"experts"} and not source.selects
     if streamed and out_kind not in (".npz", ".jsonl"):
         with bar(None, "convert") as steps:  # streamed into the directory
-            trace = read_jsonl(args.src, source.experts, args.out, steps.update)
+            trace = read_jsonl(src, source.experts, args.out, steps.update)
     else:
         trace = _routing(source.open(0, runspec.SchedulePart()), args.src)
         with bar(trace.num_steps, "convert") as steps:
@@ -273,9 +303,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         return sub.add_parser(name, help=SUBCOMMANDS[name], description=SUBCOMMANDS[name])
 
     cmd = command("info")
-    cmd.add_argument("file", type=Path, help="a trace in any form run reads, or a request "
-                     "input (a request .npz, vLLM routed experts, a per-token log with "
-                     "--request-key)")
+    cmd.add_argument("file", type=Path, nargs="+", metavar="FILE",
+                     help="a trace in any form run reads (one file, a folder, or several files "
+                     "read as one log), or a request input (a request .npz, vLLM routed "
+                     "experts, a per-token log with --request-key)")
     cmd.add_argument("--json", action="store_true", help="print only JSON")
     cmd.add_argument("--coactivation", action="store_true",
                      help="also count the pairs of experts one token chooses: each layer's "
@@ -294,8 +325,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     cmd.set_defaults(handler=synth)
 
     cmd = command("convert")
-    cmd.add_argument("src", type=Path, help="a trace in any form run reads (a .jsonl router "
-                     "log of {step, layer, topk_ids} lines is streamed), or a request input")
+    cmd.add_argument("src", type=Path, nargs="+", metavar="SRC",
+                     help="a trace in any form run reads (one file, a folder, or several files "
+                     "read as one log; a .jsonl router log of {step, layer, topk_ids} lines is "
+                     "streamed), or a request input")
     cmd.add_argument("--out", type=Path, required=True,
                      help="DST: ending in .npz writes .npz, in .jsonl a router log, anything "
                      "else a directory (a .jsonl source is streamed into it)")

@@ -16,7 +16,7 @@ from ..traces.request_synth import REQUEST_SCENARIOS
 from .knobs import Knob, checked
 from .run import PARTS, RunSpec, default_of, knobs
 from .source import BATCHING, READER_OPTIONS, Source
-from .values import EngineSources, File, Model, Name, Options, RequestInput, Switch
+from .values import EngineSources, File, Files, Model, Name, Options, RequestInput, Switch
 
 
 def flags_of(name: str, knob: Knob) -> tuple[str, ...]:
@@ -51,9 +51,10 @@ def add_flags(parser: argparse.ArgumentParser, command: str,
             group.add_argument(*flags_of(name, knob), action=argparse.BooleanOptionalAction,
                                **common)
         else:
+            many = {"nargs": "+"} if isinstance(knob.type, Files) else {}
             group.add_argument(*flags_of(name, knob), metavar=knob.metavar,
                                action="append" if isinstance(knob.type, Options) else "store",
-                               **common)
+                               **many, **common)
 
 
 GROUPS = {"source": "what to replay (a trace file, requests or a scenario)",

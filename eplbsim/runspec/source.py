@@ -18,11 +18,10 @@ from ..traces.requests import RequestSet
 from ..traces.steps import OUTLIER_FACTOR, select
 from ..traces.synth import (DEFAULT_SCENARIO, DEFAULT_SIZES, SCENARIOS, scenario_options,
                             synthesize)
-from ..traces.workload import (ARRIVALS, DP_ASSIGN, DP_LAYOUTS, ORDERS, 
-                              PADDING, Workload, batch)
+from ..traces.workload import ARRIVALS, DP_ASSIGN, DP_LAYOUTS, ORDERS, PADDING, Workload, batch
 from .knobs import COMMANDS, Part, READS, SYNTH, changed_fields, they, knob
 from .parts import SchedulePart
-from .values import (File, Filter, Integer, Name, Number, Options, RequestInput, Sizes,
+from .values import (Files, Filter, Integer, Name, Number, Options, RequestInput, Sizes,
                      StepSelection, Switch, Text)
 
 
@@ -45,13 +44,16 @@ def workload_of(values: Mapping[str, Any], seed: int) -> Workload:
 class Source(Part):
     """Which trace a command reads: a file (`trace`), or a seeded scenario with its sizes."""
 
-    trace: str | None = knob(
-        None, "a trace in any form: an .npz trace, a trace directory (see trace convert), a "
-        ".jsonl router log or per-token log (see --token-key and the other reading flags), a "
-        "Megatron router trace, TensorRT-LLM expert statistics, FLAME-MoE parquet, a "
-        "counts-only .npz or a counts CSV (layer,expert,count; see --where): counts give the "
-        "placement's even-split promise only",
-        File("a trace"), metavar="FILE")
+    trace: Any = knob(
+        None, "a trace in any form, one file, a folder of them or several files read as one "
+        "log (a file a layer, or parts of one log): an .npz trace, a trace directory (see trace "
+        "convert), a router log of records read by what they hold (.jsonl, a .json document, "
+        "nested per-token JSON, a CSV or array of gate rows; its fields are found, see "
+        "--ids-key and the other reading flags), a Megatron router trace, TensorRT-LLM expert "
+        "statistics, FLAME-MoE parquet, or counts (a counts-only .npz, a counts CSV "
+        "layer,expert,count with --where, a [layers][experts] matrix in JSON or .npy): counts "
+        "give the placement's even-split promise only",
+        Files("a trace"), metavar="FILE")
     scenario: Any = knob(None, f"a synthetic scenario (default {DEFAULT_SCENARIO})",
                          Name(SCENARIOS, "scenario", callables=True, optional=True))
     where: str | None = knob(None, "filters for a counts CSV --trace, e.g. model=olmoe,"
@@ -162,7 +164,13 @@ class Source(Part):
         return {k: getattr(self, k) for k in READER_OPTIONS if getattr(self, k) is not None}
 
     @property
-    def file(self) -> str | None:
+    def files(self) -> list[str]:
+        """Every file (or folder) read: the trace's paths, or the request file."""
+        found = self.file
+        return [] if found is None else list(found) if isinstance(found, tuple) else [found]
+
+    @property
+    def file(self) -> Any:
         """The file read: the trace's, or the request file's (not a request scenario's)."""
         if self.trace is not None:
             return self.trace

@@ -170,6 +170,26 @@ class File:
 
 
 @dataclass(frozen=True)
+class Files(File):
+    """A path to an existing file or folder, or several (a list or tuple; from the command
+    line, every word after the flag) read as one log: one as a string, several as a tuple of
+    strings."""
+
+    def parse(self, text: Any) -> Any:
+        if isinstance(text, (list, tuple)):
+            return tuple(text) if len(text) > 1 else text[0]
+        return text
+
+    def check(self, value: Any) -> Any:
+        if isinstance(value, (list, tuple)):
+            if not value:
+                raise InputError(f"must name {self.what}, got no path")
+            paths = tuple(super(Files, self).check(v) for v in value)
+            return paths if len(paths) > 1 else paths[0]
+        return super().check(value)
+
+
+@dataclass(frozen=True)
 class Model:
     """A model to price (`cost.catalog.model_shape`): a known name, the path of a Hugging Face
     `config.json` (or of a folder holding one), or a `ModelShape`; None too (the trace's or

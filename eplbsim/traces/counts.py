@@ -211,7 +211,8 @@ def is_counts_file(path: str | Path) -> bool:
 
 
 def load_counts_trace(path: str | Path) -> CountsTrace:
-    """Read a counts-only `.npz` without unpickling; InputError naming the file otherwise."""
+    """Read a counts-only `.npz` without unpickling (`counts [S, L, E]`, or `[L, E]` as one
+    step, as a user may save one); InputError naming the file otherwise."""
     path = Path(path)
     arrays = read_npz(path, ("counts",), "a counts-only trace")
     try:
@@ -220,7 +221,8 @@ def load_counts_trace(path: str | Path) -> CountsTrace:
         raise InputError(f"{path}: meta is not a JSON string ({exc})") from None
     if not isinstance(meta, dict):
         raise InputError(f"{path}: meta must be a JSON object")
+    counts = arrays["counts"]
     try:
-        return CountsTrace(arrays["counts"], meta)
+        return CountsTrace(counts[None] if counts.ndim == 2 else counts, meta)
     except InputError as exc:
         raise InputError(f"{path}: {exc}") from None

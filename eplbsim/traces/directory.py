@@ -383,6 +383,11 @@ def _flush(fi: Any, fs: Any, ids_buf: list[np.ndarray], src_buf: list[np.ndarray
     src_buf.clear()
 
 
+def is_trace_dir(path: str | Path) -> bool:
+    """Whether `path` is a folder holding a trace directory's `META` (else a folder of logs)."""
+    return Path(path).is_dir() and (Path(path) / META).is_file()
+
+
 def load_trace_dir(path: str | Path) -> DirTrace:
     """Open (and validate) a trace directory."""
     return DirTrace(Path(path))

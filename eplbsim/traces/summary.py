@@ -16,7 +16,8 @@ from ..placement.loads import max_over_mean, nanmean_or_none
 def summarize_trace(trace: Any) -> dict[str, Any]:
     """Sizes, tokens per step, padding, `src_rank` presence and, per layer, the max / mean
     expert load over the whole trace and per step (mean over steps) and the hottest expert, of
-    a Trace or DirTrace; `meta` as stored."""
+    a Trace or DirTrace, each layer by the model's number for it (`meta["model_layers"]`, else
+    its index); `meta` as stored."""
     S, L, E = trace.num_steps, trace.num_layers, trace.num_experts
     check_memory(32 * S * L * E, f"summarizing {S} steps x {L} layers x {E} experts",
                  "summarize a window of the trace")
@@ -27,6 +28,7 @@ def summarize_trace(trace: Any) -> dict[str, Any]:
     pairs = trace.num_tokens * trace.num_layers * trace.top_k
     padding = pairs - int(counts.sum())
     has_src = trace.num_steps > 0 and trace.step_src_rank(0) is not None
+    numbers = trace.meta.get("model_layers") or list(range(L))
     return {
         "steps": trace.num_steps, "tokens": trace.num_tokens,
         "tokens_per_step": {"min": int(tps.min()), "mean": float(tps.double().mean()),
@@ -34,7 +36,7 @@ def summarize_trace(trace: Any) -> dict[str, Any]:
         "layers": trace.num_layers, "experts": trace.num_experts, "top_k": trace.top_k,
         "groups": trace.num_groups, "src_rank": has_src,
         "padding_frac": padding / max(pairs, 1),
-        "layer_skew": [{"layer": layer,
+        "layer_skew": [{"layer": numbers[layer],
                         "max_over_mean": nanmean_or_none(whole_skew[layer:layer + 1]),
                         "per_step_max_over_mean": nanmean_or_none(step_skew[:, layer]),
                         "hottest_expert": int(counts[:, layer].sum(0).argmax())}

@@ -7,11 +7,13 @@ path reads it. Each reader takes the path and the keyword options of its form (e
 for a counts CSV, `experts` for a JSONL log); `open_trace` refuses an option the form does not
 take, naming the forms that do. Readers never unpickle, and a malformed file is an InputError
 naming it. A form may need an option to be chosen (`Format.requires`), and among the forms
-that detect a path the first that takes every option given reads it (so `step_key` sends a
-`.jsonl` log to the per-token reader, and `layers_per_pass` to the positional one). Foreign
-formats have a module each here (`jsonl`, `sglang`, `token_log`, `positional`, `megatron`,
-`trtllm`, `flame`, `vllm`). Request-level inputs (per
-request, before batching) are in `REQUEST_FORMATS`, opened by `open_requests`.
+that detect a path the first that takes every option given reads it. Logs of records (`.jsonl`,
+a `.json` document, a CSV of gate rows), arrays, and a folder or several files of them are read
+by one reader that looks at what they hold (`logs.read_log`: the fields by `infer`, the files
+that are no record a line by `documents`), in the forms `token_log`, `jsonl` and `positional`
+read; the tools' own dumps have a module each (`sglang`, `megatron`, `trtllm`, `flame`,
+`vllm`). Request-level inputs (per request, before batching) are in `REQUEST_FORMATS`, opened
+by `open_requests`.
 """
 
 from __future__ import annotations
@@ -24,14 +26,13 @@ from typing import Any, Callable
 from ...base.errors import InputError
 from ..counts import (CountsTrace, LayerCounts, is_counts_file, load_counts_csv,
                       load_counts_trace, parse_where)
-from ..directory import DirTrace, load_trace_dir
+from ..directory import DirTrace, is_trace_dir, load_trace_dir
 from ..requests import RequestSet, is_request_file, load_requests
-from ..trace import Trace, is_zip, load_trace
+from ..trace import Trace, is_zip, load_trace, npz_names
+from .documents import csv_header, gate_csv_columns
 from .flame import is_flame, read_flame
-from .jsonl import read_jsonl
+from .logs import read_log, read_request_log
 from .megatron import is_megatron_trace, read_megatron
-from .positional import read_positional
-from .token_log import is_token_log, read_token_requests, read_token_trace
 from .trtllm import is_trtllm_stats, read_trtllm_stats
 from .vllm import is_vllm_arrays, is_vllm_json, read_vllm_arrays, read_vllm_json
 
@@ -61,26 +62,31 @@ def read_npz(path: Path) -> Trace | CountsTrace:
     return load_counts_trace(path) if is_counts_file(path) else load_trace(path)
 
 
-def read_router_log(path: Path, *, experts: int | None = None) -> Trace:
-    """A JSONL router log (`formats.jsonl`), read into memory; `experts` defaults to the
-    largest id + 1."""
-    return read_jsonl(path, experts)
+def _suffix(*suffixes: str) -> Callable[[Path], bool]:
+    return lambda path: path.suffix.lower() in suffixes
 
 
-def _jsonl(path: Path) -> bool:
-    return path.suffix.lower() == ".jsonl"
+def _gate_csv(path: Path) -> bool:
+    return path.suffix.lower() == ".csv" and gate_csv_columns(csv_header(path)) is not None
+
+
+def _foreign_npz(path: Path) -> bool:
+    """A readable `.npz` of neither a trace (`topk_ids`) nor counts (`counts`) eplbsim wrote:
+    an array someone saved (`documents.load_array`)."""
+    names = npz_names(path)
+    return bool(names) and not {"topk_ids.npy", "counts.npy"} & names
 
 
 FORMATS: dict[str, Format] = {
     "Megatron router trace": Format(is_megatron_trace, read_megatron),
     "TensorRT-LLM expert statistics": Format(is_trtllm_stats, read_trtllm_stats),
     "FLAME-MoE parquet": Format(is_flame, read_flame),
-    "trace directory": Format(Path.is_dir, load_trace_dir),
-    "counts CSV": Format(lambda p: p.suffix.lower() == ".csv", read_counts_csv),
-    "per-token router log": Format(is_token_log, read_token_trace),
-    "JSONL router log": Format(_jsonl, read_router_log),
-    "per-token router log (keys given)": Format(_jsonl, read_token_trace),
-    "positional router log": Format(_jsonl, read_positional, requires=("layers_per_pass",)),
+    "trace directory": Format(is_trace_dir, load_trace_dir),
+    "folder of logs": Format(Path.is_dir, read_log),
+    "CSV of gate rows": Format(_gate_csv, read_log),
+    "counts CSV": Format(_suffix(".csv"), read_counts_csv),
+    "router log": Format(_suffix(".jsonl", ".json"), read_log),
+    "array": Format(lambda p: _suffix(".npy")(p) or _foreign_npz(p), read_log),
     ".npz trace": Format(lambda p: p.suffix.lower() == ".npz" or is_zip(p), read_npz),
 }
 
@@ -91,7 +97,8 @@ REQUEST_FORMATS: dict[str, Format] = {
                            load_requests),
     "vLLM routed experts (JSON)": Format(is_vllm_json, read_vllm_json),
     "vLLM routed experts (arrays)": Format(is_vllm_arrays, read_vllm_arrays),
-    "per-token request log": Format(_jsonl, read_token_requests, requires=("request_key",)),
+    "per-token request log": Format(_suffix(".jsonl", ".json", ".csv"), read_request_log,
+                                    requires=("request_key",)),
 }
 
 
@@ -129,22 +136,53 @@ def _read(path: Path, forms: dict[str, Format], what: str, options: dict[str, An
     return form.read(path, **given)
 
 
-def open_requests(path: str | Path, **options: Any) -> RequestSet:
+Paths = Any  # a path, or several (a list or tuple): files read as one log (`logs.read_log`)
+
+
+def _one(path: Paths) -> Path | None:
+    """The one path `path` names, or None for several."""
+    if isinstance(path, (list, tuple)):
+        return Path(path[0]) if len(path) == 1 else None
+    return Path(path)
+
+
+def _several(paths: Paths, options: dict[str, Any]) -> Any:
+    """Several files read as one log (`logs.read_log`): the options of a log alone."""
+    given = {k: v for k, v in options.items() if v is not None}
+    taken = set(_options_of(read_log))
+    for key in given:
+        if key not in taken:
+            raise InputError(f"{key} applies to a single file, not to several read as one log")
+    return read_log(list(paths), **given)
+
+
+def open_requests(path: Paths, **options: Any) -> RequestSet:
     """The requests at `path`, in whichever of `REQUEST_FORMATS` it is (module doc)."""
-    return _read(Path(path), REQUEST_FORMATS, "request input", options)
+    one = _one(path)
+    if one is None:
+        raise InputError(f"{path[0]}: several files read as requests do not join; give one "
+                         f"request log")
+    return _read(one, REQUEST_FORMATS, "request input", options)
 
 
-def is_request_input(path: str | Path, **options: Any) -> bool:
+def is_request_input(path: Paths, **options: Any) -> bool:
     """Whether `open_requests` reads `path` with these options (rather than `open_trace`)."""
     given = {k: v for k, v in options.items() if v is not None}
-    return _choose(Path(path), REQUEST_FORMATS, given) is not None
+    one = _one(path)
+    if one is None:
+        return "request_key" in given
+    return _choose(one, REQUEST_FORMATS, given) is not None
 
 
-def open_trace(path: str | Path, **options: Any) -> Trace | DirTrace | CountsTrace:
+def open_trace(path: Paths, **options: Any) -> Trace | DirTrace | CountsTrace:
     """The trace at `path`, in whichever of `FORMATS` it is: the first that detects it and
     takes the options given (options left None are ignored; one no detecting form takes is an
-    InputError naming the forms that do)."""
-    return _read(Path(path), FORMATS, "trace", options)
+    InputError naming the forms that do). Several paths (a list) are one log
+    (`logs.read_log`: files of other layers, or parts of one log)."""
+    one = _one(path)
+    if one is None:
+        return _several(path, options)
+    return _read(one, FORMATS, "trace", options)
 
 
 def layer_loads(trace: Trace | DirTrace | CountsTrace) -> LayerCounts:

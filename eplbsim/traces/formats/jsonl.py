@@ -34,15 +34,16 @@ from ...base.limits import MAX_EXPERTS, MAX_LAYERS, MAX_TOP_K
 from ...base.progress import Progress
 from ..directory import DirTrace, write_steps
 from ..trace import Trace, model_in
-from .records import records
+from .records import LogSource, records
 
 
 class _Steps:
     """Iterate over a log's steps as (int32 `[T_s, L, K]`, None) pairs; `meta` (first and last
     step ids), `L`, `K` and `top` (the largest id) are filled in as it goes."""
 
-    def __init__(self, path: Path, num_experts: int | None) -> None:
-        self.path, self.E = path, num_experts
+    def __init__(self, path: Path, num_experts: int | None, source: LogSource | None = None,
+                 keys: tuple[str, str, str] = ("step", "layer", "topk_ids")) -> None:
+        self.path, self.E, self.source, self.keys = path, num_experts, source, keys
         self.L: int | None = None
         self.K: int | None = None
         self.top = -1
@@ -50,7 +51,13 @@ class _Steps:
 
     def __iter__(self) -> Iterator[tuple[np.ndarray, None]]:
         current, layers, start = None, {}, 0
-        for n, rec in records(self.path, "JSONL router log"):
+        items = records(self.path, "JSONL router log") if self.source is None \
+            else self.source.items()
+        for n, rec in items:
+            if self.source is not None and self.source.header(rec):
+                if "model" not in self.meta and model_in(rec) is not None:
+                    self.meta["model"] = model_in(rec)
+                continue
             step, layer, ids = self._parse(rec, n)
             if step != current:
                 if current is not None and step < current:
@@ -76,26 +83,27 @@ class _Steps:
         return InputError(f"{self.path}:{n}: {text}")
 
     def _parse(self, rec: dict[str, Any], n: int) -> tuple[int, int, np.ndarray]:
-        missing = [k for k in ("step", "layer", "topk_ids") if k not in rec]
+        step_key, layer_key, ids_key = self.keys
+        missing = [k for k in self.keys if k not in rec]
         if missing:
             raise self._error(n, f"missing key(s) {', '.join(missing)} (a per-token log, or "
                               f"other key names? see trace convert --token-key, --layer-key, "
                               f"--ids-key, --step-key, --skip-type; a log of one record per "
                               f"layer call in execution order: --layers-per-pass L)")
-        step, layer, rows = rec["step"], rec["layer"], rec["topk_ids"]
+        step, layer, rows = rec[step_key], rec[layer_key], rec[ids_key]
         if "model" not in self.meta and model_in(rec) is not None:  # a tracer naming its model
             self.meta["model"] = model_in(rec)
-        for name, v, cap in (("step", step, 2**62), ("layer", layer, MAX_LAYERS)):
+        for name, v, cap in ((step_key, step, 2**62), (layer_key, layer, MAX_LAYERS)):
             if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < cap:
                 raise self._error(n, f"{name} must be an integer in [0, {cap}), got {v!r}")
         if not isinstance(rows, list) or not all(isinstance(r, list) for r in rows):
-            raise self._error(n, "topk_ids must be a list of rows (lists of ids)")
+            raise self._error(n, f"{ids_key} must be a list of rows (lists of ids)")
         widths = {len(r) for r in rows}
         if len(widths) > 1:
-            raise self._error(n, f"ragged topk_ids: rows of lengths {sorted(widths)}")
+            raise self._error(n, f"ragged {ids_key}: rows of lengths {sorted(widths)}")
         if rows and not all(isinstance(x, int) and not isinstance(x, bool)
                             for r in rows for x in r):
-            raise self._error(n, "topk_ids must hold integers")
+            raise self._error(n, f"{ids_key} must hold integers")
         if widths:
             K = widths.pop()
             if self.K is None:
@@ -134,12 +142,15 @@ class _Steps:
 
 def read_jsonl(path: str | Path, num_experts: int | None = None,
                out: str | Path | None = None,
-               progress: Progress | None = None) -> Trace | DirTrace:
+               progress: Progress | None = None, *, source: LogSource | None = None,
+               keys: tuple[str, str, str] = ("step", "layer", "topk_ids")) -> Trace | DirTrace:
     """Read a JSONL router log. With `out`, stream it into that trace directory and return
     the :class:`DirTrace` (`progress` is told of each step written); without, build an
-    in-memory :class:`Trace`. `num_experts=None` takes the largest id + 1."""
+    in-memory :class:`Trace`. `num_experts=None` takes the largest id + 1. `source`: the
+    records, when not `path`'s lines (`records.LogSource`), in `keys` (the step's, the
+    layer's and the ids')."""
     path = Path(path)
-    steps = _Steps(path, num_experts)
+    steps = _Steps(path, num_experts, source, keys)
     if out is not None:  # meta is complete by the time it is written
         return write_steps(out, steps, num_experts, steps.meta, progress=progress)
     arrays = [ids for ids, _ in steps]

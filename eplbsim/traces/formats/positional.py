@@ -8,11 +8,11 @@ One JSON object per line (blank lines are skipped): `{"topk_ids": [[K ids] x T_s
 `[T_s, K]` ids one layer chose for the tokens of one pass (the key is `ids_key`), with their
 gating weights where the record holds values under `topk_weights` or `gating_probs`
 (`records.weight_rows`: a `topk_weights` holding only the tensor's shape holds none; weights
-are kept when every record has them, else left out with one warning). Counting the records
-that are not skipped from 0, record `n` is layer `n % L` of pass `n // L`: the log is read by position alone, so `L` must be
-the model's MoE layers as the hook saw them. Records whose `"type"` equals `skip_type` (a
-header) are skipped, but the first one naming a `model` (text) gives `meta["model"]`, and the
-first naming `num_experts` gives `E` (unless `experts` is given).
+are kept when every record has them, else left out with one warning). Counting the records that
+are not skipped from 0, record `n` is layer `n % L` of pass `n // L`: the log is read by
+position alone, so `L` must be the model's MoE layers as the hook saw them. Records whose
+`"type"` equals `skip_type` (a header) are skipped, but the first one naming a `model` (text)
+gives `meta["model"]`, and the first naming `num_experts` gives `E` (unless `experts` is given).
 
 Rules (anything else is an InputError naming `file:line`): every layer of a pass has the same
 `T_s` (a pass may have none); every row has the same `K >= 1`; ids are integers in `[-1, E)`
@@ -34,7 +34,8 @@ import numpy as np
 from ...base.errors import InputError, InputWarning
 from ...base.limits import MAX_EXPERTS, MAX_LAYERS
 from ..trace import Trace
-from .records import id_rows, keep_header, records, require, weight_rows, weights_kept
+from .records import (WEIGHT_KEYS, LogSource, id_rows, keep_header, records, require,
+                      weight_rows, weights_kept)
 
 
 def _layers(layers_per_pass: Any) -> int:
@@ -47,13 +48,15 @@ def _layers(layers_per_pass: Any) -> int:
 
 
 def read_positional(path: str | Path, *, layers_per_pass: int, ids_key: str = "topk_ids",
-                    skip_type: Any = None, experts: int | None = None) -> Trace:
+                    skip_type: Any = None, experts: int | None = None,
+                    source: LogSource | None = None) -> Trace:
     """A positional router log (module doc) as a Trace of one step per forward pass.
 
     layers_per_pass: `L`, the MoE layers of one forward pass (records per pass)
     ids_key:         the key of a record's `[T, K]` ids
     skip_type:       records whose "type" field equals it are skipped (None: none)
     experts:         `E` (None: a skipped header's `num_experts`, else the largest id + 1)
+    source:          the records, when not `path`'s lines (`records.LogSource`)
     """
     path, L = Path(path), _layers(layers_per_pass)
     if experts is not None and (isinstance(experts, bool) or not isinstance(experts, int)
@@ -64,9 +67,13 @@ def read_positional(path: str | Path, *, layers_per_pass: int, ids_key: str = "t
     gates: list[list[np.ndarray | None]] = []  # [S][L] of [T_s, K] gating weights, or None
     first_line: list[int] = []  # the line of each pass's first record
     K, top, skipped = None, -1, 0
-    for n, rec in records(path, "positional router log", torn_tail=True):
+    items = records(path, "positional router log", torn_tail=True) if source is None \
+        else source.items()
+    header_of = (lambda rec: skip_type is not None and rec.get("type") == skip_type) \
+        if source is None else source.header
+    for n, rec in items:
         where = f"{path}:{n}"
-        if skip_type is not None and rec.get("type") == skip_type:
+        if header_of(rec):
             skipped += 1
             keep_header(where, rec, header)
             if experts is None and top >= header.get("num_experts", MAX_EXPERTS):
@@ -98,7 +105,8 @@ def read_positional(path: str | Path, *, layers_per_pass: int, ids_key: str = "t
                              f"pass routes the same tokens (is --layers-per-pass {L} the "
                              f"model's MoE layers?)")
         layer.append(rows)
-        gates[-1].append(weight_rows(where, rec, rows))
+        gates[-1].append(weight_rows(where, rec, rows,
+                                     WEIGHT_KEYS if source is None else source.weights))
     if passes and len(passes[-1]) < L:
         count = L * (len(passes) - 1) + len(passes[-1])
         warnings.warn(f"{path}:{first_line[-1]}: the last pass (pass {len(passes) - 1}, from "

@@ -1,6 +1,6 @@
-"""Pieces the readers of JSON-lines router logs share (`token_log`, `megatron`): numbered
-records, checked integer fields and checked rows of expert ids, each fault an InputError naming
-`file:line`.
+"""Pieces the readers of record logs share (`token_log`, `positional`, `jsonl`, `megatron`):
+numbered records, where they come from (`LogSource`), checked integer fields and checked rows
+of expert ids, each fault an InputError naming `file:line`.
 
 Dimensions: `T` rows (tokens or layers), `K` ids a row.
 """
@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,29 @@ def records(path: Path, what: str,
                 yield n, rec
         except UnicodeDecodeError as exc:
             raise InputError(f"{path}: not UTF-8 text ({exc})") from None
+
+
+Items = Callable[[], Iterator[tuple[int, dict[str, Any]]]]  # a fresh `(number, record)` run
+
+
+@dataclass(frozen=True)
+class LogSource:
+    """The records a reader reads, when they are not one JSON-lines file's in its own keys
+    (`infer`: records of any file, its fields found by what they hold).
+
+    path:    the file, as messages name it (`file:n`)
+    items:   a fresh iterator of `(n, record)` at each call: `n` the line of a JSON-lines file
+             or a CSV, the record's place in a JSON document
+    header:  whether a record is a header (its model kept, the record skipped)
+    layer:   the layer of every record of a file whose records name none (its name says it)
+    weights: the keys a record may hold gating weights under (`weight_rows`)
+    """
+
+    path: Path
+    items: Items
+    header: Callable[[dict[str, Any]], bool]
+    layer: int | None = None
+    weights: Sequence[str] = ()
 
 
 def keep_header(where: str, rec: dict[str, Any], header: dict[str, Any]) -> None:
@@ -116,15 +140,16 @@ def id_rows(where: str, rows: Any, key: str, limit: int) -> np.ndarray:
 WEIGHT_KEYS = ("topk_weights", "gating_probs")  # where real logs keep the router's weights
 
 
-def weight_rows(where: str, rec: dict[str, Any], ids: np.ndarray) -> np.ndarray | None:
+def weight_rows(where: str, rec: dict[str, Any], ids: np.ndarray,
+                keys: Sequence[str] = WEIGHT_KEYS) -> np.ndarray | None:
     """The gating weights a record holds for its id rows `ids` (int64 `[..., K]`), float32 of
-    `ids`' shape, or None when it holds none: the first of `WEIGHT_KEYS` present that holds
-    values, either one weight per id (the shape of `ids`) or a probability per expert
-    (`[..., E']`, gathered at the ids; a padding id's weight is 0). A key holding only the
+    `ids`' shape, or None when it holds none: the first of `keys` present that holds values,
+    either one weight per id (the shape of `ids`) or a probability per expert (`[..., E']`,
+    gathered at the ids; a padding id's weight is 0). A key holding only the
     shape of a tensor (`[T, K]` integers, as some hooks log) holds no values and is passed
     over. InputError naming `where` for any other content, or a weight that is not finite
     and >= 0."""
-    for key in WEIGHT_KEYS:
+    for key in keys:
         value = rec.get(key)
         if value is None or (isinstance(value, list) and value == list(ids.shape)
                              and all(type(x) is int for x in value)):  # a shape, not values

@@ -43,15 +43,15 @@ lengths are integers >= 0, layers integers in `[0, MAX_LAYERS)`; every id row ha
 once. Per-layer form: the layers are the layer ids the file names (`meta["model_layers"]`, the
 trace's layer `i` the `i`-th smallest) and every token has every one of them: a token missing
 from some layers is an InputError naming the first (by line) and how many tokens are, unless
-`incomplete="drop"` (`--incomplete drop`, traces only), which leaves those tokens out with one
-InputWarning saying how many of how many, in how many steps. Every-layer form: all records hold
-the same `L`. `experts` (`E`) defaults to the largest id + 1. Gating weights beside the ids
-(`topk_weights` of one weight per id, or `gating_probs` of one per expert: `records.weight_rows`)
-go into the trace (`Trace.topk_weights`) when every record holds them (some only: one
-InputWarning, none kept); a RequestSet holds ids alone, so a request log's are not kept. A
-last line cut short (not valid JSON, no line break at its end: an engine stopped mid-write)
-loses its record with an InputWarning naming `file:line`; a line that is not JSON anywhere
-else is an InputError.
+`incomplete="drop"` (`--incomplete drop`, traces and request logs alike), which leaves those
+tokens out with one InputWarning saying how many of how many, in how many steps (requests).
+Every-layer form: all records hold the same `L`. `experts` (`E`) defaults to the largest id + 1.
+Gating weights beside the ids (`topk_weights` of one weight per id, or `gating_probs` of one per
+expert: `records.weight_rows`) go into the trace (`Trace.topk_weights`) when every record holds
+them (some only: one InputWarning, none kept); a RequestSet holds ids alone, so a request log's
+are not kept. A last line cut short (not valid JSON, no line break at its end: an engine stopped
+mid-write) loses its record with an InputWarning naming `file:line`; a line that is not JSON
+anywhere else is an InputError.
 The whole log is read into memory: it cannot be streamed, since a step (or request) is complete
 only when the log ends (its records may come in any order, and another may follow).
 """
@@ -70,8 +70,8 @@ from ...base.errors import InputError, InputWarning
 from ...base.limits import MAX_EXPERTS, MAX_LAYERS
 from ..requests import RequestSet, requests_of
 from ..trace import Trace
-from .records import (MAX_INDEX, id_rows, integer, keep_header, records, require, weight_rows,
-                      weights_kept)
+from .records import (MAX_INDEX, WEIGHT_KEYS, LogSource, id_rows, integer, keep_header,
+                      records, require, weight_rows, weights_kept)
 
 
 INCOMPLETE = ("error", "drop")  # what to do with a token missing from some layers
@@ -104,8 +104,9 @@ class _Log:
     """A token log read into groups (requests, step values or restart runs) of tokens."""
 
     def __init__(self, path: Path, keys: dict[str, str | None], skip_type: Any,
-                 experts: int | None) -> None:
+                 experts: int | None, source: LogSource | None = None) -> None:
         self.path, self.keys, self.skip_type = path, keys, skip_type
+        self.source = source
         self.limit = MAX_EXPERTS if experts is None else experts
         self.groups: dict[Any, dict[int, _Token]] = {}  # in order of first appearance
         self.first_line: dict[Any, int] = {}
@@ -120,10 +121,18 @@ class _Log:
         self.header: dict[str, Any] = {}  # what the skipped records say of the model
         self.previous: int | None = None  # the token index of the previous record (restarts)
         self.seen: set[int] = set()  # the layers of the current restart run (restarts)
+        self.kept: dict[Any, list[int]] = {}  # each group's token indices kept (`arrays`)
+
+    def _is_header(self, rec: dict[str, Any]) -> bool:
+        if self.source is not None:
+            return self.source.header(rec)
+        return self.skip_type is not None and rec.get("type") == self.skip_type
 
     def read(self) -> None:
-        for n, rec in records(self.path, "token router log", torn_tail=True):
-            if self.skip_type is not None and rec.get("type") == self.skip_type:
+        items = records(self.path, "token router log", torn_tail=True) if self.source is None \
+            else self.source.items()
+        for n, rec in items:
+            if self._is_header(rec):
                 self.skipped += 1
                 self._header(f"{self.path}:{n}", rec)
             else:
@@ -189,8 +198,12 @@ class _Log:
                              f"records hold {'one layer' if self.per_layer else 'every layer'} "
                              f"each")
         if per_layer:
-            require(where, rec, [layer_key])
-            layer = integer(where, rec, layer_key, 0, MAX_LAYERS)
+            fixed = None if self.source is None else self.source.layer
+            if fixed is None or layer_key in rec:
+                require(where, rec, [layer_key])
+                layer = integer(where, rec, layer_key, 0, MAX_LAYERS)
+            else:
+                layer = fixed
             rows = id_rows(where, [ids], key, self.limit)
             self.layer_ids.add(layer)
         else:
@@ -213,7 +226,8 @@ class _Log:
         elif K != self.K:
             raise InputError(f"{where}: rows of {K} ids, earlier rows have {self.K}")
         self.top = max(self.top, int(rows.max()))
-        weights = weight_rows(where, rec, rows[0] if per_layer else rows)
+        keys = WEIGHT_KEYS if self.source is None else self.source.weights
+        weights = weight_rows(where, rec, rows[0] if per_layer else rows, keys)
         self.weighed[0] += weights is not None
         self.weighed[1] += 1
         if weights is None:
@@ -280,6 +294,7 @@ class _Log:
         out, gates = [], []
         for group in order:
             tokens = [t for t in sorted(self.groups[group]) if (group, t) not in lacking]
+            self.kept[group] = tokens
             ids = np.empty((len(tokens), len(layer_ids), self.K or 0), dtype=np.int32)
             weights = np.empty(ids.shape if weighed else 0, dtype=np.float32)
             for i, t in enumerate(tokens):
@@ -292,7 +307,8 @@ class _Log:
         return out, gates if weighed else None
 
     def prompt_lens(self, order: list[Any], ids: list[np.ndarray]) -> list[int]:
-        """Each request's prompt length (module doc)."""
+        """Each request's prompt length (module doc): of the tokens kept (`arrays`), those
+        below the stated length."""
         if self.keys["prompt_len"] is None:
             return [a.shape[0] for a in ids]
         out = []
@@ -302,15 +318,15 @@ class _Log:
                                  f"(first record here) has no {self.keys['prompt_len']} in any "
                                  f"of its records")
             length, line = self.prompt[group]
-            if length > a.shape[0]:
+            if length > len(self.groups[group]):
                 raise InputError(f"{self.path}:{line}: prompt length {length} exceeds the "
-                                 f"{a.shape[0]} tokens of {self._name(group)}")
-            out.append(length)
+                                 f"{len(self.groups[group])} tokens of {self._name(group)}")
+            out.append(sum(t < length for t in self.kept[group]))
         return out
 
 
 def _read(path: Path, keys: dict[str, str | None], skip_type: Any,
-          experts: int | None, incomplete: str | None = None
+          experts: int | None, incomplete: str | None = None, source: LogSource | None = None
           ) -> tuple[_Log, list[Any], tuple[list[np.ndarray], list[np.ndarray] | None], int,
                      dict[str, Any]]:
     """The log read (module doc): itself, its groups in order, their `[T, L, K]` ids and
@@ -322,7 +338,7 @@ def _read(path: Path, keys: dict[str, str | None], skip_type: Any,
     if experts is not None and (isinstance(experts, bool) or not isinstance(experts, int)
                                 or not 1 <= experts <= MAX_EXPERTS):
         raise InputError(f"experts must be an integer in [1, {MAX_EXPERTS}], got {experts!r}")
-    log = _Log(path, keys, skip_type, experts)
+    log = _Log(path, keys, skip_type, experts, source)
     log.read()
     meta: dict[str, Any] = {"source": str(path), "format": "token_log",
                             "skipped_records": log.skipped}
@@ -338,7 +354,8 @@ def _read(path: Path, keys: dict[str, str | None], skip_type: Any,
 def read_token_trace(path: str | Path, *, token_key: str = "token_idx",
                      layer_key: str = "layer", ids_key: str = "topk_ids",
                      step_key: str | None = None, skip_type: Any = None,
-                     experts: int | None = None, incomplete: str = "error") -> Trace:
+                     experts: int | None = None, incomplete: str = "error",
+                     source: LogSource | None = None) -> Trace:
     """A per-token router log (module doc) as a Trace, its steps from `step_key` or, without
     one, from token-index restarts.
 
@@ -349,10 +366,12 @@ def read_token_trace(path: str | Path, *, token_key: str = "token_idx",
     skip_type: records whose "type" field equals it are skipped (None: none)
     experts:   `E` (None: a skipped header's `num_experts`, else the largest id + 1)
     incomplete: a token missing from some layers: "error", or "drop" it (module doc)
+    source:    the records, when not `path`'s lines in these keys (`records.LogSource`)
     """
     keys = {"request": None, "token": token_key, "layer": layer_key, "ids": ids_key,
             "step": step_key, "prompt_len": None}
-    _, order, (ids, weights), E, meta = _read(Path(path), keys, skip_type, experts, incomplete)
+    _, order, (ids, weights), E, meta = _read(Path(path), keys, skip_type, experts, incomplete,
+                                              source)
     if step_key is not None:
         meta.update(first_step=order[0], last_step=order[-1])
     else:
@@ -363,15 +382,22 @@ def read_token_trace(path: str | Path, *, token_key: str = "token_idx",
 def read_token_requests(path: str | Path, *, request_key: str = "request_id",
                         token_key: str = "token_idx", layer_key: str = "layer",
                         ids_key: str = "topk_ids", prompt_len_key: str | None = None,
-                        skip_type: Any = None, experts: int | None = None) -> RequestSet:
+                        skip_type: Any = None, experts: int | None = None,
+                        incomplete: str = "error", source: LogSource | None = None
+                        ) -> RequestSet:
     """A per-token router log (module doc) as a RequestSet, one request per `request_key`
-    value; the keys, `skip_type` and `experts` as in :func:`read_token_trace`.
+    value; the keys, `skip_type`, `experts`, `incomplete` and `source` as in
+    :func:`read_token_trace` (a request's dropped tokens leave it, and its prompt length
+    counts the prompt tokens kept).
 
     prompt_len_key: the key of a request's prompt length (None: every token is prompt)
     """
     keys = {"request": request_key, "token": token_key, "layer": layer_key, "ids": ids_key,
             "step": None, "prompt_len": prompt_len_key}
-    log, order, (ids, _), E, meta = _read(Path(path), keys, skip_type, experts)
+    log, order, (ids, _), E, meta = _read(Path(path), keys, skip_type, experts, incomplete,
+                                          source)
+    kept = [i for i, a in enumerate(ids) if a.shape[0]]  # a request all of whose tokens left
+    order, ids = [order[i] for i in kept], [ids[i] for i in kept]
     return requests_of(ids, log.prompt_lens(order, ids), E, None, order, meta)
 
 

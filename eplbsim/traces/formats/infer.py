@@ -1,0 +1,264 @@
+"""Record logs read by what they hold (DESIGN.md §5): which field of the records is the top-k
+ids, which the gating weights, which say layer, token, step or request, and which record is a
+header; then the form they make, read by its reader (`token_log`, `jsonl`, `positional`).
+
+Dimensions: `T` tokens, `L` layers, `K` top-k, `E` logical experts.
+
+`fields_of(records, given)` looks at up to `SAMPLE` records:
+- **ids**: the field that holds, in every record but headers, a list of `K` distinct integers
+  in `[-1, MAX_EXPERTS)` (one token of one layer, "flat"), or a list of such lists of one
+  width (`[T][K]` or `[L][K]`, "nested"). A flat list of integers that is the shape of another
+  field's nested list in every record (a hook logging a tensor's `.shape`) is not a candidate.
+- **weights**: a field of numbers of the ids' shape (or a probability per expert), by name
+  (`WEIGHT_NAMES`, in order) where several fit; without one, the trace draws its gates.
+- **layer, token, step, request**: the first of their usual names (`ROLE_NAMES`) that holds an
+  integer (a request id: text too) in every record; two names of one role that disagree are
+  refused.
+- **a header**: a record with no ids, no role field, and some text or a key of `HEADER_KEYS`
+  (`type: "meta"`, `model_id`, `vllm_version`, ...); its model is read (`records.keep_header`).
+  Records whose `type` is `skip_type` are headers too; any other record without ids is an
+  error, never skipped.
+A field the options name (`ids_key`, `layer_key`, ...) is taken as named, never guessed; two
+fields that could each be the ids are refused with both names and the flag that chooses.
+
+The form the fields make (`form_of`): flat ids with a layer (or a file whose name gives its
+layer) are per-token records, in steps where the token index restarts unless a step field
+says; nested ids with a token field hold every layer of a token; nested ids with step and layer
+fields are one layer of one step a record; nested ids with none are one layer call a record in
+execution order (`--layers-per-pass`, which the log cannot say, or one step a record in a
+per-layer file). `describe` words how a log was read (`meta["read_as"]`).
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from dataclasses import dataclass, field
+from itertools import islice
+from pathlib import Path
+from typing import Any, Callable
+
+from ...base.errors import InputError
+from ...base.limits import MAX_EXPERTS, MAX_TOP_K
+from ..trace import model_in
+from .records import Items
+
+SAMPLE = 512  # records looked at to find the fields
+
+ID_NAMES = ("topk_ids", "topk_idx", "topk_indices", "expert_ids", "experts", "selected_experts",
+            "expert_indices", "expert_idx", "routed_experts", "ids")
+WEIGHT_NAMES = ("topk_weights", "topk_weight", "routing_weights", "weights", "topk_probs",
+                "selected_probs", "probs", "gating_probs", "topk_scores", "scores",
+                "gate_weights", "expert_weights")
+ROLE_NAMES = {
+    "layer": ("layer", "layer_id", "layer_idx", "layer_index", "layer_num", "layer_number",
+              "moe_layer", "moe_layer_id"),
+    "token": ("token_idx", "token_index", "token_pos", "token_position", "token", "tok_idx",
+              "position", "pos"),
+    "step": ("step", "step_id", "step_idx", "iteration", "iter", "forward_pass", "forward_id",
+             "forward_step", "pass_id", "batch_idx"),
+    "request": ("request_id", "req_id", "request", "request_idx", "rid", "seq_id",
+                "sequence_id"),
+}
+HEADER_KEYS = ("type", "model", "model_id", "model_name", "served_model_name", "num_experts",
+               "vllm_version", "sglang_version", "version", "config", "meta", "engine")
+OPTION_OF = {"ids": "ids_key", "layer": "layer_key", "token": "token_key", "step": "step_key",
+             "request": "request_key"}  # the option (and flag) that names each field
+LAYER_IN_NAME = re.compile(r"layer[_-]?(\d+)", re.IGNORECASE)
+
+
+def id_shape(value: Any) -> tuple[str, int, int] | None:
+    """`("flat", K, 1)` for a list of `K` distinct ids, `("nested", K, rows)` for a list of
+    such lists of one width `K` (rows may be none), else None."""
+    if not isinstance(value, list) or not value:
+        return None
+    if isinstance(value[0], list):
+        widths = {len(r) if isinstance(r, list) else -1 for r in value}
+        if len(widths) != 1 or not all(_ids(r) for r in value):
+            return None
+        return "nested", widths.pop(), len(value)
+    return ("flat", len(value), 1) if _ids(value) else None
+
+
+def _ids(row: Any) -> bool:
+    """Whether `row` is a list of 1 to `MAX_TOP_K` distinct integer ids in `[-1, MAX_EXPERTS)`
+    (-1, padding, may repeat)."""
+    if not isinstance(row, list) or not 0 < len(row) <= MAX_TOP_K:
+        return False
+    if not all(type(x) is int and -1 <= x < MAX_EXPERTS for x in row):
+        return False
+    real = [x for x in row if x >= 0]
+    return len(set(real)) == len(real)
+
+
+def _integer(value: Any) -> bool:
+    return type(value) is int
+
+
+@dataclass
+class Fields:
+    """What a log's records hold (module doc).
+
+    ids:     the ids' field; nested: whether it holds lists of rows
+    weights: the gating weights' field, or None
+    roles:   "layer", "token", "step", "request" -> the field that says it (those found)
+    headers: the header records among those looked at; model: the model one names
+    given:   the options that named a field (the rest were found)
+    """
+
+    ids: str
+    nested: bool
+    weights: str | None = None
+    roles: dict[str, str] = field(default_factory=dict)
+    headers: int = 0
+    model: str | None = None
+    given: set[str] = field(default_factory=set)
+
+    def is_header(self, skip_type: Any) -> Callable[[dict[str, Any]], bool]:
+        """The rule that tells a header in this log (module doc)."""
+        roles = set(self.roles.values())
+        return lambda rec: is_header(rec, skip_type, self.ids, roles)
+
+
+def is_header(rec: dict[str, Any], skip_type: Any, ids: str | None = None,
+              roles: set[str] | None = None) -> bool:
+    """Whether `rec` is a header (module doc): of `skip_type`, or without ids (the field
+    `ids`, else any that could hold them) and role fields (`roles`, else any usual name),
+    holding some text or a key of `HEADER_KEYS`."""
+    if skip_type is not None and rec.get("type") == skip_type:
+        return True
+    names = roles if roles is not None else {n for ns in ROLE_NAMES.values() for n in ns}
+    has_ids = ids in rec if ids is not None else any(id_shape(v) for v in rec.values())
+    said = any(isinstance(v, str) for v in rec.values()) or bool(set(HEADER_KEYS) & rec.keys())
+    return not has_ids and not names & rec.keys() and said
+
+
+def fields_of(items: Items, path: Path, given: dict[str, Any],
+              skip_type: Any = None) -> Fields:
+    """The fields of the log `items` reads (module doc); `given` maps "ids", "layer", "token",
+    "step", "request" to the keys the options name. InputError naming `path`, the choices
+    and the option that decides, where the records cannot tell."""
+    data, headers, model = [], 0, None
+    with warnings.catch_warnings():  # a torn last line: the reader warns of it, once
+        warnings.simplefilter("ignore")
+        sample = [rec for _, rec in islice(items(), SAMPLE)]
+    for rec in sample:
+        if is_header(rec, skip_type, given.get("ids")):
+            headers += 1
+            model = model or model_in(rec)
+        else:
+            data.append(rec)
+    if not data:
+        what = f"only headers in its first {SAMPLE} records" if headers else \
+            "neither records of expert ids nor a counts matrix"
+        raise InputError(f"{path}: holds no list of expert ids ({what})")
+    ids = given.get("ids") or _find_ids(data, path)
+    nested = any(isinstance(rec.get(ids), list) and rec[ids] and isinstance(rec[ids][0], list)
+                 for rec in data)
+    roles = {role: given[role] for role in ROLE_NAMES if given.get(role)}
+    for role, names in ROLE_NAMES.items():
+        if role not in roles:
+            found = _role(data, names, role, path)
+            if found is not None:
+                roles[role] = found
+    taken = {ids, *roles.values()}
+    return Fields(ids, nested, _weights(data, ids, taken), roles, headers, model,
+                  {k for k, v in given.items() if v})
+
+
+def _find_ids(data: list[dict[str, Any]], path: Path) -> str:
+    """The one field every record holds ids in (module doc)."""
+    shapes = [{k: id_shape(v) for k, v in rec.items()} for rec in data]
+    keys = list(dict.fromkeys(k for rec in data for k in rec))
+    candidates = [k for k in keys if any(s.get(k) for s in shapes) and all(
+        s.get(k) is not None or rec.get(k) == [] for s, rec in zip(shapes, data))]  # [] no tokens
+    form = {k: next(s[k][0] for s in shapes if s.get(k)) for k in candidates}
+    flat = {k for k in candidates if form[k] == "flat"}
+    nested = [k for k in candidates if k not in flat]
+    shape_like = {k for k in flat for n in nested
+                  if all(rec[k] == [len(rec[n]), len(rec[n][0]) if rec[n] else 0]
+                         for rec in data)}
+    candidates = [k for k in candidates if k not in shape_like]
+    if len(candidates) == 1:
+        return candidates[0]
+    keys = ", ".join(list(data[0])[:12])
+    if not candidates:
+        raise InputError(f"{path}: no field holds a list of distinct expert ids (integers in "
+                         f"[-1, {MAX_EXPERTS})) in every record; a record has {keys}: name the "
+                         f"ids' field with --ids-key")
+    raise InputError(f"{path}: the fields {', '.join(repr(c) for c in candidates)} could each "
+                     f"hold the top-k ids: choose with --ids-key")
+
+
+def _role(data: list[dict[str, Any]], names: tuple[str, ...], role: str,
+          path: Path) -> str | None:
+    """The first of `names` every record holds an integer under (a request: text too); two
+    such fields that disagree in some record are refused."""
+    ok = (lambda v: _integer(v) or isinstance(v, str)) if role == "request" else _integer
+    found = [n for n in names if all(n in rec and ok(rec[n]) for rec in data)]
+    for other in found[1:]:
+        if any(rec[other] != rec[found[0]] for rec in data):
+            raise InputError(f"{path}: the fields {found[0]!r} and {other!r} could each be the "
+                             f"{role} and disagree: choose with --{OPTION_OF[role]}"
+                             f"".replace("_", "-"))
+    return found[0] if found else None
+
+
+def _weights(data: list[dict[str, Any]], ids: str, taken: set[str]) -> str | None:
+    """The field of gating weights (module doc), or None."""
+    def fits(rec: dict[str, Any], key: str) -> bool:
+        value, rows = rec.get(key), rec.get(ids)
+        if not isinstance(value, list) or not isinstance(rows, list) or not rows \
+                or len(value) != len(rows):
+            return value == [] == rows
+        if value == [len(rows), len(rows[0]) if isinstance(rows[0], list) else 1]:
+            return False  # a tensor's shape, not its values
+        inner = value if not isinstance(rows[0], list) else \
+            [x for r in value if isinstance(r, list) for x in r]
+        return bool(inner) and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                   for x in inner)
+    fitting = [k for k in data[0] if k not in taken and all(fits(rec, k) for rec in data)]
+    named = [k for k in WEIGHT_NAMES if k in fitting]
+    if named:
+        return named[0]
+    return fitting[0] if len(fitting) == 1 else None
+
+
+def layer_of_name(path: Path) -> int | None:
+    """The layer a file's name gives (`moe_layer8.jsonl`, `layer_08.npy`), or None."""
+    found = LAYER_IN_NAME.findall(path.stem)
+    return int(found[-1]) if len(found) == 1 else None
+
+
+TOKEN, EVERY_LAYER, STEP, CALL, FILE_STEP = (
+    "records of one token in one layer", "records of one token in every layer",
+    "records of one step in one layer", "records of one layer call each, in execution order",
+    "records of one step each")  # the forms, as `meta["read_as"]` names them
+
+
+def form_of(fields: Fields, file_layer: int | None, layers_per_pass: int | None) -> str:
+    """Which reader the fields call for (module doc): one of `TOKEN`, `EVERY_LAYER`, `STEP`,
+    `CALL` or `FILE_STEP` (a per-layer file's)."""
+    roles = fields.roles
+    if not fields.nested:
+        return TOKEN
+    if "token" in roles:
+        return EVERY_LAYER
+    if "step" in roles and "layer" in roles:
+        return STEP
+    if layers_per_pass is None and file_layer is not None:
+        return FILE_STEP
+    return CALL
+
+
+def describe(form: str, fields: Fields, files: int = 1) -> str:
+    """The words of `meta["read_as"]` for one form and its fields (the caller adds layers,
+    steps and the header)."""
+    parts = [form + (f", {files} files" if files > 1 else "")]
+    parts.append(f'ids from "{fields.ids}"')
+    if fields.weights:
+        parts.append(f'weights from "{fields.weights}"')
+    for role in ("layer", "token", "step", "request"):
+        if role in fields.roles:
+            parts.append(f'{role} from "{fields.roles[role]}"')
+    return ", ".join(parts)

@@ -1,0 +1,276 @@
+"""eplbsim.traces.formats.logs (and infer, documents): logs of shapes written the way their
+tools write them, read by what they hold; each read's ids and per-layer counts checked against
+a count made here, and what cannot be told apart refused with the choices.
+
+Dimensions: `S` steps, `T` tokens, `L` layers, `E` experts, `K` top-k.
+"""
+
+import csv
+import json
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from eplbsim.base.errors import InputError
+from eplbsim.traces import CountsTrace, Trace
+from eplbsim.traces.formats import open_trace
+
+from cli_helpers import assert_input_error, run
+
+MODEL = "Qwen/Qwen1.5-MoE-A2.7B-Chat"  # 60 experts, top-4 (cost.shapes: qwen1.5-moe-a2.7b)
+E, K = 60, 4
+LAYERS = [0, 8, 12, 18, 23]
+TOKENS = [5, 3, 7]  # tokens of each forward pass
+
+
+def _routing(seed=0, layers=LAYERS, tokens=TOKENS):
+    """Every pass's ids and gates, `{layer: [T_s, K]}` a step, distinct ids a row."""
+    rng = np.random.default_rng(seed)
+    ids = [{layer: np.argsort(rng.random((t, E)), -1)[:, :K] for layer in layers} for t in tokens]
+    gates = [{layer: np.round(rng.dirichlet(np.ones(K), t), 4) for layer in layers}
+             for t in tokens]
+    return ids, gates
+
+
+def _hook_files(folder, ids, gates, layers=LAYERS):
+    """A forward hook's output: one JSON-lines file a layer, a header naming the model, then
+    a record a token, token_idx restarting at every forward pass."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for layer in layers:
+        lines = [{"type": "meta", "model_id": MODEL, "vllm_version": "0.8.5"}]
+        for step_ids, step_gates in zip(ids, gates):
+            lines += [{"layer": layer, "token_idx": t, "topk_ids": step_ids[layer][t].tolist(),
+                       "topk_weights": step_gates[layer][t].tolist()}
+                      for t in range(step_ids[layer].shape[0])]
+        (folder / f"moe_layer{layer}.jsonl").write_text(
+            "".join(json.dumps(r) + "\n" for r in lines))
+    return [folder / f"moe_layer{layer}.jsonl" for layer in layers]
+
+
+def _expected(ids, layers=LAYERS):
+    """`[N, L, K]` ids stacked in step order, and `[L, E]` counts made with bincount."""
+    stacked = np.concatenate([np.stack([s[layer] for layer in layers], 1) for s in ids])
+    counts = np.stack([np.bincount(stacked[:, i].ravel(), minlength=E)
+                       for i in range(len(layers))])
+    return stacked, counts
+
+
+def _check(trace, ids, layers=LAYERS):
+    stacked, counts = _expected(ids, layers)
+    assert isinstance(trace, Trace)
+    assert np.array_equal(trace.topk_ids.numpy(), stacked)
+    assert np.array_equal(trace.counts().sum(0).numpy(), counts)
+    assert trace.meta.get("model_layers", list(range(trace.num_layers))) == list(layers)
+
+
+def test_a_folder_of_per_layer_hook_files_joins_by_step_and_token(tmp_path, capsys):
+    ids, gates = _routing()
+    files = _hook_files(tmp_path / "logs", ids, gates)
+    (tmp_path / "logs" / "README.txt").write_text("written by our hook\n")
+    trace = open_trace(tmp_path / "logs")
+    _check(trace, ids)
+    assert trace.tokens_per_step.tolist() == TOKENS and trace.meta["model"] == MODEL
+    weights = np.concatenate([np.stack([g[layer] for layer in LAYERS], 1) for g in gates])
+    assert np.allclose(trace.topk_weights.numpy(), weights)
+    assert trace.meta["read_as"] == (
+        'records of one token in one layer, 5 files joined by (step, token) across layers, '
+        'ids from "topk_ids", weights from "topk_weights", layer from "layer", token from '
+        '"token_idx", layers [0, 8, 12, 18, 23], steps where "token_idx" restarts, header: '
+        f'{MODEL}; left out: README.txt')
+    # the files named one by one (the shell's glob) read the same
+    same = open_trace([str(f) for f in reversed(files)])
+    assert torch.equal(same.topk_ids, trace.topk_ids)
+    code, out, err = run(capsys, "trace", "info", *files)
+    assert code == 0, err
+    assert out.splitlines()[1].startswith("  read as: records of one token in one layer, 5 "
+                                          "files")
+    info = json.loads(run(capsys, "trace", "info", tmp_path / "logs", "--json")[1])
+    assert info["meta"]["read_as"] == trace.meta["read_as"] and info["layers"] == 5
+    # the model is priced from the header's name
+    code, out, err = run(capsys, "run", "--trace", *files, "--gpus", "4", "--policies", "row",
+                         "--mode", "none", "--cost", "roofline", "--json")
+    assert code == 0 and json.loads(out)[0]["model"] == "qwen1.5-moe-a2.7b", err
+
+
+def test_files_of_per_layer_logs_that_disagree_are_refused_in_one_line(tmp_path, capsys):
+    ids, gates = _routing(seed=1)
+    files = _hook_files(tmp_path / "a", ids, gates)
+    short = [dict(s) for s in ids]
+    short[1][12] = short[1][12][:2]  # layer 12's file lost a token of step 1
+    _hook_files(tmp_path / "b", short, gates, layers=[12])
+    with pytest.raises(InputError, match=r"moe_layer12.jsonl: step 1 has 2 tokens, .*"
+                       r"moe_layer0.jsonl's step 1 3"):
+        open_trace([*files[:2], tmp_path / "b" / "moe_layer12.jsonl"])
+    renamed = tmp_path / "a" / "moe_layer9.jsonl"
+    files[1].rename(renamed)  # holds layer 8's records
+    assert_input_error(capsys, "trace", "info", renamed, match="its name says layer 9, its "
+                       "records (\"layer\") layer(s) [8]: rename the file, or name the layer's "
+                       "field with --layer-key")
+
+
+def test_field_names_and_the_header_are_found_and_a_flag_overrules_a_guess(tmp_path):
+    """Other names for every field, a header without `type`, one log of two layers."""
+    ids, gates = _routing(seed=2, layers=[0, 1], tokens=[4, 6])
+    lines = [{"model_name": MODEL, "created": "2026-12-01"}]
+    for step_ids, step_gates in zip(ids, gates):
+        for layer in (0, 1):
+            lines += [{"moe_layer": layer, "pos": t,
+                       "selected_experts": step_ids[layer][t].tolist(),
+                       "router_probs": step_gates[layer][t].tolist(), "token_id": 100 + t}
+                      for t in range(step_ids[layer].shape[0])]
+    log = tmp_path / "routes.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    trace = open_trace(log)
+    _check(trace, ids, [0, 1])
+    assert trace.meta["model"] == MODEL and trace.topk_weights is not None
+    assert 'ids from "selected_experts", weights from "router_probs", layer from "moe_layer", ' \
+           'token from "pos"' in trace.meta["read_as"]
+    # a second list of ids: both named, and the flag that chooses
+    twice = [dict(r, backup=r["selected_experts"][::-1]) if "pos" in r else r for r in lines]
+    log.write_text("".join(json.dumps(r) + "\n" for r in twice))
+    with pytest.raises(InputError, match="the fields 'selected_experts', 'backup' could each "
+                       "hold the top-k ids: choose with --ids-key"):
+        open_trace(log)
+    chosen = open_trace(log, ids_key="backup")
+    assert torch.equal(chosen.topk_ids, trace.topk_ids.flip(-1))
+
+
+def test_nested_per_token_json_reads_token_and_layer_from_the_keys(tmp_path):
+    """A forward hook's document: `router_data` a list of `{"token_N": {"layer_M": {...}}}`."""
+    ids, gates = _routing(seed=3, layers=[0, 1, 2], tokens=[6])
+    doc = {"model": MODEL, "router_data": [
+        {f"token_{178 + t}": {f"layer_{layer}": {
+            "selected_experts": ids[0][layer][t].tolist(),
+            "selected_probs": gates[0][layer][t].tolist()} for layer in (0, 1, 2)}}
+        for t in range(6)]}
+    path = tmp_path / "router.json"
+    path.write_text(json.dumps(doc, indent=1))
+    trace = open_trace(path)
+    _check(trace, ids, [0, 1, 2])
+    assert trace.num_steps == 1 and trace.meta["model"] == MODEL
+    assert np.allclose(trace.topk_weights[:, 1].numpy(), gates[0][1])
+    assert 'layer from "layer", token from "token"' in trace.meta["read_as"]
+
+
+def test_dense_gate_rows_read_their_non_zeros_as_ids(tmp_path):
+    """A CSV of a column per expert beside layer and token columns, and the same as an array."""
+    rng = np.random.default_rng(4)
+    T, L, E8, K2 = 7, 2, 8, 2
+    gates = np.zeros((T, L, E8))
+    for t in range(T):
+        for layer in range(L):
+            gates[t, layer, rng.choice(E8, K2, replace=False)] = [0.7, 0.3]
+    path = tmp_path / "gates.csv"
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["layer", "token"] + [f"expert_{e}" for e in range(E8)])
+        for layer in range(L):
+            for t in range(T):
+                w.writerow([layer, t] + gates[t, layer].tolist())
+    want = np.argsort(-gates, -1, kind="stable")[..., :K2]  # heaviest first
+    trace = open_trace(path)
+    assert np.array_equal(trace.topk_ids.numpy(), want) and trace.num_experts == E8
+    assert np.array_equal(trace.counts().sum(0).numpy(), (gates > 0).sum(0))
+    assert np.allclose(trace.topk_weights.numpy(), np.sort(gates, -1)[..., ::-1][..., :K2])
+    np.save(tmp_path / "gates.npy", gates.astype(np.float32))
+    arr = open_trace(tmp_path / "gates.npy")
+    assert torch.equal(arr.topk_ids, trace.topk_ids)
+    rows = path.read_text().splitlines()
+    rows[3] = rows[3].rsplit(",", 1)[0] + ",0.5"  # a third non-zero gate
+    path.write_text("\n".join(rows) + "\n")
+    with pytest.raises(InputError, match=r"gates.csv:4: 3 non-zero gates, the rows before have 2"):
+        open_trace(path)
+
+
+@pytest.mark.parametrize("write", [
+    lambda p, c: p.with_suffix(".json").write_text(json.dumps(
+        {"model": MODEL, "num_layers": 2, "num_experts": 24, "logical_count": c[0].tolist()})),
+    lambda p, c: p.with_suffix(".json").write_text(json.dumps(c.tolist())),
+    lambda p, c: np.save(p.with_suffix(".npy"), c[0]),
+    lambda p, c: np.savez(p.with_suffix(".npz"), expert_counts=c.astype(np.float32)),
+])
+def test_counts_matrices_as_people_save_them_read_as_counts_only(tmp_path, write):
+    counts = np.random.default_rng(5).integers(0, 50, (3, 2, 24))  # [S, L, E]
+    write(tmp_path / "counts", counts)
+    path = next(tmp_path.iterdir())
+    trace = open_trace(path)
+    assert isinstance(trace, CountsTrace)
+    want = counts[:1] if trace.num_steps == 1 else counts
+    assert np.array_equal(trace.counts, want) and "counts" in trace.meta["read_as"]
+
+
+def test_counts_that_contradict_themselves_or_are_shares_are_refused(tmp_path, capsys):
+    ids_like = tmp_path / "ids.npy"
+    np.save(ids_like, np.array([[3, 1], [0, 2], [5, 4]]))  # [T][K] ids, or [L][E] counts?
+    with pytest.raises(InputError, match=r"an integer array \[3\]\[2\] that could be top-k "
+                       r"ids or counts: save counts under a key saying so"):
+        open_trace(ids_like)
+    np.savez(tmp_path / "named.npz", counts=np.array([[3, 1], [0, 2], [5, 4]]))
+    assert open_trace(tmp_path / "named.npz").num_layers == 3
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"num_experts": 5, "counts": [[1, 2, 3, 4, 5, 6]]}))
+    with pytest.raises(InputError, match="num_experts is 5, but counts holds 6"):
+        open_trace(path)
+    path.write_text(json.dumps({"counts": [[0.25, 0.75], [0.5, 0.5]]}))
+    with pytest.raises(InputError, match=r"holds fractions \(0.25\), not counts"):
+        open_trace(path)
+    path.write_text(json.dumps({"counts": [[3, 1, 0, 4], [2, 2, 2, 2]]}))
+    code, out, err = run(capsys, "run", "--trace", path, "--gpus", "2", "--redundant", "2")
+    assert code == 0 and "counts only" in out + err, err
+    code, out, _ = run(capsys, "trace", "info", path)
+    assert code == 0 and "counts only: steps 1, layers 2, experts 4, 16 pairs" in out
+
+
+def test_a_log_that_cannot_say_its_layers_is_refused_with_the_flag(tmp_path):
+    """Records of one layer call each with no key: `--layers-per-pass`, which only the user
+    knows; a per-layer file of such records is a step a record."""
+    ids, _ = _routing(seed=6, layers=[0, 1], tokens=[3, 2])
+    lines = [{"topk_ids": s[layer].tolist()} for s in ids for layer in (0, 1)]
+    log = tmp_path / "calls.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    with pytest.raises(InputError, match="Give --layers-per-pass L"):
+        open_trace(log)
+    _check(open_trace(log, layers_per_pass=2), ids, [0, 1])
+    for layer in (0, 1):
+        (tmp_path / f"layer_{layer}.jsonl").write_text(
+            "".join(json.dumps({"topk_ids": s[layer].tolist()}) + "\n" for s in ids))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _check(open_trace([tmp_path / "layer_0.jsonl", tmp_path / "layer_1.jsonl"]), ids, [0, 1])
+
+
+def test_a_document_keyed_by_layer_then_step_or_a_list_of_records_reads(tmp_path):
+    """`{"layer_0": {"step_0": [[K ids] x T], ...}, ...}` (a level's values the ids
+    themselves, layers before steps) and a bare JSON list of per-token records."""
+    ids, _ = _routing(seed=7, layers=[0, 1], tokens=[3, 5])
+    doc = tmp_path / "by_layer.json"
+    doc.write_text(json.dumps({f"layer_{layer}": {f"step_{s}": ids[s][layer].tolist()
+                                                  for s in range(2)} for layer in (0, 1)}))
+    trace = open_trace(doc)
+    _check(trace, ids, [0, 1])
+    assert trace.meta["read_as"].startswith("records of one step in one layer")
+    listed = tmp_path / "records.json"
+    listed.write_text(json.dumps([{"layer": layer, "token_idx": t,
+                                   "expert_ids": s[layer][t].tolist()}
+                                  for s in ids for t in range(s[0].shape[0]) for layer in (0, 1)]))
+    _check(open_trace(listed), ids, [0, 1])
+
+
+def test_every_command_that_reads_a_trace_takes_a_folder_or_several_files(tmp_path, capsys):
+    ids, gates = _routing(seed=8, tokens=[6, 6, 6, 6])
+    files = _hook_files(tmp_path / "logs", ids, gates)
+    _, counts = _expected(ids)
+    code, out, err = run(capsys, "solve", "--counts", *files, "--gpus", "4", "--redundant", "4",
+                         "--json")
+    assert code == 0 and json.loads(out)["layers"] == LAYERS, err
+    code, out, err = run(capsys, "trace", "convert", tmp_path / "logs", "--out",
+                         tmp_path / "joined.npz")
+    assert code == 0 and "4 steps, 24 tokens, 5 layers" in out, err
+    assert np.array_equal(open_trace(tmp_path / "joined.npz").counts().sum(0).numpy(), counts)
+    code, out, err = run(capsys, "review", "ordinal", "--trace", *files, "--gpus", "4",
+                         "--redundant", "4", "--seeds", "1", "--windows", "1", "--json")
+    assert code in (0, 1, 3) and json.loads(out)["verdict"], err
+    assert_input_error(capsys, "run", "--trace", *files, "--where", "model=x",
+                       match="where applies to a single file, not to several read as one log")
