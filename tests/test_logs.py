@@ -274,3 +274,32 @@ def test_every_command_that_reads_a_trace_takes_a_folder_or_several_files(tmp_pa
     assert code in (0, 1, 3) and json.loads(out)["verdict"], err
     assert_input_error(capsys, "run", "--trace", *files, "--where", "model=x",
                        match="where applies to a single file, not to several read as one log")
+
+
+def test_a_request_log_with_ragged_layers_drops_its_lost_tokens(tmp_path):
+    """Per-layer records with other field names and a request id, one token lost in one layer:
+    refused by default, dropped with `incomplete="drop"`; the requests' ids and per-layer counts
+    are the log's, less the dropped token."""
+    from eplbsim.traces.formats import open_requests
+    ids, _ = _routing(seed=9, layers=[0, 1], tokens=[4, 5])
+    lines = [{"type": "meta", "model_id": MODEL}]
+    lines += [{"rid": f"r{r}", "pos": t, "layer_idx": layer, "experts": s[layer][t].tolist()}
+              for r, s in enumerate(ids) for t in range(s[0].shape[0]) for layer in (0, 1)
+              if (r, t, layer) != (1, 2, 1)]
+    log = tmp_path / "requests.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    with pytest.raises(InputError, match="token 2 of request 'r1' .* lacks layer"):
+        open_requests(log, request_key="rid")
+    with pytest.warns(Warning, match="1 of the log's 9 tokens lack some layer"):
+        got = open_requests(log, request_key="rid", incomplete="drop")
+    kept = [np.stack([ids[0][0], ids[0][1]], 1),
+            np.delete(np.stack([ids[1][0], ids[1][1]], 1), 2, axis=0)]
+    assert [r.id for r in got.requests] == ["r0", "r1"]
+    for request, want in zip(got.requests, kept):
+        assert np.array_equal(request.ids, want)
+    counts = sum(np.stack([np.bincount(k[:, j].ravel(), minlength=E) for j in (0, 1)])
+                 for k in kept)
+    total = sum(np.stack([np.bincount(r.ids[:, j].ravel(), minlength=E) for j in (0, 1)])
+                for r in got.requests)
+    assert np.array_equal(total, counts) and got.meta["read_as"].startswith(
+        'records of one token in one layer, ids from "experts"')
