@@ -303,3 +303,24 @@ def test_a_request_log_with_ragged_layers_drops_its_lost_tokens(tmp_path):
                 for r in got.requests)
     assert np.array_equal(total, counts) and got.meta["read_as"].startswith(
         'records of one token in one layer, ids from "experts"')
+
+
+def test_gating_weights_are_found_by_name_or_shape_and_two_candidates_keep_none(tmp_path):
+    """A probability per expert under a weight's usual name is gathered at the ids; two
+    unnamed fields of fractions in the ids' shape keep none, with a warning naming both."""
+    rng = np.random.default_rng(10)
+    ids = [rng.choice(8, 2, replace=False) for _ in range(4)]
+    probs = rng.dirichlet(np.ones(8), 4)
+    log = tmp_path / "probs.jsonl"
+    log.write_text("".join(json.dumps({"token_idx": t, "layer": 0, "topk_ids": ids[t].tolist(),
+                                       "gating_probs": probs[t].tolist()}) + "\n"
+                           for t in range(4)))
+    trace = open_trace(log)
+    assert np.allclose(trace.topk_weights[:, 0].numpy(),
+                       np.take_along_axis(probs, np.array(ids), 1))
+    log.write_text("".join(json.dumps({"token_idx": t, "layer": 0, "topk_ids": ids[t].tolist(),
+                                       "a": [0.5, 0.5], "b": [0.25, 0.75]}) + "\n"
+                           for t in range(4)))
+    with pytest.warns(Warning, match="the fields 'a', 'b' could each be the gating weights; "
+                      "none is kept"):
+        assert open_trace(log).topk_weights is None

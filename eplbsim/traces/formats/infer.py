@@ -38,7 +38,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any, Callable
 
-from ...base.errors import InputError
+from ...base.errors import InputError, InputWarning
 from ...base.limits import MAX_EXPERTS, MAX_TOP_K
 from ..trace import model_in
 from .records import Items
@@ -162,7 +162,7 @@ def fields_of(items: Items, path: Path, given: dict[str, Any],
             if found is not None:
                 roles[role] = found
     taken = {ids, *roles.values()}
-    return Fields(ids, nested, _weights(data, ids, taken), roles, headers, model,
+    return Fields(ids, nested, _weights(data, ids, taken, path), roles, headers, model,
                   {k for k, v in given.items() if v})
 
 
@@ -204,23 +204,46 @@ def _role(data: list[dict[str, Any]], names: tuple[str, ...], role: str,
     return found[0] if found else None
 
 
-def _weights(data: list[dict[str, Any]], ids: str, taken: set[str]) -> str | None:
-    """The field of gating weights (module doc), or None."""
-    def fits(rec: dict[str, Any], key: str) -> bool:
+def _weights(data: list[dict[str, Any]], ids: str, taken: set[str],
+             path: Path) -> str | None:
+    """The field of gating weights (module doc), or None: the first of `WEIGHT_NAMES` that
+    holds numbers in every record (one per id, or a probability per expert:
+    `records.weight_rows` checks which), else the one other field of numbers in the ids'
+    shape, some of them fractions; several such unnamed fields keep none, with a warning
+    naming them."""
+    def numbers(value: Any) -> bool:
+        flat = [x for r in value for x in (r if isinstance(r, list) else [r])] \
+            if isinstance(value, list) else None
+        return flat is not None and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                        for x in flat)
+
+    def shape(rec: dict[str, Any]) -> list[int]:
+        rows = rec.get(ids)
+        if not isinstance(rows, list) or not rows:
+            return [0]
+        return [len(rows), len(rows[0])] if isinstance(rows[0], list) else [len(rows)]
+
+    def shaped(rec: dict[str, Any], key: str) -> bool:
         value, rows = rec.get(key), rec.get(ids)
-        if not isinstance(value, list) or not isinstance(rows, list) or not rows \
-                or len(value) != len(rows):
+        if not isinstance(value, list) or not isinstance(rows, list) or not rows:
             return value == [] == rows
-        if value == [len(rows), len(rows[0]) if isinstance(rows[0], list) else 1]:
-            return False  # a tensor's shape, not its values
-        inner = value if not isinstance(rows[0], list) else \
-            [x for r in value if isinstance(r, list) for x in r]
-        return bool(inner) and all(isinstance(x, (int, float)) and not isinstance(x, bool)
-                                   for x in inner)
-    fitting = [k for k in data[0] if k not in taken and all(fits(rec, k) for rec in data)]
-    named = [k for k in WEIGHT_NAMES if k in fitting]
+        inner = [len(r) for r in value if isinstance(r, list)]
+        same = len(value) == len(rows) and (inner == [len(rows[0])] * len(rows)
+                                            if isinstance(rows[0], list) else not inner)
+        return same and value != shape(rec) and numbers(value)
+
+    def valued(rec: dict[str, Any], key: str) -> bool:  # not a tensor's shape, logged
+        return key in rec and numbers(rec[key]) and rec[key] != shape(rec)
+    named = [k for k in WEIGHT_NAMES if k not in taken and all(valued(rec, k) for rec in data)]
     if named:
         return named[0]
+    fitting = [k for k in data[0] if k not in taken and all(shaped(rec, k) for rec in data)
+               and any(isinstance(x, float) for rec in data for r in rec[k]
+                       for x in (r if isinstance(r, list) else [r]))]  # ints: more ids
+    if len(fitting) > 1:
+        warnings.warn(f"{path}: the fields {', '.join(map(repr, fitting))} could each be the "
+                      f"gating weights; none is kept and the toy MoE draws its gates",
+                      InputWarning, stacklevel=3)
     return fitting[0] if len(fitting) == 1 else None
 
 
