@@ -470,11 +470,12 @@ def test_auto_runs_what_each_release_picks_and_prints_its_refusal(capsys):
 
 def test_fake_routes_each_rank_from_its_own_logits(sglang_source, capsys):
     """SGLang's fake dispatch redraws the router logits on every rank: ranks that draw alike
-    (--rng shared) agree and are exact; ranks with their own generators split in "none"."""
+    (--rng shared) agree, ranks with their own generators split in "none"; either way its
+    pairs run on other experts than the router chose, and the output error says so."""
     argv = SEED_BUG[:-1] + ["sglang:fake"]
     shared = _run_json(capsys, argv)[0]
     own = _run_json(capsys, argv[:argv.index("--rng")] + argv[argv.index("--rng") + 2:])[0]
-    assert shared["rank_agreement"] == 1 and shared["output_rel_error"] == 0
+    assert shared["rank_agreement"] == 1 and shared["output_rel_error"] > 0
     assert own["rank_agreement"] < 0.5 and own["output_rel_error"] > 0
     dynamic = _run_json(capsys, SEED_BUG)[0]
     assert shared["gpu_imbalance"] != dynamic["gpu_imbalance"]  # not the trace's experts

@@ -236,8 +236,9 @@ def test_run_with_the_engines_updater_moves_every_slot_right_and_changes_no_othe
 
 def test_a_tensor_left_out_and_a_path_that_forgets_the_map_show_as_wrong_output(capsys):
     """Cases 2 and 3: `--unmoved 2` (a scale the updater is not given) leaves slots wrong and
-    the output wrong; `unmapped` is exact under eplbsim's model (blind, as the engines were)
-    and wrong from the first rebalance once the engine's moved weights are read."""
+    the output wrong; `unmapped` (a path that reads no map) is wrong in eplbsim's own model
+    too (issue 51: a wrong expert is counted in every path), from the first rebalance, the
+    trivial placement serving until then; with the engine's moved weights read, the same."""
     _fetched("sglang")
     base = ["--gpus", "8", "--redundant", "8"]
     for mode, key in (("none", "output_rel_error"), ("a2a", "wrong_expert_frac")):
@@ -248,8 +249,9 @@ def test_a_tensor_left_out_and_a_path_that_forgets_the_map_show_as_wrong_output(
         assert faulty["first_wrong_step"] == 4
     blind, seen = (_rows(capsys, *base, "--policies", "unmapped", "--mode", "none", *more)[0]
                    for more in ([], ["--migration", "sglang"]))
-    assert blind["output_rel_error"] == 0 and blind["first_wrong_step"] is None
-    assert seen["output_rel_error"] > 0 and seen["first_wrong_step"] == 4
+    assert blind["output_rel_error"] > 0  # first_wrong_step is a --migration figure
+    assert seen["output_rel_error"] == blind["output_rel_error"]  # the weights moved right
+    assert seen["first_wrong_step"] == 4  # the trivial placement serves until then
     assert seen["slot_mismatch"] == 0  # the weights moved right: the path read no map
 
 

@@ -285,3 +285,21 @@ def test_a_run_of_something_that_is_no_trace_is_one_clear_error(thing):
                  lambda: review(thing, "ordinal")):
         with pytest.raises(InputError, match=f"not {type(thing).__name__}"):
             call()
+
+
+def test_a_pair_on_a_slot_holding_another_expert_is_wrong_in_eplbsims_own_model():
+    """Issue 51: with no migration each slot holds what the serving placement names, so a
+    policy that reroutes (`unmapped`: the logical id as the slot) is wrong once the placement is
+    not the trivial one: "a2a" counts its pairs on other experts' slots, "none" computes them
+    with those slots' weights; the trivial placement before the first rebalance is exact."""
+    trace = synthesize("drift", seed=0, steps=8, tokens=64, layers=2, experts=16, top_k=4)
+    spec = RunSpec.of(gpus=4, redundant=4, rebalance_every=4)
+    rows = {(r.spec.dispatch.policy, r.spec.dispatch.mode): r.metrics
+            for r in compare(trace, ["unmapped", "ordinal"], ["none", "a2a"], spec)}
+    assert rows["unmapped", "a2a"]["wrong_expert_frac"] > 0
+    assert rows["unmapped", "none"]["output_rel_error"] > 0
+    assert rows["ordinal", "a2a"]["wrong_expert_frac"] == 0
+    assert rows["ordinal", "none"]["output_rel_error"] == 0
+    first = replay(trace.window(0, 4), spec.replace(rebalance_every=None, initial="trivial",
+                                                     solver="trivial", policy="unmapped"))
+    assert first.metrics["output_rel_error"] == 0  # every logical id's slot holds it

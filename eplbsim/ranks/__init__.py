@@ -131,7 +131,7 @@ def _slot_counts(phys: torch.Tensor, executed: torch.Tensor, num_slots: int) -> 
 def weighed_error_terms(epoch: Epoch, step: int, topk_ids: torch.Tensor,
                         runs: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
     """`all_reduced_error_terms` where each pair runs with the weights its slot holds
-    (`Epoch.slot_experts`, `weighed`): `runs` are each group's `(phys [T, L, K],
+    (`Epoch.slot_experts`): `runs` are each group's `(phys [T, L, K],
     executed [T, L, K])` in this process (`none_step`); a pair run on a slot holding expert
     `h` adds expert `h`'s output for the token, one holding nothing valid adds nothing. The
     ranks of this process sum their outputs; the group's all-reduce sums the processes'."""
@@ -198,7 +198,7 @@ def none_step(epoch: Epoch, step: int, topk_ids: torch.Tensor,
     multiplicity = comm.all_reduce(executed_here)
     if epoch.moe is None:
         error = None
-    elif epoch.weighed:
+    elif epoch.slot_experts is not None:
         error = weighed_error_terms(epoch, step, topk_ids, runs)
     else:
         error = all_reduced_error_terms(epoch.moe, step, topk_ids, executed_here,

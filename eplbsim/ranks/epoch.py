@@ -138,19 +138,19 @@ class Epoch:
     count_links:  count each step's fan-out (`fanout`: the GPUs and nodes each token's executed
                   choices reach) and, in "a2a", its token crossings between GPUs and nodes
                   (what the cost model's communication reads)
-    slot_experts: int64 `[L, P]` the expert whose weights each slot holds, when that is not
-                  what `placement` names everywhere (`migration.replayed.serving_stretches`): ranks
-                  serving different placements (a switch in progress, `schedule.switch`:
-                  `views[i]` is then of the placement rank `i` serves, `placement` the new
-                  one), what an engine's updater left (`--migration`), old weights under new
-                  maps (`--map-lead`); "a2a" counts the pairs sent to a slot holding another
-                  expert. None when every slot holds what `placement` names
+    slot_experts: int64 `[L, P]` the expert whose weights each slot holds (-1: nothing
+                  valid), when a pair may run on a slot holding another expert than its own
+                  (`migration.replayed.serving_stretches`): ranks serving different placements
+                  (a switch in progress, `schedule.switch`: `views[i]` is then of the placement
+                  rank `i` serves, `placement` the new one), what an engine's updater left
+                  (`--migration`), old weights under new maps (`--map-lead`), or the serving
+                  placement itself for a policy that reroutes (`DispatchPolicy.reroutes`). "a2a"
+                  counts the pairs sent to a slot holding another expert, and "none" computes
+                  each executed pair with the weights of the slot it ran on (the output error
+                  then counts a wrong slot's output). None when every pair runs on a slot
+                  holding its expert
     shared:       count where each token's shared-expert work runs (`StepOutcome.shared`)
     tp:           the attention tensor-parallel size (`DispatchContext.tp`)
-    weighed:      `slot_experts` is what an engine's updater left in each slot (`--migration`,
-                  `migration.replayed`), -1 where a slot holds nothing valid: "none" also
-                  computes each executed pair with the weights of the slot it ran on (the
-                  output error then counts a wrong slot's output)
     """
 
     name: str
@@ -171,7 +171,6 @@ class Epoch:
     slot_experts: torch.Tensor | None = None
     shared: bool = False
     tp: int = 1
-    weighed: bool = False
 
     def context(self, step: int, i: int) -> DispatchContext:
         """The context held rank `i` dispatches step `step` with (`rank_context`)."""
@@ -186,7 +185,7 @@ class Epoch:
         """Whether this epoch's steps on `device` are counted by the compiled loops."""
         return (self.fast and device.type == "cpu" and self.comm is LOCAL
                 and len(self.ranks) == self.num_ranks and not self.keep_choices
-                and not self.weighed)
+                and self.slot_experts is None)
 
     @cached_property
     def _scratch(self) -> list[np.ndarray]:

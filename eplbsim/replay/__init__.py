@@ -174,8 +174,9 @@ def dispatch_steps(trace: TokenTrace, spec: RunSpec, segments: Sequence[Segment]
     shared = spec.shared_work() > 0
     counters = Counters.zeros(len(steps), L, G, shared)
     read = getattr(trace, "stored_step", trace.step)  # ids as stored: the steps widen them
-    weighed = spec.schedule.migration != "eplbsim"  # slots hold what the engine's move left
     for start, stop, placement, serving, experts in serving_stretches(spec, segments):
+        if experts is None and policy.reroutes:  # its pairs may land on another expert's slot
+            experts = placement.phy2log
         start, stop = max(start, steps.start), min(stop, steps.stop)
         if start >= stop:
             continue
@@ -187,7 +188,7 @@ def dispatch_steps(trace: TokenTrace, spec: RunSpec, segments: Sequence[Segment]
                       num_ranks=G, mode=d.mode, seed=d.seed, rank_offset=d.rank_offset, moe=moe,
                       comm=comm, fast=fast, count_links=spec.cost.cost is not None,
                       slot_experts=None if experts is None else experts.to(device),
-                      shared=shared, tp=d.tp, weighed=weighed)
+                      shared=shared, tp=d.tp)
         for s in range(start, stop):
             ids = read(s).to(device)  # [T, L, K]
             out = mode_step(epoch, s, ids, trace.step_src_rank(s))
