@@ -380,3 +380,20 @@ def test_balance_counts_routed_pairs_whatever_the_cost_and_gap_stays_under_promi
         assert row["placement_gap"] <= row["placement_imbalance"] + 1e-12
         counted = row["gpu_imbalance_with_shared"] is not None
         assert counted == (shared != 0 and (shared is not None or row is not rows[0]))
+
+
+def test_active_experts_counts_each_gpus_distinct_experts_with_load():
+    """`active_experts` against a count made here: a GPU with two replicas of one expert that
+    both ran counts it once; a slot without load does not count; `active_imbalance` is its max
+    over the mean."""
+    from eplbsim.placement.loads import active_experts
+    phy2log = torch.tensor([[0, 0, 1, 2, 3, 4, 5, 1]])  # [L=1, P=8], 4 GPUs of 2 slots
+    placement = Placement(phy2log, 6, Topology(4))
+    load = torch.tensor([[[3, 2, 0, 1, 4, 0, 2, 2]], [[0, 0, 0, 0, 1, 1, 1, 1]]])  # [S, L, P]
+    want = [[[len({int(phy2log[0, p]) for p in range(2 * g, 2 * g + 2) if load[s, 0, p] > 0})
+              for g in range(4)]] for s in range(2)]
+    got = active_experts(load, placement)
+    assert got.tolist() == want == [[[1, 1, 1, 2]], [[0, 0, 2, 2]]]
+    trace = synthesize("skewed", steps=4, tokens=16, layers=2, experts=16, top_k=4)
+    row = replay(trace, RunSpec.of(gpus=4, redundant=4)).row()
+    assert row["active_imbalance"] >= 1

@@ -18,7 +18,8 @@ from .. import cost
 from ..cost.comm import layer_comm_seconds
 from ..cost.rebalance import layer_scale
 from ..placement import Placement
-from ..placement.loads import ReplicaStats, gpu_imbalance, gpu_loads, replica_skew, replica_stats
+from ..placement.loads import (ReplicaStats, active_experts, gpu_imbalance, gpu_loads,
+                               max_over_mean, replica_skew, replica_stats)
 
 
 SUMMARY_CHUNK = 128  # steps per chunk: per-expert intermediates stay small
@@ -165,6 +166,12 @@ class Chunk:
     def imbalance(self) -> torch.Tensor:
         """Executed max / mean GPU load of the routed pairs, `[c, L]`."""
         return gpu_imbalance(self.gpu_load)
+
+    @cached_property
+    def active_imbalance(self) -> torch.Tensor:
+        """Max / mean over GPUs of the distinct experts each runs (`active_experts`), `[c, L]`:
+        the balance of a memory-bound decode step's weight reads."""
+        return max_over_mean(active_experts(self.executed, self.placement))
 
     @cached_property
     def imbalance_with_shared(self) -> torch.Tensor:

@@ -195,6 +195,8 @@ DECOMPOSITION, TIME = frozenset({"decomposition"}), frozenset({"time"})
 METRICS: dict[str, Metric] = {
     "gpu_imbalance": Metric("gpu_imb", lambda c: (c.imbalance,), needs=EXECUTED,
                             tables=frozenset({"main", "decomposition"})),
+    "active_imbalance": Metric("active_imb", lambda c: (c.active_imbalance,), needs=EXECUTED,
+                               tables=frozenset()),
     "gpu_imbalance_with_shared": Metric(
         "imb+shared", lambda c: (c.imbalance_with_shared,), needs=EXECUTED,
         shown=lambda rows: _some(rows, "gpu_imbalance_with_shared")),

@@ -23,6 +23,18 @@ def gpu_loads(slot_load: torch.Tensor, num_gpus: int) -> torch.Tensor:
     return slot_load.to(torch.float64).reshape(*lead, num_gpus, P // num_gpus).sum(-1)
 
 
+def active_experts(slot_load: torch.Tensor, placement: Placement) -> torch.Tensor:
+    """Distinct experts each GPU runs, the experts of its slots with load: `slot_load [..., L,
+    P]` -> float64 `[..., L, G]` (a GPU running two replicas of one expert reads that expert's
+    weights once: it counts once). What a memory-bound decode step's weight reads follow."""
+    G, E = placement.topology.num_gpus, placement.num_experts
+    key = placement.slot_gpu * E + placement.phy2log  # [L, P] the (GPU, expert) of a slot
+    ran = (slot_load > 0).to(torch.int8)
+    seen = torch.zeros(*slot_load.shape[:-1], G * E, dtype=torch.int8)
+    seen.scatter_reduce_(-1, key.expand(ran.shape), ran, reduce="amax")
+    return seen.view(*slot_load.shape[:-1], G, E).sum(-1, dtype=torch.float64)
+
+
 def max_over_mean(load: torch.Tensor) -> torch.Tensor:
     """max / mean over the last axis `[..., X] -> [...]`; NaN where the mean is 0."""
     mean = load.mean(-1)
