@@ -35,6 +35,7 @@ from .policies import (DispatchContext, Policy, ascend_fixed_policy, ascend_poli
                        ordinal_policy, quota_policy, random_policy, replica_slots, row_policy,
                        static_policy, static_table, trtllm_policy, unmapped_policy,
                        unmapped_table)
+from .metro import metro_policy
 from .sglang_lp import sglang_lp_policy
 from .shared import WATERFILL, SharedInputs, SharedRule, waterfill_dynamic, waterfill_static
 
@@ -222,6 +223,12 @@ POLICIES: dict[str, DispatchPolicy] = {
         colocate_policy, rank_invariant=True, source="eplbsim (DESIGN.md §13)",
         summary="the first candidate on a GPU the token already sends an earlier pair to, else "
         "ordinal's"),
+    "metro": DispatchPolicy(
+        metro_policy, rank_invariant=True,
+        source="METRO (arXiv 2512.09277), its routing as the paper describes it (no code read); "
+        "in a2a each rank routes its own tokens, where METRO all-gathers the global top-k",
+        summary="each expert's pairs to one candidate: the GPU that has activated the fewest "
+        "experts (memory-bound decode)"),
 }
 
 

@@ -72,7 +72,8 @@ def policy_comparison(results: Sequence[Results]) -> Figure:
     lines = max(label.count("\n") + 1 for label in rows)
     scale = rcParams["font.size"] / PAPER_STYLE["font.size"]  # sizes grow with the text
     fig = Figure(figsize=(scale * min(8.0, 1.6 + 1.45 * n_panels),
-                          scale * (1.7 + (0.1 + 0.13 * lines) * len(rows))), layout="constrained")
+                          scale * min(6.0, 1.7 + (0.1 + 0.13 * lines) * len(rows))),
+                 layout="constrained")
     axes = fig.subplots(1, n_panels, sharey=True)
     offsets = {m: (i - (len(modes) - 1) / 2) * 0.36 for i, m in enumerate(modes)}
     for ax, (key, title, xlabel) in zip(axes, panels):
