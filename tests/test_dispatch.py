@@ -13,6 +13,7 @@ from eplbsim.dispatch import POLICIES, DispatchPolicy, resolve_policy
 from eplbsim.dispatch.policies import DispatchContext, occurrence_index, ordinal_offset, static_table
 from eplbsim.placement import VIEWS, Placement, full_view, sglang_0_5_14_view, rank_view
 from eplbsim.placement.topology import Topology
+from eplbsim.ranks.checks import rank_invariance
 
 def random_placement(gen, L, E, P, topo):
     """Every expert once, the P - E redundant slots random, slots shuffled."""
@@ -114,6 +115,10 @@ def test_variant_policies_disagree_on_some_case_with_redundancy(name, rank_offse
         gen = torch.Generator().manual_seed(seed)
         placement = random_placement(gen, 1, 6, 16, Topology(4, 2))
         ids = random_ids(gen, 400, 2, 6)  # enough pairs a block for lplb-atomic
+        if POLICIES[name].spill is not None:  # its rule decides after the choice: in the step
+            if not rank_invariance(name, ids, placement).invariant:
+                return
+            continue
         outs = [POLICIES[name](ids, full_view(placement, r),
                                ctx_for(r, rank_offset=rank_offset)) for r in range(4)]
         if any(not torch.equal(o, outs[0]) for o in outs):

@@ -74,7 +74,7 @@ def test_every_metric_declares_a_way_to_its_value_and_its_columns(key):
     assert [h for h, _, _ in metric.columns(key)] == list(headers)
     assert metric.flat_keys(key)[0].startswith(key)
     assert metric.tables <= {"main", "decomposition", "time"}
-    assert metric.needs in (None, "executed", "counters", "cost", "solved")
+    assert metric.needs in (None, "executed", "counters", "cost", "solved", "spill")
     assert metric.fmt in ("ratio", "time", "count", "percent")
 
 

@@ -57,6 +57,7 @@ EXAMPLES = {
     "rng": ("shared", "shared", "chaos", "unknown rng relation 'chaos'", {}),
     "drift_p": ("0.5", 0.5, 2, "must be a number in [0, 1], got 2", {}),
     "rank_offset": (True, True, "maybe", "must be true or false", {}),
+    "spill_slack": ("0.25", 0.25, -1, "must be a number in [0, 100], got -1", {}),
     "seed": ("3", 3, 2**32, "must be an integer in [0, 4294967295], got 4294967296", {}),
     "device": ("auto", "auto", "tpu", "unknown device 'tpu'", {}),
     "hidden": ("4", 4, 0, "must be an integer in [1, 4096], got 0", {}),

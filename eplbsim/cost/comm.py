@@ -121,3 +121,24 @@ def layer_comm_seconds(mode: str, tokens: torch.Tensor, crossings: torch.Tensor,
         return a2a_seconds(crossings, shape, device)
     return allreduce_seconds(tokens, topology, shape, device).unsqueeze(1).expand(
         crossings.shape[:2])
+
+
+def spill_seconds(fetched: torch.Tensor, expert_bytes: int, gathers: bool, num_slots: int,
+                  topology: Topology, device: DeviceProfile) -> torch.Tensor:
+    """A spill policy's time in every layer, seconds `[...]`, from the distinct experts each
+    GPU fetched within its node and across nodes, `fetched [..., G, 2]` (`[..., 0, 2]`: no
+    spill policy, 0 s): the busiest GPU's fetch (`latency_s` plus the slower link class's bytes,
+    `expert_bytes` an expert, over its bandwidth; a layer with no fetch costs nothing) and,
+    when the ranks `gathers` their counts ("a2a"), one all-gather of every slot's count
+    (int32) a layer."""
+    if not fetched.shape[-2]:
+        return torch.zeros(fetched.shape[:-2], dtype=torch.float64)
+    size = fetched.to(torch.float64) * expert_bytes
+    busiest = torch.maximum(size[..., 0] / device.nvlink, size[..., 1] / device.rdma).amax(-1)
+    seconds = torch.where(fetched.sum((-2, -1)) > 0, device.latency_s + busiest, 0.0)
+    if gathers:
+        g, G = topology.gpus_per_node, topology.num_gpus
+        count_bytes = num_slots * 4
+        seconds = seconds + device.latency_s + max((g - 1) * count_bytes / device.nvlink,
+                                                   (G - g) * count_bytes / device.rdma)
+    return seconds

@@ -37,6 +37,7 @@ from .policies import (DispatchContext, Policy, ascend_fixed_policy, ascend_poli
                        unmapped_table)
 from .metro import metro_policy
 from .sglang_lp import sglang_lp_policy
+from .spill import LLEP, MOONEP, SPILL_RULES, SpillRule
 from .shared import WATERFILL, SharedInputs, SharedRule, waterfill_dynamic, waterfill_static
 
 StepKernel = Callable  # (topk_ids [T, L, K], view, ctx) -> phys int64 [T, L, K]
@@ -75,6 +76,9 @@ class DispatchPolicy:
                     router logits: a slot it returns may hold another expert than the pair's
                     (only its range is checked). Agreement still compares the slots; the
                     output error counts each of the pair's executions, valued as the pair's.
+    spill:          a token-spill rule (`spill.SpillRule`): after the policy's choice, the step's
+                    surplus pairs run at other GPUs, with the expert's weights fetched where
+                    the GPU holds none (DESIGN.md §15); None: every pair runs where chosen
     observed:       for a policy not declared rank-invariant (an engine's code):
                     `(view, ctx) -> inputs`, what a rank's call reads beyond the ids, the layer
                     and a generator; in "none", ranks of equal inputs share one call when a
@@ -94,6 +98,7 @@ class DispatchPolicy:
     streamed: bool = False
     reroutes: bool = False
     observed: Callable[[View, DispatchContext], Any] | None = None
+    spill: SpillRule | None = None
 
     @property
     def places_shared(self) -> bool:
@@ -118,6 +123,7 @@ class DispatchPolicy:
 
 
 _ROW = {"cpu": ("cpu.row_step",), "cuda": ("cuda.row_step", "torch_step.row_step")}
+_ORDINAL = {"cpu": ("cpu.ordinal_step",), "cuda": ("cuda.ordinal_step",)}
 _TABLE = {"cpu": ("cpu.static_step",), "cuda": ("torch_step.static_step",)}
 SGLANG_LP = ("SGLang 0.5.23's LP dispatch (python/sglang/srt/eplb/lplb_solver.py LPLBSolver, "
              "its torch references in sglang/test/kernels/lplb.py)")
@@ -163,8 +169,7 @@ POLICIES: dict[str, DispatchPolicy] = {
         row_policy, rank_invariant=True, kernels=_ROW, source="SGLang's fix",
         summary="the token's row in the batch, row % n_e"),
     "ordinal": DispatchPolicy(
-        ordinal_policy, rank_invariant=True,
-        kernels={"cpu": ("cpu.ordinal_step",), "cuda": ("cuda.ordinal_step",)},
+        ordinal_policy, rank_invariant=True, kernels=_ORDINAL,
         source="eplbsim",
         summary="(occurrence index of the expert in the batch + step + layer [+ rank in a2a]) "
         "% n_e"),
@@ -229,6 +234,21 @@ POLICIES: dict[str, DispatchPolicy] = {
         "in a2a each rank routes its own tokens, where METRO all-gathers the global top-k",
         summary="each expert's pairs to one candidate: the GPU that has activated the fewest "
         "experts (memory-bound decode)"),
+    "spill": DispatchPolicy(
+        ordinal_policy, rank_invariant=True, kernels=_ORDINAL, spill=SPILL_RULES["spill"],
+        source=MOONEP + "; in a2a the ranks all-gather their counts first",
+        summary="ordinal's choice, then each GPU over capacity (exact balance, --spill-slack "
+        "more) spills its hottest experts' surplus to GPUs with room, which fetch the weights"),
+    "spill-local": DispatchPolicy(
+        ordinal_policy, kernels=_ORDINAL, spill=SPILL_RULES["spill-local"],
+        source="eplbsim: spill ported naively, each rank planning from its own tokens' counts "
+        "(in none its share of the batch times G; in a2a its own pairs, no all-gather)",
+        summary="spill planned from each rank's own counts: ranks disagree in none"),
+    "llep": DispatchPolicy(
+        ordinal_policy, rank_invariant=True, kernels=_ORDINAL, spill=SPILL_RULES["llep"],
+        source=LLEP + "; in a2a the ranks all-gather their counts first",
+        summary="ordinal's choice, then the hottest slots over 1.1 x the mean spill chunks of "
+        ">= 1024 pairs (or the rest) to the least-loaded GPUs, which fetch the weights"),
 }
 
 

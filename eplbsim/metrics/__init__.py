@@ -47,14 +47,14 @@ from ..placement.loads import (ReplicaStats, balancedness, gini, gpu_imbalance, 
                                top_share)
 from .counters import SUMMARY_CHUNK, Chunk, Counters, chunks, gpu_work
 from .declared import (COST, COUNT, COUNTERS, DECOMPOSITION, EXECUTED, METRICS, PERCENT, RATIO,
-                       SOLVED, TIME, TIME_FMT, Metric, rebalance_stalls)
+                       SOLVED, SPILL, TIME, TIME_FMT, Metric, rebalance_stalls)
 from .evaluation import components, summary, time_series
 from .gap import placement_gap, placement_report
 from .reductions import (PER_LAYER, PER_STEP, WHOLE, mean, overhead, peak, ratio, root_ratio,
                          shares, step_time, throughput, total)
 
 __all__ = ["COST", "COUNT", "COUNTERS", "DECOMPOSITION", "EXECUTED", "METRICS", "PERCENT",
-           "PER_LAYER", "PER_STEP", "RATIO", "SOLVED", "SUMMARY_CHUNK", "TIME", "TIME_FMT",
+           "PER_LAYER", "PER_STEP", "RATIO", "SOLVED", "SPILL", "SUMMARY_CHUNK", "TIME", "TIME_FMT",
            "WHOLE", "Chunk", "Counters", "Metric", "ReplicaStats", "balancedness", "chunks",
            "components", "gini", "gpu_imbalance", "gpu_loads", "gpu_work", "idle_replicas",
            "layer_scale", "max_over_mean", "mean", "multiplicity_counts", "nanmax_or_none",

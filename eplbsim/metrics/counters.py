@@ -15,7 +15,7 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from .. import cost
-from ..cost.comm import layer_comm_seconds
+from ..cost.comm import layer_comm_seconds, spill_seconds
 from ..cost.rebalance import layer_scale
 from ..placement import Placement
 from ..placement.loads import (ReplicaStats, active_experts, gpu_imbalance, gpu_loads,
@@ -44,6 +44,10 @@ class Counters:
     fanout:       int64 `[S, L, 4]` with a cost model: tokens with a valid pair, and the
                   distinct GPUs, nodes and GPUs other than the source one ("a2a") that their
                   executed choices reach, summed over tokens (`eplbsim.ranks.fanout`; else 0)
+    spilled:      int64 `[S, L, G]` for a spill policy: pairs each GPU ran with fetched
+                  weights (not in the slot loads); `[S, L, 0]` otherwise
+    fetched:      int64 `[S, L, G, 2]` for a spill policy: distinct experts each GPU fetched
+                  within its node and across nodes; `[S, L, 0, 2]` otherwise
     """
 
     agreed: torch.Tensor
@@ -56,20 +60,26 @@ class Counters:
     wrong: torch.Tensor
     shared: torch.Tensor
     fanout: torch.Tensor
+    spilled: torch.Tensor
+    fetched: torch.Tensor
 
     @classmethod
     def zeros(cls, num_steps: int, num_layers: int, num_ranks: int,
-              shared: bool = False) -> "Counters":
+              shared: bool = False, spill: bool = False) -> "Counters":
         """All-zero counters for `S` steps, `L` layers and `G` ranks, filled step by step;
-        `shared`: with room for the shared-expert work per GPU."""
+        `shared`: with room for the shared-expert work per GPU; `spill`: for the spilled pairs
+        and fetched experts per GPU."""
         S, L = num_steps, num_layers
+        spill_gpus = num_ranks if spill else 0
         return cls(torch.zeros(S, L, dtype=torch.int64), torch.zeros(S, L, dtype=torch.int64),
                    torch.zeros(S, L, 3, dtype=torch.int64),
                    torch.zeros(S, L, 2, dtype=torch.float64),
                    torch.zeros(S, num_ranks, dtype=torch.bool), torch.zeros(S, dtype=torch.int64),
                    torch.zeros(S, L, 2, dtype=torch.int64), torch.zeros(S, L, dtype=torch.int64),
                    torch.zeros(S, L, num_ranks if shared else 0, dtype=torch.float64),
-                   torch.zeros(S, L, 4, dtype=torch.int64))
+                   torch.zeros(S, L, 4, dtype=torch.int64),
+                   torch.zeros(S, L, spill_gpus, dtype=torch.int64),
+                   torch.zeros(S, L, spill_gpus, 2, dtype=torch.int64))
 
     def __repr__(self) -> str:
         S, L = self.valid.shape
@@ -111,6 +121,9 @@ class Chunk:
     shared_work: each token's shared-expert work in routed pairs (`RunSpec.shared_work`; 0:
                not counted): in the time (`work`) and `imbalance_with_shared`, never in the
                balance figures, which count routed pairs
+    expert_bytes: one expert's weights, what a spill policy's GPUs fetch (`RunSpec.expert_bytes`)
+    gathers:   a spill policy's ranks all-gather their counts every layer ("a2a", not the
+               naive port): priced in the fetch time
     """
 
     lo: int
@@ -125,18 +138,26 @@ class Chunk:
     cost: Any = None
     mode: str = "none"
     shared_work: float = 0.0
+    expert_bytes: int = 0
+    gathers: bool = False
 
     @cached_property
     def seconds(self) -> dict[str, torch.Tensor]:
         """Every layer's time, float64 `[c, L]` each (`cost.layer_seconds`: `compute`,
         `compute_balanced`, `comm`, `total`, `total_balanced`) under the run's cost model, on
-        the GPUs' whole work (`work`: the shared experts' too, when counted)."""
+        the GPUs' whole work (`work`: the shared experts' too, when counted); `fetch`: a spill
+        policy's weight fetches and count all-gather (`cost.comm.spill_seconds`), in `comm`
+        too: the fetch waits for the layer's routing and shares the links with the dispatch."""
         c = self.cost
         shape, device = c.profiles()
+        topology = self.placement.topology
         comm = layer_comm_seconds(self.mode, self.counters.tokens, self.counters.crossings,
-                                  self.placement.topology, shape, device)
-        return cost.layer_seconds(*self.work, comm, shape, device, c.cost, c.overlap,
-                                  c.cost_options)
+                                  topology, shape, device)
+        fetch = spill_seconds(self.counters.fetched, self.expert_bytes, self.gathers,
+                              self.placement.num_slots, topology, device)
+        times = cost.layer_seconds(*self.work, comm + fetch, shape, device, c.cost, c.overlap,
+                                   c.cost_options)
+        return {**times, "fetch": fetch}
 
     @property
     def layer_scale(self) -> float:
@@ -153,7 +174,7 @@ class Chunk:
     def gpu_load(self) -> torch.Tensor:
         """Executed routed pairs per GPU, float64 `[c, L, G]`: what every balance figure
         counts, whatever the cost settings (DESIGN.md §4)."""
-        return gpu_loads(self.executed, self.num_gpus)
+        return _plus_spilled(gpu_loads(self.executed, self.num_gpus), self.counters)
 
     @cached_property
     def work(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -171,7 +192,8 @@ class Chunk:
     def active_imbalance(self) -> torch.Tensor:
         """Max / mean over GPUs of the distinct experts each runs (`active_experts`), `[c, L]`:
         the balance of a memory-bound decode step's weight reads."""
-        return max_over_mean(active_experts(self.executed, self.placement))
+        return max_over_mean(_plus_fetched(active_experts(self.executed, self.placement),
+                                           self.counters))
 
     @cached_property
     def imbalance_with_shared(self) -> torch.Tensor:
@@ -208,18 +230,36 @@ def _promise(placement: Placement, routed: torch.Tensor, num_gpus: int) -> torch
     return gpu_imbalance(gpu_loads(placement.expected_load(routed), num_gpus))
 
 
+def _plus_spilled(loads: torch.Tensor, counters: Counters | None) -> torch.Tensor:
+    """Per-GPU pairs `loads [..., L, G]` plus those each ran with fetched weights
+    (`Counters.spilled`, a spill policy's)."""
+    if counters is None or not counters.spilled.shape[-1]:
+        return loads
+    return loads + counters.spilled
+
+
+def _plus_fetched(active: torch.Tensor, counters: Counters | None) -> torch.Tensor:
+    """Per-GPU distinct experts `active [..., L, G]` plus those each fetched
+    (`Counters.fetched`: never one it holds)."""
+    if counters is None or not counters.fetched.shape[-2]:
+        return active
+    return active + counters.fetched.sum(-1)
+
+
 def gpu_work(executed: torch.Tensor, counters: Counters, num_gpus: int, shared_work: float,
              mode: str, routed_gpu: torch.Tensor | None = None
              ) -> tuple[torch.Tensor, torch.Tensor]:
     """What each GPU computes in each (step, layer), the shared experts' work included when the
     run counts it (`shared_work` routed pairs a token, `Counters.shared` tokens a GPU):
     `(pairs, active)`, float64 `[..., L, G]` each, for `executed [..., L, P]` pairs per slot.
-    `pairs`: its routed pairs plus `shared_work x` its shared tokens; `active`: its slots with
-    pairs plus, where it runs shared work, the shared experts' weights (`shared_work` routed
-    experts' worth, a `1 / G` share each in "none", tensor-parallel). `routed_gpu`:
-    `gpu_loads(executed, num_gpus)` when the caller has it."""
-    pairs = gpu_loads(executed, num_gpus) if routed_gpu is None else routed_gpu
-    active = gpu_loads(executed > 0, num_gpus)
+    `pairs`: its routed pairs (those a spill policy ran with fetched weights too) plus
+    `shared_work x` its shared tokens; `active`: its slots with pairs and the experts it
+    fetched, plus, where it runs shared work, the shared experts' weights (`shared_work` routed
+    experts' worth, a `1 / G` share each in "none", tensor-parallel). `routed_gpu`: the
+    routed pairs per GPU when the caller has them."""
+    pairs = (_plus_spilled(gpu_loads(executed, num_gpus), counters) if routed_gpu is None
+             else routed_gpu)
+    active = _plus_fetched(gpu_loads(executed > 0, num_gpus), counters)
     if shared_work:
         share = 1.0 if mode == "a2a" else 1.0 / num_gpus
         pairs = pairs + shared_work * counters.shared
@@ -229,12 +269,12 @@ def gpu_work(executed: torch.Tensor, counters: Counters, num_gpus: int, shared_w
 
 def chunks(slot_load: torch.Tensor | None, true_load: torch.Tensor,
            counters: Counters | None, segments: Sequence[Any], num_gpus: int,
-           cost_part: Any = None, mode: str = "none", shared_work: float = 0.0
-           ) -> Iterator[Chunk]:
+           cost_part: Any = None, mode: str = "none", shared_work: float = 0.0,
+           expert_bytes: int = 0, gathers: bool = False) -> Iterator[Chunk]:
     """The run cut into chunks of at most `SUMMARY_CHUNK` steps within each segment
     (`schedule.Segment`: `start`, `stop`, `placement`, `best`, `rebalance`), made one at a
-    time (a chunk's cached intermediates go with it); `cost_part`, `mode` and `shared_work`
-    as `Chunk`'s (`shared_work` needs the counters)."""
+    time (a chunk's cached intermediates go with it); `cost_part`, `mode`, `shared_work`,
+    `expert_bytes` and `gathers` as `Chunk`'s (`shared_work` needs the counters)."""
     S, L, _ = true_load.shape
     for seg in segments:
         for lo in range(seg.start, seg.stop, SUMMARY_CHUNK):
@@ -245,4 +285,4 @@ def chunks(slot_load: torch.Tensor | None, true_load: torch.Tensor,
             yield Chunk(lo, hi, true_load[lo:hi], None if slot_load is None else slot_load[lo:hi],
                         None if counters is None else counters.steps(lo, hi), seg.placement,
                         seg.best, moved, num_gpus, cost_part, mode,
-                        0.0 if counters is None else shared_work)
+                        0.0 if counters is None else shared_work, expert_bytes, gathers)

@@ -181,12 +181,27 @@ def _fanout(chunk: Chunk, num: str, den: str) -> tuple[torch.Tensor, torch.Tenso
     return counts[..., FIELDS.index(num)], counts[..., FIELDS.index(den)]
 
 
+def _fetched_per_gpu(chunk: Chunk) -> tuple[torch.Tensor]:
+    """The distinct experts a GPU fetched, the mean over GPUs, `[c, L]` (a spill policy's)."""
+    return (chunk.counters.fetched.sum(-1).to(torch.float64).mean(-1),)
+
+
+def _fetch_bytes(results: Any) -> int:
+    """Bytes a spill policy's GPUs fetched in a step, all GPUs, the whole model: the run's
+    fetched experts x the expert bytes (`RunSpec.expert_bytes`) x the model's layers each of the
+    trace's stands for (`layer_scale`), over the steps."""
+    steps = max(results.true_load.shape[0], 1)
+    scale = layer_scale(results.spec.cost, results.true_load.shape[1])
+    return model_bytes(int(results.counters.fetched.sum()) / steps,
+                       results.spec.expert_bytes(), scale)
+
+
 def _step_tokens(chunk: Chunk) -> torch.Tensor:
     """Each step's tokens on every layer, `[c, L]`."""
     return chunk.counters.tokens.unsqueeze(1).expand(chunk.counters.valid.shape)
 
 
-EXECUTED, COUNTERS, COST, SOLVED = "executed", "counters", "cost", "solved"
+EXECUTED, COUNTERS, COST, SOLVED, SPILL = "executed", "counters", "cost", "solved", "spill"
 
 
 DECOMPOSITION, TIME = frozenset({"decomposition"}), frozenset({"time"})
@@ -218,7 +233,7 @@ METRICS: dict[str, Metric] = {
     "placement_gap": Metric("gap", lambda c: (placement_gap(c.placement, c.routed),),
                             shown=lambda rows: _differs(rows, "placement_gap",
                                                         "placement_imbalance")),
-    "executed_work": Metric("work", lambda c: (c.executed.sum(-1), c.counters.valid), ratio,
+    "executed_work": Metric("work", lambda c: (c.gpu_load.sum(-1), c.counters.valid), ratio,
                             needs=COUNTERS, shown=lambda rows: _differs(rows, "executed_work")),
     "output_corrupt": Metric("corrupt", whole=_corrupt, needs=COUNTERS, tables=frozenset()),
     "rank_agreement": Metric("agree", lambda c: (c.counters.agreed, c.counters.valid), ratio,
@@ -230,6 +245,12 @@ METRICS: dict[str, Metric] = {
                                needs=COUNTERS, modes=("none",)),
     "wrong_expert_frac": Metric("wrong", lambda c: (c.counters.wrong, c.counters.valid), ratio,
                                 needs=COUNTERS, modes=("a2a",)),
+    "spill_frac": Metric("spill", lambda c: (c.counters.spilled.sum(-1), c.counters.valid),
+                         ratio, needs=SPILL, shown=lambda rows: _some(rows, "spill_frac")),
+    "fetched_experts": Metric("fetched", _fetched_per_gpu, needs=SPILL,
+                              shown=lambda rows: _some(rows, "fetched_experts")),
+    "fetch_bytes": Metric("fetch_bytes", whole=_fetch_bytes, needs=SPILL, fmt=COUNT,
+                          tables=frozenset()),
     "factor_solver": Metric("solver", lambda c: (c.best_promise,), needs=SOLVED,
                             tables=DECOMPOSITION),
     "factor_prediction": Metric("prediction", lambda c: (c.promise / c.best_promise,),
@@ -261,6 +282,8 @@ METRICS: dict[str, Metric] = {
                          tables=TIME, fmt=TIME_FMT),
     "comm_ms": Metric("comm_ms", lambda c: (c.ms("comm"),), step_time, needs=COST, tables=TIME,
                       fmt=TIME_FMT),
+    "fetch_ms": Metric("fetch_ms", lambda c: (c.ms("fetch"),), step_time, needs=COST,
+                       tables=TIME, fmt=TIME_FMT, shown=lambda rows: _some(rows, "spill_frac")),
     "moe_ms_balanced": Metric("balanced_ms", lambda c: (c.ms("total_balanced"),), step_time,
                               needs=COST, tables=TIME, fmt=TIME_FMT),
     "imbalance_overhead": Metric(

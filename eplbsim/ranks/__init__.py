@@ -63,8 +63,9 @@ from . import counting
 from .epoch import (LOCAL, RNG_RELATIONS, Collectives, Epoch, Rank, Table, make_ranks, rank_context,
                     rank_groups)
 from .moe import all_reduced_error_terms, error_terms, local_error_terms, step_sums
-from .traffic import (a2a_fanout, fanout_counts, link_crossings, pair_gpus, share_bounds,
-                      shared_sent, shared_split, token_owners, wrong_pairs)
+from .spill import a2a_places, fetch_marks, fetched_counts, none_places, split_places
+from .traffic import (a2a_fanout, fanout_counts, held_experts, link_crossings, pair_gpus,
+                      share_bounds, shared_sent, shared_split, token_owners, wrong_pairs)
 
 UNMEASURED = float("inf")  # an exact norm the fast path left to compute (its error is 0)
 
@@ -92,6 +93,10 @@ class StepOutcome:
                   each GPU runs (in "none" a `1 / G` share of every token's; CPU); else None
     fanout:       int64 `[L, 4]` when `Epoch.count_links`: the step's fan-out counts
                   (`fanout.tally`, over the whole group; CPU); else None
+    spilled:      int64 `[L, G]` for a spill policy: pairs each GPU ran with fetched weights
+                  (CPU; `slot_load` then counts only the pairs run on slots); else None
+    fetched:      int64 `[L, G, 2]` for a spill policy: distinct experts each GPU fetched,
+                  within its node and across nodes (`spill.fetched_counts`; CPU); else None
     """
 
     slot_load: torch.Tensor
@@ -106,6 +111,8 @@ class StepOutcome:
     wrong: torch.Tensor | None = None
     shared: torch.Tensor | None = None
     fanout: torch.Tensor | None = None
+    spilled: torch.Tensor | None = None
+    fetched: torch.Tensor | None = None
 
 
 def _dispatch(epoch: Epoch, i: int, step: int, topk_ids: torch.Tensor,
@@ -135,11 +142,10 @@ def weighed_error_terms(epoch: Epoch, step: int, topk_ids: torch.Tensor,
     executed [T, L, K])` in this process (`none_step`); a pair run on a slot holding expert
     `h` adds expert `h`'s output for the token, one holding nothing valid adds nothing. The
     ranks of this process sum their outputs; the group's all-reduce sums the processes'."""
-    experts, P = epoch.slot_experts.to(topk_ids.device).reshape(-1), epoch.slot_experts.shape[1]
     right = torch.zeros(topk_ids.shape, dtype=torch.int64, device=topk_ids.device)
     wrong_sums = None
     for phys, executed in runs:
-        holds = experts[flat_index(phys.clamp(min=0), P)]  # [T, L, K] the expert each slot holds
+        holds = held_experts(epoch.slot_experts, phys, topk_ids)  # [T, L, K]
         ok = executed & (holds == topk_ids)
         right += ok
         bad = executed & ~ok & (holds >= 0)
@@ -165,11 +171,12 @@ def none_step(epoch: Epoch, step: int, topk_ids: torch.Tensor,
     topk_ids = _own_ids(topk_ids)
     T, L, K = topk_ids.shape
     device, P = topk_ids.device, epoch.placement.num_slots
+    spills = epoch.policy.spill is not None
     drifted = _drift(epoch, step)
     valid = topk_ids >= 0
-    slot_gpu = epoch.placement.slot_gpu.to(device)
     executed_here = torch.zeros(topk_ids.shape, dtype=torch.int64, device=device)
-    slot_load = torch.zeros(L * P, dtype=torch.int64, device=device)
+    slot_load = torch.zeros(L * epoch.num_places, dtype=torch.int64, device=device)
+    marks = None  # the experts each GPU fetched, for a spill policy
     agree = valid.clone()
     first = None
     choices: list[torch.Tensor | None] = [None] * len(epoch.ranks)
@@ -177,14 +184,19 @@ def none_step(epoch: Epoch, step: int, topk_ids: torch.Tensor,
     runs = []  # each group's (choices, pairs its ranks here executed): `weighed_error_terms`
     for group in epoch.groups:
         phys = _dispatch(epoch, group[0], step, topk_ids)
-        member = torch.zeros(epoch.num_ranks, dtype=torch.bool, device=device)
-        member[[epoch.ranks[i].rank for i in group]] = True
-        executed = member[slot_gpu[phys.clamp(min=0)]] & valid  # [T, L, K]
+        if spills:
+            phys = none_places(epoch, group[0], phys)
+        member = torch.zeros(epoch.num_ranks + 1, dtype=torch.bool, device=device)
+        member[[epoch.ranks[i].rank for i in group]] = True  # member[-1]: padding, never
+        executed = member[epoch.gpu_of(phys)] & valid  # [T, L, K]
         executed_here += executed
         runs.append((phys, executed))
         if epoch.count_links:
             known.append(phys)
-        slot_load += _slot_counts(phys, executed, P)
+        slot_load += _slot_counts(phys, executed, epoch.num_places)
+        if spills:
+            here = fetch_marks(epoch, topk_ids, phys, executed)
+            marks = here if marks is None else marks | here
         if first is None:
             first = phys
         else:
@@ -203,8 +215,8 @@ def none_step(epoch: Epoch, step: int, topk_ids: torch.Tensor,
     else:
         error = all_reduced_error_terms(epoch.moe, step, topk_ids, executed_here,
                                         comm.all_reduce)
-    return StepOutcome(slot_load=comm.all_reduce(slot_load).view(L, P).cpu(),
-                       multiplicity=multiplicity,
+    slot_load, spilled = split_places(comm.all_reduce(slot_load).cpu(), L, P)
+    return StepOutcome(slot_load=slot_load, multiplicity=multiplicity,
                        multiplicity_counts=multiplicity_counts(multiplicity, valid),
                        valid=valid.sum((0, 2)).cpu(), drifted=drifted,
                        agreed=agree.sum((0, 2)).cpu(), error=error,
@@ -212,7 +224,19 @@ def none_step(epoch: Epoch, step: int, topk_ids: torch.Tensor,
                        shared=shared_split(epoch, topk_ids),
                        fanout=fanout_counts(epoch, topk_ids.shape,
                                             _executing(epoch, step, topk_ids, known),
-                                            has_pairs(topk_ids).sum(0)))
+                                            has_pairs(topk_ids).sum(0)),
+                       **_spill_counts(epoch, spilled, marks))
+
+
+def _spill_counts(epoch: Epoch, spilled: torch.Tensor,
+                  marks: torch.Tensor | None) -> dict[str, torch.Tensor | None]:
+    """`StepOutcome`'s `spilled [L, G]` and `fetched [L, G, 2]` (None without a spill policy)
+    from the group's pairs run with fetched weights per GPU and this process's `marks [L, G,
+    E]` (`spill.fetch_marks`)."""
+    if marks is None:
+        return {}
+    return {"spilled": spilled, "fetched": fetched_counts(epoch, epoch.comm.all_reduce(
+        marks.to(torch.int32)))}
 
 
 def a2a_step(epoch: Epoch, step: int, topk_ids: torch.Tensor,
@@ -244,18 +268,24 @@ def a2a_step(epoch: Epoch, step: int, topk_ids: torch.Tensor,
             choices.append(torch.full_like(phys, -1).index_copy_(0, own, chosen))
     sent = (topk_ids >= 0) & mine.view(T, 1, 1)  # [T, L, K] the pairs held ranks sent
     comm = epoch.comm
+    marks = None
+    if epoch.policy.spill is not None:
+        phys = a2a_places(epoch, phys, rows)
+        marks = fetch_marks(epoch, topk_ids, phys, sent)
     multiplicity = comm.all_reduce(sent.long())
     # every pair is dispatched by its owner alone: a valid pair is one that some rank sent
-    slot_load = comm.all_reduce(_slot_counts(phys, sent, epoch.placement.num_slots))
+    slot_load = comm.all_reduce(_slot_counts(phys, sent, epoch.num_places)).cpu()
+    slot_load, spilled = split_places(slot_load, L, epoch.placement.num_slots)
     gpu = pair_gpus(epoch, phys)
     shared, dest = shared_sent(epoch, step, gpu, rows)
-    return StepOutcome(slot_load=slot_load.view(L, -1).cpu(), multiplicity=multiplicity,
+    return StepOutcome(slot_load=slot_load, multiplicity=multiplicity,
                        multiplicity_counts=multiplicity_counts(multiplicity, multiplicity > 0),
                        valid=comm.all_reduce(sent.sum((0, 2))).cpu(), drifted=drifted,
                        choices=torch.stack(choices) if epoch.keep_choices else None,
                        crossings=link_crossings(epoch, src_rank, gpu, dest),
                        wrong=wrong_pairs(epoch, topk_ids, phys, comm.all_reduce), shared=shared,
-                       fanout=a2a_fanout(epoch, src_rank, gpu, sent))
+                       fanout=a2a_fanout(epoch, src_rank, gpu, sent),
+                       **_spill_counts(epoch, spilled, marks))
 
 
 def _none_counted(epoch: Epoch, step: int, topk_ids: torch.Tensor) -> StepOutcome:
@@ -369,10 +399,9 @@ def _executing(epoch: Epoch, step: int, topk_ids: torch.Tensor,
                                                         topk_ids.numpy(), -1))
         else:
             phys = _dispatch(epoch, group[0], step, _own_ids(topk_ids))
-        slot_gpu = epoch.placement.slot_gpu.to(phys.device)
         member = torch.zeros(epoch.num_ranks + 1, dtype=torch.bool, device=phys.device)
         member[[epoch.ranks[i].rank for i in group]] = True  # member[-1]: padding, never
-        gpu = torch.where(phys >= 0, slot_gpu[phys.clamp(min=0)], -1)
+        gpu = epoch.gpu_of(phys)
         yield torch.where(member[gpu], gpu, -1)
 
 

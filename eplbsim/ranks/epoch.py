@@ -22,6 +22,7 @@ from ..base.errors import InputError
 from ..dispatch import DispatchContext, DispatchPolicy
 from ..dispatch.kernels.cpu import StreamedViews
 from ..dispatch.observe import observed_groups
+from ..dispatch.spill import Site
 from ..dispatch.streams import Stream, coin_hits, stream_key
 from ..placement import Placement, View
 from . import counting
@@ -151,6 +152,7 @@ class Epoch:
                   holding its expert
     shared:       count where each token's shared-expert work runs (`StepOutcome.shared`)
     tp:           the attention tensor-parallel size (`DispatchContext.tp`)
+    spill_slack:  a spill policy's capacity above exact balance (`dispatch.spill.capacity`)
     """
 
     name: str
@@ -171,6 +173,7 @@ class Epoch:
     slot_experts: torch.Tensor | None = None
     shared: bool = False
     tp: int = 1
+    spill_slack: float = 0.0
 
     def context(self, step: int, i: int) -> DispatchContext:
         """The context held rank `i` dispatches step `step` with (`rank_context`)."""
@@ -185,7 +188,31 @@ class Epoch:
         """Whether this epoch's steps on `device` are counted by the compiled loops."""
         return (self.fast and device.type == "cpu" and self.comm is LOCAL
                 and len(self.ranks) == self.num_ranks and not self.keep_choices
-                and self.slot_experts is None)
+                and self.slot_experts is None and self.policy.spill is None)
+
+    @cached_property
+    def site(self) -> Site:
+        """What a spill policy's plan reads of the placement (`dispatch.spill.Site`)."""
+        return Site.of(self.placement)
+
+    @cached_property
+    def place_gpu(self) -> torch.Tensor:
+        """The GPU of every place a pair may run at, int64 `[P + G]`: each slot's, then GPU `g`
+        for place `P + g` (fetched weights, `dispatch.spill`)."""
+        return torch.cat([self.placement.slot_gpu.long(), torch.arange(self.num_ranks)])
+
+    @property
+    def num_places(self) -> int:
+        """Places a pair may run at: `P`, and `P + G` for a spill policy (`place_gpu`)."""
+        extra = self.num_ranks if self.policy.spill is not None else 0
+        return self.placement.num_slots + extra
+
+    def gpu_of(self, phys: torch.Tensor) -> torch.Tensor:
+        """The GPU of each place `phys [...]` (slots, or `place_gpu`'s places for a spill
+        policy), int64 `[...]`, -1 where `phys` is -1."""
+        gpus = self.place_gpu if self.policy.spill is not None else self.placement.slot_gpu
+        gpus = gpus.to(phys.device)
+        return torch.where(phys >= 0, gpus[phys.clamp(min=0)].long(), -1)
 
     @cached_property
     def _scratch(self) -> list[np.ndarray]:

@@ -38,8 +38,7 @@ def pair_gpus(epoch: Epoch, phys: torch.Tensor) -> torch.Tensor | None:
     -1), when the step counts shared work or links (what reads it); else None."""
     if not (epoch.shared or epoch.count_links):
         return None
-    slot_gpu = epoch.placement.slot_gpu.to(phys.device)
-    return torch.where(phys >= 0, slot_gpu[phys.clamp(min=0)], -1)
+    return epoch.gpu_of(phys)
 
 
 def shared_sent(epoch: Epoch, step: int, gpu: torch.Tensor | None,
@@ -123,12 +122,21 @@ def wrong_pairs(epoch: Epoch, topk_ids: torch.Tensor, phys: torch.Tensor,
     """Pairs of `topk_ids [T, L, K]` sent (`phys [T, L, K]`, -1 where not sent) to a slot
     whose weights are another expert's (`Epoch.slot_experts`), int64 `[L]` summed over the
     group; None when `slot_experts` is not set."""
-    experts = epoch.slot_experts  # [L, P]
-    if experts is None:
+    if epoch.slot_experts is None:
         return None
-    holds = experts.flatten()[flat_index(phys.clamp(min=0), experts.shape[1])]  # [T, L, K]
-    wrong = (phys >= 0) & (holds != topk_ids)  # [T, L, K]
+    wrong = (phys >= 0) & (held_experts(epoch.slot_experts, phys, topk_ids) != topk_ids)
     return all_reduce(wrong.sum((0, 2))).cpu()
+
+
+def held_experts(slot_experts: torch.Tensor, phys: torch.Tensor,
+                 topk_ids: torch.Tensor) -> torch.Tensor:
+    """The expert whose weights run each pair of `topk_ids [T, L, K]` at `phys [T, L, K]`,
+    int64 `[T, L, K]`: what its slot holds (`slot_experts [L, P]`), the pair's own at a place
+    past the slots (weights fetched for it, `dispatch.spill`)."""
+    P = slot_experts.shape[1]
+    index = flat_index(phys.clamp(min=0, max=P - 1), P)
+    holds = slot_experts.to(phys.device).flatten()[index]
+    return torch.where(phys >= P, topk_ids.long(), holds)
 
 
 def token_owners(num_tokens: int, num_ranks: int,

@@ -172,7 +172,7 @@ def dispatch_steps(trace: TokenTrace, spec: RunSpec, segments: Sequence[Segment]
     slot_load = torch.zeros(len(steps), L, segments[0].placement.num_slots,
                             dtype=trace.load_dtype)
     shared = spec.shared_work() > 0
-    counters = Counters.zeros(len(steps), L, G, shared)
+    counters = Counters.zeros(len(steps), L, G, shared, spec.spills())
     read = getattr(trace, "stored_step", trace.step)  # ids as stored: the steps widen them
     for start, stop, placement, serving, experts in serving_stretches(spec, segments):
         if experts is None and policy.reroutes:  # its pairs may land on another expert's slot
@@ -188,7 +188,7 @@ def dispatch_steps(trace: TokenTrace, spec: RunSpec, segments: Sequence[Segment]
                       num_ranks=G, mode=d.mode, seed=d.seed, rank_offset=d.rank_offset, moe=moe,
                       comm=comm, fast=fast, count_links=spec.cost.cost is not None,
                       slot_experts=None if experts is None else experts.to(device),
-                      shared=shared, tp=d.tp)
+                      shared=shared, tp=d.tp, spill_slack=d.spill_slack)
         for s in range(start, stop):
             ids = read(s).to(device)  # [T, L, K]
             out = mode_step(epoch, s, ids, trace.step_src_rank(s))

@@ -69,12 +69,14 @@ class Results:
     @property
     def present(self) -> set[str]:
         """What the run has beyond routed loads: "executed", "counters", "cost" when both are
-        there and the spec names a cost model, and "solved" when its placements were solved
+        there and the spec names a cost model, "spill" when its policy spills, and "solved" when its placements were solved
         (not one given placement)."""
         have = {k for k, v in ((M.EXECUTED, self.slot_load), (M.COUNTERS, self.counters))
                 if v is not None}
         if len(have) == 2 and self.spec.cost.cost is not None:
             have.add(M.COST)
+        if self.counters is not None and self.counters.spilled.shape[-1]:
+            have.add(M.SPILL)
         return have | ({M.SOLVED} if self.spec.solver.placement is None else set())
 
     @property
@@ -86,9 +88,10 @@ class Results:
     def components(self) -> dict[str, tuple[torch.Tensor, ...] | None]:
         """Every per-(step, layer) metric's components, `[S, L]` each (`metrics.components`)."""
         S, L, _ = self.true_load.shape
+        spec = self.spec
         chunked = M.chunks(self.slot_load, self.true_load, self.counters, self.segments,
-                           self.spec.topology.gpus, self.spec.cost, self.spec.dispatch.mode,
-                           self.spec.shared_work())
+                           spec.topology.gpus, spec.cost, spec.dispatch.mode,
+                           spec.shared_work(), spec.expert_bytes(), spec.spill_gathers())
         return M.components(chunked, S, L, self.present)
 
     @cached_property

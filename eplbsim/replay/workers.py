@@ -185,7 +185,8 @@ class Workers:
         S, L = trace.num_steps, trace.num_layers
         ranges = step_ranges(trace.tokens_per_step.numpy(), self.workers)
         slot_load = torch.zeros(S, L, segments[0].placement.num_slots, dtype=trace.load_dtype)
-        counters = Counters.zeros(S, L, spec.topology.gpus, spec.shared_work() > 0)
+        counters = Counters.zeros(S, L, spec.topology.gpus, spec.shared_work() > 0,
+                                  spec.spills())
         for (lo, hi), (part_load, part) in zip(ranges, self._run(spec, segments, ranges)):
             slot_load[lo:hi] = part_load
             counters.put(lo, part)

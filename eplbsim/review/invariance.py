@@ -40,6 +40,12 @@ def _claimed(policy: Any, sources: Any, placement: Placement, spec: RunSpec,
                                                        d.seed, top_k, sources)
 
 
+def _place(place: int, num_slots: int) -> int | str:
+    """A rank's choice as a counterexample names it: the slot, or for a spill policy's place
+    past the slots the GPU that runs the pair with fetched weights (`dispatch.spill`)."""
+    return place if place < num_slots else f"GPU {place - num_slots} (fetched)"
+
+
 def invariance_findings(policy: Any, name: str, test: RunTrace, placement: Placement, spec: RunSpec,
                         results: Results) -> dict[str, Any]:
     """Claimed class against observed: in "none" the smallest adversarial batch on which ranks
@@ -62,7 +68,8 @@ def invariance_findings(policy: Any, name: str, test: RunTrace, placement: Place
             (t, layer, k), choices = found.first
             out["counterexample"] = {
                 "step": step, "layer": layer, "token": t, "expert": int(ids[t, layer, k]),
-                "rows": int(ids.shape[0]), "choices": {r: c for r, c in enumerate(choices)},
+                "rows": int(ids.shape[0]),
+                "choices": {r: _place(c, placement.num_slots) for r, c in enumerate(choices)},
                 "batch": ids.tolist() if ids.shape[0] <= max(SEARCH_ROWS) else None}
             break
     if out["counterexample"] is None:  # the replay may still disagree: across a switch

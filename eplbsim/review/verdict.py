@@ -174,7 +174,7 @@ def _corruption(invariance: dict) -> str:
     if ce:
         where = (f"step {ce['step']}, layer {ce['layer']}, token {ce['token']}, expert "
                  f"{ce['expert']} of a {ce['rows']}-row batch: ranks chose "
-                 f"{sorted(set(ce['choices'].values()))}")
+                 f"[{', '.join(map(str, sorted(set(ce['choices'].values()), key=str)))}]")
     elif late:
         where = (f"from scored step {late['step']}, layer {late['layer']} of the replay"
                  + (", while ranks switched placements at different steps"

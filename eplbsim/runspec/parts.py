@@ -63,6 +63,9 @@ class DispatchPart(Part):
         "balances best, and never trtllm); --rank-offset: trtllm too, in every mode (its "
         "offset_by_ep_rank, rank-variant in none); --no-rank-offset: neither",
         Switch(optional=True))
+    spill_slack: float = knob(0.0, "a spill policy's capacity above its own (spill: exact "
+                              "balance, llep: 1.1 x the mean), as a share: 0.1 lets each GPU "
+                              "take a tenth more pairs before it spills", Number(0, 100))
     seed: int = knob(0, "seeds every random choice: the scenario, the rank streams, "
                      "static's tables, the toy MoE layer", Integer(0, most=MAX_SEED),
                      commands=SYNTH)

@@ -90,6 +90,17 @@ class RunSpec:
         return self.cost.shared_work(self.dispatch.shared_experts,
                                      resolve_policy(self.dispatch.policy)[1].places_shared)
 
+    def spills(self) -> bool:
+        """Whether the run's policy spills pairs to GPUs that fetch their weights
+        (`DispatchPolicy.spill`)."""
+        return resolve_policy(self.dispatch.policy)[1].spill is not None
+
+    def spill_gathers(self) -> bool:
+        """Whether the run's ranks all-gather their counts every layer for a spill policy's
+        plan: "a2a", a rule planning from every rank's counts (not the naive port)."""
+        rule = resolve_policy(self.dispatch.policy)[1].spill
+        return rule is not None and not rule.local and self.dispatch.mode == "a2a"
+
     def sharing(self, policies: Sequence[Any]) -> "RunSpec":
         """This spec for a comparison of `policies`: with `shared_experts` unset and some
         policy placing the shared expert, every row counts the model's shared experts, so the
