@@ -25,3 +25,21 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
 @pytest.fixture(params=DEVICES)
 def device(request):
     return request.param
+
+
+def pytest_configure(config):
+    """In the pytest-xdist controller, before the workers start: on a clean clone, fill numba's
+    cache once, in two processes, instead of in every worker and process that a test starts
+    (`numba_warmup.py` says why; `EPLBSIM_NUMBA_WARMUP=0` turns it off)."""
+    if os.environ.get("PYTEST_XDIST_WORKER") or not getattr(config.option, "numprocesses", None):
+        return
+    if getattr(config.option, "dist", "no") == "no":
+        return
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parent))
+    from numba_warmup import warm
+    seconds = warm()
+    if seconds:
+        print(f"numba's cache was cold: compiled the tests' loops in {seconds:.0f} s",
+              file=sys.stderr)
