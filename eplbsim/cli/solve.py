@@ -101,6 +101,8 @@ def handle(args: argparse.Namespace) -> int:
     report = {k: v for k, v in info.items() if k != "moved_slots" and isinstance(v, float)}
     if report:  # a solver's own figures (affinity's objective, its bound and gap)
         print("  " + ", ".join(f"{k} {v:.6g}" for k, v in report.items()))
-    for layer, row in enumerate(result["phy2log"]):
-        print(f"  layer {layers[layer] if layers is not None else layer}: {row}")
+    for layer, row in enumerate(result["phy2log"]):  # -1: an empty slot
+        empty = row.count(-1)
+        print(f"  layer {layers[layer] if layers is not None else layer}: {row}"
+              + (f" ({empty} empty)" if empty else ""))
     return 0

@@ -32,12 +32,14 @@ def lp_system(phy2log: torch.Tensor, log2phy: torch.Tensor, num_experts: int, nu
     """The LP's fixed parts for one layer of a placement, as SGLang's `LPLBSolver` lays them
     out: `phy2log [P]`, the rank's lists `log2phy [E, R]` -> `single`, `single_slot`,
     `replicated`, `replicated_slots` (int64), `B1 [G, S]`, `A [X + G, Y + G + 2]` (float32,
-    the last column left for the batch) and `c [Y + G + 2]`."""
+    the last column left for the batch) and `c [Y + G + 2]`. An empty slot (-1) is no
+    expert's copy: no variable of the LP (SGLang's placements have none)."""
     P = phy2log.numel()
-    counts = torch.bincount(phy2log, minlength=num_experts)
+    filled = phy2log >= 0
+    counts = torch.bincount(phy2log[filled], minlength=num_experts)
     single = torch.nonzero(counts == 1).flatten()
     replicated = torch.nonzero(counts > 1).flatten()
-    replicated_slots = torch.nonzero(counts[phy2log] > 1).flatten()
+    replicated_slots = torch.nonzero(filled & (counts[phy2log.clamp(min=0)] > 1)).flatten()
     owner = torch.arange(P) // (P // num_gpus)  # [P] GPU of each slot
     B = (owner == torch.arange(num_gpus).unsqueeze(1)).to(torch.float32)  # [G, P]
     C = (phy2log[replicated_slots] == replicated.unsqueeze(1)).to(torch.float32)  # [X, Y]

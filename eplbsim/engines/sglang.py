@@ -46,6 +46,7 @@ from typing import Any, Iterator, NamedTuple
 import torch
 
 from ..base.errors import InputError
+from ..placement import refuse_empty_slots
 from . import sglang_runtime
 from .source import Modules, call, interpreted
 from .standins import stand_in
@@ -329,7 +330,10 @@ class SGLang:
                 "ep_size": layout.num_gpus, **more}
 
     def startup(self, layout: Layout, phy2log: torch.Tensor, rank: int) -> Any:
-        """Rank `rank`'s `ExpertLocationMetadata` at start-up (`init_by_mapping`)."""
+        """Rank `rank`'s `ExpertLocationMetadata` at start-up (`init_by_mapping`); InputError
+        in one line for a `phy2log [L, P]` with an empty slot (-1), which the engine takes
+        for no expert."""
+        refuse_empty_slots(phy2log, f"{self.label}'s init_by_mapping")
         with self._configured(layout), _distributed_rank(rank, layout.num_gpus):
             return call(self.location.ExpertLocationMetadata.init_by_mapping, self.label,
                         **self._known(layout, physical_to_logical_map=phy2log.clone(),
@@ -338,7 +342,9 @@ class SGLang:
     def rebalanced(self, layout: Layout, phy2log: torch.Tensor, log2phy: torch.Tensor,
                    rank: int) -> Any:
         """Rank `rank`'s metadata after a live rebalance to a solver's `(phy2log [L, P],
-        log2phy [L, E, R])`: what `init_by_eplb` builds from its solver's output."""
+        log2phy [L, E, R])`: what `init_by_eplb` builds from its solver's output. InputError
+        in one line for a `phy2log` with an empty slot (-1)."""
+        refuse_empty_slots(phy2log, f"{self.label}'s ExpertLocationMetadata")
         self.need("rebalanced")
         with self._configured(layout), _distributed_rank(rank, layout.num_gpus):
             return call(self.location.ExpertLocationMetadata._init_raw, self.label,

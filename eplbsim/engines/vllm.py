@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from ..base.errors import InputError
+from ..placement import refuse_empty_slots
 from .source import Modules, call, interpreted
 from .standins import stand_in
 
@@ -119,7 +120,10 @@ class VLLM:
 
     def logical_maps(self, phy2log: torch.Tensor, num_experts: int
                      ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`compute_logical_maps(phy2log [L, P], E)` -> `(log2phy [L, E, R], counts [L, E])`."""
+        """`compute_logical_maps(phy2log [L, P], E)` -> `(log2phy [L, E, R], counts [L, E])`;
+        InputError in one line for a `phy2log` with an empty slot (-1), which the engine's
+        code would count as an expert."""
+        refuse_empty_slots(phy2log, f"{self.label}'s compute_logical_maps")
         maps = self.need("views")
         with self.modules.active():
             return maps(phy2log, num_experts)

@@ -44,6 +44,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..base.errors import InputError
+from ..placement import refuse_empty_slots
 from ..placement.topology import Topology
 from .simdist import WAIT_S, SimWorld, simulated
 from .weights import (SHAPES, given_to_engine, lost_experts, rank_weights, slot_experts,
@@ -101,7 +102,9 @@ def prepare(engine: str, run: Any, old: torch.Tensor, new: torch.Tensor, num_exp
     adapter `run`: SGLang's metadata built for each rank (`init_by_mapping` of both
     placements), `chunks` the layer ids each update takes in turn (default: all at once);
     vLLM's rebalance and communicator modules loaded, `rank_mapping` handed to it (`elastic`).
-    Everything is loaded here, so ranks in threads import nothing."""
+    Everything is loaded here, so ranks in threads import nothing. InputError when either
+    placement has an empty slot (-1): the engine's code takes none (`refuse_empty_slots`)."""
+    _refuse_empty(engine, old, new)
     L, P = old.shape
     if engine == "sglang":
         from ..engines.sglang import Layout
@@ -152,13 +155,15 @@ def migrate(engine: str, old: torch.Tensor, new: torch.Tensor, num_experts: int,
     rank_mapping: vLLM's elastic EP (`elastic`): old rank -> new rank, -1 for one that leaves
     Returns `Moved`: what every slot holds after (`holds [L, P]`), the slots that hold another
     expert than `new` names (`mismatch [L]`), experts lost, the sends `(src, dst, bytes)` and
-    the maps each rank committed; in `topology`'s slots.
+    the maps each rank committed; in `topology`'s slots. InputError in one line when `old` or
+    `new` has an empty slot (-1): the engines' updaters take none.
     """
     from ..engines import adapter
     if engine not in ("sglang", "vllm"):
         raise InputError(f"unknown migration {engine!r}; the engines' own: sglang, vllm")
     if rank_mapping is not None and engine != "vllm":
         raise InputError("a rank mapping (elastic EP) is vLLM's: SGLang's updater takes none")
+    _refuse_empty(engine, old, new)  # before the engine's code loads
     G = topology.num_gpus
     if rank_mapping is None:
         old, new = _placements(old, new)
@@ -178,6 +183,13 @@ def migrate(engine: str, old: torch.Tensor, new: torch.Tensor, num_experts: int,
     maps = list(mover.maps.values()) if mover.maps is not None else \
         run.logical_maps(new, num_experts)
     return Moved.read(weights, want, num_experts, world.sent, maps, committed_apart(mover))
+
+
+def _refuse_empty(engine: str, old: torch.Tensor, new: torch.Tensor) -> None:
+    """InputError in one line when `old` or `new` `[L, P]` has an empty slot (-1), which the
+    engine's updater (`MIGRATIONS[engine]`) cannot take."""
+    for which, phy2log in (("the old placement", old), ("the new placement", new)):
+        refuse_empty_slots(phy2log, f"--migration {engine} ({MIGRATIONS[engine]})", which)
 
 
 def _placements(old: torch.Tensor, new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -251,9 +263,11 @@ def migrate_async(old: torch.Tensor, new: torch.Tensor, num_experts: int, topolo
     worker posted. `drop` as `migrate`; `lead`, a fault: before each check the maps of the next
     `lead` layers are committed early (the engine's `_commit_eplb_maps_for_layer`), before their
     weights land. Returns what the move did and the `L + 1` checks (the first before any layer
-    switched). InputError when a worker posts no layer within `wait_s`, or fails."""
+    switched). InputError when a worker posts no layer within `wait_s`, or fails, or when a
+    placement has an empty slot (-1)."""
     from ..engines import adapter, vllm_async
     old, new = _placements(old, new)
+    _refuse_empty("vllm", old, new)
     L, G = old.shape[0], topology.num_gpus
     run = adapter("vllm", sources)
     loaded = vllm_async.load(run)

@@ -35,8 +35,9 @@ import torch
 from ..cost.rebalance import copies_stall_seconds, layer_scale, model_bytes, model_ms
 from ..engines import as_sources
 from ..metrics.declared import rebalance_stalls
+from ..placement import refuse_empty_slots
 from ..schedule.switch import held_experts, phases
-from . import migrate
+from . import MIGRATIONS, migrate
 from .weights import SHAPES, rank_weights
 
 FIELDS = ("slot_mismatch", "lost_experts", "map_mismatch", "moved_wrong_frac",
@@ -52,10 +53,15 @@ def planned_moves(spec: Any, segments: Sequence[Any]) -> list[Any] | None:
     the one before (a skipped rebalance; read from the placements alone, which is all a real
     rank other than 0 receives); None under `--migration eplbsim`. `--unmoved I` leaves tensor
     `I` out of what the engine is given. Computed once per schedule (the segments' first
-    object), engine source and fault: every policy of a comparison shares it."""
+    object), engine source and fault: every policy of a comparison shares it. InputError in
+    one line when a segment's placement has an empty slot (-1): the engine's updater takes
+    none."""
     engine = spec.schedule.migration
     if engine == "eplbsim":
         return None
+    for seg in segments:
+        refuse_empty_slots(seg.placement, f"--migration {engine} ({MIGRATIONS[engine]})",
+                           f"the placement serving from step {seg.start}")
     sources = as_sources(spec.dispatch.engine_source)
     drop = () if spec.schedule.unmoved is None else (spec.schedule.unmoved,)
     cache = _DONE.setdefault(segments[0], {})
@@ -148,7 +154,7 @@ def engine_moves(results: Any) -> dict[str, Any] | None:
         for src, dst, nbytes in moved.sent:
             recv[dst, int(src // per_node != dst // per_node)] += nbytes / copy_bytes
         changed = np.bincount(seg.placement.slot_gpu.numpy(),
-                              weights=(old != new).sum(0).numpy(), minlength=G)
+                              weights=((old != new) & (new >= 0)).sum(0).numpy(), minlength=G)
         local = np.maximum(changed - recv.sum(1), 0)
         row = {"step": seg.start, "mismatched_slots": int(moved.mismatch.sum()),
                "lost": len(moved.lost), "map_mismatched_ranks": moved.map_mismatch,

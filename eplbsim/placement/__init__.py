@@ -8,8 +8,9 @@ load tensors. Imports `base` only.
 Dimensions: `L` layers, `E` logical experts, `P` physical slots, `G` GPUs = EP ranks,
 `R` max replicas of one expert.
 
-- `phy2log [L, P]`: logical expert held by each slot.
-- `logcnt [L, E]`: replicas per expert (>= 1).
+- `phy2log [L, P]`: logical expert held by each slot, -1 for an empty slot (one that holds no
+  expert, so that layers spending different numbers of redundant slots share one shape).
+- `logcnt [L, E]`: replicas per expert (>= 1); empty slots count for no expert.
 - `log2phy [L, E, R]`: replica slots of each expert in ascending physical id, padded with -1.
 """
 
@@ -30,7 +31,9 @@ from .topology import Topology
 class Placement:
     """A validated placement: `phy2log [L, P]` over `num_experts` experts on `topology`.
 
-    Every expert has at least one replica in every layer and `G` divides `P`. The maps below are
+    Every expert has at least one replica in every layer and `G` divides `P`; a slot may be
+    empty (-1: it holds no expert, receives no pair and carries no load), so layers with
+    different numbers of redundant replicas keep one shape `[L, P]`. The maps below are
     derived on first use and never taken from a solver. `order`, when given, is the order in
     which a solver published each expert's replicas (`[L, E, R]`, -1 padded: what SGLang's
     ranks hold after `init_by_eplb`, at a rebalance or from counts at start-up; read by the
@@ -58,9 +61,9 @@ class Placement:
                              f"every expert needs at least one slot")
         self.topology.slots_per_gpu(P)
         p2l = p2l.detach().to("cpu", torch.int64, copy=True)
-        if p2l.numel() and (int(p2l.min()) < 0 or int(p2l.max()) >= E):
-            raise InputError(f"phy2log holds expert ids outside [0, {E})")
-        counts = torch.zeros(L, E, dtype=torch.int64).scatter_add_(1, p2l, torch.ones_like(p2l))
+        if p2l.numel() and (int(p2l.min()) < -1 or int(p2l.max()) >= E):
+            raise InputError(f"phy2log holds expert ids outside [0, {E}) (-1: an empty slot)")
+        counts = _replica_counts(p2l, E)
         if (counts == 0).any():
             layer, expert = (counts == 0).nonzero()[0].tolist()
             raise InputError(f"expert {expert} has no replica in layer {layer} of the placement")
@@ -98,23 +101,42 @@ class Placement:
         return self.phy2log.shape[1]
 
     @cached_property
+    def filled(self) -> torch.Tensor:
+        """Slots that hold an expert (not -1), bool `[L, P]`."""
+        return self.phy2log >= 0
+
+    @cached_property
+    def has_empty(self) -> bool:
+        """True when some slot of some layer is empty (-1)."""
+        return not bool(self.filled.all())
+
+    @cached_property
+    def sink_index(self) -> torch.Tensor:
+        """`phy2log` with each empty slot sent to a sink bucket `E`, int64 `[L, P]`: the index
+        of a scatter of slot values into `E + 1` buckets, whose last is then dropped."""
+        return torch.where(self.filled, self.phy2log, self.num_experts)
+
+    @cached_property
     def logcnt(self) -> torch.Tensor:
-        """Replicas per expert, int64 `[L, E]`."""
-        ones = torch.ones_like(self.phy2log)
-        return torch.zeros(self.num_layers, self.num_experts, dtype=torch.int64).scatter_add_(
-            1, self.phy2log, ones)
+        """Replicas per expert, int64 `[L, E]` (empty slots count for none)."""
+        return _replica_counts(self.phy2log, self.num_experts)
 
     @cached_property
     def log2phy(self) -> torch.Tensor:
-        """Replica slots of each expert in ascending physical id, -1 padded, int64 `[L, E, R]`."""
+        """Replica slots of each expert in ascending physical id, -1 padded, int64 `[L, E, R]`
+        (an empty slot is no expert's replica)."""
         L, P = self.phy2log.shape
         E = self.num_experts
-        order = torch.argsort(self.phy2log * P + torch.arange(P), dim=1)  # [L, P] slots by expert
-        expert = torch.gather(self.phy2log, 1, order)  # [L, P] ascending
+        key = self.sink_index * P + torch.arange(P)  # empty slots sort last
+        order = torch.argsort(key, dim=1)  # [L, P] slots by expert
+        expert = torch.gather(self.sink_index, 1, order)  # [L, P] ascending, E for empty
         start = torch.cumsum(self.logcnt, 1) - self.logcnt  # [L, E] first index of each expert
+        kept = expert < E  # [L, P] the filled slots, first in each row
+        expert = expert.clamp(max=E - 1)
         replica = torch.arange(P) - torch.gather(start, 1, expert)  # [L, P]
         out = torch.full((L, E, int(self.logcnt.max())), -1, dtype=torch.int64)
-        out[torch.arange(L).view(L, 1), expert, replica] = order
+        rows = torch.arange(L).view(L, 1).expand(L, P)
+        out[rows[kept], expert[kept], replica[kept]] = order[kept]
         return out
 
     @cached_property
@@ -130,11 +152,43 @@ class Placement:
     def expected_load(self, load: torch.Tensor) -> torch.Tensor:
         """The placement's promise: each expert's load split evenly over its replicas.
 
-        load: `[..., L, E]` pairs per logical expert -> `[..., L, P]` float64 load per slot.
+        load: `[..., L, E]` pairs per logical expert -> `[..., L, P]` float64 load per slot
+        (0 on an empty slot).
         """
         per_replica = load.to(torch.float64) / self.logcnt.to(torch.float64)
-        index = self.phy2log.expand(*per_replica.shape[:-1], self.num_slots)
+        per_replica = torch.cat([per_replica, per_replica.new_zeros(*per_replica.shape[:-1], 1)],
+                                -1)  # [..., L, E + 1]: the sink bucket of empty slots is 0
+        index = self.sink_index.expand(*per_replica.shape[:-1], self.num_slots)
         return torch.gather(per_replica, -1, index)
+
+
+def _replica_counts(phy2log: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """Slots holding each expert: int64 `[L, P]` ids in `[-1, E)` -> int64 `[L, E]` (an empty
+    slot, -1, counts for none)."""
+    filled = phy2log >= 0
+    return torch.zeros(phy2log.shape[0], num_experts, dtype=torch.int64).scatter_add_(
+        1, phy2log.clamp(min=0), filled.to(torch.int64))
+
+
+def empty_layers(phy2log: Any) -> list[int]:
+    """The layers of `phy2log [L, P]` (array-like) with an empty slot (-1), ascending."""
+    return (torch.as_tensor(phy2log) < 0).any(-1).nonzero().flatten().tolist()
+
+
+def refuse_empty_slots(phy2log: Any, what: str, which: str = "the placement") -> None:
+    """InputError in one line when `phy2log [L, P]` (a Placement's or array-like) has an empty
+    slot, for `what` (an engine's file or code) that requires every slot to hold an expert, equal
+    slots in every layer, as SGLang and vLLM do; the line names `which` placement and the
+    layers with empty slots (the first 8)."""
+    if isinstance(phy2log, Placement):
+        phy2log = phy2log.phy2log
+    layers = empty_layers(phy2log)
+    if layers:
+        shown = ", ".join(map(str, layers[:8])) + (f" and {len(layers) - 8} more"
+                                                   if len(layers) > 8 else "")
+        raise InputError(f"{what} requires every slot to hold an expert, equal slots in every "
+                         f"layer; {which} has empty slots (-1) in layer"
+                         f"{'s' if len(layers) > 1 else ''} {shown}")
 
 
 def trivial_placement(num_layers: int, num_experts: int, num_slots: int,

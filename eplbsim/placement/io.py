@@ -7,7 +7,9 @@ dense), `E` logical experts, `P` physical slots, `S` steps.
 
 A placement file is JSON in one of three forms: a `solve --json` output (an object with
 `phy2log [L][P]`, and `layers`, the model layer of each row, when solved from real counts), a
-bare `phy2log [L][P]` list, or SGLang's `physical_to_logical_map` object (below).
+bare `phy2log [L][P]` list, or SGLang's `physical_to_logical_map` object (below). The first two
+may hold empty slots (-1) and keep them through a save and load; SGLang's map cannot (it
+requires every slot to hold an expert, equal slots in every layer), so writing one refuses them.
 
 SGLang reads a JSON object with one of two keys:
 
@@ -31,7 +33,7 @@ import torch
 
 from ..base.errors import InputError
 from ..base.files import regular_file
-from . import Placement
+from . import Placement, refuse_empty_slots
 from .topology import Topology
 
 PLACEMENT_KEY = "physical_to_logical_map"
@@ -65,7 +67,8 @@ def check_moe_layers(moe_layers: Sequence[int], num_layers: int,
 
 
 def _phy2log_array(phy2log: Any, num_experts: int) -> np.ndarray:
-    """`phy2log` as int64 `[L, P]`, each expert in `[0, E)` present in every layer."""
+    """`phy2log` as int64 `[L, P]`, each expert in `[0, E)` present in every layer, as SGLang
+    loads it: InputError in one line for an empty slot (-1), which its map cannot hold."""
     if isinstance(num_experts, bool) or not isinstance(num_experts, (int, np.integer)) \
             or num_experts < 1:
         raise InputError(f"num_experts must be a positive integer, got {num_experts!r}")
@@ -81,8 +84,9 @@ def _phy2log_array(phy2log: Any, num_experts: int) -> np.ndarray:
     if not np.issubdtype(arr.dtype, np.integer):
         raise InputError(f"phy2log must hold integers, got dtype {arr.dtype}")
     arr = arr.astype(np.int64)
-    if arr.min() < 0 or arr.max() >= num_experts:
+    if arr.min() < -1 or arr.max() >= num_experts:
         raise InputError(f"phy2log holds expert ids outside [0, {num_experts})")
+    refuse_empty_slots(arr, f"SGLang's {PLACEMENT_KEY}")
     present = np.zeros((arr.shape[0], num_experts), dtype=bool)
     present[np.arange(arr.shape[0])[:, None], arr] = True
     if not present.all():
@@ -99,7 +103,8 @@ def sglang_placement(phy2log: Any, num_experts: int, num_model_layers: int,
     `L` rows. Returns `{"physical_to_logical_map": [L_model, P]}` as nested lists of ints: row
     `moe_layers[i]` is `phy2log[i]`; every other (dense) row is the trivial map `p % E`.
     InputError when `moe_layers` has the wrong length, repeats, or leaves `[0, num_model_layers)`,
-    or when `phy2log` is not a valid placement over `num_experts` experts.
+    or when `phy2log` is not a valid placement over `num_experts` experts or has an empty slot
+    (-1: SGLang requires every slot to hold an expert, equal slots in every layer).
     """
     arr = _phy2log_array(phy2log, num_experts)  # [L, P]
     layers = check_moe_layers(moe_layers, arr.shape[0], num_model_layers)

@@ -26,10 +26,11 @@ def gpu_loads(slot_load: torch.Tensor, num_gpus: int) -> torch.Tensor:
 def active_experts(slot_load: torch.Tensor, placement: Placement) -> torch.Tensor:
     """Distinct experts each GPU runs, the experts of its slots with load: `slot_load [..., L,
     P]` -> float64 `[..., L, G]` (a GPU running two replicas of one expert reads that expert's
-    weights once: it counts once). What a memory-bound decode step's weight reads follow."""
+    weights once: it counts once; an empty slot runs nothing). What a memory-bound decode
+    step's weight reads follow."""
     G, E = placement.topology.num_gpus, placement.num_experts
-    key = placement.slot_gpu * E + placement.phy2log  # [L, P] the (GPU, expert) of a slot
-    ran = (slot_load > 0).to(torch.int8)
+    key = placement.slot_gpu * E + placement.phy2log.clamp(min=0)  # [L, P] (GPU, expert) of a slot
+    ran = ((slot_load > 0) & placement.filled).to(torch.int8)
     seen = torch.zeros(*slot_load.shape[:-1], G * E, dtype=torch.int8)
     seen.scatter_reduce_(-1, key.expand(ran.shape), ran, reduce="amax")
     return seen.view(*slot_load.shape[:-1], G, E).sum(-1, dtype=torch.float64)
@@ -100,15 +101,17 @@ class ReplicaStats:
 
 def replica_stats(slot_load: torch.Tensor, placement: Placement) -> ReplicaStats:
     """Executed loads `[..., L, P]` reduced over each expert's replicas (its slots in
-    `phy2log`) into `[..., L, E]`: one pass over the slots, no `[..., L, E, R]` array."""
+    `phy2log`) into `[..., L, E]`: one pass over the slots, no `[..., L, E, R]` array. Empty
+    slots are no expert's replicas: they count nowhere."""
     *lead, L, P = slot_load.shape
-    index = placement.phy2log.to(slot_load.device).expand(*lead, L, P)
+    E = placement.num_experts
+    index = placement.sink_index.to(slot_load.device).expand(*lead, L, P)  # empty -> bucket E
     loads = slot_load.to(torch.float64)
-    shape = (*lead, L, placement.num_experts)
-    total = loads.new_zeros(shape).scatter_add_(-1, index, loads)
-    peak = loads.new_full(shape, -math.inf).scatter_reduce_(-1, index, loads, "amax")
+    shape = (*lead, L, E + 1)
+    total = loads.new_zeros(shape).scatter_add_(-1, index, loads)[..., :E]
+    peak = loads.new_full(shape, -math.inf).scatter_reduce_(-1, index, loads, "amax")[..., :E]
     idle = torch.zeros(shape, dtype=torch.int64, device=slot_load.device).scatter_add_(
-        -1, index, (slot_load == 0).to(torch.int64))
+        -1, index, (slot_load == 0).to(torch.int64))[..., :E]
     return ReplicaStats(peak, total, idle)
 
 

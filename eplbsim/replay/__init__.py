@@ -33,7 +33,7 @@ from ..dispatch import resolve_policy
 from ..engines import is_engine_name, resolve_solver
 from ..metrics import Counters
 from ..migration.replayed import serving_stretches
-from ..placement import rank_view
+from ..placement import rank_view, refuse_empty_slots
 from ..placement.io import load_placement
 from ..ranks import LOCAL, MODES, Collectives, Epoch, make_ranks, rank_context, rank_groups
 from ..ranks.moe import make_toy_moe, square_sums, step_sums
@@ -161,7 +161,9 @@ def dispatch_steps(trace: TokenTrace, spec: RunSpec, segments: Sequence[Segment]
     P], counters of those steps)`, norms left `UNMEASURED` where the fast path left them. A
     step's outcome depends on nothing but its index, its ids and its segment (every draw is
     counter-based, `dispatch.streams`), so ranges dispatched apart and concatenated equal the
-    whole run bit for bit."""
+    whole run bit for bit. No policy's pair reaches an empty slot (-1): the guarded ones are
+    checked (`dispatch.kernels.check_choices`), and one that reroutes to any slot (`unmapped`,
+    `sglang:fake`) is refused in one line on a placement with an empty slot."""
     d = spec.dispatch
     name, policy = resolve_policy(d.policy, d.engine_source, d.engine_args or "")
     mode_step = lookup(MODES, d.mode, "mode")
@@ -175,6 +177,8 @@ def dispatch_steps(trace: TokenTrace, spec: RunSpec, segments: Sequence[Segment]
     counters = Counters.zeros(len(steps), L, G, shared, spec.spills())
     read = getattr(trace, "stored_step", trace.step)  # ids as stored: the steps widen them
     for start, stop, placement, serving, experts in serving_stretches(spec, segments):
+        if policy.reroutes:  # it may choose any slot, an empty one too: the engine has none
+            refuse_empty_slots(placement, f"policy {name} (it reroutes pairs to any slot)")
         if experts is None and policy.reroutes:  # its pairs may land on another expert's slot
             experts = placement.phy2log
         start, stop = max(start, steps.start), min(stop, steps.stop)

@@ -101,11 +101,12 @@ def _paired(runs: dict[str, list[Results]], key: str, d: Draws,
 def _shares(results: Results) -> torch.Tensor:
     """Each slot's executed pairs over its even share over the scored steps, float64 `[L, P]`
     on the first segment's placement; `inf` for a slot whose expert has one replica or no
-    load."""
+    load, and for an empty slot (-1)."""
     placement = results.segments[0].placement
     executed = results.slot_load.to(torch.float64).sum(0)  # [L, P]
     even = placement.expected_load(results.true_load.sum(0))  # [L, P]
-    replicated = placement.logcnt.gather(1, placement.phy2log) > 1
+    replicated = placement.filled & (placement.logcnt.gather(
+        1, placement.phy2log.clamp(min=0)) > 1)
     return torch.where(replicated & (even > 0), executed / even.clamp(min=1e-12), math.inf)
 
 

@@ -48,8 +48,9 @@ class Rebalance:
     skipped:      True when the placement in service was kept (balancedness above the threshold)
     balancedness: the placement in service's mean-over-layers balancedness (mean / max GPU load
                   of its even-split promise) on the forecast; NaN when the forecast is all zero
-    transfers:    int64 `[L, 3]` expert copies per layer into slots whose expert changed, by
-                  source: same GPU, same node, other node (`TRANSFER_KINDS`); zero when skipped
+    transfers:    int64 `[L, 3]` expert copies per layer into slots whose expert changed
+                  (none into a slot left empty), by source: same GPU, same node, other node
+                  (`TRANSFER_KINDS`); zero when skipped
     """
 
     step: int
@@ -59,7 +60,8 @@ class Rebalance:
 
     @property
     def moved_slots(self) -> int:
-        """Slots whose expert changed, over all layers."""
+        """Slots that received a copy (their expert changed; a slot left empty copies
+        nothing), over all layers."""
         return int(self.transfers.sum())
 
     def __repr__(self) -> str:

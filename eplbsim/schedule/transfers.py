@@ -29,9 +29,10 @@ def transfer_counts(old: Placement, new: Placement) -> np.ndarray:
 
 def transfer_kinds(old: Placement, new: Placement) -> np.ndarray:
     """Where each slot's copy comes from when `old` turns into `new`, int64 `[L, P]`: -1 for
-    a slot whose expert is unchanged, else the index in `TRANSFER_KINDS` of the nearest old
-    replica of its new expert: on the slot's GPU, on its node, or only on other nodes (every
-    expert has a replica in `old`, so some source always exists)."""
+    a slot whose expert is unchanged or that `new` leaves empty (it copies nothing), else the
+    index in `TRANSFER_KINDS` of the nearest old replica of its new expert: on the slot's GPU,
+    on its node, or only on other nodes (every expert has a replica in `old`, so some source
+    always exists; a slot filled from empty is a copy like any other)."""
     old_p2l, new_p2l = old.phy2log, new.phy2log  # [L, P]
     if old_p2l.shape != new_p2l.shape or old.topology != new.topology:
         raise InputError(f"cannot compare placements of shapes {tuple(old_p2l.shape)} on "
@@ -40,13 +41,13 @@ def transfer_kinds(old: Placement, new: Placement) -> np.ndarray:
     E, G, N = old.num_experts, old.topology.num_gpus, old.topology.num_nodes
     gpu, node = old.slot_gpu, old.slot_node  # [P]
     layer = torch.arange(L).view(L, 1).expand(L, P)
-    held_gpu = torch.zeros(L, G, E, dtype=torch.bool)
-    held_gpu[layer, gpu.expand(L, P), old_p2l] = True  # [L, G, E] expert held on a GPU
-    held_node = held_gpu.view(L, N, G // N, E).any(2)  # [L, N, E]
-    on_gpu = held_gpu[layer, gpu.expand(L, P), new_p2l]
-    on_node = held_node[layer, node.expand(L, P), new_p2l]
+    held_gpu = torch.zeros(L, G, E + 1, dtype=torch.bool)  # bucket E: empty slots
+    held_gpu[layer, gpu.expand(L, P), old.sink_index] = True  # [L, G, E + 1] held on a GPU
+    held_node = held_gpu.view(L, N, G // N, E + 1).any(2)  # [L, N, E + 1]
+    on_gpu = held_gpu[layer, gpu.expand(L, P), new.sink_index]
+    on_node = held_node[layer, node.expand(L, P), new.sink_index]
     kinds = torch.where(on_gpu, 0, torch.where(on_node, 1, 2))
-    return torch.where(old_p2l != new_p2l, kinds, -1).numpy()
+    return torch.where((old_p2l != new_p2l) & new.filled, kinds, -1).numpy()
 
 
 def migration_rows(segments: Sequence[Any], expert_bytes: int,

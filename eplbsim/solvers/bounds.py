@@ -61,11 +61,14 @@ def replicate(weight: np.ndarray, num_phy: int,
 
 def peak_gpu_load(load: np.ndarray, phy2log: np.ndarray, num_gpus: int) -> np.ndarray:
     """Max GPU load of placements `phy2log [L, P]` under the even split of `load [L, E]`: `[L]`
-    (slot `p` on GPU `p // (P // G)`)."""
+    (slot `p` on GPU `p // (P // G)`; an empty slot, -1, carries none)."""
     load = np.asarray(load, dtype=np.float64)
     phy2log = np.asarray(phy2log)
-    counts = np.stack([np.bincount(row, minlength=load.shape[1]) for row in phy2log])  # [L, E]
-    per_slot = np.take_along_axis(load / np.maximum(counts, 1), phy2log, 1)  # [L, P]
+    E = load.shape[1]
+    sink = np.where(phy2log >= 0, phy2log, E)  # [L, P] an empty slot: column E, load 0
+    counts = np.stack([np.bincount(row, minlength=E + 1) for row in sink])  # [L, E + 1]
+    share = np.concatenate([load, np.zeros((len(load), 1))], 1) / np.maximum(counts, 1)
+    per_slot = np.take_along_axis(share, sink, 1)  # [L, P]
     return per_slot.reshape(len(phy2log), num_gpus, -1).sum(-1).max(-1)
 
 

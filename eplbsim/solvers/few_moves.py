@@ -8,6 +8,10 @@ GPU has `S` slots) and keeps every expert group on one node, so `align_to_previo
 exactly those permutations: nodes to previous nodes and then GPUs to previous GPUs by
 maximum overlap (`scipy.optimize.linear_sum_assignment`), then every expert that already sat in a
 slot of its GPU keeps that slot.
+
+An empty slot (-1) is no expert's: it overlaps nothing, carries no load, and a slot left empty
+copies nothing (`moved_slots` counts the slots that receive a copy); `warm_start` fills the
+previous placement's empty slots first.
 """
 
 from __future__ import annotations
@@ -24,16 +28,19 @@ from .bounds import peak_gpu_load
 
 
 def moved_slots(previous: np.ndarray, phy2log: np.ndarray) -> np.ndarray:
-    """Slots whose expert changes between `previous [L, P]` and `phy2log [L, P]`: int64 `[L]`."""
-    return (np.asarray(previous) != np.asarray(phy2log)).sum(-1)
+    """Slots that receive a copy when `previous [L, P]` turns into `phy2log [L, P]`, those
+    whose expert changes and that `phy2log` does not leave empty: int64 `[L]`."""
+    previous, phy2log = np.asarray(previous), np.asarray(phy2log)
+    return ((previous != phy2log) & (phy2log >= 0)).sum(-1)
 
 
 def _overlap(new: np.ndarray, old: np.ndarray, num_experts: int) -> np.ndarray:
-    """`[A, B]` replicas in common between groups of slots `new [A, X]` and `old [B, X]`."""
+    """`[A, B]` replicas in common between groups of slots `new [A, X]` and `old [B, X]`
+    (empty slots, -1, are in common with nothing)."""
     def counts(groups: np.ndarray) -> np.ndarray:  # [A, E]
-        out = np.zeros((groups.shape[0], num_experts), dtype=np.int64)
+        out = np.zeros((groups.shape[0], num_experts + 1), dtype=np.int64)  # -1: column E
         np.add.at(out, (np.arange(groups.shape[0])[:, None], groups), 1)
-        return out
+        return out[:, :num_experts]
     return np.minimum(counts(new)[:, None, :], counts(old)[None, :, :]).sum(-1)
 
 
@@ -50,14 +57,16 @@ def _match(new: np.ndarray, old: np.ndarray, num_experts: int) -> np.ndarray:
 
 def _keep_slots(new_gpu: np.ndarray, old_gpu: np.ndarray) -> np.ndarray:
     """The experts of `new_gpu [S]`, reordered so each one that `old_gpu [S]` already had at a
-    slot stays at that slot; the rest fill the remaining slots in their order."""
-    out = np.full_like(new_gpu, -1)
+    slot stays at that slot; the rest (empty slots, -1, too) fill the remaining slots in their
+    order."""
+    out = np.empty_like(new_gpu)
+    kept = np.zeros(len(new_gpu), dtype=bool)
     left = list(new_gpu)
     for i, e in enumerate(old_gpu):
-        if e in left:
+        if e >= 0 and e in left:
             left.remove(e)
-            out[i] = e
-    out[out < 0] = left
+            out[i], kept[i] = e, True
+    out[~kept] = left
     return out
 
 
@@ -92,7 +101,9 @@ def warm_start(load: np.ndarray, previous: np.ndarray, counts: np.ndarray, topol
     slots on the least-loaded GPUs (largest first), then swap replicas between the most-loaded
     GPU and another while that lowers the maximum, until it is at most `target [L]` (the max GPU
     load the caller will accept). `within_node`: swaps and new replicas stay on the node that
-    already holds the expert (groups stay on their node). Returns phy2log int64 `[L, P]`."""
+    already holds the expert (groups stay on their node). `previous`'s empty slots (-1) are
+    free from the start; slots `counts` leaves over stay empty. Returns phy2log int64
+    `[L, P]`."""
     L, P = previous.shape
     G = topology.num_gpus
     S = P // G
@@ -101,18 +112,20 @@ def warm_start(load: np.ndarray, previous: np.ndarray, counts: np.ndarray, topol
     out = np.array(previous, dtype=np.int64)
     for layer in range(L):
         slots = out[layer]  # [P] view
-        weight = load[layer] / counts[layer]  # [E] load of one replica
-        have = np.bincount(slots, minlength=load.shape[1])
+        weight = np.append(load[layer] / counts[layer], 0.0)  # [E + 1] a replica's load;
+        # weight[-1] = 0: an empty slot's
+        have = np.bincount(slots[slots >= 0], minlength=load.shape[1])
         gpu_load = np.bincount(gpu_of, weight[slots], minlength=G)
-        free = []
+        free = np.nonzero(slots < 0)[0].tolist()  # empty already
+        dropped = []
         for e in np.nonzero(have > counts[layer])[0]:  # surplus: drop from the busiest GPUs
             mine = np.nonzero(slots == e)[0]
             drop = mine[np.argsort(-gpu_load[gpu_of[mine]], kind="stable")]
-            drop = drop[:have[e] - counts[layer, e]]
-            free.extend(drop.tolist())
-        for p in free:
+            dropped.extend(drop[:have[e] - counts[layer, e]].tolist())
+        for p in dropped:
             gpu_load[gpu_of[p]] -= weight[slots[p]]
             slots[p] = -1
+        free.extend(dropped)
         need = np.repeat(np.arange(load.shape[1]), np.maximum(counts[layer] - have, 0))
         for e in need[np.argsort(-weight[need], kind="stable")]:  # largest replicas first
             open_slots = np.array([p for p in free if slots[p] < 0])
@@ -129,8 +142,9 @@ def warm_start(load: np.ndarray, previous: np.ndarray, counts: np.ndarray, topol
 
 def _swap_down(slots: np.ndarray, weight: np.ndarray, gpu_load: np.ndarray, gpu_of: np.ndarray,
                node_of: np.ndarray | None, target: float) -> None:
-    """In place: swap a replica of the most-loaded GPU with one elsewhere, the swap that lowers
-    the pair's larger load the most, while the maximum exceeds `target` and a swap lowers it."""
+    """In place: swap a replica of the most-loaded GPU with one elsewhere (or move it to an
+    empty slot, -1, whose `weight[-1]` is 0), the swap that lowers the pair's larger load the
+    most, while the maximum exceeds `target` and a swap lowers it."""
     while True:
         top = int(np.argmax(gpu_load))
         peak = gpu_load[top]
@@ -175,7 +189,7 @@ def fewest_moves(load: np.ndarray, phy2log: np.ndarray, prev: np.ndarray, topolo
     if not 0 <= tolerance < 1:
         raise InputError(f"migration_tolerance must lie in [0, 1), got {tolerance}")
     fresh = align_to_previous(phy2log, prev, topology, E)
-    counts = np.stack([np.bincount(row, minlength=E) for row in fresh])  # [L, E]
+    counts = np.stack([np.bincount(row[row >= 0], minlength=E) for row in fresh])  # [L, E]
     peak = peak_gpu_load(load, fresh, topology.num_gpus)
     within_node = num_groups > 1 and num_groups % topology.num_nodes == 0
     warm = warm_start(load, prev, counts, topology, peak * (1 + tolerance), within_node)
@@ -191,7 +205,8 @@ def fewest_moves(load: np.ndarray, phy2log: np.ndarray, prev: np.ndarray, topolo
 
 
 def colocation_free(phy2log: np.ndarray, topology: Topology) -> np.ndarray:
-    """Per layer: no GPU holds two replicas of one expert, bool `[L]`."""
+    """Per layer: no GPU holds two replicas of one expert (two empty slots, -1, are none),
+    bool `[L]`."""
     L, P = phy2log.shape
     per_gpu = np.sort(phy2log.reshape(L, topology.num_gpus, -1), -1)
-    return ~(np.diff(per_gpu, axis=-1) == 0).any((1, 2))
+    return ~((np.diff(per_gpu, axis=-1) == 0) & (per_gpu[..., 1:] >= 0)).any((1, 2))

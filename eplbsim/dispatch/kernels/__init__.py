@@ -106,8 +106,9 @@ def dispatch_step(policy: Any, topk_ids: torch.Tensor, view: View, ctx: Dispatch
 def check_choices(phys: torch.Tensor, topk_ids: torch.Tensor, placement: Placement,
                   name: str, reroutes: bool = False) -> None:
     """InputError unless `phys [T, L, K]` holds, for every pair, a slot of its routed expert
-    (any slot when the policy `reroutes`, `DispatchPolicy`), and -1 exactly at padding: a
-    wrong policy must not become a silently wrong number."""
+    (any slot holding an expert when the policy `reroutes`, `DispatchPolicy`; never an empty
+    slot, -1 in `phy2log`), and -1 exactly at padding: a wrong policy must not become a
+    silently wrong number."""
     _check_slots(phys, topk_ids, name)
     if phys.device.type == "cpu":  # one compiled pass (kernels.cpu.first_bad_choice)
         from .cpu import first_bad_choice
@@ -119,13 +120,16 @@ def check_choices(phys: torch.Tensor, topk_ids: torch.Tensor, placement: Placeme
         inside = (phys >= 0) & (phys < P)
         held = placement.phy2log.to(phys.device).reshape(-1)[flat_index(phys.clamp(0, P - 1),
                                                                          P)]
-        bad = torch.where(valid, ~inside | ((held != ids) & (not reroutes)), phys != -1)
+        bad = torch.where(valid, ~inside | (held < 0) | ((held != ids) & (not reroutes)),
+                          phys != -1)
         found = tuple(bad.nonzero()[0].tolist()) if bool(bad.any()) else None
     if found is not None:
         t, lay, k = found
+        p = int(phys[t, lay, k])
+        empty = 0 <= p < placement.num_slots and int(placement.phy2log[lay, p]) < 0
         raise InputError(f"policy {name} sent pair (token {t}, slot {k}) of expert "
-                         f"{int(topk_ids[t, lay, k])} in layer {lay} to slot "
-                         f"{int(phys[t, lay, k])}, which does not hold that expert")
+                         f"{int(topk_ids[t, lay, k])} in layer {lay} to slot {p}, which "
+                         f"{'is empty' if empty else 'does not hold that expert'}")
 
 
 def _check_slots(phys: Any, ids: torch.Tensor, name: str) -> None:

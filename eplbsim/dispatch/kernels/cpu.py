@@ -395,14 +395,16 @@ def _bad_choices(phys, ids, phy2log, reroutes, first):  # pragma: no cover - com
             layer, k = j // K, j % K
             e, p = ids[t, layer, k], phys[t, layer, k]
             if (p != -1 if e < 0 else
-                    p < 0 or p >= P or (not reroutes and phy2log[layer, p] != e)):
+                    p < 0 or p >= P or phy2log[layer, p] < 0
+                    or (not reroutes and phy2log[layer, p] != e)):
                 first[t] = j
 
 
 def first_bad_choice(phys: torch.Tensor, topk_ids: torch.Tensor, phy2log: torch.Tensor,
                      reroutes: bool) -> tuple[int, int, int] | None:
     """`(token, layer, k)` of the first pair of CPU `phys [T, L, K]` that is not a slot of its
-    routed expert in `phy2log [L, P]` (any slot in range when `reroutes`) or not -1 at padding
+    routed expert in `phy2log [L, P]` (any filled slot in range when `reroutes`; never an empty
+    one, -1) or not -1 at padding
     (`kernels.check_choices`' rule, in one compiled pass); None when every pair is right.
     `phys` and `topk_ids` may be of any integer dtype (compiled for each: no copies)."""
     ids = np.ascontiguousarray(topk_ids.numpy())  # any integer dtype: compiled for each
