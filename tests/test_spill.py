@@ -9,7 +9,7 @@ import torch
 
 from eplbsim import RunSpec, compare, replay, synthesize
 from eplbsim.dispatch import POLICIES
-from eplbsim.dispatch.spill import Site, capacity, llep_moves, moonep_moves, positions
+from eplbsim.dispatch.spill import Site, capacity, llep_moves, moonep_moves
 from eplbsim.placement import Placement
 from eplbsim.placement.topology import Topology
 from eplbsim.ranks import MODES
@@ -39,7 +39,7 @@ def test_moonep_spreads_a_hot_gpu_over_the_others_worked_by_hand():
     assert moonep_moves(counts, site, 0) == [(0, 2, 5), (0, 2, 6), (0, 2, 7)]
     phys = torch.tensor([0] * 10 + [1, 1, 2, 2, 3, 3]).view(-1, 1, 1)  # [T, L, K]
     moves = POLICIES["spill"].spill.moves(counts[None], site)
-    run = moves.apply(phys, positions(phys, 4), 4).flatten().tolist()
+    run = moves.apply(phys, 4).flatten().tolist()
     assert run == [0, 0, 0, 0, 5, 5, 6, 6, 7, 7, 1, 1, 2, 2, 3, 3]
 
 

@@ -7,7 +7,7 @@ then plans, for each layer from the pairs each slot received (`counts [L, P]`), 
 surplus: `Moves`, each "the pairs at positions `[start, stop)` of slot `p`'s pairs run at place
 `target`". A place is a slot `< P` (a GPU that holds a replica of the expert runs the pairs on
 it, reading its own weights) or `P + g`: GPU `g` runs them with the expert's weights fetched for
-that step. A slot's pairs are ordered by their position (`positions`): the source rank, then the
+that step. A slot's pairs are ordered by their position (`Moves.apply`): the source rank, then the
 row, then `k`; the home slot keeps the first ones, the moves take the rest in plan order.
 
 Rules (each a function of the counts it is given: given the step's global counts, every rank
@@ -29,6 +29,8 @@ from typing import Callable
 
 import numpy as np
 import torch
+
+from ..base.compiled import JIT, jit
 
 MOONEP = ("MoonEP (MoonshotAI/MoonEP moonep/planning.py, read in the forks 0z5a/MoonEP @bf084e79 "
           "and zhumakhan/MoonEP tests/planning_reference.py @4818969e), its planner on the GPUs "
@@ -95,39 +97,80 @@ class Site:
 Move = tuple[int, int, int]  # (slot, pairs, place) of one layer
 
 
+@jit(**JIT)
+def _moonep_layer(counts, slot_gpu, node, local, expert, capacity, out):  # pragma: no cover
+    """`moonep_moves` of one layer compiled: `counts [P]`, `slot_gpu [P]`, `node [G]`,
+    `local [G, E]` (`Site.local_slot` of the layer), `expert [P]`; writes `(slot, pairs,
+    place)` rows into `out [M, 3]` and returns how many."""
+    G, P = node.shape[0], counts.shape[0]
+    balance = np.zeros(G, np.int64)
+    for p in range(P):
+        balance[slot_gpu[p]] += counts[p]
+    balance -= capacity
+    q_donor = np.empty(2 * G + 1, np.int64)  # a quota zeroes its donor's surplus or the room
+    q_receiver = np.empty(2 * G + 1, np.int64)
+    q_amount = np.empty(2 * G + 1, np.int64)
+    quotas = 0
+    while True:
+        donor = np.argmax(balance)
+        if balance[donor] <= 0:
+            break
+        best = -1
+        for g in range(G):
+            if balance[g] >= 0:
+                continue
+            if best < 0:
+                best = g
+                continue
+            far, far_best = node[g] != node[donor], node[best] != node[donor]
+            if far < far_best or (far == far_best and balance[g] < balance[best]):
+                best = g
+        amount = min(balance[donor], -balance[best])
+        balance[donor] -= amount
+        balance[best] += amount
+        q_donor[quotas], q_receiver[quotas], q_amount[quotas] = donor, best, amount
+        quotas += 1
+    left = counts.copy()
+    moves = 0
+    for donor in range(G):
+        while True:
+            quota = -1
+            for q in range(quotas):
+                if q_donor[q] == donor and q_amount[q] > 0 and (
+                        quota < 0 or q_amount[q] > q_amount[quota]
+                        or (q_amount[q] == q_amount[quota] and q_receiver[q] < q_receiver[quota])):
+                    quota = q
+            if quota < 0:
+                break
+            slot = -1
+            for p in range(P):
+                if slot_gpu[p] == donor and (slot < 0 or left[p] > left[slot]):
+                    slot = p
+            n = min(left[slot], q_amount[quota])
+            receiver = q_receiver[quota]
+            place = local[receiver, expert[slot]]
+            out[moves, 0], out[moves, 1] = slot, n
+            out[moves, 2] = place if place >= 0 else P + receiver
+            moves += 1
+            left[slot] -= n
+            q_amount[quota] -= n
+    return moves
+
+
 def moonep_moves(counts: np.ndarray, site: Site, layer: int,
                  slack: float = 0.0) -> list[Move]:
     """MoonEP's plan for one layer (module doc) from the pairs each slot received `counts
-    [P]`: donors are the GPUs over `C`; repeatedly the most loaded donor sends
-    `min(its surplus, the room)` to the receiver under `C` with the most room, on the donor's
-    node first (ties: lowest GPU); then each donor fills its quotas, the largest first, from
-    its slots with the most pairs left (ties: lowest slot)."""
-    G = len(site.node)
-    load = np.bincount(site.slot_gpu, weights=counts, minlength=G).astype(np.int64)
-    balance = load - capacity(int(load.sum()), G, slack)
-    quotas: dict[int, list[list[int]]] = {}
-    while balance.max() > 0:
-        donor = int(np.argmax(balance))
-        room = np.nonzero(balance < 0)[0]
-        receiver = int(min(room, key=lambda g: (site.node[g] != site.node[donor], balance[g], g)))
-        amount = int(min(balance[donor], -balance[receiver]))
-        balance[donor] -= amount
-        balance[receiver] += amount
-        quotas.setdefault(donor, []).append([receiver, amount])
-    moves: list[Move] = []
-    left = counts.astype(np.int64).copy()
-    for donor, owed in sorted(quotas.items()):
-        slots = np.nonzero(site.slot_gpu == donor)[0]
-        while owed:
-            quota = max(owed, key=lambda q: (q[1], -q[0]))
-            slot = int(slots[np.lexsort((slots, -left[slots]))[0]])
-            n = int(min(left[slot], quota[1]))
-            moves.append((slot, n, site.place(layer, slot, quota[0])))
-            left[slot] -= n
-            quota[1] -= n
-            if quota[1] == 0:
-                owed.remove(quota)
-    return moves
+    [P]`: donors are the GPUs over `C`; repeatedly the most loaded donor (lowest on ties) sends
+    `min(its surplus, the room)` to the receiver under `C` on its node, else any, with the most
+    room (ties: lowest GPU); then each donor in turn fills its quotas, the largest first (ties:
+    lowest receiver), from its slot with the most pairs left (ties: lowest slot)."""
+    G, P = len(site.node), len(counts)
+    counts = np.ascontiguousarray(counts, np.int64)
+    out = np.empty((2 * G + P + 1, 3), np.int64)
+    n = _moonep_layer(counts, site.slot_gpu, site.node, site.local_slot[layer],
+                      np.maximum(site.slot_expert[layer], 0), capacity(int(counts.sum()), G, slack),
+                      out)
+    return [tuple(row) for row in out[:n].tolist()]
 
 
 def llep_moves(counts: np.ndarray, site: Site, layer: int, slack: float = 0.0,
@@ -195,19 +238,25 @@ class SpillRule:
     options: dict = field(default_factory=dict)
 
     def moves(self, counts: np.ndarray, site: Site, slack: float = 0.0) -> "Moves":
-        """Every layer's moves from `counts [L, P]` (`Moves`)."""
-        rows = []
+        """Every layer's moves from `counts [L, P]` (`Moves`): each slot's home keeps its
+        first pairs, its moves take the next ones in plan order."""
+        parts = []
         for layer in range(counts.shape[0]):
-            layer_counts = counts[layer]
-            kept = layer_counts.astype(np.int64).copy()
-            planned = self.plan(layer_counts, site, layer, slack, **self.options)
-            for slot, n, _ in planned:
-                kept[slot] -= n
-            start = kept.copy()
-            for slot, n, place in planned:
-                rows.append((layer, slot, start[slot], start[slot] + n, place))
-                start[slot] += n
-        return Moves.of(rows)
+            plan = np.asarray(self.plan(counts[layer], site, layer, slack, **self.options),
+                              np.int64).reshape(-1, 3)  # [m, 3] (slot, pairs, place)
+            if not len(plan):
+                continue
+            slot, n = plan[:, 0], plan[:, 1]
+            kept = counts[layer].astype(np.int64) - np.bincount(slot, n, len(counts[layer]))
+            order = np.argsort(slot, kind="stable")
+            before = np.zeros(len(plan), np.int64)  # pairs the slot's earlier moves take
+            run = np.cumsum(n[order]) - n[order]
+            first = np.searchsorted(slot[order], slot[order])  # each slot's first move
+            before[order] = run - run[first]
+            start = kept[slot] + before
+            parts.append(np.stack([np.full(len(plan), layer), slot, start, start + n,
+                                   plan[:, 2]], 1))
+        return Moves.of(np.concatenate(parts) if parts else np.empty((0, 5), np.int64))
 
 
 @dataclass(frozen=True)
@@ -222,7 +271,8 @@ class Moves:
     place: np.ndarray
 
     @classmethod
-    def of(cls, rows: list[tuple[int, int, int, int, int]]) -> "Moves":
+    def of(cls, rows: np.ndarray) -> "Moves":
+        """The moves of `rows [M, 5]`, `(layer, slot, start, stop, place)` each, sorted."""
         array = np.asarray(rows, np.int64).reshape(-1, 5)
         array = array[np.lexsort((array[:, 2], array[:, 1], array[:, 0]))]
         return cls(*(np.ascontiguousarray(array[:, i]) for i in range(5)))
@@ -230,46 +280,48 @@ class Moves:
     def __len__(self) -> int:
         return len(self.layer)
 
-    def apply(self, phys: torch.Tensor, position: torch.Tensor, num_slots: int) -> torch.Tensor:
-        """Where each pair runs, int64 `[T, L, K]`: the move's place for a pair of `phys [T, L,
-        K]` (-1 at padding, kept) whose `position [T, L, K]` on its slot a move covers, else its
-        slot."""
+    def apply(self, phys: torch.Tensor, num_slots: int,
+              earlier: torch.Tensor | None = None) -> torch.Tensor:
+        """Where each pair of `phys [T, L, K]` (slots, -1 at padding, kept) runs, int64 `[T, L,
+        K]`: a move's place for a pair whose position among its slot's pairs a move covers,
+        else its slot. A pair's position counts the pairs before it on its slot in its layer,
+        row-major over `[T, K]`, plus `earlier [L, P]` (the pairs earlier ranks sent there).
+        Counted on the CPU in one pass; the result is on `phys`'s device."""
         if not len(self) or not phys.numel():
             return phys
-        device = phys.device
-        span = int(max(int(self.stop.max()), int(position.max()) + 1))
-        layers = torch.arange(phys.shape[1], device=device).view(1, -1, 1)
-        key = (layers * num_slots + phys.clamp(min=0)) * span + position
-        starts = torch.from_numpy((self.layer * num_slots + self.slot) * span + self.start)
-        stops = torch.from_numpy((self.layer * num_slots + self.slot) * span + self.stop)
-        starts, stops = starts.to(device), stops.to(device)
-        i = torch.searchsorted(starts, key.reshape(-1), right=True).view(key.shape) - 1
-        hit = (phys >= 0) & (i >= 0) & (key < stops[i.clamp(min=0)])
-        places = torch.from_numpy(self.place).to(device)
-        return torch.where(hit, places[i.clamp(min=0)], phys)
+        T, L, K = phys.shape
+        keys = self.layer * num_slots + self.slot  # [M], ascending
+        first = np.searchsorted(keys, np.arange(L * num_slots))  # [L * P]
+        last = np.searchsorted(keys, np.arange(L * num_slots), "right")
+        seen = (np.zeros(L * num_slots, np.int64) if earlier is None
+                else earlier.cpu().numpy().astype(np.int64).reshape(-1))
+        flat = np.ascontiguousarray(phys.cpu().numpy(), np.int64).reshape(-1)
+        out = np.empty_like(flat)
+        _apply(flat, L, K, num_slots, seen, first, last, self.start, self.stop, self.place, out)
+        return torch.from_numpy(out.reshape(T, L, K)).to(phys.device)
 
 
-def positions(phys: torch.Tensor, num_slots: int, offset: torch.Tensor | None = None
-              ) -> torch.Tensor:
-    """Each pair's position among its slot's pairs, int64 `[T, L, K]` of `phys [T, L, K]`: the
-    pairs before it on the same slot of its layer, row-major over `[T, K]`, plus `offset [L,
-    P]` (the pairs earlier ranks sent to the slot); padding gets 0."""
-    L = phys.shape[1]
-    layers = torch.arange(L, device=phys.device).view(1, -1, 1)
-    flat = torch.where(phys >= 0, layers * num_slots + phys, -1).reshape(-1)  # row-major
-    sorted_keys, order = torch.sort(flat, stable=True)
-    n = sorted_keys.numel()
-    index = torch.arange(n, device=phys.device)
-    first = torch.ones(n, dtype=torch.bool, device=phys.device)
-    first[1:] = sorted_keys[1:] != sorted_keys[:-1]
-    run_start = torch.cummax(torch.where(first, index, 0), 0).values
-    out = torch.empty(n, dtype=torch.int64, device=phys.device)
-    out[order] = index - run_start
-    out = out.view(phys.shape)
-    if offset is not None:
-        base = offset.to(phys.device).reshape(-1)[(layers * num_slots + phys.clamp(min=0))]
-        out = out + base
-    return torch.where(phys >= 0, out, 0)
+@jit(**JIT)
+def _apply(phys, num_layers, top_k, num_slots, seen, first, last, start, stop, place,
+           out):  # pragma: no cover - compiled
+    """`Moves.apply` compiled: pairs `phys [N]` (row-major `[T, L, K]`) into `out [N]`,
+    `seen [L * P]` each slot's pairs so far (updated), moves `first[key]:last[key]` of each
+    (layer, slot) key, their `start`, `stop` and `place`."""
+    cursor = first.copy()
+    for i in range(phys.shape[0]):
+        p = phys[i]
+        out[i] = p
+        if p < 0:
+            continue
+        key = (i // top_k) % num_layers * num_slots + p
+        position = seen[key]
+        seen[key] += 1
+        j = cursor[key]
+        while j < last[key] and position >= stop[j]:
+            j += 1
+        cursor[key] = j
+        if j < last[key] and position >= start[j]:
+            out[i] = place[j]
 
 
 def capacity(pairs: int, num_gpus: int, slack: float = 0.0) -> int:

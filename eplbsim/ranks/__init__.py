@@ -295,6 +295,7 @@ def _none_counted(epoch: Epoch, step: int, topk_ids: torch.Tensor) -> StepOutcom
     drifted = _drift(epoch, step)
     mult = None  # [T, L, K] where some pair may be executed other than once
     known = None  # each group's choices, where this way of counting made them
+    marks = None  # a spill policy's fetched experts per GPU
     if epoch.policy.table is not None:
         ids = topk_ids.numpy()  # as stored
         slot_load, counts, agreed = epoch.table.count(ids)
@@ -308,7 +309,10 @@ def _none_counted(epoch: Epoch, step: int, topk_ids: torch.Tensor) -> StepOutcom
     elif len(epoch.groups) == 1:  # every rank chooses alike: each valid pair executed once
         topk_ids = _own_ids(topk_ids)
         phys = _dispatch(epoch, 0, step, topk_ids, epoch.scratch(topk_ids.shape))
-        slot_load, agreed = counting.slot_counts(phys.numpy(), P)
+        if epoch.policy.spill is not None:
+            phys = none_places(epoch, 0, phys)
+            marks = fetch_marks(epoch, topk_ids, phys, phys >= 0)
+        slot_load, agreed = counting.slot_counts(phys.numpy(), epoch.num_places)
         counts = _executed_once(agreed)
         known = [phys]
     else:
@@ -338,14 +342,16 @@ def _none_counted(epoch: Epoch, step: int, topk_ids: torch.Tensor) -> StepOutcom
         error[:, 1] = torch.from_numpy(np.where(valid > 0, UNMEASURED, 0.0))
     else:
         error = local_error_terms(epoch.moe, step, topk_ids, torch.from_numpy(mult))
-    return StepOutcome(slot_load=torch.from_numpy(slot_load), multiplicity=None,
+    slot_load, spilled = split_places(torch.from_numpy(slot_load), L, P)
+    return StepOutcome(slot_load=slot_load, multiplicity=None,
                        multiplicity_counts=torch.from_numpy(counts),
                        valid=torch.from_numpy(valid), drifted=drifted,
                        agreed=torch.from_numpy(agreed), error=error,
                        shared=shared_split(epoch, topk_ids),
                        fanout=fanout_counts(epoch, topk_ids.shape,
                                             _executing(epoch, step, topk_ids, known),
-                                            has_pairs(topk_ids).sum(0)))
+                                            has_pairs(topk_ids).sum(0)),
+                       **_spill_counts(epoch, spilled, marks))
 
 
 def _a2a_counted(epoch: Epoch, step: int, topk_ids: torch.Tensor,
@@ -374,15 +380,22 @@ def _a2a_counted(epoch: Epoch, step: int, topk_ids: torch.Tensor,
                 phys[lo:hi] = chosen
         else:
             phys[own] = _dispatch(epoch, i, step, topk_ids[own])
-    slot_load, valid = counting.slot_counts(phys.numpy(), epoch.placement.num_slots)
+    marks = None
+    if epoch.policy.spill is not None:
+        phys = a2a_places(epoch, phys, rows)
+        marks = fetch_marks(epoch, topk_ids, phys, phys >= 0)
+    slot_load, valid = counting.slot_counts(phys.numpy(), epoch.num_places)
+    slot_load, spilled = split_places(torch.from_numpy(slot_load), topk_ids.shape[1],
+                                      epoch.placement.num_slots)
     gpu = pair_gpus(epoch, phys)
     shared, dest = shared_sent(epoch, step, gpu, rows)
-    return StepOutcome(slot_load=torch.from_numpy(slot_load), multiplicity=None,
+    return StepOutcome(slot_load=slot_load, multiplicity=None,
                        multiplicity_counts=torch.from_numpy(_executed_once(valid)),
                        valid=torch.from_numpy(valid), drifted=drifted,
                        crossings=link_crossings(epoch, src_rank, gpu, dest),
                        wrong=wrong_pairs(epoch, topk_ids, phys, LOCAL.all_reduce), shared=shared,
-                       fanout=a2a_fanout(epoch, src_rank, gpu, topk_ids >= 0))
+                       fanout=a2a_fanout(epoch, src_rank, gpu, topk_ids >= 0),
+                       **_spill_counts(epoch, spilled, marks))
 
 
 def _executing(epoch: Epoch, step: int, topk_ids: torch.Tensor,

@@ -188,7 +188,8 @@ class Epoch:
         """Whether this epoch's steps on `device` are counted by the compiled loops."""
         return (self.fast and device.type == "cpu" and self.comm is LOCAL
                 and len(self.ranks) == self.num_ranks and not self.keep_choices
-                and self.slot_experts is None and self.policy.spill is None)
+                and self.slot_experts is None
+                and (self.policy.spill is None or self.mode == "a2a" or len(self.groups) == 1))
 
     @cached_property
     def site(self) -> Site:

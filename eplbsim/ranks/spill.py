@@ -17,20 +17,18 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
 import torch
 
-from ..dispatch.kernels import flat_index
-from ..dispatch.spill import positions
+from . import counting
 from .epoch import Epoch
 from .traffic import share_bounds
 
 
 def slot_counts(phys: torch.Tensor, num_slots: int) -> torch.Tensor:
-    """Valid pairs of `phys [T, L, K]` on each slot, int64 `[L, P]`."""
-    valid = phys >= 0
-    counts = torch.bincount(flat_index(phys.clamp(min=0), num_slots)[valid],
-                            minlength=phys.shape[1] * num_slots)
-    return counts.view(phys.shape[1], num_slots)
+    """Valid pairs of `phys [T, L, K]` on each slot, int64 `[L, P]` (CPU; compiled)."""
+    array = np.ascontiguousarray(phys.cpu().numpy(), np.int64)
+    return torch.from_numpy(counting.slot_counts(array, num_slots)[0])
 
 
 def _moves(epoch: Epoch, counts: torch.Tensor):
@@ -48,7 +46,7 @@ def none_places(epoch: Epoch, i: int, phys: torch.Tensor) -> torch.Tensor:
         bounds = share_bounds(phys.shape[0], epoch.num_ranks)
         rank = epoch.ranks[i].rank
         counts = slot_counts(phys[int(bounds[rank]):int(bounds[rank + 1])], P) * epoch.num_ranks
-    return _moves(epoch, counts).apply(phys, positions(phys, P), P)
+    return _moves(epoch, counts).apply(phys, P)
 
 
 def a2a_places(epoch: Epoch, phys: torch.Tensor, rows: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -59,7 +57,7 @@ def a2a_places(epoch: Epoch, phys: torch.Tensor, rows: Sequence[torch.Tensor]) -
     own_counts = [slot_counts(phys[own], P) for own in rows]  # [L, P] each
     if epoch.policy.spill.local:
         for own, counts in zip(rows, own_counts):
-            run[own] = _moves(epoch, counts).apply(phys[own], positions(phys[own], P), P)
+            run[own] = _moves(epoch, counts).apply(phys[own], P)
         return run
     per_rank = torch.zeros(G, phys.shape[1], P, dtype=torch.int64, device=phys.device)
     for rank, counts in zip(epoch.ranks, own_counts):
@@ -68,7 +66,7 @@ def a2a_places(epoch: Epoch, phys: torch.Tensor, rows: Sequence[torch.Tensor]) -
     moves = _moves(epoch, per_rank.sum(0))
     earlier = per_rank.cumsum(0) - per_rank  # [G, L, P] pairs of lower ranks on each slot
     for rank, own in zip(epoch.ranks, rows):
-        run[own] = moves.apply(phys[own], positions(phys[own], P, earlier[rank.rank]), P)
+        run[own] = moves.apply(phys[own], P, earlier[rank.rank])
     return run
 
 
@@ -79,10 +77,10 @@ def fetch_marks(epoch: Epoch, topk_ids: torch.Tensor, run: torch.Tensor,
     P, G, E = epoch.placement.num_slots, epoch.num_ranks, epoch.placement.num_experts
     L = run.shape[1]
     fetched = executed & (run >= P)
-    layers = torch.arange(L, device=run.device).view(1, -1, 1).expand(run.shape)
-    key = (layers * G + (run - P).clamp(min=0)) * E + topk_ids.long().clamp(min=0)
+    _, layer, _ = fetched.nonzero(as_tuple=True)  # the few fetched pairs
+    key = (layer * G + run[fetched] - P) * E + topk_ids[fetched].long()
     marks = torch.zeros(L * G * E, dtype=torch.bool, device=run.device)
-    marks[key[fetched]] = True
+    marks[key] = True
     return marks.view(L, G, E)
 
 
