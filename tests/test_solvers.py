@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from eplbsim.base.errors import InputError
 from eplbsim.placement import Placement
 from eplbsim.placement.topology import Topology
-from eplbsim.solvers import SOLVERS, solve, solver_options
+from eplbsim.solvers import SOLVERS, placement_slots, solve, solver_options
 from eplbsim.solvers.bounds import replicate
 from eplbsim.solvers.deepseek import balanced_packing
 from solver_helpers import inputs
@@ -50,17 +50,18 @@ def _check_contract(solver, load: np.ndarray, P: int, topo: Topology, groups: in
     placement = solve(solver, load, P, topo, groups, **options)
     assert np.array_equal(load, before), "caller's load array was modified"
     p2l = placement.phy2log
-    assert p2l.shape == (L, P) and p2l.dtype == torch.int64
+    width = placement_slots(solver, E, P, topo)  # P, or a budget's wider shape
+    assert p2l.shape == (L, width) and p2l.dtype == torch.int64
     assert (placement.logcnt >= 1).all()
-    assert int(placement.logcnt.sum()) == L * P
+    assert int(placement.logcnt.sum()) == L * P, "P slots a layer: the memory spent"
     slots_per_gpu = torch.bincount(placement.slot_gpu, minlength=topo.num_gpus)
-    assert (slots_per_gpu == P // topo.num_gpus).all()
+    assert (slots_per_gpu == width // topo.num_gpus).all()
     if not timed:
         again = solve(solver, load, P, topo, groups, **options)
         assert torch.equal(again.phy2log, p2l), "solver is not deterministic"
     raw = fn(load.copy(), P, topo, groups, **options)
     raw = np.asarray(raw[0] if isinstance(raw, tuple) else raw)  # (phy2log, info) or phy2log
-    assert raw.dtype == np.int64 and raw.shape == (L, P)
+    assert raw.dtype == np.int64 and raw.shape == (L, width)
     return placement
 
 

@@ -95,7 +95,9 @@ def handle(args: argparse.Namespace) -> int:
     shown = {k: "-" if result[k] is None else f"{result[k]:.4f}"
              for k in ("placement_imbalance", "placement_gap")}
     print(f"solver {args.solver}: {placement.num_layers} layers, {placement.num_experts} "
-          f"experts, {slots} slots on {args.gpus} GPUs; placement_imbalance "
+          f"experts, {slots} slots"
+          + (f" ({placement.num_slots} a layer, some empty)" if placement.num_slots != slots
+             else "") + f" on {args.gpus} GPUs; placement_imbalance "
           f"{shown['placement_imbalance']}, placement_gap {shown['placement_gap']}"
           + (f", moved_slots {info['moved_slots']}" if "moved_slots" in info else ""))
     report = {k: v for k, v in info.items() if k != "moved_slots" and isinstance(v, float)}

@@ -192,10 +192,12 @@ def refuse_empty_slots(phy2log: Any, what: str, which: str = "the placement") ->
 
 
 def trivial_placement(num_layers: int, num_experts: int, num_slots: int,
-                      topology: Topology) -> Placement:
-    """Slot `p` holds logical expert `p % E` in every layer."""
-    p2l = (torch.arange(num_slots) % num_experts).expand(num_layers, num_slots)
-    return Placement(p2l, num_experts, topology)
+                      topology: Topology, filled: int | None = None) -> Placement:
+    """Slot `p` holds logical expert `p % E` in every layer; with `filled`, the slots from
+    `filled` on are empty (-1)."""
+    slots = torch.arange(num_slots)
+    p2l = torch.where(slots < (num_slots if filled is None else filled), slots % num_experts, -1)
+    return Placement(p2l.expand(num_layers, num_slots), num_experts, topology)
 
 
 # Dimension legend for views: `L` layers, `E` experts, `R` max candidates.

@@ -34,7 +34,7 @@ from ..base.registry import lookup, name_of
 from ..placement import Placement, trivial_placement
 from ..placement.loads import balancedness, gpu_loads, nanmean_or_none
 from ..placement.topology import Topology
-from ..solvers import find_solver, solve, solver_options
+from ..solvers import find_solver, placement_slots, solve, solver_options
 from .predictors import DEFAULT_DECAY, PREDICTORS
 from .switch import switched
 from .transfers import transfer_counts
@@ -142,7 +142,8 @@ def plan(true_load: torch.Tensor, schedule: Any, solver: Any, topology: Topology
     predictor = lookup(PREDICTORS, schedule.predictor, "predictor")
     decay = (schedule.decay if schedule.decay is not None
              else DEFAULT_DECAY.get(predictor, 1.0 - 1.0 / window))
-    current = (trivial_placement(L, E, num_slots, topology) if initial is None
+    width = placement_slots(solver.solver, E, num_slots, topology)  # a budget's are wider
+    current = (trivial_placement(L, E, width, topology, num_slots) if initial is None
                else _check_given(initial, L, E, topology, "initial placement"))
     bounds = [0] + list(range(window, S, every)) + [S]
     segments = []

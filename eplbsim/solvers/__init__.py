@@ -37,12 +37,14 @@ from ..base.registry import lookup, name_of
 from ..placement import Placement
 from ..placement.topology import Topology
 from .affinity import affinity
+from .budget import budget, widened
 from .deepseek import deepseek
 from .exact import exact
 from .few_moves import check_previous, fewest_moves, moved_slots
 from .flashlb import flashlb
 from .lplb import lplb
 from .lpt import lpt, lpt_hier
+from .metro import metro
 from .trivial import trivial
 from .trtllm import trtllm_online
 
@@ -66,12 +68,19 @@ SOLVERS: dict[str, Solver] = {
     "lplb": lplb,
     "trtllm-online": trtllm_online,
     "affinity": affinity,
+    "budget": budget,
+    "metro": metro,
 }
+
+# Solvers whose placements are wider than the slots they are given, which are then a budget:
+# `budget` spends `(P - E) x L` redundant slots unevenly over the layers, the rest of each
+# layer's slots empty (-1). Each maps `(E, P, topology)` to the placement's slots.
+WIDENS: dict[Solver, Callable[[int, int, Topology], int]] = {budget: widened}
 
 # Solvers whose slot layout is part of the placement: `solve(previous=...)` does not lay their
 # result over the placement in service (lplb's copies sit on GPUs its redundancy topology links;
 # permuting GPUs or repairing the old placement would break the links).
-KEEP_LAYOUT = frozenset({lplb, affinity})
+KEEP_LAYOUT = frozenset({lplb, affinity, budget})
 
 
 def find_solver(solver: str | Solver) -> Solver:
@@ -79,6 +88,14 @@ def find_solver(solver: str | Solver) -> Solver:
     engine's solver (`sglang:deepseek`) is resolved above this package, where the engines are
     known (`engines.resolve_solver`), into the callable that runs it."""
     return lookup(SOLVERS, solver, "solver")
+
+
+def placement_slots(solver: str | Solver, num_experts: int, num_slots: int,
+                    topology: Topology) -> int:
+    """The slots a layer of `solver`'s placements has when it is given `num_slots`:
+    `num_slots`, or what a widening solver (`WIDENS`) makes of them."""
+    widen = WIDENS.get(find_solver(solver))
+    return num_slots if widen is None else widen(num_experts, num_slots, topology)
 
 
 def solve_with_info(solver: str | Solver, load: Any, num_slots: int, topology: Topology,
@@ -116,9 +133,10 @@ def solve_with_info(solver: str | Solver, load: Any, num_slots: int, topology: T
     result = fn(array, num_slots, topology, num_groups, **options)
     phy2log, info = result if isinstance(result, tuple) else (result, {})
     phy2log = np.asarray(phy2log)  # [L, P]
-    if phy2log.shape != (num_layers, num_slots):
+    width = placement_slots(fn, num_experts, num_slots, topology)
+    if phy2log.shape != (num_layers, width):
         raise InputError(f"solver {name_of(fn)} returned shape {phy2log.shape}, "
-                         f"expected [layers, slots] = {(num_layers, num_slots)}")
+                         f"expected [layers, slots] = {(num_layers, width)}")
     info = dict(info)
     order = info.pop("order", None)  # the solver's replica order (an engine's solver gives it)
     if previous is not None and fn in KEEP_LAYOUT:

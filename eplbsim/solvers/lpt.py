@@ -235,7 +235,7 @@ def _pack_rows(weight, expert, num_gpus, anti, num_experts, out):  # pragma: no 
         _solve_row(weight[r], expert[r], num_gpus, anti, num_experts, out[r])
 
 
-def _pack(weight: np.ndarray, expert: np.ndarray, num_gpus: int, anti: bool) -> np.ndarray:
+def pack_items(weight: np.ndarray, expert: np.ndarray, num_gpus: int, anti: bool) -> np.ndarray:
     """Items `weight [R, X]` of experts `expert [R, X]` (ids < X) -> item of each local slot
     int64 `[R, X]`, slot `s` on the row's GPU `s // (X / num_gpus)`."""
     out = np.empty(weight.shape, np.int64)
@@ -250,7 +250,7 @@ def _core(load: np.ndarray, num_slots: int, num_gpus: int, anti: bool) -> np.nda
     (row-local expert ids; local slot `s` on the row's GPU `s // (num_slots / num_gpus)`)."""
     items, counts = replicate(load, num_slots, num_gpus if anti else None)  # [R, P], [R, X]
     weight = np.take_along_axis(load / counts, items, axis=1)  # [R, P] load of each replica
-    slot_item = _pack(weight, items, num_gpus, anti)  # [R, P]
+    slot_item = pack_items(weight, items, num_gpus, anti)  # [R, P]
     return np.take_along_axis(items, slot_item, axis=1)
 
 
