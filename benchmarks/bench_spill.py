@@ -1,7 +1,7 @@
 """Token spill and the per-layer budget, timed beside what they replace (issue 51).
 
 On a DeepSeek-V3-shaped trace (E=256, top-8, 58 layers; `--tokens` a step, skewed), one run:
-- the replay per step of `spill`, `llep` and `spill-local` beside `ordinal` (the speed goal:
+- the replay per step of `spill` and `llep` beside `ordinal` (the speed goal:
   `spill` within 2x `ordinal` a step), in "none" and "a2a", on 32 GPUs of 8 a node with 32
   redundant slots; `spill`'s plan alone (its moves, `SpillRule.moves`) per step;
 - the `budget` solver beside `deepseek` and `lpt` on the trace's loads, with each one's summed
@@ -43,8 +43,8 @@ def _best(fn, repeats: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=4096)
-    parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", help="write the figures to this file")
     args = parser.parse_args()
     trace = synthesize("skewed", steps=args.steps, tokens=args.tokens, layers=58, experts=256,
@@ -54,7 +54,7 @@ def main() -> None:
                           "32 GPUs (8 a node), 32 redundant slots"}
     rows = []
     for mode in ("none", "a2a"):
-        for policy in ("ordinal", "spill", "llep", "spill-local"):
+        for policy in ("ordinal", "spill", "llep"):
             run = spec.replace(policy=policy, mode=mode)
             seconds = _best(lambda: replay(trace, run), args.repeats) / args.steps
             rows.append((f"replay {mode} {policy}", seconds * 1e3))

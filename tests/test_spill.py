@@ -39,8 +39,11 @@ def test_moonep_spreads_a_hot_gpu_over_the_others_worked_by_hand():
     assert moonep_moves(counts, site, 0) == [(0, 2, 5), (0, 2, 6), (0, 2, 7)]
     phys = torch.tensor([0] * 10 + [1, 1, 2, 2, 3, 3]).view(-1, 1, 1)  # [T, L, K]
     moves = POLICIES["spill"].spill.moves(counts[None], site)
-    run = moves.apply(phys, 4).flatten().tolist()
+    applied = moves.apply(phys, phys.clamp(min=0), site)  # slot p holds expert p
+    run = applied.run.flatten().tolist()
     assert run == [0, 0, 0, 0, 5, 5, 6, 6, 7, 7, 1, 1, 2, 2, 3, 3]
+    assert applied.counts.tolist() == [[4, 2, 2, 2, 0, 2, 2, 2]]  # [L, P + G]
+    assert applied.marks[0, :, 0].tolist() == [False, True, True, True]  # expert 0 fetched
 
 
 def test_moonep_fills_the_donors_node_first_and_a_receivers_own_replica():

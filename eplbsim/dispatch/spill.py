@@ -256,72 +256,112 @@ class SpillRule:
             start = kept[slot] + before
             parts.append(np.stack([np.full(len(plan), layer), slot, start, start + n,
                                    plan[:, 2]], 1))
-        return Moves.of(np.concatenate(parts) if parts else np.empty((0, 5), np.int64))
+        return Moves.of(np.concatenate(parts) if parts else np.empty((0, 5), np.int64), counts)
 
 
 @dataclass(frozen=True)
 class Moves:
     """Planned moves, int64 `[M]` each, sorted by (layer, slot, start): the pairs of `slot`
-    in `layer` at positions `[start, stop)` run at `place` (module doc)."""
+    in `layer` at positions `[start, stop)` run at `place` (module doc); `counts [L, P]` the
+    pairs each slot received, which the plan was made from; `first`, `last` int64 `[L * P]`:
+    each (layer, slot)'s moves are `first[key]:last[key]`, `key = layer x P + slot`."""
 
     layer: np.ndarray
     slot: np.ndarray
     start: np.ndarray
     stop: np.ndarray
     place: np.ndarray
+    counts: np.ndarray
+    first: np.ndarray
+    last: np.ndarray
 
     @classmethod
-    def of(cls, rows: np.ndarray) -> "Moves":
-        """The moves of `rows [M, 5]`, `(layer, slot, start, stop, place)` each, sorted."""
+    def of(cls, rows: np.ndarray, counts: np.ndarray) -> "Moves":
+        """The moves of `rows [M, 5]`, `(layer, slot, start, stop, place)` each, planned from
+        `counts [L, P]`, sorted and indexed by (layer, slot)."""
         array = np.asarray(rows, np.int64).reshape(-1, 5)
         array = array[np.lexsort((array[:, 2], array[:, 1], array[:, 0]))]
-        return cls(*(np.ascontiguousarray(array[:, i]) for i in range(5)))
+        layer, slot, start, stop, place = (np.ascontiguousarray(array[:, i]) for i in range(5))
+        keys, every = layer * counts.shape[1] + slot, np.arange(counts.size)
+        return cls(layer, slot, start, stop, place, np.asarray(counts, np.int64),
+                   np.searchsorted(keys, every), np.searchsorted(keys, every, "right"))
 
     def __len__(self) -> int:
         return len(self.layer)
 
-    def apply(self, phys: torch.Tensor, num_slots: int,
-              earlier: torch.Tensor | None = None) -> torch.Tensor:
-        """Where each pair of `phys [T, L, K]` (slots, -1 at padding, kept) runs, int64 `[T, L,
-        K]`: a move's place for a pair whose position among its slot's pairs a move covers,
-        else its slot. A pair's position counts the pairs before it on its slot in its layer,
-        row-major over `[T, K]`, plus `earlier [L, P]` (the pairs earlier ranks sent there).
-        Counted on the CPU in one pass; the result is on `phys`'s device."""
-        if not len(self) or not phys.numel():
-            return phys
+    def apply(self, phys: torch.Tensor, ids: torch.Tensor, site: Site,
+              earlier: torch.Tensor | None = None, counts: np.ndarray | None = None
+              ) -> "Applied":
+        """Where each pair of `phys [T, L, K]` (slots, -1 at padding, kept) of experts `ids [T,
+        L, K]` runs: a move's place for a pair whose position among its slot's pairs a move
+        covers, else its slot. A pair's position counts the pairs before it on its slot in its
+        layer, row-major over `[T, K]`, plus `earlier [L, P]` (the pairs earlier ranks sent
+        there). One compiled pass on the CPU over the pairs, which also moves the pairs at each
+        place from `counts [L, P]` (the pairs of `phys` on each slot; default the plan's) and
+        marks the experts fetched (`Applied`); the places are on `phys`'s device."""
         T, L, K = phys.shape
-        keys = self.layer * num_slots + self.slot  # [M], ascending
-        first = np.searchsorted(keys, np.arange(L * num_slots))  # [L * P]
-        last = np.searchsorted(keys, np.arange(L * num_slots), "right")
-        seen = (np.zeros(L * num_slots, np.int64) if earlier is None
+        P, G, E = site.num_slots, len(site.node), site.local_slot.shape[2]
+        seen = (np.zeros(L * P, np.int64) if earlier is None
                 else earlier.cpu().numpy().astype(np.int64).reshape(-1))
-        flat = np.ascontiguousarray(phys.cpu().numpy(), np.int64).reshape(-1)
-        out = np.empty_like(flat)
-        _apply(flat, L, K, num_slots, seen, first, last, self.start, self.stop, self.place, out)
-        return torch.from_numpy(out.reshape(T, L, K)).to(phys.device)
+        out = np.array(phys.cpu().numpy(), np.int64).reshape(-1)  # a copy, moved in place
+        experts = np.ascontiguousarray(ids.cpu().numpy(), np.int64).reshape(-1)
+        places = np.zeros((L, P + G), np.int64)
+        places[:, :P] = self.counts if counts is None else counts
+        marks = np.zeros(L * G * E, np.bool_)
+        _apply(out, experts, L, K, P, G, E, seen, self.first, self.last, self.start,
+               self.stop, self.place, places.reshape(-1), marks)
+        return Applied(torch.from_numpy(out.reshape(T, L, K)).to(phys.device),
+                       torch.from_numpy(places), torch.from_numpy(marks.reshape(L, G, E)))
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What `Moves.apply` gives: `run` int64 `[T, L, K]` the place of every pair (-1 at
+    padding); `counts` int64 `[L, P + G]` the pairs at each place (CPU); `marks` bool `[L, G,
+    E]` the experts each GPU runs with fetched weights (CPU)."""
+
+    run: torch.Tensor
+    counts: torch.Tensor
+    marks: torch.Tensor
 
 
 @jit(**JIT)
-def _apply(phys, num_layers, top_k, num_slots, seen, first, last, start, stop, place,
-           out):  # pragma: no cover - compiled
-    """`Moves.apply` compiled: pairs `phys [N]` (row-major `[T, L, K]`) into `out [N]`,
-    `seen [L * P]` each slot's pairs so far (updated), moves `first[key]:last[key]` of each
-    (layer, slot) key, their `start`, `stop` and `place`."""
+def _apply(phys, ids, num_layers, top_k, num_slots, num_gpus, num_experts, seen, first, last,
+           start, stop, place, counts, marks):  # pragma: no cover - compiled
+    """`Moves.apply` compiled: moves in place each pair of `phys [N]` (experts `ids [N]`,
+    row-major `[T, L, K]`) a move covers; `seen [L * P]` each slot's pairs so far (updated),
+    moves `first[key]:last[key]` of each (layer, slot) key, their `start`, `stop` and `place`;
+    shifts each moved pair in `counts [L * (P + G)]` from its slot to its place and marks
+    `marks [L * G * E]` where a GPU runs an expert with fetched weights. A slot with no move
+    left keeps its pairs, uncounted in `seen`."""
     cursor = first.copy()
-    for i in range(phys.shape[0]):
-        p = phys[i]
-        out[i] = p
-        if p < 0:
-            continue
-        key = (i // top_k) % num_layers * num_slots + p
-        position = seen[key]
-        seen[key] += 1
-        j = cursor[key]
-        while j < last[key] and position >= stop[j]:
-            j += 1
-        cursor[key] = j
-        if j < last[key] and position >= start[j]:
-            out[i] = place[j]
+    width = num_slots + num_gpus
+    i = 0
+    for _ in range(phys.shape[0] // max(num_layers * top_k, 1)):
+        for layer in range(num_layers):
+            base = layer * num_slots
+            for _ in range(top_k):
+                p = phys[i]
+                i += 1
+                if p < 0:
+                    continue
+                key = base + p
+                j = cursor[key]
+                if j == last[key]:
+                    continue
+                position = seen[key]
+                seen[key] += 1
+                while j < last[key] and position >= stop[j]:
+                    j += 1
+                cursor[key] = j
+                if j < last[key] and position >= start[j]:
+                    to = place[j]
+                    phys[i - 1] = to
+                    counts[layer * width + p] -= 1
+                    counts[layer * width + to] += 1
+                    if to >= num_slots:
+                        marks[(layer * num_gpus + to - num_slots) * num_experts
+                              + ids[i - 1]] = True
 
 
 def capacity(pairs: int, num_gpus: int, slack: float = 0.0) -> int:

@@ -185,7 +185,7 @@ def none_step(epoch: Epoch, step: int, topk_ids: torch.Tensor,
     for group in epoch.groups:
         phys = _dispatch(epoch, group[0], step, topk_ids)
         if spills:
-            phys = none_places(epoch, group[0], phys)
+            phys = none_places(epoch, group[0], phys, topk_ids).run
         member = torch.zeros(epoch.num_ranks + 1, dtype=torch.bool, device=device)
         member[[epoch.ranks[i].rank for i in group]] = True  # member[-1]: padding, never
         executed = member[epoch.gpu_of(phys)] & valid  # [T, L, K]
@@ -270,7 +270,7 @@ def a2a_step(epoch: Epoch, step: int, topk_ids: torch.Tensor,
     comm = epoch.comm
     marks = None
     if epoch.policy.spill is not None:
-        phys = a2a_places(epoch, phys, rows)
+        phys = a2a_places(epoch, phys, topk_ids, rows).run
         marks = fetch_marks(epoch, topk_ids, phys, sent)
     multiplicity = comm.all_reduce(sent.long())
     # every pair is dispatched by its owner alone: a valid pair is one that some rank sent
@@ -309,10 +309,12 @@ def _none_counted(epoch: Epoch, step: int, topk_ids: torch.Tensor) -> StepOutcom
     elif len(epoch.groups) == 1:  # every rank chooses alike: each valid pair executed once
         topk_ids = _own_ids(topk_ids)
         phys = _dispatch(epoch, 0, step, topk_ids, epoch.scratch(topk_ids.shape))
-        if epoch.policy.spill is not None:
-            phys = none_places(epoch, 0, phys)
-            marks = fetch_marks(epoch, topk_ids, phys, phys >= 0)
-        slot_load, agreed = counting.slot_counts(phys.numpy(), epoch.num_places)
+        if epoch.policy.spill is not None:  # the pass that places the pairs counts them
+            applied = none_places(epoch, 0, phys, topk_ids)
+            phys, marks, slot_load = applied.run, applied.marks, applied.counts.numpy()
+            agreed = slot_load.sum(1)
+        else:
+            slot_load, agreed = counting.slot_counts(phys.numpy(), P)
         counts = _executed_once(agreed)
         known = [phys]
     else:
@@ -381,10 +383,12 @@ def _a2a_counted(epoch: Epoch, step: int, topk_ids: torch.Tensor,
         else:
             phys[own] = _dispatch(epoch, i, step, topk_ids[own])
     marks = None
-    if epoch.policy.spill is not None:
-        phys = a2a_places(epoch, phys, rows)
-        marks = fetch_marks(epoch, topk_ids, phys, phys >= 0)
-    slot_load, valid = counting.slot_counts(phys.numpy(), epoch.num_places)
+    if epoch.policy.spill is not None:  # the pass that places the pairs counts them
+        applied = a2a_places(epoch, phys, topk_ids, rows)
+        phys, marks, slot_load = applied.run, applied.marks, applied.counts.numpy()
+        valid = slot_load.sum(1)
+    else:
+        slot_load, valid = counting.slot_counts(phys.numpy(), epoch.placement.num_slots)
     slot_load, spilled = split_places(torch.from_numpy(slot_load), topk_ids.shape[1],
                                       epoch.placement.num_slots)
     gpu = pair_gpus(epoch, phys)

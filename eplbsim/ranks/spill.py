@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from . import counting
+from ..dispatch.spill import Applied
 from .epoch import Epoch
 from .traffic import share_bounds
 
@@ -37,37 +38,54 @@ def _moves(epoch: Epoch, counts: torch.Tensor):
     return rule.moves(counts.cpu().numpy(), epoch.site, slack=epoch.spill_slack)
 
 
-def none_places(epoch: Epoch, i: int, phys: torch.Tensor) -> torch.Tensor:
+def none_places(epoch: Epoch, i: int, phys: torch.Tensor, topk_ids: torch.Tensor) -> Applied:
     """"none": where held rank `i`'s copy of the step runs each pair of its choices `phys [T,
-    L, K]`, int64 `[T, L, K]` (module doc)."""
+    L, K]` for `topk_ids [T, L, K]`, with the pairs at each place and the experts fetched, as
+    if every pair ran (`dispatch.spill.Applied`; module doc)."""
     P = epoch.placement.num_slots
     counts = slot_counts(phys, P)
-    if epoch.policy.spill.local:  # its own share of the batch, times the ranks
-        bounds = share_bounds(phys.shape[0], epoch.num_ranks)
-        rank = epoch.ranks[i].rank
-        counts = slot_counts(phys[int(bounds[rank]):int(bounds[rank + 1])], P) * epoch.num_ranks
-    return _moves(epoch, counts).apply(phys, P)
+    if not epoch.policy.spill.local:
+        return _moves(epoch, counts).apply(phys, topk_ids, epoch.site)
+    bounds = share_bounds(phys.shape[0], epoch.num_ranks)  # its own share, times the ranks
+    rank = epoch.ranks[i].rank
+    own = slot_counts(phys[int(bounds[rank]):int(bounds[rank + 1])], P) * epoch.num_ranks
+    return _moves(epoch, own).apply(phys, topk_ids, epoch.site, counts=counts.numpy())
 
 
-def a2a_places(epoch: Epoch, phys: torch.Tensor, rows: Sequence[torch.Tensor]) -> torch.Tensor:
-    """"a2a": where each held rank's pairs (`phys [T, L, K]`, its rows `rows[i]`) run, int64
-    `[T, L, K]` (module doc)."""
+def a2a_places(epoch: Epoch, phys: torch.Tensor, topk_ids: torch.Tensor,
+               rows: Sequence[torch.Tensor]) -> Applied:
+    """"a2a": where each held rank's pairs (`phys [T, L, K]`, its rows `rows[i]`, of experts
+    `topk_ids [T, L, K]`) run, -1 elsewhere, with the held ranks' pairs at each place and the
+    experts fetched (`dispatch.spill.Applied`; module doc)."""
     P, G = epoch.placement.num_slots, epoch.num_ranks
-    run = phys.clone()
+    rows = [_as_slice(own) for own in rows]
     own_counts = [slot_counts(phys[own], P) for own in rows]  # [L, P] each
-    if epoch.policy.spill.local:
-        for own, counts in zip(rows, own_counts):
-            run[own] = _moves(epoch, counts).apply(phys[own], P)
-        return run
-    per_rank = torch.zeros(G, phys.shape[1], P, dtype=torch.int64, device=phys.device)
-    for rank, counts in zip(epoch.ranks, own_counts):
-        per_rank[rank.rank] = counts
-    per_rank = epoch.comm.all_reduce(per_rank)  # every rank's counts: the all-gather
-    moves = _moves(epoch, per_rank.sum(0))
-    earlier = per_rank.cumsum(0) - per_rank  # [G, L, P] pairs of lower ranks on each slot
-    for rank, own in zip(epoch.ranks, rows):
-        run[own] = moves.apply(phys[own], P, earlier[rank.rank])
-    return run
+    if epoch.policy.spill.local:  # each rank's plan is made from its own counts
+        moves = [_moves(epoch, counts) for counts in own_counts]
+        earlier = [None] * len(rows)
+    else:
+        per_rank = torch.zeros(G, phys.shape[1], P, dtype=torch.int64, device=phys.device)
+        for rank, counts in zip(epoch.ranks, own_counts):
+            per_rank[rank.rank] = counts
+        per_rank = epoch.comm.all_reduce(per_rank)  # every rank's counts: the all-gather
+        moves = [_moves(epoch, per_rank.sum(0))] * len(rows)
+        every = per_rank.cumsum(0) - per_rank  # [G, L, P] pairs of lower ranks on each slot
+        earlier = [every[rank.rank] for rank in epoch.ranks]
+    run = torch.full_like(phys, -1)
+    counts, marks = None, None
+    for own, plan, before, here in zip(rows, moves, earlier, own_counts):
+        applied = plan.apply(phys[own], topk_ids[own], epoch.site, before, here.numpy())
+        run[own] = applied.run
+        counts = applied.counts if counts is None else counts + applied.counts
+        marks = applied.marks if marks is None else marks | applied.marks
+    return Applied(run, counts, marks)
+
+
+def _as_slice(rows: torch.Tensor) -> torch.Tensor | slice:
+    """`rows [n]` (ascending indices) as a slice when they are contiguous (a view, no copy)."""
+    if len(rows) and int(rows[-1]) - int(rows[0]) + 1 == len(rows):
+        return slice(int(rows[0]), int(rows[-1]) + 1)
+    return rows
 
 
 def fetch_marks(epoch: Epoch, topk_ids: torch.Tensor, run: torch.Tensor,
