@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
 import numpy as np
 import torch
@@ -26,18 +25,9 @@ from eplbsim.dispatch.spill import Site
 from eplbsim.placement import full_view
 from eplbsim.placement.topology import Topology
 from eplbsim.ranks.spill import slot_counts
+from eplbsim.replay.bench import best_time
 from eplbsim.solvers import solve
 from eplbsim.solvers.budget import peak_loads
-
-
-def _best(fn, repeats: int) -> float:
-    """The least of `repeats` timings of `fn()`, seconds."""
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def main() -> None:
@@ -56,7 +46,7 @@ def main() -> None:
     for mode in ("none", "a2a"):
         for policy in ("ordinal", "spill", "llep"):
             run = spec.replace(policy=policy, mode=mode)
-            seconds = _best(lambda: replay(trace, run), args.repeats) / args.steps
+            seconds = best_time(lambda: replay(trace, run), "cpu", args.repeats, warmup=1) / args.steps
             rows.append((f"replay {mode} {policy}", seconds * 1e3))
             out[f"{mode}_{policy}_ms_per_step"] = seconds * 1e3
         out[f"{mode}_spill_over_ordinal"] = (out[f"{mode}_spill_ms_per_step"]
@@ -67,7 +57,8 @@ def main() -> None:
     phys = dispatch_step(POLICIES["ordinal"], ids, full_view(placement), DispatchContext(),
                          "ordinal")
     counts = slot_counts(phys, placement.num_slots).numpy()
-    plan = _best(lambda: POLICIES["spill"].spill.moves(counts, site), args.repeats)
+    plan = best_time(lambda: POLICIES["spill"].spill.moves(counts, site), "cpu", args.repeats,
+                     warmup=1)
     rows.append(("spill plan alone (one step)", plan * 1e3))
     out["spill_plan_ms_per_step"] = plan * 1e3
     load = np.zeros((58, 256))  # [L, E] the trace's routed pairs
@@ -78,7 +69,8 @@ def main() -> None:
             load[layer] += np.bincount(v[v >= 0], minlength=256)
     topo = Topology(32, 8)
     for solver in ("deepseek", "lpt", "budget"):
-        seconds = _best(lambda: solve(solver, load, 256 + 32, topo), args.repeats)
+        seconds = best_time(lambda: solve(solver, load, 256 + 32, topo), "cpu", args.repeats,
+                            warmup=1)
         phy2log = solve(solver, load, 256 + 32, topo).phy2log.numpy()
         total = float(peak_loads(phy2log, load[None], 32).sum())
         rows.append((f"solve {solver} (summed max GPU load {total:.0f})", seconds * 1e3))

@@ -149,3 +149,18 @@ def test_fetch_metrics_count_the_fetched_experts_and_their_bytes(skewed):
     # the balance it buys, and what it costs: fetched weights are read too
     assert m["gpu_imbalance"] < plain.metrics["gpu_imbalance"]
     assert m["comm_ms"] == pytest.approx(plain.metrics["comm_ms"] + m["fetch_ms"], rel=1e-6)
+
+
+def test_the_compiled_step_plan_is_the_layer_by_layer_plan():
+    rng = np.random.default_rng(5)
+    placement = Placement(torch.from_numpy(np.stack([rng.permutation(12) for _ in range(4)])
+                                           % 10), 10, Topology(4, 2))
+    site = Site.of(placement)
+    counts = rng.integers(0, 40, size=(4, 12)) * (rng.random((4, 12)) < 0.8)
+    for slack in (0.0, 0.2):
+        rule = POLICIES["spill"].spill
+        fast = rule.moves(counts, site, slack)
+        slow = type(rule)(rule.plan).moves(counts, site, slack)  # the same rule, layer by layer
+        for name in ("layer", "slot", "start", "stop", "place"):
+            assert np.array_equal(getattr(fast, name), getattr(slow, name)), name
+        assert len(fast) > 0

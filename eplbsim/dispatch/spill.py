@@ -173,16 +173,53 @@ def moonep_moves(counts: np.ndarray, site: Site, layer: int,
     return [tuple(row) for row in out[:n].tolist()]
 
 
+@jit(**JIT)
+def _moonep_step(counts, slot_gpu, node, local, expert, capacities, out):  # pragma: no cover
+    """`moonep_step` compiled: every layer's `_moonep_layer` plan of `counts [L, P]` (`local
+    [L, G, E]`, `expert [L, P]`, `capacities [L]`) as rows `(layer, slot, start, stop, place)`
+    into `out [M, 5]`, each slot's home keeping its first pairs; returns how many."""
+    L, P = counts.shape
+    G = node.shape[0]
+    plan = np.empty((2 * G + P + 1, 3), np.int64)
+    rows = 0
+    for layer in range(L):
+        n = _moonep_layer(counts[layer], slot_gpu, node, local[layer], expert[layer],
+                          capacities[layer], plan)
+        start = counts[layer].copy()  # each slot's first moved position: what it keeps
+        for m in range(n):
+            start[plan[m, 0]] -= plan[m, 1]
+        for m in range(n):
+            slot = plan[m, 0]
+            out[rows, 0], out[rows, 1], out[rows, 2] = layer, slot, start[slot]
+            out[rows, 3], out[rows, 4] = start[slot] + plan[m, 1], plan[m, 2]
+            start[slot] += plan[m, 1]
+            rows += 1
+    return rows
+
+
+def moonep_step(counts: np.ndarray, site: Site, slack: float = 0.0) -> np.ndarray:
+    """`moonep_moves` for every layer of `counts [L, P]` in one compiled call: the rows
+    `(layer, slot, start, stop, place)` of `SpillRule.moves`, int64 `[M, 5]`."""
+    counts = np.ascontiguousarray(counts, np.int64)
+    L, P = counts.shape
+    G = len(site.node)
+    capacities = np.array([capacity(int(c), G, slack) for c in counts.sum(1)], np.int64)
+    out = np.empty((L * (2 * G + P + 1), 5), np.int64)
+    n = _moonep_step(counts, site.slot_gpu, site.node, site.local_slot,
+                     np.maximum(site.slot_expert, 0), capacities, out)
+    return out[:n]
+
+
 def llep_moves(counts: np.ndarray, site: Site, layer: int, slack: float = 0.0,
                alpha: float = ALPHA, min_chunk: int = MIN_CHUNK,
                threshold: float | None = None) -> list[Move]:
     """LLEP's least-loaded assignment for one layer (module doc) from `counts [P]`: capacity
-    `max(1, int(alpha x (1 + slack) x floor(pairs / G)))`; with `threshold`, no move when the GPUs' max over
-    mean load is below it. Slots with pairs, most first (ties: lowest slot): the home GPU keeps
-    what fits under capacity counting its slots not yet assigned; the rest goes in chunks to the
-    other GPUs by least load (assigned plus pending; ties: lowest GPU), a chunk being the smaller
-    of what is left and the GPU's room, taken when at least `min_chunk` or when it finishes the
-    slot; what no GPU takes goes to the least-loaded other GPU."""
+    `max(1, int(alpha x (1 + slack) x floor(pairs / G)))`; with `threshold`, no move when the
+    GPUs' max over mean load is below it. Slots with pairs, most first (ties: lowest slot): the
+    home GPU keeps what fits under capacity counting its slots not yet assigned; the rest goes in
+    chunks to the other GPUs by least load (assigned plus pending; ties: lowest GPU), a chunk
+    being the smaller of what is left and the GPU's room, taken when at least `min_chunk` or
+    when it finishes the slot; what no GPU takes goes to the least-loaded other GPU."""
     G = len(site.node)
     load = np.bincount(site.slot_gpu, weights=counts, minlength=G).astype(np.int64)
     total = int(load.sum())
@@ -227,6 +264,9 @@ class SpillRule:
     """A spill policy's rule: `plan(counts [P], site, layer, slack, **options) -> moves` of one
     layer, `slack` the capacity above the plan's own (`--spill-slack`).
 
+    step:    the same plan for every layer of a step at once, `(counts [L, P], site, slack) ->
+             rows [M, 5]` as `moves` makes them (a compiled rule's fast path); None: layer by
+             layer
     local:   the naive port: in "none" each rank plans from its own share of the step's tokens
              (its counts times `G`, what it would estimate), in "a2a" from its own pairs alone
              (no all-gather): ranks then disagree in "none" (the seed's bug again)
@@ -234,12 +274,15 @@ class SpillRule:
     """
 
     plan: PlanFn
+    step: Callable[[np.ndarray, Site, float], np.ndarray] | None = None
     local: bool = False
     options: dict = field(default_factory=dict)
 
     def moves(self, counts: np.ndarray, site: Site, slack: float = 0.0) -> "Moves":
         """Every layer's moves from `counts [L, P]` (`Moves`): each slot's home keeps its
         first pairs, its moves take the next ones in plan order."""
+        if self.step is not None and not self.options:
+            return Moves.of(self.step(counts, site, slack), counts)
         parts = []
         for layer in range(counts.shape[0]):
             plan = np.asarray(self.plan(counts[layer], site, layer, slack, **self.options),
@@ -298,17 +341,20 @@ class Moves:
         layer, row-major over `[T, K]`, plus `earlier [L, P]` (the pairs earlier ranks sent
         there). One compiled pass on the CPU over the pairs, which also moves the pairs at each
         place from `counts [L, P]` (the pairs of `phys` on each slot; default the plan's) and
-        marks the experts fetched (`Applied`); the places are on `phys`'s device."""
+        marks the experts fetched (`Applied`); the places are on `phys`'s device. A contiguous
+        int64 CPU `phys` is moved in place (`Applied.run` is its memory): the caller's choices
+        become the places."""
         T, L, K = phys.shape
         P, G, E = site.num_slots, len(site.node), site.local_slot.shape[2]
         seen = (np.zeros(L * P, np.int64) if earlier is None
                 else earlier.cpu().numpy().astype(np.int64).reshape(-1))
-        out = np.array(phys.cpu().numpy(), np.int64).reshape(-1)  # a copy, moved in place
+        out = np.ascontiguousarray(phys.cpu().numpy(), np.int64).reshape(-1)
         experts = np.ascontiguousarray(ids.cpu().numpy(), np.int64).reshape(-1)
         places = np.zeros((L, P + G), np.int64)
         places[:, :P] = self.counts if counts is None else counts
         marks = np.zeros(L * G * E, np.bool_)
-        _apply(out, experts, L, K, P, G, E, seen, self.first, self.last, self.start,
+        active = (self.last > self.first).astype(np.uint8)  # [L * P] slots with a move left
+        _apply(out, experts, L, K, P, G, E, seen, active, self.first, self.last, self.start,
                self.stop, self.place, places.reshape(-1), marks)
         return Applied(torch.from_numpy(out.reshape(T, L, K)).to(phys.device),
                        torch.from_numpy(places), torch.from_numpy(marks.reshape(L, G, E)))
@@ -326,14 +372,15 @@ class Applied:
 
 
 @jit(**JIT)
-def _apply(phys, ids, num_layers, top_k, num_slots, num_gpus, num_experts, seen, first, last,
-           start, stop, place, counts, marks):  # pragma: no cover - compiled
+def _apply(phys, ids, num_layers, top_k, num_slots, num_gpus, num_experts, seen, active, first,
+           last, start, stop, place, counts, marks):  # pragma: no cover - compiled
     """`Moves.apply` compiled: moves in place each pair of `phys [N]` (experts `ids [N]`,
     row-major `[T, L, K]`) a move covers; `seen [L * P]` each slot's pairs so far (updated),
-    moves `first[key]:last[key]` of each (layer, slot) key, their `start`, `stop` and `place`;
-    shifts each moved pair in `counts [L * (P + G)]` from its slot to its place and marks
-    `marks [L * G * E]` where a GPU runs an expert with fetched weights. A slot with no move
-    left keeps its pairs, uncounted in `seen`."""
+    `active [L * P]` whether a slot has a move left (updated: a byte a slot, what most pairs
+    read), moves `first[key]:last[key]` of each (layer, slot) key, their `start`, `stop` and
+    `place`; shifts each moved pair in `counts [L * (P + G)]` from its slot to its place and
+    marks `marks [L * G * E]` where a GPU runs an expert with fetched weights. A slot with no
+    move left keeps its pairs, uncounted in `seen`."""
     cursor = first.copy()
     width = num_slots + num_gpus
     i = 0
@@ -346,14 +393,16 @@ def _apply(phys, ids, num_layers, top_k, num_slots, num_gpus, num_experts, seen,
                 if p < 0:
                     continue
                 key = base + p
-                j = cursor[key]
-                if j == last[key]:
+                if not active[key]:
                     continue
+                j = cursor[key]
                 position = seen[key]
                 seen[key] += 1
                 while j < last[key] and position >= stop[j]:
                     j += 1
                 cursor[key] = j
+                if j == last[key]:
+                    active[key] = 0
                 if j < last[key] and position >= start[j]:
                     to = place[j]
                     phys[i - 1] = to
@@ -371,7 +420,7 @@ def capacity(pairs: int, num_gpus: int, slack: float = 0.0) -> int:
 
 
 SPILL_RULES: dict[str, SpillRule] = {
-    "spill": SpillRule(moonep_moves),
-    "spill-local": SpillRule(moonep_moves, local=True),
+    "spill": SpillRule(moonep_moves, moonep_step),
+    "spill-local": SpillRule(moonep_moves, moonep_step, local=True),
     "llep": SpillRule(llep_moves),
 }

@@ -75,7 +75,7 @@ def a2a_places(epoch: Epoch, phys: torch.Tensor, topk_ids: torch.Tensor,
     counts, marks = None, None
     for own, plan, before, here in zip(rows, moves, earlier, own_counts):
         applied = plan.apply(phys[own], topk_ids[own], epoch.site, before, here.numpy())
-        run[own] = applied.run
+        run[own] = applied.run  # a view of `phys` when moved in place: copied here
         counts = applied.counts if counts is None else counts + applied.counts
         marks = applied.marks if marks is None else marks | applied.marks
     return Applied(run, counts, marks)

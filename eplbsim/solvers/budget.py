@@ -13,8 +13,8 @@ least-loaded GPU with a free slot, then improving swaps; empty slots weigh nothi
 level is priced at that packing's max GPU load: the mean over the steps of each step's, when the
 replay gives the per-step loads (`history`), else on the summed loads. A dynamic programme over
 the layers then picks the levels, summing to `R x L`, of the least total: the sum of the layers'
-times when each is bound by its busiest GPU. Where CRAFT spends slots greedily by marginal gain, this
-is exact for the packings priced. Equal redundancy (`lpt` with `R` in every layer, laid out on
+times when each is bound by its busiest GPU. Where CRAFT spends slots greedily by marginal
+gain, this is exact for the packings priced. Equal redundancy (`lpt` with `R` in every layer, laid out on
 the first `P / G` slots of each GPU) is taken instead when it is strictly better, so `budget`
 never prices above `lpt` on the loads it is given.
 """
