@@ -164,3 +164,24 @@ def test_the_compiled_step_plan_is_the_layer_by_layer_plan():
         for name in ("layer", "slot", "start", "stop", "place"):
             assert np.array_equal(getattr(fast, name), getattr(slow, name)), name
         assert len(fast) > 0
+
+
+def test_one_pass_over_every_rank_equals_each_rank_moving_its_own_rows():
+    """In "a2a" a rank moves its own pairs by their position among every rank's pairs on the
+    slot; with rank order row order, one pass over the rows of all ranks does the same."""
+    rng = np.random.default_rng(7)
+    placement = Placement(torch.arange(12).remainder(10)[None].expand(3, 12), 10, Topology(4))
+    site = Site.of(placement)
+    phys = torch.from_numpy(rng.choice(12, size=(64, 3, 2), p=np.r_[[0.3], [0.7 / 11] * 11]))
+    ids = placement.phy2log[torch.arange(3).view(1, -1, 1), phys]
+    bounds = [0, 10, 30, 41, 64]  # four ranks' rows
+    counts = [np.stack([np.bincount(phys[a:b, layer].flatten(), minlength=12)
+                        for layer in range(3)]) for a, b in zip(bounds, bounds[1:])]
+    moves = POLICIES["spill"].spill.moves(sum(counts), site)
+    assert len(moves) > 0
+    whole = moves.apply(phys.clone(), ids, site)
+    earlier = np.zeros((3, 12), np.int64)
+    for (a, b), here in zip(zip(bounds, bounds[1:]), counts):
+        part = moves.apply(phys[a:b].clone(), ids[a:b], site, torch.from_numpy(earlier), here)
+        assert torch.equal(part.run, whole.run[a:b])
+        earlier += here

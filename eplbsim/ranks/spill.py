@@ -56,29 +56,48 @@ def a2a_places(epoch: Epoch, phys: torch.Tensor, topk_ids: torch.Tensor,
                rows: Sequence[torch.Tensor]) -> Applied:
     """"a2a": where each held rank's pairs (`phys [T, L, K]`, its rows `rows[i]`, of experts
     `topk_ids [T, L, K]`) run, -1 elsewhere, with the held ranks' pairs at each place and the
-    experts fetched (`dispatch.spill.Applied`; module doc)."""
+    experts fetched (`dispatch.spill.Applied`; module doc). Held ranks whose rows follow one
+    another in rank order are placed in one pass, as one part counted at the first of them."""
     P, G = epoch.placement.num_slots, epoch.num_ranks
-    rows = [_as_slice(own) for own in rows]
-    own_counts = [slot_counts(phys[own], P) for own in rows]  # [L, P] each
+    parts = [_as_slice(own) for own in rows]
+    ranks = [rank.rank for rank in epoch.ranks]
+    block = None if epoch.policy.spill.local else _one_block(parts, ranks)
+    if block is not None:
+        parts, ranks = [block], ranks[:1]
+    own_counts = [slot_counts(phys[own], P) for own in parts]  # [L, P] each
     if epoch.policy.spill.local:  # each rank's plan is made from its own counts
         moves = [_moves(epoch, counts) for counts in own_counts]
-        earlier = [None] * len(rows)
+        earlier = [None] * len(parts)
     else:
         per_rank = torch.zeros(G, phys.shape[1], P, dtype=torch.int64, device=phys.device)
-        for rank, counts in zip(epoch.ranks, own_counts):
-            per_rank[rank.rank] = counts
+        for rank, counts in zip(ranks, own_counts):
+            per_rank[rank] = counts
         per_rank = epoch.comm.all_reduce(per_rank)  # every rank's counts: the all-gather
-        moves = [_moves(epoch, per_rank.sum(0))] * len(rows)
+        moves = [_moves(epoch, per_rank.sum(0))] * len(parts)
         every = per_rank.cumsum(0) - per_rank  # [G, L, P] pairs of lower ranks on each slot
-        earlier = [every[rank.rank] for rank in epoch.ranks]
+        earlier = [every[rank] for rank in ranks]
+    if block == slice(0, phys.shape[0]):  # every row: the places are the whole tensor
+        return moves[0].apply(phys, topk_ids, epoch.site, earlier[0], own_counts[0].numpy())
     run = torch.full_like(phys, -1)
     counts, marks = None, None
-    for own, plan, before, here in zip(rows, moves, earlier, own_counts):
+    for own, plan, before, here in zip(parts, moves, earlier, own_counts):
         applied = plan.apply(phys[own], topk_ids[own], epoch.site, before, here.numpy())
         run[own] = applied.run  # a view of `phys` when moved in place: copied here
         counts = applied.counts if counts is None else counts + applied.counts
         marks = applied.marks if marks is None else marks | applied.marks
     return Applied(run, counts, marks)
+
+
+def _one_block(rows: Sequence[torch.Tensor | slice], ranks: Sequence[int]) -> slice | None:
+    """The rows of consecutive `ranks`, each's rows a slice right after the last's, as one
+    slice: a pair's position among every rank's pairs on its slot is then its position in
+    these rows (plus the earlier ranks'); None otherwise."""
+    if not all(isinstance(own, slice) for own in rows):
+        return None
+    if any(b != a + 1 for a, b in zip(ranks, ranks[1:])) or any(
+            nxt.start != own.stop for own, nxt in zip(rows, rows[1:])):
+        return None
+    return slice(rows[0].start, rows[-1].stop)
 
 
 def _as_slice(rows: torch.Tensor) -> torch.Tensor | slice:
