@@ -779,7 +779,7 @@ def test_internal_errors_say_so_in_one_line(monkeypatch, capsys):
     from eplbsim.cli import run as run_command
     monkeypatch.setattr(run_command, "compare", lambda *a, **k: 1 / 0)
     code, _, err = run(capsys, "run", *SIZES)
-    assert code == 1 and err.strip().splitlines() == [
+    assert code == 4 and err.strip().splitlines() == [  # not 1: review's "not recommended"
         "eplbsim: internal error, please report it (ZeroDivisionError: division by zero); "
         "EPLBSIM_DEBUG=1 shows the traceback"]
     monkeypatch.setenv("EPLBSIM_DEBUG", "1")

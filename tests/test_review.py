@@ -155,6 +155,7 @@ def test_a_deterministic_policy_a_hair_faster_is_below_the_minimum_effect(skewed
     assert "below the minimum effect of 1%" in report.reasons[0]
     page = markdown(report)
     assert "95% interval" in page and "How the verdict is reached" in page
+    assert "exits with status 3 for this verdict" in " ".join(page.split())
 
 
 def test_three_percent_faster_on_every_window_is_recommended(skewed):
@@ -480,3 +481,19 @@ def test_a_placement_review_takes_a_solver_from_a_file_and_refuses_an_unknown_on
     assert main(["review", "ordinal", "--baseline-solver", "deepsek", *SMALL]) == 2
     err = capsys.readouterr().err
     assert "--baseline-solver" in err and "deepseek" in err
+
+
+def test_every_exit_status_is_said_in_the_help_the_guide_and_the_page(capsys):
+    """A CI job gates on `review`'s exit status: every one is documented where a user reads,
+    and one that is not a verdict's is never a verdict's."""
+    from eplbsim.base.errors import EXIT_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED
+    assert main(["review", "--help"]) == 0
+    help_text = capsys.readouterr().out
+    guide = (Path(__file__).resolve().parents[1] / "docs/guide/13-review.md").read_text()
+    flat_help, flat_guide = " ".join(help_text.split()), " ".join(guide.split())
+    for verdict, status in EXIT.items():
+        assert f"{status} {verdict}" in flat_help and f"{status} `{verdict}`" in flat_guide
+    for status in (EXIT_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED):
+        assert status not in EXIT.values()
+        assert f"{status} " in flat_help and f"{status} " in flat_guide
+    assert "internal error" in flat_help and "internal error" in flat_guide

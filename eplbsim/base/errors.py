@@ -8,6 +8,12 @@ line on stderr.
 """
 
 
+# Exit statuses every command shares (`eplbsim review` adds its verdicts': 0, 1 and 3).
+EXIT_INPUT = 2  # a usage or input error (`InputError`), or more memory than the machine has
+EXIT_INTERNAL = 4  # an internal error: a bug in eplbsim, to report
+EXIT_INTERRUPTED = 130  # stopped by the user (Ctrl-C)
+
+
 class InputError(ValueError):
     """Input that eplbsim cannot use; the message says what is wrong and where."""
 

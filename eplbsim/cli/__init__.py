@@ -27,7 +27,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..base.errors import InputError, InputWarning
+from ..base.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, InputError, InputWarning
 from ..base.files import available_memory, size_text
 from . import (bench, engines, export, figures, ranks, registries, review, run, solve, sweep,
                trace)
@@ -48,6 +48,7 @@ COMMANDS = {
     "engines": (engines.HELP, engines.add_arguments, None),
     "review": (review.HELP, review.add_arguments, review.handle),
 }
+EPILOGS = {"review": review.EPILOG}  # what a command's --help says after its options
 DEBUG = "EPLBSIM_DEBUG"
 TORCH_OUT_OF_MEMORY = "can't allocate memory"  # torch's CPU allocator's words (a RuntimeError)
 
@@ -92,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"eplbsim {version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (text, add_arguments, handle) in COMMANDS.items():
-        command = sub.add_parser(name, help=text, description=text)
+        command = sub.add_parser(name, help=text, description=text, epilog=EPILOGS.get(name))
         add_arguments(command)
         if handle is not None:
             command.set_defaults(handler=handle)
@@ -127,7 +128,9 @@ def _warning_line(message: Warning | str, category: type[Warning], *_: Any, **__
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; returns the exit status (2 for bad input, 1 for an internal error)."""
+    """Entry point; returns the exit status: the command's (0 when it did what it was asked;
+    `review`'s verdict), `EXIT_INPUT` (2) for bad input, `EXIT_INTERNAL` (4) for an internal
+    error, `EXIT_INTERRUPTED` (130) when interrupted."""
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as exc:  # --help, or a flag argparse could not parse (its message is out)
@@ -148,7 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         print("eplbsim: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     except BrokenPipeError:  # the reader stopped early (`| head`): nothing more to say
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (the interpreter flushes it at exit)
         return 0
@@ -163,4 +166,4 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         print(f"eplbsim: internal error, please report it ({_one_line(exc)}); "
               f"{DEBUG}=1 shows the traceback", file=sys.stderr)
-        return 1
+        return EXIT_INTERNAL

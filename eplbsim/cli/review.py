@@ -1,6 +1,5 @@
 """`eplbsim review`: one verdict, one page, before a dispatch or placement change goes upstream
-(`eplbsim.review`). Exit status 0 recommend, 1 not recommended, 3 insufficient evidence, 2 a
-usage or input error: a CI job can gate on it."""
+(`eplbsim.review`). Its exit status is its verdict's (`EPILOG`): a CI job can gate on it."""
 
 from __future__ import annotations
 
@@ -13,12 +12,13 @@ from ..dispatch import is_file_policy, resolve_policy
 from ..review import WINDOWS, review, to_json
 from ..review.evidence import RESAMPLES
 from ..review.page import html, markdown
-from ..review.verdict import MIN_EFFECT
+from ..review.verdict import MIN_EFFECT, exit_statuses
 from .common import check_out_dir
 
 HELP = ("judge a dispatch or placement change before upstreaming it: correctness, held-out "
         "balance, traffic and time against a baseline, one verdict")
 OUTPUTS = ("report.md", "report.html", "report.json")
+EPILOG = f"exit status: {exit_statuses()}."
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

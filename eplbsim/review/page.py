@@ -10,7 +10,7 @@ import html as _html
 import io
 from typing import Any
 
-from .verdict import interval_words, number, rules
+from .verdict import EXIT, exit_statuses, interval_words, number, rules
 
 Report = Any  # a `review.Report`
 
@@ -57,7 +57,9 @@ def sections(report: Report) -> list[tuple[str, list[str]]]:
                f"{number(rb['baseline_stall_ms'])} ms." if "baseline_stall_ms" in rb else "")]))
     out.append(("How the verdict is reached", [
         f"{i}. {rule}" for i, rule in enumerate(
-            rules(t["min_effect_pct"], t["level"], r.setup["kind"]), 1)]))
+            rules(t["min_effect_pct"], t["level"], r.setup["kind"]), 1)] + [
+        "", f"`eplbsim review` exits with status {EXIT[r.verdict]} for this verdict (exit "
+            f"statuses: {exit_statuses()}), so a CI job can gate on it."]))
     s = r.setup
     solver = (f"solver {s['solver']}" if s["solver"] == s["baseline_solver"] else
               f"solvers {s['solver']} against {s['baseline_solver']}")

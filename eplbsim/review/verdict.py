@@ -29,9 +29,19 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ..base.errors import EXIT_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED
 from .evidence import LEVEL
 
 EXIT = {"recommend": 0, "not recommended": 1, "insufficient evidence": 3}
+
+
+def exit_statuses() -> str:
+    """Every exit status of `eplbsim review`, in words: its verdicts' and the ones every
+    command shares (`base.errors`)."""
+    verdicts = ", ".join(f"{status} {verdict}" for verdict, status in EXIT.items())
+    return (f"{verdicts}; {EXIT_INPUT} a usage or input error (or more memory than the machine "
+            f"has); {EXIT_INTERNAL} an internal error (a bug in eplbsim: please report it); "
+            f"{EXIT_INTERRUPTED} interrupted")
 MIN_SCORED_STEPS = 4  # fewer scored steps than this is too little to judge
 MIN_EFFECT = 1.0  # % of the baseline's step time: the smallest gain worth a pull request
 
@@ -247,5 +257,5 @@ def interval_words(lo: float, hi: float, unit: str = "") -> str:
     return f"{number(LEVEL * 100)}% interval {_signed(lo)}{unit} to {_signed(hi)}{unit}"
 
 
-__all__ = ["EXIT", "MIN_EFFECT", "MIN_SCORED_STEPS", "balance_line", "correctness_line",
+__all__ = ["EXIT", "MIN_EFFECT", "exit_statuses", "MIN_SCORED_STEPS", "balance_line", "correctness_line",
            "interval_words", "judge", "number", "rules", "time_line"]
