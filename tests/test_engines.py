@@ -528,3 +528,23 @@ def test_ranks_and_a_sweep_over_two_releases_name_each(capsys, tmp_path):
         cells = list(csv.DictReader(f))
     assert [(c["engine"], float(c["rank_agreement"]) < 1) for c in cells] == [
         ("sglang 0.5.16", True), ("sglang 0.5.17", False)]
+
+
+def test_several_sources_give_one_row_per_policy_mode_and_release_it_reads(capsys):
+    """Two SGLang releases side by side: `sglang:dynamic` runs under each, `vllm:hash` and
+    `ordinal` (which read no SGLang code) once; the footer names each corrupt row's release."""
+    for version in ("0.5.16", "0.5.17"):
+        _fetched("sglang", version)
+    argv = ["run", "--policies", "sglang:dynamic,vllm:hash,ordinal", "--mode", "none",
+            "--engine-source", "sglang==0.5.16,sglang==0.5.17", "--scenario", "skewed",
+            "--steps", "2", "--tokens", "64", "--layers", "2", "--cost", "roofline"]
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = [line.split()[:2] for line in lines[2:] if line.split()[:1] in (
+        ["sglang:dynamic"], ["vllm:hash"], ["ordinal"])]
+    table = rows[:len(rows) // 2]  # the balance table; the time table repeats the rows
+    assert table == [["sglang:dynamic", "none"], ["sglang:dynamic", "none"],
+                     ["vllm:hash", "none"], ["ordinal", "none"]]
+    footer = next(line for line in lines if line.startswith("corrupt: "))
+    assert "sglang:dynamic (none, sglang 0.5.16)" in footer
+    assert footer.count("sglang:dynamic") == len(set(footer.split("sglang:dynamic")[1:]))

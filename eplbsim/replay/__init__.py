@@ -284,10 +284,22 @@ def comparison(spec: RunSpec, policies: Sequence[Any], modes: Sequence[str],
         if not set(modes) & set(can):
             spec.replace(policy=p, mode=modes[0])  # the part's message says why
     sets = list(sources or [spec.dispatch.engine_source])
-    engine_solver = is_engine_name(spec.solver.solver)
     return [spec.replace(policy=p, mode=m, engine_source=src) for m in modes for p in policies
-            if m in runs[p]
-            for src in (sets if is_engine_name(p) or engine_solver else sets[:1])]
+            if m in runs[p] for src in _distinct_sources(sets, p, spec.solver.solver)]
+
+
+def _distinct_sources(sets: Sequence[Any], policy: Any, solver: Any) -> list[Any]:
+    """The engine source sets among `sets` that differ in what the run of `policy` with `solver`
+    reads: the sources of their engines (`sglang:dynamic` reads SGLang's, `vllm:hash` vLLM's),
+    the first set of each kind; a run of no engine's code reads none (one set)."""
+    engines = {name.split(":")[0] for name in (policy, solver) if is_engine_name(name)}
+    seen, out = set(), []
+    for src in sets:
+        read = tuple(sorted((k, str(v)) for k, v in dict(src).items() if k in engines))
+        if read not in seen:
+            seen.add(read)
+            out.append(src)
+    return out
 
 
 def compare(trace: RunTrace, policies: Sequence[Any], modes: Sequence[str],

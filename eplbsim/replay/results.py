@@ -404,7 +404,8 @@ def time_report(spec: RunSpec, rows: Sequence[dict[str, Any]], num_layers: int) 
     if rows and "speedup" in rows[0]:
         columns += (("speedup", "speedup", None),)
         shown = [{**r, "speedup": "corrupt"} if r.get("output_corrupt") else r for r in rows]
-    corrupt = [f"{r['policy']} ({r['mode']})" for r in rows if r.get("output_corrupt")]
+    corrupt = [f"{r['policy']} ({', '.join(str(r[k]) for k in ('mode', 'engine') if r.get(k))})"
+               for r in rows if r.get("output_corrupt")]
     lines = [f"time of the whole model ({c.name}: {shape.moe_layers} MoE layers, the trace's "
              f"{num_layers} standing for them; layer_us: one layer's mean), cost "
              f"{name_of(c.cost)}, device {c.device_profile}, "
