@@ -176,3 +176,15 @@ def test_the_tested_releases_the_prose_names():
         in README
     assert "(SGLang 0.5.14, 0.5.16, 0.5.17 and the pinned 0.5.23;\nvLLM the pinned 0.33.0 and " \
         "0.34.0)" in DOCS
+
+
+def test_the_first_table_says_what_each_column_is():
+    """A newcomer meets the README's first table before any guide: the text under it names
+    every column it shows, and links the page that defines them all."""
+    block = blocks("console", README)[0]
+    header = block.splitlines()[2].split()
+    assert header[:2] == ["policy", "mode"]
+    below = README.split(block, 1)[1].split("\n## ", 1)[0]
+    for column in header[2:]:
+        assert f"`{column}`" in below, column
+    assert "(docs/guide/09-tables.md)" in below
