@@ -55,3 +55,18 @@ def test_warm_up_and_outliers():
     steps = [profile] + real[:4] + [pad] * 6 + [real[4]]
     flags = flag_steps(Trace.from_steps(steps, 16))
     assert flags == {"warmup": [0], "dummy": list(range(5, 11)), "outlier": [0, 11]}
+
+
+def test_a_step_flagged_twice_is_dropped_and_counted_once():
+    """A warm-up pass that is also a size outlier (512 alike rows among 24-row steps): the words
+    a run prints add up, kept plus dropped being every step."""
+    from eplbsim.traces.steps import describe_selection
+    g = torch.Generator().manual_seed(0)
+    alike = torch.randperm(16, generator=g)[:4].expand(512, 1, 4).clone()
+    steps = [alike] + [torch.stack([torch.randperm(16, generator=g)[:4] for _ in range(24)])
+                       .view(24, 1, 4) for _ in range(12)]
+    trace = Trace.from_steps(steps, num_experts=16)
+    flags = flag_steps(trace)
+    assert flags["warmup"] == [0] and flags["outlier"] == [0]
+    words = describe_selection(select(trace, None, ("warmup", "outlier")).meta)
+    assert words == "steps: 12 of 13 (1 warm-up dropped)"

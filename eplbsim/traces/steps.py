@@ -238,8 +238,10 @@ def select(trace: Any, steps: str | None = None, drop: Sequence[str] = ()) -> An
             raise InputError("warm-up, dummy and outlier steps are found in token rows; a "
                              "counts-only trace has none (select its steps by number instead)")
         flags = flag_steps(trace)
+        counted: set[int] = set()  # a step flagged twice counts once, as its first kind
         for kind in drop:
-            dropped[kind] = [s for s in flags[kind] if s in set(keep)]
+            dropped[kind] = [s for s in flags[kind] if s in set(keep) and s not in counted]
+            counted.update(dropped[kind])
         gone = {s for kind in drop for s in flags[kind]}
         keep = [s for s in keep if s not in gone]
     if not keep:
