@@ -2,6 +2,7 @@
 comparison that prints as the run command's table, and pandas frames."""
 
 import pytest
+import torch
 
 from eplbsim import RunSpec, compare
 from eplbsim.replay.results import flat_row
@@ -66,3 +67,18 @@ def test_the_plot_functions_return_figures_that_save(tmp_path, comparison):
     fig.savefig(tmp_path / "p.png")  # a Figure saves itself; pyplot's savefig saves pyplot's
     assert (tmp_path / "p.png").stat().st_size > 1000
 
+
+
+def test_the_header_says_steps_and_layers_as_a_reader_counts_them():
+    """Steps of unequal sizes read as a mean, rounded; one layer is "1 layer"; a log of the
+    model's layer 8 says so, as `trace info` does."""
+    from eplbsim.replay.results import describe
+    from eplbsim.traces import Trace
+    ids = torch.tensor([[[0, 1]], [[1, 2]], [[2, 3]], [[0, 3]], [[1, 3]], [[0, 2]], [[2, 1]]])
+    ragged = Trace.from_arrays(ids, tokens_per_step=[3, 4], num_experts=4, layers=[8])
+    header = describe(ragged, RunSpec.of(gpus=2, redundant=0))
+    assert header.startswith("arrays: 2 steps of 3.5 tokens on average, 1 layer (the model's "
+                              "8), E=4, K=2 | "), header
+    even = Trace.from_arrays(ids[:6], tokens_per_step=[3, 3], num_experts=4)
+    assert ": 2 steps x 3 tokens, 1 layer, E=4" in describe(even, RunSpec.of(gpus=2,
+                                                                          redundant=0))

@@ -286,10 +286,11 @@ def describe(trace: RunTrace, spec: RunSpec, asked: RunSpec | None = None,
     decided = (f"placement {label(placed)}" if placed is not None
                else f"solver {name_of(spec.solver.solver)}")
     counts_only = isinstance(trace, CountsTrace)
-    steps = (f"counts only, {trace.num_steps} steps" if counts_only else
-             f"{trace.num_steps} steps x {trace.num_tokens / max(trace.num_steps, 1):g} tokens")
-    return (f"{source}: {steps}{f' ({selected})' if selected else ''}, {trace.num_layers} "
-            f"layers, E={trace.num_experts}{'' if counts_only else f', K={trace.top_k}'} | "
+    steps = (f"counts only, {plural(trace.num_steps, 'step')}" if counts_only else
+             step_words(trace))
+    return (f"{source}: {steps}{f' ({selected})' if selected else ''}, "
+            f"{layer_words(trace.num_layers, trace.meta.get('model_layers'))}, "
+            f"E={trace.num_experts}{'' if counts_only else f', K={trace.top_k}'} | "
             f"{topo.num_gpus} GPUs ({topo.gpus_per_node}/node), P={P} slots"
             f"{_slot_words(spec, asked, trace)}, {decided}"
             + ("" if counts_only else f", view {name_of(d.view)}, rng {d.rng}, seed {d.seed}")
@@ -297,6 +298,31 @@ def describe(trace: RunTrace, spec: RunSpec, asked: RunSpec | None = None,
                if spec.cost.cost is not None or spec.shared_work() else "")
             + ("" if counts_only else _shared_words(spec, asked, policies))
             + (_engine_words(spec, policies) if sources == 1 else ""))
+
+
+def plural(count: int, noun: str) -> str:
+    """"1 layer", "4 layers"."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def step_words(trace: RunTrace) -> str:
+    """"32 steps x 512 tokens" when every step holds as many tokens, else "129 steps of 33.8
+    tokens on average" (3 significant digits)."""
+    sizes = trace.tokens_per_step
+    if len(sizes) and int(sizes.min()) == int(sizes.max()):
+        return f"{plural(trace.num_steps, 'step')} x {plural(int(sizes[0]), 'token')}"
+    mean = trace.num_tokens / max(trace.num_steps, 1)
+    return f"{plural(trace.num_steps, 'step')} of {mean:.3g} tokens on average"
+
+
+def layer_words(num_layers: int, model_layers: Sequence[int] | None) -> str:
+    """"4 layers", or with the model's own layer numbers (`meta["model_layers"]`) when they
+    are not the trace's positions: "1 layer (the model's 8)", "2 layers (the model's 3, 7)"."""
+    words = plural(num_layers, "layer")
+    if model_layers is None or list(model_layers) == list(range(num_layers)):
+        return words
+    shown = ", ".join(map(str, list(model_layers)[:8])) + (", ..." if num_layers > 8 else "")
+    return f"{words} (the model's {shown})"
 
 
 def _engine_words(spec: RunSpec, policies: Sequence[Any]) -> str:
