@@ -156,6 +156,8 @@ def test_a_deterministic_policy_a_hair_faster_is_below_the_minimum_effect(skewed
     page = markdown(report)
     assert "95% interval" in page and "How the verdict is reached" in page
     assert "exits with status 3 for this verdict" in " ".join(page.split())
+    lo, hi = report.setup["scored_on"][0], report.setup["scored_on"][1] - 1
+    assert f"These times are the scored steps' ({lo}-{hi}," in page  # not run's figures
 
 
 def test_three_percent_faster_on_every_window_is_recommended(skewed):

@@ -124,9 +124,14 @@ def _balance(r: Report) -> list[str]:
 def _time(r: Report) -> list[str]:
     t = r.time
     boot = t["bootstrap"]
+    scored = r.setup["scored_on"]
     lines = _table([[k, t["candidate"][k], t["baseline"][k]] for k in t["candidate"]],
                    ["", r.candidate, r.baseline])
-    lines += ["", f"Difference {number(t['difference_ms'])} ms a step, "
+    lines += ["", f"These times are the scored steps' ({scored[0]}-{scored[1] - 1}, each policy "
+                  f"on the placement solved from the steps before them), so `eplbsim run`, which "
+                  f"prices every step on a placement solved from all of them, gives other "
+                  f"figures for the same policy.",
+              f"Difference {number(t['difference_ms'])} ms a step, "
                   f"{number(t['difference_pct'])}% ({interval_words(*t['interval_ms'], ' ms')}, "
                   f"{number(t['interval_pct'][0])}% to {number(t['interval_pct'][1])}%: a block "
                   f"bootstrap of {boot['resamples']} resamples, blocks of {boot['block_steps']} "
