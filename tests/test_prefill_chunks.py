@@ -80,6 +80,6 @@ def test_trace_info_and_run_cut_a_traces_long_steps(capsys, tmp_path):
     assert info["steps"] == 3 and info["tokens_per_step"]["max"] == 4
     code, out, _ = run(capsys, "run", "--trace", path, "--max-batched-tokens", "4",
                        "--policies", "row", "--gpus", "2")
-    assert code == 0 and "8 steps x 2.625 tokens (chunks of at most 4 tokens" in out
+    assert code == 0 and "8 steps of 2.62 tokens on average (chunks of at most 4 tokens" in out
     assert_input_error(capsys, "run", "--trace", path, "--chunk", "4",
                        match="chunk applies to requests only")
