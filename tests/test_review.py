@@ -153,11 +153,22 @@ def test_a_deterministic_policy_a_hair_faster_is_below_the_minimum_effect(skewed
     assert t["spread_ms"] == 0
     assert report.verdict == "insufficient evidence" and report.exit_status == 3
     assert "below the minimum effect of 1%" in report.reasons[0]
+    windows = next(r for r in report.reasons if r.startswith("weighed: the held-out windows"))
+    for w in t["windows"]:  # every window the verdict weighed, with the way it points
+        way = "faster" if w["difference_ms"] < 0 else "slower" if w["difference_ms"] > 0 \
+            else "no different"
+        assert f"steps {w['scored_on'][0]}-{w['scored_on'][1] - 1} " in windows
+        assert windows.count(f"({way})") >= 1
+    assert any(r.startswith("weighed: GPU imbalance") for r in report.reasons)
     page = markdown(report)
     assert "95% interval" in page and "How the verdict is reached" in page
     assert "exits with status 3 for this verdict" in " ".join(page.split())
     lo, hi = report.setup["scored_on"][0], report.setup["scored_on"][1] - 1
     assert f"These times are the scored steps' ({lo}-{hi}," in page  # not run's figures
+    rests = next(line for line in report.headline if line.startswith("Rests on: "))
+    assert f"scored on the held-out steps {lo}-{hi}" in rests
+    assert "logged layers stand in for the model's 58 MoE layers" in rests
+    assert "0 ms" not in page.split("term decides:")[1].split("\n")[0]  # a zero term in words
 
 
 def test_three_percent_faster_on_every_window_is_recommended(skewed):

@@ -63,7 +63,7 @@ from .invariance import SEARCH_ROWS, invariance_findings
 from .measures import (BALANCE_KEYS, STARVED_SHARE, WORST, balance_findings, percent,
                        rebalance_findings, replica_shares, time_findings)
 from .page import html
-from .verdict import EXIT, MIN_EFFECT, judge
+from .verdict import EXIT, MIN_EFFECT, judge, rests_on_line
 
 WINDOWS = 4  # held-out windows by default
 MAX_SEEDS, MAX_WINDOWS, MAX_RESAMPLES = 64, 64, 100_000
@@ -205,6 +205,8 @@ def review(trace: RunTrace, candidate: Any, baseline: Any = None, spec: RunSpec 
                                    base if kind == "placement" else None) if rebalancing else None
     verdict, reasons, headline = judge(invariance, balance, time, rebalance, scored, mode,
                                        kind)
+    headline.append(rests_on_line(time, trace.num_layers, spec.cost.shape.moe_layers,
+                                  placed, S))
     setup = {"kind": kind, "steps": S, "placed_on": [0, placed], "scored_on": [placed, S],
              "seeds": seeds, "windows": [[a, b] for a, b in cuts], "mode": mode,
              "gpus": spec.topology.gpus, "slots": placement.num_slots,

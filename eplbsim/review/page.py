@@ -139,7 +139,9 @@ def _time(r: Report) -> list[str]:
                   f"{number(t['spread_ms'])} ms). Minimum effect {number(t['min_effect_pct'])}%.",
               f"Cost model {t['cost']} ({t['model']}, {t['model_from']}, on {t['device']}). "
               f"The {t['decides']['term']} term decides: "
-              + ", ".join(f"{k} {number(v)} ms" for k, v in t["decides"]["ms_per_step"].items())
+              + ", ".join(f"{k} {number(v)} ms" if v else f"{k} none (it bounds no GPU in any "
+                          f"step and layer at these sizes)"
+                          for k, v in t["decides"]["ms_per_step"].items())
               + "."]
     m = t["measured"]
     lines.append("Measured: " + (

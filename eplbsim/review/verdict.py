@@ -137,10 +137,34 @@ def _time_verdict(balance: dict, time: dict, kind: str) -> tuple[str, list[str]]
         if kind == "dispatch" and b["interval"][0] > 0:
             reasons.append(f"its GPU imbalance is worse beyond its interval: "
                            f"{_signed(b['difference'])} ({interval_words(*b['interval'])})")
+    weighed = _weighed(balance, time)
     if reasons:
-        return "insufficient evidence", reasons
+        return "insufficient evidence", reasons + weighed
     return "recommend", [f"faster by more than the minimum effect of {number(m)}%: {said}, and "
-                         f"faster on all {len(time['windows'])} held-out windows; {term}"]
+                         f"faster on all {len(time['windows'])} held-out windows; {term}",
+                         *weighed]
+
+
+def _weighed(balance: dict, time: dict) -> list[str]:
+    """The rest of what rule 4 weighed, each piece with the way it points: the point estimate,
+    every held-out window, the GPU imbalance and the measured tables."""
+    pct = time["difference_pct"]
+    lines = [f"weighed: the point estimate leans {_faster(time['difference_ms'])}, "
+             f"{_signed(pct)}% a step",
+             "weighed: the held-out windows, " + ", ".join(
+                 f"steps {w['scored_on'][0]}-{w['scored_on'][1] - 1} "
+                 f"{_signed(w['difference_pct'])}% ({_faster(w['difference_ms'])})"
+                 for w in time["windows"])]
+    b = balance["difference"]
+    lo, hi = b["interval"]
+    lines.append(f"weighed: GPU imbalance {_signed(b['difference'])} "
+                 f"({interval_words(lo, hi)}), "
+                 + ("better" if hi < 0 else "worse" if lo > 0 else "no difference beyond its "
+                    "interval"))
+    if "difference_ms" in time["measured"]:
+        lines.append(f"weighed: the measured tables, {_signed(_measured_pct(time['measured']))}%"
+                     f" a step ({_faster(time['measured']['difference_ms'])})")
+    return lines
 
 
 def _disagreement(time: dict) -> str | None:
@@ -240,6 +264,23 @@ def time_line(time: dict) -> str:
     return line + "."
 
 
+def rests_on_line(time: dict, trace_layers: int, model_layers: int, placed: int,
+                  steps: int) -> str:
+    """The headline's line saying what the verdict rests on: which cost model priced it (and
+    whether the measured tables could), how many logged layers stand in for the model's, and
+    which steps were scored."""
+    measured = time["measured"]
+    priced = (f"priced by {time['cost']} and the measured tables"
+              if "difference_ms" in measured else
+              f"priced by {time['cost']} alone (the measured tables do not price this run: "
+              f"{measured.get('unavailable', 'not asked')})")
+    layers = (f"{trace_layers} logged layer{'' if trace_layers == 1 else 's'} stand"
+              f"{'s' if trace_layers == 1 else ''} in for the model's {model_layers} MoE layers")
+    return (f"Rests on: {priced}; {layers} ({time['model']}); scored on the held-out steps "
+            f"{placed}-{steps - 1}, each policy on the placement solved from steps 0-"
+            f"{placed - 1}.")
+
+
 def _faster(difference: float) -> str:
     return "faster" if difference < 0 else "slower" if difference > 0 else "no different"
 
@@ -257,5 +298,5 @@ def interval_words(lo: float, hi: float, unit: str = "") -> str:
     return f"{number(LEVEL * 100)}% interval {_signed(lo)}{unit} to {_signed(hi)}{unit}"
 
 
-__all__ = ["EXIT", "MIN_EFFECT", "exit_statuses", "MIN_SCORED_STEPS", "balance_line", "correctness_line",
+__all__ = ["EXIT", "MIN_EFFECT", "exit_statuses", "rests_on_line", "MIN_SCORED_STEPS", "balance_line", "correctness_line",
            "interval_words", "judge", "number", "rules", "time_line"]
