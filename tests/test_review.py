@@ -165,6 +165,12 @@ def test_a_deterministic_policy_a_hair_faster_is_below_the_minimum_effect(skewed
     assert "exits with status 3 for this verdict" in " ".join(page.split())
     lo, hi = report.setup["scored_on"][0], report.setup["scored_on"][1] - 1
     assert f"These times are the scored steps' ({lo}-{hi}," in page  # not run's figures
+    mechanism = next(line for line in report.headline if line.startswith("Mechanism: "))
+    m = t["mechanism"]
+    assert m["moved"] in mechanism and "the slowest gpu" in mechanism.lower()
+    ours, theirs = m["candidate"]["pairs"], m["baseline"]["pairs"]
+    assert ("more pairs" if ours > theirs else "fewer pairs" if ours < theirs
+            else "as many pairs") in mechanism
     rests = next(line for line in report.headline if line.startswith("Rests on: "))
     assert f"scored on the held-out steps {lo}-{hi}" in rests
     assert "logged layers stand in for the model's 58 MoE layers" in rests

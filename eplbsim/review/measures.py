@@ -168,7 +168,41 @@ def time_findings(runs: dict[str, list[Results]], spec: RunSpec, d: Draws, windo
         "windows": windows,
         "measured": _measured(cand, base),
         "decides": _deciding_term(cand),
+        "mechanism": _mechanism(cand, base),
     }
+
+
+def _slowest_gpu(results: Results) -> dict[str, float]:
+    """The slowest GPU of every (step, layer) under the roofline's terms (`metrics.gpu_work`,
+    `cost.compute.roofline_terms`), averaged over them: the experts whose weights it reads
+    (`active`), the pairs it computes, its share of its layer's pairs (over the even share,
+    1 = even), and the compute and communication ms a step of the run."""
+    spec = results.spec
+    shape, device = spec.cost.profiles()
+    options = spec.cost.cost_options
+    G = spec.topology.gpus
+    pairs, active = M.gpu_work(results.slot_load, results.counters, G, spec.shared_work(),
+                               spec.dispatch.mode)  # [S, L, G] each
+    arithmetic, reads = roofline_terms(pairs, active, shape, device,
+                                       options.get("eta_compute", ETA_COMPUTE),
+                                       options.get("eta_memory", ETA_MEMORY))
+    slowest = torch.maximum(arithmetic, reads).argmax(-1, keepdim=True)  # [S, L, 1]
+    share = pairs.gather(-1, slowest).squeeze(-1) / pairs.mean(-1).clamp(min=1e-12)
+    return {"active": float(active.gather(-1, slowest).mean()),
+            "pairs": float(pairs.gather(-1, slowest).mean()),
+            "share": float(share.mean()),
+            "compute_ms": results.metrics["compute_ms"], "comm_ms": results.metrics["comm_ms"]}
+
+
+def _mechanism(cand: Results, base: Results) -> dict[str, Any]:
+    """What moves the time, from the cost model's own terms: the compute and communication
+    differences a step (candidate minus baseline) and, for compute, the slowest GPU's weight
+    reads (experts it runs) and pairs, each run's (`_slowest_gpu`); `moved`: the larger of
+    the two differences ("compute" or "communication")."""
+    c, b = _slowest_gpu(cand), _slowest_gpu(base)
+    compute, comm = c["compute_ms"] - b["compute_ms"], c["comm_ms"] - b["comm_ms"]
+    return {"candidate": c, "baseline": b, "compute_ms": compute, "comm_ms": comm,
+            "moved": "compute" if abs(compute) >= abs(comm) else "communication"}
 
 
 def _times(metrics: dict[str, Any]) -> dict[str, Any]:

@@ -84,6 +84,8 @@ def judge(invariance: dict, balance: dict, time: dict, rebalance: dict | None, s
     `kind` change ("dispatch" or "placement"), each reason with the numbers behind it, and one
     line per axis (correctness, balance, time)."""
     headline = [correctness_line(invariance, mode), balance_line(balance), time_line(time)]
+    if "mechanism" in time:  # the review's findings hold it
+        headline.append(mechanism_line(time))
     if mode == "none" and invariance["observed"] == "variant":
         return "not recommended", [_corruption(invariance)], headline
     moved = invariance.get("moved")
@@ -264,6 +266,24 @@ def time_line(time: dict) -> str:
     return line + "."
 
 
+def mechanism_line(time: dict) -> str:
+    """The headline's line saying, in the cost model's terms, what moves the time: the compute
+    or the communication, and for compute whether the slowest GPU reads more or fewer experts'
+    weights, computes more or fewer pairs, and carries more or less than its even share."""
+    m = time["mechanism"]
+    c, b = m["candidate"], m["baseline"]
+    moved = (f"compute {_signed(m['compute_ms'])} ms a step, communication "
+             f"{_signed(m['comm_ms'])} ms: the {m['moved']} moves it")
+
+    def way(key: str, noun: str) -> str:
+        ours, theirs = c[key], b[key]
+        word = "more" if ours > theirs else "fewer" if ours < theirs else "as many"
+        return f"{word} {noun} ({number(ours)} against {number(theirs)})"
+    return (f"Mechanism: {moved}. The slowest GPU of a step and layer reads the weights of "
+            f"{way('active', 'experts')}, computes {way('pairs', 'pairs')}, and carries "
+            f"{number(c['share'])} of an even share against {number(b['share'])}.")
+
+
 def rests_on_line(time: dict, trace_layers: int, model_layers: int, placed: int,
                   steps: int) -> str:
     """The headline's line saying what the verdict rests on: which cost model priced it (and
@@ -298,5 +318,5 @@ def interval_words(lo: float, hi: float, unit: str = "") -> str:
     return f"{number(LEVEL * 100)}% interval {_signed(lo)}{unit} to {_signed(hi)}{unit}"
 
 
-__all__ = ["EXIT", "MIN_EFFECT", "exit_statuses", "rests_on_line", "MIN_SCORED_STEPS", "balance_line", "correctness_line",
+__all__ = ["EXIT", "MIN_EFFECT", "exit_statuses", "mechanism_line", "rests_on_line", "MIN_SCORED_STEPS", "balance_line", "correctness_line",
            "interval_words", "judge", "number", "rules", "time_line"]
