@@ -82,3 +82,19 @@ def test_the_header_says_steps_and_layers_as_a_reader_counts_them():
     even = Trace.from_arrays(ids[:6], tokens_per_step=[3, 3], num_experts=4)
     assert ": 2 steps x 3 tokens, 1 layer, E=4" in describe(even, RunSpec.of(gpus=2,
                                                                           redundant=0))
+
+
+def test_policies_that_coincide_on_a_run_are_said_once_under_the_table():
+    """Two policies whose rows agree in every metric of a mode read as a bug unless said."""
+    from eplbsim.replay.results import table_notes
+    metrics = {"gpu_imbalance": 1.25, "rank_agreement": 1.0, "replica_skew_max": 2.0,
+               "executed_work": 1.0}
+    rows = [{"policy": "row", "mode": "none", **metrics},
+            {"policy": "vllm:hash", "mode": "none", "engine": "vllm 0.33.0", **metrics},
+            {"policy": "ordinal", "mode": "none", **metrics, "replica_skew_max": 1.01},
+            {"policy": "row", "mode": "a2a", **metrics},
+            {"policy": "vllm:hash", "mode": "a2a", "engine": "vllm 0.33.0", **metrics}]
+    notes = table_notes(rows)
+    assert notes == ["vllm:hash (vllm 0.33.0) gives the same numbers as row in every column "
+                     "(none, a2a): they choose alike on this trace and placement"]
+    assert table_notes(rows[2:4]) == []  # different numbers, or different modes: nothing said

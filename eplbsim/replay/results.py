@@ -260,11 +260,32 @@ def table_notes(rows: Sequence[dict[str, Any]]) -> list[str]:
     ranks executed pairs other than once (the `work` column)."""
     picks = dict.fromkeys(f"sglang:auto: {r.get('engine', 'sglang')} picked {r['picked']} "
                           f"in {r['mode']}" for r in rows if "picked" in r)
+    notes = [*picks, *_identical(rows)]
     if not M.METRICS["executed_work"].shown(rows):
-        return list(picks)
-    return [*picks, "work: pairs executed over pairs routed. gpu_imb counts executed work, "
+        return notes
+    return [*notes, "work: pairs executed over pairs routed. gpu_imb counts executed work, "
             "so a pair executed twice (c>=2) weighs twice and a dropped one (c=0) not at all: "
             "a policy whose ranks disagree can look balanced while its output is wrong."]
+
+
+def _identical(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """A line for each set of policies whose rows agree in every metric in some mode: "vllm:hash
+    gives the same numbers as row in every column (none, a2a)": on this trace and placement
+    they choose alike (a row's hash keeps its parity, and with two replicas of an expert that
+    is all a choice reads; a release whose dynamic dispatch falls back to its static one), so
+    the equal rows are not taken for one row shown twice."""
+    same: dict[tuple[str, ...], list[str]] = {}
+    groups: dict[tuple[str, Any], list[str]] = {}
+    for r in rows:
+        values = json.dumps({k: r.get(k) for k in METRICS}, sort_keys=True, default=str)
+        name = r["policy"] + (f" ({r['engine']})" if r.get("engine") else "")
+        groups.setdefault((r["mode"], values), []).append(name)
+    for (mode, _), names in groups.items():
+        if len(names) > 1:
+            same.setdefault(tuple(names), []).append(mode)
+    return [f"{', '.join(names[1:])} give{'s' if len(names) == 2 else ''} the same numbers as "
+            f"{names[0]} in every column ({', '.join(modes)}): they choose alike on this trace "
+            f"and placement" for names, modes in same.items()]
 
 
 def describe(trace: RunTrace, spec: RunSpec, asked: RunSpec | None = None,
