@@ -98,3 +98,16 @@ def test_policies_that_coincide_on_a_run_are_said_once_under_the_table():
     assert notes == ["vllm:hash (vllm 0.33.0) gives the same numbers as row in every column "
                      "(none, a2a): they choose alike on this trace and placement"]
     assert table_notes(rows[2:4]) == []  # different numbers, or different modes: nothing said
+
+
+def test_the_header_says_the_engines_rows_read_their_own_replica_lists():
+    """`--view` shapes eplbsim's policies' candidates; an engine's dispatch builds its own from
+    the placement, and the header says so, rather than "view full" for every row."""
+    from eplbsim.replay.results import describe
+    trace = synthesize("skewed", steps=2, tokens=16, layers=1)
+    spec = RunSpec.of(gpus=4, redundant=4, view="sglang")
+    assert ", view sglang, " in describe(trace, spec, policies=["row", "ordinal"])
+    assert ", view sglang (the engines' rows: each engine's own replica lists), " in describe(
+        trace, spec, policies=["sglang:dynamic", "row"])
+    assert ", view: each engine's own replica lists, " in describe(
+        trace, spec, policies=["sglang:dynamic", "vllm:hash"])

@@ -30,7 +30,7 @@ from ..base.registry import name_of
 from ..cost.catalog import model_note
 from ..cost.catalog import model_origin as origin_of
 from ..cost.rebalance import layer_scale
-from ..dispatch import POLICIES, resolve_policy
+from ..dispatch import ENGINE_POLICIES, POLICIES, resolve_policy
 from ..engines import as_sources, auto_algorithm, engine_code
 from ..engines import label as engine_label
 from ..metrics import METRICS, Counters
@@ -314,7 +314,8 @@ def describe(trace: RunTrace, spec: RunSpec, asked: RunSpec | None = None,
             f"E={trace.num_experts}{'' if counts_only else f', K={trace.top_k}'} | "
             f"{topo.num_gpus} GPUs ({topo.gpus_per_node}/node), P={P} slots"
             f"{_slot_words(spec, asked, trace)}, {decided}"
-            + ("" if counts_only else f", view {name_of(d.view)}, rng {d.rng}, seed {d.seed}")
+            + ("" if counts_only else f", {_view_words(spec, policies)}, rng {d.rng}, "
+                                      f"seed {d.seed}")
             + (f", {_model_words(trace, spec, asked)}"
                if spec.cost.cost is not None or spec.shared_work() else "")
             + ("" if counts_only else _shared_words(spec, asked, policies))
@@ -344,6 +345,19 @@ def layer_words(num_layers: int, model_layers: Sequence[int] | None) -> str:
         return words
     shown = ", ".join(map(str, list(model_layers)[:8])) + (", ..." if num_layers > 8 else "")
     return f"{words} (the model's {shown})"
+
+
+def _view_words(spec: RunSpec, policies: Sequence[Any]) -> str:
+    """"view full", or what the rows of the engines' own dispatch read instead (each engine
+    builds its own replica lists from the placement, whatever `--view` says)."""
+    names = [*policies] or [spec.dispatch.policy]
+    engines = [p for p in names if isinstance(p, str) and p in ENGINE_POLICIES]
+    view = f"view {name_of(spec.dispatch.view)}"
+    if not engines:
+        return view
+    if len(engines) == len(names):
+        return "view: each engine's own replica lists"
+    return f"{view} (the engines' rows: each engine's own replica lists)"
 
 
 def _engine_words(spec: RunSpec, policies: Sequence[Any]) -> str:
