@@ -70,3 +70,21 @@ def test_a_step_flagged_twice_is_dropped_and_counted_once():
     assert flags["warmup"] == [0] and flags["outlier"] == [0]
     words = describe_selection(select(trace, None, ("warmup", "outlier")).meta)
     assert words == "steps: 12 of 13 (1 warm-up dropped)"
+
+
+def test_a_warning_after_a_drop_names_the_logs_own_step_numbers():
+    """With the warm-up step 0 dropped, a size outlier at the log's step 3 is warned of as
+    step 3, the number `trace info` flags and `--select-steps` takes, not its place (2)."""
+    from eplbsim.replay.results import warnings
+    from eplbsim.runspec import RunSpec
+    g = torch.Generator().manual_seed(1)
+
+    def rows(n):
+        return torch.stack([torch.randperm(16, generator=g)[:4] for _ in range(n)]).view(n, 1, 4)
+    steps = [torch.randperm(16, generator=g)[:4].expand(24, 1, 4).clone()]
+    steps += [rows(512 if s == 3 else 24) for s in range(1, 13)]
+    trace = Trace.from_steps(steps, num_experts=16)
+    assert flag_steps(trace)["warmup"] == [0] and flag_steps(trace)["outlier"] == [3]
+    kept = select(trace, None, ("warmup",))
+    said = " ".join(warnings(kept, RunSpec.of(gpus=4), None))
+    assert "1 flagged size-outlier step (3)" in said, said

@@ -174,14 +174,18 @@ FLAG_WORDS = {"warmup": ("warm-up step", "--drop-warmup"),
               "outlier": ("size-outlier step", "--drop-outliers")}  # kind: (what, the flag)
 
 
-def flag_words(flags: dict[str, list[int]], lo: int, hi: int) -> str:
+def flag_words(flags: dict[str, list[int]], lo: int, hi: int,
+               numbers: Sequence[int] | None = None) -> str:
     """What `flags` (`flag_steps`) holds within steps `[lo, hi)`, with the flags that leave
-    them out: "1 flagged warm-up step (0): --drop-warmup leaves them out"; "" for none."""
+    them out: "1 flagged warm-up step (0): --drop-warmup leaves them out"; "" for none.
+    `numbers`: each step's number as the log counts it (a selection's, `StepView.steps`),
+    which the words name, as `trace info` and `--select-steps` do; default its index."""
     parts, fixes = [], []
     for kind, steps in flags.items():
         inside = [s for s in steps if lo <= s < hi]
         if inside:
-            shown = ", ".join(map(str, inside[:6])) + (", ..." if len(inside) > 6 else "")
+            named = [s if numbers is None else numbers[s] for s in inside]
+            shown = ", ".join(map(str, named[:6])) + (", ..." if len(inside) > 6 else "")
             what, fix = FLAG_WORDS[kind]
             parts.append(f"{len(inside)} flagged {what}{'' if len(inside) == 1 else 's'} "
                          f"({shown})")
