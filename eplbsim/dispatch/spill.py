@@ -24,7 +24,7 @@ reaches the same moves):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -261,7 +261,7 @@ PlanFn = Callable[[np.ndarray, Site, int], list[Move]]
 
 @dataclass(frozen=True)
 class SpillRule:
-    """A spill policy's rule: `plan(counts [P], site, layer, slack, **options) -> moves` of one
+    """A spill policy's rule: `plan(counts [P], site, layer, slack) -> moves` of one
     layer, `slack` the capacity above the plan's own (`--spill-slack`).
 
     step:    the same plan for every layer of a step at once, `(counts [L, P], site, slack) ->
@@ -270,22 +270,20 @@ class SpillRule:
     local:   the naive port: in "none" each rank plans from its own share of the step's tokens
              (its counts times `G`, what it would estimate), in "a2a" from its own pairs alone
              (no all-gather): ranks then disagree in "none" (the seed's bug again)
-    options: the plan's keyword options (`slack` for `moonep_moves`)
     """
 
     plan: PlanFn
     step: Callable[[np.ndarray, Site, float], np.ndarray] | None = None
     local: bool = False
-    options: dict = field(default_factory=dict)
 
     def moves(self, counts: np.ndarray, site: Site, slack: float = 0.0) -> "Moves":
         """Every layer's moves from `counts [L, P]` (`Moves`): each slot's home keeps its
         first pairs, its moves take the next ones in plan order."""
-        if self.step is not None and not self.options:
+        if self.step is not None:
             return Moves.of(self.step(counts, site, slack), counts)
         parts = []
         for layer in range(counts.shape[0]):
-            plan = np.asarray(self.plan(counts[layer], site, layer, slack, **self.options),
+            plan = np.asarray(self.plan(counts[layer], site, layer, slack),
                               np.int64).reshape(-1, 3)  # [m, 3] (slot, pairs, place)
             if not len(plan):
                 continue
