@@ -167,6 +167,9 @@ def test_a_deterministic_policy_a_hair_faster_is_below_the_minimum_effect(skewed
     assert f"These times are the scored steps' ({lo}-{hi}," in page  # not run's figures
     mechanism = next(line for line in report.headline if line.startswith("Mechanism: "))
     m = t["mechanism"]
+    assert m["comm_ms"] == 0  # in "none" mode the dispatch changes no token's communication
+    assert "communication unchanged (in \"none\" mode every rank receives every token" \
+        in mechanism and "+0 ms" not in mechanism
     assert m["moved"] in mechanism and "the slowest gpu" in mechanism.lower()
     ours, theirs = m["candidate"]["pairs"], m["baseline"]["pairs"]
     assert ("more pairs" if ours > theirs else "fewer pairs" if ours < theirs
@@ -414,6 +417,30 @@ def test_warm_up_in_a_window_is_said_with_the_flag_that_drops_it(tmp_path, capsy
                  EXIT["insufficient evidence"])["warnings"] == []
     assert main(["run", *read, "--policies", "row"]) == 0
     assert "\nwarning: the trace holds 1 flagged warm-up step (0)" in capsys.readouterr().out
+
+
+def test_a_review_after_a_drop_and_a_cut_names_the_logs_own_steps(tmp_path, capsys):
+    """With the warm-up step 0 dropped, the log's steps 1-16 are reviewed: the page names them
+    so, as `trace info` and `--select-steps` do; a step cut into chunks is named `step.chunk`."""
+    log = _qwen_log(tmp_path / "routes.jsonl", warmup=True)
+    read = ["--trace", log, "--skip-type", "meta", "--gpus", "8", "--drop-warmup"]
+    report = _json(capsys, ["review", "ordinal", *read], EXIT["insufficient evidence"])
+    s = report["setup"]
+    assert (s["placed_steps"], s["scored_steps"]) == ("1-8", "9-16")
+    assert [w["scored_steps"] for w in report["time"]["windows"]] == [
+        "9-10", "11-12", "13-14", "15-16"]
+    assert "scored on the held-out steps 9-16, each policy on the placement solved from steps " \
+        "1-8." in report["headline"][-1]
+    assert "steps 9-10 " in " ".join(report["reasons"])
+    assert main(["review", "ordinal", *read]) == EXIT["insufficient evidence"]
+    page = capsys.readouterr().out
+    assert "| 9-10 | 1-8 |" in page and "placed on steps 1-8, scored on 9-16" in page
+    main(["review", "ordinal", *read[:-1], "--select-steps", "0:3", "--max-batched-tokens",
+          "32", "--json"])
+    chunked = json.loads(capsys.readouterr().out)
+    # the warm-up step 0 of 256 rows is 8 chunks, the 48-row steps 1 and 2 two each
+    assert (chunked["setup"]["placed_steps"], chunked["setup"]["scored_steps"]) == (
+        "0.0-0.5", "0.6-0.7, 1.0-1.1, 2.0-2.1")
 
 
 def test_the_row_plus_layer_policy_on_the_router_log_is_not_recommended(tmp_path, capsys):

@@ -57,7 +57,7 @@ from ..replay.results import Results, model_origin, warnings
 from ..runspec import RunSpec, default_of
 from ..traces import RunTrace
 from ..traces.counts import CountsTrace
-from ..traces.steps import select
+from ..traces.steps import select, span_words
 from .evidence import RESAMPLES, draws
 from .invariance import SEARCH_ROWS, invariance_findings
 from .measures import (BALANCE_KEYS, STARVED_SHARE, WORST, balance_findings, percent,
@@ -193,8 +193,11 @@ def review(trace: RunTrace, candidate: Any, baseline: Any = None, spec: RunSpec 
         unrebalanced = replay(test, _without_schedule(spec).replace(policy=candidate,
                                                                     placement=placement))
     cuts = _cuts(placed, S, windows)
-    windowed = [_window(trace, solvers, a, b, roles, note,
-                        placements if a == placed else None) for a, b in cuts]
+    log = trace.log_steps()  # every step named as the log counts it
+    windowed = [{**_window(trace, solvers, a, b, roles, note,
+                           placements if a == placed else None),
+                 "scored_steps": span_words(log, a, b), "placed_steps": span_words(log, 0, a)}
+                for a, b in cuts]
 
     d = draws(seeds, scored, resamples, spec.dispatch.seed)
     invariance = invariance_findings(candidate, names[0], test, placement,
@@ -205,9 +208,9 @@ def review(trace: RunTrace, candidate: Any, baseline: Any = None, spec: RunSpec 
                                    base if kind == "placement" else None) if rebalancing else None
     verdict, reasons, headline = judge(invariance, balance, time, rebalance, scored, mode,
                                        kind)
-    headline.append(rests_on_line(time, trace.num_layers, spec.cost.shape.moe_layers,
-                                  placed, S))
-    setup = {"kind": kind, "steps": S, "placed_on": [0, placed], "scored_on": [placed, S],
+    steps = {"placed_steps": span_words(log, 0, placed), "scored_steps": span_words(log, placed, S)}
+    headline.append(rests_on_line(time, trace.num_layers, spec.cost.shape.moe_layers, steps))
+    setup = {"kind": kind, "steps": S, "placed_on": [0, placed], "scored_on": [placed, S], **steps,
              "seeds": seeds, "windows": [[a, b] for a, b in cuts], "mode": mode,
              "gpus": spec.topology.gpus, "slots": placement.num_slots,
              "solver": str(spec.labels()["solver"]),
@@ -216,8 +219,8 @@ def review(trace: RunTrace, candidate: Any, baseline: Any = None, spec: RunSpec 
              "device": spec.cost.device_profile, "engine_source": dict(sources),
              "baseline_engine_source": dict(base_sources)}
     notes = warnings(trace, spec, asked, [
-        (f"the placement window (steps 0-{placed - 1})", 0, placed),
-        (f"the scored window (steps {placed}-{S - 1})", placed, S)])
+        (f"the placement window (steps {steps['placed_steps']})", 0, placed),
+        (f"the scored window (steps {steps['scored_steps']})", placed, S)])
     series = {"layer_imbalance": {n: balance["per_layer"][n] for n in ("candidate", "baseline")},
               "step_ms": {n: M.time_series(r).get("moe_ms") for n, r in
                           (("candidate", cand), ("baseline", base))},

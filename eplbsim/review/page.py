@@ -64,8 +64,8 @@ def sections(report: Report) -> list[tuple[str, list[str]]]:
     solver = (f"solver {s['solver']}" if s["solver"] == s["baseline_solver"] else
               f"solvers {s['solver']} against {s['baseline_solver']}")
     out.append(("Set-up", [f"{r.candidate} against {r.baseline} in \"{r.mode}\" mode; placed "
-                           f"on steps {s['placed_on'][0]}-{s['placed_on'][1] - 1}, scored on "
-                           f"{s['scored_on'][0]}-{s['scored_on'][1] - 1}; {s['gpus']} GPUs, "
+                           f"on steps {s['placed_steps']}, scored on {s['scored_steps']} (the "
+                           f"log's own step numbers); {s['gpus']} GPUs, "
                            f"{s['slots']} slots, {solver}, {s['seeds']} seed(s)."]))
     return out
 
@@ -124,10 +124,9 @@ def _balance(r: Report) -> list[str]:
 def _time(r: Report) -> list[str]:
     t = r.time
     boot = t["bootstrap"]
-    scored = r.setup["scored_on"]
     lines = _table([[k, t["candidate"][k], t["baseline"][k]] for k in t["candidate"]],
                    ["", r.candidate, r.baseline])
-    lines += ["", f"These times are the scored steps' ({scored[0]}-{scored[1] - 1}, each policy "
+    lines += ["", f"These times are the scored steps' ({r.setup['scored_steps']}, each policy "
                   f"on the placement solved from the steps before them), so `eplbsim run`, which "
                   f"prices every step on a placement solved from all of them, gives other "
                   f"figures for the same policy.",
@@ -149,8 +148,7 @@ def _time(r: Report) -> list[str]:
         f"{number(m['baseline_ms_per_step'])} ({m['source']})." if "unavailable" not in m
         else f"not priced: {m['unavailable']}"))
     lines += ["", "Held-out windows (each placed on every step before it):", ""]
-    lines += _table([[f"{w['scored_on'][0]}-{w['scored_on'][1] - 1}",
-                      f"0-{w['placed_on'][1] - 1}", w["difference_ms"], w["difference_pct"],
+    lines += _table([[w["scored_steps"], w["placed_steps"], w["difference_ms"], w["difference_pct"],
                       w["gpu_imbalance_difference"]] for w in t["windows"]],
                     ["scored steps", "placed on", "ms a step", "%", "GPU imbalance"])
     return lines

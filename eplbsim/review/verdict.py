@@ -85,7 +85,7 @@ def judge(invariance: dict, balance: dict, time: dict, rebalance: dict | None, s
     line per axis (correctness, balance, time)."""
     headline = [correctness_line(invariance, mode), balance_line(balance), time_line(time)]
     if "mechanism" in time:  # the review's findings hold it
-        headline.append(mechanism_line(time))
+        headline.append(mechanism_line(time, mode))
     if mode == "none" and invariance["observed"] == "variant":
         return "not recommended", [_corruption(invariance)], headline
     moved = invariance.get("moved")
@@ -133,8 +133,8 @@ def _time_verdict(balance: dict, time: dict, kind: str) -> tuple[str, list[str]]
         if slow:
             reasons.append(f"not faster on {len(slow)} of {len(time['windows'])} held-out "
                            f"windows: " + ", ".join(
-                               f"steps {w['scored_on'][0]}-{w['scored_on'][1] - 1} "
-                               f"{_signed(w['difference_pct'])}%" for w in slow))
+                               f"steps {w['scored_steps']} {_signed(w['difference_pct'])}%"
+                               for w in slow))
         b = balance["difference"]
         if kind == "dispatch" and b["interval"][0] > 0:
             reasons.append(f"its GPU imbalance is worse beyond its interval: "
@@ -154,8 +154,8 @@ def _weighed(balance: dict, time: dict) -> list[str]:
     lines = [f"weighed: the point estimate leans {_faster(time['difference_ms'])}, "
              f"{_signed(pct)}% a step",
              "weighed: the held-out windows, " + ", ".join(
-                 f"steps {w['scored_on'][0]}-{w['scored_on'][1] - 1} "
-                 f"{_signed(w['difference_pct'])}% ({_faster(w['difference_ms'])})"
+                 f"steps {w['scored_steps']} {_signed(w['difference_pct'])}% "
+                 f"({_faster(w['difference_ms'])})"
                  for w in time["windows"])]
     b = balance["difference"]
     lo, hi = b["interval"]
@@ -266,14 +266,24 @@ def time_line(time: dict) -> str:
     return line + "."
 
 
-def mechanism_line(time: dict) -> str:
+def mechanism_line(time: dict, mode: str) -> str:
     """The headline's line saying, in the cost model's terms, what moves the time: the compute
     or the communication, and for compute whether the slowest GPU reads more or fewer experts'
-    weights, computes more or fewer pairs, and carries more or less than its even share."""
+    weights, computes more or fewer pairs, and carries more or less than its even share. A
+    term the two runs price alike says so in words (in `mode` "none" the communication is
+    every token's, whatever the dispatch)."""
     m = time["mechanism"]
     c, b = m["candidate"], m["baseline"]
-    moved = (f"compute {_signed(m['compute_ms'])} ms a step, communication "
-             f"{_signed(m['comm_ms'])} ms: the {m['moved']} moves it")
+
+    def term(name: str, ms: float) -> str:
+        if ms:
+            return f"{name} {_signed(ms)} ms a step"
+        why = (" (in \"none\" mode every rank receives every token, whatever the dispatch)"
+               if name == "communication" and mode == "none" else "")
+        return f"{name} unchanged{why}"
+    moved = f"{term('compute', m['compute_ms'])}, {term('communication', m['comm_ms'])}" + (
+        f": the {m['moved']} moves it" if m["compute_ms"] or m["comm_ms"] else
+        ": nothing moves it")
 
     def way(key: str, noun: str) -> str:
         ours, theirs = c[key], b[key]
@@ -284,11 +294,11 @@ def mechanism_line(time: dict) -> str:
             f"{number(c['share'])} of an even share against {number(b['share'])}.")
 
 
-def rests_on_line(time: dict, trace_layers: int, model_layers: int, placed: int,
-                  steps: int) -> str:
+def rests_on_line(time: dict, trace_layers: int, model_layers: int, steps: dict) -> str:
     """The headline's line saying what the verdict rests on: which cost model priced it (and
     whether the measured tables could), how many logged layers stand in for the model's, and
-    which steps were scored."""
+    which steps were scored and placed on (`steps`: `scored_steps` and `placed_steps`, in
+    the log's own numbers, `traces.steps.span_words`)."""
     measured = time["measured"]
     priced = (f"priced by {time['cost']} and the measured tables"
               if "difference_ms" in measured else
@@ -297,8 +307,8 @@ def rests_on_line(time: dict, trace_layers: int, model_layers: int, placed: int,
     layers = (f"{trace_layers} logged layer{'' if trace_layers == 1 else 's'} stand"
               f"{'s' if trace_layers == 1 else ''} in for the model's {model_layers} MoE layers")
     return (f"Rests on: {priced}; {layers} ({time['model']}); scored on the held-out steps "
-            f"{placed}-{steps - 1}, each policy on the placement solved from steps 0-"
-            f"{placed - 1}.")
+            f"{steps['scored_steps']}, each policy on the placement solved from steps "
+            f"{steps['placed_steps']}.")
 
 
 def _faster(difference: float) -> str:

@@ -101,6 +101,13 @@ class ChunkView(View):
                 expert_counts(ids, local, self.num_experts, self.load_dtype))
         return out
 
+    def log_steps(self) -> list[str]:
+        names = self.base.log_steps()
+        parent = self.parent.numpy()
+        cut = np.bincount(parent, minlength=len(names)) > 1
+        return [f"{names[p]}.{c}" if cut[p] else names[p] for p, c in
+                zip(parent.tolist(), (self.start.numpy() // self.size).tolist())]
+
     def __repr__(self) -> str:
         return f"ChunkView({shape_words(self)}: of {self.base!r} in chunks of {self.size})"
 

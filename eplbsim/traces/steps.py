@@ -196,6 +196,24 @@ def flag_words(flags: dict[str, list[int]], lo: int, hi: int,
             f"leave{'s' if len(fixes) == 1 else ''} them out")
 
 
+def span_words(names: Sequence[str], lo: int, hi: int, most: int = 4) -> str:
+    """Steps `[lo, hi)` of a trace whose steps the log names `names` (`log_steps`), in those
+    names: runs of consecutive steps joined ("15-18", "2.0-2.7" for chunks of step 2, "3-4,
+    6-7" around a dropped step 5), at most `most` runs and then "...". "" for no step."""
+    runs: list[list[str]] = []
+    prev = None
+    for name in names[lo:hi]:
+        key = tuple(int(part) for part in name.split("."))  # (step,) or (step, chunk)
+        if prev is not None and len(key) == len(prev) and key[:-1] == prev[:-1] \
+                and key[-1] == prev[-1] + 1:
+            runs[-1][1] = name
+        else:
+            runs.append([name, name])
+        prev = key
+    words = [a if a == b else f"{a}-{b}" for a, b in runs[:most]]
+    return ", ".join(words + (["..."] if len(runs) > most else []))
+
+
 @dataclass(frozen=True, eq=False)
 class StepView(View):
     """Some steps of a Trace or DirTrace (`base`), in the order of `steps` (int64 `[S']`, indices
@@ -225,6 +243,10 @@ class StepView(View):
     def counts(self) -> torch.Tensor:
         """Routed pairs per logical expert of the kept steps, `[S', L, E]`."""
         return self.base.counts()[self.steps]
+
+    def log_steps(self) -> list[str]:
+        names = self.base.log_steps()
+        return [names[s] for s in self.steps.tolist()]
 
     def __repr__(self) -> str:
         return f"StepView({shape_words(self)}: of {self.base!r})"

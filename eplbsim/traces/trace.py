@@ -68,6 +68,13 @@ class TraceShape:
         trace has none (the toy MoE then draws its gates)."""
         return None
 
+    def log_steps(self) -> list[str]:
+        """Each step's name as the log counts it, `[S]`: its index here; a view's steps keep
+        their base's names (`StepView`: the selected steps' own, `ChunkView`: `"2.3"` for the
+        fourth chunk of step 2), so every page names a step as `trace info` and
+        `--select-steps` do (`traces.steps.span_words`)."""
+        return [str(s) for s in range(self.num_steps)]
+
     @property
     def load_dtype(self) -> torch.dtype:
         """The dtype of per-(step, layer, expert or slot) pair counts: int32, which holds them
