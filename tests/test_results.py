@@ -84,6 +84,27 @@ def test_the_header_says_steps_and_layers_as_a_reader_counts_them():
                                                                           redundant=0))
 
 
+def test_the_text_header_names_the_model_the_trace_names_as_json_does(capsys):
+    """A log naming its model is priced as it (`--json`'s `model`): the text header says which
+    model and why, with or without a cost model; a trace naming none does not name the
+    default it would be priced as."""
+    from eplbsim.replay import compare
+    from eplbsim.replay.results import describe
+    from eplbsim.traces import Trace
+    g = torch.Generator().manual_seed(0)
+    ids = torch.stack([torch.randperm(60, generator=g)[:4] for _ in range(8)]).view(8, 1, 4)
+    named = Trace.from_arrays(ids, tokens_per_step=[4, 4], num_experts=60,
+                              meta={"model": "Qwen/Qwen1.5-MoE-A2.7B-Chat"})
+    spec = RunSpec.of(gpus=4, redundant=4)
+    rows = compare(named, ["row"], ["none"], spec)
+    header = describe(named, rows[0].spec, spec)
+    assert rows[0].row()["model"] == "qwen1.5-moe-a2.7b"
+    assert ", model qwen1.5-moe-a2.7b (24 MoE layers; the trace holds 1; named by the trace's " \
+        "meta: 'Qwen/Qwen1.5-MoE-A2.7B-Chat')" in header, header
+    plain = Trace.from_arrays(ids, tokens_per_step=[4, 4], num_experts=60)
+    assert "model" not in describe(plain, spec, spec)
+
+
 def test_policies_that_coincide_on_a_run_are_said_once_under_the_table():
     """Two policies whose rows agree in every metric of a mode read as a bug unless said."""
     from eplbsim.replay.results import table_notes

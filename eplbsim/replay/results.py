@@ -292,8 +292,9 @@ def describe(trace: RunTrace, spec: RunSpec, asked: RunSpec | None = None,
              policies: Sequence[Any] = (), sources: int = 1) -> str:
     """One line: the trace's sizes (and the steps selected), the run's topology, slots,
     solver or given placement, view, rng and seed, the model and where it came from when time
-    is priced or the shared experts counted, the shared experts when counted, and the engine
-    code that ran.
+    is priced, the shared experts counted or the model is not the default (given, or named by
+    the trace, as `--json` names it), the shared experts when counted, and the engine code
+    that ran.
     `asked`: the spec as given, before the slots were fitted to the trace (`RunSpec.fit`) and
     the shared experts shared by a comparison of `policies` (`RunSpec.sharing`), so the line
     can say where each came from. `sources`: the engine source sets the run compares (with
@@ -317,7 +318,8 @@ def describe(trace: RunTrace, spec: RunSpec, asked: RunSpec | None = None,
             + ("" if counts_only else f", {_view_words(spec, policies)}, rng {d.rng}, "
                                       f"seed {d.seed}")
             + (f", {_model_words(trace, spec, asked)}"
-               if spec.cost.cost is not None or spec.shared_work() else "")
+               if spec.cost.cost is not None or spec.shared_work()
+               or not model_origin(trace.meta, asked).startswith("the default") else "")
             + ("" if counts_only else _shared_words(spec, asked, policies))
             + (_engine_words(spec, policies) if sources == 1 else ""))
 
