@@ -5,20 +5,23 @@
 #    machine's python3 (a lent GPU machine has torch, triton, numba, scipy, matplotlib, pytest and
 #    hypothesis there, and nothing can be installed); the checkout goes on PYTHONPATH;
 # 2. prints the GPU; 3. runs the CUDA and Triton tests (Triton kernels vs the reference policies
-#    on random inputs, poisoned outputs, -1 padding, E not a power of two); 4. times the Triton
-#    step kernels directly at N = 1e8 pairs against a device copy of the same bytes; 5. runs
-#    `benchmarks/bench_engines.py --device cuda` (the engines' own dispatch on a DeepSeek-V3
-#    step, vLLM's map kernel compiled for the GPU, beside eplbsim's policies); 6. runs
+#    on random inputs, poisoned outputs, -1 padding, E not a power of two); 4. times the whole
+#    `eplbsim run` end to end, a file in and JSON out, two lengths, `row`, once with
+#    `--device cuda` and once with `--device cpu` on the same machine (the replay on the device
+#    keeps its counts there and reads them back once a run); 5. times the Triton step kernels
+#    directly at N = 1e8 pairs against a device copy of the same bytes; 6. runs
 #    `eplbsim bench --device cuda --json` (the dispatch rows, and the replay on the device beside
-#    its kernel calls in both modes, `random` among the policies); 7. times the whole
-#    `eplbsim run --device cuda` end to end (a file in, JSON out, two lengths) for `row` and
-#    `random`; 8. runs `eplbsim ranks` on NCCL with one rank per GPU (world size 1 when there is
-#    one GPU) and checks it against the simulation; 9. prints a short summary table.
+#    its kernel calls in both modes, `random` among the policies); 7. runs `eplbsim ranks` on
+#    NCCL with one rank per GPU (world size 1 when there is one GPU) and checks it against the
+#    simulation; 8. last, with what time is left, `benchmarks/bench_engines.py --device cuda`
+#    on a cut step (1024 tokens, 8 layers: the engines' own dispatch beside eplbsim's
+#    policies); 9. prints a short summary table.
 # The engines' releases come from $EPLBSIM_CACHE, else from `.engine-cache/` in the checkout
 # when it is there (a lent machine reaches no network: stage it here first with
 # `mkdir -p .engine-cache && cp -r ~/.cache/eplbsim/engines .engine-cache/` and carry it).
 # Every step has a timeout. On an H200 (2026-12-04) tests took 33 s, kernels 9 s, engines
-# about 250 s, bench 51 s, ranks 21 s (e2e not measured): about 7 minutes with e2e's default. Logs and JSON go to
+# about 250 s at full size, bench 51 s, ranks 21 s (e2e not measured then); the defaults below
+# bound the whole at about 18 minutes and the steps that matter most run first. Logs and JSON go to
 # $OUT (when set, e.g. by a device runner) or to a fresh temporary folder. Exit status 0 only if
 # every step passed. Timeouts can be overridden: TEST_TIMEOUT, KERNEL_TIMEOUT, BENCH_TIMEOUT
 # (seconds), E2E_TIMEOUT, RANKS_TIMEOUT, ENGINES_TIMEOUT.
@@ -67,6 +70,21 @@ EOF
 step tests "${TEST_TIMEOUT:-240}" "$PY" -m pytest -q -p no:cacheprovider \
     tests/test_kernels_triton.py tests/test_dispatch.py tests/test_replay.py tests/test_moe.py \
     tests/test_observe.py -k "cuda or triton"
+
+e2e_json() {  # the whole `eplbsim run`, a file in and JSON out, on the GPU and on its CPUs
+    set -euo pipefail
+    "$PY" - "$OUTDIR/e2e.json" <<'EOF'
+import json, sys
+from eplbsim.replay.bench import end_to_end, format_end_to_end
+rows = [end_to_end(steps=(2, 66), policy="row", device=d, repeats=2, form="dir")
+        for d in ("cuda", "cpu")]
+for r in rows:
+    print(format_end_to_end(r))
+json.dump(rows, open(sys.argv[1], "w"), indent=1)
+EOF
+}
+export -f e2e_json
+step e2e "${E2E_TIMEOUT:-180}" bash -c e2e_json
 
 kernel_bench() {
     "$PY" - "$OUTDIR/triton_kernels.json" <<'EOF'
@@ -133,9 +151,6 @@ EOF
 export -f kernel_bench
 step kernels "${KERNEL_TIMEOUT:-120}" bash -c kernel_bench
 
-step engines "${ENGINES_TIMEOUT:-240}" "$PY" benchmarks/bench_engines.py --device cuda \
-    --json "$OUTDIR/engines.json"
-
 bench_json() {
     set -euo pipefail
     "$PY" -m eplbsim.cli bench --device cuda --replay-repeats 1 --no-end-to-end --json \
@@ -144,20 +159,6 @@ bench_json() {
 export -f bench_json
 step bench "${BENCH_TIMEOUT:-240}" bash -c bench_json
 
-e2e_json() {  # the whole `eplbsim run --device cuda`, a file in and JSON out, row and random
-    set -euo pipefail
-    "$PY" - "$OUTDIR/e2e.json" <<'EOF'
-import json, sys
-from eplbsim.replay.bench import end_to_end, format_end_to_end
-rows = [end_to_end(steps=(2, 66), policy=p, device="cuda", repeats=2, form="dir")
-        for p in ("row", "random")]
-for r in rows:
-    print(format_end_to_end(r))
-json.dump(rows, open(sys.argv[1], "w"), indent=1)
-EOF
-}
-export -f e2e_json
-step e2e "${E2E_TIMEOUT:-240}" bash -c e2e_json
 
 ranks_nccl() {
     set -euo pipefail
@@ -169,10 +170,14 @@ ranks_nccl() {
 export -f ranks_nccl
 step ranks "${RANKS_TIMEOUT:-180}" bash -c ranks_nccl
 
+# the engines' own code last, on a cut step (1024 tokens, 8 layers): what time is left
+step engines "${ENGINES_TIMEOUT:-120}" "$PY" benchmarks/bench_engines.py --device cuda \
+    --tokens 1024 --layers 8 --json "$OUTDIR/engines.json"
+
 
 echo
 echo "=== summary (logs and JSON in $OUTDIR) ==="
-for name in tests kernels engines bench e2e ranks; do
+for name in tests e2e kernels bench ranks engines; do
     printf '%-8s %s\n' "$name" "${STATUS[$name]:-skipped}"
 done
 grep -hE '^[0-9]+ passed|passed|failed|error' "$OUTDIR/tests.log" 2>/dev/null | tail -1 || true
@@ -227,6 +232,6 @@ if eng:
               f"{r['ours_s'] / r['row_s']:9.2f} {r['ours_s'] / r['roof_s']:10.1f}")
 EOF
 echo "total ${SECONDS}s"
-for name in tests kernels engines bench e2e ranks; do
+for name in tests e2e kernels bench ranks engines; do
     case "${STATUS[$name]:-ok}" in ok*) ;; *) exit 1 ;; esac
 done

@@ -160,7 +160,7 @@ def test_the_cpu_roofline_copies_the_bytes_dispatch_moves():
 @pytest.mark.parametrize("form", ["npz", "dir"])
 def test_end_to_end_times_the_whole_run_at_two_lengths(tmp_path, form):
     row = bench.end_to_end(steps=(1, 3), tokens=64, layers=2, repeats=1, folder=tmp_path,
-                           form=form)
+                           form=form, warmups=0)  # the test's numba warm-up filled the cache
     assert row["pairs"] == [1 * 64 * 2 * bench.TOP_K, 3 * 64 * 2 * bench.TOP_K]
     assert all(s > 0 for s in row["seconds"]) and row["form"] == form
     text = bench.format_end_to_end(row)

@@ -308,3 +308,47 @@ def test_a_pair_on_a_slot_holding_another_expert_is_wrong_in_eplbsims_own_model(
     first = replay(trace.window(0, 4), spec.replace(rebalance_every=None, initial="trivial",
                                                      solver="trivial", policy="unmapped"))
     assert first.metrics["output_rel_error"] == 0  # every logical id's slot holds it
+
+
+HOST_READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__")
+# each policy's device kernel (`DispatchPolicy.kernels["cuda"]`) that runs on CPU tensors too
+DEVICE_KERNELS = {"row": "torch_step.row_step", "static": "torch_step.static_step",
+                  "random": "torch_step.random_step"}
+
+
+@pytest.mark.parametrize("policy, mode", [
+    (p, m) for p in sorted(DEVICE_KERNELS) for m in ("none", "a2a")
+    if m == "a2a" or POLICIES[p].rank_invariant])
+def test_the_device_path_reads_back_to_the_host_a_constant_number_of_times_a_run(
+        monkeypatch, policy, mode):
+    """The replay as it runs on a GPU (`resident`: counts kept on the device, the steps'
+    device kernels, no compiled CPU counts), on CPU tensors: the calls that read a tensor back
+    to the host (a device sync there) are counted while it runs. A longer run makes no more
+    of them: none happens a step. ("none" with a rank-variant policy measures the toy layer's
+    output error a step, whose exact rounding reads back: it is left out here.)"""
+    from dataclasses import replace as swap
+
+    from eplbsim.ranks.epoch import Epoch
+    from eplbsim.replay import dispatch_steps, routed_loads, schedule_of, spec_for_trace
+    assert POLICIES[policy].kernels["cuda"][-1] == DEVICE_KERNELS[policy]
+    monkeypatch.setitem(POLICIES, policy, swap(POLICIES[policy],
+                                               kernels={"cpu": (DEVICE_KERNELS[policy],)}))
+    monkeypatch.setattr(Epoch, "counts_fast", lambda self, device: False)  # as on a GPU
+    reads = []
+    for name in HOST_READS:
+        def counted(self, *args, _original=getattr(torch.Tensor, name), **kwargs):
+            reads.append(1)
+            return _original(self, *args, **kwargs)
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    counts = []
+    for steps in (2, 6):
+        trace = synthesize("skewed", steps=steps, tokens=48, layers=2, experts=16, top_k=4)
+        spec = spec_for_trace(trace, CFG.replace(policy=policy, mode=mode, rng="drift",
+                                                 drift_p=0.5))
+        segments = schedule_of(trace, spec, routed_loads(trace))
+        del reads[:]
+        slot_load, _ = dispatch_steps(trace, spec, segments, range(steps), device="cpu",
+                                      resident=True)
+        counts.append(len(reads))
+        assert slot_load.shape[0] == steps
+    assert counts[0] == counts[1] <= 8, counts

@@ -13,7 +13,7 @@ the oracle of the fast kernels; `eplbsim.dispatch.POLICIES` registers them with 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable
 
@@ -225,10 +225,12 @@ def ordinal_offset(ctx: DispatchContext) -> int:
     return offset
 
 
-def layer_offsets(ctx: DispatchContext, num_layers: int) -> torch.Tensor:
-    """ordinal's offset of every layer of a step, int64 `[L]` on the CPU."""
-    return torch.tensor([ordinal_offset(replace(ctx, layer=layer))
-                         for layer in range(num_layers)], dtype=torch.int64)
+def layer_offsets(ctx: DispatchContext, num_layers: int,
+                  device: torch.device | str = "cpu") -> torch.Tensor:
+    """ordinal's offset of every layer of a step, int64 `[L]` on `device`: the offset of layer
+    `ctx.layer` plus each layer's distance from it (made there, not copied from the host)."""
+    first = ordinal_offset(ctx)
+    return torch.arange(first, first + num_layers, dtype=torch.int64, device=device)
 
 
 def ordinal_policy(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> torch.Tensor:
@@ -323,8 +325,14 @@ def static_table(view: View, rank: int, seed: int) -> torch.Tensor:
     """The fixed expert -> slot table of `rank`, int64 `[L, E]`, built from its view as SGLang
     builds it (`_static_tables`; equal to SGLang 0.5.23's at seed 0, `eplbsim engines
     conform`)."""
-    table = _static_tables(view.log2phy, view.placement, seed)[rank]
-    return torch.from_numpy(table).to(view.log2phy.device)
+    return _static_tables_on(view.log2phy, view.placement, seed)[rank]
+
+
+@lru_cache(maxsize=64)
+def _static_tables_on(log2phy: torch.Tensor, placement: Placement, seed: int) -> torch.Tensor:
+    """`_static_tables` as int64 `[G, L, E]` on `log2phy`'s device, copied there once per
+    view (a copy a call would cost more than the gather it serves)."""
+    return torch.from_numpy(_static_tables(log2phy, placement, seed)).to(log2phy.device)
 
 
 def static_policy(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> torch.Tensor:

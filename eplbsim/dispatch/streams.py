@@ -163,7 +163,8 @@ class Stream:
               num_layers: int = 1) -> torch.Tensor:
         """`random`'s draws of a batch of `num_pairs` in each of layers `layer .. layer +
         num_layers - 1`, int64 `[num_layers, num_pairs]`."""
-        layers = torch.arange(layer, layer + num_layers) + self.shift
+        first = layer + self.shift
+        layers = torch.arange(first, first + num_layers, dtype=torch.int64, device=device)
         return batch_draws(self.words, num_pairs, layers, self.step, device)
 
     def generator(self, layer: int, device: torch.device | str) -> torch.Generator:

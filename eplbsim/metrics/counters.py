@@ -65,21 +65,27 @@ class Counters:
 
     @classmethod
     def zeros(cls, num_steps: int, num_layers: int, num_ranks: int,
-              shared: bool = False, spill: bool = False) -> "Counters":
+              shared: bool = False, spill: bool = False,
+              device: torch.device | str = "cpu") -> "Counters":
         """All-zero counters for `S` steps, `L` layers and `G` ranks, filled step by step;
         `shared`: with room for the shared-expert work per GPU; `spill`: for the spilled pairs
-        and fetched experts per GPU."""
+        and fetched experts per GPU. `device`: where the counts of the steps' dispatch live
+        while they are filled (a replay on a GPU keeps them there, `to` copies them once);
+        `drifted` and `tokens`, known on the host, stay on the CPU."""
         S, L = num_steps, num_layers
         spill_gpus = num_ranks if spill else 0
-        return cls(torch.zeros(S, L, dtype=torch.int64), torch.zeros(S, L, dtype=torch.int64),
-                   torch.zeros(S, L, 3, dtype=torch.int64),
-                   torch.zeros(S, L, 2, dtype=torch.float64),
+
+        def zeros(*shape: int, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+            return torch.zeros(shape, dtype=dtype, device=device)
+        return cls(zeros(S, L), zeros(S, L), zeros(S, L, 3), zeros(S, L, 2, dtype=torch.float64),
                    torch.zeros(S, num_ranks, dtype=torch.bool), torch.zeros(S, dtype=torch.int64),
-                   torch.zeros(S, L, 2, dtype=torch.int64), torch.zeros(S, L, dtype=torch.int64),
-                   torch.zeros(S, L, num_ranks if shared else 0, dtype=torch.float64),
-                   torch.zeros(S, L, 4, dtype=torch.int64),
-                   torch.zeros(S, L, spill_gpus, dtype=torch.int64),
-                   torch.zeros(S, L, spill_gpus, 2, dtype=torch.int64))
+                   zeros(S, L, 2), zeros(S, L),
+                   zeros(S, L, num_ranks if shared else 0, dtype=torch.float64), zeros(S, L, 4),
+                   zeros(S, L, spill_gpus), zeros(S, L, spill_gpus, 2))
+
+    def to(self, device: torch.device | str) -> "Counters":
+        """These counters with every tensor on `device` (itself where they are all there)."""
+        return Counters(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})
 
     def __repr__(self) -> str:
         S, L = self.valid.shape

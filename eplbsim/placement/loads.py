@@ -151,7 +151,6 @@ def nanmax_or_none(values: torch.Tensor) -> float | None:
 
 def multiplicity_counts(multiplicity: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """Pair counts with c = 0, 1, >= 2 per layer among `valid` pairs of `multiplicity
-    [T, L, K]`: int64 `[L, 3]`."""
+    [T, L, K]`: int64 `[L, 3]` on their device."""
     m = multiplicity.masked_fill(~valid, -1)
-    return torch.stack([(m == 0).sum((0, 2)), (m == 1).sum((0, 2)), (m >= 2).sum((0, 2))],
-                       1).cpu()
+    return torch.stack([(m == 0).sum((0, 2)), (m == 1).sum((0, 2)), (m >= 2).sum((0, 2))], 1)

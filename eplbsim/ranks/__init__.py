@@ -72,13 +72,15 @@ UNMEASURED = float("inf")  # an exact norm the fast path left to compute (its er
 
 @dataclass(frozen=True, kw_only=True)
 class StepOutcome:
-    """What the GPUs executed for one step, every layer, summed over the group.
+    """What the GPUs executed for one step, every layer, summed over the group. Every tensor is
+    on the step's device except `drifted` (the CPU): a replay on a GPU keeps them there and
+    copies its whole run's counters once (`replay.dispatch_steps`).
 
-    slot_load:    int64 `[L, P]` pairs executed on each slot (CPU)
+    slot_load:    int64 `[L, P]` pairs executed on each slot
     multiplicity: int64 `[T, L, K]` times each pair was executed (0 at padding); None when
                   counted fast (`Epoch.fast`)
-    multiplicity_counts: int64 `[L, 3]` valid pairs executed 0, 1 and >= 2 times (CPU)
-    valid:        int64 `[L]` non-padding pairs (CPU)
+    multiplicity_counts: int64 `[L, 3]` valid pairs executed 0, 1 and >= 2 times
+    valid:        int64 `[L]` non-padding pairs
     drifted:      bool `[G]` ranks that consumed an extra batch of draws before the step
     agreed:       int64 `[L]` pairs on which every rank chose the same slot; None in "a2a"
     error:        float64 `[L, 2]` the toy layer's `(||Y - Y_exact||^2, ||Y_exact||^2)`; None
@@ -88,15 +90,15 @@ class StepOutcome:
     crossings:    int64 `[L, 2]` in "a2a" when `Epoch.count_links`: the busiest GPU's token
                   crossings of the dispatch over NVLink and RDMA (`cost.comm.a2a_crossings`)
     wrong:        int64 `[L]` in "a2a" when `Epoch.slot_experts` is set: pairs sent to a slot whose
-                  weights are another expert's (CPU); else None
+                  weights are another expert's; else None
     shared:       float64 `[L, G]` with `Epoch.shared`: the tokens whose shared-expert work
-                  each GPU runs (in "none" a `1 / G` share of every token's; CPU); else None
+                  each GPU runs (in "none" a `1 / G` share of every token's); else None
     fanout:       int64 `[L, 4]` when `Epoch.count_links`: the step's fan-out counts
-                  (`fanout.tally`, over the whole group; CPU); else None
+                  (`fanout.tally`, over the whole group); else None
     spilled:      int64 `[L, G]` for a spill policy: pairs each GPU ran with fetched weights
-                  (CPU; `slot_load` then counts only the pairs run on slots); else None
+                  (`slot_load` then counts only the pairs run on slots); else None
     fetched:      int64 `[L, G, 2]` for a spill policy: distinct experts each GPU fetched,
-                  within its node and across nodes (`spill.fetched_counts`; CPU); else None
+                  within its node and across nodes (`spill.fetched_counts`); else None
     """
 
     slot_load: torch.Tensor
@@ -124,8 +126,11 @@ def _dispatch(epoch: Epoch, i: int, step: int, topk_ids: torch.Tensor,
 
 
 def _drift(epoch: Epoch, step: int) -> torch.Tensor:
-    """Every rank's drift flag for step `step`, bool `[G]` (held ranks' coins, gathered)."""
+    """Every rank's drift flag for step `step`, bool `[G]` on the CPU (held ranks' coins,
+    gathered; one process holding every rank gathers nothing, so nothing leaves the host)."""
     hits = torch.tensor([rank.drifted(step) for rank in epoch.ranks], dtype=torch.int64)
+    if epoch.comm is LOCAL:
+        return hits.bool()
     return epoch.comm.all_gather(hits.to(epoch.device)).reshape(-1).bool().cpu()
 
 
@@ -182,13 +187,11 @@ def none_step(epoch: Epoch, step: int, topk_ids: torch.Tensor,
     choices: list[torch.Tensor | None] = [None] * len(epoch.ranks)
     known = []  # each group's choices, when counting fan-out
     runs = []  # each group's (choices, pairs its ranks here executed): `weighed_error_terms`
-    for group in epoch.groups:
+    for n, group in enumerate(epoch.groups):
         phys = _dispatch(epoch, group[0], step, topk_ids)
         if spills:
             phys = none_places(epoch, group[0], phys, topk_ids).run
-        member = torch.zeros(epoch.num_ranks + 1, dtype=torch.bool, device=device)
-        member[[epoch.ranks[i].rank for i in group]] = True  # member[-1]: padding, never
-        executed = member[epoch.gpu_of(phys)] & valid  # [T, L, K]
+        executed = epoch.members(device)[n][epoch.gpu_of(phys)] & valid  # [T, L, K]
         executed_here += executed
         runs.append((phys, executed))
         if epoch.count_links:
@@ -208,18 +211,21 @@ def none_step(epoch: Epoch, step: int, topk_ids: torch.Tensor,
     split = comm.all_reduce((valid & ~agree).to(torch.int32))  # pairs held ranks split on
     agree = valid & (split == 0) & (leads == leads[0]).all(0)
     multiplicity = comm.all_reduce(executed_here)
+    valid_pairs = valid.sum((0, 2))  # [L]
     if epoch.moe is None:
         error = None
+    elif epoch.executes_once:  # exactly 0; the norm is left to the caller (`UNMEASURED`)
+        error = _zero_error(valid_pairs)
     elif epoch.slot_experts is not None:
         error = weighed_error_terms(epoch, step, topk_ids, runs)
     else:
         error = all_reduced_error_terms(epoch.moe, step, topk_ids, executed_here,
                                         comm.all_reduce)
-    slot_load, spilled = split_places(comm.all_reduce(slot_load).cpu(), L, P)
+    slot_load, spilled = split_places(comm.all_reduce(slot_load), L, P)
     return StepOutcome(slot_load=slot_load, multiplicity=multiplicity,
                        multiplicity_counts=multiplicity_counts(multiplicity, valid),
-                       valid=valid.sum((0, 2)).cpu(), drifted=drifted,
-                       agreed=agree.sum((0, 2)).cpu(), error=error,
+                       valid=valid_pairs, drifted=drifted,
+                       agreed=agree.sum((0, 2)), error=error,
                        choices=torch.stack(choices) if epoch.keep_choices else None,
                        shared=shared_split(epoch, topk_ids),
                        fanout=fanout_counts(epoch, topk_ids.shape,
@@ -274,13 +280,13 @@ def a2a_step(epoch: Epoch, step: int, topk_ids: torch.Tensor,
         marks = fetch_marks(epoch, topk_ids, phys, sent)
     multiplicity = comm.all_reduce(sent.long())
     # every pair is dispatched by its owner alone: a valid pair is one that some rank sent
-    slot_load = comm.all_reduce(_slot_counts(phys, sent, epoch.num_places)).cpu()
+    slot_load = comm.all_reduce(_slot_counts(phys, sent, epoch.num_places))
     slot_load, spilled = split_places(slot_load, L, epoch.placement.num_slots)
     gpu = pair_gpus(epoch, phys)
     shared, dest = shared_sent(epoch, step, gpu, rows)
     return StepOutcome(slot_load=slot_load, multiplicity=multiplicity,
                        multiplicity_counts=multiplicity_counts(multiplicity, multiplicity > 0),
-                       valid=comm.all_reduce(sent.sum((0, 2))).cpu(), drifted=drifted,
+                       valid=comm.all_reduce(sent.sum((0, 2))), drifted=drifted,
                        choices=torch.stack(choices) if epoch.keep_choices else None,
                        crossings=link_crossings(epoch, src_rank, gpu, dest),
                        wrong=wrong_pairs(epoch, topk_ids, phys, comm.all_reduce), shared=shared,
@@ -340,8 +346,7 @@ def _none_counted(epoch: Epoch, step: int, topk_ids: torch.Tensor) -> StepOutcom
     if epoch.moe is None:
         error = None
     elif mult is None:  # exactly 0; the norm is left to the caller
-        error = torch.zeros(L, 2, dtype=torch.float64)
-        error[:, 1] = torch.from_numpy(np.where(valid > 0, UNMEASURED, 0.0))
+        error = _zero_error(torch.from_numpy(valid))
     else:
         error = local_error_terms(epoch.moe, step, topk_ids, torch.from_numpy(mult))
     slot_load, spilled = split_places(torch.from_numpy(slot_load), L, P)
@@ -416,10 +421,17 @@ def _executing(epoch: Epoch, step: int, topk_ids: torch.Tensor,
                                                         topk_ids.numpy(), -1))
         else:
             phys = _dispatch(epoch, group[0], step, _own_ids(topk_ids))
-        member = torch.zeros(epoch.num_ranks + 1, dtype=torch.bool, device=phys.device)
-        member[[epoch.ranks[i].rank for i in group]] = True  # member[-1]: padding, never
         gpu = epoch.gpu_of(phys)
-        yield torch.where(member[gpu], gpu, -1)
+        yield torch.where(epoch.members(phys.device)[n][gpu], gpu, -1)
+
+
+def _zero_error(valid: torch.Tensor) -> torch.Tensor:
+    """The toy layer's error terms `[L, 2]` of a step whose every pair is executed once (on
+    `valid [L]`'s device): error exactly 0, the exact norm `UNMEASURED` where some pair is
+    valid (the caller fills it in only if it is ever read, `replay.fill_norms`), else 0."""
+    error = torch.zeros(valid.shape[0], 2, dtype=torch.float64, device=valid.device)
+    error[:, 1] = torch.where(valid > 0, UNMEASURED, 0.0)
+    return error
 
 
 def _executed_once(valid: np.ndarray) -> np.ndarray:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -211,9 +211,39 @@ class Epoch:
     def gpu_of(self, phys: torch.Tensor) -> torch.Tensor:
         """The GPU of each place `phys [...]` (slots, or `place_gpu`'s places for a spill
         policy), int64 `[...]`, -1 where `phys` is -1."""
-        gpus = self.place_gpu if self.policy.spill is not None else self.placement.slot_gpu
-        gpus = gpus.to(phys.device)
-        return torch.where(phys >= 0, gpus[phys.clamp(min=0)].long(), -1)
+        gpus = self._on(phys.device)["gpus"]
+        return torch.where(phys >= 0, gpus[phys.clamp(min=0)], -1)
+
+    def members(self, device: torch.device) -> list[torch.Tensor]:
+        """For each group of `groups`, bool `[G + 1]` on `device`: True at the GPUs of its
+        ranks (index -1, padding's GPU, never)."""
+        return self._on(device)["members"]
+
+    def _on(self, device: torch.device) -> dict[str, Any]:
+        """What the steps index on `device`, copied there once an epoch (a copy a step would
+        be a host round trip a step): the places' GPUs and the groups' members."""
+        key = str(device)
+        if key not in self._device_tables:
+            gpus = self.place_gpu if self.policy.spill is not None else self.placement.slot_gpu
+            members = torch.zeros(len(self.groups), self.num_ranks + 1, dtype=torch.bool)
+            for n, group in enumerate(self.groups):
+                members[n, [self.ranks[i].rank for i in group]] = True
+            self._device_tables[key] = {"gpus": gpus.long().to(device),
+                                        "members": list(members.to(device))}
+        return self._device_tables[key]
+
+    @cached_property
+    def _device_tables(self) -> dict[str, dict[str, Any]]:
+        return {}
+
+    @property
+    def executes_once(self) -> bool:
+        """Whether every valid pair of a step is provably executed exactly once in "none":
+        one group of identical ranks holding every rank, in this one process, each pair on
+        a slot of its own expert (`fast` then leaves the toy layer's exact norm to the caller,
+        as the compiled counts do)."""
+        return (self.fast and self.comm is LOCAL and len(self.groups) == 1
+                and len(self.ranks) == self.num_ranks and self.slot_experts is None)
 
     @cached_property
     def _scratch(self) -> list[np.ndarray]:

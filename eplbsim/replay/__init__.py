@@ -20,7 +20,7 @@ has no token rows: nothing is dispatched, and the results hold the placement's p
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -156,26 +156,35 @@ def run_steps(trace: TokenTrace, spec: RunSpec, segments: Sequence[Segment],
 def dispatch_steps(trace: TokenTrace, spec: RunSpec, segments: Sequence[Segment], steps: range,
                    own_ranks: Sequence[int] | None = None, comm: Collectives = LOCAL,
                    device: str | None = None, fast: bool = True,
-                   progress: Progress | None = None) -> tuple[torch.Tensor, Counters]:
+                   progress: Progress | None = None,
+                   resident: bool | None = None) -> tuple[torch.Tensor, Counters]:
     """`run_steps` for the contiguous `steps` of the run alone: `(slot_load [len(steps), L,
     P], counters of those steps)`, norms left `UNMEASURED` where the fast path left them. A
     step's outcome depends on nothing but its index, its ids and its segment (every draw is
     counter-based, `dispatch.streams`), so ranges dispatched apart and concatenated equal the
     whole run bit for bit. No policy's pair reaches an empty slot (-1): the guarded ones are
     checked (`dispatch.kernels.check_choices`), and one that reroutes to any slot (`unmapped`,
-    `sglang:fake`) is refused in one line on a placement with an empty slot."""
+    `sglang:fake`) is refused in one line on a placement with an empty slot.
+
+    `resident` (default: on a device other than the CPU): the slot loads and counters stay on
+    `device` for the whole range and come back in one copy at its end, and each step's ids
+    are copied there ahead of use (`device_steps`): no step waits on the host, nor the host on
+    a step, unless the policy's own code does (a guarded reference policy is checked on the
+    host; the named kernels of `dispatch.kernels` are not)."""
     d = spec.dispatch
     name, policy = resolve_policy(d.policy, d.engine_source, d.engine_args or "")
     mode_step = lookup(MODES, d.mode, "mode")
     device = device or resolve_device(d.device)
+    if resident is None:
+        resident = torch.device(device).type != "cpu"
+    held = device if resident else "cpu"  # where the run's counts are kept while it runs
     L, E, G = trace.num_layers, trace.num_experts, spec.topology.gpus
     ranks = make_ranks(d.rng, d.seed, G, own_ranks, d.drift_p)
     moe = make_toy_moe(L, E, d.hidden, d.seed, device, trace)
     slot_load = torch.zeros(len(steps), L, segments[0].placement.num_slots,
-                            dtype=trace.load_dtype)
+                            dtype=trace.load_dtype, device=held)
     shared = spec.shared_work() > 0
-    counters = Counters.zeros(len(steps), L, G, shared, spec.spills())
-    read = getattr(trace, "stored_step", trace.step)  # ids as stored: the steps widen them
+    counters = Counters.zeros(len(steps), L, G, shared, spec.spills(), held)
     for start, stop, placement, serving, experts in serving_stretches(spec, segments):
         if policy.reroutes:  # it may choose any slot, an empty one too: the engine has none
             refuse_empty_slots(placement, f"policy {name} (it reroutes pairs to any slot)")
@@ -193,14 +202,37 @@ def dispatch_steps(trace: TokenTrace, spec: RunSpec, segments: Sequence[Segment]
                       comm=comm, fast=fast, count_links=spec.cost.cost is not None,
                       slot_experts=None if experts is None else experts.to(device),
                       shared=shared, tp=d.tp, spill_slack=d.spill_slack)
-        for s in range(start, stop):
-            ids = read(s).to(device)  # [T, L, K]
-            out = mode_step(epoch, s, ids, trace.step_src_rank(s))
+        for s, ids, src_rank in device_steps(trace, range(start, stop), device):
+            out = mode_step(epoch, s, ids, src_rank)
             slot_load[s - steps.start] = out.slot_load
             counters.record(s - steps.start, out, ids.shape[0])
             if progress is not None:
                 progress(1)
-    return slot_load, counters
+    return slot_load.cpu(), counters.to("cpu")
+
+
+def device_steps(trace: TokenTrace, steps: range, device: str | torch.device
+                 ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor | None]]:
+    """`(s, ids [T, L, K], src_rank [T] or None)` of each of `steps` on `device`, ids as the
+    trace stores them (`stored_step`: the rank step widens them). On CUDA each step is read
+    into pinned host memory and its copy issued (`non_blocking`) one step ahead, so the copy
+    of step `s + 1` overlaps the dispatch of step `s`; elsewhere a plain copy."""
+    read = getattr(trace, "stored_step", trace.step)
+    kind = torch.device(device).type
+
+    def move(t: torch.Tensor | None) -> torch.Tensor | None:
+        if t is None or kind == "cpu":  # read on the host: already there
+            return t
+        if kind == "cuda":
+            return t.pin_memory().to(device, non_blocking=True)
+        return t.to(device)
+
+    def issue(s: int) -> tuple[int, torch.Tensor, torch.Tensor | None]:
+        return s, move(read(s)), move(trace.step_src_rank(s))
+    ahead = issue(steps.start) if len(steps) else None
+    for s in steps:
+        current, ahead = ahead, issue(s + 1) if s + 1 < steps.stop else None
+        yield current
 
 
 def fill_norms(trace: TokenTrace, spec: RunSpec, counters: Counters,

@@ -415,13 +415,14 @@ E2E_STEPS = (2, 130)  # the run lengths whose difference is the end-to-end throu
 def end_to_end(steps: Sequence[int] = E2E_STEPS, tokens: int = REPLAY_SIZE["tokens"],
                layers: int = REPLAY_SIZE["layers"], policy: str = "row", mode: str = "none",
                seed: int = 0, repeats: int = 5, folder: Any = None,
-               device: str = "cpu", form: str = "dir") -> dict[str, Any]:
+               device: str = "cpu", form: str = "dir", warmups: int = 1) -> dict[str, Any]:
     """The whole `eplbsim run` as a user meets it, a file in and JSON out: the DeepSeek-V3-shaped
     trace (`skewed_trace`, 32 ranks) of each of two lengths written into `folder` (a temporary
     one by default) as `form`: "npz" (`save_trace`: compressed) or "dir" (`save_trace_dir`: the
     uncompressed directory form), then `eplbsim run --trace PATH --device DEVICE --json` timed
-    as a separate process for each, the fastest of `repeats` runs after one warm-up run (the
-    two lengths alternating: this guest has slow spells of a second or more). The
+    as a separate process for each, the fastest of `repeats` runs after `warmups` rounds that
+    are not timed (the two lengths alternating: this guest has slow spells of a second or
+    more). The
     difference of the two lengths' pairs over the difference of their wall times is the
     throughput of the run beyond its fixed start-up (imports, numba's cache), which the shorter
     run's time minus its share gives: `{"e2e_pairs_per_s", "startup_s", ...}`, both None when
@@ -449,14 +450,14 @@ def end_to_end(steps: Sequence[int] = E2E_STEPS, tokens: int = REPLAY_SIZE["toke
                          "--gpus-per-node", str(GPUS_PER_NODE), "--redundant", str(REDUNDANT),
                          "--seed", str(seed), "--device", device, "--json"])
         times: list[list[float]] = [[], []]
-        for _ in range(repeats + 1):  # the first round warms numba's cache and the page cache
+        for _ in range(warmups + repeats):  # a warm-up round fills numba's and the page cache
             for i, cmd in enumerate(cmds):  # alternating, so a slow spell slows both lengths
                 start = time.perf_counter()
                 done = subprocess.run(cmd, capture_output=True, text=True)
                 times[i].append(time.perf_counter() - start)
                 if done.returncode:
                     raise RuntimeError(f"eplbsim run failed: {done.stderr.strip()[-300:]}")
-        seconds = [min(t[1:]) for t in times]
+        seconds = [min(t[warmups:]) for t in times]
         pairs = [S * tokens * layers * TOP_K for S in lengths]
     gained = seconds[1] - seconds[0]
     rate = (pairs[1] - pairs[0]) / gained if gained > 0 else None  # None: lost in the noise

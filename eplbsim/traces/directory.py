@@ -198,7 +198,8 @@ class DirTrace(TraceShape):
     def _bounds(self, s: int) -> tuple[int, int]:
         if not 0 <= s < self.num_steps:
             raise IndexError(f"step {s} of a {self.num_steps}-step trace")
-        return int(self.step_offsets[s]), int(self.step_offsets[s + 1])
+        rows = self.step_rows(s)
+        return rows.start, rows.stop
 
     def step(self, s: int) -> torch.Tensor:
         """Logical ids of step `s`, int32 `[T_s, L, K]` (a fresh copy)."""

@@ -68,6 +68,15 @@ class TraceShape:
         trace has none (the toy MoE then draws its gates)."""
         return None
 
+    def step_rows(self, s: int) -> slice:
+        """The rows of step `s` in the trace's token arrays, a slice of Python ints
+        (`step_offsets` read into a list once: slicing by tensor elements would read them
+        back one by one, every step)."""
+        bounds = self.__dict__.get("_step_bounds")
+        if bounds is None:
+            bounds = self.__dict__["_step_bounds"] = self.step_offsets.tolist()
+        return slice(bounds[s], bounds[s + 1])
+
     def log_steps(self) -> list[str]:
         """Each step's name as the log counts it, `[S]`: its index here; a view's steps keep
         their base's names (`StepView`: the selected steps' own, `ChunkView`: `"2.3"` for the
@@ -287,18 +296,18 @@ class Trace(TraceShape):
     def stored_step(self, s: int) -> torch.Tensor:
         """Logical ids of step `s` as stored (`id_dtype`), `[T_s, L, K]`: a view of the
         trace, for readers that take any integer dtype and never write."""
-        return self.topk_ids[self.step_offsets[s]:self.step_offsets[s + 1]]
+        return self.topk_ids[self.step_rows(s)]
 
     def step_src_rank(self, s: int) -> torch.Tensor | None:
         """Source ranks of step `s`'s tokens, int64 `[T_s]`, or None."""
         if self.src_rank is None:
             return None
-        return self.src_rank[self.step_offsets[s]:self.step_offsets[s + 1]]
+        return self.src_rank[self.step_rows(s)]
 
     def step_weights(self, s: int) -> torch.Tensor | None:
         if self.topk_weights is None:
             return None
-        return self.topk_weights[self.step_offsets[s]:self.step_offsets[s + 1]]
+        return self.topk_weights[self.step_rows(s)]
 
     def counts(self) -> torch.Tensor:
         """(token, slot) pairs per logical expert, `load_dtype` `[S, L, E]`; padding is not

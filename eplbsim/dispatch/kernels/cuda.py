@@ -22,4 +22,5 @@ def row_step(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> torch.
 def ordinal_step(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> torch.Tensor:
     """`ordinal` for every layer: a histogram launch, a scan, and the dispatch launch."""
     return triton_dispatch.ordinal_step_triton(topk_ids, view.log2phy, view.logcnt,
-                                               layer_offsets(ctx, topk_ids.shape[1]))
+                                               layer_offsets(ctx, topk_ids.shape[1],
+                                                             topk_ids.device))
