@@ -21,7 +21,8 @@ def findings(pct=(-3.0, -4.0, -2.0), windows=(-3.0, -3.0), balance=(-0.01, -0.02
             "difference_ms": pct[0] / 100 * base_ms, "min_effect_pct": 1.0,
             "candidate": {"ms_per_step": base_ms * (1 + pct[0] / 100)},
             "baseline": {"ms_per_step": base_ms}, "decides": {"term": "weight reads"},
-            "windows": [{"scored_on": [i, i + 1], "difference_ms": w / 100 * base_ms,
+            "windows": [{"scored_on": [i, i + 1], "scored_steps": str(i),
+                         "difference_ms": w / 100 * base_ms,
                          "difference_pct": w} for i, w in enumerate(windows)],
             "measured": {"unavailable": "no table"} if measured is None else {
                 "difference_ms": measured, "candidate_ms_per_step": 20.0 + measured,
