@@ -145,6 +145,22 @@ def test_triton_empty_step(device):
     assert td.ordinal_step_triton(ids, view.log2phy, view.logcnt, torch.zeros(2)).shape == (0, 2, 3)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_triton_row_at_given_rows_is_row_step_by_step(device):
+    """Several steps' tokens in one launch, each at its row within its own step (the window a
+    replay on a device dispatches, `ranks.window`): the steps' own launches, concatenated."""
+    gen = torch.Generator().manual_seed(5)
+    placement = random_placement(gen, 2, 7, 12, 4)
+    view = full_view(placement).to(device)
+    steps = [random_ids(gen, T, 2, 3, 7, 0.2, torch.int32, False).to(device) for T in (5, 0, 9)]
+    rows = torch.cat([torch.arange(len(s), device=device) for s in steps])
+    want = torch.cat([td.row_step_triton(s, view.log2phy, view.logcnt, block=8) for s in steps])
+    got = td.row_step_triton(torch.cat(steps), view.log2phy, view.logcnt, block=8, rows=rows)
+    assert torch.equal(got, want)
+    with pytest.raises(ValueError, match="rows must be"):
+        td.row_step_triton(torch.cat(steps), view.log2phy, view.logcnt, rows=rows[:3])
+
+
 def test_triton_rejects_bad_out_and_sub():
     placement = random_placement(torch.Generator().manual_seed(1), 1, 4, 8, 2)
     view = full_view(placement)

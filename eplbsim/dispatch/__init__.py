@@ -79,6 +79,12 @@ class DispatchPolicy:
     spill:          a token-spill rule (`spill.SpillRule`): after the policy's choice, the step's
                     surplus pairs run at other GPUs, with the expert's weights fetched where
                     the GPU holds none (DESIGN.md §15); None: every pair runs where chosen
+    window_kernels: for a rank-invariant policy whose choice reads nothing of the step but
+                    each token's row within it (`row`): device type -> kernels, as `kernels`,
+                    `(topk_ids [N, L, K], view, rows [N]) -> phys [N, L, K]` for several steps'
+                    tokens concatenated, `rows` each token's row within its own step, bit for bit
+                    what stacking the steps' calls gives: a replay kept on a device dispatches
+                    a window of steps in one call (`ranks.window`). Empty: step by step.
     observed:       for a policy not declared rank-invariant (an engine's code):
                     `(view, ctx) -> inputs`, what a rank's call reads beyond the ids, the layer
                     and a generator; in "none", ranks of equal inputs share one call when a
@@ -99,6 +105,8 @@ class DispatchPolicy:
     reroutes: bool = False
     observed: Callable[[View, DispatchContext], Any] | None = None
     spill: SpillRule | None = None
+    window_kernels: Mapping[str, tuple[str | Callable[..., torch.Tensor], ...]] = field(
+        default_factory=dict)
 
     @property
     def places_shared(self) -> bool:
@@ -167,6 +175,8 @@ POLICIES: dict[str, DispatchPolicy] = {
         summary="a draw in [0, 65536) % n_e from the rank's own stream (Philox, counter-based)"),
     "row": DispatchPolicy(
         row_policy, rank_invariant=True, kernels=_ROW, source="SGLang's fix",
+        window_kernels={"cuda": ("cuda.row_rows", "torch_step.row_rows"),
+                        "cpu": ("torch_step.row_rows",)},
         summary="the token's row in the batch, row % n_e"),
     "ordinal": DispatchPolicy(
         ordinal_policy, rank_invariant=True, kernels=_ORDINAL,

@@ -91,10 +91,11 @@ class Counters:
         S, L = self.valid.shape
         return f"Counters({S} steps x {L} layers, {int(self.valid.sum())} pairs)"
 
-    def record(self, i: int, outcome: Any, tokens: int) -> None:
+    def record(self, i: int | slice, outcome: Any, tokens: Any) -> None:
         """Put step `i`'s outcome (`ranks.StepOutcome`, whose counters have these names) in
         place: each counter it holds (None: not counted in this run, left 0), and the step's
-        `tokens`."""
+        `tokens`; for a slice of steps, their outcome stacked (`ranks.window.WindowOutcome`)
+        and their tokens (int64 `[W]`)."""
         self.tokens[i] = tokens
         for f in fields(self):
             value = getattr(outcome, f.name, None)

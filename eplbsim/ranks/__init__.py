@@ -56,7 +56,7 @@ import numpy as np
 import torch
 
 from ..base import loops
-from ..dispatch.kernels import dispatch_step, flat_index
+from ..dispatch.kernels import dispatch_step, flat_index, tally
 from ..dispatch.shared import has_pairs
 from ..placement.loads import multiplicity_counts
 from . import counting
@@ -136,8 +136,8 @@ def _drift(epoch: Epoch, step: int) -> torch.Tensor:
 
 def _slot_counts(phys: torch.Tensor, executed: torch.Tensor, num_slots: int) -> torch.Tensor:
     """Pairs of `phys [T, L, K]` executed (where `executed`) on each slot, int64 `[L * P]`."""
-    return torch.bincount(flat_index(phys, num_slots)[executed],
-                          minlength=phys.shape[1] * num_slots)
+    n = phys.shape[1] * num_slots
+    return tally(torch.where(executed, flat_index(phys, num_slots), n), n)
 
 
 def weighed_error_terms(epoch: Epoch, step: int, topk_ids: torch.Tensor,

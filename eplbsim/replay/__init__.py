@@ -37,6 +37,7 @@ from ..placement import rank_view, refuse_empty_slots
 from ..placement.io import load_placement
 from ..ranks import LOCAL, MODES, Collectives, Epoch, make_ranks, rank_context, rank_groups
 from ..ranks.moe import make_toy_moe, square_sums, step_sums
+from ..ranks.window import none_window, window_dispatch, windows
 from ..runspec import RunSpec, label
 from ..schedule.plan import Segment, plan
 from ..traces import RunTrace, TokenTrace, check_run_trace
@@ -185,6 +186,7 @@ def dispatch_steps(trace: TokenTrace, spec: RunSpec, segments: Sequence[Segment]
                             dtype=trace.load_dtype, device=held)
     shared = spec.shared_work() > 0
     counters = Counters.zeros(len(steps), L, G, shared, spec.spills(), held)
+    read = getattr(trace, "stored_step", trace.step)  # ids as stored: the steps widen them
     for start, stop, placement, serving, experts in serving_stretches(spec, segments):
         if policy.reroutes:  # it may choose any slot, an empty one too: the engine has none
             refuse_empty_slots(placement, f"policy {name} (it reroutes pairs to any slot)")
@@ -202,6 +204,19 @@ def dispatch_steps(trace: TokenTrace, spec: RunSpec, segments: Sequence[Segment]
                       comm=comm, fast=fast, count_links=spec.cost.cost is not None,
                       slot_experts=None if experts is None else experts.to(device),
                       shared=shared, tp=d.tp, spill_slack=d.spill_slack)
+        kernel = window_dispatch(epoch) if resident else None
+        if kernel is not None:  # a window of steps a call, the same counts (`ranks.window`)
+            sizes = trace.tokens_per_step[start:stop].tolist()
+            for a, b in windows(sizes, L * trace.top_k):
+                lo, hi = start + a, start + b
+                ids = to_device(torch.cat([read(s) for s in range(lo, hi)]), device)
+                out = none_window(epoch, kernel, range(lo, hi), ids, sizes[a:b])
+                done = slice(lo - steps.start, hi - steps.start)
+                slot_load[done] = out.slot_load
+                counters.record(done, out, torch.tensor(sizes[a:b]))
+                if progress is not None:
+                    progress(hi - lo)
+            continue
         for s, ids, src_rank in device_steps(trace, range(start, stop), device):
             out = mode_step(epoch, s, ids, src_rank)
             slot_load[s - steps.start] = out.slot_load
@@ -211,6 +226,17 @@ def dispatch_steps(trace: TokenTrace, spec: RunSpec, segments: Sequence[Segment]
     return slot_load.cpu(), counters.to("cpu")
 
 
+def to_device(t: torch.Tensor | None, device: str | torch.device) -> torch.Tensor | None:
+    """Host tensor `t` (or None) on `device`: itself on the CPU; on CUDA through pinned memory
+    with a copy that does not wait (`non_blocking`), so the host reads on while it lands."""
+    kind = torch.device(device).type
+    if t is None or kind == "cpu":
+        return t
+    if kind == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
 def device_steps(trace: TokenTrace, steps: range, device: str | torch.device
                  ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor | None]]:
     """`(s, ids [T, L, K], src_rank [T] or None)` of each of `steps` on `device`, ids as the
@@ -218,17 +244,9 @@ def device_steps(trace: TokenTrace, steps: range, device: str | torch.device
     into pinned host memory and its copy issued (`non_blocking`) one step ahead, so the copy
     of step `s + 1` overlaps the dispatch of step `s`; elsewhere a plain copy."""
     read = getattr(trace, "stored_step", trace.step)
-    kind = torch.device(device).type
-
-    def move(t: torch.Tensor | None) -> torch.Tensor | None:
-        if t is None or kind == "cpu":  # read on the host: already there
-            return t
-        if kind == "cuda":
-            return t.pin_memory().to(device, non_blocking=True)
-        return t.to(device)
 
     def issue(s: int) -> tuple[int, torch.Tensor, torch.Tensor | None]:
-        return s, move(read(s)), move(trace.step_src_rank(s))
+        return s, to_device(read(s), device), to_device(trace.step_src_rank(s), device)
     ahead = issue(steps.start) if len(steps) else None
     for s in steps:
         current, ahead = ahead, issue(s + 1) if s + 1 < steps.stop else None

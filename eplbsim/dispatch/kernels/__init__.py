@@ -51,9 +51,19 @@ def step_kernel(policy: Any, device: torch.device | str) -> StepKernel | None:
     return _kernel(policy, device)[0]
 
 
-def _kernel(policy: Any, device: torch.device | str) -> tuple[StepKernel | None, bool]:
-    """`(kernel or None, whether it is one of this package's, named)`."""
-    for kernel in policy.kernels.get(torch.device(device).type, ()):
+def window_kernel(policy: Any, device: torch.device | str) -> Callable[..., torch.Tensor] | None:
+    """The `DispatchPolicy` `policy`'s kernel for a window of steps on `device`
+    (`DispatchPolicy.window_kernels`: `(topk_ids [N, L, K], view, rows [N]) -> phys`), or
+    None."""
+    return _kernel(policy, device, policy.window_kernels)[0]
+
+
+def _kernel(policy: Any, device: torch.device | str,
+            kernels: Any = None) -> tuple[StepKernel | None, bool]:
+    """`(kernel or None, whether it is one of this package's, named)` among `kernels` (default
+    the policy's step kernels)."""
+    kernels = policy.kernels if kernels is None else kernels
+    for kernel in kernels.get(torch.device(device).type, ()):
         loaded = _load(kernel)
         if loaded is not None:
             return loaded, isinstance(kernel, str)
@@ -140,6 +150,17 @@ def _check_slots(phys: Any, ids: torch.Tensor, name: str) -> None:
                else type(phys).__name__)
         raise InputError(f"policy {name} returned {got}, expected integer slots "
                          f"{tuple(ids.shape)}")
+
+
+def tally(index: torch.Tensor, n: int) -> torch.Tensor:
+    """How many entries of `index` (any shape, values in `[0, n]`) hold each value in
+    `[0, n)`, int64 `[n]` on its device; the value `n` is a sink, not counted. On a GPU a
+    scatter-add: `torch.bincount` reads the index's extremes back to the host first."""
+    flat = index.reshape(-1)
+    if flat.device.type == "cpu":
+        return torch.bincount(flat, minlength=n + 1)[:n]
+    out = torch.zeros(n + 1, dtype=torch.int64, device=flat.device)
+    return out.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int64))[:n]
 
 
 def flat_index(index: torch.Tensor, width: int) -> torch.Tensor:

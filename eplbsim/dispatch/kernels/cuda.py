@@ -19,6 +19,12 @@ def row_step(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> torch.
     return triton_dispatch.row_step_triton(topk_ids, view.log2phy, view.logcnt)
 
 
+def row_rows(topk_ids: torch.Tensor, view: View, rows: torch.Tensor) -> torch.Tensor:
+    """`row` for several steps' tokens in one launch, each at its row within its step
+    (`torch_step.row_rows`)."""
+    return triton_dispatch.row_step_triton(topk_ids, view.log2phy, view.logcnt, rows=rows)
+
+
 def ordinal_step(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> torch.Tensor:
     """`ordinal` for every layer: a histogram launch, a scan, and the dispatch launch."""
     return triton_dispatch.ordinal_step_triton(topk_ids, view.log2phy, view.logcnt,

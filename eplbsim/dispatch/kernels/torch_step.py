@@ -36,8 +36,13 @@ def _counts(topk_ids: torch.Tensor, view: View) -> torch.Tensor:
 
 def row_step(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> torch.Tensor:
     """`row % n_e` for every layer at once."""
-    rows = torch.arange(topk_ids.shape[0], device=topk_ids.device).view(-1, 1, 1)
-    return _pick(topk_ids, view, rows % _counts(topk_ids, view))
+    return row_rows(topk_ids, view, torch.arange(topk_ids.shape[0], device=topk_ids.device))
+
+
+def row_rows(topk_ids: torch.Tensor, view: View, rows: torch.Tensor) -> torch.Tensor:
+    """`row` for tokens `topk_ids [N, L, K]` whose rows within their own steps are `rows [N]`
+    (several steps' tokens concatenated): `log2phy[l, e, rows[t] % n_e]`."""
+    return _pick(topk_ids, view, rows.view(-1, 1, 1) % _counts(topk_ids, view))
 
 
 def static_step(topk_ids: torch.Tensor, view: View, ctx: DispatchContext) -> torch.Tensor:

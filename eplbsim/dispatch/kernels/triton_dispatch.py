@@ -49,10 +49,11 @@ _INT32_MAX = 2**31 - 1
 
 
 @triton.jit
-def _row_kernel(ids_ptr, log2phy_ptr, logcnt_ptr, out_ptr,
+def _row_kernel(ids_ptr, log2phy_ptr, logcnt_ptr, out_ptr, rows_ptr,
                 M, E, R, stride_t, stride_l, stride_k, LK,
-                K: tl.constexpr, BLOCK: tl.constexpr):
-    """Program (block b, layer l): pairs j in [b * BLOCK, (b + 1) * BLOCK) of layer l."""
+                K: tl.constexpr, BLOCK: tl.constexpr, HAS_ROWS: tl.constexpr):
+    """Program (block b, layer l): pairs j in [b * BLOCK, (b + 1) * BLOCK) of layer l; token
+    `t`'s row is `rows[t]` when `HAS_ROWS` (several steps' tokens), else `t`."""
     l = tl.program_id(1)
     j = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)  # [BLOCK] pair index within the layer
     live = j < M
@@ -63,7 +64,11 @@ def _row_kernel(ids_ptr, log2phy_ptr, logcnt_ptr, out_ptr,
     valid = live & (e >= 0)
     row = l * E + tl.where(valid, e, 0)  # [BLOCK] row of (l, e) in logcnt [L, E]
     n = tl.load(logcnt_ptr + row, mask=valid, other=1).to(tl.int32)
-    phys = tl.load(log2phy_ptr + row * R + t % n, mask=valid, other=-1)
+    if HAS_ROWS:
+        r = tl.load(rows_ptr + t, mask=valid, other=0).to(tl.int32)
+    else:
+        r = t
+    phys = tl.load(log2phy_ptr + row * R + r % n, mask=valid, other=-1)
     tl.store(out_ptr + t * LK + l * K + k, tl.where(valid, phys, -1), mask=live)
 
 
@@ -151,7 +156,8 @@ def _prepare(ids: torch.Tensor, log2phy: torch.Tensor, logcnt: torch.Tensor,
 
 
 def row_step_triton(ids: torch.Tensor, log2phy: torch.Tensor, logcnt: torch.Tensor, *,
-                    out: torch.Tensor | None = None, block: int = ROW_BLOCK) -> torch.Tensor:
+                    out: torch.Tensor | None = None, block: int = ROW_BLOCK,
+                    rows: torch.Tensor | None = None) -> torch.Tensor:
     """`row` for every layer of a step: `out[t, l, k] = log2phy[l, e, t % logcnt[l, e]]`.
 
     ids:     int32/int64 `[T, L, K]` logical ids in [-1, E), -1 = padding (any strides)
@@ -159,17 +165,24 @@ def row_step_triton(ids: torch.Tensor, log2phy: torch.Tensor, logcnt: torch.Tens
     logcnt:  int64 `[L, E]` candidates per expert (>= 1)
     out:     optional contiguous int64 `[T, L, K]` buffer, fully overwritten
     block:   pairs per program (a power of two)
-    returns  int64 `[T, L, K]`, -1 at padding; equal to `dispatch.row_policy` layer by layer.
+    rows:    optional `[T]` non-negative row of each token within its own step, when `ids` are
+             several steps' tokens concatenated (`t % ...` becomes `rows[t] % ...`)
+    returns  int64 `[T, L, K]`, -1 at padding; equal to `dispatch.row_policy` layer by layer
+             (step by step, with `rows`).
     """
     log2phy, logcnt, out = _prepare(ids, log2phy, logcnt, out)
     T, L, K = ids.shape
     M = T * K  # pairs per layer
     if M == 0 or L == 0:
         return out
+    if rows is not None and (tuple(rows.shape) != (T,) or rows.device != ids.device):
+        raise ValueError(f"rows must be [T] = [{T}] on {ids.device}, got {tuple(rows.shape)} "
+                         f"on {rows.device}")
     E, R = log2phy.shape[1], log2phy.shape[2]
     grid = (triton.cdiv(M, block), L)
-    _row_kernel[grid](ids, log2phy, logcnt, out, M, E, R, *ids.stride(), L * K,
-                      K=K, BLOCK=block)
+    _row_kernel[grid](ids, log2phy, logcnt, out, out if rows is None else rows.contiguous(),
+                      M, E, R, *ids.stride(), L * K, K=K, BLOCK=block,
+                      HAS_ROWS=rows is not None)
     return out
 
 
