@@ -24,7 +24,7 @@ import torch
 from ..dispatch.kernels import tally, window_kernel
 from .epoch import Epoch
 
-WINDOW_PAIRS = 1 << 24  # a window holds at most this many (token, layer, top-k) pairs, or one step
+WINDOW_PAIRS = 1 << 22  # a window holds at most this many (token, layer, top-k) pairs, or one step
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,10 +85,9 @@ def none_window(epoch: Epoch, kernel: Callable[..., torch.Tensor], steps: range,
     first = torch.cumsum(size, 0) - size  # [W] each step's first token
     rows = torch.arange(N, device=device) - first[step_of]  # [N] row within its own step
     phys = kernel(ids, epoch.views[0], rows)  # [N, L, K], -1 at padding
-    cell = step_of.view(N, 1, 1) * L + torch.arange(L, device=device).view(1, L, 1)  # [N, L, 1]
-    valid = phys >= 0
-    slot_load = tally(torch.where(valid, cell * P + phys, W * L * P), W * L * P)
-    pairs = tally(torch.where(valid, cell, W * L), W * L).view(W, L)
+    cell = (step_of.view(N, 1, 1) * L + torch.arange(L, device=device).view(1, L, 1)) * P
+    slot_load = tally(torch.where(phys >= 0, phys + cell, W * L * P), W * L * P).view(W, L, P)
+    pairs = slot_load.sum(-1)  # [W, L] every valid pair is executed once, on some slot
     error = None
     if epoch.moe is not None:  # exactly 0; the norm left to the caller, as `none_step` does
         error = torch.zeros(W, L, 2, dtype=torch.float64, device=device)
@@ -96,6 +95,6 @@ def none_window(epoch: Epoch, kernel: Callable[..., torch.Tensor], steps: range,
     zero = torch.zeros_like(pairs)
     drifted = torch.tensor([[rank.drifted(s) for rank in epoch.ranks] for s in steps],
                            dtype=torch.bool).view(W, len(epoch.ranks))
-    return WindowOutcome(slot_load=slot_load.view(W, L, P), valid=pairs, agreed=pairs,
+    return WindowOutcome(slot_load=slot_load, valid=pairs, agreed=pairs,
                          multiplicity_counts=torch.stack([zero, pairs, zero], -1), error=error,
                          drifted=drifted)

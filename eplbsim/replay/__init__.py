@@ -204,7 +204,8 @@ def dispatch_steps(trace: TokenTrace, spec: RunSpec, segments: Sequence[Segment]
                       comm=comm, fast=fast, count_links=spec.cost.cost is not None,
                       slot_experts=None if experts is None else experts.to(device),
                       shared=shared, tp=d.tp, spill_slack=d.spill_slack)
-        kernel = window_dispatch(epoch) if resident else None
+        counted = epoch.counts_fast(torch.device(device))  # compiled CPU counts: faster still
+        kernel = window_dispatch(epoch) if resident and not counted else None
         if kernel is not None:  # a window of steps a call, the same counts (`ranks.window`)
             sizes = trace.tokens_per_step[start:stop].tolist()
             for a, b in windows(sizes, L * trace.top_k):
