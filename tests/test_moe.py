@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from eplbsim.ranks import counting
-from eplbsim.ranks.moe import (GRID_BITS, all_reduced_error_terms, error_terms, grid_square_sums,
+from eplbsim.ranks.moe import (DEVICE_SUM_VALUES, GRID_BITS, all_reduced_error_terms,
+                               device_square_sums, error_terms, grid_square_sums,
                                local_error_terms, make_toy_moe, pair_outputs, step_sums,
                                token_inputs)
 
@@ -74,6 +75,28 @@ def test_grid_square_sums_are_math_fsum_or_decline():
     large = rows.clone()
     large[3, 5] = 2.0 ** 7
     assert grid_square_sums(off_grid) is None and grid_square_sums(large) is None
+
+
+def test_device_square_sums_are_math_fsum_or_nan_in_their_row():
+    """Summed where the rows are and read back nowhere: each on-grid row's exactly rounded sum
+    (large sums too, whose parts need the float64 carry), NaN only in a row that cannot be."""
+    rng = np.random.default_rng(8)
+    rows = _grid_rows(rng, 6, 30000, 120.0)
+    rows[1] = 0.0
+    rows[2, :3] = torch.tensor([127.0, -2.0 ** -GRID_BITS, 3 * 2.0 ** -GRID_BITS])
+    rows[5] = 127.0 - 2.0 ** -GRID_BITS  # every square near 2**14: a sum of about 2**29
+    want = [math.fsum(v * v for v in r.tolist()) for r in rows]
+    assert device_square_sums(rows).tolist() == want
+    assert device_square_sums(rows[:, :0]).tolist() == [0.0] * 6
+    off = rows.clone()
+    off[0, 0] = 2.0 ** -(GRID_BITS + 1)
+    off[3, 5] = 2.0 ** 7
+    got = device_square_sums(off).tolist()
+    assert math.isnan(got[0]) and math.isnan(got[3])
+    assert [g for i, g in enumerate(got) if i not in (0, 3)] == [
+        w for i, w in enumerate(want) if i not in (0, 3)]
+    wide = torch.zeros(2, DEVICE_SUM_VALUES)
+    assert all(math.isnan(v) for v in device_square_sums(wide.double()).tolist())
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -160,7 +160,7 @@ def weighed_error_terms(epoch: Epoch, step: int, topk_ids: torch.Tensor,
     exact, weighted = step_sums(epoch.moe, step, topk_ids, right)
     if wrong_sums is not None:
         weighted = weighted + wrong_sums
-    return error_terms(epoch.comm.all_reduce(weighted) - exact, exact)
+    return error_terms(epoch.comm.all_reduce(weighted) - exact, exact, epoch.squares)
 
 
 def none_step(epoch: Epoch, step: int, topk_ids: torch.Tensor,
@@ -220,7 +220,7 @@ def none_step(epoch: Epoch, step: int, topk_ids: torch.Tensor,
         error = weighed_error_terms(epoch, step, topk_ids, runs)
     else:
         error = all_reduced_error_terms(epoch.moe, step, topk_ids, executed_here,
-                                        comm.all_reduce)
+                                        comm.all_reduce, epoch.squares)
     slot_load, spilled = split_places(comm.all_reduce(slot_load), L, P)
     return StepOutcome(slot_load=slot_load, multiplicity=multiplicity,
                        multiplicity_counts=multiplicity_counts(multiplicity, valid),

@@ -26,7 +26,7 @@ from ..dispatch.spill import Site
 from ..dispatch.streams import Stream, coin_hits, stream_key
 from ..placement import Placement, View
 from . import counting
-from .moe import ToyMoE
+from .moe import ToyMoE, device_square_sums, square_sums
 
 RNG_RELATIONS = ("independent", "shared", "drift")
 
@@ -153,6 +153,9 @@ class Epoch:
     shared:       count where each token's shared-expert work runs (`StepOutcome.shared`)
     tp:           the attention tensor-parallel size (`DispatchContext.tp`)
     spill_slack:  a spill policy's capacity above exact balance (`dispatch.spill.capacity`)
+    resident:     the replay keeps the steps' counts on their device (`replay.dispatch_steps`):
+                  "none" sums the toy layer's error squares there too (`moe.device_square_sums`,
+                  NaN where it cannot be exact there: the replay redoes those steps without)
     """
 
     name: str
@@ -174,6 +177,7 @@ class Epoch:
     shared: bool = False
     tp: int = 1
     spill_slack: float = 0.0
+    resident: bool = False
 
     def context(self, step: int, i: int) -> DispatchContext:
         """The context held rank `i` dispatches step `step` with (`rank_context`)."""
@@ -235,6 +239,12 @@ class Epoch:
     @cached_property
     def _device_tables(self) -> dict[str, dict[str, Any]]:
         return {}
+
+    @property
+    def squares(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """How the toy layer's error squares are summed: on the device for a `resident`
+        replay (`moe.device_square_sums`), else exactly on the host (`moe.square_sums`)."""
+        return device_square_sums if self.resident else square_sums
 
     @property
     def executes_once(self) -> bool:

@@ -20,6 +20,7 @@ CUDA `pair_outputs` (torch) does, layer by layer.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Callable
@@ -104,12 +105,19 @@ def step_sums(moe: ToyMoE, step: int, topk_ids: torch.Tensor,
     `executed [T, L, K]` times (None: `exact` itself).
 
     topk_ids: `[T, L, K]` the step's ids (every token; -1 padding, which adds nothing)"""
-    L = topk_ids.shape[1]
     x, gates = token_inputs(moe, step, topk_ids.shape)
     if topk_ids.device.type == "cpu":
         sums = counting.layer_sums(moe.transposed, x.numpy(), gates.numpy(), topk_ids.numpy(),
                                    None if executed is None else executed.numpy())
         return torch.from_numpy(sums[0]), torch.from_numpy(sums[1])
+    return pair_sums(moe, topk_ids, x, gates, executed)
+
+
+def pair_sums(moe: ToyMoE, topk_ids: torch.Tensor, x: torch.Tensor, gates: torch.Tensor,
+              executed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`step_sums` in torch on the ids' device (what a GPU runs), from the step's inputs
+    (`token_inputs`)."""
+    L = topk_ids.shape[1]
     pairs = [pair_outputs(moe, layer, topk_ids[:, layer], x, gates[:, layer])
              for layer in range(L)]
     exact = torch.stack([p.sum(1) for p in pairs])
@@ -121,18 +129,21 @@ def step_sums(moe: ToyMoE, step: int, topk_ids: torch.Tensor,
 
 def all_reduced_error_terms(moe: ToyMoE, step: int, topk_ids: torch.Tensor,
                             executed: torch.Tensor,
-                            all_reduce: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+                            all_reduce: Callable[[torch.Tensor], torch.Tensor],
+                            squares: Callable[[torch.Tensor], torch.Tensor] | None = None
+                            ) -> torch.Tensor:
     """The toy layer's output error for one step, every layer: float64 `[L, 2]` of
     `(||Y - Y_exact||^2, ||Y_exact||^2)`.
 
     topk_ids: `[T, L, K]` the step's ids (every token; -1 padding)
     executed: int `[T, L, K]` times the ranks of this process executed each pair
     all_reduce: sums a tensor over the processes of the group (identity in one process)
+    squares:  how the squares are summed (`error_terms`)
     Each process sums the pair outputs of the pairs it executed, `[L, T, D]`; the all-reduce
     of those partial outputs is `Y`, as a serving engine's all-reduce forms it.
     """
     exact, partial = step_sums(moe, step, topk_ids, executed)
-    return error_terms(all_reduce(partial) - exact, exact)
+    return error_terms(all_reduce(partial) - exact, exact, squares)
 
 
 def local_error_terms(moe: ToyMoE, step: int, topk_ids: torch.Tensor,
@@ -150,12 +161,15 @@ def local_error_terms(moe: ToyMoE, step: int, topk_ids: torch.Tensor,
     return all_reduced_error_terms(moe, step, topk_ids, executed, lambda t: t)
 
 
-def error_terms(diff: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
-    """`(||diff[l]||^2, ||exact[l]||^2)` of every layer, float64 `[L, 2]` on the CPU, for
-    `diff [L, R, D]` (any rows of `Y - Y_exact`; zero rows may be left out) and `exact
-    [L, T, D]`, on their device: each `square_sums`, exactly rounded, so neither depends on
-    which zero rows are included, in what order, or on the device."""
-    return torch.stack([square_sums(diff), square_sums(exact)], 1)
+def error_terms(diff: torch.Tensor, exact: torch.Tensor,
+                squares: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+    """`(||diff[l]||^2, ||exact[l]||^2)` of every layer, float64 `[L, 2]`, for `diff [L, R, D]`
+    (any rows of `Y - Y_exact`; zero rows may be left out) and `exact [L, T, D]`, on their
+    device: each `squares` (default `square_sums`: exactly rounded, on the CPU), so neither
+    depends on which zero rows are included, in what order, or on the device;
+    `device_square_sums` keeps them on the device (NaN where it cannot be exact there)."""
+    squares = squares or square_sums
+    return torch.stack([squares(diff), squares(exact)], 1)
 
 
 def square_sums(rows: torch.Tensor) -> torch.Tensor:
@@ -168,6 +182,29 @@ def square_sums(rows: torch.Tensor) -> torch.Tensor:
     if squares is None:
         squares = torch.from_numpy(counting.square_sums(rows.cpu().numpy()))
     return squares
+
+
+DEVICE_SUM_VALUES = 1 << 22  # a row of at most this many values keeps its parts under 2**53
+
+
+def device_square_sums(rows: torch.Tensor) -> torch.Tensor:
+    """`square_sums` of float64 `rows [L, ...]` computed on their device and read back nowhere:
+    float64 `[L]` there, equal to `square_sums` bit for bit in every row whose values are all
+    on the grid (`grid_square_sums`' condition) and number under `DEVICE_SUM_VALUES`; NaN in
+    the other rows, which the caller recomputes on the host (`replay.dispatch_steps`).
+
+    The grid sum's high and low parts are each under `2**53` there, so both convert to float64
+    exactly, `high * 2**31` stays exact, and their one float64 sum is the correctly rounded
+    total, as Python's int -> float conversion rounds it (`counting.grid_value`)."""
+    rows = rows.reshape(rows.shape[0], -1)
+    if rows.shape[1] >= DEVICE_SUM_VALUES:
+        return torch.full(rows.shape[:1], math.nan, dtype=torch.float64, device=rows.device)
+    scaled = rows * 2.0 ** GRID_BITS
+    ok = ((rows.abs() < 2.0 ** 7) & (scaled == scaled.round())).all(1)  # [L]
+    m = torch.where(ok.unsqueeze(1), rows * rows * 2.0 ** (2 * GRID_BITS), 0.0).to(torch.int64)
+    high, low = (m >> 31).sum(1).double(), (m & (2 ** 31 - 1)).sum(1).double()
+    total = (high * 2.0 ** 31 + low) * 2.0 ** (-2 * GRID_BITS)
+    return torch.where(ok, total, math.nan)
 
 
 def grid_square_sums(rows: torch.Tensor) -> torch.Tensor | None:

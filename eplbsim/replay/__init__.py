@@ -187,6 +187,7 @@ def dispatch_steps(trace: TokenTrace, spec: RunSpec, segments: Sequence[Segment]
     shared = spec.shared_work() > 0
     counters = Counters.zeros(len(steps), L, G, shared, spec.spills(), held)
     read = getattr(trace, "stored_step", trace.step)  # ids as stored: the steps widen them
+    served: list[tuple[int, int, Epoch]] = []  # each stretch's steps and epoch
     for start, stop, placement, serving, experts in serving_stretches(spec, segments):
         if policy.reroutes:  # it may choose any slot, an empty one too: the engine has none
             refuse_empty_slots(placement, f"policy {name} (it reroutes pairs to any slot)")
@@ -203,7 +204,8 @@ def dispatch_steps(trace: TokenTrace, spec: RunSpec, segments: Sequence[Segment]
                       num_ranks=G, mode=d.mode, seed=d.seed, rank_offset=d.rank_offset, moe=moe,
                       comm=comm, fast=fast, count_links=spec.cost.cost is not None,
                       slot_experts=None if experts is None else experts.to(device),
-                      shared=shared, tp=d.tp, spill_slack=d.spill_slack)
+                      shared=shared, tp=d.tp, spill_slack=d.spill_slack, resident=resident)
+        served.append((start, stop, epoch))
         counted = epoch.counts_fast(torch.device(device))  # compiled CPU counts: faster still
         kernel = window_dispatch(epoch) if resident and not counted else None
         if kernel is not None:  # a window of steps a call, the same counts (`ranks.window`)
@@ -224,7 +226,27 @@ def dispatch_steps(trace: TokenTrace, spec: RunSpec, segments: Sequence[Segment]
             counters.record(s - steps.start, out, ids.shape[0])
             if progress is not None:
                 progress(1)
-    return slot_load.cpu(), counters.to("cpu")
+    counters = counters.to("cpu")
+    if resident:
+        _redo_inexact(trace, mode_step, served, steps.start, counters, device)
+    return slot_load.cpu(), counters
+
+
+def _redo_inexact(trace: TokenTrace, mode_step: Callable[..., Any],
+                  served: Sequence[tuple[int, int, Epoch]], first: int, counters: Counters,
+                  device: str | torch.device) -> None:
+    """Redo, in place, the toy layer's error of the steps whose squares a resident replay
+    could not sum exactly on its device (NaN, `moe.device_square_sums`: never seen with the
+    toy layer's outputs), with the host's exact rounding: each such step dispatched again
+    (every choice is counter-based: the same) by its stretch's epoch, not resident."""
+    redo = torch.isnan(counters.error).any(2).any(1).nonzero().flatten().tolist()
+    read = getattr(trace, "stored_step", trace.step)
+    for i in redo:
+        s = first + i
+        epoch = next(e for lo, hi, e in served if lo <= s < hi)
+        out = mode_step(replace(epoch, resident=False), s, read(s).to(device),
+                        to_device(trace.step_src_rank(s), device))
+        counters.error[i] = out.error.cpu()
 
 
 def to_device(t: torch.Tensor | None, device: str | torch.device) -> torch.Tensor | None:
