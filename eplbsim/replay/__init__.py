@@ -245,15 +245,15 @@ def _redo_inexact(trace: TokenTrace, mode_step: Callable[..., Any],
         s = first + i
         epoch = next(e for lo, hi, e in served if lo <= s < hi)
         out = mode_step(replace(epoch, resident=False), s, read(s).to(device),
-                        to_device(trace.step_src_rank(s), device))
+                        trace.step_src_rank(s))
         counters.error[i] = out.error.cpu()
 
 
-def to_device(t: torch.Tensor | None, device: str | torch.device) -> torch.Tensor | None:
-    """Host tensor `t` (or None) on `device`: itself on the CPU; on CUDA through pinned memory
-    with a copy that does not wait (`non_blocking`), so the host reads on while it lands."""
+def to_device(t: torch.Tensor, device: str | torch.device) -> torch.Tensor:
+    """Host tensor `t` on `device`: itself on the CPU; on CUDA through pinned memory with a
+    copy that does not wait (`non_blocking`), so the host reads on while it lands."""
     kind = torch.device(device).type
-    if t is None or kind == "cpu":
+    if kind == "cpu":
         return t
     if kind == "cuda":
         return t.pin_memory().to(device, non_blocking=True)
@@ -262,14 +262,15 @@ def to_device(t: torch.Tensor | None, device: str | torch.device) -> torch.Tenso
 
 def device_steps(trace: TokenTrace, steps: range, device: str | torch.device
                  ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor | None]]:
-    """`(s, ids [T, L, K], src_rank [T] or None)` of each of `steps` on `device`, ids as the
-    trace stores them (`stored_step`: the rank step widens them). On CUDA each step is read
-    into pinned host memory and its copy issued (`non_blocking`) one step ahead, so the copy
-    of step `s + 1` overlaps the dispatch of step `s`; elsewhere a plain copy."""
+    """`(s, ids [T, L, K], src_rank [T] or None)` of each of `steps`: ids on `device`, as the
+    trace stores them (`stored_step`: the rank step widens them), the source ranks on the host
+    (the rank step checks them there). On CUDA each step is read into pinned host memory and
+    its copy issued (`non_blocking`) one step ahead, so the copy of step `s + 1` overlaps the
+    dispatch of step `s`; elsewhere a plain copy."""
     read = getattr(trace, "stored_step", trace.step)
 
     def issue(s: int) -> tuple[int, torch.Tensor, torch.Tensor | None]:
-        return s, to_device(read(s), device), to_device(trace.step_src_rank(s), device)
+        return s, to_device(read(s), device), trace.step_src_rank(s)
     ahead = issue(steps.start) if len(steps) else None
     for s in steps:
         current, ahead = ahead, issue(s + 1) if s + 1 < steps.stop else None
