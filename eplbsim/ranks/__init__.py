@@ -62,19 +62,20 @@ from ..placement.loads import multiplicity_counts
 from . import counting
 from .epoch import (LOCAL, RNG_RELATIONS, Collectives, Epoch, Rank, Table, make_ranks, rank_context,
                     rank_groups)
-from .moe import all_reduced_error_terms, error_terms, local_error_terms, step_sums
+from .moe import (UNMEASURED, all_reduced_error_terms, error_terms, local_error_terms, step_sums,
+                  zero_error_terms)
 from .spill import a2a_places, fetch_marks, fetched_counts, none_places, split_places
 from .traffic import (a2a_fanout, fanout_counts, held_experts, link_crossings, pair_gpus,
                       share_bounds, shared_sent, shared_split, token_owners, wrong_pairs)
 
-UNMEASURED = float("inf")  # an exact norm the fast path left to compute (its error is 0)
-
 
 @dataclass(frozen=True, kw_only=True)
 class StepOutcome:
-    """What the GPUs executed for one step, every layer, summed over the group. Every tensor is
-    on the step's device except `drifted` (the CPU): a replay on a GPU keeps them there and
-    copies its whole run's counters once (`replay.dispatch_steps`).
+    """What the GPUs executed for one step, every layer, summed over the group. The slot loads,
+    the pair counts, the agreement and the multiplicities stay on the step's device, and so
+    does the error on a resident replay (`Epoch.resident`); `drifted` and the traffic counts
+    (shared, fan-out, crossings, wrong, spilled and fetched) may be on the CPU. A replay puts
+    each where it keeps its counters (`Counters.record`) and copies them once a run.
 
     slot_load:    int64 `[L, P]` pairs executed on each slot
     multiplicity: int64 `[T, L, K]` times each pair was executed (0 at padding); None when
@@ -128,10 +129,10 @@ def _dispatch(epoch: Epoch, i: int, step: int, topk_ids: torch.Tensor,
 def _drift(epoch: Epoch, step: int) -> torch.Tensor:
     """Every rank's drift flag for step `step`, bool `[G]` on the CPU (held ranks' coins,
     gathered; one process holding every rank gathers nothing, so nothing leaves the host)."""
-    hits = torch.tensor([rank.drifted(step) for rank in epoch.ranks], dtype=torch.int64)
+    hits = epoch.drifted(step)
     if epoch.comm is LOCAL:
-        return hits.bool()
-    return epoch.comm.all_gather(hits.to(epoch.device)).reshape(-1).bool().cpu()
+        return hits
+    return epoch.comm.all_gather(hits.long().to(epoch.device)).reshape(-1).bool().cpu()
 
 
 def _slot_counts(phys: torch.Tensor, executed: torch.Tensor, num_slots: int) -> torch.Tensor:
@@ -215,7 +216,7 @@ def none_step(epoch: Epoch, step: int, topk_ids: torch.Tensor,
     if epoch.moe is None:
         error = None
     elif epoch.executes_once:  # exactly 0; the norm is left to the caller (`UNMEASURED`)
-        error = _zero_error(valid_pairs)
+        error = zero_error_terms(valid_pairs)
     elif epoch.slot_experts is not None:
         error = weighed_error_terms(epoch, step, topk_ids, runs)
     else:
@@ -346,7 +347,7 @@ def _none_counted(epoch: Epoch, step: int, topk_ids: torch.Tensor) -> StepOutcom
     if epoch.moe is None:
         error = None
     elif mult is None:  # exactly 0; the norm is left to the caller
-        error = _zero_error(torch.from_numpy(valid))
+        error = zero_error_terms(torch.from_numpy(valid))
     else:
         error = local_error_terms(epoch.moe, step, topk_ids, torch.from_numpy(mult))
     slot_load, spilled = split_places(torch.from_numpy(slot_load), L, P)
@@ -423,15 +424,6 @@ def _executing(epoch: Epoch, step: int, topk_ids: torch.Tensor,
             phys = _dispatch(epoch, group[0], step, _own_ids(topk_ids))
         gpu = epoch.gpu_of(phys)
         yield torch.where(epoch.members(phys.device)[n][gpu], gpu, -1)
-
-
-def _zero_error(valid: torch.Tensor) -> torch.Tensor:
-    """The toy layer's error terms `[L, 2]` of a step whose every pair is executed once (on
-    `valid [L]`'s device): error exactly 0, the exact norm `UNMEASURED` where some pair is
-    valid (the caller fills it in only if it is ever read, `replay.fill_norms`), else 0."""
-    error = torch.zeros(valid.shape[0], 2, dtype=torch.float64, device=valid.device)
-    error[:, 1] = torch.where(valid > 0, UNMEASURED, 0.0)
-    return error
 
 
 def _executed_once(valid: np.ndarray) -> np.ndarray:

@@ -179,6 +179,10 @@ class Epoch:
     spill_slack: float = 0.0
     resident: bool = False
 
+    def drifted(self, step: int) -> torch.Tensor:
+        """Whether each held rank's coin hit before step `step`, bool `[len(ranks)]` (CPU)."""
+        return torch.tensor([rank.drifted(step) for rank in self.ranks], dtype=torch.bool)
+
     def context(self, step: int, i: int) -> DispatchContext:
         """The context held rank `i` dispatches step `step` with (`rank_context`)."""
         return rank_context(step, self.ranks[i], self.mode, self.seed, self.rank_offset, self.tp)

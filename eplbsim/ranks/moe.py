@@ -184,14 +184,39 @@ def square_sums(rows: torch.Tensor) -> torch.Tensor:
     return squares
 
 
+UNMEASURED = float("inf")  # an exact norm the fast path left to compute (its error is 0)
+
+
+def zero_error_terms(valid: torch.Tensor) -> torch.Tensor:
+    """The toy layer's error terms of steps whose every pair is executed once, float64
+    `[..., L, 2]` on the device of `valid [..., L]` (their valid pairs): error exactly 0, the
+    exact norm `UNMEASURED` where some pair is valid (the caller fills it in only if it is ever
+    read, `replay.fill_norms`), else 0."""
+    error = torch.zeros(*valid.shape, 2, dtype=torch.float64, device=valid.device)
+    error[..., 1] = torch.where(valid > 0, UNMEASURED, 0.0)
+    return error
+
+
 DEVICE_SUM_VALUES = 1 << 22  # a row of at most this many values keeps its parts under 2**53
+
+
+def _grid_parts(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`(on_grid [L], high [L], low [L])` of float64 `rows [L, n]`, on their device: whether
+    every value of a row is a multiple of `2**-GRID_BITS` below `2**7` in magnitude (toy-MoE
+    output differences are), and the sums of the high and the low 31 bits of each value's
+    square as an integer multiple `m < 2**62` of `2**(-2 * GRID_BITS)` (rounding a multiple of
+    that power of two to float64 keeps it one), exact in int64; 0 in a row off the grid."""
+    scaled = rows * 2.0 ** GRID_BITS
+    ok = ((rows.abs() < 2.0 ** 7) & (scaled == scaled.round())).all(1)  # [L]
+    m = torch.where(ok.unsqueeze(1), rows * rows * 2.0 ** (2 * GRID_BITS), 0.0).to(torch.int64)
+    return ok, (m >> 31).sum(1), (m & (2 ** 31 - 1)).sum(1)
 
 
 def device_square_sums(rows: torch.Tensor) -> torch.Tensor:
     """`square_sums` of float64 `rows [L, ...]` computed on their device and read back nowhere:
-    float64 `[L]` there, equal to `square_sums` bit for bit in every row whose values are all
-    on the grid (`grid_square_sums`' condition) and number under `DEVICE_SUM_VALUES`; NaN in
-    the other rows, which the caller recomputes on the host (`replay.dispatch_steps`).
+    float64 `[L]` there, equal to `square_sums` bit for bit in every row on the grid
+    (`_grid_parts`) of under `DEVICE_SUM_VALUES` values; NaN in the other rows, which the
+    caller recomputes on the host (`replay.dispatch_steps`).
 
     The grid sum's high and low parts are each under `2**53` there, so both convert to float64
     exactly, `high * 2**31` stays exact, and their one float64 sum is the correctly rounded
@@ -199,30 +224,22 @@ def device_square_sums(rows: torch.Tensor) -> torch.Tensor:
     rows = rows.reshape(rows.shape[0], -1)
     if rows.shape[1] >= DEVICE_SUM_VALUES:
         return torch.full(rows.shape[:1], math.nan, dtype=torch.float64, device=rows.device)
-    scaled = rows * 2.0 ** GRID_BITS
-    ok = ((rows.abs() < 2.0 ** 7) & (scaled == scaled.round())).all(1)  # [L]
-    m = torch.where(ok.unsqueeze(1), rows * rows * 2.0 ** (2 * GRID_BITS), 0.0).to(torch.int64)
-    high, low = (m >> 31).sum(1).double(), (m & (2 ** 31 - 1)).sum(1).double()
-    total = (high * 2.0 ** 31 + low) * 2.0 ** (-2 * GRID_BITS)
+    ok, high, low = _grid_parts(rows)
+    total = (high.double() * 2.0 ** 31 + low.double()) * 2.0 ** (-2 * GRID_BITS)
     return torch.where(ok, total, math.nan)
 
 
 def grid_square_sums(rows: torch.Tensor) -> torch.Tensor | None:
     """The exactly rounded sum of the squares (each rounded to float64) of each row of float64
     `rows [L, n]` on any device, float64 `[L]` on the CPU, equal to `math.fsum`; None unless
-    every value is a multiple of `2**-GRID_BITS` below `2**7` in magnitude (toy-MoE output
-    differences are), with `n < 2**32`.
-
-    Then each rounded square is an integer multiple `m < 2**62` of `2**(-2 * GRID_BITS)`
-    (rounding a multiple of that power of two to float64 keeps it one): the high and the low
-    31 bits of `m` are summed exactly in int64 on the device, and the total is rounded once, by
-    Python's correctly rounded int -> float conversion."""
+    every row is on the grid (`_grid_parts`), with `n < 2**32`: the parts are summed exactly on
+    the device, and the total is rounded once, by Python's correctly rounded int -> float
+    conversion."""
     if rows.shape[1] >= 2 ** 32:
         return None
-    scaled = rows * 2.0 ** GRID_BITS
-    if rows.numel() and bool((rows.abs() >= 2.0 ** 7).any() | (scaled != scaled.round()).any()):
+    ok, high, low = _grid_parts(rows)
+    if not bool(ok.all()):
         return None
-    m = (rows * rows * 2.0 ** (2 * GRID_BITS)).to(torch.int64)  # [L, n] exact integers
-    high, low = torch.stack([(m >> 31).sum(1), (m & (2 ** 31 - 1)).sum(1)]).cpu().tolist()
+    high, low = torch.stack([high, low]).cpu().tolist()
     return torch.tensor([counting.grid_value(h, lo) for h, lo in zip(high, low)],
                         dtype=torch.float64)

@@ -23,6 +23,7 @@ import torch
 
 from ..dispatch.kernels import tally, window_kernel
 from .epoch import Epoch
+from .moe import zero_error_terms
 
 WINDOW_PAIRS = 1 << 22  # a window holds at most this many (token, layer, top-k) pairs, or one step
 
@@ -88,13 +89,9 @@ def none_window(epoch: Epoch, kernel: Callable[..., torch.Tensor], steps: range,
     cell = (step_of.view(N, 1, 1) * L + torch.arange(L, device=device).view(1, L, 1)) * P
     slot_load = tally(torch.where(phys >= 0, phys + cell, W * L * P), W * L * P).view(W, L, P)
     pairs = slot_load.sum(-1)  # [W, L] every valid pair is executed once, on some slot
-    error = None
-    if epoch.moe is not None:  # exactly 0; the norm left to the caller, as `none_step` does
-        error = torch.zeros(W, L, 2, dtype=torch.float64, device=device)
-        error[:, :, 1] = torch.where(pairs > 0, float("inf"), 0.0)
+    error = None if epoch.moe is None else zero_error_terms(pairs)  # as `none_step` leaves it
     zero = torch.zeros_like(pairs)
-    drifted = torch.tensor([[rank.drifted(s) for rank in epoch.ranks] for s in steps],
-                           dtype=torch.bool).view(W, len(epoch.ranks))
+    drifted = torch.stack([epoch.drifted(s) for s in steps])  # [W, G]: every rank is held
     return WindowOutcome(slot_load=slot_load, valid=pairs, agreed=pairs,
                          multiplicity_counts=torch.stack([zero, pairs, zero], -1), error=error,
                          drifted=drifted)

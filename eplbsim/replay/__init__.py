@@ -20,7 +20,7 @@ has no token rows: nothing is dispatched, and the results hold the placement's p
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -168,10 +168,10 @@ def dispatch_steps(trace: TokenTrace, spec: RunSpec, segments: Sequence[Segment]
     `sglang:fake`) is refused in one line on a placement with an empty slot.
 
     `resident` (default: on a device other than the CPU): the slot loads and counters stay on
-    `device` for the whole range and come back in one copy at its end, and each step's ids
-    are copied there ahead of use (`device_steps`): no step waits on the host, nor the host on
-    a step, unless the policy's own code does (a guarded reference policy is checked on the
-    host; the named kernels of `dispatch.kernels` are not)."""
+    `device` for the whole range and come back in one copy at its end, and each step's ids go
+    there through pinned memory without the host waiting for the copy (`to_device`): the host
+    never waits on a step unless the policy's own code does (a guarded reference policy is
+    checked on the host; the named kernels of `dispatch.kernels` are not)."""
     d = spec.dispatch
     name, policy = resolve_policy(d.policy, d.engine_source, d.engine_args or "")
     mode_step = lookup(MODES, d.mode, "mode")
@@ -220,8 +220,9 @@ def dispatch_steps(trace: TokenTrace, spec: RunSpec, segments: Sequence[Segment]
                 if progress is not None:
                     progress(hi - lo)
             continue
-        for s, ids, src_rank in device_steps(trace, range(start, stop), device):
-            out = mode_step(epoch, s, ids, src_rank)
+        for s in range(start, stop):
+            ids = to_device(read(s), device)  # [T, L, K]
+            out = mode_step(epoch, s, ids, trace.step_src_rank(s))
             slot_load[s - steps.start] = out.slot_load
             counters.record(s - steps.start, out, ids.shape[0])
             if progress is not None:
@@ -240,41 +241,24 @@ def _redo_inexact(trace: TokenTrace, mode_step: Callable[..., Any],
     toy layer's outputs), with the host's exact rounding: each such step dispatched again
     (every choice is counter-based: the same) by its stretch's epoch, not resident."""
     redo = torch.isnan(counters.error).any(2).any(1).nonzero().flatten().tolist()
-    read = getattr(trace, "stored_step", trace.step)
     for i in redo:
         s = first + i
         epoch = next(e for lo, hi, e in served if lo <= s < hi)
-        out = mode_step(replace(epoch, resident=False), s, read(s).to(device),
-                        trace.step_src_rank(s))
+        ids = getattr(trace, "stored_step", trace.step)(s).to(device)
+        out = mode_step(replace(epoch, resident=False), s, ids, trace.step_src_rank(s))
         counters.error[i] = out.error.cpu()
 
 
 def to_device(t: torch.Tensor, device: str | torch.device) -> torch.Tensor:
     """Host tensor `t` on `device`: itself on the CPU; on CUDA through pinned memory with a
-    copy that does not wait (`non_blocking`), so the host reads on while it lands."""
+    copy that does not wait (`non_blocking`: queued on the current stream, ahead of the kernels
+    that read it), so the host reads the next step on while it lands."""
     kind = torch.device(device).type
     if kind == "cpu":
         return t
     if kind == "cuda":
         return t.pin_memory().to(device, non_blocking=True)
     return t.to(device)
-
-
-def device_steps(trace: TokenTrace, steps: range, device: str | torch.device
-                 ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor | None]]:
-    """`(s, ids [T, L, K], src_rank [T] or None)` of each of `steps`: ids on `device`, as the
-    trace stores them (`stored_step`: the rank step widens them), the source ranks on the host
-    (the rank step checks them there). On CUDA each step is read into pinned host memory and
-    its copy issued (`non_blocking`) one step ahead, so the copy of step `s + 1` overlaps the
-    dispatch of step `s`; elsewhere a plain copy."""
-    read = getattr(trace, "stored_step", trace.step)
-
-    def issue(s: int) -> tuple[int, torch.Tensor, torch.Tensor | None]:
-        return s, to_device(read(s), device), trace.step_src_rank(s)
-    ahead = issue(steps.start) if len(steps) else None
-    for s in steps:
-        current, ahead = ahead, issue(s + 1) if s + 1 < steps.stop else None
-        yield current
 
 
 def fill_norms(trace: TokenTrace, spec: RunSpec, counters: Counters,

@@ -40,7 +40,7 @@ from ..schedule.plan import Segment, epochs
 from ..schedule.transfers import MIGRATION_FIELDS, migration_rows
 from ..traces import RunTrace
 from ..traces.counts import CountsTrace
-from ..traces.steps import StepView, describe_selection, flag_steps, flag_words
+from ..traces.steps import describe_selection, flag_steps, flag_words
 
 COUNTS_ONLY_POLICY = "(even split)"  # the policy a counts-only run reports: no dispatch ran
 FLAG_SCAN_IDS = 2**28  # a run's header scans a trace of at most this many ids for warm-up steps
@@ -404,9 +404,9 @@ def warnings(trace: RunTrace, spec: RunSpec, asked: RunSpec | None,
     if isinstance(trace, CountsTrace) or math.prod(trace.ids_shape) > FLAG_SCAN_IDS:
         return out
     flags = flag_steps(trace)
-    numbers = trace.steps.tolist() if isinstance(trace, StepView) else None  # the log's own
+    names = trace.log_steps()  # the log's own
     for name, lo, hi in windows or [("the trace", 0, trace.num_steps)]:
-        words = flag_words(flags, lo, hi, numbers)
+        words = flag_words(flags, lo, hi, names)
         if words:
             out.append(f"warning: {name} holds {words}")
     return out

@@ -11,6 +11,7 @@ Dimensions: `S` steps, `L` layers, `E` logical experts, `P` slots, `G` GPUs.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -154,6 +155,7 @@ def time_findings(runs: dict[str, list[Results]], spec: RunSpec, d: Draws, windo
     diff = [c - b for c, b in zip(ms["candidate"], ms["baseline"])]
     cand, base = runs["candidate"][0], runs["baseline"][0]
     paired = _paired(runs, "moe_ms", d, relative=True)
+    slow = {"candidate": Slowest.of(cand), "baseline": Slowest.of(base)}
     return {
         "cost": str(spec.cost.cost), "model": spec.cost.name, "model_from": model_from,
         "device": spec.cost.device_profile,
@@ -167,39 +169,59 @@ def time_findings(runs: dict[str, list[Results]], spec: RunSpec, d: Draws, windo
         "spread_ms": float(max(diff) - min(diff)),
         "windows": windows,
         "measured": _measured(cand, base),
-        "decides": _deciding_term(cand),
-        "mechanism": _mechanism(cand, base),
+        "decides": _deciding_term(cand, slow["candidate"]),
+        "mechanism": _mechanism(cand, base, slow),
     }
 
 
-def _slowest_gpu(results: Results) -> dict[str, float]:
-    """The slowest GPU of every (step, layer) under the roofline's terms (`metrics.gpu_work`,
-    `cost.compute.roofline_terms`), averaged over them: the experts whose weights it reads
-    (`active`), the pairs it computes, its share of its layer's pairs (over the even share,
-    1 = even), and the compute and communication ms a step of the run."""
-    spec = results.spec
-    shape, device = spec.cost.profiles()
-    options = spec.cost.cost_options
-    G = spec.topology.gpus
-    pairs, active = M.gpu_work(results.slot_load, results.counters, G, spec.shared_work(),
-                               spec.dispatch.mode)  # [S, L, G] each
-    arithmetic, reads = roofline_terms(pairs, active, shape, device,
-                                       options.get("eta_compute", ETA_COMPUTE),
-                                       options.get("eta_memory", ETA_MEMORY))
-    slowest = torch.maximum(arithmetic, reads).argmax(-1, keepdim=True)  # [S, L, 1]
-    share = pairs.gather(-1, slowest).squeeze(-1) / pairs.mean(-1).clamp(min=1e-12)
-    return {"active": float(active.gather(-1, slowest).mean()),
-            "pairs": float(pairs.gather(-1, slowest).mean()),
+@dataclass(frozen=True)
+class Slowest:
+    """A run's GPU work under the roofline's terms (`metrics.gpu_work`,
+    `cost.compute.roofline_terms`), float64 `[S, L, G]` each, and the slowest GPU of every
+    (step, layer), int64 `[S, L, 1]`."""
+
+    pairs: torch.Tensor
+    active: torch.Tensor
+    arithmetic: torch.Tensor
+    reads: torch.Tensor
+    gpu: torch.Tensor
+
+    @classmethod
+    def of(cls, results: Results) -> "Slowest":
+        spec = results.spec
+        shape, device = spec.cost.profiles()
+        options = spec.cost.cost_options
+        pairs, active = M.gpu_work(results.slot_load, results.counters, spec.topology.gpus,
+                                   spec.shared_work(), spec.dispatch.mode)
+        arithmetic, reads = roofline_terms(pairs, active, shape, device,
+                                           options.get("eta_compute", ETA_COMPUTE),
+                                           options.get("eta_memory", ETA_MEMORY))
+        return cls(pairs, active, arithmetic, reads,
+                   torch.maximum(arithmetic, reads).argmax(-1, keepdim=True))
+
+    def at(self, values: torch.Tensor) -> torch.Tensor:
+        """`values [S, L, G]` at the slowest GPU of each (step, layer), `[S, L, 1]`."""
+        return values.gather(-1, self.gpu)
+
+
+def _slowest_gpu(results: Results, slow: Slowest) -> dict[str, float]:
+    """The slowest GPU of every (step, layer) of `results` (`slow`), averaged over them: the
+    experts whose weights it reads (`active`), the pairs it computes, its share of its layer's
+    pairs (over the even share, 1 = even), and the compute and communication ms a step of the
+    run."""
+    share = slow.at(slow.pairs).squeeze(-1) / slow.pairs.mean(-1).clamp(min=1e-12)
+    return {"active": float(slow.at(slow.active).mean()),
+            "pairs": float(slow.at(slow.pairs).mean()),
             "share": float(share.mean()),
             "compute_ms": results.metrics["compute_ms"], "comm_ms": results.metrics["comm_ms"]}
 
 
-def _mechanism(cand: Results, base: Results) -> dict[str, Any]:
+def _mechanism(cand: Results, base: Results, slow: dict[str, Slowest]) -> dict[str, Any]:
     """What moves the time, from the cost model's own terms: the compute and communication
     differences a step (candidate minus baseline) and, for compute, the slowest GPU's weight
-    reads (experts it runs) and pairs, each run's (`_slowest_gpu`); `moved`: the larger of
-    the two differences ("compute" or "communication")."""
-    c, b = _slowest_gpu(cand), _slowest_gpu(base)
+    reads (experts it runs) and pairs, each run's (`_slowest_gpu`, from `slow`: each role's);
+    `moved`: the larger of the two differences ("compute" or "communication")."""
+    c, b = _slowest_gpu(cand, slow["candidate"]), _slowest_gpu(base, slow["baseline"])
     compute, comm = c["compute_ms"] - b["compute_ms"], c["comm_ms"] - b["comm_ms"]
     return {"candidate": c, "baseline": b, "compute_ms": compute, "comm_ms": comm,
             "moved": "compute" if abs(compute) >= abs(comm) else "communication"}
@@ -227,21 +249,11 @@ def _measured(cand: Results, base: Results) -> dict[str, Any]:
             "source": priced[0].get("cost_source")}
 
 
-def _deciding_term(results: Results) -> dict[str, Any]:
+def _deciding_term(results: Results, slow: Slowest) -> dict[str, Any]:
     """Which term bounds the candidate's time: the slowest GPU's compute in each (step, layer)
-    (its whole work, `metrics.gpu_work`) is bound by its weight (and activation) reads or by
-    its arithmetic (the roofline's two terms), beside the communication; the largest share
-    decides."""
-    spec = results.spec
-    shape, device = spec.cost.profiles()
-    options = spec.cost.cost_options
-    pairs, active = M.gpu_work(results.slot_load, results.counters, spec.topology.gpus,
-                               spec.shared_work(), spec.dispatch.mode)  # [S, L, G] each
-    arithmetic, reads = roofline_terms(pairs, active, shape, device,
-                                       options.get("eta_compute", ETA_COMPUTE),
-                                       options.get("eta_memory", ETA_MEMORY))
-    slowest = torch.maximum(arithmetic, reads).argmax(-1, keepdim=True)  # [S, L, 1]
-    a, r = arithmetic.gather(-1, slowest), reads.gather(-1, slowest)
+    (its whole work, `slow`) is bound by its weight (and activation) reads or by its arithmetic
+    (the roofline's two terms), beside the communication; the largest share decides."""
+    a, r = slow.at(slow.arithmetic), slow.at(slow.reads)
     bound = torch.maximum(a, r)
     total = float(bound.sum()) or 1.0
     compute_ms = results.metrics["compute_ms"]

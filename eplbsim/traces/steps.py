@@ -175,16 +175,16 @@ FLAG_WORDS = {"warmup": ("warm-up step", "--drop-warmup"),
 
 
 def flag_words(flags: dict[str, list[int]], lo: int, hi: int,
-               numbers: Sequence[int] | None = None) -> str:
+               names: Sequence[str] | None = None) -> str:
     """What `flags` (`flag_steps`) holds within steps `[lo, hi)`, with the flags that leave
     them out: "1 flagged warm-up step (0): --drop-warmup leaves them out"; "" for none.
-    `numbers`: each step's number as the log counts it (a selection's, `StepView.steps`),
-    which the words name, as `trace info` and `--select-steps` do; default its index."""
+    `names`: each step's name as the log counts it (`log_steps`), which the words use, as
+    `trace info` and `--select-steps` do; default its index."""
     parts, fixes = [], []
     for kind, steps in flags.items():
         inside = [s for s in steps if lo <= s < hi]
         if inside:
-            named = [s if numbers is None else numbers[s] for s in inside]
+            named = [s if names is None else names[s] for s in inside]
             shown = ", ".join(map(str, named[:6])) + (", ..." if len(inside) > 6 else "")
             what, fix = FLAG_WORDS[kind]
             parts.append(f"{len(inside)} flagged {what}{'' if len(inside) == 1 else 's'} "
