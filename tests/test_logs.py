@@ -324,3 +324,76 @@ def test_gating_weights_are_found_by_name_or_shape_and_two_candidates_keep_none(
     with pytest.warns(Warning, match="the fields 'a', 'b' could each be the gating weights; "
                       "none is kept"):
         assert open_trace(log).topk_weights is None
+
+
+def _hook_log(path, ids, record):
+    """A vLLM routing hook's log: a header holding a list (`layers_logged: [0]`, which could
+    pass for ids) and the model, then `record(step, rows)`'s records for each step's layer-0
+    ids `rows` (`[T_s, K]`)."""
+    lines = [{"type": "meta", "model": MODEL, "layers_logged": [0]}]
+    lines += [r for s, step_ids in enumerate(ids) for r in record(s, step_ids[0])]
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    return path
+
+
+def _call(s, rows):
+    return [{"layer": 0, "topk_ids": rows.tolist()}]
+
+
+def _stamped_call(s, rows):  # role-less records bearing text, as a header does
+    return [{"ts": f"2026-01-0{s + 1}", "topk_ids": rows.tolist()}]
+
+
+def _tokens(s, rows):
+    return [{"token": t, "layer": 0, "topk_ids": row.tolist()} for t, row in enumerate(rows)]
+
+
+CALLS = "records of one layer call each, in execution order"
+
+
+@pytest.mark.parametrize("record,options,form", [
+    (_call, {"layers_per_pass": 1}, CALLS),
+    (_stamped_call, {"layers_per_pass": 1}, CALLS),
+    (_tokens, {}, "records of one token in one layer"),
+], ids=["calls", "stamped-calls", "tokens"])
+def test_a_header_is_a_header_by_the_ids_it_lacks_whatever_lists_it_carries(
+        tmp_path, capsys, record, options, form):
+    """The header's `layers_logged` list is no candidate for the ids: the record lacks the
+    field every other record holds. Its model reaches the trace, `read as` names the list it
+    passed over, and the log reads as `--skip-type meta` reads it."""
+    ids, _ = _routing(seed=11, layers=[0])
+    log = _hook_log(tmp_path / "routes.jsonl", ids, record)
+    trace = open_trace(log, **options)
+    _check(trace, ids, [0])
+    assert trace.tokens_per_step.tolist() == TOKENS and trace.meta["model"] == MODEL
+    assert trace.meta["read_as"].startswith(form + ', ids from "topk_ids"')
+    assert trace.meta["read_as"].endswith(
+        f'header: {MODEL} (without "topk_ids": "layers_logged" not ids)')
+    assert torch.equal(open_trace(log, skip_type="meta", **options).topk_ids, trace.topk_ids)
+    flags = ["--layers-per-pass", "1"] if options else []
+    code, out, err = run(capsys, "trace", "info", log, *flags)
+    assert code == 0 and f"  read as: {trace.meta['read_as']}" in out.splitlines(), err
+
+
+def test_a_data_record_without_its_ids_is_no_header_and_two_id_fields_are_refused(tmp_path):
+    """A record with a layer or token field, or ids that are no top-k, is data: one that lacks
+    its ids mid-log is an error naming its line, not a header. A header does not settle which
+    of two fields every other record holds."""
+    ids, _ = _routing(seed=12, layers=[0])
+    log = _hook_log(tmp_path / "routes.jsonl", ids, _tokens)
+    lines = log.read_text().splitlines()
+    for bad in ({"token": 2, "layer": 0}, {"token": 2, "layer": 0, "topk_ids": [4, 4, 1, 2]}):
+        log.write_text("\n".join([*lines[:7], json.dumps(bad), *lines[7:]]) + "\n")
+        with pytest.raises(InputError, match=r"routes.jsonl:8: no list of distinct expert ids "
+                           r".* under 'topk_ids', which 15 of the 16 records of data looked at "
+                           r"hold; this record has token, layer"):
+            open_trace(log)
+    twice = [json.loads(line) for line in lines]
+    twice[1:] = [dict(r, backup=r["topk_ids"][::-1]) for r in twice[1:]]
+    log.write_text("".join(json.dumps(r) + "\n" for r in twice))
+    with pytest.raises(InputError, match="the fields 'topk_ids', 'backup' could each hold the "
+                       "top-k ids: choose with --ids-key"):
+        open_trace(log)
+    chosen = open_trace(log, ids_key="backup")
+    assert chosen.meta["model"] == MODEL and torch.equal(
+        chosen.topk_ids, open_trace(log, ids_key="topk_ids").topk_ids.flip(-1))

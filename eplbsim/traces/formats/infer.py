@@ -8,16 +8,23 @@ Dimensions: `T` tokens, `L` layers, `K` top-k, `E` logical experts.
 - **ids**: the field that holds, in every record but headers, a list of `K` distinct integers
   in `[-1, MAX_EXPERTS)` (one token of one layer, "flat"), or a list of such lists of one
   width (`[T][K]` or `[L][K]`, "nested"). A flat list of integers that is the shape of another
-  field's nested list in every record (a hook logging a tensor's `.shape`) is not a candidate.
+  field's nested list in every record holding both (a hook logging a tensor's `.shape`) is not
+  a candidate. Where several fields would be the ids with their headers, the one the fewest
+  records lack is (the others are lists the headers carry); several lacked by equally few are
+  refused. Where no field is, the error names the first record (`file:line`) that lacks the
+  field most records hold ids in: a record with a role field, or ids malformed, is data, so a
+  record of data without its ids, anywhere, is an error, never a header.
 - **weights**: a field of numbers of the ids' shape (or a probability per expert), by name
   (`WEIGHT_NAMES`, in order) where several fit; without one, the trace draws its gates.
 - **layer, token, step, request**: the first of their usual names (`ROLE_NAMES`) that holds an
   integer (a request id: text too) in every record; two names of one role that disagree are
   refused.
-- **a header**: a record with no ids, no role field, and some text or a key of `HEADER_KEYS`
-  (`type: "meta"`, `model_id`, `vllm_version`, ...); its model is read (`records.keep_header`).
-  Records whose `type` is `skip_type` are headers too; any other record without ids is an
-  error, never skipped.
+- **a header**: a record without the ids' field, no role field, and some text or a key of
+  `HEADER_KEYS` (`type: "meta"`, `model_id`, `vllm_version`, ...), anywhere in the log; its model
+  is read (`records.keep_header`). A header is a header by what it lacks, whatever lists it
+  carries (a hook's `{"type": "meta", "layers_logged": [0]}` opens its log of `topk_ids`):
+  those lists are named in `meta["read_as"]` (`Fields.header_lists`). Records whose `type` is
+  `skip_type` are headers too; any other record without ids is an error, never skipped.
 A field the options name (`ids_key`, `layer_key`, ...) is taken as named, never guessed; two
 fields that could each be the ids are refused with both names and the flag that chooses.
 
@@ -65,6 +72,7 @@ HEADER_KEYS = ("type", "model", "model_id", "model_name", "served_model_name", "
 OPTION_OF = {"ids": "ids_key", "layer": "layer_key", "token": "token_key", "step": "step_key",
              "request": "request_key"}  # the option (and flag) that names each field
 LAYER_IN_NAME = re.compile(r"layer[_-]?(\d+)", re.IGNORECASE)
+IDS = f"list of distinct expert ids (integers in [-1, {MAX_EXPERTS}))"  # as refusals word it
 
 
 def id_shape(value: Any) -> tuple[str, int, int] | None:
@@ -104,6 +112,8 @@ class Fields:
     roles:   "layer", "token", "step", "request" -> the field that says it (those found)
     headers: the header records among those looked at; model: the model one names
     given:   the options that named a field (the rest were found)
+    header_lists: the fields of those headers (not of `skip_type`) holding lists that could
+             be ids, passed over because the headers lack the ids' field
     """
 
     ids: str
@@ -113,6 +123,7 @@ class Fields:
     headers: int = 0
     model: str | None = None
     given: set[str] = field(default_factory=set)
+    header_lists: tuple[str, ...] = ()
 
     def is_header(self, skip_type: Any) -> Callable[[dict[str, Any]], bool]:
         """The rule that tells a header in this log (module doc)."""
@@ -125,7 +136,7 @@ def is_header(rec: dict[str, Any], skip_type: Any, ids: str | None = None,
     """Whether `rec` is a header (module doc): of `skip_type`, or without ids (the field
     `ids`, else any that could hold them) and role fields (`roles`, else any usual name),
     holding some text or a key of `HEADER_KEYS`."""
-    if skip_type is not None and rec.get("type") == skip_type:
+    if of_type(rec, skip_type):
         return True
     names = roles if roles is not None else {n for ns in ROLE_NAMES.values() for n in ns}
     has_ids = ids in rec if ids is not None else any(id_shape(v) for v in rec.values())
@@ -133,26 +144,33 @@ def is_header(rec: dict[str, Any], skip_type: Any, ids: str | None = None,
     return not has_ids and not names & rec.keys() and said
 
 
+def of_type(rec: dict[str, Any], skip_type: Any) -> bool:
+    """Whether `rec` is of `skip_type` (its `type` field; None: no record is)."""
+    return skip_type is not None and rec.get("type") == skip_type
+
+
 def fields_of(items: Items, path: Path, given: dict[str, Any],
               skip_type: Any = None) -> Fields:
     """The fields of the log `items` reads (module doc); `given` maps "ids", "layer", "token",
     "step", "request" to the keys the options name. InputError naming `path`, the choices
-    and the option that decides, where the records cannot tell."""
-    data, headers, model = [], 0, None
+    and the option that decides, where the records cannot tell, or `path:line` of a record of
+    data without ids."""
     with warnings.catch_warnings():  # a torn last line: the reader warns of it, once
         warnings.simplefilter("ignore")
-        sample = [rec for _, rec in islice(items(), SAMPLE)]
-    for rec in sample:
-        if is_header(rec, skip_type, given.get("ids")):
-            headers += 1
-            model = model or model_in(rec)
-        else:
-            data.append(rec)
-    if not data:
-        what = f"only headers in its first {SAMPLE} records" if headers else \
+        sample = list(islice(items(), SAMPLE))
+    header = [is_header(rec, skip_type, given.get("ids")) for _, rec in sample]
+    plain = [item for item, h in zip(sample, header) if not h]  # headers holding lists too
+    if not plain:
+        what = f"only headers in its first {SAMPLE} records" if sample else \
             "neither records of expert ids nor a counts matrix"
         raise InputError(f"{path}: holds no list of expert ids ({what})")
-    ids = given.get("ids") or _find_ids(data, path)
+    ids = given.get("ids") or _find_ids(plain, path)
+    header = [h or is_header(rec, None, ids) for h, (_, rec) in zip(header, sample)]
+    heads = [rec for (_, rec), h in zip(sample, header) if h]
+    data = [rec for (_, rec), h in zip(sample, header) if not h]
+    model = next(filter(None, map(model_in, heads)), None)
+    lists = dict.fromkeys(k for rec in heads if not of_type(rec, skip_type)
+                          for k, v in rec.items() if id_shape(v))
     nested = any(isinstance(rec.get(ids), list) and rec[ids] and isinstance(rec[ids][0], list)
                  for rec in data)
     roles = {role: given[role] for role in ROLE_NAMES if given.get(role)}
@@ -162,32 +180,43 @@ def fields_of(items: Items, path: Path, given: dict[str, Any],
             if found is not None:
                 roles[role] = found
     taken = {ids, *roles.values()}
-    return Fields(ids, nested, _weights(data, ids, taken, path), roles, headers, model,
-                  {k for k, v in given.items() if v})
+    return Fields(ids, nested, _weights(data, ids, taken, path), roles, len(heads), model,
+                  {k for k, v in given.items() if v}, tuple(lists))
 
 
-def _find_ids(data: list[dict[str, Any]], path: Path) -> str:
-    """The one field every record holds ids in (module doc)."""
+def _find_ids(plain: list[tuple[int, dict[str, Any]]], path: Path) -> str:
+    """The field every record of `plain` (`(line, record)`) but headers holds ids in, the
+    fewest records lacking it (module doc)."""
+    data = [rec for _, rec in plain]
     shapes = [{k: id_shape(v) for k, v in rec.items()} for rec in data]
-    keys = list(dict.fromkeys(k for rec in data for k in rec))
-    candidates = [k for k in keys if any(s.get(k) for s in shapes) and all(
-        s.get(k) is not None or rec.get(k) == [] for s, rec in zip(shapes, data))]  # [] no tokens
+    keys = list(dict.fromkeys(k for s in shapes for k, v in s.items() if v))
+    lacking = {k: [i for i, (s, rec) in enumerate(zip(shapes, data))
+                   if s.get(k) is None and rec.get(k) != []] for k in keys}  # [] no tokens
+    candidates = [k for k in keys if all(is_header(data[i], None, k) for i in lacking[k])]
     form = {k: next(s[k][0] for s in shapes if s.get(k)) for k in candidates}
     flat = {k for k in candidates if form[k] == "flat"}
     nested = [k for k in candidates if k not in flat]
-    shape_like = {k for k in flat for n in nested
-                  if all(rec[k] == [len(rec[n]), len(rec[n][0]) if rec[n] else 0]
-                         for rec in data)}
+    both = {(k, n): [rec for rec in data if k in rec and n in rec] for k in flat for n in nested}
+    shape_like = {k for (k, n), recs in both.items() if recs and all(
+        rec[k] == [len(rec[n]), len(rec[n][0]) if rec[n] else 0] for rec in recs)}
     candidates = [k for k in candidates if k not in shape_like]
-    if len(candidates) == 1:
-        return candidates[0]
-    keys = ", ".join(list(data[0])[:12])
-    if not candidates:
-        raise InputError(f"{path}: no field holds a list of distinct expert ids (integers in "
-                         f"[-1, {MAX_EXPERTS})) in every record; a record has {keys}: name the "
-                         f"ids' field with --ids-key")
-    raise InputError(f"{path}: the fields {', '.join(repr(c) for c in candidates)} could each "
-                     f"hold the top-k ids: choose with --ids-key")
+    least = min((len(lacking[k]) for k in candidates), default=0)
+    fewest = [k for k in candidates if len(lacking[k]) == least]
+    if len(fewest) == 1:
+        return fewest[0]
+    if fewest:
+        raise InputError(f"{path}: the fields {', '.join(repr(c) for c in fewest)} could each "
+                         f"hold the top-k ids: choose with --ids-key")
+    if not keys:
+        raise InputError(f"{path}: no field holds a {IDS} in any record; a record has "
+                         f"{', '.join(list(data[0])[:12])}: name the ids' field with --ids-key")
+    best = min(keys, key=lambda k: len(lacking[k]))
+    faults = [i for i in lacking[best] if not is_header(data[i], None, best)]
+    i, held = faults[0], len(data) - len(lacking[best])
+    raise InputError(f"{path}:{plain[i][0]}: no {IDS} under {best!r}, which {held} of the "
+                     f"{held + len(faults)} records of data looked at hold; this record has "
+                     f"{', '.join(list(data[i])[:12])}: mend it, or name the ids' field with "
+                     f"--ids-key")
 
 
 def _role(data: list[dict[str, Any]], names: tuple[str, ...], role: str,

@@ -225,13 +225,18 @@ def _check_name(path: Path, trace: Trace, file_layer: int | None, roles: dict) -
 
 
 def _words(form: str, fields: Fields, files: int, trace: Any, steps: str) -> str:
-    """`meta["read_as"]`: the form and its fields, the layers, the steps and the header."""
+    """`meta["read_as"]`: the form and its fields, the layers, the steps and the header: its
+    model, and the lists it carries that are not the ids (`infer.Fields.header_lists`)."""
     layers = trace.meta.get("model_layers") or list(range(trace.num_layers))
     shown = ", ".join(map(str, layers[:12])) + (", ..." if len(layers) > 12 else "")
     parts = [describe(form, fields, files), f"layers [{shown}]", steps]
     model = trace.meta.get("model") or fields.model
-    if model:
-        parts.append(f"header: {model}")
+    said = [f": {model}"] if model else []
+    if fields.header_lists:
+        lists = ", ".join(f'"{k}"' for k in fields.header_lists)
+        said.append(f' (without "{fields.ids}": {lists} not ids)')
+    if said:
+        parts.append("header" + "".join(said))
     return ", ".join(parts)
 
 
