@@ -44,7 +44,8 @@ def test_a_corrupting_policy_is_refused_with_a_real_counterexample(capsys):
     inv = report["invariance"]
     assert inv["claimed"] == "variant" and inv["observed"] == "variant"
     ce = inv["counterexample"]
-    assert set(ce) >= {"step", "layer", "token", "expert", "choices", "batch"}
+    assert set(ce) >= {"step", "scored_step", "layer", "token", "expert", "choices", "batch"}
+    assert (ce["step"], ce["scored_step"]) == ("4", 0)  # the log's step 4, the first scored
     assert len(set(ce["choices"].values())) > 1, "the ranks' choices must differ"
     # the batch it names really splits the ranks, and is among the smallest tried
     trace = synthesize("template", steps=8, tokens=64, layers=2, experts=16, top_k=4)
@@ -53,7 +54,7 @@ def test_a_corrupting_policy_is_refused_with_a_real_counterexample(capsys):
         **ce, "choices": {int(r): v for r, v in ce["choices"].items()}}  # JSON keys are text
     ids = torch.tensor(ce["batch"])
     assert ids.shape[0] == ce["rows"] <= 7 and int(ids[ce["token"], ce["layer"]].max()) >= 0
-    found = rank_invariance("static", ids, again.placement, step=ce["step"])
+    found = rank_invariance("static", ids, again.placement, step=ce["scored_step"])
     assert not found.invariant
     assert found.first[1] == tuple(ce["choices"][str(r)] for r in range(4))
     assert "corrupts" in report["reasons"][0] and report["invariance"]["output_rel_error"] > 0
@@ -302,6 +303,87 @@ def test_a_rank_variant_engine_branch_is_not_recommended(tmp_path, capsys):
                             "--scenario", "skewed", *SMALL], EXIT["not recommended"])
     assert report["invariance"]["observed"] == "variant"
     assert len(set(report["invariance"]["counterexample"]["choices"].values())) > 1
+    assert report["candidate"] == f"sglang:dynamic (sglang at {branch.resolve()})"
+
+
+def _sglang_release(version=None):
+    """The folder of a fetched SGLang release (default the pinned one); skips when absent."""
+    from eplbsim.engines import release
+    folder = release("sglang", version)
+    if folder is None:
+        pytest.skip(f"sglang {version or ''} is not fetched (eplbsim engines fetch)")
+    return folder
+
+
+def test_an_engine_candidate_and_row_choose_from_the_same_lists(tmp_path, capsys):
+    """Like for like: `sglang:dynamic` chooses from SGLang's own candidate lists whatever view
+    it is given, so `row` runs on the view equal to them (`sglang`), and the unchanged release
+    against `row` differs by exactly 0; the title names the code that ran, the Set-up the view
+    of each side and why. `--view full` puts `row` back on every replica in ascending order,
+    and the difference is then the lists', said so."""
+    from eplbsim.engines import ENGINES
+    _sglang_release()
+    argv = ["review", "sglang:dynamic", "--scenario", "skewed", *SMALL]
+    same = _json(capsys, argv, EXIT["insufficient evidence"])
+    assert same["setup"]["views"] == {"candidate": "sglang", "baseline": "sglang"}
+    assert same["time"]["difference_ms"] == 0 and same["time"]["interval_ms"] == [0, 0]
+    assert same["balance"]["difference"] == {"difference": 0, "interval": [0, 0]}
+    assert main(argv) == EXIT["insufficient evidence"]
+    page = capsys.readouterr().out
+    assert page.startswith(f"# Review: sglang:dynamic (sglang {ENGINES['sglang'].pinned}) "
+                           f"against row\n")
+    assert "\nViews: both sides on the sglang view, the candidate's own lists; --view " \
+        "overrides.\n" in page
+    apart = _json(capsys, argv + ["--view", "full"], EXIT["insufficient evidence"])
+    assert apart["setup"]["views"] == {"candidate": "sglang", "baseline": "full"}
+    assert apart["setup"]["views_why"] == (
+        "the candidate on the sglang view (its own lists); the baseline on the full view "
+        "(--view): an engine's code chooses from its own lists, whatever view it is given")
+    assert apart["balance"]["difference"]["difference"] != 0
+
+
+def test_a_branch_an_older_release_and_an_engine_baseline_bring_their_own_lists(tmp_path,
+                                                                               capsys):
+    """The view a side that is not an engine's takes is the engine side's: a checkout's lists
+    are the newest release's (`sglang`), 0.5.16's its own (`sglang-0.5.16`), and with an
+    engine baseline from its own source (`--baseline-engine-source`) the candidate takes the
+    baseline's; each side named with the code it ran from."""
+    branch = tmp_path / "branch"
+    shutil.copytree(_sglang_release(), branch)
+    _sglang_release("0.5.16")
+    read = ["--scenario", "skewed", *SMALL]
+    mine = _json(capsys, ["review", "sglang:dynamic", "--engine-source", f"sglang={branch}",
+                          *read], EXIT["insufficient evidence"])
+    assert mine["candidate"] == f"sglang:dynamic (sglang at {branch.resolve()})"
+    assert mine["setup"]["views"] == {"candidate": "sglang", "baseline": "sglang"}
+    assert mine["time"]["difference_ms"] == 0
+    old = _json(capsys, ["review", "sglang:dynamic", "--engine-source", "sglang==0.5.16",
+                         *read], EXIT["not recommended"])
+    assert (old["candidate"], old["setup"]["views"]) == (
+        "sglang:dynamic (sglang 0.5.16)",
+        {"candidate": "sglang-0.5.16", "baseline": "sglang-0.5.16"})
+    ours = _json(capsys, ["review", "row", "--baseline", "sglang:dynamic",
+                          "--baseline-engine-source", f"sglang={branch}", *read],
+                 EXIT["insufficient evidence"])
+    assert (ours["candidate"], ours["baseline"]) == (
+        "row", f"sglang:dynamic (sglang at {branch.resolve()})")
+    assert ours["setup"]["views_why"] == ("both sides on the sglang view, the baseline's own "
+                                          "lists; --view overrides")
+    assert ours["time"]["difference_ms"] == 0
+
+
+def test_vllms_lists_are_the_full_view(capsys):
+    """vLLM's map kernel chooses from every replica in ascending order, the full view: `row`
+    stays on it, as an explicit `--view full` gives."""
+    from eplbsim.engines import ENGINES, release
+    if release("vllm") is None:
+        pytest.skip("vllm is not fetched (eplbsim engines fetch)")
+    argv = ["review", "vllm:hash", "--scenario", "skewed", *SMALL]
+    report = _json(capsys, argv, EXIT["insufficient evidence"])
+    assert report["candidate"] == f"vllm:hash (vllm {ENGINES['vllm'].pinned})"
+    assert report["setup"]["views"] == {"candidate": "full", "baseline": "full"}
+    asked = _json(capsys, argv + ["--view", "full"], EXIT["insufficient evidence"])
+    assert asked["time"] == report["time"] and asked["balance"] == report["balance"]
 
 
 def test_run_ranks_and_sweeps_take_a_policy_from_a_file(tmp_path, capsys):
@@ -323,12 +405,16 @@ def test_run_ranks_and_sweeps_take_a_policy_from_a_file(tmp_path, capsys):
 
 
 def test_ranks_switching_placements_at_different_steps_are_caught(capsys):
-    """Even row disagrees while ranks serve different placements: the review says where."""
+    """Even row disagrees while ranks serve different placements: the review says where, in
+    the log's own step numbers."""
     report = _json(capsys, ["review", "row", "--rebalance-every", "4", "--rebalance-mode",
                             "async", "--switch-delay", "2", "--scenario", "skewed", "--steps",
                             "16", *SMALL[2:]], EXIT["not recommended"])
     late = report["invariance"]["replay_disagrees"]
     assert late["during_switch"] and late["agreed"] < late["pairs"]
+    assert int(late["step"]) >= 8  # the log's own step: steps 8-15 are scored
+    assert f"(from step {late['step']}, layer {late['layer']} of the replay" in \
+        report["reasons"][0]
     assert "switched placements at different steps" in report["reasons"][0]
 
 
@@ -421,7 +507,8 @@ def test_warm_up_in_a_window_is_said_with_the_flag_that_drops_it(tmp_path, capsy
 
 def test_a_review_after_a_drop_and_a_cut_names_the_logs_own_steps(tmp_path, capsys):
     """With the warm-up step 0 dropped, the log's steps 1-16 are reviewed: the page names them
-    so, as `trace info` and `--select-steps` do; a step cut into chunks is named `step.chunk`."""
+    so, as `trace info` and `--select-steps` do, a counterexample's step too (the first scored,
+    the log's 9); a step cut into chunks is named `step.chunk`."""
     log = _qwen_log(tmp_path / "routes.jsonl", warmup=True)
     read = ["--trace", log, "--skip-type", "meta", "--gpus", "8", "--drop-warmup"]
     report = _json(capsys, ["review", "ordinal", *read], EXIT["insufficient evidence"])
@@ -435,6 +522,16 @@ def test_a_review_after_a_drop_and_a_cut_names_the_logs_own_steps(tmp_path, caps
     assert main(["review", "ordinal", *read]) == EXIT["insufficient evidence"]
     page = capsys.readouterr().out
     assert "| 9-10 | 1-8 |" in page and "placed on steps 1-8, scored on 9-16" in page
+    out = tmp_path / "static"
+    assert main(["review", "static", *read, "--out", str(out)]) == EXIT["not recommended"]
+    page = capsys.readouterr().out
+    refused = json.loads((out / "report.json").read_text())
+    ce = refused["invariance"]["counterexample"]  # a batch of the first scored step's rows
+    assert (ce["step"], ce["scored_step"]) == ("9", 0)
+    assert refused["reasons"][0].startswith(f"ranks choose different replicas in \"none\" mode "
+                                            f"(step 9, layer {ce['layer']}, ")
+    assert f"\nSmallest counterexample: step 9 (the log's own number), layer {ce['layer']}, " \
+        in page
     main(["review", "ordinal", *read[:-1], "--select-steps", "0:3", "--max-batched-tokens",
           "32", "--json"])
     chunked = json.loads(capsys.readouterr().out)

@@ -9,6 +9,7 @@ from pathlib import Path
 from .. import runspec
 from ..base.errors import InputError
 from ..dispatch import is_file_policy, resolve_policy
+from ..placement import VIEWS
 from ..review import WINDOWS, review, to_json
 from ..review.evidence import RESAMPLES
 from ..review.page import html, markdown
@@ -61,7 +62,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "cost": "cost model turning loads into time: roofline or measured (aiconfigurator-core's "
                 "measured kernels: pip install 'eplbsim[cost]'); a review always prices time "
                 "(default roofline, where run's default is off); with roofline it also prices "
-                "with measured where its tables have the model"})
+                "with measured where its tables have the model",
+        "view": f"what each rank knows of the placement, one of {', '.join(VIEWS)}: every "
+                "side that is not an engine's dispatches from it (default: the view equal to an "
+                "engine side's own lists, the candidate's first, so both sides choose from the "
+                "same lists; else full)"})
 
 
 def handle(args: argparse.Namespace) -> int:
@@ -95,7 +100,7 @@ def handle(args: argparse.Namespace) -> int:
     report = review(trace, args.candidate, args.baseline, base, holdout=args.holdout,
                     seeds=args.seeds, windows=args.windows, min_effect=args.min_effect,
                     resamples=args.resamples, baseline_sources=_baseline_sources(args),
-                    baseline_solver=args.baseline_solver)
+                    baseline_solver=args.baseline_solver, view_asked="view" in values)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "report.md").write_text(markdown(report))

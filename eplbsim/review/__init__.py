@@ -34,6 +34,15 @@ share), candidate beside baseline, in one mode:
 - **verdict**: by the rules of `verdict` (stated on the page), against a minimum effect;
   `EXIT` maps each verdict to the command's exit status.
 
+Like for like: an engine algorithm (`sglang:dynamic`) dispatches from its engine's own
+candidate lists, whatever view it is given, and any other policy from the view it is given
+(`_views`). So that a difference is the change's, not the lists', by default a side that is
+not an engine's takes the view equal to the engine side's lists (the candidate's when both are
+an engine's): SGLang's per release (`conform.list_view`; a checkout's are the newest
+release's), vLLM's `full`. A view the user asks for (`--view`, `view_asked`) overrides, for
+every side that is not an engine's. The page's Set-up says which view each side ran on and why;
+every step it names (windows, counterexamples) is the log's own (`TraceShape.log_steps`).
+
 By concern: this module runs the replays and assembles the `Report`; `invariance` holds
 the correctness finding (the counterexample search), `measures` the balance, time and
 rebalance findings with their intervals, `verdict` the rules, `page` the page.
@@ -49,8 +58,10 @@ import numpy as np
 
 from .. import metrics as M
 from ..base.errors import InputError
+from ..base.registry import name_of
 from ..dispatch import resolve_policy
-from ..engines import as_sources, engine_code
+from ..engines import as_sources, engine_code, is_engine_name
+from ..engines.conform import list_view
 from ..placement import Placement
 from ..replay import Plan, replay, replay_planned, routed_loads, schedule_of, spec_for_trace
 from ..replay.results import Results, model_origin, warnings
@@ -77,7 +88,8 @@ class Report:
     verdict should not rest on (flagged warm-up and outlier steps, a model that does not fit).
     `placement` is the held-out placement the scored steps ran on; a counterexample's `batch`
     (`[T, L, K]` ids, for a search batch of up to 7 rows) reproduces it with
-    `checks.rank_invariance` on it."""
+    `checks.rank_invariance` on it at its `scored_step` (its `step` is the log's name of that
+    step)."""
 
     verdict: str
     reasons: list[str]
@@ -116,6 +128,7 @@ def review(trace: RunTrace, candidate: Any, baseline: Any = None, spec: RunSpec 
            holdout: float = 0.5, seeds: int = 3, windows: int = WINDOWS,
            min_effect: float = MIN_EFFECT, resamples: int = RESAMPLES,
            baseline_sources: Any = None, baseline_solver: Any = None,
+           view_asked: bool | None = None,
            progress: Callable[[str], None] | None = None) -> Report:
     """One verdict on a dispatch (or placement) change before it goes upstream (module doc).
 
@@ -138,6 +151,9 @@ def review(trace: RunTrace, candidate: Any, baseline: Any = None, spec: RunSpec 
     baseline_solver: when given, a review of a placement change: the spec's solver (the
                  candidate's) against this one, each placing on the placed steps and
                  re-solving on its schedule
+    view_asked:  whether the spec's view was asked for: then every side that is not an engine's
+                 dispatches from it; else from an engine side's own lists (like for like,
+                 module doc). None: asked when it is not the default (`full`)
     progress:    `progress(what)` hears of each replay
     Returns the `Report`: the verdict, its reasons and every finding (`Report.markdown`,
     `Report.html`, `as_json`); `EXIT[report.verdict]` is the command's exit status.
@@ -157,10 +173,14 @@ def review(trace: RunTrace, candidate: Any, baseline: Any = None, spec: RunSpec 
     base_sources = sources if baseline_sources is None else dict(as_sources(baseline_sources))
     roles = {"candidate": {"policy": candidate, "engine_source": sources},
              "baseline": {"policy": baseline, "engine_source": base_sources}}
+    if view_asked is None:
+        view_asked = spec.dispatch.view != default_of("dispatch", "view")
+    views, views_why = _views(roles, spec.dispatch.view, view_asked)
+    for which, role in roles.items():
+        role["view"] = views[which]
     solvers = {"candidate": spec, "baseline": spec if kind == "dispatch" else spec.replace(
         solver=baseline_solver, solver_options={}, affinity_slack=None, lplb_topology=None)}
-    names = [_name(r["policy"], r["engine_source"], sources != base_sources)
-             for r in roles.values()]
+    names = [_name(r["policy"], r["engine_source"]) for r in roles.values()]
     if kind == "placement":
         names = [f"{s.labels()['solver']} placement, {n}"
                  for s, n in zip(solvers.values(), names)]
@@ -190,7 +210,7 @@ def review(trace: RunTrace, candidate: Any, baseline: Any = None, spec: RunSpec 
     unrebalanced = None
     if rebalancing:
         note(f"candidate {names[0]} without rebalancing")
-        unrebalanced = replay(test, _without_schedule(spec).replace(policy=candidate,
+        unrebalanced = replay(test, _without_schedule(spec).replace(**roles["candidate"],
                                                                     placement=placement))
     cuts = _cuts(placed, S, windows)
     log = trace.log_steps()  # every step named as the log counts it
@@ -201,7 +221,8 @@ def review(trace: RunTrace, candidate: Any, baseline: Any = None, spec: RunSpec 
 
     d = draws(seeds, scored, resamples, spec.dispatch.seed)
     invariance = invariance_findings(candidate, names[0], test, placement,
-                                     _scoring(spec, placement), cand)
+                                     _scoring(spec.replace(**roles["candidate"]), placement),
+                                     cand)
     balance = balance_findings(runs, test, placement, d)
     time = time_findings(runs, spec, d, windowed, min_effect, model_origin(trace.meta, asked))
     rebalance = rebalance_findings(cand, unrebalanced, scored,
@@ -217,7 +238,8 @@ def review(trace: RunTrace, candidate: Any, baseline: Any = None, spec: RunSpec 
              "baseline_solver": str(solvers["baseline"].labels()["solver"]),
              "cost": str(spec.cost.cost), "model": spec.cost.name,
              "device": spec.cost.device_profile, "engine_source": dict(sources),
-             "baseline_engine_source": dict(base_sources)}
+             "baseline_engine_source": dict(base_sources),
+             "views": {w: name_of(v) for w, v in views.items()}, "views_why": views_why}
     notes = warnings(trace, spec, asked, [
         (f"the placement window (steps {steps['placed_steps']})", 0, placed),
         (f"the scored window (steps {steps['scored_steps']})", placed, S)])
@@ -264,12 +286,47 @@ def _cuts(placed: int, num_steps: int, windows: int) -> list[tuple[int, int]]:
     return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
-def _name(policy: Any, sources: Any, apart: bool) -> str:
-    """A policy's name on the page; with the engine code it ran from when the candidate's and
-    the baseline's sources are `apart`."""
+def _name(policy: Any, sources: Any) -> str:
+    """A policy's name on the page; an engine algorithm's with the engine code it ran from
+    (`engines.label`: `sglang:dynamic (sglang 0.5.23)`, `... (sglang at PATH)` for a
+    checkout), so the page says whose code ran."""
     name = resolve_policy(policy, sources)[0]
-    code = engine_code([name], sources) if apart else None
+    code = engine_code([name], sources)
     return f"{name} ({code})" if code else name
+
+
+def _own_lists(policy: Any, sources: Any) -> str | None:
+    """The view equal to the candidate lists engine algorithm `policy` dispatches from,
+    whatever view it is given (DESIGN.md §11): SGLang's, per release (`conform.list_view`),
+    vLLM's `full` (every replica, ascending); None for any other policy, which dispatches from
+    the view it is given."""
+    name = resolve_policy(policy, sources)[0]
+    if not is_engine_name(name):
+        return None
+    return list_view(sources) if name.partition(":")[0] == "sglang" else "full"
+
+
+def _views(roles: dict[str, dict], view: Any, asked: bool) -> tuple[dict[str, Any], str]:
+    """The view each role (`roles`: its policy and engine source) dispatches from, and why,
+    in words: an engine side from its own lists (`_own_lists`); any other side from `view`
+    when `asked`, else from the engine side's lists (the candidate's when both are an
+    engine's), so both choose from the same lists, else from `view`."""
+    lists = {w: _own_lists(r["policy"], r["engine_source"]) for w, r in roles.items()}
+    engines = [w for w in roles if lists[w] is not None]
+    shared = view if asked or not engines else lists[engines[0]]
+    views = {w: shared if lists[w] is None else lists[w] for w in roles}
+    if views["candidate"] != views["baseline"]:
+        return views, "; ".join(
+            f"the {w} on the {name_of(views[w])} view ("
+            f"{'its own lists' if lists[w] is not None else '--view'})" for w in roles) + \
+            ": an engine's code chooses from its own lists, whatever view it is given"
+    both = f"both sides on the {name_of(views['candidate'])} view"
+    if not engines:
+        return views, both + (" (--view)" if asked else " (the default; --view sets it)")
+    if len(engines) == 2:
+        return views, both + ", each engine's own lists"
+    return views, both + f", the {engines[0]}'s own lists" + ("" if asked else
+                                                             "; --view overrides")
 
 
 def _window(trace: RunTrace, solvers: dict[str, RunSpec], a: int, b: int, roles: dict[str, dict],

@@ -49,7 +49,9 @@ def _place(place: int, num_slots: int) -> int | str:
 def invariance_findings(policy: Any, name: str, test: RunTrace, placement: Placement, spec: RunSpec,
                         results: Results) -> dict[str, Any]:
     """Claimed class against observed: in "none" the smallest adversarial batch on which ranks
-    choose differently (module doc), and the output error on the scored steps."""
+    choose differently (module doc), and the output error on the scored steps. A step is named
+    as the log names it (`log_steps`: `step`); a counterexample's `scored_step` is its index
+    among the scored steps, the `step` `checks.rank_invariance` reproduces it with."""
     d = spec.dispatch
     out: dict[str, Any] = {"claimed": _claimed(policy, d.engine_source, placement, spec,
                                                test.top_k), "observed": None,
@@ -60,6 +62,7 @@ def invariance_findings(policy: Any, name: str, test: RunTrace, placement: Place
     if d.mode != "none":
         out["observed"] = "not needed in a2a (each token is dispatched once, by its owner)"
         return out
+    log = test.log_steps()
     for step, ids in _search_batches(test):
         out["searched"] += 1
         found = rank_invariance(policy, ids, placement, view=d.view, rng=d.rng, seed=d.seed,
@@ -67,13 +70,13 @@ def invariance_findings(policy: Any, name: str, test: RunTrace, placement: Place
         if found.first is not None:
             (t, layer, k), choices = found.first
             out["counterexample"] = {
-                "step": step, "layer": layer, "token": t, "expert": int(ids[t, layer, k]),
-                "rows": int(ids.shape[0]),
+                "step": log[step], "scored_step": step, "layer": layer, "token": t,
+                "expert": int(ids[t, layer, k]), "rows": int(ids.shape[0]),
                 "choices": {r: _place(c, placement.num_slots) for r, c in enumerate(choices)},
                 "batch": ids.tolist() if ids.shape[0] <= max(SEARCH_ROWS) else None}
             break
     if out["counterexample"] is None:  # the replay may still disagree: across a switch
-        out["replay_disagrees"] = _first_disagreement(results, spec)
+        out["replay_disagrees"] = _first_disagreement(results, log)
     agreed = results.metrics.get("rank_agreement")
     corrupt = out["counterexample"] is not None or (agreed is not None and agreed < 1)
     out["observed"] = "variant" if corrupt else "invariant (none found)"
@@ -89,10 +92,11 @@ def _moved(results: Results) -> dict[str, Any] | None:
     return {**moves["totals"], "engine": results.spec.schedule.migration}
 
 
-def _first_disagreement(results: Results, spec: RunSpec) -> dict[str, Any] | None:
-    """The first (step, layer) of the scored replay on which ranks disagreed, and whether the
-    ranks were then serving different placements (a rebalance they switch to at different
-    steps); None when they always agreed."""
+def _first_disagreement(results: Results, log: list[str]) -> dict[str, Any] | None:
+    """The first (step, layer) of the scored replay on which ranks disagreed, the step named
+    as the log names the scored steps (`log`), and whether the ranks were then serving
+    different placements (a rebalance they switch to at different steps); None when they
+    always agreed."""
     c = results.counters
     split = (c.agreed < c.valid).nonzero()
     if not len(split):
@@ -100,7 +104,7 @@ def _first_disagreement(results: Results, spec: RunSpec) -> dict[str, Any] | Non
     step, layer = split[0].tolist()
     switching = any(seg.switch is not None and bool((seg.switch > step).any())
                     and seg.start <= step for seg in results.segments)
-    return {"step": step, "layer": layer, "pairs": int(c.valid[step, layer]),
+    return {"step": log[step], "layer": layer, "pairs": int(c.valid[step, layer]),
             "agreed": int(c.agreed[step, layer]), "during_switch": switching}
 
 

@@ -66,7 +66,8 @@ def sections(report: Report) -> list[tuple[str, list[str]]]:
     out.append(("Set-up", [f"{r.candidate} against {r.baseline} in \"{r.mode}\" mode; placed "
                            f"on steps {s['placed_steps']}, scored on {s['scored_steps']} (the "
                            f"log's own step numbers); {s['gpus']} GPUs, "
-                           f"{s['slots']} slots, {solver}, {s['seeds']} seed(s)."]))
+                           f"{s['slots']} slots, {solver}, {s['seeds']} seed(s).",
+                           "", f"Views: {s['views_why']}."]))
     return out
 
 
@@ -76,14 +77,15 @@ def _correctness(r: Report) -> list[str]:
     lines = [f"Claimed: {inv['claimed']}. Observed: {inv['observed']} "
              f"({inv['searched']} batch(es) searched)."]
     if ce:
-        lines += ["", f"Smallest counterexample: step {ce['step']}, layer {ce['layer']}, "
+        lines += ["", f"Smallest counterexample: step {ce['step']} (the log's own number), "
+                      f"layer {ce['layer']}, "
                       f"token {ce['token']} of a {ce['rows']}-row batch, expert "
                       f"{ce['expert']}.", ""]
         lines += _table([[rank, slot] for rank, slot in ce["choices"].items()],
                         ["rank", "slot chosen"])
     late = inv.get("replay_disagrees")
     if late:
-        lines += ["", f"The replay disagrees from scored step {late['step']}, layer "
+        lines += ["", f"The replay disagrees from step {late['step']}, layer "
                       f"{late['layer']} ({late['agreed']} of {late['pairs']} pairs agreed"
                   + ("; ranks were switching placements at different steps"
                      if late["during_switch"] else "") + ")."]

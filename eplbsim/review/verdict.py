@@ -212,7 +212,7 @@ def _corruption(invariance: dict) -> str:
                  f"{ce['expert']} of a {ce['rows']}-row batch: ranks chose "
                  f"[{', '.join(map(str, sorted(set(ce['choices'].values()), key=str)))}]")
     elif late:
-        where = (f"from scored step {late['step']}, layer {late['layer']} of the replay"
+        where = (f"from step {late['step']}, layer {late['layer']} of the replay"
                  + (", while ranks switched placements at different steps"
                     if late["during_switch"] else ""))
     else:
