@@ -212,13 +212,31 @@ def test_list_says_how_each_policys_calls_serve_the_ranks(capsys):
     if engines.release("sglang") is None or engines.release("vllm") is None:
         pytest.skip("the pinned releases are not fetched (eplbsim engines fetch)")
     rows = {r["engine"]: r["observed"] for r in _run_json(capsys, ["engines", "list"])}
-    assert rows["sglang"]["sglang:dynamic"].startswith("draws nothing, 1 call(s) serve its 4")
-    assert rows["vllm"]["vllm:hash"].startswith("draws nothing, 1 call(s) serve its 4")
-    assert rows["sglang"]["sglang:fake"] == "draws or reads its rank, one call a rank"
+    shared = "draws nothing and reads no rank, 1 call(s) serve its 4"
+    assert rows["sglang"]["sglang:dynamic"].startswith(shared)
+    assert rows["vllm"]["vllm:hash"].startswith(shared)
+    assert rows["sglang"]["sglang:fake"] == "draws from a generator, one call a rank"
     assert rows["sglang"]["sglang:waterfill"].endswith("not probed")
     assert rows["sglang"]["sglang:auto"].startswith("not probed: ")
     main(["engines", "list"])
     assert "observed in \"none\"" in capsys.readouterr().out
+
+
+def test_list_probes_a_branch_as_it_probes_a_release(capsys, tmp_path, sglang_source):
+    """`engines list --engine-source PATH` says how a branch's calls serve the ranks, naming
+    the channel and the line through which it reads its rank."""
+    branch = tmp_path / "branch"
+    shutil.copytree(sglang_source / "sglang", branch / "sglang")
+    path = branch / "sglang" / "srt" / "eplb" / "expert_location_dispatch.py"
+    path.write_text(path.read_text().replace("row_index % num_valid",
+                                             "(row_index + torch.distributed.get_rank()) "
+                                             "% num_valid"))
+    row = _run_json(capsys, ["engines", "list", "--engine-source", f"sglang={branch}"])[0]
+    assert row["observed"]["sglang:dynamic"].startswith(
+        "reads its rank through torch.distributed.get_rank "
+        "(sglang/srt/eplb/expert_location_dispatch.py:")
+    main(["engines", "list", "--engine-source", f"sglang={branch}"])
+    assert "reads its rank through" in capsys.readouterr().out
 
 
 def test_the_engine_generator_is_the_ranks_and_comes_back():

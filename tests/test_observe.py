@@ -16,6 +16,7 @@ import torch
 
 from eplbsim import engines
 from eplbsim.dispatch import resolve_policy
+from eplbsim.dispatch import observe
 from eplbsim.dispatch.observe import draws_nothing, observed_groups, probe_ids, inputs_equal
 from eplbsim.placement import rank_view
 from eplbsim.placement.topology import Topology
@@ -92,6 +93,29 @@ def test_the_shared_path_gives_every_number_of_one_call_a_rank(name, mode, rng, 
     assert shared == per_rank
 
 
+def test_a_call_that_chooses_by_its_rank_through_an_unwatched_channel_runs_once_a_rank():
+    """The differential probe: equal inputs, no draw, no watched read, yet rank 0 and rank 3
+    choose differently: the ranks do not share its call, and the probe says why."""
+    from eplbsim.dispatch import DispatchPolicy
+    from eplbsim.dispatch.observe import probed_groups
+    from eplbsim.solvers import solve
+    placement = solve("deepseek", np.random.default_rng(2).random((2, 16)) * 100, 24,
+                      Topology(4, 2))
+    views, contexts = _views(placement, 4)
+
+    def fn(topk_ids, view, ctx, last=[3]):  # the rank learnt as a branch might: not from ctx
+        return view.log2phy[ctx.layer][topk_ids, 0] if ctx.rank != last[0] else \
+            view.log2phy[ctx.layer][topk_ids, view.logcnt[ctx.layer][topk_ids] - 1]
+
+    policy = DispatchPolicy(fn, observed=lambda view, ctx: view.placement.phy2log)
+    groups, seen = probed_groups(views, contexts, policy, 4)
+    assert groups == ((0,), (1,), (2,), (3,))
+    assert seen.differs == (0, 3) and "rank 0 and rank 3" in seen.says()
+    quiet = DispatchPolicy(lambda t, view, ctx: view.log2phy[ctx.layer][t, 0],
+                           observed=lambda view, ctx: view.placement.phy2log)
+    assert probed_groups(views, contexts, quiet, 4) == (((0, 1, 2, 3),), observe.Probe())
+
+
 def test_the_review_says_how_an_engines_calls_were_observed():
     from eplbsim.review.invariance import _claimed
     from eplbsim.solvers import solve
@@ -101,8 +125,8 @@ def test_the_review_says_how_an_engines_calls_were_observed():
                       Topology(4, 2))
     spec = RunSpec.of(gpus=4, gpus_per_node=2, redundant=8)
     shared = _claimed("vllm:hash", (), placement, spec, 4)
-    assert shared.endswith("observed: draws nothing, 1 call(s) serve its 4 ranks (one a group "
-                           "of equal inputs)")
+    assert shared.endswith("observed: draws nothing and reads no rank, 1 call(s) serve its 4 "
+                           "ranks (one a group of equal inputs)")
     assert _claimed("sglang:static", (), placement, spec, 4).endswith("one call a rank")
     assert _claimed("row", (), placement, spec, 4) == "invariant"
 

@@ -55,27 +55,29 @@ PROBE_LAYOUT = (16, 24, 4, 2, 2, 4)  # what `engines list` observes on: E expert
 # G GPUs in N nodes, L layers, top-k K
 
 
-def _observed(engine: str, policies: list[str]) -> dict[str, str]:
-    """How each of `policies` (an engine's own) serves the ranks in "none" from its pinned
-    release (`checks.observed_sharing`, on `PROBE_LAYOUT`: every expert once, the first
-    `P - E` again): the release not fetched, the policy a shared rule or a2a-only, or one that
-    cannot run without flags (`sglang:auto`), said so."""
+def _observed(engine: str, policies: list[str], sources: Any = ()) -> dict[str, str]:
+    """How each of `policies` (an engine's own) serves the ranks in "none" from `sources`
+    (default its pinned release): `checks.observed_sharing`, on `PROBE_LAYOUT` (every expert
+    once, the first `P - E` again): whether it draws or reads its rank, and through which
+    channel. The release not fetched, the policy a shared rule or a2a-only, or one that cannot
+    run (`sglang:auto` without flags, a branch's own error), said so."""
     from ..ranks.checks import observed_sharing, probe_placement
     from ..dispatch import resolve_policy
     from ..engines import release
     from ..placement.topology import Topology
-    if release(engine) is None:
+    if not sources and release(engine) is None:
         return {name: "pinned release not fetched" for name in policies}
     E, P, G, N, L, K = PROBE_LAYOUT
     placement = probe_placement(E, P, Topology(G, G // N), L)
     out = {}
     for name in policies:
-        entry = resolve_policy(name)[1]
+        entry = resolve_policy(name, sources)[1]
         if entry.observed is None or "none" not in entry.modes:
             out[name] = "a shared rule over every rank's tokens (a2a only): not probed"
         else:
             try:
-                out[name] = observed_sharing(name, placement, "full", "independent", 0, K)
+                out[name] = observed_sharing(name, placement, "full", "independent", 0, K,
+                                             sources)
             except InputError as exc:  # sglang:auto without flags picks nothing
                 out[name] = f"not probed: {exc}"
     return out
@@ -103,25 +105,23 @@ def listing(args: argparse.Namespace) -> int:
         print(f"  solvers:  {', '.join(r['solvers'])}")
         for fn, what in r["exposes"].items():
             print(f"  {fn}: {what}")
-        E, P, G, N, L, K = PROBE_LAYOUT
-        print(f"  observed in \"none\" ({r['pinned']}, E={E} P={P} on {G} GPUs in {N} nodes):")
-        width = max(map(len, r["observed"]))
-        for name, how in r["observed"].items():
-            print(f"    {name:{width}s}  {how}")
+        _print_observed(r["observed"])
     return 0
 
 
 def _source_listing(args: argparse.Namespace) -> int:
     """`engines list --engine-source S`: which algorithms S has, and what each lacking one
     misses."""
-    from ..engines import as_sources, availability, label
+    from ..engines import ENGINE_POLICIES, as_sources, availability, label
     rows = []
     for text in args.engine_source:
         for one in text.split(","):
             engine, given = _source(one)
             sources = as_sources({engine: given})
-            rows.append({"engine": engine, "source": label(engine, sources),
-                         "algorithms": availability(engine, sources)})
+            have = availability(engine, sources)
+            runs = [n for n, e in ENGINE_POLICIES.items() if e[0] == engine and have[n] is None]
+            rows.append({"engine": engine, "source": label(engine, sources), "algorithms": have,
+                         "observed": _observed(engine, runs, sources)})
     if args.json:
         print(to_json(rows))
         return 0
@@ -130,7 +130,17 @@ def _source_listing(args: argparse.Namespace) -> int:
         width = max(map(len, r["algorithms"]))
         for name, why in r["algorithms"].items():
             print(f"  {name:{width}s}  {'yes' if why is None else 'no: ' + why}")
+        _print_observed(r["observed"])
     return 0
+
+
+def _print_observed(observed: dict[str, str]) -> None:
+    """The `_observed` lines of one source, under their heading."""
+    E, P, G, N, L, K = PROBE_LAYOUT
+    print(f"  observed in \"none\" (E={E} P={P} on {G} GPUs in {N} nodes):")
+    width = max(map(len, observed), default=0)
+    for name, how in observed.items():
+        print(f"    {name:{width}s}  {how}")
 
 
 def conform(args: argparse.Namespace) -> int:

@@ -9,11 +9,12 @@ from pathlib import Path
 from .. import runspec
 from ..base.errors import InputError
 from ..dispatch import is_file_policy, resolve_policy
+from ..engines.identity import EngineError
 from ..placement import VIEWS
 from ..review import WINDOWS, review, to_json
 from ..review.evidence import RESAMPLES
 from ..review.page import html, markdown
-from ..review.verdict import MIN_EFFECT, exit_statuses
+from ..review.verdict import EXIT, MIN_EFFECT, exit_statuses
 from .common import check_out_dir
 
 HELP = ("judge a dispatch or placement change before upstreaming it: correctness, held-out "
@@ -97,10 +98,15 @@ def handle(args: argparse.Namespace) -> int:
         check_out_dir(args.out, [*source.files, base.solver.placement, base.schedule.initial,
                                  *files], OUTPUTS)
     trace = source.open(base.dispatch.seed, base.schedule)
-    report = review(trace, args.candidate, args.baseline, base, holdout=args.holdout,
-                    seeds=args.seeds, windows=args.windows, min_effect=args.min_effect,
-                    resamples=args.resamples, baseline_sources=_baseline_sources(args),
-                    baseline_solver=args.baseline_solver, view_asked="view" in values)
+    try:
+        report = review(trace, args.candidate, args.baseline, base, holdout=args.holdout,
+                        seeds=args.seeds, windows=args.windows, min_effect=args.min_effect,
+                        resamples=args.resamples, baseline_sources=_baseline_sources(args),
+                        baseline_solver=args.baseline_solver, view_asked="view" in values)
+    except EngineError as exc:
+        if not _candidates(exc, args.candidate, sources):
+            raise
+        return _crashed(args, exc)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "report.md").write_text(markdown(report))
@@ -110,6 +116,26 @@ def handle(args: argparse.Namespace) -> int:
     if args.out and not args.json:
         print("wrote " + ", ".join(str(args.out / name) for name in OUTPUTS))
     return report.exit_status
+
+
+def _candidates(error: EngineError, candidate: str, sources: dict) -> bool:
+    """Whether `error` was raised by the candidate's engine code (its source's label)."""
+    from ..engines import is_engine_name, label
+    return is_engine_name(candidate) and error.label == label(candidate.partition(":")[0],
+                                                              tuple(sorted(sources.items())))
+
+
+def _crashed(args: argparse.Namespace, error: EngineError) -> int:
+    """The verdict on a candidate whose own code raised: not recommended, with the engine's
+    message (file, line and rank), as the page or its JSON. Returns the verdict's status."""
+    verdict = "not recommended"
+    reason = f"the candidate's own code raised: {error}"
+    if args.json:
+        print(to_json({"verdict": verdict, "reasons": [reason], "candidate": args.candidate,
+                       "baseline": args.baseline}))
+    else:
+        print(f"# Review: {args.candidate}\n\n## Verdict: {verdict}\n\n{reason}")
+    return EXIT[verdict]
 
 
 def _baseline_sources(args: argparse.Namespace) -> dict | None:

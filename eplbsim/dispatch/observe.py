@@ -15,13 +15,24 @@ A function of equal inputs that leaves every generator as it was returns equal o
 ranks whose inputs are equal (`same`) share one call when a probe of every layer on a batch
 that routes every expert draws nothing (`observed_groups`); a policy that draws keeps one
 computation a rank, each with the rank's own generator.
+
+Equal inputs are not the whole input: the call may also learn its rank, through any channel an
+engine's code can read (`engines.identity`: `torch.distributed`, the engine's parallel state,
+the environment, the device index), each answering the rank it runs as and noting the read
+(`note`, seen by a probe `watching`). So a group of ranks shares one call only when the probe
+(`probe`) sees it neither draw nor read its rank on any layer, and when the same call run as
+two different ranks of the group (its first and last) on equal inputs and equal generators gives
+equal outputs: a channel nobody listed still shows there when it changes the choice.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import random
-from typing import Any, Callable, Sequence
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -75,27 +86,105 @@ def probe_ids(num_experts: int, top_k: int) -> torch.Tensor:
     return (torch.arange(num_experts)[:, None] + torch.arange(k)[None]) % num_experts
 
 
+_WATCHERS = threading.local()  # .lists: the reads each open `watching` block collects
+
+
+@contextmanager
+def watching() -> Iterator[list[tuple[str, str]]]:
+    """Collect, during the block, every rank read this thread's engine calls make (`note`):
+    a list of `(channel, where)`, filled as the calls run."""
+    lists = getattr(_WATCHERS, "lists", None)
+    if lists is None:
+        lists = _WATCHERS.lists = []
+    reads: list[tuple[str, str]] = []
+    lists.append(reads)
+    try:
+        yield reads
+    finally:
+        lists.remove(reads)
+
+
+def note(channel: str, where: str) -> None:
+    """A call read its rank through `channel` at `where` (an engine file and line): told to
+    every open `watching` block of this thread."""
+    for reads in getattr(_WATCHERS, "lists", ()):
+        reads.append((channel, where))
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What a probe of a call saw (module doc): `draws`, whether it drew from a generator;
+    `reads`, the first rank read `(channel, where)` or None; `differs`, the two ranks whose
+    outputs differ on equal inputs, or None."""
+
+    draws: bool = False
+    reads: tuple[str, str] | None = None
+    differs: tuple[int, int] | None = None
+
+    @property
+    def shareable(self) -> bool:
+        """Whether ranks of equal inputs may share the call."""
+        return not self.draws and self.reads is None and self.differs is None
+
+    def says(self) -> str:
+        """Why the call runs once a rank, in words ("" when it may be shared)."""
+        if self.reads is not None:
+            return f"reads its rank through {self.reads[0]} ({self.reads[1]})"
+        if self.draws:
+            return "draws from a generator"
+        if self.differs is not None:
+            a, b = self.differs
+            return (f"chooses differently as rank {a} and rank {b} on equal inputs (its rank "
+                    f"reaches it through a channel eplbsim does not watch)")
+        return ""
+
+
+def probe(fn: Callable, topk_ids: torch.Tensor, view: Any, contexts: Sequence[Any],
+          num_layers: int) -> Probe:
+    """Probe `fn(topk_ids [T, K], view, ctx)` at every layer `0..L-1` (module doc): run as
+    `contexts[0]`'s rank, whether it leaves every generator it could read as it was (each call
+    is handed a generator of its own, so a draw from it shows) and reads no rank; then, with
+    two or more `contexts`, whether the last one's rank gets the same output from the same
+    view and an equal generator."""
+    first, last = contexts[0], contexts[-1]
+    for layer in range(num_layers):
+        generator = torch.Generator().manual_seed(PROBE_SEED)
+        ctx = dataclasses.replace(first, layer=layer, generator=generator)
+        before = _states(generator)
+        with watching() as reads:
+            out = fn(topk_ids, view, ctx)
+        if reads:
+            return Probe(reads=reads[0])
+        if not _unchanged(before, _states(generator)):
+            return Probe(draws=True)
+        if last.rank != first.rank:
+            other = dataclasses.replace(last, layer=layer,
+                                        generator=torch.Generator().manual_seed(PROBE_SEED))
+            if not torch.equal(out.cpu(), fn(topk_ids, view, other).cpu()):
+                return Probe(differs=(first.rank, last.rank))
+    return Probe()
+
+
 def draws_nothing(fn: Callable, topk_ids: torch.Tensor, view: Any, ctx: Any,
                   num_layers: int) -> bool:
     """Whether `fn(topk_ids [T, K], view, ctx)` at every layer `0..L-1` leaves every generator
-    it could read as it was (module doc); `ctx` is handed a generator of its own for the
-    probe, so a draw from it shows."""
-    generator = torch.Generator().manual_seed(PROBE_SEED)
-    for layer in range(num_layers):
-        probe = dataclasses.replace(ctx, layer=layer, generator=generator)
-        before = _states(generator)
-        fn(topk_ids, view, probe)
-        if not _unchanged(before, _states(generator)):
-            return False
-    return True
+    it could read as it was and reads no rank (`probe` as one rank)."""
+    return probe(fn, topk_ids, view, [ctx], num_layers).shareable
 
 
 def observed_groups(views: Sequence[Any], contexts: Sequence[Any], policy: Any,
                     top_k: int) -> tuple[tuple[int, ...], ...]:
     """Positions of `views` (and their ranks' `contexts`, at a step) that share one call of
     `policy` (module doc): ranks whose `policy.observed(view, ctx)` are `same`, each group
-    kept whole when its first rank's calls draw nothing on `probe_ids` of the placement's
-    experts and `top_k`, else split into one rank a group."""
+    kept whole when a `probe` of its first and last ranks' calls on `probe_ids` of the
+    placement's experts and `top_k` finds them shareable, else split into one rank a group."""
+    return probed_groups(views, contexts, policy, top_k)[0]
+
+
+def probed_groups(views: Sequence[Any], contexts: Sequence[Any], policy: Any, top_k: int
+                     ) -> tuple[tuple[tuple[int, ...], ...], Probe]:
+    """`observed_groups`, and the first probe that kept a group from sharing (`Probe()` when
+    none did)."""
     inputs = [policy.observed(v, c) for v, c in zip(views, contexts)]
     groups: list[list[int]] = []
     for i in range(len(views)):
@@ -106,12 +195,15 @@ def observed_groups(views: Sequence[Any], contexts: Sequence[Any], policy: Any,
         else:
             groups.append([i])
     out: list[tuple[int, ...]] = []
+    found = Probe()
     for group in groups:
         view = views[group[0]]
         ids = probe_ids(view.placement.num_experts, top_k).to(view.log2phy.device)
-        if len(group) > 1 and draws_nothing(policy.fn, ids, view, contexts[group[0]],
-                                            view.placement.num_layers):
+        seen = probe(policy.fn, ids, view, [contexts[group[0]], contexts[group[-1]]],
+                     view.placement.num_layers) if len(group) > 1 else Probe()
+        if len(group) > 1 and seen.shareable:
             out.append(tuple(group))
         else:
             out.extend((i,) for i in group)
-    return tuple(sorted(out))
+            found = found if not found.shareable else seen
+    return tuple(sorted(out)), found

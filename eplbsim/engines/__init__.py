@@ -37,7 +37,7 @@ import torch
 from .. import dispatch
 from ..base.errors import InputError
 from ..dispatch import DispatchPolicy
-from . import sglang as _sglang, sglang_runtime, vllm as _vllm
+from . import identity, sglang as _sglang, sglang_runtime, vllm as _vllm
 from .source import cache_root, fetch, fetched_version, release_folder
 
 
@@ -298,13 +298,15 @@ def _engine_policy(name: str, sources: Sources, engine_args: str = "") -> Dispat
                 gen = ctx.stream.generator(ctx.layer, "cpu")
             elif gen is not None and gen.device.type != "cpu":
                 gen = None
-            if picked == "lp":
-                meta = sglang_metadata(run, view.placement, picked, a2a, ctx.rank)
-                return run.lp_dispatch(ids, meta, infos[ctx.layer], ctx.layer,
-                                       gen).to(topk_ids.device)
-            if picked == "fake":
-                ids = run.fake_ids(ids, infos[ctx.layer], gen)
-            return run.dispatch(ids, infos[ctx.layer], gen).to(topk_ids.device)
+            with run.as_rank(_layout(view.placement, picked, a2a), ctx.rank,
+                             "topk_ids_logical_to_physical", ctx.tp):
+                if picked == "lp":
+                    meta = sglang_metadata(run, view.placement, picked, a2a, ctx.rank)
+                    return run.lp_dispatch(ids, meta, infos[ctx.layer], ctx.layer,
+                                           gen).to(topk_ids.device)
+                if picked == "fake":
+                    ids = run.fake_ids(ids, infos[ctx.layer], gen)
+                return run.dispatch(ids, infos[ctx.layer], gen).to(topk_ids.device)
 
         def observed(view: Any, ctx: Any) -> Any:
             """What rank `ctx.rank`'s calls read: the algorithm picked and its dispatch infos
@@ -323,7 +325,10 @@ def _engine_policy(name: str, sources: Sources, engine_args: str = "") -> Dispat
             log2phy, counts = _cached(view.placement, (run.label, "maps"), lambda: run.logical_maps(
                 view.placement.phy2log, view.placement.num_experts))
             ids = topk_ids if topk_ids.is_cuda else topk_ids.cpu()  # compiled on CUDA
-            phys, _ = run.dispatch(ids, log2phy[ctx.layer], counts[ctx.layer])
+            topo = view.placement.topology
+            with run.as_rank(identity.Identity(ctx.rank, topo.num_gpus, topo.num_nodes, ctx.tp),
+                             "eplb_map_to_physical_and_record"):
+                phys, _ = run.dispatch(ids, log2phy[ctx.layer], counts[ctx.layer])
             return phys.to(topk_ids.device)
 
         def observed(view: Any, ctx: Any) -> Any:

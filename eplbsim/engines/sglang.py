@@ -47,7 +47,7 @@ import torch
 
 from ..base.errors import InputError
 from ..placement import refuse_empty_slots
-from . import sglang_runtime
+from . import identity, sglang_runtime
 from .source import Modules, call, interpreted
 from .standins import stand_in
 
@@ -169,9 +169,12 @@ class SGLang:
         self._roles: dict[str, ModuleType | str] = {}
         self._functions: dict[str, Any] = {}
         self._missing: dict[str, str | None] = {}
+        self.prefix = identity.register(self.root)
         self.modules = Modules(self.root, PACKAGE, self._stubs(), label)
-        self.modules.supply("sglang.srt.distributed",  # 0.5.16's way to the EP group
-                            get_moe_ep_group=lambda: self._settings.moe_ep_group)
+        ranks = identity.getters("sglang", identity.SGLANG_GETTERS, identity.SGLANG_GROUPS)
+        for package in ("sglang.srt.distributed", "sglang.srt.distributed.parallel_state",
+                        "sglang.srt.layers.dp_attention"):  # where the rank getters live
+            self.modules.supply(package, **ranks)
         if self.missing("views") is not None:
             raise InputError(f"{label}: {self.missing('views')}; no SGLang EPLB code there "
                              f"(the folder holding sglang/: a release, or a checkout's python/)")
@@ -334,7 +337,7 @@ class SGLang:
         in one line for a `phy2log [L, P]` with an empty slot (-1), which the engine takes
         for no expert."""
         refuse_empty_slots(phy2log, f"{self.label}'s init_by_mapping")
-        with self._configured(layout), _distributed_rank(rank, layout.num_gpus):
+        with self._configured(layout), self.as_rank(layout, rank, "init_by_mapping"):
             return call(self.location.ExpertLocationMetadata.init_by_mapping, self.label,
                         **self._known(layout, physical_to_logical_map=phy2log.clone(),
                                       moe_ep_rank=rank))
@@ -346,7 +349,7 @@ class SGLang:
         in one line for a `phy2log` with an empty slot (-1)."""
         refuse_empty_slots(phy2log, f"{self.label}'s ExpertLocationMetadata")
         self.need("rebalanced")
-        with self._configured(layout), _distributed_rank(rank, layout.num_gpus):
+        with self._configured(layout), self.as_rank(layout, rank, "_init_raw"):
             return call(self.location.ExpertLocationMetadata._init_raw, self.label,
                         **self._known(layout, physical_to_logical_map=phy2log.clone(),
                                       logical_to_all_physical_map=log2phy.clone()))
@@ -357,14 +360,22 @@ class SGLang:
         the engine's solver `solver` (its `--eplb-algorithm`)."""
         self._check_solver(solver)
         self._settings.eplb_algorithm = solver
-        with self._configured(layout), _distributed_rank(rank, layout.num_gpus):
+        with self._configured(layout), self.as_rank(layout, rank, "init_by_eplb"):
             return call(self.location.ExpertLocationMetadata.init_by_eplb, self.label,
                         **self._known(layout, logical_count=logical_count.clone()))
+
+    def as_rank(self, layout: Layout, rank: int, function: str, tp: int = 1) -> Any:
+        """The block's calls into this source run as rank `rank` of `layout`'s deployment
+        (`identity.as_rank`: every channel answers it; an exception of the engine's names
+        `function`)."""
+        return identity.as_rank(identity.Identity(rank, layout.num_gpus, layout.num_nodes, tp),
+                                self.prefix, self.label, function)
 
     def infos(self, layout: Layout, metadata: Any, rank: int = 0) -> list[Any]:
         """Every layer's `ExpertLocationDispatchInfo` for `metadata` published as the global
         metadata (`init_new`), on rank `rank`."""
-        with self._configured(layout), self._published(metadata):
+        with self._configured(layout), self._published(metadata), \
+                self.as_rank(layout, rank, "ExpertLocationDispatchInfo.init_new"):
             new = self.dispatch_module.ExpertLocationDispatchInfo.init_new
             return [call(new, self.label, layer_id=layer, ep_rank=rank)
                     for layer in range(layout.num_layers)]
@@ -425,9 +436,14 @@ class SGLang:
                              f"this row runs mode {'a2a' if layout.a2a else 'none'} (none "
                              f"means --moe-a2a-backend none)")
         try:
-            with self.modules.active():
+            with self.modules.active(), identity.for_every_rank(
+                    layout.num_gpus, layout.num_nodes, self.prefix, self.label,
+                    "handle_eplb_and_dispatch"):
                 call(self._function("settings"), self.label, self=s, server_args=s)
-        except (ValueError, AssertionError) as exc:
+        except identity.EngineError as error:  # the release's own refusal, in its words
+            exc = error.__cause__
+            if not isinstance(exc, (ValueError, AssertionError)):
+                raise
             where = traceback.extract_tb(exc.__traceback__)[-1]
             why = " ".join(str(exc).split()) or (f"its check `{where.line}` fails "
                                                   f"({Path(where.filename).name}:"
@@ -494,10 +510,11 @@ class SGLang:
         extra = self._settings_extra
         extra.waterfill_dynamic = dynamic
         extra.all_reduced = torch.cat([routed, tokens]).to(torch.int64)
-        self._settings.moe_ep_group = SimpleNamespace(world_size=G, rank_in_group=rank)
         ids = gpu.to(torch.int32).contiguous()
         weights = torch.ones(ids.shape, dtype=torch.float32)
-        with self.modules.active(), torch._dynamo.config.patch(disable=True):
+        with self.modules.active(), torch._dynamo.config.patch(disable=True), \
+                identity.as_rank(identity.Identity(rank, G), self.prefix, self.label,
+                                 "WaterfillBalancer.expand_topk"):
             balancer = call(self.role("waterfill").WaterfillBalancer, self.label,
                             num_routed_experts=G, world_size=G, rank=rank, layer_id=layer,
                             shared_weight=1.0)
@@ -516,7 +533,8 @@ class SGLang:
         hierarchical = num_groups is not None and num_groups % num_nodes == 0
         name = solver + ("_hierarchical" if hierarchical else "")
         layout = Layout(load.shape[0], load.shape[1], num_slots, num_gpus, num_nodes, num_groups)
-        with self._configured(layout):
+        with self._configured(layout), identity.for_every_rank(
+                num_gpus, num_nodes, self.prefix, self.label, "rebalance_experts"):
             phy2log, log2phy, _ = call(
                 algo.rebalance_experts, self.label, tokens_per_expert=load.unsqueeze(0),
                 num_physical_experts=num_slots, num_local_physical_experts=num_slots // num_gpus,
@@ -618,18 +636,3 @@ def _default_generator(generator: torch.Generator | None, device: torch.device) 
         generator.set_state(get())
     finally:
         put(saved)
-
-
-@contextmanager
-def _distributed_rank(rank: int, world: int) -> Iterator[None]:
-    """`torch.distributed.get_rank()` answers `rank`, and `get_world_size()` `world`, during
-    the block (the engine's `_init_raw` reads the rank for `static`'s table when no rank is
-    passed, at start-up too in 0.5.14)."""
-    dist = torch.distributed
-    saved = dist.get_rank, dist.get_world_size
-    dist.get_rank = lambda group=None: rank
-    dist.get_world_size = lambda group=None: world
-    try:
-        yield
-    finally:
-        dist.get_rank, dist.get_world_size = saved

@@ -24,6 +24,7 @@ from types import ModuleType
 from typing import Any, Iterator
 
 from ..base.errors import InputError
+from . import identity
 
 A2A_BACKEND = "deepep"  # any backend but "none" turns on per-rank narrowing and randint
 
@@ -36,8 +37,10 @@ class Settings:
     """The deployment as SGLang's settings say it (module doc). Fields (ServerArgs' names):
     `ep_dispatch_algorithm`, `moe_a2a_backend`, `ep_num_redundant_experts`, `eplb_algorithm`,
     `init_expert_location`, `enable_eplb`, `ep_join_mode`; `ep_size`, `tp_size`, `nnodes`,
-    `elastic_ep_initial_size`, `ep_join_rank_offset`, `moe_ep_group`; `device`; and the
-    resources `expert_location_metadata` (the global metadata) and `lplb_solvers`."""
+    `elastic_ep_initial_size`, `ep_join_rank_offset`; `device`; the resources
+    `expert_location_metadata` (the global metadata) and `lplb_solvers`; and the rank's own
+    place, answered per simulated rank (`identity.SGLANG_FIELDS`, and each group handle
+    `NAME_group`, `identity.SGLANG_GROUPS`)."""
 
     def __init__(self, label: str) -> None:
         self._label = label
@@ -52,7 +55,6 @@ class Settings:
         self.ep_size = self.tp_size = self.nnodes = 1
         self.elastic_ep_initial_size = None
         self.ep_join_rank_offset = 0
-        self.moe_ep_group: Any = None
         self.device = "cpu"
         self.expert_location_metadata: Any = None
         self.lplb_solvers: dict = {}
@@ -80,8 +82,19 @@ class Settings:
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
+        if name in identity.SGLANG_FIELDS:  # the rank's place, answered per simulated rank
+            return identity.answer(f"sglang get_parallel().{name}", identity.SGLANG_FIELDS[name])
+        group = name[:-len("_group")] if name.endswith("_group") else None
+        if group in identity.SGLANG_GROUPS:
+            return identity.Group("sglang", group)
+        flag = next((f for f, (field, _) in FLAGS.items() if field == name), None)
+        can = (f"give it with --engine-args {flag} (sglang:auto)" if flag else
+               "it is a setting of the serving stack a simulation does not model: read it "
+               "with getattr(..., default) in the branch, or ask for it in an eplbsim issue "
+               "naming the setting")
         raise MissingSetting(f"{self.__dict__.get('_label', 'the engine')} read the setting "
-                             f"{name!r}, which eplbsim does not supply")
+                             f"{name!r} at {identity.reader()}, which eplbsim does not "
+                             f"supply; {can}")
 
     def as_dict(self) -> "SettingsDict":
         return SettingsDict(self)

@@ -36,6 +36,7 @@ from types import ModuleType
 from typing import Any, Iterator, Mapping, Sequence
 
 from ..base.errors import InputError
+from .identity import rewire
 from .standins import Finder, stand_in
 
 _LOCK = threading.RLock()
@@ -228,6 +229,7 @@ class Modules:
             except BaseException:
                 sys.modules.pop(name, None)
                 raise
+            rewire(vars(mod))
             setattr(self._mods[parent], leaf, mod)
             self._mods[name] = mod
             return mod
@@ -267,6 +269,7 @@ class Modules:
         namespace.setdefault("__name__", name)
         with self.active():
             exec(compile(module, str(file), "exec"), namespace)  # noqa: S102 - engine's code
+        rewire(namespace)
         return namespace
 
 

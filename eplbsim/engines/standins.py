@@ -27,6 +27,7 @@ from types import ModuleType
 from typing import Any
 
 from ..base.errors import InputError
+from .identity import rewire
 
 
 def _refuse(self: "Inert", *args: Any, **kwargs: Any) -> Any:
@@ -127,6 +128,7 @@ class _Loader(importlib.abc.Loader):
             try:
                 code = compile(self.file.read_bytes(), str(self.file), "exec")
                 exec(code, module.__dict__)  # noqa: S102 - the engine's own code
+                rewire(module.__dict__)
                 return
             except Exception as exc:  # it needs the serving stack: stand in for it
                 why = f"it does not load without the serving stack: {type(exc).__name__}: {exc}"

@@ -39,6 +39,7 @@ import torch
 
 from ..base.errors import InputError
 from ..placement import refuse_empty_slots
+from . import identity
 from .source import Modules, call, interpreted
 from .standins import stand_in
 
@@ -66,9 +67,19 @@ class VLLM:
 
     def __init__(self, root: Path, label: str) -> None:
         self.root, self.label = Path(root), label
+        self.prefix = identity.register(self.root)
         self.modules = Modules(self.root, PACKAGE, _stubs(), label)
         self.native = Modules(self.root, PACKAGE, _stubs(), label)  # compiled kernels: CUDA
+        ranks = identity.getters("vllm", identity.VLLM_GETTERS, identity.VLLM_GROUPS)
+        for modules in (self.modules, self.native):
+            for package in ("vllm.distributed", "vllm.distributed.parallel_state"):
+                modules.supply(package, **ranks)  # the rank's groups, answered per rank
         self._found: dict[str, Any] = {}
+
+    def as_rank(self, who: "identity.Identity", function: str) -> Any:
+        """The block's calls into this source run as `who` (`identity.as_rank`: every channel
+        answers it; an exception of the engine's names `function`)."""
+        return identity.as_rank(who, self.prefix, self.label, function)
 
     def _get(self, what: str) -> Any:
         """`DefaultEplbPolicy` ("default"), `compute_logical_maps` ("views") or the map kernel
@@ -113,7 +124,8 @@ class VLLM:
     def solve(self, load: torch.Tensor, num_slots: int, num_gpus: int, num_nodes: int,
               num_groups: int) -> torch.Tensor:
         """`DefaultEplbPolicy.rebalance_experts(load [L, E], ...)` -> phy2log `[L, P]`."""
-        with self.modules.active():
+        with self.modules.active(), identity.for_every_rank(
+                num_gpus, num_nodes, self.prefix, self.label, "rebalance_experts"):
             return call(self.policy.rebalance_experts, self.label, weight=load,
                         num_replicas=num_slots, num_groups=num_groups, num_nodes=num_nodes,
                         num_ranks=num_gpus, num_gpus=num_gpus).long()

@@ -19,6 +19,7 @@ import torch
 from ..base.errors import InputError
 from ..base.registry import lookup
 from ..dispatch import Policy, resolve_policy
+from ..dispatch.observe import Probe, probed_groups
 from ..placement import Placement, rank_view
 from ..placement.topology import Topology
 from . import MODES, Epoch, make_ranks, rank_context, rank_groups
@@ -35,16 +36,25 @@ def _as_step(topk_ids: torch.Tensor) -> torch.Tensor:
     return ids
 
 
-def rank_epoch(policy: str | Policy, placement: Placement, view: str, rng: str, seed: int,
-               step: int, mode: str, top_k: int, sources: Any = ()) -> Epoch:
-    """Every rank of `placement`'s topology, each with its own view and random stream, as one
-    epoch keeping every rank's choices; its groups are the ranks that share one computation
-    (`ranks.rank_groups`: declared invariant, or an engine's call observed to draw nothing on
-    equal inputs, probed at `step` with `top_k` ids a row)."""
+def _rank_inputs(policy: str | Policy, placement: Placement, view: str, rng: str, seed: int,
+                 step: int, mode: str, sources: Any = ()) -> tuple:
+    """`(name, entry, ranks, views, contexts)`: every rank of `placement`'s topology with its
+    own view and its context at `step`."""
     name, entry = resolve_policy(policy, sources)
     ranks = make_ranks(rng, seed, placement.topology.num_gpus)
     views = tuple(rank_view(view, placement, r.rank, mode) for r in ranks)
     contexts = [rank_context(step, r, mode, seed, None) for r in ranks]
+    return name, entry, ranks, views, contexts
+
+
+def rank_epoch(policy: str | Policy, placement: Placement, view: str, rng: str, seed: int,
+               step: int, mode: str, top_k: int, sources: Any = ()) -> Epoch:
+    """Every rank of `placement`'s topology, each with its own view and random stream, as one
+    epoch keeping every rank's choices; its groups are the ranks that share one computation
+    (`ranks.rank_groups`: declared invariant, or an engine's call probed to neither draw nor
+    read its rank on equal inputs, at `step` with `top_k` ids a row)."""
+    name, entry, ranks, views, contexts = _rank_inputs(policy, placement, view, rng, seed, step,
+                                                       mode, sources)
     return Epoch(name=name, policy=entry, placement=placement, ranks=ranks, views=views,
                  groups=rank_groups(views, entry, None, contexts, top_k), num_ranks=len(ranks),
                  mode=mode, seed=seed, keep_choices=True)
@@ -70,12 +80,22 @@ def observed_calls(policy: str | Policy, placement: Placement, view: str, rng: s
 def observed_sharing(policy: str | Policy, placement: Placement, view: str, rng: str,
                      seed: int, top_k: int, sources: Any = ()) -> str:
     """How an engine's calls serve the ranks in "none" (`dispatch.observe`), as the review page
-    and `engines list` say it: "draws nothing, N call(s) serve its G ranks (one a group of
-    equal inputs)" when ranks share calls, else "draws or reads its rank, one call a rank"."""
-    calls = observed_calls(policy, placement, view, rng, seed, top_k, sources)
+    and `engines list` say it: "draws nothing and reads no rank, N call(s) serve its G ranks
+    (one a group of equal inputs)" when ranks share calls, else why they do not ("reads its
+    rank through torch.distributed.get_rank (FILE:LINE), one call a rank")."""
+    _, entry, _, views, contexts = _rank_inputs(policy, placement, view, rng, seed, 0, "none",
+                                                sources)
     G = placement.topology.num_gpus
-    return (f"draws nothing, {calls} call(s) serve its {G} ranks (one a group of equal "
-            f"inputs)" if calls < G else "draws or reads its rank, one call a rank")
+    if entry.observed is None:
+        calls = len(rank_groups(views, entry, None, contexts, top_k))
+        seen = Probe()
+    else:
+        groups, seen = probed_groups(views, contexts, entry, top_k)
+        calls = len(groups)
+    if calls < G:
+        return (f"draws nothing and reads no rank, {calls} call(s) serve its {G} ranks (one a "
+                f"group of equal inputs)")
+    return f"{seen.says() or 'every rank has inputs of its own'}, one call a rank"
 
 
 def _rank_choices(policy: str | Policy, ids: torch.Tensor, placement: Placement, view: str,
