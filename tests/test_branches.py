@@ -207,3 +207,31 @@ def test_a_branch_that_raises_gets_the_engines_message(tmp_path, capsys, trace):
     assert main(["run", "--trace", str(tmp_path / "trace.npz"), "--policies",
                  "sglang:dynamic", "--engine-source", f"sglang={folder}"]) == 2
     assert "the engine's code raised" in capsys.readouterr().err
+
+
+POLICY_FILE = '''import torch
+
+
+def pol(topk_ids, view, ctx):
+    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    ids = topk_ids.clamp(min=0)
+    rows = torch.arange(topk_ids.shape[0])[:, None]
+    phys = view.log2phy[ctx.layer][ids, (rows + rank) % view.logcnt[ctx.layer][ids]]
+    return torch.where(topk_ids >= 0, phys, -1)
+
+
+def broken(topk_ids, view, ctx):
+    return view.log2phy[ctx.layer][topk_ids, 99]
+'''
+
+
+def test_a_policy_file_is_that_rank_to_every_channel_too(tmp_path, capsys, trace):
+    """A candidate in a file (`file.py:function`), as review takes one, learns its rank as an
+    engine branch does, and its own exception names its file, line and rank."""
+    file = tmp_path / "mine.py"
+    file.write_text(POLICY_FILE)
+    status, out = _review(capsys, tmp_path, trace, [f"{file}:pol"])
+    assert status == 1 and "ranks choose different replicas" in out, out
+    with pytest.raises(EngineError, match=r"policy .*mine\.py:broken, rank 0: its code raised "
+                                          r"in broken at mine\.py:13 .*IndexError"):
+        replay(trace, RunSpec.of(policy=f"{file}:broken", **SPEC))

@@ -330,6 +330,9 @@ FAULTS: dict[str, DispatchPolicy] = {
 # `ENGINE:ALGORITHM` -> `(sources, engine_args) -> DispatchPolicy` running that engine's own
 # code, filled in by `eplbsim.engines` (which needs this module, not the other way round).
 ENGINE_POLICIES: dict[str, Callable[[Any, str], DispatchPolicy]] = {}
+RANK_SCOPES: dict[str, Callable[[Callable, str, str], Callable]] = {}  # what runs a file's
+# policy as the dispatching rank to every channel its code may read (`engines.identity`,
+# which fills it): `(fn, file, name) -> fn`
 
 
 def resolve_policy(policy: str | Policy | DispatchPolicy, sources: Any = (),
@@ -349,7 +352,10 @@ def resolve_policy(policy: str | Policy | DispatchPolicy, sources: Any = (),
     if isinstance(policy, str) and ":" in policy and policy in ENGINE_POLICIES:
         return policy, ENGINE_POLICIES[policy](sources, engine_args)
     if is_file_policy(policy):
-        return policy, DispatchPolicy(file_policy(policy), source=f"{USER} ({policy})")
+        fn = file_policy(policy)
+        for scope in RANK_SCOPES.values():  # the file's code as the rank it runs for
+            fn = scope(fn, policy.rpartition(":")[0], policy)
+        return policy, DispatchPolicy(fn, source=f"{USER} ({policy})")
     if isinstance(policy, str) and policy in FAULTS:
         return policy, FAULTS[policy]
     entry = lookup(POLICIES, policy, "policy")

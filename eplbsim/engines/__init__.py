@@ -354,6 +354,7 @@ def _waterfill_rule(sources: Sources, dynamic: bool) -> Callable:
     return rule
 
 
+dispatch.RANK_SCOPES["identity"] = identity.file_scope
 dispatch.ENGINE_POLICIES.update(
     {name: (lambda sources, engine_args="", name=name: engine_policy(name, sources, engine_args))
      for name in ENGINE_POLICIES})

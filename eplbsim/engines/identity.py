@@ -191,11 +191,19 @@ def _engine_frame(depth: int = 16) -> Any:
 
 
 def _where(frame: Any, root: str) -> str:
-    """`path:line` of an engine frame, the path under its source folder."""
+    """`path:line` of an engine frame, the path under its source folder (a file's name when
+    the source is one file)."""
     if frame is None:
         return "?"
-    name = frame.f_code.co_filename
-    return f"{name[len(root):].lstrip(os.sep) if name.startswith(root) else name}:{frame.f_lineno}"
+    return f"{_relative(frame.f_code.co_filename, root)}:{frame.f_lineno}"
+
+
+def _relative(name: str, root: str) -> str:
+    """File `name` as a message names it: under the source folder `root`, or its own name
+    when the source is that one file."""
+    if not name.startswith(root):
+        return name
+    return name[len(root):].lstrip(os.sep) if root.endswith(os.sep) else Path(name).name
 
 
 def answer(channel: str, field: str | None = None) -> int:
@@ -414,12 +422,28 @@ def getters(engine: str, names: dict[str, str], groups: tuple[str, ...]) -> dict
 # -- one rank's call -----------------------------------------------------------------------
 
 def register(root: Path | str) -> str:
-    """Make `root` (an engine source's folder) one whose frames the channels answer; returns
-    it as the path prefix used."""
-    prefix = str(Path(root).resolve()) + os.sep
+    """Make `root` (an engine source's folder, or a policy's file) one whose frames the
+    channels answer; returns it as the path prefix used."""
+    path = Path(root).resolve()
+    prefix = str(path) if path.is_file() else str(path) + os.sep
     _ROOTS.add(prefix)
     _install()
     return prefix
+
+
+def file_scope(fn: Callable, file: str, name: str) -> Callable:
+    """The policy `fn` of the file `file` (`name`, `path/file.py:function`) as a policy whose
+    calls run as the dispatching rank (`as_rank`): what the file's code reads of its rank is
+    that rank's, and an exception it raises names the file, line and rank."""
+    prefix = register(file)
+
+    def scoped(topk_ids: Any, view: Any, ctx: Any) -> Any:
+        topo = view.placement.topology
+        with as_rank(Identity(ctx.rank, topo.num_gpus, topo.num_nodes, ctx.tp), prefix,
+                     f"policy {name}", getattr(fn, "__name__", name)):
+            return fn(topk_ids, view, ctx)
+    scoped.__name__ = getattr(fn, "__name__", name)
+    return scoped
 
 
 @contextmanager
@@ -473,11 +497,12 @@ def engine_error(exc: BaseException, identity: Identity | None, root: str, label
     if not frames:
         return None
     last = frames[-1]
-    where = f"{last.filename[len(root):]}:{last.lineno}" + (
+    where = f"{_relative(last.filename, root)}:{last.lineno}" + (
         f" (`{last.line.strip()}`)" if last.line else "")
     rank = f", rank {identity.rank}" if identity is not None else ""
     text = " ".join(str(exc).split()) or type(exc).__name__
-    return EngineError(f"{label}{rank}: the engine's code raised in {function or last.name} at "
+    whose = "its" if label.startswith("policy ") else "the engine's"
+    return EngineError(f"{label}{rank}: {whose} code raised in {function or last.name} at "
                        f"{where}: {type(exc).__name__}: {text}", label)
 
 
@@ -494,5 +519,5 @@ def reader() -> str:
 
 __all__ = ["CHANNELS", "ENVIRONMENT", "EngineError", "FIELDS", "GROUPS", "Group", "Identity",
            "SGLANG_FIELDS", "SGLANG_GETTERS", "SGLANG_GROUPS", "VLLM_GETTERS", "VLLM_GROUPS",
-           "answer", "as_rank", "current", "engine_error", "for_every_rank", "getters", "reader", "register",
+           "answer", "as_rank", "current", "engine_error", "file_scope", "for_every_rank", "getters", "reader", "register",
            "rewire"]

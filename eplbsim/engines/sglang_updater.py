@@ -37,10 +37,11 @@ def move_rank(run: SGLang, layout: Any, old: Any, new: Any, weights: list,
     (elastic EP, ranks lost) are none here: every rank is healthy."""
     updater = run.role("updater")
     mine = dict(enumerate(weights))
-    for chunk in chunks:
-        layers = [int(x) for x in chunk]
-        updater._update_expert_weights(
-            routed_experts_weights_of_layer=mine, old_expert_location_metadata=old,
-            new_expert_location_metadata=new, update_layer_ids=layers,
-            nnodes=layout.num_nodes, rank=rank)
-        old.update(new, update_layer_ids=layers)
+    with run.as_rank(layout, rank, "_update_expert_weights"):  # every channel answers `rank`
+        for chunk in chunks:
+            layers = [int(x) for x in chunk]
+            updater._update_expert_weights(
+                routed_experts_weights_of_layer=mine, old_expert_location_metadata=old,
+                new_expert_location_metadata=new, update_layer_ids=layers,
+                nnodes=layout.num_nodes, rank=rank)
+            old.update(new, update_layer_ids=layers)

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from ..base.errors import InputError
+from .identity import Identity
 from .source import call
 from .vllm import VLLM
 
@@ -50,7 +51,8 @@ def move_rank(run: VLLM, loaded: tuple[Any, Any], old: torch.Tensor, new: torch.
         raise InputError(f"{run.label}: {REBALANCE} has no rearrange_expert_weights_inplace")
     communicator = comm.TorchDistNcclEplbCommunicator(group)
     buffers = [torch.empty_like(t) for t in weights[0]]
-    call(rebalance.rearrange_expert_weights_inplace, run.label,
-         old_global_expert_indices=old, new_global_expert_indices=new, expert_weights=weights,
-         expert_buffer=buffers, ep_group=group, communicator=communicator,
-         rank_mapping=rank_mapping)
+    with run.as_rank(Identity(group.rank(), group.size()), "rearrange_expert_weights_inplace"):
+        call(rebalance.rearrange_expert_weights_inplace, run.label,
+             old_global_expert_indices=old, new_global_expert_indices=new,
+             expert_weights=weights, expert_buffer=buffers, ep_group=group,
+             communicator=communicator, rank_mapping=rank_mapping)
