@@ -21,6 +21,7 @@ from eplbsim.engines.identity import EngineError
 from eplbsim.ranks.checks import observed_sharing, probe_placement
 from eplbsim.placement.topology import Topology
 from eplbsim.replay import replay
+from eplbsim.review import review
 from eplbsim.runspec import RunSpec
 from eplbsim.traces.synth import synthesize
 from eplbsim.traces.trace import save_trace
@@ -116,6 +117,16 @@ def _agreement(trace, policy: str, folder: Path) -> float:
     return replay(trace, spec).metrics["rank_agreement"]
 
 
+def _refused(trace, policy: str, folder: Path) -> None:
+    """`review` of the branch against the default baseline: not recommended (exit 1), with
+    a counterexample of one row or more on which the ranks chose differently."""
+    spec = RunSpec.of(engine_source={policy.partition(":")[0]: str(folder)}, **SPEC)
+    report = review(trace, policy, spec=spec, seeds=1, windows=1, resamples=200)
+    assert report.verdict == "not recommended" and report.exit_status == 1
+    example = report.invariance["counterexample"]
+    assert example is not None and len(set(example["choices"].values())) > 1, example
+
+
 @pytest.mark.parametrize("version", ["0.5.17", "0.5.23"])
 @pytest.mark.parametrize("name", sorted(SGLANG_BRANCHES))
 def test_a_sglang_branch_that_reads_its_rank_is_seen_to_and_disagrees(tmp_path, trace, version,
@@ -125,6 +136,7 @@ def test_a_sglang_branch_that_reads_its_rank_is_seen_to_and_disagrees(tmp_path, 
     assert said.startswith(f"reads its rank through {SGLANG_BRANCHES[name][2]} "
                            f"({SGLANG_FILE}:"), said
     assert said.endswith("one call a rank")
+    _refused(trace, "sglang:dynamic", folder)
     assert _agreement(trace, "sglang:dynamic", folder) < 1
 
 
@@ -133,6 +145,7 @@ def test_a_vllm_branch_that_reads_its_rank_is_seen_to_and_disagrees(tmp_path, tr
     folder = _vllm_branch(tmp_path, name)
     said = _probe("vllm:hash", folder)
     assert said.startswith(f"reads its rank through {VLLM_BRANCHES[name][1]} ({VLLM_FILE}:")
+    _refused(trace, "vllm:hash", folder)
     assert _agreement(trace, "vllm:hash", folder) < 1
 
 

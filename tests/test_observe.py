@@ -180,3 +180,15 @@ def test_engine_policies_on_cuda_give_the_cpu_numbers():
             spec = RunSpec.of(gpus=4, gpus_per_node=2, redundant=8, policy=name, mode=mode)
             cpu = replay(trace, spec).metrics
             assert replay(trace, spec.replace(device="cuda")).metrics == cpu, (name, mode)
+
+
+def test_nested_watches_each_see_the_reads_made_while_open():
+    with observe.watching() as outer:
+        with observe.watching() as inner:  # equal lists while empty: closed by identity
+            pass
+        observe.note("a", "x.py:1")
+        with observe.watching() as last:
+            observe.note("b", "x.py:2")
+    assert inner == [] and outer == [("a", "x.py:1"), ("b", "x.py:2")]
+    assert last == [("b", "x.py:2")]
+    observe.note("c", "x.py:3")  # no block open: told to nobody

@@ -100,8 +100,8 @@ def watching() -> Iterator[list[tuple[str, str]]]:
     lists.append(reads)
     try:
         yield reads
-    finally:
-        lists.remove(reads)
+    finally:  # by identity: two open blocks may hold equal reads
+        del lists[next(i for i, held in enumerate(lists) if held is reads)]
 
 
 def note(channel: str, where: str) -> None:

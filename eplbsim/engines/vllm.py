@@ -137,7 +137,8 @@ class VLLM:
         code would count as an expert."""
         refuse_empty_slots(phy2log, f"{self.label}'s compute_logical_maps")
         maps = self.need("views")
-        with self.modules.active():
+        with self.modules.active(), identity.for_every_rank(
+                1, 1, self.prefix, self.label, "compute_logical_maps"):  # every rank's lists
             return maps(phy2log, num_experts)
 
     def map_kernel(self) -> Any:
