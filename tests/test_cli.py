@@ -200,7 +200,7 @@ def test_solve_exact_with_options_and_anti_colocation(capsys, tmp_path):
     load = tmp_path / "load.json"
     load.write_text(json.dumps([[600, 560, 120, 120, 20, 10, 10, 10]]))
     code, out, _ = run(capsys, "solve", "--load", load, "--slots", 16, "--gpus", 8,
-                       "--solver", "exact", "--anti-colocation", "-o", "time_limit=20", "--json")
+                       "--solver", "exact", "--anti-colocation", "-o", "node_limit=200", "--json")
     assert code == 0
     result = json.loads(out)
     assert result["objective"][0] == pytest.approx(590 / 3)

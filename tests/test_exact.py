@@ -20,7 +20,7 @@ from eplbsim.solvers import SOLVERS, solve, solve_with_info
 from eplbsim.solvers.exact import MAX_INTEGER_VARIABLES, exact
 
 EXAMPLE = [[600, 560, 120, 120, 20, 10, 10, 10]]  # 16 slots on 8 GPUs: optimum 590 / 3
-INFO_KEYS = {"objective", "bound", "optimal", "status", "seconds"}
+INFO_KEYS = {"objective", "bound", "optimal", "status", "seconds", "gap", "nodes"}
 
 
 def _max_gpu_load(placement: Placement, load) -> np.ndarray:
@@ -120,7 +120,7 @@ def small_instances(draw):
 @given(instance=small_instances())
 def test_never_worse_than_deepseek(instance):
     load, P, topo, groups = instance
-    placement, info = solve_with_info("exact", load, P, topo, groups, time_limit=1.0)
+    placement, info = solve_with_info("exact", load, P, topo, groups, node_limit=100)
     ours = _max_gpu_load(placement, load)
     assert np.allclose(ours, info["objective"])
     total = load.sum(1) / topo.num_gpus
@@ -164,10 +164,45 @@ def test_unknown_option_is_rejected():
         solve("exact", np.ones((1, 4)), 4, Topology(2), nodes=2)
 
 
+@pytest.mark.parametrize("bad", [0, -3, 2.5, "5", True])
+def test_node_limit_must_be_a_positive_count(bad):
+    with pytest.raises(InputError, match="node_limit"):
+        solve("exact", np.ones((1, 4)), 4, Topology(2), node_limit=bad)
+
+
 def test_time_limit_returns_a_placement():
     rng = np.random.default_rng(7)
     load = rng.integers(0, 100, size=(1, 12)).astype(np.float64)
     placement, info = solve_with_info("exact", load, 16, Topology(8), time_limit=0.5)
-    assert info["status"][0] in ("optimal", "time_limit")
+    assert info["status"][0] in ("optimal", "budget")
     assert info["bound"][0] <= info["objective"][0] + 1e-9
     assert _max_gpu_load(placement, load)[0] == pytest.approx(info["objective"][0])
+
+
+def test_a_work_budget_gives_the_same_placement_every_run_and_reports_its_gap():
+    """A hard instance (near-equal loads, 2 slots a GPU) stopped by its node budget: the same
+    placement and numbers on every run (no wall clock in them), the gap it proved reported."""
+    rng = np.random.default_rng(0)
+    load = rng.random((1, 12)) * 100 + 100
+    runs = [solve_with_info("exact", load, 16, Topology(8), node_limit=60) for _ in range(2)]
+    (first, info), (again, info2) = runs
+    assert torch.equal(first.phy2log, again.phy2log)
+    assert info["status"] == ["budget"] and not info["optimal"][0]
+    assert 0 < info["nodes"][0] <= 61 and info["nodes"] == info2["nodes"]
+    gap = (info["objective"][0] - info["bound"][0]) / info["objective"][0]
+    assert info["gap"][0] == pytest.approx(gap) and gap > 0
+    assert info["objective"] == info2["objective"] and info["bound"] == info2["bound"]
+
+
+def test_solve_says_the_gap_each_layer_proved_and_its_budget_in_help(tmp_path, capsys):
+    from eplbsim.cli import main
+    from eplbsim.solvers.exact import NODE_LIMIT
+    path = tmp_path / "load.json"
+    path.write_text("[[600, 560, 120, 120, 20, 10, 10, 10]]")
+    assert main(["solve", "--load", str(path), "--slots", "16", "--gpus", "8", "--solver",
+                 "exact", "-o", "node_limit=40"]) == 0
+    out = capsys.readouterr().out
+    assert "(budget, proven gap " in out and "40 nodes)" in out
+    assert main(["solve", "--help"]) == 0
+    assert f"default {NODE_LIMIT} branch-and-bound nodes" in " ".join(
+        capsys.readouterr().out.split())

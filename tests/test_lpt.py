@@ -227,7 +227,7 @@ def test_lpt_against_exact_on_small_random_instances():
         G, E = int(rng.integers(2, 5)), int(rng.integers(2, 7))
         P = G * int(rng.integers(-(-E // G), -(-E // G) + 3))
         load = np.round(rng.random((1, E)) * np.exp(1.5 * rng.standard_normal((1, E))) * 100) + 1
-        _, info = solve_with_info("exact", load, P, Topology(G), time_limit=2.0)
+        _, info = solve_with_info("exact", load, P, Topology(G))
         if not info["optimal"][0]:
             continue
         proven += 1

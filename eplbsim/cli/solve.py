@@ -14,6 +14,7 @@ from ..metrics import placement_report
 from ..placement.io import read_json, read_phy2log
 from ..placement.topology import Topology
 from ..replay.results import to_json
+from ..solvers.exact import NODE_LIMIT
 from ..solvers import SOLVERS, as_load, find_solver, solve_with_info, solver_options
 from ..traces.coactivation import coactivation
 from ..traces.counts import CountsTrace
@@ -52,7 +53,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "slots as possible")
     p.add_argument("-o", "--option", "--solver-option", action="append", default=[],
                    metavar="KEY=VALUE", dest="option",
-                   help="solver option, e.g. time_limit=10")
+                   help=f"solver option, e.g. anti_colocation=true, or exact's node_limit=N "
+                   f"(its work budget a layer, default {NODE_LIMIT} branch-and-bound nodes: "
+                   f"the same placement on every machine; time_limit=S adds a wall clock)")
     p.add_argument("--json", action="store_true",
                    help="print the placement and its report as one JSON object (default: a "
                    "text summary)")
@@ -106,5 +109,14 @@ def handle(args: argparse.Namespace) -> int:
     for layer, row in enumerate(result["phy2log"]):  # -1: an empty slot
         empty = row.count(-1)
         print(f"  layer {layers[layer] if layers is not None else layer}: {row}"
-              + (f" ({empty} empty)" if empty else ""))
+              + (f" ({empty} empty)" if empty else "") + _proven(info, layer))
     return 0
+
+
+def _proven(info: dict, layer: int) -> str:
+    """What a solver that proves its placements (`exact`) proved of layer `layer`: its status,
+    the gap to the optimum it proved and the nodes it explored; "" for other solvers."""
+    if not isinstance(info.get("gap"), list):
+        return ""
+    return (f" ({info['status'][layer]}, proven gap {info['gap'][layer]:.3%}, "
+            f"{info['nodes'][layer]} nodes)")

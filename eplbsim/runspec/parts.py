@@ -26,6 +26,7 @@ from ..ranks import MODES, RNG_RELATIONS
 from ..schedule.predictors import PREDICTORS
 from ..schedule.switch import REBALANCE_MODES
 from ..solvers import SOLVERS, check_options, find_solver
+from ..solvers.exact import NODE_LIMIT
 from ..solvers.lplb import TOPOLOGIES as LPLB_TOPOLOGIES
 from ..traces.synth import DEFAULT_SIZES
 from .knobs import COMMANDS, Part, SYNTH, changed_fields, knob
@@ -108,8 +109,10 @@ class SolverPart(Part):
                        "function in a file: path/to/file.py:function)",
                        Name(Joined(SOLVERS, ENGINE_SOLVERS, FilePolicies("solver")), "solver",
                             callables=True))
-    solver_options: dict = knob({}, "solver option, e.g. time_limit=10 or "
-                                "anti_colocation=true (repeat for several)",
+    solver_options: dict = knob({}, "solver option, e.g. anti_colocation=true, or exact's "
+                                f"node_limit=N (its work budget a layer, default "
+                                f"{NODE_LIMIT} branch-and-bound nodes: the same placement on "
+                                f"every machine) (repeat for several)",
                                 Options("solver_option"), flags=("--solver-option",),
                                 metavar="KEY=VALUE")
     placement: Any = knob(None, "a JSON placement to serve every step instead of solving (a "
