@@ -1,7 +1,9 @@
 """The engines' own EPLB code as policies and solvers (DESIGN.md §11).
 
 Holds the sources (`source`, fetched by package name), one adapter an engine
-(`sglang`, `vllm`), the stand-ins for what their EPLB files import, the engines' weight movers
+(`sglang`, `vllm`), the stand-ins for what their EPLB files import, each simulated rank's
+answers to every channel through which engine code learns its rank (`identity`: every call into
+an engine runs as its rank), the engines' weight movers
 (`sglang_updater`, `vllm_rearrange`, `vllm_async`), the twins' conformance (`conform`) and the
 release bisect (`bisect`). Takes in an engine source (a release or a checkout); gives out
 policies, solvers and updaters that run the engine's own code. Imports `base`, `placement`,
