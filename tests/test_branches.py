@@ -57,6 +57,10 @@ VLLM_BRANCHES = {  # branch -> (the rank as it reads it, the channel)
     "ep-group": ("__import__('vllm.distributed', fromlist=['_']).get_ep_group().rank_in_group",
                  "vllm get_ep_group().rank_in_group"),
     "get-rank": ("torch.distributed.get_rank()", "torch.distributed.get_rank"),
+    "device-group": ("__import__('vllm.distributed', fromlist=['_']).get_ep_group()"
+                     ".device_group.rank()", "vllm get_ep_group().rank_in_group"),
+    "envs-local-rank": ("__import__('vllm.envs', fromlist=['_']).LOCAL_RANK",
+                        "os.environ['LOCAL_RANK']"),
 }
 
 

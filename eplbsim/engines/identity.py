@@ -240,7 +240,10 @@ def _wrap(channel: str, original: Callable, field: str,
 
 
 def _in_group(value: int, group: Any = None, *args: Any, **kwargs: Any) -> int:
-    """`get_rank(group)`: a simulated group's own rank when one is given (`Group`)."""
+    """`get_rank(group)`: a simulated group's own rank when one is given (`Group`, or its
+    `ProcessGroup`)."""
+    if isinstance(group, ProcessGroup):
+        group = group.group
     return group.rank_in_group if isinstance(group, Group) else value
 
 
@@ -352,8 +355,8 @@ class Group:
     """A parallel group of the simulated deployment (`GROUPS`) as the engines' group
     coordinators show it: `rank_in_group`, `world_size` (rank reads noted as
     `ENGINE get_NAME_group().ATTRIBUTE`), `rank` (the global rank), `ranks`, `local_rank`,
-    `first_rank`, `last_rank`, `is_first_rank`, `is_last_rank`; `size()` and `rank()` for
-    a torch process group's reading."""
+    `first_rank`, `last_rank`, `is_first_rank`, `is_last_rank`; and its torch process groups
+    `device_group` and `cpu_group` (`ProcessGroup`: `rank()`, `size()`)."""
 
     def __init__(self, engine: str, name: str) -> None:
         self.engine, self.name = engine, name
@@ -400,11 +403,28 @@ class Group:
     def is_last_rank(self) -> bool:
         return self.rank_in_group == self.world_size - 1
 
-    def size(self) -> int:
-        return self.world_size
+    @property
+    def device_group(self) -> "ProcessGroup":
+        return ProcessGroup(self)
+
+    cpu_group = device_group
 
     def __repr__(self) -> str:
         return f"<eplbsim's simulated {self.name} group>"
+
+
+class ProcessGroup:
+    """A simulated group's torch process group, as `group.rank()` and `group.size()` read it
+    (noted as its coordinator's `rank_in_group` and `world_size`)."""
+
+    def __init__(self, group: Group) -> None:
+        self.group = group
+
+    def rank(self) -> int:
+        return self.group.rank_in_group
+
+    def size(self) -> int:
+        return self.group.world_size
 
 
 def getters(engine: str, names: dict[str, str], groups: tuple[str, ...]) -> dict[str, Any]:
@@ -518,6 +538,6 @@ def reader() -> str:
 
 
 __all__ = ["CHANNELS", "ENVIRONMENT", "EngineError", "FIELDS", "GROUPS", "Group", "Identity",
-           "SGLANG_FIELDS", "SGLANG_GETTERS", "SGLANG_GROUPS", "VLLM_GETTERS", "VLLM_GROUPS",
-           "answer", "as_rank", "current", "engine_error", "file_scope", "for_every_rank", "getters", "reader", "register",
-           "rewire"]
+           "ProcessGroup", "SGLANG_FIELDS", "SGLANG_GETTERS", "SGLANG_GROUPS", "VLLM_GETTERS",
+           "VLLM_GROUPS", "answer", "as_rank", "current", "engine_error", "file_scope",
+           "for_every_rank", "getters", "reader", "register", "rewire"]

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
+import os
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any
@@ -41,7 +42,7 @@ from ..base.errors import InputError
 from ..placement import refuse_empty_slots
 from . import identity
 from .source import Modules, call, interpreted
-from .standins import stand_in
+from .standins import StandInModule, stand_in
 
 PINNED = "0.33.0"
 PACKAGE = "vllm"
@@ -208,11 +209,25 @@ def _stubs() -> dict[str, ModuleType]:
     state = stand_in(ModuleType("vllm.distributed.parallel_state"), "the serving stack's "
                      "process groups: the EP group is handed in", PACKAGE)
     state.is_local_first_rank = lambda: False  # the communicator logs its start there only
+    envs = stand_in(ModuleType("vllm.envs"), "vLLM's environment settings: only the rank's "
+                    "are read here", PACKAGE)
+    envs.__class__ = _Envs
     platforms = ModuleType("vllm.platforms")
     platforms.current_platform = SimpleNamespace(
         is_cuda_alike=lambda: True, is_cuda=lambda: True, is_rocm=lambda: False,
         is_xpu=lambda: False, is_cpu=lambda: False, device_type="cuda")
-    return {m.__name__: m for m in (shim, platforms, sync, state)}
+    return {m.__name__: m for m in (shim, platforms, sync, state, envs)}
+
+
+class _Envs(StandInModule):
+    """`vllm.envs`: the rank's variables (`identity.ENVIRONMENT`: `envs.LOCAL_RANK` and kin)
+    read from the environment as vLLM's `envs` reads them (an int, "0" when unset), which
+    answers the rank during its call; any other name a stand-in."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name in identity.ENVIRONMENT:
+            return int(os.environ.get(name, "0"))
+        return super().__getattr__(name)
 
 
 def launch_whole(scope: dict[str, Any], on: bool) -> None:
