@@ -195,7 +195,7 @@ GOOD = dict(load=np.ones((2, 4)), num_slots=8, topology=Topology(4, 2), num_grou
     (dict(load=np.array([[1.0, -1.0, 1.0, 1.0]] * 2)), r"negative"),
     (dict(num_slots=3, topology=Topology(1)), r"fewer slots than experts"),
     (dict(num_slots=6), r"6 slots are not divisible by 4 GPUs"),
-    (dict(num_groups=3), r"3 groups do not divide the 4 experts"),
+    (dict(num_groups=0), r"the number of groups must be a positive integer, got 0"),
     (dict(load=[["a", "b"]]), r"load must hold numbers"),
     (dict(load=[["1", "2", "3", "4"]] * 2), r"load must hold numbers"),
     (dict(load=[[True, 1, 1, 1]] * 2), r"load holds true/false values"),

@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import inspect
 import math
+import warnings
 from typing import Any, Callable
 
 import numpy as np
 import torch
 
-from ..base.errors import InputError
+from ..base.errors import InputError, InputWarning
 from ..base.limits import MAX_EXPERTS, MAX_LAYERS, MAX_LOAD, MAX_SLOTS, check_at_most
 from ..base.registry import lookup, name_of
 from ..placement import Placement
@@ -42,6 +43,7 @@ from .deepseek import deepseek
 from .exact import exact
 from .few_moves import check_previous, fewest_moves, moved_slots
 from .flashlb import flashlb
+from .flashlb_paper import flashlb_paper
 from .lplb import lplb
 from .lpt import lpt, lpt_hier
 from .metro import metro
@@ -65,6 +67,7 @@ SOLVERS: dict[str, Solver] = {
     "lpt": lpt,
     "lpt-hier": lpt_hier,
     "flashlb": flashlb,
+    "flashlb-paper": flashlb_paper,
     "lplb": lplb,
     "trtllm-online": trtllm_online,
     "affinity": affinity,
@@ -81,6 +84,11 @@ WIDENS: dict[Solver, Callable[[int, int, Topology], int]] = {budget: widened}
 # result over the placement in service (lplb's copies sit on GPUs its redundancy topology links;
 # permuting GPUs or repairing the old placement would break the links).
 KEEP_LAYOUT = frozenset({lplb, affinity, budget})
+
+# Solvers that never put two replicas of one expert on one GPU where the shape allows it
+# (vLLM's FlashLB spreads an expert's replicas over distinct ranks): `solve(previous=...)`
+# keeps that, as it does for any solver given `anti_colocation`.
+SEPARATE_REPLICAS = frozenset({flashlb})
 
 
 def find_solver(solver: str | Solver) -> Solver:
@@ -109,8 +117,14 @@ def solve_with_info(solver: str | Solver, load: Any, num_slots: int, topology: T
       the one of two candidates that changes fewer slots: the solver's placement laid out over
       the previous one (`align_to_previous`: same GPU loads), or the previous placement repaired
       for the new loads and replica counts (`warm_start`) when its max GPU load is within
-      `migration_tolerance` (relative) of the solver's. `info["moved_slots"]` reports it. A
-      solver in `KEEP_LAYOUT` keeps its own layout; `info["moved_slots"]` still counts.
+      `migration_tolerance` (relative) of the solver's and it keeps the solver's rules (no two
+      replicas of an expert on one GPU for a solver in `SEPARATE_REPLICAS` or given
+      `anti_colocation`). Either way an expert that stays on its GPU stays in its slot.
+      `info["moved_slots"]` reports it. A solver in `KEEP_LAYOUT` keeps its own layout;
+      `info["moved_slots"]` still counts.
+    num_groups: expert groups; groups that do not divide the experts are balanced globally (one
+      group), as vLLM's and FastDeploy's `rebalance_experts` do, with an InputWarning and
+      `info["notes"]` saying so
     options: keyword options the solver takes (e.g. `anti_colocation`, `time_limit`); an option
       it does not take is an InputError naming the ones it does; one in `COMPOSED_OPTIONS`
       (`balance`, a registry name or a callable) reaches the solver as the solver it names
@@ -125,6 +139,13 @@ def solve_with_info(solver: str | Solver, load: Any, num_slots: int, topology: T
     array = as_load(load)  # [L, E] private float64 copy
     num_layers, num_experts = array.shape
     _check_shape(num_experts, num_slots, topology, num_groups)
+    notes = []
+    if num_experts % num_groups:
+        notes.append(f"{num_groups} groups do not divide the {num_experts} experts: balanced "
+                     f"globally, as one group (vLLM's and FastDeploy's rebalance_experts do so "
+                     f"where the groups do not divide over the nodes, and fail otherwise)")
+        warnings.warn(notes[-1], InputWarning, stacklevel=2)
+        num_groups = 1
     options = check_options(fn, {**options, "migration_tolerance": migration_tolerance})
     migration_tolerance = options.pop("migration_tolerance")
     for key in COMPOSED_OPTIONS:
@@ -146,8 +167,11 @@ def solve_with_info(solver: str | Solver, load: Any, num_slots: int, topology: T
         info["moved_slots"] = int(moved_slots(prev, phy2log).sum())
     elif previous is not None:
         prev = previous.phy2log.numpy() if isinstance(previous, Placement) else previous
-        phy2log = fewest_moves(array, np.asarray(phy2log), np.asarray(prev), topology, num_groups,
-                          migration_tolerance, bool(options.get("anti_colocation")), info)
+        separate = fn in SEPARATE_REPLICAS or bool(options.get("anti_colocation"))
+        phy2log = fewest_moves(array, np.asarray(phy2log), np.asarray(prev), topology,
+                               num_groups, migration_tolerance, separate, info)
+    if notes:
+        info["notes"] = [*info.get("notes", []), *notes]
     placement = Placement(torch.from_numpy(np.array(phy2log, dtype=np.int64)), num_experts,
                           topology)
     if order is not None:  # laid over the previous placement, the solver's ranks are lost:
@@ -249,7 +273,8 @@ def as_load(load: Any) -> np.ndarray:
 
 
 def _check_shape(num_experts: int, num_slots: int, topology: Topology, num_groups: int) -> None:
-    """Raise InputError unless `E <= P`, `G | P` and `num_groups | E`."""
+    """Raise InputError unless `E <= P`, `G | P` and `num_groups` is a positive integer (one
+    that does not divide `E` falls back to one group: `solve_with_info`)."""
     if isinstance(num_slots, bool) or not isinstance(num_slots, (int, np.integer)):
         raise InputError(f"the number of slots must be an integer, got {num_slots!r}")
     if num_slots < num_experts:
@@ -261,5 +286,3 @@ def _check_shape(num_experts: int, num_slots: int, topology: Topology, num_group
     if (isinstance(num_groups, bool) or not isinstance(num_groups, (int, np.integer))
             or num_groups < 1):
         raise InputError(f"the number of groups must be a positive integer, got {num_groups!r}")
-    if num_experts % num_groups:
-        raise InputError(f"{num_groups} groups do not divide the {num_experts} experts")

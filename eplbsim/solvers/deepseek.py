@@ -22,7 +22,15 @@ replicas than its node has GPUs (the next replica goes to the highest load per r
 the experts below that cap), and in step 3 an item may only go to a pack with room that holds no
 replica of the same expert. InputError when that is impossible (a GPU has more slots than its
 node has experts) or when the greedy packing gets stuck. Without the option the results are
-exactly those of the published algorithm.
+those of the published algorithm computed in float64, which are vLLM's `DefaultEplbPolicy`'s
+(float32 loads, float64 pack sums), except where vLLM's unstable sort orders equal loads
+otherwise (its numpy argsort), and DeepSeek's `eplb.py`'s (deepseek-ai/EPLB, commit 57919718)
+except where two packs' loads tie: `eplb.py` casts the loads to float32 and sums each pack in
+float32, so at an exact tie its rounding, not the lowest index, picks the pack. On
+`[[10, 8, 7, 5, 4, 3, 2, 1], [4, 9, 3, 8, 2, 7, 1, 6]]`, 16 slots, 4 GPUs, GPUs 2 and 3 both
+reach 49/6 (`10/3 + 5/2 + 7/3` and `3 + 8/3 + 5/2`) before the first replica of load 2:
+float32 makes GPU 2 the lighter, float64 GPU 3, so experts 4 and 6 trade GPUs and their
+replica order differs; this twin gives vLLM's answer there (`tests/test_peers.py`).
 """
 
 from __future__ import annotations

@@ -95,14 +95,18 @@ def align_to_previous(phy2log: np.ndarray, previous: np.ndarray, topology: Topol
 
 
 def warm_start(load: np.ndarray, previous: np.ndarray, counts: np.ndarray, topology: Topology,
-               target: np.ndarray, within_node: bool = False) -> np.ndarray:
+               target: np.ndarray, within_node: bool = False,
+               separate: bool = False) -> np.ndarray:
     """Repair `previous [L, P]` for new loads `[L, E]` and replica `counts [L, E]`, changing
     few slots: drop surplus replicas from the most-loaded GPUs, put missing ones into the freed
     slots on the least-loaded GPUs (largest first), then swap replicas between the most-loaded
     GPU and another while that lowers the maximum, until it is at most `target [L]` (the max GPU
     load the caller will accept). `within_node`: swaps and new replicas stay on the node that
-    already holds the expert (groups stay on their node). `previous`'s empty slots (-1) are
-    free from the start; slots `counts` leaves over stay empty. Returns phy2log int64
+    already holds the expert (groups stay on their node). `separate`: no step puts a second
+    replica of an expert on a GPU (surplus replicas go first from GPUs holding two, a new one
+    only to a GPU without one, no swap brings one); the previous placement's own pairs may
+    remain. `previous`'s empty slots (-1) are free from the start; slots `counts` leaves over
+    stay empty. Every expert that stays on its GPU stays in its slot. Returns phy2log int64
     `[L, P]`."""
     L, P = previous.shape
     G = topology.num_gpus
@@ -120,7 +124,9 @@ def warm_start(load: np.ndarray, previous: np.ndarray, counts: np.ndarray, topol
         dropped = []
         for e in np.nonzero(have > counts[layer])[0]:  # surplus: drop from the busiest GPUs
             mine = np.nonzero(slots == e)[0]
-            drop = mine[np.argsort(-gpu_load[gpu_of[mine]], kind="stable")]
+            paired = np.bincount(gpu_of[mine], minlength=G)[gpu_of[mine]] > 1  # [mine]
+            paired &= separate  # with `separate`, those on a GPU holding two of e go first
+            drop = mine[np.lexsort((-gpu_load[gpu_of[mine]], ~paired))]
             dropped.extend(drop[:have[e] - counts[layer, e]].tolist())
         for p in dropped:
             gpu_load[gpu_of[p]] -= weight[slots[p]]
@@ -132,19 +138,26 @@ def warm_start(load: np.ndarray, previous: np.ndarray, counts: np.ndarray, topol
             if within_node:
                 home = np.isin(node_of[open_slots], node_of[slots == e])
                 open_slots = open_slots[home] if home.any() else open_slots
+            if separate:
+                apart = ~np.isin(gpu_of[open_slots], gpu_of[slots == e])
+                open_slots = open_slots[apart] if apart.any() else open_slots
             p = open_slots[np.argmin(gpu_load[gpu_of[open_slots]])]
             slots[p] = e
             gpu_load[gpu_of[p]] += weight[e]
         _swap_down(slots, weight, gpu_load, gpu_of, node_of if within_node else None,
-                   target[layer])
+                   target[layer], separate)
+        for g in range(G):  # an expert that left its GPU and came back takes its old slot
+            out[layer, g * S:(g + 1) * S] = _keep_slots(slots[g * S:(g + 1) * S],
+                                                        previous[layer, g * S:(g + 1) * S])
     return out
 
 
 def _swap_down(slots: np.ndarray, weight: np.ndarray, gpu_load: np.ndarray, gpu_of: np.ndarray,
-               node_of: np.ndarray | None, target: float) -> None:
+               node_of: np.ndarray | None, target: float, separate: bool = False) -> None:
     """In place: swap a replica of the most-loaded GPU with one elsewhere (or move it to an
     empty slot, -1, whose `weight[-1]` is 0), the swap that lowers the pair's larger load the
-    most, while the maximum exceeds `target` and a swap lowers it."""
+    most, while the maximum exceeds `target` and a swap lowers it. `separate`: no swap puts an
+    expert on a GPU that already holds it."""
     while True:
         top = int(np.argmax(gpu_load))
         peak = gpu_load[top]
@@ -158,6 +171,13 @@ def _swap_down(slots: np.ndarray, weight: np.ndarray, gpu_load: np.ndarray, gpu_
         delta = w_mine[:, None] - w_other[None, :]  # [S, X] load leaving `top`
         after = np.maximum(peak - delta, gpu_load[gpu_of[other]][None, :] + delta)
         after[slots[mine][:, None] == slots[other][None, :]] = np.inf
+        if separate:
+            on_top = np.isin(slots[other], slots[mine]) & (slots[other] >= 0)  # [X]
+            there = (slots[mine][:, None] == slots[None, :]) & (slots[None, :] >= 0)  # [S, P]
+            held = np.zeros((len(mine), gpu_of.max() + 1), dtype=bool)  # [S, G]
+            np.logical_or.at(held, (np.nonzero(there)[0], gpu_of[np.nonzero(there)[1]]), True)
+            after[:, on_top] = np.inf  # b's expert already sits on top
+            after[held[:, gpu_of[other]]] = np.inf  # a's expert already sits on b's GPU
         i, j = np.unravel_index(np.argmin(after), after.shape)
         if not after[i, j] < peak - 1e-12 * max(peak, 1.0):
             return
@@ -178,12 +198,14 @@ def check_previous(prev: np.ndarray, phy2log: np.ndarray, num_experts: int,
 
 
 def fewest_moves(load: np.ndarray, phy2log: np.ndarray, prev: np.ndarray, topology: Topology,
-            num_groups: int, tolerance: float, anti_colocation: bool,
-            info: dict[str, Any]) -> np.ndarray:
+                 num_groups: int, tolerance: float, separate: bool,
+                 info: dict[str, Any]) -> np.ndarray:
     """Per layer, the fewer-moves choice between the fresh solve `phy2log [L, P]` laid out over
     `prev [L, P]` and `prev` repaired by `warm_start`, when the latter's max GPU load is within
-    `tolerance` of the former's (and it keeps anti-colocation when asked). Records
-    `moved_slots` (total), `moved_slots_per_layer` and `fresh_moved_slots` in `info`."""
+    `tolerance` of the former's and it keeps the solver's rules: `separate` (the solver puts no
+    two replicas of an expert on one GPU, `anti_colocation` or by its nature) and the fresh
+    layer has no such pair, then neither may the repaired one. Records `moved_slots` (total),
+    `moved_slots_per_layer` and `fresh_moved_slots` in `info`."""
     L, E = load.shape
     check_previous(prev, phy2log, E, topology)
     if not 0 <= tolerance < 1:
@@ -192,10 +214,11 @@ def fewest_moves(load: np.ndarray, phy2log: np.ndarray, prev: np.ndarray, topolo
     counts = np.stack([np.bincount(row[row >= 0], minlength=E) for row in fresh])  # [L, E]
     peak = peak_gpu_load(load, fresh, topology.num_gpus)
     within_node = num_groups > 1 and num_groups % topology.num_nodes == 0
-    warm = warm_start(load, prev, counts, topology, peak * (1 + tolerance), within_node)
+    warm = warm_start(load, prev, counts, topology, peak * (1 + tolerance), within_node,
+                      separate)
     ok = peak_gpu_load(load, warm, topology.num_gpus) <= peak * (1 + tolerance) + 1e-9
-    if anti_colocation:
-        ok &= colocation_free(warm, topology)
+    if separate:
+        ok &= colocation_free(warm, topology) | ~colocation_free(fresh, topology)
     use_warm = ok & (moved_slots(prev, warm) < moved_slots(prev, fresh))
     out = np.where(use_warm[:, None], warm, fresh)
     per_layer = moved_slots(prev, out)
