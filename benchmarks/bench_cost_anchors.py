@@ -19,7 +19,8 @@ balanced routing (token `t` picks experts `(t + j ceil(E / K)) mod E`, `j < K`, 
 stride when there are fewer tokens than it); on power-law rows, where the collector makes
 rank 0 the most loaded, the mean pairs `num_tokens K / EP` on the fewest experts they fit on
 (`ceil(K / EP)`, an expert taking at most one pair a token). So it should never be above the
-measured latency. `measured` is evaluated at each balanced row's own token count.
+measured latency. `measured` is evaluated at each balanced row's own token count, for a GPU
+reading the weights of the `E / EP` experts the row's rank holds.
 
     python benchmarks/bench_cost_anchors.py
 """
@@ -148,7 +149,8 @@ def aiconfigurator() -> None:
                     zip(table.tokens.tolist(), table.seconds.tolist())).get(x) == seconds:
                 seen += 1  # the row the table keeps for this token count
                 pairs = torch.full((1, ep), x * shape.top_k / ep, dtype=torch.float64)
-                got = measured(pairs, pairs > 0, shape, device, framework)
+                held = torch.full((1, ep), shape.experts / ep, dtype=torch.float64)
+                got = measured(pairs, held, shape, device, framework)
                 exact += bool((got == seconds).all())
         ratios.sort()
         within = sum(q <= 2.5 for q in ratios)

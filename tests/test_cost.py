@@ -108,7 +108,8 @@ def test_imbalance_overhead_is_exactly_zero_for_a_balanced_step():
                                   for n in sorted(COST_MODELS)])
 def test_every_cost_model_gives_positive_seconds_per_gpu(name):
     pairs = torch.tensor([[0.0, 5.0, 500.0, 5000.0, 1.0, 1.0, 1.0, 1.0]])  # 8 GPUs
-    out = COST_MODELS[name](pairs, (pairs > 0).double(), MODELS["deepseek-v3"], DEVICES["h200"])
+    active = pairs.clamp(max=32.0)  # a GPU of 8 holds 32 of deepseek-v3's experts
+    out = COST_MODELS[name](pairs, active, MODELS["deepseek-v3"], DEVICES["h200"])
     assert out.shape == (1, 8) and out.dtype == torch.float64 and (out > 0).all()
     assert out[0, 0] <= out[0, 1] <= out[0, 2] <= out[0, 3]
 
@@ -135,21 +136,60 @@ def _table_rows(framework, ep, shape="deepseek-v3"):
 @pytest.mark.parametrize("framework, ep", [("trtllm", 8), ("trtllm", 32), ("sglang", 32),
                                            ("vllm", 8)])
 def test_measured_equals_the_table_at_its_own_points(framework, ep):
-    from eplbsim.cost.measured import measured
+    """A GPU reading the weights of the `E / EP` experts an EP rank of the table holds, at
+    the pairs such a rank executes at a row's token count, takes that row's latency."""
+    from eplbsim.cost.measured import measured, moe_tables
     table, rows = _table_rows(framework, ep)
     assert len(rows) >= 20 and table.framework == framework and table.ep == ep
     tokens = sorted(rows)
     pairs = torch.tensor([[x * 8 / ep] * ep for x in tokens], dtype=torch.float64)
-    got = measured(pairs, pairs > 0, MODELS["deepseek-v3"], DEVICES["h200"], framework)
+    held = torch.full_like(pairs, 256 / ep)
+    got = measured(pairs, held, MODELS["deepseek-v3"], DEVICES["h200"], framework)
     assert got[:, 0].tolist() == [rows[x] for x in tokens]
     # between two rows: between their latencies, on the log-log line through them
     mid = torch.full((1, ep), (tokens[-2] * tokens[-1]) ** 0.5 * 8 / ep, dtype=torch.float64)
-    between = float(measured(mid, mid > 0, MODELS["deepseek-v3"], DEVICES["h200"],
+    between = float(measured(mid, held[:1], MODELS["deepseek-v3"], DEVICES["h200"],
                              framework)[0, 0])
     assert between == pytest.approx((rows[tokens[-2]] * rows[tokens[-1]]) ** 0.5, rel=1e-12)
     idle = measured(torch.zeros(1, ep), torch.zeros(1, ep), MODELS["deepseek-v3"],
                     DEVICES["h200"], framework)
-    assert (idle == rows[tokens[0]]).all()  # below the first row: the first row's latency
+    fewest = moe_tables(MODELS["deepseek-v3"], DEVICES["h200"], ep, framework)[0]
+    assert fewest.ep == 256  # an idle GPU: the rank holding the fewest experts stands in,
+    assert (idle == float(fewest.seconds[0])).all()  # at its first row (its launch)
+
+
+@NEEDS_AIC
+def test_a_gpu_reading_two_experts_is_priced_at_the_rows_of_ranks_holding_two():
+    """Mixtral-8x7B (8 experts, top-2) on 8 H100s with 8 redundant slots: a GPU reading two
+    experts' weights is priced at the EP 4 rows (ranks of 2 experts, aiconfigurator's own
+    layout), at the tokens where such a rank executes its pairs, not at the EP 8 rows (ranks
+    of 1 expert), which would price it as reading half the weights it reads; between one and
+    two experts, linear in the experts (issue 59)."""
+    from eplbsim.cost.measured import measured, moe_tables
+    shape, device = MODELS["mixtral-8x7b"], DEVICES["h100-sxm"]
+    tables = {t.ep: dict(zip(t.tokens.tolist(), t.seconds.tolist()))
+              for t in moe_tables(shape, device, 8)}
+    assert sorted(tables) == [1, 2, 4, 8]
+    pairs = torch.full((1, 8), 8.0)  # a 32-token step, top-2, spread over 8 GPUs
+    one, half, two = (float(measured(pairs, torch.full((1, 8), a), shape, device)[0, 0])
+                      for a in (1.0, 1.5, 2.0))
+    assert one == tables[8][32] and two == tables[4][16]  # 8 pairs: 32 tokens at EP 8, 16 at 4
+    assert two > 1.5 * one and half == pytest.approx((one + two) / 2, rel=1e-12)
+
+
+@NEEDS_AIC
+def test_both_cost_models_price_redundant_slots_in_a_small_mixtral_step_alike():
+    """The issue's case, on a synthetic Mixtral-shaped trace (8 experts, top-2, 32-token
+    steps): 8 redundant slots on 8 H100s put two experts' weights on every GPU, which both
+    the roofline and the measured tables price as slower (they once disagreed in sign)."""
+    from eplbsim import RunSpec, replay
+    from eplbsim.traces.synth import synthesize
+    trace = synthesize("skewed", steps=4, tokens=32, layers=2, experts=8, top_k=2)
+    for cost in ("roofline", "measured"):
+        ms = [replay(trace, RunSpec.of(cost=cost, model="mixtral-8x7b", device_profile="h100-sxm",
+                                       gpus=8, redundant=r, policy="ordinal", mode="a2a")
+                     ).metrics["moe_ms"] for r in (0, 8)]
+        assert ms[1] > 1.4 * ms[0], (cost, ms)
 
 
 @NEEDS_AIC
@@ -176,13 +216,13 @@ def test_measured_says_what_its_table_lacks(call, match):
 @NEEDS_AIC
 def test_measured_without_the_extra_names_it(monkeypatch):
     import sys
-    from eplbsim.cost.measured import measured, moe_table
-    moe_table.cache_clear()
+    from eplbsim.cost.measured import measured, moe_tables
+    moe_tables.cache_clear()
     monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)  # import fails
     with pytest.raises(InputError, match=r"pip install 'eplbsim\[cost\]'"):
         measured(torch.ones(1, 8), torch.ones(1, 8), MODELS["deepseek-v3"], DEVICES["h200"])
     monkeypatch.undo()
-    moe_table.cache_clear()
+    moe_tables.cache_clear()
 
 
 @NEEDS_AIC

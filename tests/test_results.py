@@ -1,6 +1,8 @@
 """What a notebook shows of the objects a run makes: a short repr (never a dump of tensors), a
 comparison that prints as the run command's table, and pandas frames."""
 
+import sys
+
 import pytest
 import torch
 
@@ -42,7 +44,8 @@ def test_a_comparison_prints_as_the_run_table_and_is_still_a_list(comparison):
     assert isinstance(results, list) and len(results) == 2
     lines = repr(results).splitlines()
     assert lines[0].split()[:3] == ["policy", "mode", "gpu_imb"]
-    assert [ln.split()[0] for ln in lines[1:]] == ["row", "static"]
+    assert [ln.split()[0] for ln in lines[1:3]] == ["row", "static"]
+    assert lines[3].startswith("work: pairs executed over pairs routed")  # the run's notes
 
 
 def test_results_turn_into_pandas_frames(comparison):
@@ -132,3 +135,84 @@ def test_the_header_says_the_engines_rows_read_their_own_replica_lists():
         trace, spec, policies=["sglang:dynamic", "row"])
     assert ", view: each engine's own replica lists, " in describe(
         trace, spec, policies=["sglang:dynamic", "vllm:hash"])
+
+
+def _mixtral_shaped(warm_up=False):
+    """Four 32-token steps of 8 experts, top-2 (Mixtral-8x7B's shape) over 2 layers; with
+    `warm_up`, a profiling pass first (every row routed alike), as a real log's first step."""
+    from eplbsim.traces import Trace
+    trace = synthesize("skewed", steps=4, tokens=32, layers=2, experts=8, top_k=2)
+    steps = [trace.step(s) for s in range(trace.num_steps)]
+    if warm_up:
+        steps.insert(0, steps[0][:1].expand(32, -1, -1).clone())
+    return Trace.from_steps(steps, num_experts=8)
+
+
+def test_the_python_api_warns_of_what_the_command_line_warns_of(tmp_path, capsys):
+    """`replay` and `compare` say what `eplbsim run` prints under its header (a model priced
+    that is not the trace's, a warm-up step), as a `RunWarning` at the caller's own line and
+    on the results, shown when they are printed; the command line says each once."""
+    from eplbsim import replay
+    from eplbsim.base.errors import RunWarning
+    from eplbsim.cli import main
+    from eplbsim.traces.trace import save_trace
+    trace = _mixtral_shaped(warm_up=True)
+    spec = RunSpec.of(cost="roofline", gpus=4, policy="ordinal", mode="a2a")
+    with pytest.warns(RunWarning) as caught:
+        result = replay(trace, spec)
+    assert {w.filename for w in caught} == {__file__}  # the caller's line, not eplbsim's
+    said = [str(w.message) for w in caught]
+    assert list(result.warnings) == said and len(said) == 2
+    assert "model deepseek-v3 (the default: the trace names no model) has 256 experts, " \
+        "top-8; the trace has E=8, K=2: its loads are priced as that model's" in said[0]
+    assert said[1].startswith("the trace holds 1 flagged warm-up step (0)")
+    with pytest.warns(RunWarning):
+        both = compare(trace, ["ordinal", "row"], ["a2a"], spec)
+    assert both.warnings == result.warnings and all(r.warnings == both.warnings for r in both)
+    for shown in (repr(result), repr(both)):
+        assert [f"warning: {w}" in shown for w in said] == [True, True], shown
+    path = tmp_path / "mixtral.npz"
+    save_trace(trace, path)
+    assert main(["run", "--trace", str(path), "--cost", "roofline", "--gpus", "4",
+                 "--policies", "ordinal,row", "--mode", "a2a"]) == 0
+    out, err = capsys.readouterr()
+    assert [ln for ln in out.splitlines() if ln.startswith("warning: ")] == \
+        [f"warning: {w}" for w in said]
+    assert "warning" not in err  # said once, in the header
+
+
+def test_a_comparison_with_a_cost_model_prints_its_time_table():
+    trace = _mixtral_shaped()
+    shown = repr(compare(trace, ["ordinal", "row"], ["a2a"],
+                         RunSpec.of(cost="roofline", model="mixtral-8x7b", gpus=4)))
+    lines = shown.splitlines()
+    assert lines[0].split()[:3] == ["policy", "mode", "gpu_imb"]
+    at = lines.index(next(ln for ln in lines if ln.startswith("time of the whole model")))
+    assert lines[at + 1].split()[:4] == ["policy", "mode", "layer_us", "moe_ms"]
+    assert [ln.split()[0] for ln in lines[at + 2:at + 4]] == ["ordinal", "row"]
+    assert lines[-1] == "compute: roofline" and "warning" not in shown  # the trace's model
+
+
+@pytest.mark.parametrize("cost", ["roofline", pytest.param("measured", marks=pytest.mark.skipif(
+    sys.version_info < (3, 11), reason="aiconfigurator-core needs Python 3.11 or later"))])
+def test_overhead_and_balanced_ms_reconcile_across_a_whole_table(cost):
+    """Every row's `imbalance_overhead` is its `moe_ms` over its `moe_ms_balanced`, less 1 (of
+    the means, and step by step), and the balanced reference is the step's routed pairs and
+    experts spread evenly, whatever the policy, mode or redundant slots: `balanced_ms` less
+    `comm_ms` is one number for the whole table, so rows of equal time have equal overhead
+    (issue 59: `row` and `ordinal` at 7.58 ms showed +5.5% and +3.6%, `metro` +35%)."""
+    trace = _mixtral_shaped()
+    spec = RunSpec.of(cost=cost, model="mixtral-8x7b", device_profile="h100-sxm", gpus=8)
+    rows = [r for redundant in (0, 8) for r in compare(
+        trace, ["row", "ordinal", "metro"], ["none", "a2a"], spec.replace(redundant=redundant))]
+    assert len(rows) == 12
+    reference = []
+    for r in rows:
+        m = r.metrics
+        assert m["imbalance_overhead"] == pytest.approx(
+            m["moe_ms"] / m["moe_ms_balanced"] - 1, rel=1e-12, abs=1e-12)
+        series = r.time_series()
+        assert series["imbalance_overhead"] == pytest.approx(
+            series["moe_ms"] / series["moe_ms_balanced"] - 1, rel=1e-12, abs=1e-12)
+        reference.append(m["moe_ms_balanced"] - m["comm_ms"])
+    assert max(reference) - min(reference) < 1e-9 * max(reference)

@@ -224,6 +224,24 @@ def test_an_identical_policy_has_a_zero_interval():
     assert "interval holds 0" in report.reasons[0]
 
 
+def test_one_scored_step_gives_no_interval_but_says_it_cannot_be_bounded():
+    """Two steps with holdout 0.5 score one: every resample of the block bootstrap is that
+    step, so its percentile interval has no width (issue 59: "95% interval -0.01488 to
+    -0.01488"); the review says one step cannot be bounded instead, on every line a reader
+    sees, and its JSON holds no interval."""
+    import re
+    trace = synthesize("skewed", steps=2, tokens=64, layers=2, experts=16, top_k=4)
+    report = review(trace, "ordinal", spec=RunSpec.of(gpus=4), holdout=0.5, seeds=1)
+    assert report.setup["scored_on"] == [1, 2] and report.verdict == "insufficient evidence"
+    assert report.balance["difference"]["interval"] is None
+    assert report.time["interval_ms"] is None and report.time["interval_pct"] is None
+    said = "no interval: a block bootstrap over steps cannot bound one scored step"
+    assert [said in line for line in report.headline[1:3]] == [True, True], report.headline
+    page = markdown(report)
+    assert page.count(said) == 4 and not re.search(r"interval [-+]?\d", page), page
+    assert json.loads(to_json(report))["time"]["interval_pct"] is None
+
+
 def test_sync_stalls_that_outweigh_the_gain_are_not_recommended_in_time(capsys):
     report = _json(capsys, ["review", "row", "--baseline", "row", "--rebalance-every", "1",
                             "--rebalance-mode", "sync", "--scenario", "skewed", "--steps", "12",

@@ -75,7 +75,7 @@ def test_a_step_flagged_twice_is_dropped_and_counted_once():
 def test_a_warning_after_a_drop_names_the_logs_own_step_numbers():
     """With the warm-up step 0 dropped, a size outlier at the log's step 3 is warned of as
     step 3, the number `trace info` flags and `--select-steps` takes, not its place (2)."""
-    from eplbsim.replay.results import warnings
+    from eplbsim.replay.results import run_warnings
     from eplbsim.runspec import RunSpec
     g = torch.Generator().manual_seed(1)
 
@@ -86,5 +86,5 @@ def test_a_warning_after_a_drop_names_the_logs_own_step_numbers():
     trace = Trace.from_steps(steps, num_experts=16)
     assert flag_steps(trace)["warmup"] == [0] and flag_steps(trace)["outlier"] == [3]
     kept = select(trace, None, ("warmup",))
-    said = " ".join(warnings(kept, RunSpec.of(gpus=4), None))
+    said = " ".join(run_warnings(kept, RunSpec.of(gpus=4), None))
     assert "1 flagged size-outlier step (3)" in said, said

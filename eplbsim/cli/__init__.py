@@ -10,7 +10,8 @@ and exit status 2 (a flag argparse cannot parse: a short usage line, then that l
 memory, too deep a nesting or an overflow on the user's data is said the same way; anything
 else is a bug, reported in one line as an internal error (with the traceback under
 `EPLBSIM_DEBUG=1`) and exit status 1. An InputWarning (input used with a part left out) is one
-line on stderr, `eplbsim: warning: ...`.
+line on stderr, `eplbsim: warning: ...`; what a run warns of (a `RunWarning`) its header says,
+once.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..base.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, InputError, InputWarning
+from ..base.errors import (EXIT_INTERNAL, EXIT_INTERRUPTED, InputError, InputWarning,
+                           RunWarning)
 from ..base.files import available_memory, size_text
 from . import (bench, engines, export, figures, ranks, registries, review, run, solve, sweep,
                trace)
@@ -139,6 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore", RuntimeWarning)
             warnings.simplefilter("default", InputWarning)  # each one once
+            warnings.simplefilter("ignore", RunWarning)  # a run's header prints them
             warnings.showwarning = _warning_line
             return args.handler(args)
     except InputError as exc:

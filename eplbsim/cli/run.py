@@ -13,8 +13,7 @@ from ..base.progress import bar, run_label
 from ..replay import compare, comparison, replay, replay_planned
 from ..replay.executors import EXECUTORS
 from ..replay.results import (describe, format_table, rebalance_report, series_rows, table_notes,
-                              time_report, to_json, warnings, with_speedup, write_csv,
-                              write_results)
+                              time_report, to_json, with_speedup, write_csv, write_results)
 from ..replay.workers import PAYS_OFF, Workers, dispatch_work, pays_off
 from ..traces.counts import CountsTrace
 from .common import check_out_dir, positive
@@ -73,8 +72,8 @@ def handle(args: argparse.Namespace) -> int:
     else:
         print(describe(trace, results[0].spec, base, policies,
                        len(lists.get("engine_source", [None]))))
-        for line in warnings(trace, results[0].spec, base):
-            print(line)
+        for line in results.warnings:
+            print(f"warning: {line}")
         if args.workers > 1 and not split:
             work = dispatch_work(trace, specs)
             print(f"--workers {args.workers}: one process ran it ({work:.2g} pair dispatches; "
@@ -125,8 +124,8 @@ def _counts_only(args: argparse.Namespace, counts: CountsTrace, base: runspec.Ru
         return 0
     print(describe(counts, result.spec, base) + ": the placement's even-split promise (no "
           "token rows, so no dispatch)")
-    for line in warnings(counts, result.spec, base):
-        print(line)
+    for line in result.warnings:
+        print(f"warning: {line}")
     print(format_table(rows))
     if args.out:
         print("wrote " + ", ".join(str(p) for p in write_results(rows, args.out)))

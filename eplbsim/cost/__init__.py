@@ -81,15 +81,19 @@ def describe(model: CostModel | str, shape: ModelShape, device: DeviceProfile, n
 def layer_seconds(pairs: torch.Tensor, active: torch.Tensor, comm_s: torch.Tensor,
                   shape: ModelShape | str, device: DeviceProfile | str,
                   model: CostModel | str = "roofline", overlap: bool = False,
-                  options: dict[str, Any] | None = None) -> dict[str, torch.Tensor]:
+                  options: dict[str, Any] | None = None,
+                  least_reads: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """Seconds of each layer from the pairs each GPU executes `pairs [..., G]`, its slots
     with pairs `active [..., G]` (`metrics.gpu_loads` of the executed loads and of their
     nonzero entries) and the layer's communication `comm_s [...]`, float64 `[...]` each:
 
     - `compute`: the slowest GPU's expert time (`model`);
-    - `compute_balanced`: the same with every GPU at the mean pairs and the mean active slots
-      (the same work spread evenly; never above `compute` for a convex model such as
-      `roofline`, equal to it when every GPU has the same pairs and active slots);
+    - `compute_balanced`: the balanced reference (DESIGN.md §8), every GPU at the mean pairs
+      reading `least_reads [...]` experts' weights: a run passes the step's routed experts,
+      each read once, spread over the GPUs (`metrics.Chunk.least_reads`), the same for every
+      policy; default the mean active slots. Never above `compute` for a model convex in
+      pairs and weights and growing with them (`roofline`) while `least_reads` is at most the
+      mean active slots; equal to it when every GPU has the same pairs and reads that many;
     - `total`, `total_balanced`: compute plus communication, or their max with `overlap`.
 
     `options` are the model's keyword options (`check_options`)."""
@@ -98,8 +102,10 @@ def layer_seconds(pairs: torch.Tensor, active: torch.Tensor, comm_s: torch.Tenso
     fn = lookup(COST_MODELS, model, "cost model")
     options = options or {}
     compute = fn(pairs, active, shape, device, **options).amax(-1)
-    even = [x.mean(-1, keepdim=True).expand(x.shape) for x in (pairs, active)]
-    balanced = fn(*even, shape, device, **options).amax(-1)
+    reads = active.to(torch.float64).mean(-1) if least_reads is None else least_reads
+    balanced = fn(pairs.to(torch.float64).mean(-1, keepdim=True).expand(pairs.shape),
+                  reads.to(torch.float64).unsqueeze(-1).expand(pairs.shape), shape, device,
+                  **options).amax(-1)
     comm_s = comm_s.to(torch.float64)
     join: Any = torch.maximum if overlap else torch.add
     return {"compute": compute, "compute_balanced": balanced, "comm": comm_s,

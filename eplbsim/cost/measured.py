@@ -8,14 +8,25 @@ aic_system`), one framework (`trtllm` by default: aiconfigurator's default backe
 rows never beat the HBM bound; `sglang` and `vllm` too) at the version aiconfigurator itself
 queries (`current` in its `systems/query_versions.yaml`, or `version`), the rows of the model
 shape (hidden, expert intermediate, experts, top-k), its weight dtype (`fp8` -> `fp8_block`,
-`bf16` -> `bfloat16`), no tensor parallelism, EP size `G` and the `balanced` distribution. A
-row `(num_tokens, latency)` is one EP rank's MoE kernel when `num_tokens` tokens are routed
-evenly over all experts, so that rank executes `num_tokens K / G` pairs. A GPU executing `n`
-pairs therefore takes the latency at `n G / K` tokens, interpolated in log-log between rows
+`bf16` -> `bfloat16`), no tensor parallelism and the `balanced` distribution, read with the
+kernel the framework runs at the run's EP size `G`. A row `(EP, num_tokens, latency)` is the
+kernel on one EP rank holding `E / EP` experts when `num_tokens` tokens are routed evenly over
+all `E` (aiconfigurator's balanced routing: token `t` picks experts `(t + j ceil(E / K)) mod E`),
+so that rank executes `num_tokens K / EP` pairs and, from `num_tokens >= E / K` on, reads the
+weights of all its `E / EP` experts. The table's own layout thus prices a GPU by two numbers,
+its pairs `n` and the experts whose weights it reads `a` (`active`: its slots with pairs, two
+replicas of one expert counting twice, as the grouped GEMM over its slots reads both): the row
+of the EP size whose ranks hold `a` experts (`E / a`), at the token count where such a rank
+executes `n` pairs (`n EP / K`). Between token rows the latency is interpolated in log-log
 (exactly the row's latency at its own token count); below the first row, the first row's
 latency (a kernel with less work is not faster than its launch); above the last row, an
-InputError. A shape, dtype or EP size the table lacks is an InputError listing what it has.
-Slots' weights (`active`) are in the measurement and not read again.
+InputError. Between the EP sizes the table has (`a` not `E / EP` for any), linear in `a`
+between the two nearest: the weights read grow with the experts. Outside them (fewer experts
+than the largest EP's ranks hold, an idle GPU; more than the smallest's) the nearest EP size
+stands in (`describe` says which span the table covers). Reading every GPU at the run's EP
+size instead would price a GPU holding two experts (8 experts, 16 slots, 8 GPUs) as a rank
+holding one, reading half the weights it reads. A shape, dtype or EP size the table lacks is
+an InputError listing what it has.
 """
 
 from __future__ import annotations
@@ -103,11 +114,13 @@ def _version(root: Any, yaml: Any, system: str, framework: str) -> str:
 
 
 @lru_cache(maxsize=64)
-def moe_table(shape: ModelShape, device: DeviceProfile, num_gpus: int,
-              framework: str = "trtllm", version: str = "") -> MoETable:
-    """The measured curve the `measured` model reads (module doc) for `shape` on `device` with
-    EP size `num_gpus`; `version` "" is aiconfigurator's current one. InputError when the extra
-    is missing or the table lacks the device, framework, shape, dtype or EP size."""
+def moe_tables(shape: ModelShape, device: DeviceProfile, num_gpus: int,
+               framework: str = "trtllm", version: str = "") -> tuple[MoETable, ...]:
+    """The measured curves the `measured` model reads (module doc) for `shape` on `device` in
+    a run of EP size `num_gpus`: the kernel the framework runs at that EP size, at every EP
+    size the table has it for this shape, the largest EP size first (the fewest experts a
+    rank); `version` "" is aiconfigurator's current one. InputError when the extra is missing
+    or the table lacks the device, framework, shape, dtype or the run's EP size."""
     if framework not in FRAMEWORKS:
         raise InputError(f"unknown framework {framework!r} for the measured cost model; "
                          f"choose one of {', '.join(FRAMEWORKS)}")
@@ -140,37 +153,69 @@ def moe_table(shape: ModelShape, device: DeviceProfile, num_gpus: int,
         raise InputError(f"{where} has this shape at EP sizes {', '.join(map(str, eps))}, not "
                          f"at {num_gpus} GPUs ({ROOFLINE})")
     kernel = sorted({rows["kernel_source"][i] for i in at_ep})[0]
-    points: dict[int, float] = {}
-    for i in at_ep:  # the first row of each token count, in the file's order
+    points: dict[int, dict[int, float]] = {}
+    for i in mine:  # the first row of each EP size and token count, in the file's order
         if rows["kernel_source"][i] == kernel:
-            points.setdefault(int(rows["num_tokens"][i]), float(rows["latency"][i]) * 1e-3)
-    tokens = np.array(sorted(points), dtype=np.float64)
-    return MoETable(tokens, np.array([points[t] for t in sorted(points)]), system, framework,
-                    version, kernel, key[4], num_gpus, package, shape_words(*key))
+            points.setdefault(int(rows["moe_ep_size"][i]), {}).setdefault(
+                int(rows["num_tokens"][i]), float(rows["latency"][i]) * 1e-3)
+    return tuple(MoETable(np.array(sorted(p), dtype=np.float64),
+                          np.array([p[t] for t in sorted(p)]), system, framework, version,
+                          kernel, key[4], ep, package, shape_words(*key))
+                 for ep, p in sorted(points.items(), reverse=True))
 
 
-def measured(pairs: torch.Tensor, active: torch.Tensor, shape: ModelShape,
-             device: DeviceProfile, framework: str = "trtllm",
-             version: str = "") -> torch.Tensor:
-    """Seconds `[..., G]` of each GPU's experts executing `pairs [..., G]`, from the measured
-    table (module doc): the latency at `pairs G / K` tokens, log-log between rows."""
-    table = moe_table(shape, device, pairs.shape[-1], framework, version)
-    x = pairs.detach().cpu().to(torch.float64).numpy() * pairs.shape[-1] / shape.top_k
+def moe_table(shape: ModelShape, device: DeviceProfile, num_gpus: int,
+              framework: str = "trtllm", version: str = "") -> MoETable:
+    """The curve of `moe_tables` at the run's own EP size `num_gpus`: what a GPU holding
+    `E / num_gpus` experts' slots, all with pairs, is priced on."""
+    return next(t for t in moe_tables(shape, device, num_gpus, framework, version)
+                if t.ep == num_gpus)
+
+
+def _latency(table: MoETable, pairs: np.ndarray, top_k: int, experts: float) -> np.ndarray:
+    """Seconds of `table`'s rank executing `pairs` (float64, any shape): its latency at `pairs
+    EP / K` tokens, log-log between rows, the first row's below them; InputError above the
+    last, naming `experts`, the experts a rank of its EP size holds."""
+    x = pairs * table.ep / top_k
     if x.size and x.max() > table.tokens[-1]:
-        raise InputError(f"a GPU executes {x.max() * shape.top_k / pairs.shape[-1]:.0f} pairs, "
-                         f"what a balanced rank does at {x.max():.0f} tokens, beyond the measured "
-                         f"table's largest ({table.describe()}): replay fewer tokens a step "
-                         f"({ROOFLINE})")
+        raise InputError(f"a GPU executes {pairs.max():.0f} pairs on the weights of "
+                         f"{experts:g} expert(s), what a balanced rank of EP {table.ep} does at "
+                         f"{x.max():.0f} tokens, beyond the measured table's largest "
+                         f"({table.describe()}): replay fewer tokens a step ({ROOFLINE})")
     x = np.maximum(x, table.tokens[0])
     hi = np.clip(np.searchsorted(table.tokens, x, side="right"), 1, len(table.tokens) - 1)
     x0, x1 = table.tokens[hi - 1], table.tokens[hi]
     y0, y1 = table.seconds[hi - 1], table.seconds[hi]
     t = np.log(x / x0) / np.log(x1 / x0)  # 0 at a row, exactly
-    seconds = np.where(x == x1, y1, y0 * (y1 / y0) ** t)
+    return np.where(x == x1, y1, y0 * (y1 / y0) ** t)
+
+
+def measured(pairs: torch.Tensor, active: torch.Tensor, shape: ModelShape,
+             device: DeviceProfile, framework: str = "trtllm",
+             version: str = "") -> torch.Tensor:
+    """Seconds `[..., G]` of each GPU's experts executing `pairs [..., G]` with the weights of
+    `active [..., G]` experts' slots, from the measured tables (module doc): the latency of
+    the EP size whose ranks hold `active` experts at the tokens where such a rank executes
+    `pairs`, linear in `active` between the EP sizes the table has."""
+    tables = moe_tables(shape, device, pairs.shape[-1], framework, version)
+    held = np.array([shape.experts / t.ep for t in tables])  # ascending
+    n = pairs.detach().cpu().to(torch.float64).numpy()
+    a = np.clip(active.detach().cpu().to(torch.float64).numpy(), held[0], held[-1])
+    seconds = np.zeros_like(n)
+    for k, table in enumerate(tables):
+        weight = np.interp(a, held, np.eye(len(held))[k])  # 1 at its own experts, exactly
+        used = weight > 0
+        seconds[used] += weight[used] * _latency(table, n[used], shape.top_k, held[k])
     return torch.from_numpy(seconds).to(pairs.device)
 
 
 def describe(shape: ModelShape, device: DeviceProfile, num_gpus: int,
              framework: str = "trtllm", version: str = "") -> str:
-    """Which table a run of the `measured` model reads."""
-    return moe_table(shape, device, num_gpus, framework, version).describe()
+    """Which tables a run of the `measured` model reads: the run's EP size's, and the span of
+    experts a rank the other EP sizes give (a GPU is read at its own, module doc)."""
+    tables = moe_tables(shape, device, num_gpus, framework, version)
+    t = moe_table(shape, device, num_gpus, framework, version)
+    return (f"aiconfigurator-core {t.package} {t.system} {t.framework} {t.version}: kernel "
+            f"{t.kernel} (EP {t.ep}'s), {t.shape}, {DISTRIBUTION}, {t.tokens[0]:.0f}-"
+            f"{t.tokens[-1]:.0f} tokens, EP {tables[0].ep}-{tables[-1].ep}: a GPU at its "
+            f"own experts")

@@ -163,8 +163,20 @@ class Chunk:
         fetch = spill_seconds(self.counters.fetched, self.expert_bytes, self.gathers,
                               self.placement.num_slots, topology, device)
         times = cost.layer_seconds(*self.work, comm + fetch, shape, device, c.cost, c.overlap,
-                                   c.cost_options)
+                                   c.cost_options, self.least_reads)
         return {**times, "fetch": fetch}
+
+    @property
+    def least_reads(self) -> torch.Tensor:
+        """The experts' weights a GPU reads in the balanced reference (DESIGN.md §8), float64
+        `[c, L]`: the step's routed experts, each read once, and the shared experts' as the
+        run places them, spread evenly over the GPUs. It reads the routed loads, not the
+        dispatch, so every policy on the same loads has the same reference."""
+        routed = (self.routed > 0).sum(-1).to(torch.float64)
+        if self.shared_work:
+            routed = routed + shared_reads(self.counters, self.num_gpus, self.shared_work,
+                                           self.mode).sum(-1)
+        return routed / self.num_gpus
 
     @property
     def layer_scale(self) -> float:
@@ -268,10 +280,18 @@ def gpu_work(executed: torch.Tensor, counters: Counters, num_gpus: int, shared_w
              else routed_gpu)
     active = _plus_fetched(gpu_loads(executed > 0, num_gpus), counters)
     if shared_work:
-        share = 1.0 if mode == "a2a" else 1.0 / num_gpus
         pairs = pairs + shared_work * counters.shared
-        active = active + shared_work * share * (counters.shared > 0)
+        active = active + shared_reads(counters, num_gpus, shared_work, mode)
     return pairs, active
+
+
+def shared_reads(counters: Counters, num_gpus: int, shared_work: float,
+                 mode: str) -> torch.Tensor:
+    """The shared experts' weights each GPU reads, in routed experts, float64 `[..., L, G]`:
+    `shared_work` where it runs shared tokens, a `1 / G` share of them in "none" (tensor
+    parallel)."""
+    share = 1.0 if mode == "a2a" else 1.0 / num_gpus
+    return shared_work * share * (counters.shared > 0)
 
 
 def chunks(slot_load: torch.Tensor | None, true_load: torch.Tensor,

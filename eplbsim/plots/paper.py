@@ -205,7 +205,7 @@ def predictor_time_series(results: Sequence[Results], highlight: tuple[int, int]
 
 def time_bars_and_stalls(results: Sequence[Results], over_time: Sequence[Results]) -> Figure:
     """Left: MoE time per step of every (policy, mode) in `results`, expert compute and
-    communication stacked, the balanced reference (every GPU at the mean load) dashed. Right:
+    communication stacked, the balanced reference (`moe_ms_balanced`) dashed. Right:
     MoE time per step of each of `over_time` (one trace and schedule, rebalancing), with the
     stall each rebalance costs when serving waits for its copies (`sync`); the time axis is
     zoomed into the lines, and its label says where it starts. Every result must have a cost

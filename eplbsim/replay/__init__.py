@@ -1,7 +1,8 @@
 """replay(trace, spec) -> Results: the loop from routing trace to counted loads, nothing else.
 
-Holds `replay` and `compare` (here), their `Results` and `Comparison` (`results`: rows, tables,
-JSON, CSV), and the ways to run many replays: one trace's steps over worker processes
+Holds `replay` and `compare` (here; each warns its caller of what `eplbsim run` warns of, and
+`replay_quiet` of nothing), their `Results` and `Comparison` (`results`: rows, tables, JSON,
+CSV), and the ways to run many replays: one trace's steps over worker processes
 (`workers`, on the `executors`), real torch.distributed ranks (`distributed`), a grid of runs
 from a spec (`sweep`), and the hot path timed beside its contenders (`bench`). Takes in a trace
 and a `RunSpec`; gives out `Results`. Imports `base`, `placement`, `traces`, `cost`, `solvers`,
@@ -24,7 +25,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ..base.errors import InputError
+from ..base.errors import InputError, warn_caller
 from ..base.files import check_memory
 from ..base.progress import Progress
 from ..base.registry import lookup
@@ -43,7 +44,7 @@ from ..schedule.plan import Segment, plan
 from ..traces import RunTrace, TokenTrace, check_run_trace
 from ..traces.coactivation import coactivation
 from ..traces.counts import CountsTrace
-from .results import Comparison, Results
+from .results import Comparison, Results, run_warnings
 
 
 def resolve_device(name: str) -> str:
@@ -321,11 +322,32 @@ def replay(trace: RunTrace, spec: RunSpec | None = None,
     progress: told of each step dispatched (a bar's `update`), or None
     Returns the run's `Results`: `slot_load [S, L, P]`, `true_load [S, L, E]`, the segments
     and the rank counters, with the metrics computed on first use. The same inputs give the
-    same numbers.
+    same numbers. What `eplbsim run` warns of in its header (`results.run_warnings`: a model
+    priced that is not the trace's, warm-up steps) is a `RunWarning` at the caller's line and
+    on the results (`Results.warnings`).
     """
-    spec = spec_for_trace(trace, RunSpec() if spec is None else spec)
+    asked = RunSpec() if spec is None else spec
+    result = replay_quiet(trace, asked, progress)
+    said = warned(trace, result.spec, asked)
+    return replace(result, warnings=said)
+
+
+def replay_quiet(trace: RunTrace, spec: RunSpec, progress: Progress | None = None) -> Results:
+    """`replay` that warns of nothing: for a caller that says the warnings its own way, or
+    replays parts of a run that the warnings would misname (a sweep's cells, a review's
+    windows, each rank of a distributed run, a timed replay)."""
+    spec = spec_for_trace(trace, spec)
     check_memory_of(trace, spec)
     return replay_planned(trace, spec, plan_run(trace, spec), progress)
+
+
+def warned(trace: RunTrace, spec: RunSpec, asked: RunSpec) -> tuple[str, ...]:
+    """What a run of `spec` (decided for `trace` from `asked`) warns of
+    (`results.run_warnings`), each also warned of at the caller's line (a `RunWarning`)."""
+    said = tuple(run_warnings(trace, spec, asked))
+    for message in said:
+        warn_caller(message)
+    return said
 
 
 def comparison(spec: RunSpec, policies: Sequence[Any], modes: Sequence[str],
@@ -376,13 +398,14 @@ def compare(trace: RunTrace, policies: Sequence[Any], modes: Sequence[str],
     run:      replays one spec on a plan, called as `replay_planned` is
               (`workers.Workers.replay_planned` splits it over processes)
     sources:  engine source sets to run each engine algorithm from (`comparison`)
-    Returns a `Comparison`, a list of `Results` that prints as a table. The loads are counted
-    once and the schedule solved once for all rows (once for each engine source when the
-    solver is an engine's): only the dispatch differs.
+    Returns a `Comparison`, a list of `Results` that prints as the run command's tables. The
+    loads are counted once and the schedule solved once for all rows (once for each engine
+    source when the solver is an engine's): only the dispatch differs. What the run warns of
+    reaches the caller as `replay`'s does, and is on the comparison and each row.
     """
-    out = Comparison()
-    specs = comparison(spec_for_trace(trace, RunSpec() if spec is None else spec), policies,
-                       modes, sources)
+    out = []
+    asked = RunSpec() if spec is None else spec
+    specs = comparison(spec_for_trace(trace, asked), policies, modes, sources)
     true_load = routed_loads(trace)
     plans: dict[str, Plan] = {}
     for one in specs:
@@ -395,4 +418,5 @@ def compare(trace: RunTrace, policies: Sequence[Any], modes: Sequence[str],
             continue
         with progress(one) as bar:
             out.append(run(trace, one, plans[key], bar.update))
-    return out
+    said = warned(trace, out[0].spec, asked) if out else ()
+    return Comparison([replace(r, warnings=said) for r in out], said)

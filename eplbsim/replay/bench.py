@@ -52,7 +52,7 @@ from ..ranks import make_ranks, rank_context, rank_groups, share_bounds
 from ..runspec import RunSpec
 from ..solvers import solve
 from ..traces.trace import Trace
-from . import replay, resolve_device, routed_loads, schedule_of
+from . import replay_quiet, resolve_device, routed_loads, schedule_of
 
 # DeepSeek-V3's MoE shape: experts, top-k, physical slots, GPUs, GPUs per node.
 EXPERTS, TOP_K, SLOTS, GPUS, GPUS_PER_NODE = 256, 8, 288, 32, 8
@@ -390,11 +390,12 @@ def replay_throughput(device: str = "auto", steps: int | None = None, tokens: in
     for mode in modes:
         for policy in policies:
             spec = _replay_spec(policy, mode, device, seed)
-            replay(tiny, spec)
+            replay_quiet(tiny, spec)
             run, calls = kernel_calls(trace, spec)
             run()
             kernel = best_time(run, device, repeats=repeats, warmup=0)
-            seconds = best_time(lambda: replay(trace, spec), device, repeats=repeats, warmup=0)
+            seconds = best_time(lambda: replay_quiet(trace, spec), device, repeats=repeats,
+                                warmup=0)
             passes = calls if mode == "none" else 1  # times each pair is dispatched
             rows.append({"kind": "replay", "policy": policy, "device": device, "mode": mode,
                          "ranks": GPUS, "steps": S, "tokens": T, "layers": L,

@@ -56,7 +56,7 @@ from ..ranks import Collectives, token_owners
 from ..runspec import RunSpec
 from ..schedule.plan import Segment
 from ..traces import TokenTrace
-from . import replay, run_steps, schedule_of
+from . import replay_quiet, run_steps, schedule_of
 from .results import Results
 
 STARTUP_SECONDS = 300  # how long ranks may take to start and meet (imports are slow)
@@ -173,8 +173,8 @@ def rank_main(rank: int, world_size: int, load: Callable[[], Any], specs: list[R
     rows = []
     for mine, spec in zip(real, specs):
         with bar(trace.num_steps, f"{run_label(spec)} (in-process)") as steps:
-            rows.append(report_row(mine, replay(trace, spec, steps.update), world_size,
-                                   backend))
+            rows.append(report_row(mine, replay_quiet(trace, spec, steps.update),
+                                   world_size, backend))
     return rows
 
 

@@ -56,6 +56,8 @@ class Results:
     true_load: `[S, L, E]` routed pairs per logical expert, int32 likewise (int64 for counts)
     segments:  the schedule's segments in step order (`schedule.Segment`)
     counters:  the per-(step, layer) rank counts (`metrics.Counters`); None for counts only
+    warnings:  what the run warns of (`run_warnings`), as `replay` and `compare` told their
+               caller; shown when the results are printed
     Derived on first use: `components` (every metric per step and layer), `metrics` (their
     values over the run, in `METRICS` order).
     """
@@ -65,6 +67,7 @@ class Results:
     true_load: torch.Tensor
     segments: tuple[Segment, ...]
     counters: Counters | None
+    warnings: tuple[str, ...] = ()
 
     @property
     def present(self) -> set[str]:
@@ -158,7 +161,7 @@ class Results:
         shown = ", ".join(f"{k} {_cell(v, METRICS[k].fmt)}" for k in REPR_METRICS
                           if (v := self.metrics.get(k)) is not None)
         return (f"Results({self.policy}, {self.spec.dispatch.mode}: {S} steps x {L} layers, "
-                f"P={P}; {shown})")
+                f"P={P}; {shown})" + "".join(f"\nwarning: {w}" for w in self.warnings))
 
 
 REPR_METRICS = ("gpu_imbalance", "replica_skew_max", "rank_agreement", "moe_ms")  # in a repr
@@ -166,7 +169,12 @@ REPR_METRICS = ("gpu_imbalance", "replica_skew_max", "rank_agreement", "moe_ms")
 
 class Comparison(list):
     """The Results of one comparison (`replay.compare`), in order: a list that shows itself as
-    the run command's table and turns into a DataFrame."""
+    the run command's tables (the time table too when a cost model prices it) with what the
+    run warns of (`warnings`, as `run_warnings`), and turns into a DataFrame."""
+
+    def __init__(self, results: Iterable[Results] = (), warnings: Sequence[str] = ()) -> None:
+        super().__init__(results)
+        self.warnings = tuple(warnings)
 
     def rows(self) -> list[dict[str, Any]]:
         """Every run's row (`Results.row`)."""
@@ -177,7 +185,14 @@ class Comparison(list):
         return _pandas().DataFrame([flat_row(row) for row in self.rows()])
 
     def __repr__(self) -> str:
-        return format_table(self.rows()) if self else "Comparison([])"
+        if not self:
+            return "Comparison([])"
+        rows = self.rows()
+        lines = [f"warning: {w}" for w in self.warnings] + [format_table(rows)]
+        lines += table_notes(rows)
+        if self[0].spec.cost.cost is not None:
+            lines += ["", time_report(self[0].spec, rows, self[0].true_load.shape[1])]
+        return "\n".join(lines)
 
 
 def _pandas() -> Any:
@@ -387,20 +402,22 @@ def model_origin(meta: dict, asked: RunSpec | None) -> str:
     return origin_of(meta, asked is None or asked.cost.model is not None)
 
 
-def warnings(trace: RunTrace, spec: RunSpec, asked: RunSpec | None,
-             windows: Sequence[tuple[str, int, int]] = ()) -> list[str]:
-    """What a run's header warns of: when a cost model prices the time, a model whose experts
-    or top-k differ from the trace's, or the default priced for a model the trace names but
-    eplbsim does not know (`cost.catalog.model_note`, one line); and the flagged warm-up and
-    outlier steps (`traces.steps.flag_steps`) in each `(name, start, stop)` window of steps
-    (default: the whole trace, "the trace"). A trace of more than `FLAG_SCAN_IDS` ids is not
-    scanned for them: that would read it all once more (`trace info` scans any trace)."""
+def run_warnings(trace: RunTrace, spec: RunSpec, asked: RunSpec | None,
+                 windows: Sequence[tuple[str, int, int]] = ()) -> list[str]:
+    """What a run warns of, one message each (the header prints each after "warning: "; a
+    Python caller gets each as a `RunWarning`): when a cost model prices the time, a model
+    whose experts or top-k differ from the trace's, or the default priced for a model the
+    trace names but eplbsim does not know (`cost.catalog.model_note`, one line); and the
+    flagged warm-up and outlier steps (`traces.steps.flag_steps`) in each `(name, start,
+    stop)` window of steps (default: the whole trace, "the trace"). A trace of more than
+    `FLAG_SCAN_IDS` ids is not scanned for them: that would read it all once more (`trace
+    info` scans any trace)."""
     out = []
     if spec.cost.cost is not None:
         note = model_note(spec.cost.name, spec.cost.shape, model_origin(trace.meta, asked),
                           trace.num_experts, getattr(trace, "top_k", None))
         if note:
-            out.append(f"warning: {note}")
+            out.append(note)
     if isinstance(trace, CountsTrace) or math.prod(trace.ids_shape) > FLAG_SCAN_IDS:
         return out
     flags = flag_steps(trace)
@@ -408,7 +425,7 @@ def warnings(trace: RunTrace, spec: RunSpec, asked: RunSpec | None,
     for name, lo, hi in windows or [("the trace", 0, trace.num_steps)]:
         words = flag_words(flags, lo, hi, names)
         if words:
-            out.append(f"warning: {name} holds {words}")
+            out.append(f"{name} holds {words}")
     return out
 
 

@@ -65,7 +65,7 @@ from ..runspec import (BATCHING, READER_OPTIONS, RUN_PARTS, SELECTION, Device, F
                        Options, build, knobs, sweep_keys, sweep_value)
 from ..traces.request_synth import REQUEST_SCENARIOS
 from ..traces.requests import RequestSet
-from . import replay
+from . import replay_quiet
 from .executors import check_executor, local_pool, ray_session
 from .results import csv_value, flat_row, write_csv
 
@@ -276,7 +276,7 @@ def cell_row(cell: Cell) -> dict[str, Any]:
     """Replay one cell -> its table row: `cell` (the id), the configuration, then the metrics
     of `flat_row(Results.row())`."""
     _, spec = build(cell.values)
-    row = flat_row(replay(cell_trace(cell), spec).row())
+    row = flat_row(replay_quiet(cell_trace(cell), spec).row())
     return {"cell": cell.id, **cell.config,  # a default the run decided (`redundant`) shown
             **{k: v for k, v in row.items() if k not in cell.config or cell.config[k] is None}}
 

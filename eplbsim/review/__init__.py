@@ -63,8 +63,9 @@ from ..dispatch import resolve_policy
 from ..engines import as_sources, engine_code, is_engine_name
 from ..engines.conform import list_view
 from ..placement import Placement
-from ..replay import Plan, replay, replay_planned, routed_loads, schedule_of, spec_for_trace
-from ..replay.results import Results, model_origin, warnings
+from ..replay import (Plan, replay_planned, replay_quiet, routed_loads, schedule_of,
+                      spec_for_trace)
+from ..replay.results import Results, model_origin, run_warnings
 from ..runspec import RunSpec, default_of
 from ..traces import RunTrace
 from ..traces.counts import CountsTrace
@@ -210,8 +211,8 @@ def review(trace: RunTrace, candidate: Any, baseline: Any = None, spec: RunSpec 
     unrebalanced = None
     if rebalancing:
         note(f"candidate {names[0]} without rebalancing")
-        unrebalanced = replay(test, _without_schedule(spec).replace(**roles["candidate"],
-                                                                    placement=placement))
+        unrebalanced = replay_quiet(test, _without_schedule(spec).replace(
+            **roles["candidate"], placement=placement))
     cuts = _cuts(placed, S, windows)
     log = trace.log_steps()  # every step named as the log counts it
     windowed = [{**_window(trace, solvers, a, b, roles, note,
@@ -240,9 +241,9 @@ def review(trace: RunTrace, candidate: Any, baseline: Any = None, spec: RunSpec 
              "device": spec.cost.device_profile, "engine_source": dict(sources),
              "baseline_engine_source": dict(base_sources),
              "views": {w: name_of(v) for w, v in views.items()}, "views_why": views_why}
-    notes = warnings(trace, spec, asked, [
+    notes = [f"warning: {w}" for w in run_warnings(trace, spec, asked, [
         (f"the placement window (steps {steps['placed_steps']})", 0, placed),
-        (f"the scored window (steps {steps['scored_steps']})", placed, S)])
+        (f"the scored window (steps {steps['scored_steps']})", placed, S)])]
     series = {"layer_imbalance": {n: balance["per_layer"][n] for n in ("candidate", "baseline")},
               "step_ms": {n: M.time_series(r).get("moe_ms") for n, r in
                           (("candidate", cand), ("baseline", base))},

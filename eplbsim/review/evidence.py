@@ -90,11 +90,21 @@ def interval(values: np.ndarray, level: float = LEVEL) -> tuple[float, float]:
     return float(lo), float(hi)
 
 
+def bounds(values: np.ndarray, steps: int, level: float = LEVEL) -> list[float] | None:
+    """`[lo, hi]`, the `interval` of the resampled `values` of a figure over `steps` scored
+    steps; None for a single step: every resample of it is that step, so the resamples agree
+    and their interval has no width, which bounds nothing (`UNBOUNDED` says so)."""
+    return list(interval(values, level)) if steps > 1 else None
+
+
+UNBOUNDED = "no interval: a block bootstrap over steps cannot bound one scored step"
+
+
 def figure(num: np.ndarray, den: np.ndarray) -> float:
     """The figure over every (seed, step): `sum(num) / sum(den)`; NaN when `sum(den)` is 0."""
     total = float(np.sum(den))
     return float(np.sum(num)) / total if total else math.nan
 
 
-__all__ = ["Draws", "LEVEL", "RESAMPLES", "block_steps", "draws", "figure", "interval",
-           "resampled"]
+__all__ = ["Draws", "LEVEL", "RESAMPLES", "UNBOUNDED", "block_steps", "bounds", "draws",
+           "figure", "interval", "resampled"]

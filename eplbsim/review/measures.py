@@ -25,7 +25,7 @@ from ..placement import Placement
 from ..replay.results import Results
 from ..runspec import RunSpec
 from ..traces import RunTrace
-from .evidence import LEVEL, Draws, figure, interval, resampled
+from .evidence import LEVEL, Draws, bounds, figure, resampled
 
 STARVED_SHARE = 0.5  # a replica executing under half its even share of its expert is starved
 WORST = 3  # worst layers and starved replicas named
@@ -84,18 +84,20 @@ def _step_parts(results: Results, key: str) -> tuple[np.ndarray, np.ndarray]:
 def _paired(runs: dict[str, list[Results]], key: str, d: Draws,
             relative: bool = False) -> dict[str, Any]:
     """The candidate's `key` less the baseline's over every seed's scored steps, with its
-    interval over the resamples `d` (`evidence`); `relative`: also as % of the baseline's."""
+    interval over the resamples `d` (`evidence.bounds`: None for one scored step, which no
+    resample of steps can bound); `relative`: also as % of the baseline's."""
     parts = {n: [np.stack(x) for x in zip(*(_step_parts(r, key) for r in rs))]
              for n, rs in runs.items()}  # name -> (num [R, S], den [R, S])
+    steps = parts["candidate"][0].shape[1]
     whole = {n: figure(*parts[n]) for n in parts}
     again = {n: resampled(*parts[n], d) for n in parts}
     out = {"difference": whole["candidate"] - whole["baseline"],
-           "interval": list(interval(again["candidate"] - again["baseline"]))}
+           "interval": bounds(again["candidate"] - again["baseline"], steps)}
     if relative:
         with np.errstate(invalid="ignore", divide="ignore"):
             out["difference_pct"] = percent(whole["candidate"], whole["baseline"])
-            out["interval_pct"] = list(interval((again["candidate"] / again["baseline"] - 1)
-                                                * 100))
+            out["interval_pct"] = bounds((again["candidate"] / again["baseline"] - 1) * 100,
+                                         steps)
     return out
 
 

@@ -109,7 +109,7 @@ def _balance(r: Report) -> list[str]:
     lines = _table([[k, b["candidate"][k], b["baseline"][k]] for k in b["candidate"]],
                    ["metric", r.candidate, r.baseline])
     lines += ["", f"GPU imbalance (routed pairs), candidate less baseline: "
-                  f"{number(d['difference'])}, {interval_words(*d['interval'])}."]
+                  f"{number(d['difference'])}, {interval_words(d['interval'])}."]
     if len(b["per_layer"]["candidate"]) > 1:
         lines.append("Worst layers (GPU imbalance): " + ", ".join(
             f"layer {w['layer']} {number(w['candidate'])} (baseline {number(w['baseline'])})"
@@ -133,11 +133,9 @@ def _time(r: Report) -> list[str]:
                   f"prices every step on a placement solved from all of them, gives other "
                   f"figures for the same policy.",
               f"Difference {number(t['difference_ms'])} ms a step, "
-                  f"{number(t['difference_pct'])}% ({interval_words(*t['interval_ms'], ' ms')}, "
-                  f"{number(t['interval_pct'][0])}% to {number(t['interval_pct'][1])}%: a block "
-                  f"bootstrap of {boot['resamples']} resamples, blocks of {boot['block_steps']} "
-                  f"steps, over {boot['seeds']} seed(s), whose spread is "
-                  f"{number(t['spread_ms'])} ms). Minimum effect {number(t['min_effect_pct'])}%.",
+                  f"{number(t['difference_pct'])}% ({_spread(t)}; over {boot['seeds']} "
+                  f"seed(s), whose spread is {number(t['spread_ms'])} ms). Minimum effect "
+                  f"{number(t['min_effect_pct'])}%.",
               f"Cost model {t['cost']} ({t['model']}, {t['model_from']}, on {t['device']}). "
               f"The {t['decides']['term']} term decides: "
               + ", ".join(f"{k} {number(v)} ms" if v else f"{k} none (it bounds no GPU in any "
@@ -154,6 +152,18 @@ def _time(r: Report) -> list[str]:
                       w["gpu_imbalance_difference"]] for w in t["windows"]],
                     ["scored steps", "placed on", "ms a step", "%", "GPU imbalance"])
     return lines
+
+
+def _spread(time: dict) -> str:
+    """The time difference's interval in ms and in %, and how it was drawn; or why there is
+    none."""
+    if time["interval_pct"] is None:
+        return interval_words(None)
+    lo, hi = time["interval_pct"]
+    boot = time["bootstrap"]
+    return (f"{interval_words(time['interval_ms'], ' ms')}, {number(lo)}% to {number(hi)}%: a "
+            f"block bootstrap of {boot['resamples']} resamples, blocks of {boot['block_steps']} "
+            f"steps")
 
 
 def markdown(report: Report) -> str:

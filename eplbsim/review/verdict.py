@@ -30,7 +30,7 @@ import math
 from typing import Any
 
 from ..base.errors import EXIT_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED
-from .evidence import LEVEL
+from .evidence import LEVEL, UNBOUNDED
 
 EXIT = {"recommend": 0, "not recommended": 1, "insufficient evidence": 3}
 
@@ -112,7 +112,8 @@ def _time_verdict(balance: dict, time: dict, kind: str) -> tuple[str, list[str]]
     """Rule 4 of the module doc."""
     lo, hi = time["interval_pct"]
     m = time["min_effect_pct"]
-    said = (f"{_signed(time['difference_pct'])}% a step ({interval_words(lo, hi, '%')}, "
+    said = (f"{_signed(time['difference_pct'])}% a step "
+            f"({interval_words(time['interval_pct'], '%')}, "
             f"{number(time['difference_ms'])} ms of the baseline's "
             f"{number(time['baseline']['ms_per_step'])} ms)")
     term = f"{time['decides']['term']} decide the time"
@@ -138,7 +139,7 @@ def _time_verdict(balance: dict, time: dict, kind: str) -> tuple[str, list[str]]
         b = balance["difference"]
         if kind == "dispatch" and b["interval"][0] > 0:
             reasons.append(f"its GPU imbalance is worse beyond its interval: "
-                           f"{_signed(b['difference'])} ({interval_words(*b['interval'])})")
+                           f"{_signed(b['difference'])} ({interval_words(b['interval'])})")
     weighed = _weighed(balance, time)
     if reasons:
         return "insufficient evidence", reasons + weighed
@@ -158,11 +159,8 @@ def _weighed(balance: dict, time: dict) -> list[str]:
                  f"({_faster(w['difference_ms'])})"
                  for w in time["windows"])]
     b = balance["difference"]
-    lo, hi = b["interval"]
     lines.append(f"weighed: GPU imbalance {_signed(b['difference'])} "
-                 f"({interval_words(lo, hi)}), "
-                 + ("better" if hi < 0 else "worse" if lo > 0 else "no difference beyond its "
-                    "interval"))
+                 f"({interval_words(b['interval'])}), {_direction(b['interval'])}")
     if "difference_ms" in time["measured"]:
         lines.append(f"weighed: the measured tables, {_signed(_measured_pct(time['measured']))}%"
                      f" a step ({_faster(time['measured']['difference_ms'])})")
@@ -243,14 +241,13 @@ def balance_line(balance: dict) -> str:
     """The headline's balance line: GPU imbalance, candidate against baseline, the difference
     with its interval, and what it says."""
     b = balance["difference"]
-    lo, hi = b["interval"]
-    word = "better" if hi < 0 else "worse" if lo > 0 else "no difference beyond its interval"
+    word = "" if b["interval"] is None else f": {_direction(b['interval'])}"
     cand, base = balance["candidate"], balance["baseline"]
     traffic = (f" Fan-out {number(cand['fanout_gpus'])} GPUs a token and layer against "
                f"{number(base['fanout_gpus'])}." if cand.get("fanout_gpus") is not None else "")
     return (f"Balance: GPU imbalance {number(cand['gpu_imbalance'])} against "
             f"{number(base['gpu_imbalance'])}, {_signed(b['difference'])} "
-            f"({interval_words(lo, hi)}): {word}.{traffic}")
+            f"({interval_words(b['interval'])}){word}.{traffic}")
 
 
 def time_line(time: dict) -> str:
@@ -258,7 +255,7 @@ def time_line(time: dict) -> str:
     the held-out windows, and the measured tables' difference when they priced both."""
     faster = sum(w["difference_ms"] < 0 for w in time["windows"])
     line = (f"Time ({time['cost']}): {_signed(time['difference_pct'])}% a step "
-            f"({interval_words(*time['interval_pct'], '%')}); minimum effect "
+            f"({interval_words(time['interval_pct'], '%')}); minimum effect "
             f"{number(time['min_effect_pct'])}%; faster on {faster} of {len(time['windows'])} "
             f"held-out windows")
     if "difference_ms" in time["measured"]:
@@ -323,9 +320,19 @@ def _signed(value: float | None) -> str:
     return text if text.startswith("-") else f"+{text}"
 
 
-def interval_words(lo: float, hi: float, unit: str = "") -> str:
-    """`95% interval -0.2% to +0.1%`-style words."""
+def interval_words(bounds: list[float] | None, unit: str = "") -> str:
+    """`95% interval -0.2% to +0.1%`-style words for `bounds` `[lo, hi]`; for None (one scored
+    step, `evidence.bounds`) that it cannot be bounded."""
+    if bounds is None:
+        return UNBOUNDED
+    lo, hi = bounds
     return f"{number(LEVEL * 100)}% interval {_signed(lo)}{unit} to {_signed(hi)}{unit}"
+
+
+def _direction(bounds: list[float]) -> str:
+    """Which way a difference in GPU imbalance points, beyond its interval `bounds`."""
+    lo, hi = bounds
+    return "better" if hi < 0 else "worse" if lo > 0 else "no difference beyond its interval"
 
 
 __all__ = ["EXIT", "MIN_EFFECT", "exit_statuses", "mechanism_line", "rests_on_line", "MIN_SCORED_STEPS", "balance_line", "correctness_line",
