@@ -183,6 +183,10 @@ def test_the_command_line_says_so_too(tmp_path, capsys):
                          "--gpus-per-node", 2, "--groups", 3)
     assert code == 0 and "layer 0:" in out
     assert "eplbsim: warning: 3 groups do not divide the 4 experts: balanced globally" in err
+    code, out, err = run(capsys, "run", "--steps", 2, "--tokens", 64, "--experts", 16,
+                         "--groups", 3, "--policies", "row", "--mode", "none")
+    assert code == 0 and "row" in out  # run and sweep fall back as solve does
+    assert "eplbsim: warning: 3 groups do not divide the 16 experts: balanced globally" in err
 
 
 @pytest.mark.parametrize("num_gpus, old, new", [

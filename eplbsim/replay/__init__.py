@@ -94,9 +94,6 @@ def check_fits(trace: RunTrace, spec: RunSpec) -> RunSpec:
     topo = spec.topology.topology()
     E = trace.num_experts
     topo.slots_per_gpu(E + spec.topology.redundant)
-    groups = spec.topology.groups or trace.num_groups or 1
-    if E % groups:
-        raise InputError(f"{groups} groups do not divide the {E} experts")
     for value in (spec.solver.placement, spec.schedule.initial):
         load_placement(value, E, topo, trace.num_layers, trace.meta.get("model_layers"))
     if spec.cost.cost is not None:  # a measured table lacking the shape or EP size says so now

@@ -175,9 +175,6 @@ def _cell(index: int, given: dict[str, Any], where: str, base: Path) -> Cell:
         if source.file is None and not isinstance(source.requests, RequestSet):
             experts = source.scenario_experts
             spec.fit(experts)
-            if experts % (spec.topology.groups or 1):
-                raise InputError(f"{spec.topology.groups} groups do not divide the {experts} "
-                                 f"experts")
     except InputError as exc:
         raise InputError(f"{where}: cell {_label(given)}: {exc}") from None
     shown = {**{k: getattr(source, k) for k in ("scenario", *SIZES, "trace", "requests",
