@@ -131,8 +131,11 @@ def _refused(trace, policy: str, folder: Path) -> None:
     assert example is not None and len(set(example["choices"].values())) > 1, example
 
 
-@pytest.mark.parametrize("version", ["0.5.17", "0.5.23"])
-@pytest.mark.parametrize("name", sorted(SGLANG_BRANCHES))
+OLDER = ("guarded-get-rank", "tp-rank", "ep-getter", "local-rank-env")  # on 0.5.17 too
+
+
+@pytest.mark.parametrize("version, name", [("0.5.23", n) for n in sorted(SGLANG_BRANCHES)]
+                         + [("0.5.17", n) for n in OLDER])
 def test_a_sglang_branch_that_reads_its_rank_is_seen_to_and_disagrees(tmp_path, trace, version,
                                                                      name):
     folder = _sglang_branch(tmp_path, version, name)

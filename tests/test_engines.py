@@ -11,6 +11,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -566,3 +567,45 @@ def test_several_sources_give_one_row_per_policy_mode_and_release_it_reads(capsy
     footer = next(line for line in lines if line.startswith("corrupt: "))
     assert "sglang:dynamic (none, sglang 0.5.16)" in footer
     assert footer.count("sglang:dynamic") == len(set(footer.split("sglang:dynamic")[1:]))
+
+
+FLASHLB_STAND_IN = '''import torch
+
+
+class FlashlbEplbPolicy:
+    """A stand-in written for this test with vLLM's main-branch signature: every slot p holds
+    expert p % E; it adds 1 to the loads in place, as vLLM's FlashLB does."""
+
+    def rebalance_experts(self, weight, num_replicas, num_groups, num_nodes, num_ranks,
+                          old_global_expert_indices):
+        weight += 1
+        layers, experts = weight.shape
+        phy2log = torch.arange(num_replicas).remainder(experts).expand(layers, -1)
+        return phy2log.to(torch.int32), None, None
+'''
+
+
+def test_vllm_flashlb_runs_from_a_checkout_that_has_it(tmp_path, capsys):
+    """`vllm:flashlb` is vLLM's FlashlbEplbPolicy where a source has its file (vLLM's main
+    branch), with the caller's loads left as they were; a release without it says so."""
+    from eplbsim.cli import main
+    from eplbsim.solvers import solve
+    from eplbsim.placement.topology import Topology
+    release = engines.release("vllm")
+    if release is None:
+        pytest.skip("vllm is not fetched (eplbsim engines fetch)")
+    checkout = tmp_path / "vllm-main"
+    shutil.copytree(release / "vllm", checkout / "vllm")
+    (checkout / "vllm/distributed/eplb/policy/flashlb.py").write_text(FLASHLB_STAND_IN)
+    load = np.arange(12, dtype=np.float64).reshape(2, 6) + 1
+    before = load.copy()
+    solver = engines.engine_solver("vllm:flashlb", {"vllm": str(checkout)})
+    placement = solve(solver, load, 8, Topology(4))
+    assert placement.phy2log.tolist() == [[0, 1, 2, 3, 4, 5, 0, 1]] * 2
+    assert np.array_equal(load, before)
+    assert engines.availability("vllm")["vllm:flashlb"].endswith("lacks "
+                                                                 "vllm/distributed/eplb/policy/flashlb.py")
+    assert engines.availability("vllm", engines.as_sources({"vllm": str(checkout)}))[
+        "vllm:flashlb"] is None
+    assert main(["engines", "list", "--engine-source", f"vllm={checkout}"]) == 0
+    assert "vllm:flashlb" in capsys.readouterr().out

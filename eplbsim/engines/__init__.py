@@ -89,6 +89,8 @@ ENGINE_SOLVERS: dict[str, tuple[str, str, str]] = {
     **{f"sglang:{s}": ("sglang", s, f"SGLang's eplb_algorithms {s}")
        for s in _sglang.SOLVER_NAMES},
     "vllm:default": ("vllm", "default", "vLLM's DefaultEplbPolicy"),
+    "vllm:flashlb": ("vllm", "flashlb", "vLLM's FlashlbEplbPolicy, from a checkout of its main "
+                     "branch (--engine-source vllm=PATH: no release up to 0.34.0 has it)"),
 }
 
 Sources = tuple[tuple[str, str], ...]  # ((engine, path), ...): the engine sources in use
@@ -388,7 +390,7 @@ def _engine_solver(name: str, sources: Sources) -> Callable:
         weight = torch.from_numpy(np.asarray(load, dtype=np.float64))
         if engine == "vllm":
             return run.solve(weight, num_slots, topology.num_gpus, topology.num_nodes,
-                             num_groups).numpy()
+                             num_groups, algorithm).numpy()
         phy2log, log2phy = run.solve(algorithm, weight, num_slots, topology.num_gpus,
                                      topology.num_nodes, num_groups)
         return phy2log.numpy(), {"order": log2phy.numpy()}

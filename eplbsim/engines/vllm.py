@@ -5,7 +5,8 @@ Dimensions: `L` layers, `E` logical experts, `P` physical slots, `R` max replica
 
 - `DefaultEplbPolicy` (`vllm/distributed/eplb/policy/default.py`) loads as it is: it imports
   only numpy, torch and its abstract base; the policy package's `__init__` (which reads vLLM's
-  config) is not run.
+  config) is not run. So does `FlashlbEplbPolicy` (`policy/flashlb.py`, numba), where a source
+  has it (vLLM's main branch).
 - `compute_logical_maps` (`eplb_state.py`) is compiled alone from its file, keeping file name
   and line numbers, because that module imports the serving stack.
 - The map kernel `eplb_map_to_physical_and_record` (`fused_moe/router/base_router.py`) loads
@@ -50,10 +51,13 @@ KEEP = ("vllm/distributed/eplb/", "vllm/model_executor/layers/fused_moe/router/b
         "vllm/model_executor/layers/fused_moe/eplb_triton.py", "vllm/version.py",
         "vllm/_version.py")  # what a fetch keeps of a wheel: paths starting so
 POLICY = "vllm.distributed.eplb.policy.default"
+FLASHLB = "vllm.distributed.eplb.policy.flashlb"  # on vLLM's main branch; no release up to 0.34
 ROUTER = "vllm.model_executor.layers.fused_moe.router.base_router"
 WHOLE_LAUNCH = ("_eplb_map_and_record_i32_kernel",)  # elementwise kernels launched as one block
 EXPOSES = {
     "DefaultEplbPolicy.rebalance_experts": "solver: default",
+    "FlashlbEplbPolicy.rebalance_experts": "solver: flashlb (a checkout of vLLM's main branch; "
+                                           "no release up to 0.34.0 has it)",
     "compute_logical_maps": "every rank's candidate lists and counts",
     "eplb_map_to_physical_and_record": "dispatch (Knuth hash of the token index), under the "
                                        "Triton interpreter",
@@ -96,8 +100,8 @@ class VLLM:
         return self._found[what]
 
     def missing(self, algorithm: str) -> str | None:
-        """Why `algorithm` ("hash", "default" or "views") cannot run from this source, or
-        None when it can."""
+        """Why `algorithm` ("hash", "default", "flashlb" or "views") cannot run from this
+        source, or None when it can."""
         found = self._get(algorithm)
         return found if isinstance(found, str) else None
 
@@ -118,18 +122,29 @@ class VLLM:
             raise InputError(f"{POLICY} has no DefaultEplbPolicy")
         return default.DefaultEplbPolicy
 
+    def _flashlb_policy(self) -> Any:
+        module = self.modules.load(FLASHLB)
+        if not hasattr(module, "FlashlbEplbPolicy"):
+            raise InputError(f"{FLASHLB} has no FlashlbEplbPolicy")
+        return module.FlashlbEplbPolicy
+
     def _logical_maps(self) -> Any:
         return self.modules.extract("vllm.distributed.eplb.eplb_state", ("compute_logical_maps",),
                                     {"torch": torch})["compute_logical_maps"]
 
     def solve(self, load: torch.Tensor, num_slots: int, num_gpus: int, num_nodes: int,
-              num_groups: int) -> torch.Tensor:
-        """`DefaultEplbPolicy.rebalance_experts(load [L, E], ...)` -> phy2log `[L, P]`."""
+              num_groups: int, algorithm: str = "default") -> torch.Tensor:
+        """The policy `algorithm`'s `rebalance_experts(load [L, E], ...)` -> phy2log `[L, P]`:
+        `DefaultEplbPolicy` ("default"), or `FlashlbEplbPolicy` ("flashlb", in vLLM's main
+        branch; a new instance a call, as it keeps a window of past loads, placing afresh:
+        no previous placement)."""
+        policy = self.policy if algorithm == "default" else self.need(algorithm)()
         with self.modules.active(), identity.for_every_rank(
                 num_gpus, num_nodes, self.prefix, self.label, "rebalance_experts"):
-            return call(self.policy.rebalance_experts, self.label, weight=load,
-                        num_replicas=num_slots, num_groups=num_groups, num_nodes=num_nodes,
-                        num_ranks=num_gpus, num_gpus=num_gpus).long()
+            out = call(policy.rebalance_experts, self.label, weight=load.clone(),
+                       num_replicas=num_slots, num_groups=num_groups, num_nodes=num_nodes,
+                       num_ranks=num_gpus, num_gpus=num_gpus, old_global_expert_indices=None)
+        return (out[0] if isinstance(out, tuple) else out).long()  # (phy2log, maps...) or it
 
     def logical_maps(self, phy2log: torch.Tensor, num_experts: int
                      ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -188,7 +203,8 @@ class VLLM:
         return phys.long(), load
 
 
-FINDERS = {"default": VLLM._default_policy, "views": VLLM._logical_maps,
+FINDERS = {"default": VLLM._default_policy, "flashlb": VLLM._flashlb_policy,
+           "views": VLLM._logical_maps,
            "hash": VLLM._map_kernel,
            "native": lambda run: run._map_kernel(native=True)}  # what each algorithm
 # calls, and how it is found ("native": the map kernel compiled, for CUDA inputs)
