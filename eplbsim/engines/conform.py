@@ -239,17 +239,22 @@ def _vllm_rows(sources: Any, seed: int, cases: int) -> list[Row]:
             *_solver_rows("vllm", sources, seed, cases)]
 
 
+SOLVER_TWINS = {"flashlb": "flashlb"}  # an engine solver -> eplbsim's twin (else `deepseek`)
+
+
 def _solver_rows(engine: str, sources: Any, seed: int, cases: int) -> list[Row]:
-    """`engine`'s solvers that eplbsim's `deepseek` models, against it: on tie-free loads the
-    placements must be equal; on loads with ties (the engines sort float32 loads with torch,
-    unstably, where numpy's stable sort breaks ties by index) the max GPU load must be, and the
-    note says how many placements differed. `deepseek_vec` is another algorithm: no twin."""
+    """`engine`'s solvers the source has, each against its twin (`SOLVER_TWINS`, else
+    eplbsim's `deepseek`): on tie-free loads the placements must be equal; on loads with ties
+    (the engines sort float32 loads with torch, unstably, where numpy's stable sort breaks ties
+    by index) the max GPU load must be, and the note says how many placements differed.
+    `deepseek_vec` is another algorithm: no twin."""
     gen = torch.Generator().manual_seed(seed)
     run = adapter(engine, sources)
     rows = []
     for name, (owner, algorithm, _) in ENGINE_SOLVERS.items():
-        if owner != engine or algorithm == "deepseek_vec":
+        if owner != engine or algorithm == "deepseek_vec" or run.missing(algorithm):
             continue
+        twin = SOLVER_TWINS.get(algorithm, "deepseek")
         free, tied, ordered = [0, 0], [0, 0, 0], 0
         for G, per_node in LAYOUTS:
             topo = Topology(G, per_node)
@@ -259,8 +264,9 @@ def _solver_rows(engine: str, sources: Any, seed: int, cases: int) -> list[Row]:
                 load = torch.randperm(10_000, generator=gen)[:L * E].view(L, E).double() + 1
                 ties = torch.randint(1, 3, (L, E), generator=gen).double()
                 for cell, weights in ((free, load), (tied, ties)):
-                    mine = solve("deepseek", weights, P, topo)
-                    theirs = (run.solve(weights, P, G, topo.num_nodes, 1) if engine == "vllm"
+                    mine = solve(twin, weights, P, topo)
+                    theirs = (run.solve(weights, P, G, topo.num_nodes, 1, algorithm)
+                              if engine == "vllm"
                               else run.solve(algorithm, weights, P, G, topo.num_nodes, 1)[0])
                     same = torch.equal(theirs, mine.phy2log)
                     if cell is free and engine == "sglang":
@@ -275,24 +281,24 @@ def _solver_rows(engine: str, sources: Any, seed: int, cases: int) -> list[Row]:
         who = label(engine, sources)
         note = (f"replica order equal in {ordered}/{free[0]} (the engine sorts equal-load "
                 f"replicas with torch's unstable sort)" if engine == "sglang" else "")
-        rows.append(Row(who, f"{name} solver", "solver deepseek", "solve, tie-free loads",
+        rows.append(Row(who, f"{name} solver", f"solver {twin}", "solve, tie-free loads",
                         *free, note))
-        rows.append(Row(who, f"{name} solver", "solver deepseek",
+        rows.append(Row(who, f"{name} solver", f"solver {twin}",
                         "solve, loads with ties (max GPU load)", *tied[:2],
-                        f"{tied[2]}/{tied[0]} placements equal; " + _float32_case(run, engine,
-                                                                                 algorithm)))
+                        f"{tied[2]}/{tied[0]} placements equal; " + _float32_case(
+                            run, engine, algorithm, twin)))
     return rows
 
 
-def _float32_case(run: Any, engine: str, algorithm: str) -> str:
-    """The engine's float32 loads against the twin's float64 ones where it shows: loads
-    `[2^24 + 1, 2^24, 1, 1]` on 2 GPUs of 3 slots, the max GPU load of each side."""
+def _float32_case(run: Any, engine: str, algorithm: str, twin: str) -> str:
+    """The engine's float32 loads against the twin's (`twin`) float64 ones where it shows:
+    loads `[2^24 + 1, 2^24, 1, 1]` on 2 GPUs of 3 slots, the max GPU load of each side."""
     topo = Topology(2)
     load = torch.tensor([[2.0 ** 24 + 1, 2.0 ** 24, 1.0, 1.0]], dtype=torch.float64)
-    theirs = (run.solve(load, 6, 2, 1, 1) if engine == "vllm"
+    theirs = (run.solve(load, 6, 2, 1, 1, algorithm) if engine == "vllm"
               else run.solve(algorithm, load, 6, 2, 1, 1)[0])
     engine_max = _max_gpu(load, Placement(theirs, 4, topo))
-    twin_max = _max_gpu(load, solve("deepseek", load, 6, topo))
+    twin_max = _max_gpu(load, solve(twin, load, 6, topo))
     return (f"loads [2^24+1, 2^24, 1, 1] (float32 in the engine): max GPU load {engine_max:.1f} "
             f"vs {twin_max:.1f}")
 
