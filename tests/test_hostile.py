@@ -952,7 +952,8 @@ def test_mutated_files_are_read_or_refused_cleanly(case, tmp_path_factory, capsy
 # the options a run takes as KEY=VALUE, with the settings that make each apply
 OPTIONS = {"--cost-option": (["eta_compute", "eta_memory", "framework", "version"],
                              ["--cost", "roofline"]),
-           "--solver-option": (["z", "depth", "width", "history"], ["--solver", "flashlb"]),
+           "--solver-option": (["z", "depth", "width", "history"],
+                               ["--solver", "flashlb-paper"]),  # the paper's FlashLB: all four
            "-o": (["sigma", "drift"], ["--scenario", "skewed"])}
 TEXTS = st.one_of(st.integers(-2**70, 2**70).map(str), st.floats().map(repr),
                   st.sampled_from(["true", "false", "null", "nan", "1e400", "-0", "1_0", "0x10",
