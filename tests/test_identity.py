@@ -161,3 +161,40 @@ def test_a_setting_eplbsim_lacks_names_where_the_engine_reads_it():
     text = str(caught.value)
     assert "'speculative_frobnicate' at sglang/branch_probe.py:3" in text
     assert "getattr(..., default)" in text
+
+
+def test_every_rank_read_in_the_fetched_releases_is_a_channel():
+    """What the fetched releases' own EPLB files read of their rank (a scan of their text:
+    `get_parallel().X_rank`, `get_X_group()`, `get_X_rank()`, `torch.distributed.get_X`, the
+    environment's `*RANK*`) is answered by a channel, so a branch written the engine's way is
+    answered too."""
+    import re
+    folders = [engines.release(e, v) for e, spec in engines.ENGINES.items()
+               for v in spec.tested]
+    folders = [f for f in folders if f is not None]
+    if not folders:
+        pytest.skip("no release is fetched (eplbsim engines fetch)")
+    groups = {"sglang": identity.SGLANG_GROUPS, "vllm": identity.VLLM_GROUPS}
+    getters = {"sglang": identity.SGLANG_GETTERS, "vllm": identity.VLLM_GETTERS}
+    seen = 0
+    for folder in folders:
+        engine = folder.name.partition("-")[0]
+        for path in folder.rglob("*.py"):
+            text = path.read_text(errors="replace")
+            for field in re.findall(r"get_parallel\(\)\.(\w+_rank)\b", text):
+                assert field in identity.SGLANG_FIELDS, (path, field)
+                seen += 1
+            for group in re.findall(r"\bget_(\w+)_group\(\)", text):
+                assert group in groups[engine], (path, group)
+                seen += 1
+            for getter in re.findall(r"\b(get_\w+_rank)\(", text):
+                assert getter in getters[engine] or getter == "get_node_local_rank", (path,
+                                                                                    getter)
+                seen += 1
+            for name in re.findall(r"(?:torch\.distributed|\bdist)\.(get_\w+)\(", text):
+                if "rank" in name:
+                    assert f"torch.distributed.{name}" in CHANNELS, (path, name)
+                    seen += 1
+            for name in re.findall(r"environ[^\n]{0,12}[\"'](\w*RANK\w*)[\"']", text):
+                assert name in identity.ENVIRONMENT, (path, name)
+    assert seen > 10

@@ -111,13 +111,14 @@ DEVICE_FUNCTIONS = {("cuda", "current_device"): "local_rank",
 GROUPS = {  # a parallel group -> (rank in it, its size): EP and TP span every rank
     "world": ("rank", "world_size"), "tp": ("rank", "world_size"),
     "moe_ep": ("rank", "world_size"), "ep": ("rank", "world_size"),
+    "eplb": ("rank", "world_size"),  # vLLM's EPLB group: the EP ranks
     "attn_tp": ("attn_tp_rank", "attn_tp_size"), "dp": ("attn_dp_rank", "attn_dp_size"),
     "attn_dp": ("attn_dp_rank", "attn_dp_size"), "pp": ("zero", "one"),
     "moe_tp": ("zero", "one"), "moe_dp": ("zero", "one"), "attn_cp": ("zero", "one"),
     "dcp": ("zero", "one"), "pcp": ("zero", "one"), "moe_cp": ("zero", "one")}
 SGLANG_FIELDS = {  # get_parallel() / server_args field -> identity field
-    **{f"{g}_rank": r for g, (r, _) in GROUPS.items() if g not in ("world",)},
-    **{f"{g}_size": s for g, (_, s) in GROUPS.items() if g not in ("world", "tp", "ep")},
+    **{f"{g}_rank": r for g, (r, _) in GROUPS.items() if g not in ("world", "eplb")},
+    **{f"{g}_size": s for g, (_, s) in GROUPS.items() if g not in ("world", "tp", "ep", "eplb")},
     "dp_size": "attn_dp_size", "node_rank": "node_rank", "launch_world_rank": "rank",
     "launch_world_size": "world_size", "attn_dcp_rank": "zero"}
 SGLANG_GETTERS = {  # sglang.srt.distributed / dp_attention function -> identity field
@@ -144,7 +145,7 @@ VLLM_GETTERS = {  # vllm.distributed function -> identity field
     "get_decode_context_model_parallel_world_size": "one"}
 SGLANG_GROUPS = ("world", "tp", "moe_ep", "moe_tp", "moe_dp", "pp", "attn_tp", "attn_cp",
                  "dcp", "moe_cp")  # get_X_group() in sglang.srt.distributed
-VLLM_GROUPS = ("world", "tp", "ep", "dp", "pp", "dcp", "pcp")  # get_X_group() in vLLM
+VLLM_GROUPS = ("world", "tp", "ep", "eplb", "dp", "pp", "dcp", "pcp")  # get_X_group() in vLLM
 
 
 def _channels() -> dict[str, str]:
