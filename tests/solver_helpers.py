@@ -1,5 +1,5 @@
 """What a registry-wide solver test gives a solver beside the loads: the co-activation, for a
-solver that places by it (`affinity`, whose MILP bound, tested in tests/test_affinity.py, is
+solver that places by it (`affinity`, whose MILP bound, tested in tests/solvers/test_affinity.py, is
 given a short time limit here: the contract is about the placement, which it does not change)."""
 
 import numpy as np

@@ -70,7 +70,7 @@ def page(path: tuple[str, ...], parser: argparse.ArgumentParser) -> str:
     return "\n".join(lines) + "\n"
 
 
-API_EXAMPLES = {  # title -> a file a user could write; the tests run each (tests/test_reference)
+API_EXAMPLES = {  # title -> a file a user could write; the tests run each (tests/cli/test_reference)
     "A policy: each expert's pairs in turn over its candidates, rank-invariant": '''\
 import torch
 from eplbsim.dispatch import candidate_counts, occurrence_index, replica_slots

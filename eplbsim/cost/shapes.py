@@ -87,7 +87,7 @@ _LLAMA_4 = dict(hidden=5120, intermediate=8192, top_k=1, shared_experts=1,
                 shared_intermediate=8192)
 
 # The most served MoE models, as their published config.json says (`configs.shape_of` of it
-# gives the same shape: tests/test_configs.py checks each against aiconfigurator-core's copy);
+# gives the same shape: tests/cost/test_configs.py checks each against aiconfigurator-core's copy);
 # quantized weights are dispatched in FP8 (DeepEP's FP8 dispatch), BF16 ones in BF16.
 MODELS: dict[str, ModelShape] = {
     "deepseek-v3": ModelShape(**_DEEPSEEK_V3, source=_HF + "deepseek-ai/DeepSeek-V3 "

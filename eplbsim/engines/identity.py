@@ -384,9 +384,8 @@ class Group:
 
     @property
     def ranks(self) -> list[int]:
-        identity = current()[0] if current() else Identity(0, 1)
-        size, me = self.world_size, self.rank_in_group
-        return [identity.rank - me + i for i in range(size)]
+        size, me = self.world_size, self.rank_in_group  # outside a rank's call: refused
+        return [current()[0].rank - me + i for i in range(size)]
 
     @property
     def first_rank(self) -> int:

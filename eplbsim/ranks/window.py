@@ -9,7 +9,7 @@ links, shared experts, spill, kept choices or wrong-weight slots), and the polic
 nothing of the step but each token's row within it (`DispatchPolicy.window_kernels`: `row`), a
 window of consecutive steps is one call: their tokens concatenated `[N, L, K]`, dispatched at
 each token's row within its own step, counted in one tally per counter. Every count is
-what `none_step` gives step by step, bit for bit (`tests/test_window.py`); a replay kept on a
+what `none_step` gives step by step, bit for bit (`tests/ranks/test_window.py`); a replay kept on a
 device (`replay.dispatch_steps`) takes this way to launch its kernels once a window rather than
 a few dozen times a step.
 """

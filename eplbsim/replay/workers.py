@@ -4,7 +4,7 @@ The schedule (the routed counts, every placement and segment) is planned once, h
 whole trace; each worker dispatches its range of steps for every rank (`replay.dispatch_steps`)
 and its counters are put in place. A step's outcome depends only on its index, its ids and its
 segment (every random draw is counter-based, `dispatch.streams`), so the result is the
-one-process result bit for bit (`tests/test_workers.py` checks every policy, both modes and an
+one-process result bit for bit (`tests/replay/test_workers.py` checks every policy, both modes and an
 async rebalance schedule).
 
 Executors (`executors`): "local" spawns `workers` processes; "ray" runs a task per range on the

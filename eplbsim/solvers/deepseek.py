@@ -30,7 +30,7 @@ float32, so at an exact tie its rounding, not the lowest index, picks the pack. 
 `[[10, 8, 7, 5, 4, 3, 2, 1], [4, 9, 3, 8, 2, 7, 1, 6]]`, 16 slots, 4 GPUs, GPUs 2 and 3 both
 reach 49/6 (`10/3 + 5/2 + 7/3` and `3 + 8/3 + 5/2`) before the first replica of load 2:
 float32 makes GPU 2 the lighter, float64 GPU 3, so experts 4 and 6 trade GPUs and their
-replica order differs; this twin gives vLLM's answer there (`tests/test_peers.py`).
+replica order differs; this twin gives vLLM's answer there (`tests/solvers/test_peers.py`).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ counts are `[1, 1, 1, 2, 1, 2, 1, 1, 2, 1, 2, 1]` with no GPU holding two replic
 expert, these `[1, 1, 1, 1, 2, 2, 1, 1, 1, 1, 3, 1]` with two replicas of expert 10 on GPU 7:
 this variant scores a GPU by its mean plus `z` standard deviations and searches the counts by
 moving replicas one at a time, vLLM's counts greedily, searches them by groups of experts and
-spreads an expert's replicas over distinct GPUs (`tests/test_peers.py`).
+spreads an expert's replicas over distinct GPUs (`tests/solvers/test_peers.py`).
 
 Dimensions: `L` layers, `E` logical experts, `P` physical slots, `G` GPUs, `S = P / G` slots per
 GPU, `W` steps of history.

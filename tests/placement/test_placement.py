@@ -140,7 +140,7 @@ def test_expert_without_replica():
 
 
 @pytest.mark.parametrize("p2l", [[[0, 1, 3, 0]], [[0, 1, -2, 2]], [[0, 1, 2, 300]]])
-def test_ids_out_of_range(p2l):  # -1 is an empty slot (tests/test_empty_slots.py)
+def test_ids_out_of_range(p2l):  # -1 is an empty slot (tests/placement/test_empty_slots.py)
     with pytest.raises(InputError, match=r"expert ids outside \[0, 3\)"):
         Placement(p2l, 3, Topology(2))
 

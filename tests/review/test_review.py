@@ -569,7 +569,7 @@ def test_the_row_plus_layer_policy_on_the_router_log_is_not_recommended(tmp_path
             rows = torch.arange(topk_ids.shape[0]).unsqueeze(1)
             return replica_slots(topk_ids, view, ctx.layer, (rows + ctx.layer) % n)
     """))
-    log = Path(__file__).resolve().parents[1] / "traces" / "moe_routes_small.jsonl"
+    log = Path(__file__).resolve().parents[2] / "traces" / "moe_routes_small.jsonl"
     report = _json(capsys, ["review", f"{file}:rowlayer", "--trace", str(log), "--skip-type",
                             "meta", "--drop-warmup", "--mode", "none"],
                    EXIT["insufficient evidence"])
@@ -650,7 +650,7 @@ def test_every_exit_status_is_said_in_the_help_the_guide_and_the_page(capsys):
     from eplbsim.base.errors import EXIT_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED
     assert main(["review", "--help"]) == 0
     help_text = capsys.readouterr().out
-    guide = (Path(__file__).resolve().parents[1] / "docs/guide/13-review.md").read_text()
+    guide = (Path(__file__).resolve().parents[2] / "docs/guide/13-review.md").read_text()
     flat_help, flat_guide = " ".join(help_text.split()), " ".join(guide.split())
     for verdict, status in EXIT.items():
         assert f"{status} {verdict}" in flat_help and f"{status} `{verdict}`" in flat_guide

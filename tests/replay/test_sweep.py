@@ -17,7 +17,7 @@ from eplbsim.runspec import RunSpec
 from eplbsim.traces.synth import synthesize
 from eplbsim.traces.trace import load_trace, save_trace
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SIZES_TOML = """steps = 3
 tokens = 64
 layers = 2

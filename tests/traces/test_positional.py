@@ -23,8 +23,8 @@ from eplbsim.traces.steps import flag_steps
 from cli_helpers import assert_input_error, run
 from id_helpers import distinct
 
-QWEN = Path(__file__).resolve().parents[1] / "traces" / "qwen3-30b-a3b-vllm" / "ep_states.jsonl"
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / \
+QWEN = Path(__file__).resolve().parents[2] / "traces" / "qwen3-30b-a3b-vllm" / "ep_states.jsonl"
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "data" / \
     "qwen3-30b-a3b-vllm-routing" / "ep_states.jsonl"
 
 

@@ -16,7 +16,7 @@ import ast
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent / "eplbsim"
+ROOT = Path(__file__).resolve().parents[2] / "eplbsim"
 APPS = ("eplbsim.cli", "eplbsim.plots", "eplbsim.review", "eplbsim.replay.sweep",
         "eplbsim.replay.bench", "eplbsim.replay.distributed", "eplbsim.replay.workers",
         "eplbsim.ranks.checks")
@@ -295,3 +295,16 @@ def test_the_layout_guide_lists_every_package_in_the_order_data_flows():
     for i, package in enumerate(listed):
         below = _may_import(package) - set(listed[:i])
         assert not below, f"the guide lists {package} above {sorted(below)}, which it imports"
+
+
+def test_the_tests_mirror_the_package():
+    """DESIGN.md §7: a test file lies in the folder named after the package it tests
+    (`tests/dispatch/test_spill.py` beside `eplbsim/dispatch/spill.py`), or in `project/` for
+    the checks of the project as a whole (README, guides, notebooks, this file); only shared
+    helpers and the conftest lie at the top."""
+    tests = ROOT.parent / "tests"
+    packages = {p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file()}
+    assert not list(tests.glob("test_*.py")), "test files at the top of tests/"
+    folders = {p.parent.name for p in tests.rglob("test_*.py")}
+    assert folders <= packages | {"project"}, folders - packages
+    assert len(folders) >= 10

@@ -87,7 +87,7 @@ def test_trivial_is_p_mod_e():
 
 def _skip_structured(name):
     """Skip a solver that takes only the shapes of its redundancy topology (`lplb`: its own
-    contract tests are in tests/test_lplb.py)."""
+    contract tests are in tests/dispatch/test_lplb.py)."""
     if "redundancy" in solver_options(SOLVERS[name]):
         pytest.skip(f"{name} takes only the shapes of its redundancy topologies")
 
@@ -123,7 +123,7 @@ def test_contract_random(name, shape, skew):
     L, E, P, G, gpn, groups, seed = shape
     _skip_structured(name)
     if "node_limit" in solver_options(SOLVERS[name]):
-        pytest.skip("a MILP (exact): random small instances live in tests/test_exact.py")
+        pytest.skip("a MILP (exact): random small instances live in tests/solvers/test_exact.py")
     rng = np.random.default_rng(seed)
     load = rng.random((L, E)) * np.exp(skew * rng.standard_normal((L, E))) * 1000
     if seed % 3 == 0:
@@ -234,7 +234,7 @@ def test_solve_accepts_callable_and_checks_its_shape():
         solve(lambda *a: np.zeros((1, 8), dtype=np.int64), np.ones((2, 4)), 8, Topology(4))
 
 
-REAL_COUNTS = Path(__file__).resolve().parents[2] / "shared" / "data" / "olmoe-routing-counts" \
+REAL_COUNTS = Path(__file__).resolve().parents[3] / "shared" / "data" / "olmoe-routing-counts" \
     / "expert_counts.csv"
 
 

@@ -4,7 +4,7 @@ import importlib.util
 import json
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_solvers.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_solvers.py"
 
 
 def load_script():

@@ -22,7 +22,7 @@ from eplbsim.cli import main
 from eplbsim.cli.reference import pages
 from eplbsim.review import EXIT
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
 GUIDES = sorted((ROOT / "docs" / "guide").glob("*.md"))
 DOCS = "\n".join([README, *(p.read_text() for p in GUIDES)])  # in the order the tests run them

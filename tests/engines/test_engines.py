@@ -24,7 +24,7 @@ from eplbsim.replay.workers import Workers
 from eplbsim.runspec import RunSpec
 from eplbsim.traces.synth import synthesize
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _fetched(engine: str, version: str | None = None) -> Path:

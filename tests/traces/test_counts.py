@@ -8,7 +8,7 @@ import pytest
 from eplbsim.base.errors import InputError
 from eplbsim.traces.counts import load_counts_csv, parse_where
 
-REAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "olmoe-routing-counts" \
+REAL = Path(__file__).resolve().parents[3] / "shared" / "data" / "olmoe-routing-counts" \
     / "expert_counts.csv"
 
 

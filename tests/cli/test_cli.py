@@ -404,7 +404,7 @@ def test_policies_and_solvers_list_the_registries_and_the_readme_holds_them(caps
     assert {r["name"]: r["class"] for r in rows}["trtllm"] == "invariant unless --rank-offset"
     code, out, _ = run(capsys, "solvers")
     assert code == 0 and all(name in out for name in SOLVERS)
-    guide = (Path(__file__).resolve().parents[1] / "docs/guide/11-policies.md").read_text()
+    guide = (Path(__file__).resolve().parents[2] / "docs/guide/11-policies.md").read_text()
     for table in (policy_rows(), solver_rows()):
         assert markdown_table(table) in guide, "the guide's table is stale: eplbsim ... --markdown"
 

@@ -26,7 +26,7 @@ from jupyter_client.manager import AsyncKernelManager  # noqa: E402
 from nbformat.v4 import new_code_cell, new_notebook  # noqa: E402
 from traitlets import default  # noqa: E402
 
-NOTEBOOK_DIR = Path(__file__).resolve().parents[1] / "notebooks"
+NOTEBOOK_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
 # Every notebook is checked, in two files of alternate notebooks (this one's, then
 # `test_notebooks_second.py`'s), so pytest-xdist's `--dist loadfile` gives each worker half.

@@ -179,7 +179,7 @@ def test_the_repositorys_qwen3_config_is_the_built_in_shape():
     """`traces/models/qwen3-30b-a3b/config.json`, which the guides price the real Qwen3 log
     with, reads (as a file and as its folder) to the built-in qwen3-30b-a3b but its source."""
     from pathlib import Path
-    folder = Path(__file__).resolve().parents[1] / "traces" / "models" / "qwen3-30b-a3b"
+    folder = Path(__file__).resolve().parents[2] / "traces" / "models" / "qwen3-30b-a3b"
     for given in (folder / "config.json", folder):
         shape = model_shape(str(given))
         assert dataclasses.replace(shape, source="") == dataclasses.replace(

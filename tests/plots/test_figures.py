@@ -16,7 +16,7 @@ from eplbsim.plots.figures import FIGURES, build
 from cli_helpers import assert_input_error, run
 from test_plots import MAX_PX
 
-COMMITTED = Path(__file__).resolve().parents[1] / "figures"
+COMMITTED = Path(__file__).resolve().parents[2] / "figures"
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +82,7 @@ def test_figures_of_your_own_trace(capsys, tmp_path):
     panel is bars, not one row stretched, and the title says "1 layer"."""
     from eplbsim.plots import TRACE_FIGURES, trace_figures
     from eplbsim.traces.synth import synthesize
-    routes = Path(__file__).resolve().parents[1] / "traces" / "moe_routes_small.jsonl"
+    routes = Path(__file__).resolve().parents[2] / "traces" / "moe_routes_small.jsonl"
     out = tmp_path / "mine"
     code, printed, err = run(capsys, "figures", "--trace", routes, "--skip-type", "meta",
                              "--drop-warmup", "--out", out)
