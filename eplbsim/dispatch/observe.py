@@ -8,7 +8,7 @@ In "none" every rank dispatches every token. A policy declared rank-invariant
 (`ranks.rank_groups`). An engine's function is not ours to declare anything of, but two facts
 about one call can be checked: what it reads (`DispatchPolicy.observed(view, ctx)`: the
 rank's inputs beyond the ids and the layer, such as its dispatch info tensors) and whether it
-draws (`draws_nothing`: the states of every generator it could read, before and after: torch's
+draws (`probe`: the states of every generator it could read, before and after: torch's
 default CPU generator, CUDA's when initialised, Python's `random`, numpy's global one, and the
 generator the call is handed, which an engine function takes as torch's default while it runs).
 A function of equal inputs that leaves every generator as it was returns equal outputs, so the
@@ -163,13 +163,6 @@ def probe(fn: Callable, topk_ids: torch.Tensor, view: Any, contexts: Sequence[An
             if not torch.equal(out.cpu(), fn(topk_ids, view, other).cpu()):
                 return Probe(differs=(first.rank, last.rank))
     return Probe()
-
-
-def draws_nothing(fn: Callable, topk_ids: torch.Tensor, view: Any, ctx: Any,
-                  num_layers: int) -> bool:
-    """Whether `fn(topk_ids [T, K], view, ctx)` at every layer `0..L-1` leaves every generator
-    it could read as it was and reads no rank (`probe` as one rank)."""
-    return probe(fn, topk_ids, view, [ctx], num_layers).shareable
 
 
 def observed_groups(views: Sequence[Any], contexts: Sequence[Any], policy: Any,

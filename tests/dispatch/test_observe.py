@@ -17,7 +17,7 @@ import torch
 from eplbsim import engines
 from eplbsim.dispatch import resolve_policy
 from eplbsim.dispatch import observe
-from eplbsim.dispatch.observe import draws_nothing, observed_groups, probe_ids, inputs_equal
+from eplbsim.dispatch.observe import observed_groups, probe_ids, inputs_equal
 from eplbsim.placement import rank_view
 from eplbsim.placement.topology import Topology
 from eplbsim.ranks import make_ranks, rank_context
@@ -47,12 +47,13 @@ def test_a_probe_sees_every_generator_a_call_could_draw_from():
     ids = probe_ids(8, 2)
     ctx = rank_context(0, make_ranks("independent", 0, 1)[0], "none", 0, None)
     quiet = lambda t, view, c: t  # noqa: E731
-    assert draws_nothing(quiet, ids, None, ctx, 3)
+    assert observe.probe(quiet, ids, None, [ctx], 3) == observe.Probe()
     for draw in (lambda c: torch.rand(1), lambda c: random.random(), lambda c: np.random.rand(),
                  lambda c: torch.randint(0, 9, (1,), generator=c.generator),
                  lambda c: c.layer == 2 and torch.rand(1)):  # only at the last layer
-        assert not draws_nothing(lambda t, view, c, draw=draw: (draw(c), t)[1], ids, None,
-                                 ctx, 3)
+        seen = observe.probe(lambda t, view, c, draw=draw: (draw(c), t)[1], ids, None, [ctx],
+                             3)
+        assert seen.draws and seen.says() == "draws from a generator"
 
 
 def _views(placement, G, mode="none", rng="independent"):
