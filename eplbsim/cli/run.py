@@ -88,14 +88,15 @@ def handle(args: argparse.Namespace) -> int:
             print()
             print(rebalance_report(results[0], rows))
     if args.out:
-        from ..plots import policy_comparison, save_figure, time_series_figure
+        from ..plots import paper_style, policy_comparison, save_figure, time_series_figure
         paths = write_results(rows, args.out)
         paths.append(write_csv([row for r in results for row in series_rows(
             {"policy": r.policy, "mode": r.spec.dispatch.mode},
             r.time_series(args.per_layer))], args.out / "timeseries.csv"))
         paths.append(write_csv(results[0].migrations(), args.out / "migrations.csv"))
-        paths += save_figure(policy_comparison(results), args.out / "policies.pdf")
-        paths += save_figure(time_series_figure(results), args.out / "timeseries.pdf")
+        with paper_style():  # the figures as the paper's: fonts, spines, editable PDF text
+            paths += save_figure(policy_comparison(results), args.out / "policies.pdf")
+            paths += save_figure(time_series_figure(results), args.out / "timeseries.pdf")
         if not args.json:
             print("wrote " + ", ".join(str(p) for p in paths))
     return 0
