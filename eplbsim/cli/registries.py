@@ -14,7 +14,8 @@ from ..replay.results import to_json
 POLICIES_HELP = "list the dispatch policies: rank-invariance class in \"none\" mode, source"
 SOLVERS_HELP = "list the placement solvers: source, what each does"
 MODELS_HELP = ("list the models --model names: experts, top-k, MoE layers of all layers, hidden, "
-               "expert intermediate, shared experts, weight dtype, where each comes from")
+               "expert intermediate, shared experts, weight dtype, hash-routed layers, draft "
+               "(MTP) layers, where each comes from")
 
 
 def policy_rows() -> list[dict[str, Any]]:
@@ -82,7 +83,7 @@ def handle_models(args: argparse.Namespace) -> int:
         return _print(rows, args)
     head = {"name": "name", "experts": "E", "top_k": "K", "moe_layers": "MoE/layers",
             "hidden": "H", "intermediate": "I", "shared": "shared", "dtype": "weights",
-            "source": "source"}
+            "hash_layers": "hash", "draft": "draft", "source": "source"}
     table = [head] + [dict(r, moe_layers=f"{r['moe_layers']}/{r['layers'] or '?'}")
                       for r in rows]
     widths = {k: max(len(str(r[k])) for r in table) for k in head if k != "source"}

@@ -186,11 +186,21 @@ def model_note(label: str, shape: ModelShape, origin: str, experts: int,
     return words + (f"; name the model with {NAME_FORMS}" if default else "")
 
 
+def _draft_words(shape: ModelShape) -> str:
+    """A shape's draft (MTP) layers as `model_rows` shows them: "N", or "NxE/K" when the draft
+    has experts or a top-k of its own."""
+    if not (shape.draft_experts or shape.draft_top_k):
+        return str(shape.draft_layers)
+    return (f"{shape.draft_layers}x{shape.draft_experts or shape.experts}/"
+            f"{shape.draft_top_k or shape.top_k}")
+
+
 def model_rows() -> list[dict[str, Any]]:
     """Every known model (the built-in ones, then aiconfigurator-core's MoE configs) as
     `name`, `experts`, `top_k`, `moe_layers`, `layers` (0: not stated), `hidden`,
-    `intermediate`, `shared` ("NxI"), `dtype` (the experts' weights) and `source`; a shipped
-    config that is not an MoE model is left out."""
+    `intermediate`, `shared` ("NxI"), `dtype` (the experts' weights), `hash_layers` (the first
+    layers, routed by token id), `draft` (draft layers, "NxE/K" where the draft has its own
+    experts) and `source`; a shipped config that is not an MoE model is left out."""
     rows = []
     for name in [*MODELS, *shipped()]:
         try:
@@ -203,5 +213,6 @@ def model_rows() -> list[dict[str, Any]]:
                      "moe_layers": s.moe_layers, "layers": s.layers, "hidden": s.hidden,
                      "intermediate": s.intermediate,
                      "shared": f"{s.shared_experts}x{s.shared_intermediate}"
-                     if s.shared_experts else "0", "dtype": s.weight_dtype, "source": source})
+                     if s.shared_experts else "0", "dtype": s.weight_dtype,
+                     "hash_layers": s.hash_layers, "draft": _draft_words(s), "source": source})
     return rows

@@ -19,7 +19,13 @@ decoder_sparse_step == 0` and `i` not in `mlp_only_layers` (Qwen-MoE), `(i + 1) 
 interleave_moe_layer_step == 0` (Llama 4), `moe_layer_start_index <= i <= moe_layer_end_index`
 and `(i + 1) % moe_layer_interval == 0` (ERNIE 4.5); `enable_moe_block: false` (Gemma 4) is none.
 
-The experts' weight dtype: the config's `expert_dtype` (DeepSeek-V4), else its quantization
+Hash-routed layers (`hash_layers`): `num_hash_layers` (DeepSeek-V4: its first layers take their
+experts from a token-id table, `tid2eid`). Draft (MTP) layers: `num_nextn_predict_layers`, their
+experts and top-k the target's unless the config gives the draft its own
+(`DRAFT_EXPERT_KEYS`, `DRAFT_TOP_K_KEYS`: DeepSeek-V4.1's DSpark draft).
+
+The experts' weight dtype: the config's `expert_dtype` (DeepSeek-V4; in its
+`quantization_config`, DeepSeek-V4.1), else its quantization
 (`quantization_config`, or the ModelOpt `hf_quant_config.json` beside it): the experts' own entry
 (`moe_quant_algo`, a `quantized_layers` entry of routed experts), else `quant_algo`, else the
 weights of `config_groups`, else `quant_method`; else `torch_dtype` / `dtype`; else bf16. A
@@ -36,7 +42,7 @@ from typing import Any
 
 from ..base.errors import InputError
 from ..base.files import regular_file
-from ..base.limits import MAX_EXPERTS, MAX_TOP_K, shown
+from ..base.limits import MAX_EXPERTS, MAX_LAYERS, MAX_TOP_K, shown
 from .shapes import ModelShape
 
 MAX_CONFIG_BYTES = 64 * 2**20  # a config.json read whole (ModelOpt's run to 2.4 MB)
@@ -50,6 +56,10 @@ LATENT_KEYS = ("moe_latent_size", "routed_expert_hidden_size")
 EXPERT_SIZE_KEYS = ("moe_intermediate_size", "expert_intermediate_size")
 LAYER_KEYS = ("num_hidden_layers", "num_layers", "n_layers")
 SHARED_COUNT_KEYS = ("n_shared_experts", "num_shared_experts", "moe_num_shared_experts")
+HASH_LAYER_KEYS = ("num_hash_layers",)
+DRAFT_LAYER_KEYS = ("num_nextn_predict_layers",)
+DRAFT_EXPERT_KEYS = ("dspark_n_routed_experts",)
+DRAFT_TOP_K_KEYS = ("dspark_num_experts_per_tok",)
 SHARED_SIZE_KEYS = ("shared_expert_intermediate_size", "moe_shared_expert_intermediate_size",
                     "shared_intermediate_size", "share_expert_dim")
 # model types whose `intermediate_size` is one routed expert's (their dense MLP, if any, has
@@ -174,10 +184,17 @@ def shape_of(config: dict[str, Any], where: str, quant: dict[str, Any] | None = 
         shared_I = round(shared_I * full / H)
     weight = weight_dtype(c, quant, where)
     quantized = weight not in ("bf16", "fp16", "fp32")
+    hashed = _count(c, HASH_LAYER_KEYS, where, "hash-routed layers", 0, False, moe) or 0
+    draft = _count(c, DRAFT_LAYER_KEYS, where, "draft (MTP) layers", 0, False,
+                   MAX_LAYERS) or 0
+    draft_E = _count(c, DRAFT_EXPERT_KEYS, where, "draft routed experts", 1, False,
+                     MAX_EXPERTS) or 0
+    draft_K = _count(c, DRAFT_TOP_K_KEYS, where, "draft top-k", 1, False, draft_E or E) or 0
     return ModelShape(H, I, E, K, moe, shared_experts=shared, shared_intermediate=shared_I,
                       weight_dtype=weight, layers=layers,
                       dispatch_dtype="fp8" if quantized else "bf16",
-                      source=source or where)
+                      source=source or where, hash_layers=hashed, draft_layers=draft,
+                      draft_experts=draft_E, draft_top_k=draft_K)
 
 
 def _layer_count(c: dict[str, Any], where: str) -> int:
@@ -260,13 +277,17 @@ def _shared(c: dict[str, Any], kind: Any, I: int, where: str) -> tuple[int, int]
 def weight_dtype(c: dict[str, Any], quant: dict[str, Any] | None, where: str) -> str:
     """The routed experts' weight dtype (module doc); InputError naming the key for a dtype or
     quantization eplbsim does not price."""
-    if c.get("expert_dtype") is not None:
-        value = c["expert_dtype"]
+    nested = c.get("quantization_config") if isinstance(c.get("quantization_config"), dict) \
+        else None
+    value = c.get("expert_dtype")
+    if value is None and nested is not None:
+        value = nested.get("expert_dtype")
+    if value is not None:
         if value not in EXPERT_DTYPES:
             raise InputError(f"{where}: expert_dtype {value!r} is not one eplbsim prices "
                              f"({', '.join(EXPERT_DTYPES)})")
         return EXPERT_DTYPES[value]
-    q = c.get("quantization_config") if isinstance(c.get("quantization_config"), dict) else quant
+    q = nested if nested is not None else quant
     if q:
         return _quant_dtype(q, where)
     for key in ("torch_dtype", "dtype"):

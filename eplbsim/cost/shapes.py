@@ -3,7 +3,10 @@
 Sizes are the models' published configurations (the `config.json` of each Hugging Face
 repository named in `source`): `hidden` H, `intermediate` I (one routed expert's), `experts` E,
 `top_k` K, `moe_layers`, the shared experts (always active, on every rank, not routed) and the
-dtypes of weights, activations, dispatch and combine.
+dtypes of weights, activations, dispatch and combine. Beside what time prices, a shape says
+which of its layers route by a token-id table (`hash_layers`, DeepSeek-V4's `num_hash_layers`:
+the first ones) and what its draft (MTP) layers are (`draft_layers`, `num_nextn_predict_layers`,
+with their own experts and top-k where they differ: DeepSeek-V4.1's DSpark draft).
 """
 
 from __future__ import annotations
@@ -38,6 +41,10 @@ class ModelShape:
     combine_dtype: str = "bf16"
     layers: int = 0  # decoder layers, MoE and dense (0: not stated)
     source: str = ""
+    hash_layers: int = 0  # the first decoder layers, routed by token id (`num_hash_layers`)
+    draft_layers: int = 0  # draft (MTP) layers beside the decoder layers
+    draft_experts: int = 0  # a draft layer's routed experts (0: the target's `experts`)
+    draft_top_k: int = 0  # a draft layer's top-k (0: the target's `top_k`)
 
     def __post_init__(self) -> None:
         for name in ("hidden", "intermediate", "experts", "top_k", "moe_layers"):
@@ -49,6 +56,17 @@ class ModelShape:
                 self.layers and self.layers < self.moe_layers:
             raise InputError(f"a model shape's layers must be 0 (not stated) or at least its "
                              f"{self.moe_layers} MoE layers, got {self.layers!r}")
+        for name in ("hash_layers", "draft_layers", "draft_experts", "draft_top_k"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise InputError(f"a model shape's {name} must be an integer >= 0, got "
+                                 f"{value!r}")
+        if self.hash_layers > self.moe_layers:
+            raise InputError(f"a model shape's hash_layers ({self.hash_layers}) are MoE layers: "
+                             f"at most its {self.moe_layers}")
+        if self.draft_top_k > (self.draft_experts or self.experts):
+            raise InputError(f"a model shape's draft_top_k ({self.draft_top_k}) must not exceed "
+                             f"its draft's {self.draft_experts or self.experts} experts")
         for name in ("weight_dtype", "act_dtype", "dispatch_dtype", "combine_dtype"):
             if getattr(self, name) not in DTYPE_BYTES:
                 raise InputError(f"a model shape's {name} must be one of "
@@ -81,8 +99,10 @@ class ModelShape:
 
 _DEEPSEEK_V3 = dict(hidden=7168, intermediate=2048, experts=256, top_k=8, moe_layers=58,
                     layers=61, shared_experts=1, shared_intermediate=2048, weight_dtype="fp8",
-                    dispatch_dtype="fp8")
+                    dispatch_dtype="fp8", draft_layers=1)
 _HF = "huggingface.co/"
+_DEEPSEEK_V4 = dict(shared_experts=1, weight_dtype="fp4", dispatch_dtype="fp8", hash_layers=3,
+                    draft_layers=1)
 _LLAMA_4 = dict(hidden=5120, intermediate=8192, top_k=1, shared_experts=1,
                 shared_intermediate=8192)
 
@@ -101,7 +121,7 @@ MODELS: dict[str, ModelShape] = {
                           source=_HF + "moonshotai/Kimi-K2-Instruct config.json (61 layers, "
                           "the first dense; one shared expert; FP8 weights)"),
     "glm-5": ModelShape(6144, 2048, 256, 8, 75, layers=78, shared_experts=1,
-                        shared_intermediate=2048,
+                        shared_intermediate=2048, draft_layers=1,
                         source=_HF + "zai-org/GLM-5 config.json (78 layers, the first 3 "
                         "dense; one shared expert; BF16)"),
     "qwen3-30b-a3b": ModelShape(2048, 768, 128, 8, 48, layers=48, source=_HF + "Qwen/Qwen3-30B-A3B "
@@ -134,6 +154,32 @@ MODELS: dict[str, ModelShape] = {
                                    source=_HF + "meta-llama/Llama-4-Maverick-17B-128E-Instruct "
                                    "config.json (every second of 48 layers MoE, one shared "
                                    "expert, BF16)"),
+    # every DeepSeek-V4 layer is MoE (TensorRT-LLM #13595: no first_k_dense_replace prefix), the
+    # first `num_hash_layers` routed by a token-id table (`tid2eid`); experts in FP4
+    # (`expert_dtype`), dispatched in FP8
+    "deepseek-v4-flash": ModelShape(4096, 2048, 256, 6, 43, layers=43,
+                                    shared_intermediate=2048, **_DEEPSEEK_V4,
+                                    source=_HF + "deepseek-ai/DeepSeek-V4-Flash config.json (43 "
+                                    "layers, every one MoE, the first 3 hash-routed; one MTP "
+                                    "layer; one shared expert; FP4 experts)"),
+    "deepseek-v4-pro": ModelShape(7168, 3072, 384, 6, 61, layers=61,
+                                  shared_intermediate=3072, **_DEEPSEEK_V4,
+                                  source=_HF + "deepseek-ai/DeepSeek-V4-Pro config.json (61 "
+                                  "layers, every one MoE, the first 3 hash-routed; one MTP "
+                                  "layer; one shared expert; FP4 experts)"),
+    # V4.1 routes every layer by its router (no `num_hash_layers`: fastllm PR #727's table of
+    # V4 -> V4.1 changes); its DSpark draft has 3 layers of 128 experts, top-3
+    # (`dspark_n_routed_experts`, `dspark_num_experts_per_tok`); the config nests the text model
+    # under `text_config`, `expert_dtype` under `quantization_config`
+    "deepseek-v4.1-flash": ModelShape(5120, 2304, 384, 6, 40, layers=40, shared_experts=1,
+                                      shared_intermediate=2304, weight_dtype="fp4",
+                                      dispatch_dtype="fp8", draft_layers=3, draft_experts=128,
+                                      draft_top_k=3,
+                                      source=_HF + "deepseek-ai/DeepSeek-V4.1-Flash config.json "
+                                      "@ dba1be0a40aa45a94ad051997016db3960a90277, as an mlx-lm "
+                                      "port's deepseek_v41 config test quotes it (40 layers, every one MoE "
+                                      "and learned; a 3-layer DSpark draft of 128 experts, "
+                                      "top-3; FP4 experts)"),
     "minimax-m2.5": ModelShape(3072, 1536, 256, 8, 62, layers=62, weight_dtype="fp8",
                                dispatch_dtype="fp8", source=_HF + "MiniMaxAI/MiniMax-M2.5 "
                                "config.json (every layer MoE, FP8 weights)"),

@@ -106,5 +106,8 @@ def test_models_lists_every_known_model(capsys):
     code, out, _ = run(capsys, "models")
     assert code == 0 and out.splitlines()[0].split()[:4] == ["name", "E", "K", "MoE/layers"]
     assert "deepseek-v3" in out and "58/61" in out
+    v4 = rows[list(MODELS).index("deepseek-v4-flash")]
+    assert (v4["hash_layers"], v4["draft"], v4["moe_layers"]) == (3, "1", 43)
+    assert rows[list(MODELS).index("deepseek-v4.1-flash")]["draft"] == "3x128/3"
     code, out, _ = run(capsys, "models", "--markdown")
     assert code == 0 and out.startswith("| name | experts |")

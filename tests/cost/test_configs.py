@@ -25,7 +25,24 @@ BUILT_IN_FILES = {  # built-in name -> the shipped config of the same model
     "gpt-oss-120b": "openai/gpt-oss-120b", "gpt-oss-20b": "openai/gpt-oss-20b",
     "llama-4-scout": "meta-llama/Llama-4-Scout-17B-16E-Instruct",
     "llama-4-maverick": "meta-llama/Llama-4-Maverick-17B-128E-Instruct",
-    "minimax-m2.5": "MiniMaxAI/MiniMax-M2.5"}
+    "minimax-m2.5": "MiniMaxAI/MiniMax-M2.5",
+    "deepseek-v4-flash": "deepseek-ai/DeepSeek-V4-Flash",
+    "deepseek-v4-pro": "deepseek-ai/DeepSeek-V4-Pro"}
+# DeepSeek-V4.1-Flash's config.json @ dba1be0a40aa45a94ad051997016db3960a90277, the keys the
+# shape reads (as an mlx-lm port's deepseek_v41 config test quotes it): the text model under
+# `text_config`, `expert_dtype` under `quantization_config`, a DSpark draft of its own experts
+DEEPSEEK_V41_FLASH = {
+    "architectures": ["DeepseekV41ForCausalLM"], "model_type": "deepseek_v41",
+    "dtype": "bfloat16",
+    "quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic",
+                            "weight_block_size": [32, 32], "scale_fmt": "ue8m0",
+                            "expert_dtype": "fp4"},
+    "text_config": {"model_type": "deepseek_v41_text", "vocab_size": 129280,
+                    "hidden_size": 5120, "moe_intermediate_size": 2304,
+                    "num_hidden_layers": 40, "n_routed_experts": 384, "n_shared_experts": 1,
+                    "num_experts_per_tok": 6, "topk_method": "noaux_tc",
+                    "num_nextn_predict_layers": 3, "dspark_n_routed_experts": 128,
+                    "dspark_num_experts_per_tok": 3}}
 needs_shipped = pytest.mark.skipif(not shipped(), reason="aiconfigurator-core not installed")
 
 
@@ -108,6 +125,37 @@ def test_a_bad_config_is_one_line_naming_the_key(changes, words):
     with pytest.raises(InputError, match=words) as err:
         _shape(QWEN3_30B, **changes)
     assert "\n" not in str(err.value)
+
+
+def test_hash_and_draft_layers_are_read_from_any_config():
+    v4 = _shape(QWEN3_30B, num_hash_layers=3, num_nextn_predict_layers=1)
+    assert (v4.hash_layers, v4.draft_layers, v4.draft_experts, v4.draft_top_k) == (3, 1, 0, 0)
+    assert (_shape(QWEN3_30B).hash_layers, _shape(QWEN3_30B).draft_layers) == (0, 0)
+    v41 = shape_of(DEEPSEEK_V41_FLASH, "config.json")
+    assert dataclasses.replace(v41, source="") == dataclasses.replace(
+        MODELS["deepseek-v4.1-flash"], source="")
+    assert (v41.draft_layers, v41.draft_experts, v41.draft_top_k, v41.hash_layers) == \
+        (3, 128, 3, 0)
+    assert v41.weight_dtype == "fp4"  # the nested expert_dtype, not quant_method fp8
+    for changes, words in (({"num_hash_layers": 49}, "num_hash_layers is 49 .*above the cap "
+                                                      "of 48"),
+                           ({"num_hash_layers": -1}, "num_hash_layers must be an integer >= 0"),
+                           ({"dspark_n_routed_experts": 4, "dspark_num_experts_per_tok": 5},
+                            "dspark_num_experts_per_tok is 5 .*above the cap of 4")):
+        with pytest.raises(InputError, match=words):
+            _shape(QWEN3_30B, **changes)
+
+
+def test_every_deepseek_v4_layer_is_moe_and_the_first_three_hashed():
+    for key, (E, L) in (("deepseek-v4-flash", (256, 43)), ("deepseek-v4-pro", (384, 61))):
+        shape = MODELS[key]
+        assert (shape.experts, shape.top_k, shape.moe_layers, shape.layers) == (E, 6, L, L)
+        assert (shape.hash_layers, shape.draft_layers) == (3, 1)
+    assert MODELS["deepseek-v4-pro"].hidden == 7168
+    assert model_named("deepseek-ai/DeepSeek-V4-Flash") == "deepseek-v4-flash"
+    assert model_named("DeepSeek-V4.1-Flash") == "deepseek-v4.1-flash"
+    with pytest.raises(InputError, match="hash_layers .*at most its 2"):
+        dataclasses.replace(MODELS["deepseek-v4-flash"], moe_layers=2, layers=2)
 
 
 def test_a_config_file_is_read_safely(tmp_path):
