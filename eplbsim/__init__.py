@@ -7,34 +7,56 @@ What a notebook reaches for, importable from here: `replay`, `compare` and their
 dispatch change, a `Report`). The modules hold the rest
 (DESIGN.md §6).
 
+Each name is imported from its module when first asked for (`EXPORTS`), so `import eplbsim`
+(and every `eplbsim --help`) imports neither torch nor numba, matplotlib or scipy.
+
 A module that moved keeps its old path for one release (`eplbsim.spec`, `eplbsim.errors`, ...:
 `base.moved.OLD_NAMES`): importing it gives the same module as the new path.
 """
+
+import importlib
+import sys
+import types
 
 from .base import moved
 
 moved.install(__name__)
 
-from .base.errors import InputError
-from .dispatch import POLICIES, DispatchPolicy
-from .metrics import METRICS, Metric
-from .placement import VIEWS, Placement
-from .placement.topology import Topology
-from .ranks import MODES
-from .replay import compare, replay
-from .replay.results import Results
-from .review import Report, review
-from .runspec import RunSpec
-from .schedule.predictors import PREDICTORS
-from .solvers import SOLVERS, solve
-from .traces import SCENARIOS, Trace, load_trace, open_trace, synthesize
+EXPORTS = {  # name -> the module (below eplbsim) it is imported from
+    "InputError": "base.errors", "POLICIES": "dispatch", "DispatchPolicy": "dispatch",
+    "METRICS": "metrics", "Metric": "metrics", "VIEWS": "placement", "Placement": "placement",
+    "Topology": "placement.topology", "MODES": "ranks", "compare": "replay", "replay": "replay",
+    "Results": "replay.results", "Report": "review", "review": "review", "RunSpec": "runspec",
+    "PREDICTORS": "schedule.predictors", "SOLVERS": "solvers", "solve": "solvers",
+    "SCENARIOS": "traces", "Trace": "traces", "load_trace": "traces", "open_trace": "traces",
+    "synthesize": "traces"}
 
-__all__ = ["METRICS", "MODES", "POLICIES", "PREDICTORS", "SCENARIOS", "SOLVERS", "VIEWS",
-           "DispatchPolicy", "InputError", "Metric", "Placement", "Report", "Results", "RunSpec",
-           "Topology", "Trace", "compare", "load_trace", "open_trace", "replay", "review", "solve",
-           "synthesize"]
+__all__ = sorted(EXPORTS)
+
+
+class _Package(types.ModuleType):
+    """The package, whose `replay` and `review` stay the functions of those names when their
+    modules are imported (as when it imported them eagerly): the import system sets a
+    package's attribute to a submodule when that is first imported."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if EXPORTS.get(name) == name and isinstance(value, types.ModuleType):
+            value = getattr(value, name)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str):
-    """`eplbsim.<old module name>` (`base.moved`): the module that name stands for."""
+    """An exported name (`EXPORTS`), imported from its module on first use; else
+    `eplbsim.<old module name>` (`base.moved`): the module that name stands for."""
+    if name in EXPORTS:
+        value = getattr(importlib.import_module(f"{__name__}.{EXPORTS[name]}"), name)
+        globals()[name] = value
+        return value
     return moved.attribute(__name__, name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(EXPORTS))

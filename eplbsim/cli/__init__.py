@@ -3,13 +3,16 @@
 Holds one module a command. Takes in the command line; gives out tables, JSON and files.
 Imports every package: it is the top, and nothing imports it.
 
-`COMMANDS` maps a command name to `(help, add_arguments, handle)`: `add_arguments(parser)`
-declares its flags (the run schema's, `runspec.add_flags`, where it runs replays) and
-`handle(args) -> exit status` runs it. Errors in the user's input end with one line on stderr
-and exit status 2 (a flag argparse cannot parse: a short usage line, then that line). Out of
-memory, too deep a nesting or an overflow on the user's data is said the same way; anything
-else is a bug, reported in one line as an internal error (with the traceback under
-`EPLBSIM_DEBUG=1`) and exit status 1. An InputWarning (input used with a part left out) is one
+`COMMANDS` maps a command name to its module, whose `add_arguments(parser)` declares its flags
+(the run schema's, `runspec.add_flags`, where it runs replays) and whose handler
+`handle(args) -> exit status` runs it; the modules are imported when the parser is built, so
+`import eplbsim.cli` imports no command's dependencies, and `eplbsim COMMAND --help` is read
+from a cache after its first time (`help_cache`).
+
+Errors in the user's input end with one line on stderr and exit status 2 (a flag argparse
+cannot parse: a short usage line, then that line). Out of memory, too deep a nesting or an
+overflow on the user's data is said the same way; anything else is a bug, reported in one
+line as an internal error (with the traceback under `EPLBSIM_DEBUG=1`) and exit status 1. An InputWarning (input used with a part left out) is one
 line on stderr, `eplbsim: warning: ...`; what a run warns of (a `RunWarning`) its header says,
 once.
 """
@@ -17,6 +20,7 @@ once.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 import traceback
@@ -26,31 +30,29 @@ import zlib
 from importlib import metadata
 from typing import Any, Sequence
 
-import numpy as np
-
 from ..base.errors import (EXIT_INTERNAL, EXIT_INTERRUPTED, InputError, InputWarning,
                            RunWarning)
 from ..base.files import available_memory, size_text
-from . import (bench, engines, export, figures, ranks, registries, review, run, solve, sweep,
-               trace)
+from . import help_cache
 
+# name -> (its module below eplbsim.cli, the names there of its help text and its handler, or
+# None where its subcommands set theirs); a module is imported when the parser is built, and
+# its EPILOG, if any, is what the command's --help says after its options
 COMMANDS = {
-    "run": (run.HELP, run.add_arguments, run.handle),
-    "ranks": (ranks.HELP, ranks.add_arguments, ranks.handle),
-    "trace": (trace.HELP, trace.add_arguments, None),
-    "solve": (solve.HELP, solve.add_arguments, solve.handle),
-    "bench": (bench.HELP, bench.add_arguments, bench.handle),
-    "sweep": (sweep.HELP, sweep.add_arguments, sweep.handle),
-    "figures": (figures.HELP, figures.add_arguments, figures.handle),
-    "export": (export.HELP, export.add_arguments, export.handle),
-    "policies": (registries.POLICIES_HELP, registries.add_arguments,
-                 registries.handle_policies),
-    "solvers": (registries.SOLVERS_HELP, registries.add_arguments, registries.handle_solvers),
-    "models": (registries.MODELS_HELP, registries.add_arguments, registries.handle_models),
-    "engines": (engines.HELP, engines.add_arguments, None),
-    "review": (review.HELP, review.add_arguments, review.handle),
+    "run": ("run", "HELP", "handle"),
+    "ranks": ("ranks", "HELP", "handle"),
+    "trace": ("trace", "HELP", None),
+    "solve": ("solve", "HELP", "handle"),
+    "bench": ("bench", "HELP", "handle"),
+    "sweep": ("sweep", "HELP", "handle"),
+    "figures": ("figures", "HELP", "handle"),
+    "export": ("export", "HELP", "handle"),
+    "policies": ("registries", "POLICIES_HELP", "handle_policies"),
+    "solvers": ("registries", "SOLVERS_HELP", "handle_solvers"),
+    "models": ("registries", "MODELS_HELP", "handle_models"),
+    "engines": ("engines", "HELP", None),
+    "review": ("review", "HELP", "handle"),
 }
-EPILOGS = {"review": review.EPILOG}  # what a command's --help says after its options
 DEBUG = "EPLBSIM_DEBUG"
 TORCH_OUT_OF_MEMORY = "can't allocate memory"  # torch's CPU allocator's words (a RuntimeError)
 
@@ -94,11 +96,14 @@ def build_parser() -> argparse.ArgumentParser:
         "solvers and dispatch policies; measure load skew and rank agreement.")
     parser.add_argument("--version", action="version", version=f"eplbsim {version()}")
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, (text, add_arguments, handle) in COMMANDS.items():
-        command = sub.add_parser(name, help=text, description=text, epilog=EPILOGS.get(name))
-        add_arguments(command)
+    for name, (module_name, text, handle) in COMMANDS.items():
+        module = importlib.import_module(f"{__name__}.{module_name}")
+        command = sub.add_parser(name, help=getattr(module, text),
+                                 description=getattr(module, text),
+                                 epilog=getattr(module, "EPILOG", None))
+        module.add_arguments(command)
         if handle is not None:
-            command.set_defaults(handler=handle)
+            command.set_defaults(handler=getattr(module, handle))
     return parser
 
 
@@ -133,10 +138,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status: the command's (0 when it did what it was asked;
     `review`'s verdict), `EXIT_INPUT` (2) for bad input, `EXIT_INTERNAL` (4) for an internal
     error, `EXIT_INTERRUPTED` (130) when interrupted."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    text = help_cache.help_text(argv, build_parser)
+    if text is not None:  # `eplbsim COMMAND --help`, from the cache after its first time
+        sys.stdout.write(text)
+        return 0
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as exc:  # --help, or a flag argparse could not parse (its message is out)
         return exc.code if isinstance(exc.code, int) else 2
+    import numpy as np  # the command's own imports have brought it in
     try:
         with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore", RuntimeWarning)

@@ -12,22 +12,13 @@ import dataclasses
 import inspect
 import sys
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from . import build_parser
+from .help_cache import commands
 
 WIDTH = 100  # the usage block's width, fixed so the pages are the same on every terminal
 SKIPPED = (argparse._HelpAction, argparse._VersionAction, argparse._SubParsersAction)
-
-
-def commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
-             ) -> Iterator[tuple[tuple[str, ...], argparse.ArgumentParser]]:
-    """`(command path, parser)` of `parser` and of every subcommand under it, depth first."""
-    yield path, parser
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for name, sub in action.choices.items():
-                yield from commands(sub, path + (name,))
 
 
 def _flag(action: argparse.Action, formatter: argparse.HelpFormatter) -> str:
