@@ -13,6 +13,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..base.loops import summed
+from ..cost.buffers import overflow
 from ..cost.rebalance import layer_scale, model_bytes, model_ms, sync_stall_seconds
 from ..placement.loads import balancedness, idle_replicas, nanmax_or_none, replica_skew
 from ..ranks.fanout import FIELDS
@@ -196,6 +197,27 @@ def _fetch_bytes(results: Any) -> int:
                        results.spec.expert_bytes(), scale)
 
 
+def _dispatch_cap(results: Any) -> int | None:
+    """The most tokens a rank may dispatch a step (`CostPart.buffer_cap` for the run's physical
+    slots), None when the run names no buffer."""
+    return results.spec.cost.buffer_cap(results.segments[0].placement.num_slots)
+
+
+def _peak_tokens(results: Any) -> int | None:
+    """The most tokens one rank dispatched in one step (`Results.rank_tokens`)."""
+    tokens = results.rank_tokens
+    return None if tokens is None else (int(tokens.max()) if tokens.numel() else 0)
+
+
+def _overflow_steps(results: Any) -> int | None:
+    """Steps whose busiest rank dispatched more tokens than the cap (`cost.buffers.overflow`),
+    None without a cap."""
+    cap = _dispatch_cap(results)
+    if cap is None or results.rank_tokens is None:
+        return None
+    return int(overflow(results.rank_tokens, cap).sum())
+
+
 def _step_tokens(chunk: Chunk) -> torch.Tensor:
     """Each step's tokens on every layer, `[c, L]`."""
     return chunk.counters.tokens.unsqueeze(1).expand(chunk.counters.valid.shape)
@@ -274,6 +296,14 @@ METRICS: dict[str, Metric] = {
            ("engine_moved_bytes", "eng_bytes", COUNT, frozenset()),
            ("engine_cross_node_bytes", "eng_xnode_bytes", COUNT, frozenset()),
            ("first_wrong_step", "wrong_from", COUNT, frozenset({"main"})))},
+    "dispatch_cap": Metric("cap", whole=_dispatch_cap, needs=COUNTERS, modes=("a2a",),
+                           fmt=COUNT, shown=lambda rows: _some(rows, "dispatch_cap")),
+    "dispatch_peak_tokens": Metric("peak_tok", whole=_peak_tokens, needs=COUNTERS,
+                                   modes=("a2a",), fmt=COUNT,
+                                   shown=lambda rows: _some(rows, "dispatch_cap")),
+    "buffer_overflow_steps": Metric("overflow", whole=_overflow_steps, needs=COUNTERS,
+                                    modes=("a2a",), fmt=COUNT,
+                                    shown=lambda rows: _some(rows, "dispatch_cap")),
     "layer_us": Metric("layer_us", lambda c: (c.seconds["total"] * 1e6,), needs=COST,
                        tables=TIME, fmt=TIME_FMT),
     "moe_ms": Metric("moe_ms", lambda c: (c.ms("total"),), step_time, needs=COST, tables=TIME,

@@ -37,6 +37,7 @@ from ..migration.replayed import serving_stretches
 from ..placement import rank_view, refuse_empty_slots
 from ..placement.io import load_placement
 from ..ranks import LOCAL, MODES, Collectives, Epoch, make_ranks, rank_context, rank_groups
+from ..ranks.dispatched import rank_tokens
 from ..ranks.moe import make_toy_moe, square_sums, step_sums
 from ..ranks.window import none_window, window_dispatch, windows
 from ..runspec import RunSpec, label
@@ -304,7 +305,8 @@ def replay_planned(trace: RunTrace, spec: RunSpec, plan: Plan, progress: Progres
     if isinstance(trace, CountsTrace):
         return Results(spec, None, plan.true_load, plan.segments, None)
     slot_load, counters = steps(trace, spec, plan.segments, progress=progress)
-    return Results(spec, slot_load, plan.true_load, plan.segments, counters)
+    return Results(spec, slot_load, plan.true_load, plan.segments, counters,
+                   rank_tokens=rank_tokens(trace, spec.topology.gpus))
 
 
 def replay(trace: RunTrace, spec: RunSpec | None = None,

@@ -58,6 +58,8 @@ class Results:
     counters:  the per-(step, layer) rank counts (`metrics.Counters`); None for counts only
     warnings:  what the run warns of (`run_warnings`), as `replay` and `compare` told their
                caller; shown when the results are printed
+    rank_tokens: int64 `[S, G]` tokens each rank dispatches in "a2a" (`ranks.dispatched`), what
+               its dispatch buffer must hold; None for counts only
     Derived on first use: `components` (every metric per step and layer), `metrics` (their
     values over the run, in `METRICS` order).
     """
@@ -68,6 +70,7 @@ class Results:
     segments: tuple[Segment, ...]
     counters: Counters | None
     warnings: tuple[str, ...] = ()
+    rank_tokens: torch.Tensor | None = None
 
     @property
     def present(self) -> set[str]:

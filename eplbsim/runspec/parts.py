@@ -15,6 +15,7 @@ from ..base.registry import Joined, name_of
 from ..cost import COST_MODELS, DEVICES, DeviceProfile, ModelShape
 from ..cost import check_options as check_cost_options
 from ..cost import describe as describe_cost
+from ..cost.buffers import GIB, dispatch_cap
 from ..cost.catalog import NAME_FORMS, model_label, model_shape
 from ..cost.shapes import DEFAULT_MODEL
 from ..dispatch import FAULTS, POLICIES, DispatchPolicy, FilePolicies, resolve_policy
@@ -28,6 +29,7 @@ from ..schedule.switch import REBALANCE_MODES
 from ..solvers import SOLVERS, check_options, find_solver
 from ..solvers.exact import NODE_LIMIT
 from ..solvers.lplb import TOPOLOGIES as LPLB_TOPOLOGIES
+from ..traces.stages import DECODE_TOKENS, STAGES
 from ..traces.synth import DEFAULT_SIZES
 from .knobs import COMMANDS, Part, SYNTH, changed_fields, knob
 from .values import (Device, EngineFlags, EngineSources, File, Integer, Model, Name, Number,
@@ -127,6 +129,13 @@ class SolverPart(Part):
         None, "the affinity solver's slack: its max GPU load stays within (1 + slack) times the "
         "balance solver's (default 0.05; the same as --solver-option slack=...)",
         Number(0, 1, optional=True), metavar="SLACK")
+    solve_from: str = knob(
+        "all", "solve the placement from the steps of one stage only, prefill or decode (as "
+        "the log marks them, else by --decode-tokens), and serve every step on it",
+        Name(("all",) + STAGES, "stage"), metavar="all|prefill|decode")
+    decode_tokens: int = knob(
+        DECODE_TOKENS, "a step the log does not mark prefill or decode is decode when it has "
+        "at most N tokens (for --solve-from and --stage-placements)", Integer(0), metavar="N")
 
     def relate(self) -> None:
         fn = find_solver(resolve_solver(self.solver))  # an engine's: its options are checked
@@ -322,8 +331,20 @@ class CostPart(Part):
                                Name(DEVICES, "device profile"))
     overlap: bool = knob(False, "layer time = max(compute, communication) instead of their sum",
                          Switch())
+    dispatch_buffer_gib: float | None = knob(
+        None, "a2a: the size limit of DeepEP's low-latency buffer, GiB (its bound is 32): the "
+        "most tokens a rank may dispatch a step follows from it, the model's hidden size and "
+        "the placement's physical experts, and the steps whose busiest rank dispatches more "
+        "are counted (buffer_overflow_steps)", Number(1 / 1024, 1024, optional=True),
+        metavar="GIB")
+    dispatch_cap: int | None = knob(
+        None, "a2a: the most tokens a rank may dispatch a step, given rather than derived "
+        "from --dispatch-buffer-gib", Integer(1, optional=True), metavar="TOKENS")
 
     def relate(self) -> None:
+        if self.dispatch_cap is not None and self.dispatch_buffer_gib is not None:
+            raise InputError("give dispatch_cap or dispatch_buffer_gib, not both (the cap is "
+                             "derived from the buffer)")
         if self.cost is None:
             unused = changed_fields(self, ("cost_options",))
             if unused:
@@ -366,6 +387,14 @@ class CostPart(Part):
     def shape(self) -> ModelShape:
         """The model's shape (`cost.catalog.model_shape`)."""
         return model_shape(DEFAULT_MODEL if self.model is None else self.model)
+
+    def buffer_cap(self, num_slots: int) -> int | None:
+        """The most tokens a rank may dispatch a step (`dispatch_cap`, else derived from
+        `dispatch_buffer_gib` for the model's hidden size and `num_slots` physical experts:
+        `cost.buffers.dispatch_cap`); None when neither is set."""
+        if self.dispatch_buffer_gib is None:
+            return self.dispatch_cap
+        return dispatch_cap(round(self.dispatch_buffer_gib * GIB), self.shape.hidden, num_slots)
 
     def describe(self, num_gpus: int) -> str:
         """What the compute times come from (`cost.describe`; for `measured`, the table, read

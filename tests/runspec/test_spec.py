@@ -116,6 +116,8 @@ EXAMPLES = {
     "model": ("mixtral-8x7b", "mixtral-8x7b", "gpt-9", "unknown model 'gpt-9'", {}),
     "device_profile": ("b200", "b200", "tpu-v9", "unknown device profile 'tpu-v9'", {}),
     "overlap": (True, True, "maybe", "must be true or false", {}),
+    "dispatch_buffer_gib": ("32", 32.0, 0, "must be a number in [0.000976562, 1024], got 0", {}),
+    "dispatch_cap": ("1840", 1840, 0, "must be an integer >= 1, got 0", {}),
 }
 ALL = [(part, name, knob) for part, name, knob in knobs()]
 BY_NAME = {name: knob for _, name, knob in ALL}
