@@ -72,8 +72,8 @@ from ..traces.counts import CountsTrace
 from ..traces.steps import select, span_words
 from .evidence import RESAMPLES, draws
 from .invariance import SEARCH_ROWS, invariance_findings
-from .measures import (BALANCE_KEYS, STARVED_SHARE, WORST, balance_findings, percent,
-                       rebalance_findings, replica_shares, time_findings)
+from .measures import (BALANCE_KEYS, STARVED_SHARE, WORST, balance_findings, buffer_findings,
+                       percent, rebalance_findings, replica_shares, time_findings)
 from .page import html
 from .verdict import EXIT, MIN_EFFECT, judge, rests_on_line
 
@@ -228,8 +228,9 @@ def review(trace: RunTrace, candidate: Any, baseline: Any = None, spec: RunSpec 
     time = time_findings(runs, spec, d, windowed, min_effect, model_origin(trace.meta, asked))
     rebalance = rebalance_findings(cand, unrebalanced, scored,
                                    base if kind == "placement" else None) if rebalancing else None
+    buffer = buffer_findings(cand, base)
     verdict, reasons, headline = judge(invariance, balance, time, rebalance, scored, mode,
-                                       kind)
+                                       kind, buffer)
     steps = {"placed_steps": span_words(log, 0, placed), "scored_steps": span_words(log, placed, S)}
     headline.append(rests_on_line(time, trace.num_layers, spec.cost.shape.moe_layers, steps))
     setup = {"kind": kind, "steps": S, "placed_on": [0, placed], "scored_on": [placed, S], **steps,
@@ -240,7 +241,8 @@ def review(trace: RunTrace, candidate: Any, baseline: Any = None, spec: RunSpec 
              "cost": str(spec.cost.cost), "model": spec.cost.name,
              "device": spec.cost.device_profile, "engine_source": dict(sources),
              "baseline_engine_source": dict(base_sources),
-             "views": {w: name_of(v) for w, v in views.items()}, "views_why": views_why}
+             "views": {w: name_of(v) for w, v in views.items()}, "views_why": views_why,
+             "dispatch_buffer": buffer}
     notes = [f"warning: {w}" for w in run_warnings(trace, spec, asked, [
         (f"the placement window (steps {steps['placed_steps']})", 0, placed),
         (f"the scored window (steps {steps['scored_steps']})", placed, S)])]

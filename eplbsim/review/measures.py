@@ -289,3 +289,19 @@ def rebalance_findings(cand: Results, held: Results, scored: int,
 def percent(value: float, reference: float) -> float:
     """`value` over `reference` less 1, in percent (NaN when the reference is 0)."""
     return (value / reference - 1) * 100 if reference else math.nan
+
+
+def buffer_findings(cand: Results, base: Results) -> dict[str, Any] | None:
+    """Each side's dispatch buffer in the scored steps ("a2a", when the run names a cap:
+    `--dispatch-buffer-gib` or `--dispatch-cap`): its cap (from its own physical slots), its
+    busiest rank's most tokens in a step, and the steps that overflow the cap; None without a
+    cap."""
+    sides = {}
+    for which, r in (("candidate", cand), ("baseline", base)):
+        m = r.metrics
+        if m["buffer_overflow_steps"] is None:
+            return None
+        sides[which] = {"cap": m["dispatch_cap"], "peak_tokens": m["dispatch_peak_tokens"],
+                        "overflow_steps": m["buffer_overflow_steps"],
+                        "slots": r.segments[0].placement.num_slots}
+    return {**sides, "steps": cand.true_load.shape[0]}

@@ -8,8 +8,11 @@ The rules (`rules()` words them for the page), in the order they are tried:
    else holds.
 2. Fewer than `MIN_SCORED_STEPS` scored steps, or, reviewing a dispatch change, no replicated
    expert carrying load in them (the dispatch choice cannot matter): **insufficient evidence**.
-3. A rebalance schedule whose stalls outweigh the time it saves: **not recommended**.
-4. The time difference is the candidate's step time over the baseline's, in %, with its interval
+3. A candidate whose dispatch buffer overflows (`--dispatch-buffer-gib`, `--dispatch-cap`: a
+   rank dispatches more tokens a step than the buffer its physical slots leave admits) where
+   its baseline's does not: **not recommended** (DESIGN.md §16).
+4. A rebalance schedule whose stalls outweigh the time it saves: **not recommended**.
+5. The time difference is the candidate's step time over the baseline's, in %, with its interval
    over resampled steps and seeds (`evidence`); `m` is the minimum effect.
    - When the `measured` cost model priced both and its difference has the other sign from the
      run's cost model's, the cost models disagree: **insufficient evidence**, both shown.
@@ -68,6 +71,9 @@ def rules(min_effect: float, level: float, kind: str = "dispatch") -> list[str]:
         f"Fewer than {MIN_SCORED_STEPS} scored steps"
         + (", or no replicated expert carrying load," if kind == "dispatch" else "")
         + " is insufficient evidence.",
+        "A candidate whose dispatch buffer overflows (a rank dispatches more tokens a step "
+        "than --dispatch-buffer-gib or --dispatch-cap admits) where its baseline's does not is "
+        "not recommended.",
         "A rebalance schedule whose stalls outweigh the time it saves is not recommended.",
         "When the measured tables price both runs and their difference has the other sign "
         "from the cost model's, the cost models disagree: insufficient evidence.",
@@ -79,11 +85,15 @@ def rules(min_effect: float, level: float, kind: str = "dispatch") -> list[str]:
 
 
 def judge(invariance: dict, balance: dict, time: dict, rebalance: dict | None, scored: int,
-          mode: str, kind: str = "dispatch") -> tuple[str, list[str], list[str]]:
+          mode: str, kind: str = "dispatch",
+          buffer: dict | None = None) -> tuple[str, list[str], list[str]]:
     """`(verdict, reasons, headline)`: the verdict by the rules (module doc) for a review of a
     `kind` change ("dispatch" or "placement"), each reason with the numbers behind it, and one
-    line per axis (correctness, balance, time)."""
+    line per axis (correctness, balance, time; the dispatch buffer's when `buffer`, the
+    findings of `measures.buffer_findings`, is given)."""
     headline = [correctness_line(invariance, mode), balance_line(balance), time_line(time)]
+    if buffer is not None:
+        headline.append(buffer_line(buffer))
     if "mechanism" in time:  # the review's findings hold it
         headline.append(mechanism_line(time, mode))
     if mode == "none" and invariance["observed"] == "variant":
@@ -91,6 +101,9 @@ def judge(invariance: dict, balance: dict, time: dict, rebalance: dict | None, s
     moved = invariance.get("moved")
     if moved is not None and moved["first_wrong_step"] is not None:
         return "not recommended", [_wrong_weights(moved)], headline
+    if buffer is not None and buffer["candidate"]["overflow_steps"] \
+            and not buffer["baseline"]["overflow_steps"]:
+        return "not recommended", [_overflows(buffer)], headline
     reasons = []
     if scored < MIN_SCORED_STEPS:
         reasons.append(f"only {scored} scored step(s); at least {MIN_SCORED_STEPS} are needed")
@@ -218,6 +231,27 @@ def _corruption(invariance: dict) -> str:
     return (f"ranks choose different replicas in \"none\" mode ({where}); output error "
             f"{number(invariance['output_rel_error'])}, rank agreement "
             f"{number(invariance['rank_agreement'])}: it corrupts the layer's output")
+
+
+def _overflows(buffer: dict) -> str:
+    """The reason a candidate that overflows its dispatch buffer where its baseline does not is
+    not recommended."""
+    c, b = buffer["candidate"], buffer["baseline"]
+    return (f"its dispatch buffer overflows in {c['overflow_steps']} of {buffer['steps']} "
+            f"scored steps (a rank dispatches up to {c['peak_tokens']} tokens, over the cap of "
+            f"{c['cap']} its {c['slots']} physical slots leave), where the baseline's "
+            f"(cap {b['cap']}, {b['slots']} slots) never does")
+
+
+def buffer_line(buffer: dict) -> str:
+    """The headline's dispatch-buffer line."""
+    def side(s: dict) -> str:
+        return (f"cap {s['cap']} tokens a rank ({s['slots']} slots), busiest rank "
+                f"{s['peak_tokens']}, {s['overflow_steps']} overflowing step(s)")
+    c, b = buffer["candidate"], buffer["baseline"]
+    if c == b:
+        return f"Dispatch buffer: both sides {side(c)} of {buffer['steps']}."
+    return f"Dispatch buffer: candidate {side(c)}; baseline {side(b)}; of {buffer['steps']}."
 
 
 def correctness_line(invariance: dict, mode: str) -> str:

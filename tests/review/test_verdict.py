@@ -77,5 +77,29 @@ def test_corruption_and_missing_evidence_come_first():
 
 def test_the_page_states_the_rules_with_the_minimum_effect():
     stated = rules(2.5, 0.95)
-    assert len(stated) == 7 and "-2.5%" in stated[4] and "+2.5%" in stated[5]
-    assert "95% interval" in stated[4]
+    assert len(stated) == 8 and "-2.5%" in stated[5] and "+2.5%" in stated[6]
+    assert "95% interval" in stated[5] and "dispatch buffer overflows" in stated[2]
+
+
+def _buffer(cand_over, base_over, cand_slots=448, base_slots=384):
+    def side(over, slots):
+        cap = {448: 1843, 384: 2150}[slots]  # DeepSeek-V4.1-Flash, EP16, 32 GiB
+        return {"cap": cap, "peak_tokens": cap + 8 if over else cap - 8,
+                "overflow_steps": over, "slots": slots}
+    return {"candidate": side(cand_over, cand_slots), "baseline": side(base_over, base_slots),
+            "steps": 8}
+
+
+def test_a_candidate_overflowing_where_its_baseline_does_not_is_not_recommended():
+    verdict, reasons, headline = judge(*findings(), None, 8, "a2a", buffer=_buffer(3, 0))
+    assert verdict == "not recommended"
+    assert "overflows in 3 of 8" in reasons[0] and "cap of 1843" in reasons[0]
+    assert headline[3].startswith("Dispatch buffer: candidate cap 1843")
+
+
+@pytest.mark.parametrize("cand, base", [(0, 0), (3, 3), (0, 2)])
+def test_a_buffer_both_sides_share_does_not_decide(cand, base):
+    verdict, _, headline = judge(*findings(), None, 8, "a2a", buffer=_buffer(cand, base))
+    assert verdict == "recommend" and headline[3].startswith("Dispatch buffer")
+    same = judge(*findings(), None, 8, "a2a", buffer=_buffer(cand, cand, 448, 448))[2]
+    assert same[3].startswith("Dispatch buffer: both sides")
