@@ -1,10 +1,11 @@
 """What a registry-wide solver test gives a solver beside the loads: the co-activation, for a
 solver that places by it (`affinity`, whose MILP bound, tested in tests/solvers/test_affinity.py, is
-given a short time limit here: the contract is about the placement, which it does not change)."""
+given a short time limit here: the contract is about the placement, which it does not change),
+and the source-rank counts, for one that places by them (`topology-aware`)."""
 
 import numpy as np
 
-from eplbsim.solvers import SOLVERS, solver_options
+from eplbsim.solvers import NO_REDUNDANCY, SOLVERS, solver_options
 
 
 def pairs_of(load: np.ndarray) -> np.ndarray:
@@ -19,9 +20,27 @@ def pairs_of(load: np.ndarray) -> np.ndarray:
     return pairs
 
 
-def inputs(name: str, load: np.ndarray) -> dict:
-    """The options solver `name` needs beside `load [L, E]`: its co-activation when it takes
-    one (and a short time for its bound), else none."""
-    if "coactivation" not in solver_options(SOLVERS[name]):
-        return {}
-    return {"coactivation": pairs_of(load), "milp_seconds": 0.1}
+def sources_of(load: np.ndarray, num_gpus: int) -> np.ndarray:
+    """Source-rank counts `[L, G, E]` summing to `load [L, E]`: seeded, deterministic shares."""
+    rng = np.random.default_rng(int(load.sum()) % 2**32)
+    share = rng.random(load.shape[:1] + (num_gpus,) + load.shape[1:])
+    return load[:, None, :] * share / share.sum(1, keepdims=True)
+
+
+def inputs(name: str, load: np.ndarray, num_gpus: int) -> dict:
+    """The options solver `name` needs beside `load [L, E]` on `num_gpus` GPUs: its
+    co-activation when it takes one (and a short time for its bound), its source-rank counts
+    when it takes them, else none."""
+    takes = solver_options(SOLVERS[name])
+    out: dict = {}
+    if "coactivation" in takes:
+        out.update(coactivation=pairs_of(load), milp_seconds=0.1)
+    if "source_load" in takes:
+        out["source_load"] = sources_of(load, num_gpus)
+    return out
+
+
+def fits(name: str, num_experts: int, num_slots: int) -> bool:
+    """Whether solver `name` places `num_experts` on `num_slots` slots (one in `NO_REDUNDANCY`
+    places none redundant)."""
+    return SOLVERS[name] not in NO_REDUNDANCY or num_slots == num_experts

@@ -16,6 +16,7 @@ from ..placement.topology import Topology
 from ..replay.results import to_json
 from ..solvers.exact import NODE_LIMIT
 from ..solvers import SOLVERS, as_load, find_solver, solve_with_info, solver_options
+from ..ranks.traffic import source_load
 from ..traces.coactivation import coactivation
 from ..traces.counts import CountsTrace
 from ..traces.formats import layer_loads
@@ -74,6 +75,8 @@ def handle(args: argparse.Namespace) -> int:
         if "coactivation" in taken and not isinstance(trace, CountsTrace):  # affinity's
             options["coactivation"] = coactivation(trace)
             options["history"] = trace.counts().double().numpy()
+        if "source_load" in taken and not isinstance(trace, CountsTrace):  # topology-aware's
+            options["source_load"] = source_load(trace, args.gpus, range(trace.num_steps))
     else:
         if values:
             raise InputError(f"{', '.join(sorted(values))} apply to reading --counts only")

@@ -4,7 +4,8 @@ fan-out (`fanout_counts`: the GPUs and nodes each token's executed choices reach
 GPU's token crossings of the "a2a" dispatch (`link_crossings`), the pairs sent to a slot
 holding another expert's weights (`wrong_pairs`), and which rank owns each token in "a2a"
 (`token_owners`, `share_bounds`). Each takes the step's `Epoch` and counts nothing unless the
-epoch asks for it.
+epoch asks for it. `source_counts` and `source_load` count the pairs each owner sends each
+expert, the input of a placement for traffic (`topology-aware`).
 
 Dimensions: `T` tokens, `L` layers, `K` top-k, `G` GPUs = EP ranks, `N` nodes.
 """
@@ -159,3 +160,26 @@ def share_bounds(num_tokens: int, num_ranks: int) -> np.ndarray:
     sizes = np.full(num_ranks, base, np.int64)
     sizes[:extra] += 1
     return np.concatenate([[0], np.cumsum(sizes)])
+
+
+def source_counts(ids: torch.Tensor, owners: torch.Tensor, num_ranks: int,
+                  num_experts: int) -> torch.Tensor:
+    """Routed pairs each source rank sends each expert in one step: int64 `[L, G, E]` of
+    `ids [T, L, K]` (padding, -1, counts nowhere) and each token's rank `owners [T]`."""
+    L = ids.shape[1]
+    index = flat_index(ids, num_experts) + (owners.view(-1, 1, 1).to(ids.device) * L
+                                            * num_experts)  # [T, L, K] (owner, layer, expert)
+    counts = torch.bincount(index[ids >= 0], minlength=num_ranks * L * num_experts)
+    return counts.view(num_ranks, L, num_experts).transpose(0, 1)
+
+
+def source_load(trace: object, num_ranks: int, steps: Iterable[int]) -> np.ndarray:
+    """The pairs each source rank sends each expert over `steps` of a token trace, float64
+    `[L, G, E]`: tokens owned as "a2a" owns them (`token_owners`: the trace's `src_rank`, else
+    contiguous shares of each step)."""
+    out = np.zeros((trace.num_layers, num_ranks, trace.num_experts))
+    for s in steps:
+        ids = trace.step(s)  # [T, L, K]
+        owners = token_owners(ids.shape[0], num_ranks, trace.step_src_rank(s))
+        out += source_counts(ids, owners, num_ranks, trace.num_experts).numpy()
+    return out

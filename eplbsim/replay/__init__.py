@@ -39,6 +39,7 @@ from ..placement.io import load_placement
 from ..ranks import LOCAL, MODES, Collectives, Epoch, make_ranks, rank_context, rank_groups
 from ..ranks.dispatched import rank_tokens
 from ..ranks.moe import make_toy_moe, square_sums, step_sums
+from ..ranks.traffic import source_load
 from ..ranks.window import none_window, window_dispatch, windows
 from ..runspec import RunSpec, label
 from ..schedule.plan import Segment, plan
@@ -129,11 +130,12 @@ def schedule_of(trace: RunTrace, spec: RunSpec, true_load: torch.Tensor) -> tupl
                           for value in (spec.solver.placement, spec.schedule.initial))
     solver = replace(spec.solver, solver=resolve_solver(spec.solver.solver,
                                                          spec.dispatch.engine_source))
-    pairs = None if isinstance(trace, CountsTrace) else \
-        (lambda lo, hi: coactivation(trace, range(lo, hi)))
+    given = {} if isinstance(trace, CountsTrace) else {
+        "coactivation": lambda lo, hi: coactivation(trace, range(lo, hi)),
+        "source_load": lambda lo, hi: source_load(trace, topo.num_gpus, range(lo, hi))}
     return plan(true_load, spec.schedule, solver, topo, E + spec.topology.redundant,
                 spec.topology.groups or trace.num_groups or 1, placement, initial,
-                spec.dispatch.seed, pairs)
+                spec.dispatch.seed, given)
 
 
 def run_steps(trace: TokenTrace, spec: RunSpec, segments: Sequence[Segment],

@@ -50,9 +50,9 @@ import torch.distributed as dist
 
 from ..base.errors import InputError
 from ..base.progress import Progress, bar, run_label
-from ..dispatch.kernels import flat_index
 from ..placement import Placement
 from ..ranks import Collectives, token_owners
+from ..ranks.traffic import source_counts
 from ..runspec import RunSpec
 from ..schedule.plan import Segment
 from ..traces import TokenTrace
@@ -113,14 +113,11 @@ def run_rank(trace: TokenTrace, spec: RunSpec, rank: int, device: torch.device,
 def _own_counts(trace: TokenTrace, rank: int, num_ranks: int) -> torch.Tensor:
     """Routed pairs per (step, layer, expert) of the tokens `rank` owns (`token_owners`):
     int64 `[S, L, E]`; summed over the ranks, every token counts once."""
-    E = trace.num_experts
     out = []
     for s in range(trace.num_steps):
         ids = trace.step(s)  # [T, L, K]
-        mine = ids[token_owners(ids.shape[0], num_ranks, trace.step_src_rank(s)) == rank]
-        L = ids.shape[1]
-        out.append(torch.bincount(flat_index(mine, E)[mine >= 0],
-                                  minlength=L * E).view(L, E))
+        owners = token_owners(ids.shape[0], num_ranks, trace.step_src_rank(s))
+        out.append(source_counts(ids, owners, num_ranks, trace.num_experts)[:, rank])
     return torch.stack(out)
 
 

@@ -98,7 +98,8 @@ class Segment:
 def plan(true_load: torch.Tensor, schedule: Any, solver: Any, topology: Topology,
          num_slots: int, num_groups: int, placement: Placement | None = None,
          initial: Placement | None = None, seed: int = 0,
-         coactivation: Callable[[int, int], np.ndarray] | None = None) -> tuple[Segment, ...]:
+         window_inputs: dict[str, Callable[[int, int], np.ndarray]] | None = None
+         ) -> tuple[Segment, ...]:
     """The segments of a schedule over routed loads `true_load [S, L, E]` (module doc).
 
     schedule:  the run's schedule part (`runspec.SchedulePart`: `rebalance_every`, `window`,
@@ -107,9 +108,12 @@ def plan(true_load: torch.Tensor, schedule: Any, solver: Any, topology: Topology
     solver:    the run's solver part (`runspec.SolverPart`: `solver` and `solver_options`)
     placement: a placement to serve every step instead of solving; initial: the placement
                before the first rebalance (default trivial)
-    coactivation: `(lo, hi) -> [L, E, E]` the expert pair counts of steps `[lo, hi)`
-               (`traces.coactivation`), for a solver that takes them (`affinity`); None for
-               counts-only inputs
+    window_inputs: solver option -> `(lo, hi) -> array`, what the trace's steps `[lo, hi)`
+               give a solver that takes that option beside their loads: `coactivation`, the
+               expert pair counts `[L, E, E]` (`traces.coactivation`, for `affinity`), and
+               `source_load`, the pairs each source rank sends each expert `[L, G, E]`
+               (`ranks.traffic.source_load`, for `topology-aware`); empty for counts-only
+               inputs
     Pure: solves every placement up front; the same inputs give the same segments. InputError
     on a placement that does not fit, or a predictor that returns something other than
     `[L, E]` finite, non-negative loads.
@@ -121,12 +125,13 @@ def plan(true_load: torch.Tensor, schedule: Any, solver: Any, topology: Topology
     def solve_for(load: torch.Tensor, previous: Placement | None, lo: int, hi: int) -> Placement:
         """The solver's placement for `load [L, E]`; a solver that takes `history` (e.g.
         `flashlb`) also gets the per-step loads of steps `[lo, hi)` it stands for, one that
-        takes `coactivation` (`affinity`) their expert pair counts."""
+        takes an option of `window_inputs` what those steps give it."""
         extra = {"previous": previous} if previous is not None else {}
         if "history" in takes:
             extra["history"] = true_load[lo:hi].to(torch.float64).numpy()
-        if "coactivation" in takes and coactivation is not None:
-            extra["coactivation"] = coactivation(lo, hi)
+        for option, of_steps in (window_inputs or {}).items():
+            if option in takes:
+                extra[option] = of_steps(lo, hi)
         return solve(solver.solver, load, num_slots, topology, num_groups,
                      **{**solver.solver_options, **extra})
 

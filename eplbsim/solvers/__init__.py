@@ -47,6 +47,7 @@ from .flashlb_paper import flashlb_paper
 from .lplb import lplb
 from .lpt import lpt, lpt_hier
 from .metro import metro
+from .topology_aware import topology_aware
 from .trivial import trivial
 from .trtllm import trtllm_online
 
@@ -73,6 +74,7 @@ SOLVERS: dict[str, Solver] = {
     "affinity": affinity,
     "budget": budget,
     "metro": metro,
+    "topology-aware": topology_aware,
 }
 
 # Solvers whose placements are wider than the slots they are given, which are then a budget:
@@ -82,8 +84,13 @@ WIDENS: dict[Solver, Callable[[int, int, Topology], int]] = {budget: widened}
 
 # Solvers whose slot layout is part of the placement: `solve(previous=...)` does not lay their
 # result over the placement in service (lplb's copies sit on GPUs its redundancy topology links;
-# permuting GPUs or repairing the old placement would break the links).
-KEEP_LAYOUT = frozenset({lplb, affinity, budget})
+# topology-aware's experts sit on the ranks their tokens come from; permuting GPUs or repairing
+# the old placement would break the links).
+KEEP_LAYOUT = frozenset({lplb, affinity, budget, topology_aware})
+
+# Solvers that place no redundant experts (SGLang's topology-aware planner, which raises
+# NotImplementedError there): `solve` refuses them a slot count other than the experts'.
+NO_REDUNDANCY = frozenset({topology_aware})
 
 # Solvers that never put two replicas of one expert on one GPU where the shape allows it
 # (vLLM's FlashLB spreads an expert's replicas over distinct ranks): `solve(previous=...)`
@@ -139,6 +146,9 @@ def solve_with_info(solver: str | Solver, load: Any, num_slots: int, topology: T
     array = as_load(load)  # [L, E] private float64 copy
     num_layers, num_experts = array.shape
     _check_shape(num_experts, num_slots, topology, num_groups)
+    if fn in NO_REDUNDANCY and num_slots != num_experts:
+        raise InputError(f"solver {name_of(fn)} places no redundant experts: it needs as many "
+                         f"slots as the {num_experts} experts, got {num_slots}")
     notes = []
     if num_experts % num_groups:
         notes.append(f"{num_groups} groups do not divide the {num_experts} experts: balanced "

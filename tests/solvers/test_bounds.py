@@ -26,7 +26,7 @@ from eplbsim.solvers.bounds import (
     replicate,
     water_fill_counts,
 )
-from solver_helpers import inputs
+from solver_helpers import fits, inputs
 
 
 def _peaks(phy2log: np.ndarray, load: np.ndarray, num_gpus: int) -> np.ndarray:
@@ -235,7 +235,9 @@ def instances(draw):
 def test_every_solver_is_above_the_bounds(name, case):
     load, P, topo, groups = case
     limit = {"node_limit": 50} if name == "exact" else {}  # any feasible placement is above
-    placement = solve(name, load, P, topo, groups, **limit, **inputs(name, load))
+    if not fits(name, load.shape[1], P):
+        return  # a solver of no redundant experts: test_solvers checks it refuses
+    placement = solve(name, load, P, topo, groups, **limit, **inputs(name, load, topo.num_gpus))
     gap = placement_gap(placement, load)
     assert gap.shape == (load.shape[0],) and gap.dtype == torch.float64
     idle = torch.from_numpy(load.sum(-1) == 0)  # a layer without load has no gap (NaN)

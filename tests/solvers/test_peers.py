@@ -7,7 +7,12 @@ so at each), and where the twin differs, the test says why.
   vLLM's `vllm/distributed/eplb/policy/flashlb.py` (commit 90caa233d597);
 - vLLM `tests/distributed/test_eplb_algo.py` (commit 8744bb0924a5): groups that do not divide
   (`test_parameter_validation`), the slots kept (`test_preserve_intragpu_slots`);
-- DeepSeek `eplb.py` (deepseek-ai/EPLB, commit 57919718be1f) on `deepseek` at a float32 tie.
+- DeepSeek `eplb.py` (deepseek-ai/EPLB, commit 57919718be1f) on `deepseek` at a float32 tie;
+- SGLang `test/registered/unit/eplb/test_topology_aware.py` (commit 2112426b4b1e) on
+  `topology-aware`, the twin of SGLang's `eplb_algorithms/topology_aware.py` (a82469114dbc),
+  which no release up to 0.5.23 ships. Its tests of the server's argument guards and of the
+  engine's `rebalance_experts` dispatch have no counterpart here; its private helpers'
+  cases run on `topology_aware.improved`, which takes the same budgets.
 
 Dimensions: `L` layers, `E` experts, `P` slots, `G` GPUs, `S = P / G` slots a GPU.
 """
@@ -238,3 +243,126 @@ def test_deepseek_equals_vllms_default_policy_at_that_tie():
         pytest.skip("vLLM is not fetched (eplbsim engines fetch)")
     vllm = engines.engine_solver("vllm:default")
     assert vllm(np.array(TIE, dtype=np.float64), 16, _topology(4, 1), 1).tolist() == TIE_TWIN
+
+
+# ---- SGLang test/registered/unit/eplb/test_topology_aware.py @ 2112426b4b1e ---------------
+
+def _topology_aware(counts, costs, **options):
+    """`topology-aware` on source counts `[L, G, E]`, the loads their sum over the sources."""
+    counts = np.asarray(counts, dtype=np.float64)
+    L, G, E = counts.shape
+    return solve_with_info("topology-aware", counts.sum(1), E, Topology(G),
+                           source_load=counts, rank_costs=costs, **options)
+
+
+def _two_ranks(first, second):
+    counts = np.zeros((1, 2, 4))
+    counts[0, 0], counts[0, 1] = first, second
+    return counts
+
+
+def test_topology_aware_keeps_experts_on_the_ranks_they_come_from():
+    placement, info = _topology_aware(_two_ranks([10, 10, 0, 0], [0, 0, 10, 10]),
+                                      [[0, 5], [5, 0]])
+    assert placement.phy2log.tolist() == [[0, 1, 2, 3]]
+    assert placement.log2phy[0, :, 0].tolist() == [0, 1, 2, 3]
+    assert placement.logcnt.tolist() == [[1, 1, 1, 1]]
+    assert info["traffic"] == info["seed_traffic"] == 0
+
+
+def test_topology_aware_swaps_reversed_traffic_home_without_worse_balance():
+    placement, info = _topology_aware(_two_ranks([0, 0, 10, 10], [10, 10, 0, 0]),
+                                      [[0, 5], [5, 0]])
+    assert placement.phy2log.tolist() == [[2, 3, 0, 1]]
+    assert (info["traffic"], info["seed_traffic"], info["max_load_ratio"]) == (0, 200, 1)
+
+
+def test_topology_aware_never_costs_more_traffic_or_balance_than_the_default_layout():
+    counts = _two_ranks([10, 9, 8, 7], [0, 0, 0, 0])
+    placement, info = _topology_aware(counts, [[0, 10], [10, 0]])
+    rank = np.empty(4, np.int64)
+    rank[placement.phy2log[0].numpy()] = [0, 0, 1, 1]
+    costs = np.array([[0, 10], [10, 0]])
+    assert (counts[0] * costs[:, rank]).sum() <= (counts[0] * costs[:, [0, 0, 1, 1]]).sum()
+    load = np.bincount(rank, weights=counts[0].sum(0), minlength=2)
+    assert load.max() <= max(19, 15) and info["max_load_ratio"] <= 1
+
+
+def test_topology_aware_maps_are_permutations_with_equal_ranks_and_deterministic():
+    counts = [[[4, 0, 2, 1, 0, 0], [0, 3, 0, 0, 5, 1], [2, 1, 0, 0, 1, 4]],
+              [[0, 1, 6, 0, 2, 0], [3, 0, 0, 4, 0, 1], [1, 0, 0, 2, 5, 0]]]
+    costs = [[0.0, 1.0, 3.0], [1.0, 0.0, 2.0], [3.0, 2.0, 0.0]]
+    placement, info = _topology_aware(counts, costs)
+    for row in placement.phy2log.tolist():
+        assert sorted(row) == list(range(6))
+    assert placement.logcnt.tolist() == [[1] * 6] * 2
+    assert info["traffic"] <= info["seed_traffic"]
+    again, _ = _topology_aware(counts, costs)
+    assert torch.equal(placement.phy2log, again.phy2log)
+
+
+def _helper_case(counts, costs, ranks):
+    """SGLang's private-helper set-up: loads, `comm [E, G]`, the default layout and its loads."""
+    from eplbsim.solvers.topology_aware import rank_loads
+    counts = np.asarray(counts, dtype=np.float64)
+    load = counts.sum(0)
+    comm = counts.T @ np.asarray(costs, dtype=np.float64)
+    seed = np.arange(load.size) // (load.size // ranks)
+    return load, comm, seed, rank_loads(seed, load, ranks)
+
+
+def test_topology_aware_load_phase_spends_only_its_traffic_budget():
+    from eplbsim.solvers.topology_aware import improved, rank_loads
+    load, comm, seed, seed_load = _helper_case([[80, 20, 1, 0], [1, 0, 10, 10]],
+                                               [[0, 1], [1, 0]], 2)
+    ranks = improved(seed, load, comm, 2, 10, 20.0, seed_load.max())
+    assert rank_loads(ranks, load, 2).max() < seed_load.max()
+    assert comm[np.arange(4), ranks].sum() <= comm[np.arange(4), seed].sum() * 21
+
+
+def test_topology_aware_reserves_swaps_for_the_busiest_rank():
+    from eplbsim.solvers.topology_aware import improved, rank_loads
+    load, comm, seed, seed_load = _helper_case([[28, 8, 23, 7], [0, 8, 21, 10]],
+                                               [[0, 1], [1, 0]], 2)
+    traffic_only = improved(seed, load, comm, 2, 4, 0.0, seed_load.max())
+    with_budget = improved(seed, load, comm, 2, 4, 1.0, seed_load.max())
+    assert rank_loads(with_budget, load, 2).max() < rank_loads(traffic_only, load, 2).max()
+
+
+def test_topology_aware_breaks_an_equal_peak_by_the_sum_of_squares():
+    from eplbsim.solvers.topology_aware import improved, rank_loads
+    load = np.array([12, 8, 6, 4, 12, 8], dtype=np.float64)
+    seed = np.arange(6) // 2
+    seed_load = rank_loads(seed, load, 3)
+    ranks = improved(seed, load, np.zeros((6, 3)), 3, 1, 1.0, seed_load.max())
+    after = rank_loads(ranks, load, 3)
+    assert (after ** 2).sum() < (seed_load ** 2).sum() and after.max() == seed_load.max()
+
+
+@pytest.mark.parametrize("options, match", [
+    ({"comm_budget": -1.0}, "comm_budget must be a finite number >= 0"),
+    ({"rank_costs": np.ones((2, 2))}, "diagonal"),
+    ({"rank_costs": np.zeros((3, 3))}, "does not match"),
+])
+def test_topology_aware_refuses_what_sglang_refuses(options, match):
+    counts = np.ones((1, 2, 4))
+    with pytest.raises(InputError, match=match):
+        solve_with_info("topology-aware", counts.sum(1), 4, Topology(2),
+                        **{"source_load": counts, "rank_costs": np.zeros((2, 2)), **options})
+
+
+def test_topology_aware_places_no_redundant_experts_and_needs_source_counts():
+    counts = np.ones((1, 2, 4))
+    with pytest.raises(InputError, match="no redundant experts"):
+        solve("topology-aware", counts.sum(1), 6, Topology(2), source_load=counts)
+    with pytest.raises(InputError, match="source-rank expert counts"):
+        solve("topology-aware", counts.sum(1), 4, Topology(2))
+
+
+def test_topology_aware_reads_sglangs_topology_json_in_rank_order(tmp_path):
+    from eplbsim.solvers.topology_aware import rank_cost_matrix
+    path = tmp_path / "topology.json"
+    path.write_text('{"rank_cost_matrix": [[0, 1, 4], [2, 0, 3], [5, 6, 0]]}')
+    assert rank_cost_matrix(str(path), Topology(3)).tolist() == [[0, 1, 4], [2, 0, 3], [5, 6, 0]]
+    default = rank_cost_matrix(None, Topology(4, 2))
+    assert default[0].tolist() == [0, 1, default[0, 3], default[0, 3]] and default[0, 3] > 1

@@ -19,7 +19,7 @@ from eplbsim.placement.topology import Topology
 from eplbsim.solvers import SOLVERS, placement_slots, solve, solver_options
 from eplbsim.solvers.bounds import replicate
 from eplbsim.solvers.deepseek import balanced_packing
-from solver_helpers import inputs
+from solver_helpers import fits, inputs
 
 PUBLISHED_LOAD = [[90, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183, 86],
                   [20, 107, 104, 64, 19, 197, 187, 157, 172, 86, 16, 27]]
@@ -39,14 +39,20 @@ CASES = [
 ]
 
 
-def _check_contract(solver, load: np.ndarray, P: int, topo: Topology, groups: int) -> Placement:
-    """Run `solver` through solve() and check the registry contract; return the placement."""
+def _check_contract(solver, load: np.ndarray, P: int, topo: Topology,
+                    groups: int) -> Placement | None:
+    """Run `solver` through solve() and check the registry contract; return the placement
+    (None where the solver refuses redundant slots, as it must)."""
     L, E = load.shape
     before = load.copy()
     fn = SOLVERS[solver]
     budgeted = "node_limit" in solver_options(fn)  # a work budget: the same result every run
     options = {"node_limit": 5} if budgeted else {}
-    options.update(inputs(solver, load))  # the co-activation, for affinity
+    options.update(inputs(solver, load, topo.num_gpus))  # what affinity, topology-aware take
+    if not fits(solver, E, P):
+        with pytest.raises(InputError, match="places no redundant experts"):
+            solve(solver, load, P, topo, groups, **options)
+        return None
     placement = solve(solver, load, P, topo, groups, **options)
     assert np.array_equal(load, before), "caller's load array was modified"
     p2l = placement.phy2log
