@@ -116,23 +116,24 @@ def recover_46370(phy2log: torch.Tensor, dead: Sequence[int], num_gpus: int,
     return _reassign(mark_dead(phy2log, dead, num_gpus), num_experts, interleaved)
 
 
-def resolve_survivors(solver: Any, load: torch.Tensor, num_slots: int, survivors: int,
-                      gpus_per_node: int | None = None, num_groups: int = 1) -> torch.Tensor:
-    """A full re-solve on the survivors: `solver` (a `SOLVERS` name or callable) places
-    `load [L, E]` on `num_slots` slots over `survivors` GPUs, `[L, P']`. With fewer slots than
-    experts, each layer places its `P'` heaviest experts (ties by id) one replica each, the
-    rest left with none, as vLLM's coverage tests expect."""
-    from . import solve
+def resolve_survivors(place: Callable[[torch.Tensor, int, Topology], Any], load: torch.Tensor,
+                      num_slots: int, survivors: int,
+                      gpus_per_node: int | None = None) -> torch.Tensor:
+    """A full re-solve on the survivors: `place(load, num_slots, topology)` (a solver bound by
+    its caller, e.g. `lambda *a: solvers.solve("deepseek", *a).phy2log`) places `load [L, E]` on
+    `num_slots` slots over `survivors` GPUs, `[L, P']`. With fewer slots than experts, each
+    layer places its `P'` heaviest experts (ties by id) one replica each, the rest left with
+    none, as vLLM's coverage tests expect of its rebalance."""
     L, E = load.shape
     topo = Topology(survivors, gpus_per_node if gpus_per_node and survivors % gpus_per_node == 0
                     else None)
     if num_slots >= E:
-        return solve(solver, load, num_slots, topo, num_groups).phy2log.long()
+        return torch.as_tensor(place(load, num_slots, topo)).long()
     out = torch.full((L, num_slots), -1, dtype=torch.int64)
     for layer in range(L):
         kept = sorted(sorted(range(E), key=lambda e: (-float(load[layer, e]), e))[:num_slots])
-        sub = solve(solver, load[layer:layer + 1, kept], num_slots, topo).phy2log[0]
-        out[layer] = torch.tensor(kept)[sub]
+        sub = torch.as_tensor(place(load[layer:layer + 1, kept], num_slots, topo))[0]
+        out[layer] = torch.tensor(kept)[sub.long()]
     return out
 
 

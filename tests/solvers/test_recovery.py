@@ -16,6 +16,10 @@ from eplbsim.solvers.recovery import (RECOVERIES, lost_pairs, mark_dead, recover
                                       resolve_survivors, strip_dead, survivor_slots)
 
 
+def _deepseek(load, num_slots, topology):
+    return solve("deepseek", load, num_slots, topology).phy2log
+
+
 def _load(E=64, seed=0, lo=10, hi=200):
     return torch.randint(lo, hi, (1, E), generator=torch.Generator().manual_seed(seed)).double()
 
@@ -29,7 +33,7 @@ def _load(E=64, seed=0, lo=10, hi=200):
 ])
 def test_vllm_coverage_cases_on_a_full_resolve(slots, gpus, covered):
     load = _load()
-    counts = replica_counts(resolve_survivors("deepseek", load, slots, gpus), 64)
+    counts = replica_counts(resolve_survivors(_deepseek, load, slots, gpus), 64)
     if covered:
         assert (counts >= 1).all() and int(counts.sum()) == slots
     else:
