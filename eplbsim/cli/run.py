@@ -10,8 +10,9 @@ from typing import Any, Callable, Iterator
 from .. import runspec
 from ..base.errors import InputError
 from ..base.progress import bar, run_label
-from ..replay import compare, comparison, replay, replay_planned
+from ..replay import compare, comparison, replay, replay_planned, spec_for_trace
 from ..replay.executors import EXECUTORS
+from ..replay.stage_placements import stage_placements, stage_table
 from ..replay.results import (describe, format_table, rebalance_report, series_rows, table_notes,
                               time_report, to_json, with_speedup, write_csv, write_results)
 from ..replay.workers import PAYS_OFF, Workers, dispatch_work, pays_off
@@ -36,6 +37,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--address", default=None, metavar="RAY_ADDRESS",
                    help="with --executor ray: the Ray cluster (default: start a local instance "
                    "of N CPUs)")
+    p.add_argument("--stage-placements", action="store_true",
+                   help="instead of the table: a placement solved from the prefill steps, one "
+                   "from the decode steps and one from all, each judged on the prefill and on "
+                   "the decode steps (a step's stage as its log marks it, else by "
+                   "--decode-tokens), for each policy and mode")
     p.add_argument("--json", action="store_true", help="print only JSON")
     p.add_argument("--out", type=Path, help="write results.json, results.csv, timeseries.csv, "
                    "migrations.csv and the figures policies.png and timeseries.png (with PDFs)")
@@ -52,6 +58,8 @@ def handle(args: argparse.Namespace) -> int:
         check_out_dir(args.out, [*source.files, base.solver.placement, base.schedule.initial],
                       OUTPUTS)
     trace = source.open(base.dispatch.seed, base.schedule)
+    if args.stage_placements:
+        return _stage_placements(args, trace, base, lists)
     if isinstance(trace, CountsTrace):
         return _counts_only(args, trace, base)
     policies = lists["policy"]
@@ -99,6 +107,29 @@ def handle(args: argparse.Namespace) -> int:
             paths += save_figure(time_series_figure(results), args.out / "timeseries.pdf")
         if not args.json:
             print("wrote " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+def _stage_placements(args: argparse.Namespace, trace: Any, base: runspec.RunSpec,
+                      lists: dict[str, list[Any]]) -> int:
+    """`run --stage-placements`: the stage placements of each (policy, mode)
+    (`replay.stage_placements`); of the even-split promise alone on counts only."""
+    if args.out or args.baseline is not None:
+        raise InputError("--stage-placements prints its own table: it takes no --out or "
+                         "--baseline")
+    counts_only = isinstance(trace, CountsTrace)
+    if counts_only and args.policy is not None:
+        raise InputError(f"{args.trace} holds expert counts, not token rows: no dispatch "
+                         f"policy can run on it (leave --policies out)")
+    specs = [base] if counts_only else comparison(base, lists["policy"], lists["mode"],
+                                                  lists.get("engine_source"))
+    found = [stage_placements(trace, spec) for spec in specs]
+    rows = [row for one in found for row in one.rows()]
+    if args.json:
+        print(to_json(rows))
+        return 0
+    print(describe(trace, spec_for_trace(trace, specs[0]), base, lists.get("policy", ())))
+    print(stage_table(rows, found[0].stages, found[0].warnings))
     return 0
 
 

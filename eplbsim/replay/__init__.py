@@ -34,7 +34,7 @@ from ..dispatch import resolve_policy
 from ..engines import is_engine_name, resolve_solver
 from ..metrics import Counters
 from ..migration.replayed import serving_stretches
-from ..placement import rank_view, refuse_empty_slots
+from ..placement import Placement, rank_view, refuse_empty_slots
 from ..placement.io import load_placement
 from ..ranks import LOCAL, MODES, Collectives, Epoch, make_ranks, rank_context, rank_groups
 from ..ranks.dispatched import rank_tokens
@@ -46,6 +46,7 @@ from ..schedule.plan import Segment, plan
 from ..traces import RunTrace, TokenTrace, check_run_trace
 from ..traces.coactivation import coactivation
 from ..traces.counts import CountsTrace
+from ..traces.stages import stage_view
 from .results import Comparison, Results, run_warnings
 
 
@@ -122,12 +123,15 @@ def check_memory_of(trace: RunTrace, spec: RunSpec) -> None:
 
 def schedule_of(trace: RunTrace, spec: RunSpec, true_load: torch.Tensor) -> tuple[Segment, ...]:
     """The run's segments (`schedule.plan`) over `true_load [S, L, E]`, with the spec's
-    placement files read for this trace."""
+    placement files read for this trace, or its placement solved from one stage's steps
+    (`solve_from`: `stage_placement`)."""
     topo = spec.topology.topology()
     S, L, E = true_load.shape
     model_layers = trace.meta.get("model_layers")
     placement, initial = (load_placement(value, E, topo, L, model_layers)
                           for value in (spec.solver.placement, spec.schedule.initial))
+    if spec.solver.solve_from != "all":
+        placement = stage_placement(trace, spec)
     solver = replace(spec.solver, solver=resolve_solver(spec.solver.solver,
                                                          spec.dispatch.engine_source))
     given = {} if isinstance(trace, CountsTrace) else {
@@ -136,6 +140,15 @@ def schedule_of(trace: RunTrace, spec: RunSpec, true_load: torch.Tensor) -> tupl
     return plan(true_load, spec.schedule, solver, topo, E + spec.topology.redundant,
                 spec.topology.groups or trace.num_groups or 1, placement, initial,
                 spec.dispatch.seed, given)
+
+
+def stage_placement(trace: RunTrace, spec: RunSpec) -> Placement:
+    """The placement `spec`'s solver makes from the steps of one stage of `trace` alone
+    (`spec.solver.solve_from`, "prefill" or "decode"; `traces.stages`: as the log marks them,
+    else by `decode_tokens`), as a run of those steps solves it. InputError when the trace
+    has no step of that stage."""
+    view = stage_view(trace, spec.solver.solve_from, spec.solver.decode_tokens)
+    return schedule_of(view, spec.replace(solve_from="all"), routed_loads(view))[0].placement
 
 
 def run_steps(trace: TokenTrace, spec: RunSpec, segments: Sequence[Segment],

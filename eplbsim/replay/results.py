@@ -324,7 +324,9 @@ def describe(trace: RunTrace, spec: RunSpec, asked: RunSpec | None = None,
     d = spec.dispatch
     placed = spec.solver.placement
     decided = (f"placement {label(placed)}" if placed is not None
-               else f"solver {name_of(spec.solver.solver)}")
+               else f"solver {name_of(spec.solver.solver)}"
+               + ("" if spec.solver.solve_from == "all" else
+                  f" from the {spec.solver.solve_from} steps"))
     counts_only = isinstance(trace, CountsTrace)
     steps = (f"counts only, {plural(trace.num_steps, 'step')}" if counts_only else
              step_words(trace))

@@ -30,6 +30,7 @@ from ..solvers import SOLVERS, check_options, find_solver
 from ..solvers.exact import NODE_LIMIT
 from ..solvers.lplb import TOPOLOGIES as LPLB_TOPOLOGIES
 from ..traces.stages import DECODE_TOKENS, STAGES
+from ..traces.stages import DECODE_TOKENS, STAGES
 from ..traces.synth import DEFAULT_SIZES
 from .knobs import COMMANDS, Part, SYNTH, changed_fields, knob
 from .values import (Device, EngineFlags, EngineSources, File, Integer, Model, Name, Number,
@@ -129,6 +130,13 @@ class SolverPart(Part):
         None, "the affinity solver's slack: its max GPU load stays within (1 + slack) times the "
         "balance solver's (default 0.05; the same as --solver-option slack=...)",
         Number(0, 1, optional=True), metavar="SLACK")
+    solve_from: str = knob(
+        "all", "solve the placement from the steps of one stage only, prefill or decode (as "
+        "the log marks them, else by --decode-tokens), and serve every step on it",
+        Name(("all",) + STAGES, "stage"), metavar="all|prefill|decode")
+    decode_tokens: int = knob(
+        DECODE_TOKENS, "a step the log does not mark prefill or decode is decode when it has "
+        "at most N tokens (for --solve-from and --stage-placements)", Integer(0), metavar="N")
     solve_from: str = knob(
         "all", "solve the placement from the steps of one stage only, prefill or decode (as "
         "the log marks them, else by --decode-tokens), and serve every step on it",

@@ -52,6 +52,11 @@ class RunSpec:
             raise InputError("placement serves every step; it cannot be combined with "
                              "rebalance_every (use initial for the placement before the first "
                              "rebalance)")
+        if self.solver.solve_from != "all" and (self.solver.placement is not None or
+                                                self.schedule.rebalance_every is not None):
+            raise InputError(f"solve_from {self.solver.solve_from} solves one placement from "
+                             f"that stage's steps; it cannot be combined with a given "
+                             f"placement or rebalance_every")
 
     @classmethod
     def of(cls, **values: Any) -> "RunSpec":

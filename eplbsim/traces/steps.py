@@ -276,7 +276,9 @@ def select(trace: Any, steps: str | None = None, drop: Sequence[str] = ()) -> An
         return trace
     meta = dict(trace.meta, steps={"of": S, "kept": len(keep), "selection": steps,
                                    "dropped": dropped})
-    if isinstance(trace, CountsTrace):
+    if isinstance(trace, CountsTrace):  # its own root: its stage marks are its steps'
+        if isinstance(meta.get("stages"), str):  # (`traces.stages`)
+            meta["stages"] = "".join(meta["stages"][s] for s in keep)
         return CountsTrace(trace.counts[keep], meta)
     return StepView(trace, torch.tensor(keep, dtype=torch.int64), meta)
 

@@ -36,6 +36,7 @@ from ..base.files import check_memory
 from ..base.limits import MAX_EXPERTS, MAX_LAYERS, MAX_SEED, check_at_most
 from ..base.registry import lookup, name_of
 from .trace import Trace
+from .workload import DECODE, PREFILL, STAGE_MARKS
 
 COMPILED_TOP = 32  # a top-k of at most this many takes the compiled pass (`_topk_desc`)
 
@@ -379,7 +380,8 @@ def phases(*, steps: int, tokens: int, layers: int, experts: int, top_k: int, se
     proportional to the phase's weights (Plackett-Luce), in descending score order.
 
     Returns a Trace with `S = steps` steps, `T_s` = `tokens` or `decode_tokens` rows (see
-    `tokens_per_step`), ids `[sum T_s, L, K]`.
+    `tokens_per_step`), ids `[sum T_s, L, K]`, each step's phase in `meta["stages"]`
+    (`traces.stages`).
     """
     S, T, L, E, K, seed = check_sizes(steps=steps, tokens=tokens, layers=layers,
                                       experts=experts, top_k=top_k, seed=seed)
@@ -405,7 +407,8 @@ def phases(*, steps: int, tokens: int, layers: int, experts: int, top_k: int, se
         row += n
     params = dict(steps=S, tokens=T, layers=L, experts=E, top_k=K, seed=seed,
                   sigma=sigma, phase_len=J, decode_tokens=Td, rho=rho)
-    return _trace(ids, S, sizes, E, "phases", params)
+    return _trace(ids, S, sizes, E, "phases", params,
+                  stages="".join(STAGE_MARKS[DECODE if p else PREFILL] for p in phase.tolist()))
 
 
 def clustered(*, steps: int, tokens: int, layers: int, experts: int, top_k: int, seed: int,

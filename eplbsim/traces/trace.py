@@ -327,8 +327,11 @@ class Trace(TraceShape):
         lo, hi = int(self.step_offsets[idx.start]), int(self.step_offsets[idx.stop])
         src = None if self.src_rank is None else self.src_rank[lo:hi]
         weights = None if self.topk_weights is None else self.topk_weights[lo:hi]
+        meta = dict(self.meta)
+        if isinstance(meta.get("stages"), str):  # one mark a step (`traces.stages`): its own
+            meta["stages"] = meta["stages"][idx.start:idx.stop]
         return Trace(self.topk_ids[lo:hi], self.step_offsets[idx.start:idx.stop + 1] - lo,
-                     self.num_experts, src, self.meta, weights)
+                     self.num_experts, src, meta, weights)
 
 
 def shape_words(trace: TraceShape) -> str:

@@ -32,8 +32,9 @@ attention ranks.
   Under CUDA graphs the `max` layout's padding is graph padding too.
 
 The result is an ordinary Trace (`Batched.trace`) with the workload's settings in
-`meta["workload"]`, and which request, token and DP rank each row is (`Batched`), for tests and
-`trace info`.
+`meta["workload"]`, each step's stage in `meta["stages"]` (`STAGE_MARKS`: prefill when it has a
+prefill row, else decode), and which request, token and DP rank each row is (`Batched`), for
+tests and `trace info`.
 """
 
 from __future__ import annotations
@@ -59,6 +60,9 @@ PADDING = ("masked", "routed")
 DEFAULT_GRAPH_SIZES = (1, 2, 4) + tuple(range(8, 257, 8))
 DECODE, PREFILL, DP_PAD, GRAPH_PAD = 0, 1, 2, 3  # row kinds
 ROW_KINDS = ("decode", "prefill", "dp padding", "graph padding")
+# `meta["stages"]`, one mark a step (`traces.stages`): its stage's (DECODE, PREFILL), "?" (-1)
+# when the log does not say
+STAGE_MARKS = "dp?"
 
 
 @dataclass(frozen=True)
@@ -227,11 +231,12 @@ def batch(requests: RequestSet, workload: Workload | None = None) -> Batched:
     pad_ids = _padding_ids(requests.num_experts, L, K, w)  # [L, K]
     pieces: list[np.ndarray] = []
     origin: list[tuple[np.ndarray, ...]] = []
-    sizes = []
+    sizes, marks = [], []
     for step in sorted(set().union(*per_rank)):
         batches = [rank.get(step, []) for rank in per_rank]
         counts = [sum(n for _, _, n, _ in b) for b in batches]
         decode_only = all(k == DECODE for b in batches for *_, k in b)
+        marks.append(STAGE_MARKS[DECODE if decode_only else PREFILL])
         graph = bool(w.graph_sizes) and decode_only
         targets = _padded_sizes(counts, decode_only, graph, w)
         total = 0
@@ -254,7 +259,7 @@ def batch(requests: RequestSet, workload: Workload | None = None) -> Batched:
                                      for parts in zip(*origin))
     origin_of = requests.meta.get("scenario") or requests.meta.get("source") or "requests"
     meta = {"source": f"{origin_of}, batched", "requests": len(reqs),
-            "request_meta": requests.meta, "workload": asdict(w)}
+            "request_meta": requests.meta, "workload": asdict(w), "stages": "".join(marks)}
     if model_in(requests.meta) is not None:  # the model the requests ran on
         meta["model"] = model_in(requests.meta)  # (`cost.catalog.trace_model`)
     trace = Trace(torch.from_numpy(ids), torch.from_numpy(np.concatenate([[0],

@@ -10,8 +10,10 @@ SGLang's recorder writes three kinds of dump; the mode is detected from the cont
   **physical** ids, -1 for padding (the tensor always has 8 columns whatever the model's top-k).
   Imported as a :class:`~eplbsim.traces.trace.Trace`: ids mapped to logical ids through the map, one
   step per `forward_pass_id` (ascending) holding every rank's tokens in rank order, each token's
-  rank kept as `src_rank`. The records' `input_ids`, `positions`, `extend_seq_lens` and
-  `forward_mode` are not required and not imported (a Trace has no per-row token-id array).
+  rank kept as `src_rank`. The records' `input_ids`, `positions` and `extend_seq_lens` are not
+  required and not imported (a Trace has no per-row token-id array); their `forward_mode`
+  (written by the detail gatherer, per_token and per_pass alike) gives each pass's stage,
+  `meta["stages"]` (`traces.stages.forward_mode_mark`).
 - `per_pass`: the same layout, each record with `global_physical_count` `[L, P]`; the ranks'
   counts of one pass are summed and folded onto logical experts (a logical expert's count is the
   sum of its physical slots' counts): a :class:`~eplbsim.traces.counts.CountsTrace` `[S, L, E]`.
@@ -40,6 +42,7 @@ from ...base.files import regular_file
 from ...base.limits import MAX_EXPERTS
 from ...base.progress import Progress
 from ..counts import CountsTrace
+from ..stages import forward_mode_mark
 from ..trace import Trace
 
 MODES = ("per_token", "per_pass", "stat")
@@ -205,6 +208,19 @@ def _records(dumps: list[tuple[Path, Any]], key: str) -> dict[int, dict[int, tup
     return passes
 
 
+def _pass_stages(dumps: list[tuple[Path, Any]], meta: dict[str, Any]) -> None:
+    """Each forward pass's stage mark, in ascending pass id, into `meta["stages"]`, when some
+    record says its `forward_mode` (`traces.stages.forward_mode_mark` of its ranks' records)."""
+    modes: dict[int, list[Any]] = {}
+    for _, dump in dumps:
+        for rec in dump["records"]:
+            mode = rec.get("forward_mode")
+            modes.setdefault(int(rec["forward_pass_id"]), []).append(
+                int(mode) if isinstance(mode, torch.Tensor) and mode.numel() == 1 else mode)
+    if any(m is not None for ranks in modes.values() for m in ranks):
+        meta["stages"] = "".join(forward_mode_mark(modes[fpid]) for fpid in sorted(modes))
+
+
 def _kept_layers(routes: torch.Tensor, L: int, where: Path) -> list[int]:
     kept = [int(layer) for layer in torch.nonzero(routes).flatten()]
     if not kept:
@@ -261,6 +277,7 @@ def _per_token(dumps: list[tuple[Path, Any]], mapping: torch.Tensor, E: int,
     steps = [s[:, kept] for s in steps]
     meta = _layer_meta(meta, kept, L)
     meta["forward_pass_ids"] = sorted(passes)
+    _pass_stages(dumps, meta)
     return Trace.from_steps(steps, E, ranks, meta)
 
 
@@ -292,6 +309,7 @@ def _per_pass(dumps: list[tuple[Path, Any]], mapping: torch.Tensor, E: int,
     kept = _kept_layers(counts.sum((0, 2)) > 0, L, dumps[0][0])
     meta = _layer_meta(meta, kept, L)
     meta["forward_pass_ids"] = sorted(passes)
+    _pass_stages(dumps, meta)
     return CountsTrace(counts[:, kept].numpy(), meta)
 
 
