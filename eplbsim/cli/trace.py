@@ -13,6 +13,7 @@ from .. import runspec
 from ..base.errors import InputError
 from ..base.files import check_output
 from ..base.progress import bar
+from ..cost.catalog import model_named, model_shape
 from ..replay.results import to_json
 from ..traces import CountsTrace, save_trace, summarize_trace
 from ..traces.counts import save_counts_trace
@@ -22,9 +23,11 @@ from ..traces.formats.jsonl import read_jsonl, write_jsonl
 from ..traces.formats.sglang import import_sglang
 from ..traces.formats.token_log import is_token_log
 from ..traces.requests import is_request_file, save_requests
-from ..traces.steps import OUTLIER_FACTOR, describe_selection, flag_steps, outlier_median
+from ..traces.layer_kinds import EMPTY_LAYERS, hash_layers
+from ..traces.steps import (OUTLIER_FACTOR, describe_selection, flag_steps, outlier_median,
+                            span_words)
 from ..traces.synth import SCENARIOS
-from ..traces.trace import npz_names
+from ..traces.trace import model_in, npz_names
 from ..traces.workload import batch
 from .common import log_paths, positive, registered, shown_paths
 
@@ -131,7 +134,35 @@ def counts_info(args: argparse.Namespace, counts: CountsTrace) -> int:
           f"placement's even-split promise, no dispatch")
     if counts.meta.get("read_as"):
         print(f"  read as: {counts.meta['read_as']}")
+    for line in layer_kind_lines(counts.meta, None):
+        print(line)
     return 0
+
+
+def trace_hash_layers(trace: Any) -> tuple[int, ...]:
+    """The trace's hash-routed layers (`traces.layer_kinds.hash_layers`): as its meta says,
+    else as the known model it names does (`cost.catalog`)."""
+    named = model_named(model_in(trace.meta))
+    return hash_layers(trace.meta, trace.num_layers,
+                       model_shape(named).hash_layers if named else 0)
+
+
+def layer_kind_lines(meta: dict[str, Any], summary: dict[str, Any] | None) -> list[str]:
+    """What `trace info` says of the layers' kinds: the layers a dump held that route nothing
+    (`meta["empty_layers"]`, dropped: never priced), and the hash-routed layers with each
+    kind's mean per-step max / mean expert load (`summary["kind_skew"]`)."""
+    lines = []
+    if meta.get(EMPTY_LAYERS):
+        lines.append(f"  empty layers in the log (no routed pair: dropped, not priced): model "
+                     f"layers {', '.join(map(str, meta[EMPTY_LAYERS]))}")
+    if summary is not None and summary["kind_skew"] is not None:
+        skew = summary["kind_skew"]
+        shown = {k: "-" if v is None else f"{v:.3f}" for k, v in skew.items()}
+        numbers = [str(row["layer"]) for row in summary["layer_skew"] if row["kind"] == "hash"]
+        lines.append(f"  hash-routed layers (a token-id table picks their experts): "
+                     f"{span_words(numbers, 0, len(numbers), len(numbers))}; mean per-step "
+                     f"max/mean load: hash {shown['hash']}, learned {shown['learned']}")
+    return lines
 
 
 def info(args: argparse.Namespace) -> int:
@@ -143,7 +174,7 @@ def info(args: argparse.Namespace) -> int:
         return counts_info(args, source.select(whole))
     flags = flag_steps(whole)
     trace = source.chunked(source.select(whole))
-    summary = {**summarize_trace(trace), "flagged": flags}
+    summary = {**summarize_trace(trace, trace_hash_layers(trace)), "flagged": flags}
     if args.coactivation:
         summary["coactivation"] = coactivation_summary(trace, args.groups)
     if args.json:
@@ -161,13 +192,16 @@ def info(args: argparse.Namespace) -> int:
     print(f"  groups {summary['groups'] or '-'}, src_rank "
           f"{'yes' if summary['src_rank'] else 'no'}, padding {summary['padding_frac']:.2%}, "
           f"source {summary['meta'].get('source', '-')}")
-    for line in _flag_lines(flags, whole, source):
+    for line in _flag_lines(flags, whole, source) + layer_kind_lines(trace.meta, summary):
         print(line)
-    print("  layer  max/mean load (whole trace)  mean per-step max/mean  hottest expert")
+    kind = summary["kind_skew"] is not None
+    print("  layer  max/mean load (whole trace)  mean per-step max/mean  hottest expert"
+          + ("  kind" if kind else ""))
     for row in summary["layer_skew"]:
         skew, step = row["max_over_mean"], row["per_step_max_over_mean"]
         print(f"  {row['layer']:>5}  {'-' if skew is None else f'{skew:.3f}':>27}  "
-              f"{'-' if step is None else f'{step:.3f}':>22}  {row['hottest_expert']:>14}")
+              f"{'-' if step is None else f'{step:.3f}':>22}  {row['hottest_expert']:>14}"
+              + (f"  {row['kind']}" if kind else ""))
     if args.coactivation:
         co = summary["coactivation"]
         print("  co-activation: the pairs of experts one token chooses most often")

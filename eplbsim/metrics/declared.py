@@ -19,10 +19,11 @@ from ..placement.loads import balancedness, idle_replicas, nanmax_or_none, repli
 from ..ranks.fanout import FIELDS
 from ..schedule.switch import phases
 from ..schedule.transfers import transfer_kinds
+from ..traces.layer_kinds import KINDS, learned_layers
 from .counters import Chunk
 from .gap import placement_gap
-from .reductions import (mean, overhead, peak, ratio, root_ratio, shares, step_time, throughput,
-                         total)
+from .reductions import (WHOLE, mean, overhead, peak, ratio, root_ratio, shares, step_time,
+                         throughput, total)
 
 
 RATIO, TIME_FMT, COUNT, PERCENT = "ratio", "time", "count", "percent"  # how a table shows it
@@ -218,6 +219,23 @@ def _overflow_steps(results: Any) -> int | None:
     return int(overflow(results.rank_tokens, cap).sum())
 
 
+def _of_kind(key: str, kind: str) -> Callable[[Any], Any]:
+    """A whole-run figure: metric `key` reduced over the layers of one kind alone ("hash":
+    routed by token id, "learned": by the router; `Results.hash_layers`), as the run's figure
+    is over all; None when the run has no hash-routed layer or none of that kind."""
+    def figure(results: Any) -> Any:
+        hashed = results.hash_layers
+        L = results.true_load.shape[1]
+        layers = list(hashed if kind == "hash" else learned_layers(L, hashed))
+        if not hashed or not layers:
+            return None
+        value = float(METRICS[key].reduce(*(part[:, layers] for part in
+                                            results.components[key]), dims=WHOLE))
+        return None if math.isnan(value) else value
+    figure.__name__ = f"_{key}_{kind}"
+    return figure
+
+
 def _step_tokens(chunk: Chunk) -> torch.Tensor:
     """Each step's tokens on every layer, `[c, L]`."""
     return chunk.counters.tokens.unsqueeze(1).expand(chunk.counters.valid.shape)
@@ -252,6 +270,11 @@ METRICS: dict[str, Metric] = {
         "idle", lambda c: idle_replicas(c.executed, c.routed, c.placement, c.replicas), ratio,
         needs=EXECUTED),
     "placement_imbalance": Metric("promise", lambda c: (c.promise,)),
+    **{f"{key}_{kind}": Metric(f"{header}_{kind}", whole=_of_kind(key, kind), needs=needs,
+                               shown=lambda rows, k=f"{key}_{kind}": _some(rows, k))
+       for key, header, needs in (("gpu_imbalance", "gpu_imb", EXECUTED),
+                                  ("placement_imbalance", "promise", None))
+       for kind in KINDS},
     "placement_gap": Metric("gap", lambda c: (placement_gap(c.placement, c.routed),),
                             shown=lambda rows: _differs(rows, "placement_gap",
                                                         "placement_imbalance")),

@@ -46,6 +46,7 @@ from ..schedule.plan import Segment, plan
 from ..traces import RunTrace, TokenTrace, check_run_trace
 from ..traces.coactivation import coactivation
 from ..traces.counts import CountsTrace
+from ..traces.layer_kinds import hash_layers
 from ..traces.stages import stage_view
 from .results import Comparison, Results, run_warnings
 
@@ -139,7 +140,13 @@ def schedule_of(trace: RunTrace, spec: RunSpec, true_load: torch.Tensor) -> tupl
         "source_load": lambda lo, hi: source_load(trace, topo.num_gpus, range(lo, hi))}
     return plan(true_load, spec.schedule, solver, topo, E + spec.topology.redundant,
                 spec.topology.groups or trace.num_groups or 1, placement, initial,
-                spec.dispatch.seed, given)
+                spec.dispatch.seed, given, hash_layers=hash_layers_of(trace, spec))
+
+
+def hash_layers_of(trace: RunTrace, spec: RunSpec) -> tuple[int, ...]:
+    """The trace's hash-routed layers (`traces.layer_kinds.hash_layers`): as its meta says,
+    else as the model `spec` prices says."""
+    return hash_layers(trace.meta, trace.num_layers, spec.cost.shape.hash_layers)
 
 
 def stage_placement(trace: RunTrace, spec: RunSpec) -> Placement:
@@ -317,11 +324,12 @@ def replay_planned(trace: RunTrace, spec: RunSpec, plan: Plan, progress: Progres
     (`run_steps`; `workers.Workers.run_steps` splits them over processes), then `Results`."""
     spec = spec_for_trace(trace, spec)
     check_memory_of(trace, spec)
+    hashed = hash_layers_of(trace, spec)
     if isinstance(trace, CountsTrace):
-        return Results(spec, None, plan.true_load, plan.segments, None)
+        return Results(spec, None, plan.true_load, plan.segments, None, hash_layers=hashed)
     slot_load, counters = steps(trace, spec, plan.segments, progress=progress)
     return Results(spec, slot_load, plan.true_load, plan.segments, counters,
-                   rank_tokens=rank_tokens(trace, spec.topology.gpus))
+                   rank_tokens=rank_tokens(trace, spec.topology.gpus), hash_layers=hashed)
 
 
 def replay(trace: RunTrace, spec: RunSpec | None = None,

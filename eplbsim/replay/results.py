@@ -60,6 +60,8 @@ class Results:
                caller; shown when the results are printed
     rank_tokens: int64 `[S, G]` tokens each rank dispatches in "a2a" (`ranks.dispatched`), what
                its dispatch buffer must hold; None for counts only
+    hash_layers: the layers routed by token id (`traces.layer_kinds`), whose figures the
+               metrics of each kind (`*_hash`, `*_learned`) show apart; empty when none is
     Derived on first use: `components` (every metric per step and layer), `metrics` (their
     values over the run, in `METRICS` order).
     """
@@ -71,6 +73,7 @@ class Results:
     counters: Counters | None
     warnings: tuple[str, ...] = ()
     rank_tokens: torch.Tensor | None = None
+    hash_layers: tuple[int, ...] = ()
 
     @property
     def present(self) -> set[str]:

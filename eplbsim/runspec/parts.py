@@ -176,7 +176,8 @@ class SchedulePart(Part):
                               Integer(1, optional=True), metavar="W")
     predictor: Any = knob("window", "window: sum of the last W steps; ema: decayed sum; "
                           "decay: TensorRT-LLM's decayed statistic (h <- h * 0.95 + counts); "
-                          "oracle: the loads of the steps about to run",
+                          "oracle: the loads of the steps about to run; hashed: those on "
+                          "hash-routed layers (their token ids give them), window on the others",
                           Name(PREDICTORS, "predictor", callables=True))
     decay: float | None = knob(None, "the per-step factor in [0, 1] of ema (default 1 - 1/W) "
                                "and of decay, TensorRT-LLM's statistic (default 0.95)",

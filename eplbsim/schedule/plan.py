@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -35,7 +35,7 @@ from ..placement import Placement, trivial_placement
 from ..placement.loads import balancedness, gpu_loads, nanmean_or_none
 from ..placement.topology import Topology
 from ..solvers import find_solver, placement_slots, solve, solver_options
-from .predictors import DEFAULT_DECAY, PREDICTORS
+from .predictors import DEFAULT_DECAY, PREDICTORS, takes_hash_layers
 from .switch import switched
 from .transfers import transfer_counts
 
@@ -98,8 +98,8 @@ class Segment:
 def plan(true_load: torch.Tensor, schedule: Any, solver: Any, topology: Topology,
          num_slots: int, num_groups: int, placement: Placement | None = None,
          initial: Placement | None = None, seed: int = 0,
-         window_inputs: dict[str, Callable[[int, int], np.ndarray]] | None = None
-         ) -> tuple[Segment, ...]:
+         window_inputs: dict[str, Callable[[int, int], np.ndarray]] | None = None,
+         hash_layers: Sequence[int] = ()) -> tuple[Segment, ...]:
     """The segments of a schedule over routed loads `true_load [S, L, E]` (module doc).
 
     schedule:  the run's schedule part (`runspec.SchedulePart`: `rebalance_every`, `window`,
@@ -114,6 +114,8 @@ def plan(true_load: torch.Tensor, schedule: Any, solver: Any, topology: Topology
                `source_load`, the pairs each source rank sends each expert `[L, G, E]`
                (`ranks.traffic.source_load`, for `topology-aware`); empty for counts-only
                inputs
+    hash_layers: the hash-routed layers (`traces.layer_kinds`), for a predictor that takes
+               them (`predictors.hashed`)
     Pure: solves every placement up front; the same inputs give the same segments. InputError
     on a placement that does not fit, or a predictor that returns something other than
     `[L, E]` finite, non-negative loads.
@@ -145,6 +147,7 @@ def plan(true_load: torch.Tensor, schedule: Any, solver: Any, topology: Topology
 
     window = every if schedule.window is None else schedule.window
     predictor = lookup(PREDICTORS, schedule.predictor, "predictor")
+    kinds = {"hash_layers": tuple(hash_layers)} if takes_hash_layers(predictor) else {}
     decay = (schedule.decay if schedule.decay is not None
              else DEFAULT_DECAY.get(predictor, 1.0 - 1.0 / window))
     width = placement_slots(solver.solver, E, num_slots, topology)  # a budget's are wider
@@ -158,8 +161,8 @@ def plan(true_load: torch.Tensor, schedule: Any, solver: Any, topology: Topology
         if lo == 0:
             segments.append(Segment(lo, hi, current, solve_for(truth, previous, lo, hi), None))
             continue
-        forecast = _check_forecast(predictor(true_load[:lo], true_load[lo:hi], window, decay),
-                                   L, E, predictor)
+        forecast = _check_forecast(predictor(true_load[:lo], true_load[lo:hi], window, decay,
+                                             **kinds), L, E, predictor)
         promised = gpu_loads(current.expected_load(forecast), topology.num_gpus)  # [L, G]
         promised_balance = nanmean_or_none(balancedness(promised))
         promised_balance = math.nan if promised_balance is None else promised_balance

@@ -12,13 +12,16 @@ A predictor is a pure function
   window: `W`, the steps of history a windowed predictor sums (>= 1)
   decay:  the per-step factor of an exponentially decayed sum, in [0, 1] (0: the last step)
 returning non-negative expected loads of the same scale as a sum of steps (solvers only compare
-experts within a layer, so the scale does not matter). A new predictor is one function and one
-line in `PREDICTORS`; the replay also takes any such callable.
+experts within a layer, so the scale does not matter). A predictor that also takes a keyword
+`hash_layers` gets the indices of the hash-routed layers (`traces.layer_kinds`: a token-id table
+routes them, so the batch's token ids give their loads before any routing). A new predictor is
+one function and one line in `PREDICTORS`; the replay also takes any such callable.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+import inspect
+from typing import Callable, Sequence
 
 import torch
 
@@ -28,7 +31,13 @@ Predictor = Callable[[torch.Tensor, torch.Tensor, int, float], torch.Tensor]
 def window(past: torch.Tensor, future: torch.Tensor, window: int, decay: float) -> torch.Tensor:
     """The sum of the last `window` steps (all of them when fewer): the serving engines'
     default. `[s, L, E] -> [L, E]`."""
-    return past[-window:].sum(0).to(torch.float64)
+    return window_sum(past, window)
+
+
+def window_sum(past: torch.Tensor, steps: int) -> torch.Tensor:
+    """The sum of the last `steps` of `past [s, L, E]` (all of them when fewer), float64
+    `[L, E]`."""
+    return past[-steps:].sum(0).to(torch.float64)
 
 
 def _decayed_sum(steps: torch.Tensor, factor: float) -> torch.Tensor:
@@ -72,6 +81,19 @@ def decay(past: torch.Tensor, future: torch.Tensor, window: int, decay: float) -
     return _decayed_sum(past[-window:], decay)
 
 
+def hashed(past: torch.Tensor, future: torch.Tensor, window: int, decay: float,
+           hash_layers: Sequence[int] = ()) -> torch.Tensor:
+    """Exact on hash-routed layers, `window` on the learned ones (DESIGN.md §16): a hash layer's
+    experts are the token-id table's entries for the batch's token ids, known before routing,
+    so its forecast is the true load of the steps about to run (their token ids through the
+    table); a learned layer's is the sum of the last `window` steps. What a placement can gain
+    on hash layers; with no hash layer it is `window`. `[s, L, E] -> [L, E]`."""
+    out = window_sum(past, window)
+    layers = list(hash_layers)
+    out[layers] = future[:, layers].sum(0).to(torch.float64)
+    return out
+
+
 def oracle(past: torch.Tensor, future: torch.Tensor, window: int, decay: float) -> torch.Tensor:
     """The true loads of the steps about to run: the best any predictor could do.
     `[n, L, E] -> [L, E]`."""
@@ -83,6 +105,7 @@ PREDICTORS: dict[str, Predictor] = {
     "ema": ema,
     "decay": decay,
     "oracle": oracle,
+    "hashed": hashed,
 }
 
 TRTLLM_DECAY = 0.95  # TensorRT-LLM's `MoeLoadBalanceStatisticInfo::decayFactor` (`decay` doc)
@@ -90,3 +113,11 @@ TRTLLM_DECAY = 0.95  # TensorRT-LLM's `MoeLoadBalanceStatisticInfo::decayFactor`
 # Predictors that bring their own default `decay` factor (an engine's), used when the schedule
 # gives none (`--decay`); every other predictor gets the plan's `1 - 1/W` (`plan.plan`).
 DEFAULT_DECAY: dict[Predictor, float] = {decay: TRTLLM_DECAY}
+
+
+def takes_hash_layers(predictor: Predictor) -> bool:
+    """Whether `predictor` takes the keyword `hash_layers` (module doc)."""
+    try:
+        return "hash_layers" in inspect.signature(predictor).parameters
+    except (TypeError, ValueError):
+        return False

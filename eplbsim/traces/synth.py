@@ -20,6 +20,13 @@ counts go stale: `drift` (popularity rotating steadily with a period), `burst` (
 suddenly hot for a stretch of steps) and `phases` (alternating prefill/decode blocks of different
 batch sizes and routing).
 A new scenario is one function and one line in `SCENARIOS`; `synthesize` also takes a callable.
+
+Every scenario also takes `hash_layers` (DeepSeek-V4's hash-routed layers, DESIGN.md §16): each
+token row gets a token id, drawn from a Zipf law over a vocabulary (`vocab`, exponent `zipf`),
+and the first `hash_layers` layers route by a seeded table per layer, `tid2eid [vocab, K]`, of
+distinct experts per token id (`traces.layer_kinds`); the other layers are the scenario's own.
+Token ids and tables come from their own stream of the seed, so the learned layers are the
+scenario's draws unchanged; `meta["hash_layers"]` lists the hash-routed layers.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from ..base.errors import InputError
 from ..base.files import check_memory
 from ..base.limits import MAX_EXPERTS, MAX_LAYERS, MAX_SEED, check_at_most
 from ..base.registry import lookup, name_of
+from .layer_kinds import HASH_LAYERS, route_by_table, tid2eid_tables, token_ids
 from .trace import Trace
 from .workload import DECODE, PREFILL, STAGE_MARKS
 
@@ -43,6 +51,11 @@ COMPILED_TOP = 32  # a top-k of at most this many takes the compiled pass (`_top
 Generator = Callable[..., Trace]
 
 _SIZE_NAMES = ("steps", "tokens", "layers", "experts", "top_k")
+# every scenario's options of hash-routed layers (module doc), with their defaults: V4's
+# vocabulary (`vocab_size` of DeepSeek-V4's config.json) and Zipf's law's exponent 1
+HASH_OPTIONS = {"hash_layers": 0, "vocab": 129280, "zipf": 1.0}
+HASH_STREAM = 0x7A5  # the seed's stream that token ids and tables are drawn from
+MAX_VOCAB = 2 ** 24
 MAX_SIGMA = 10.0  # log-normal spread of popularities: beyond, one expert takes everything
 
 
@@ -476,7 +489,7 @@ def scenario_options(scenario: str | Generator, options: dict[str, Any]) -> dict
         return options
     if any(p.kind is p.VAR_KEYWORD for p in params.values()):
         return options
-    accepted = [p for p in params if p not in _SIZE_NAMES + ("seed",)]
+    accepted = [p for p in params if p not in _SIZE_NAMES + ("seed",)] + list(HASH_OPTIONS)
     unknown = sorted(set(options) - set(accepted))
     if unknown:
         raise InputError(f"scenario {name_of(scenario)!r} has no option {', '.join(unknown)}; "
@@ -500,8 +513,36 @@ def synthesize(scenario: str | Generator = DEFAULT_SCENARIO, *,
     check_sizes(steps=steps, tokens=tokens, layers=layers, experts=experts, top_k=top_k,
                 seed=seed)
     scenario_options(scenario, options)
+    hashing = {k: options.pop(k) for k in HASH_OPTIONS if k in options}
     trace = gen(steps=steps, tokens=tokens, layers=layers, experts=experts, top_k=top_k,
                 seed=seed, **options)
     if not isinstance(trace, Trace):
         raise InputError(f"scenario {name!r} returned {type(trace).__name__}, not a Trace")
-    return trace
+    return hash_routed(trace, seed, **hashing) if hashing else trace
+
+
+def hash_routed(trace: Trace, seed: int, hash_layers: int = 0,
+                vocab: int = HASH_OPTIONS["vocab"], zipf: float = HASH_OPTIONS["zipf"]) -> Trace:
+    """`trace` with its first `hash_layers` layers routed by token id (module doc): token ids
+    `[N]` from a Zipf law over `vocab` ids (`zipf`), a table `[vocab, K]` per hash layer, both
+    from the seed's `HASH_STREAM`; `meta["params"]` gains the three options (so
+    `synthesize(scenario, **params)` rebuilds it) and `meta["hash_layers"]` the layers.
+    `hash_layers = 0` adds the options and changes nothing else."""
+    L = trace.num_layers
+    H = _check_int("hash_layers", hash_layers, 0)
+    if H > L:
+        raise InputError(f"hash_layers={H} must not exceed the scenario's {L} layers")
+    V = _check_int("vocab", vocab, 1)
+    check_at_most(V, MAX_VOCAB, "vocab")
+    zipf = _check_float("zipf", zipf, 0.0, MAX_SIGMA)
+    ids = trace.topk_ids.numpy()
+    if H:
+        rng = np.random.default_rng((seed, HASH_STREAM))
+        tokens = token_ids(rng, ids.shape[0], V, zipf)  # [N]
+        tables = tid2eid_tables(rng, H, V, trace.num_experts, trace.top_k)  # [H, V, K]
+        ids = route_by_table(ids, tuple(range(H)), tables, tokens)
+    meta = dict(trace.meta, params=dict(trace.meta.get("params", {}), hash_layers=H,
+                                        vocab=V, zipf=zipf))
+    meta[HASH_LAYERS] = list(range(H))
+    return Trace(ids, trace.step_offsets, trace.num_experts, trace.src_rank, meta,
+                 trace.topk_weights)

@@ -169,6 +169,33 @@ def test_hash_differs_from_row_for_three_replicas():
     assert not torch.equal(hashed, POLICIES["row"](ids, view, ctx_for()).squeeze(1))
 
 
+def test_vllms_deepseek_v4_dispatch_is_the_hash_policy():
+    """vLLM PR #43339 (merged; DeepSeek-V4's MegaMoE EPLB), first revision of
+    `vllm/models/deepseek_v4/nvidia/model.py`: `hashed = (token_indices * MULTIPLIER) &
+    0xFFFFFFFF; replica = hashed % replica_counts.clamp(min=1)`, token index = the row in the
+    batch; in review (2026-05-29) it was found "equivalent to the existing triton kernel" and
+    the merged PR calls `eplb_map_to_physical_and_record`, the kernel `vllm:hash` runs
+    (Knuth's 2654435769 in `fused_moe/eplb_triton.py`). So V4's dispatch is `hash`, no new
+    policy: on a V4-Flash-shaped layer (256 experts, top-6) with 1 to 6 replicas an expert,
+    the formula as written there gives `hash`'s replica for every pair, padding kept."""
+    g = torch.Generator().manual_seed(43339)
+    E, K, T = 256, 6, 300
+    counts = torch.randint(1, 7, (E,), generator=g)  # [E] replicas of each expert
+    phy2log = torch.repeat_interleave(torch.arange(E), counts)
+    pad = (-phy2log.numel()) % 8
+    phy2log = torch.cat([phy2log, torch.randint(0, E, (pad,), generator=g)])  # [P] on 8 GPUs
+    placement = Placement(phy2log[None], E, Topology(8))
+    view = full_view(placement)
+    ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)])  # [T, K]
+    ids[5, 2] = -1
+    token = torch.arange(T)[:, None].expand(T, K)  # [T, K] the row of each pair
+    n = placement.logcnt[0][ids.clamp(min=0)]  # [T, K]
+    replica = ((token * 2654435769) & 0xFFFFFFFF) % n.clamp(min=1)
+    want = torch.where(ids >= 0, view.log2phy[0][ids.clamp(min=0), replica], -1)
+    assert torch.equal(POLICIES["hash"](ids, view, ctx_for()), want)
+    assert not torch.equal(POLICIES["row"](ids, view, ctx_for()), want)  # n of 3, 5, 6
+
+
 def test_occurrence_index_counts_earlier_pairs_row_major():
     ids = torch.tensor([[3, 1], [1, 3], [-1, 1], [3, 2]])
     assert occurrence_index(ids).tolist() == [[0, 0], [1, 1], [0, 2], [2, 0]]

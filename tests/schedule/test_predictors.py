@@ -127,3 +127,42 @@ def test_decay_defaults_to_trtllm_factor_and_takes_a_given_one(monkeypatch):
     # ema keeps the plan's default, 1 - 1/W (W = 5 here)
     assert _factors_seen(monkeypatch, loads, predictor="ema") == {0.8}
     assert _factors_seen(monkeypatch, loads, predictor="ema", decay=0.95) == {0.95}
+
+
+def test_hashed_is_exact_on_hash_layers_and_window_on_the_others():
+    loads = _loads()
+    past, future = loads[:8], loads[8:9]
+    out = PREDICTORS["hashed"](past, future, 4, 0.5, hash_layers=(0, 2))
+    assert torch.equal(out[[0, 2]], future[0, [0, 2]].to(torch.float64))  # the step's own
+    assert torch.equal(out[1], PREDICTORS["window"](past, future, 4, 0.5)[1])
+    assert torch.equal(PREDICTORS["hashed"](past, future, 4, 0.5),
+                       PREDICTORS["window"](past, future, 4, 0.5))  # no hash layer: window
+
+
+def test_on_a_v4_shaped_trace_the_hashed_forecast_is_each_steps_true_load():
+    """Rebalanced every step from a window of 4: on the hash layers the forecast is the step's
+    own load (its token ids through the table), so each hash layer's placement is the one the
+    solver makes for the truth, and their imbalance is at or below the window predictor's;
+    the learned layers are the window's either way."""
+    trace = synthesize("skewed", steps=16, tokens=256, layers=5, experts=32, top_k=4, seed=3,
+                       hash_layers=3, vocab=4096)
+    load = trace.counts().to(torch.int64)
+    seen = []
+
+    def spy(past, future, window, decay, hash_layers=()):
+        out = PREDICTORS["hashed"](past, future, window, decay, hash_layers)
+        seen.append((past.shape[0], out[list(hash_layers)], hash_layers))
+        return out
+    spec = RunSpec.of(gpus=8, redundant=8, rebalance_every=1, window=4, predictor=spy)
+    replay(trace, spec)
+    assert [s for s, _, _ in seen] == list(range(4, 16))
+    for step, forecast, layers in seen:
+        assert layers == (0, 1, 2)
+        assert torch.equal(forecast, load[step, :3].to(torch.float64))
+    runs = {p: replay(trace, spec.replace(predictor=p)).metrics for p in ("window", "hashed")}
+    assert runs["hashed"]["gpu_imbalance_hash"] <= runs["window"]["gpu_imbalance_hash"]
+    assert runs["hashed"]["placement_imbalance_hash"] < runs["window"]["placement_imbalance_hash"]
+    assert runs["hashed"]["gpu_imbalance_learned"] == runs["window"]["gpu_imbalance_learned"]
+    plain = replay(synthesize("skewed", steps=4, tokens=32, layers=2, experts=8, top_k=2),
+                   RunSpec.of(gpus=2)).metrics
+    assert plain["gpu_imbalance_hash"] is None and plain["placement_imbalance_learned"] is None

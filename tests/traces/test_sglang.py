@@ -251,3 +251,26 @@ def test_never_unpickles_arbitrary_objects(tmp_path, capsys):
     assert code == 2 and "refused" in err and len(err.strip().splitlines()) == 1
     assert not marker.exists(), "the object's code ran"
     assert not (tmp_path / "out.npz").exists()
+
+
+def test_empty_layers_are_named_warned_of_and_never_priced(tmp_path, per_token_files, capsys):
+    """A dump whose layers route nothing (SGLang's DeepSeek-V4 recorder counted 40 of 43
+    layers, #25948 / #25961) says which: a warning, `meta["empty_layers"]`, `trace info`; the
+    layers are dropped, so the time prices the layers that routed alone."""
+    from eplbsim.base.errors import InputWarning
+    with pytest.warns(InputWarning, match=r"1 of the dump's 3 layers route nothing \(model "
+                                          r"layers 0\).*#25961.*never priced"):
+        trace = import_sglang(per_token_files, top_k=K)
+    assert trace.meta["empty_layers"] == [0] and trace.num_layers == L - 1
+    files = [_save(_per_pass_dump(r), tmp_path / f"p{r}.pt") for r in (0, 1)]
+    with pytest.warns(InputWarning, match="model layers 0"):
+        assert import_sglang(files).meta["empty_layers"] == [0]
+    out = tmp_path / "t.npz"
+    assert main(["trace", "import-sglang", *map(str, per_token_files), "--out", str(out),
+                 "--top-k", str(K)]) == 0
+    assert "route nothing (model layers 0)" in capsys.readouterr().err
+    code, text, _ = run(capsys, "trace", "info", out)
+    assert code == 0 and "empty layers in the log (no routed pair: dropped, not priced): " \
+                         "model layers 0" in text
+    priced = replay(load_trace(out), RunSpec.of(gpus=2, redundant=2, cost="roofline"))
+    assert priced.true_load.shape[1] == L - 1  # the empty layer is no idle layer of the time

@@ -22,9 +22,13 @@ SGLang's recorder writes three kinds of dump; the mode is detected from the cont
   rest are kept in buffer order. The ring's write position is not in the dump, so the first
   kept row is not necessarily the oldest.
 
-In every mode, layers that never route (dense layers: all padding / zero counts throughout) are
-dropped; `meta["model_layers"]` is the model layer index of each kept layer and
-`meta["num_model_layers"]` is `L`. Files are loaded with `weights_only=True` only. Anything
+In every mode, layers that never route (all padding / zero counts throughout) are dropped, so
+they are never priced, as idle or otherwise; `meta["model_layers"]` is the model layer index of
+each kept layer, `meta["num_model_layers"]` is `L` and `meta["empty_layers"]` names the dropped
+ones, of which a warning tells the caller: dense layers, or MoE layers the recorder attributed
+nothing to (SGLang's DeepSeek-V4 recorder counted 40 of its 43 layers: sgl-project/sglang
+#25948 and #25961; V4 has no dense layer, TensorRT-LLM #13595). Files are loaded with
+`weights_only=True` only. Anything
 corrupt, partial or inconsistent raises :class:`InputError` naming the file and the problem.
 """
 
@@ -37,11 +41,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...base.errors import InputError
+from ...base.errors import InputError, InputWarning, warn_caller
 from ...base.files import regular_file
 from ...base.limits import MAX_EXPERTS
 from ...base.progress import Progress
 from ..counts import CountsTrace
+from ..layer_kinds import EMPTY_LAYERS
 from ..stages import forward_mode_mark
 from ..trace import Trace
 
@@ -229,8 +234,15 @@ def _kept_layers(routes: torch.Tensor, L: int, where: Path) -> list[int]:
     return kept
 
 
-def _layer_meta(meta: dict[str, Any], kept: list[int], L: int) -> dict[str, Any]:
-    return dict(meta, num_model_layers=L, model_layers=kept)
+def _layer_meta(meta: dict[str, Any], kept: list[int], L: int, where: Path) -> dict[str, Any]:
+    """`meta` with the kept layers (module doc), and the empty ones warned of."""
+    empty = [layer for layer in range(L) if layer not in set(kept)]
+    if empty:
+        warn_caller(f"{where}: {len(empty)} of the dump's {L} layers route nothing (model "
+                    f"layers {', '.join(map(str, empty))}): dense layers, or MoE layers the "
+                    f"recorder attributed no count to (SGLang's DeepSeek-V4 recorder, #25961); "
+                    f"dropped, so never priced", InputWarning)
+    return dict(meta, num_model_layers=L, model_layers=kept, **{EMPTY_LAYERS: empty})
 
 
 # -- the three modes ----------------------------------------------------------------------------
@@ -275,7 +287,7 @@ def _per_token(dumps: list[tuple[Path, Any]], mapping: torch.Tensor, E: int,
         ranks.append(torch.cat(owners))
     kept = _kept_layers(routes, L, dumps[0][0])
     steps = [s[:, kept] for s in steps]
-    meta = _layer_meta(meta, kept, L)
+    meta = _layer_meta(meta, kept, L, dumps[0][0])
     meta["forward_pass_ids"] = sorted(passes)
     _pass_stages(dumps, meta)
     return Trace.from_steps(steps, E, ranks, meta)
@@ -307,7 +319,7 @@ def _per_pass(dumps: list[tuple[Path, Any]], mapping: torch.Tensor, E: int,
         rows.append(_fold(total, mapping, E))
     counts = torch.stack(rows)  # [S, L, E]
     kept = _kept_layers(counts.sum((0, 2)) > 0, L, dumps[0][0])
-    meta = _layer_meta(meta, kept, L)
+    meta = _layer_meta(meta, kept, L, dumps[0][0])
     meta["forward_pass_ids"] = sorted(passes)
     _pass_stages(dumps, meta)
     return CountsTrace(counts[:, kept].numpy(), meta)
@@ -331,7 +343,7 @@ def _stat(path: Path, dump: Any, num_experts: int | None, meta: dict[str, Any]) 
         counts = torch.cat([counts, torch.zeros(len(filled), L, E - E_dump,
                                                 dtype=torch.int64)], 2)
     kept = _kept_layers(counts.sum((0, 2)) > 0, L, path)
-    meta = _layer_meta(meta, kept, L)
+    meta = _layer_meta(meta, kept, L, path)
     rate = dump["average_utilization_rate_over_window"]
     if isinstance(rate, torch.Tensor) and rate.numel() == 1:
         rate = float(rate)
