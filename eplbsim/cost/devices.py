@@ -77,4 +77,9 @@ DEVICES: dict[str, DeviceProfile] = {
                             source="AMD Instinct MI300X datasheet: 1307 TFLOP/s BF16, 2615 FP8 "
                             "dense; HBM3 5.3 TB/s; 7 Infinity Fabric links of 64 GB/s per "
                             "direction; 400 Gb/s NIC"),
+    "mi355x": DeviceProfile(2516 * TERA, 5033 * TERA, 8 * TERA, 537.6 * GIGA, 50 * GIGA,
+                            source="AMD Instinct MI355X: 256 CUs at 2.4 GHz, 8192 FP8 FLOP a "
+                            "clock per CU (ISSCC 2026) = 5.03 PFLOP/s FP8 dense, half at BF16; "
+                            "HBM3E 8 TB/s; 7 Infinity Fabric links of 153.6 GB/s bidirectional; "
+                            "400 Gb/s NIC"),
 }

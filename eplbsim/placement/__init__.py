@@ -304,6 +304,17 @@ def _narrowed(placement: Placement, rank: int, on_gpu: torch.Tensor,
     return View(out, cnt, placement, rank)
 
 
+def atom_view(placement: Placement, rank: int, mode: str = "none") -> View:
+    """ROCm ATOM's per-rank dispatch lists (`_build_rank_dispatch_map` in
+    `atom/model_ops/eplb.py` @ 05c3036dd41f, ATOM #1210), in every mode: per expert, the
+    lowest-id replica on the rank's GPU if any (ATOM takes the first in its replica order;
+    both are on the GPU, so the GPU loads agree), else every replica (ATOM's -1 sentinel: the
+    rank spreads its tokens over the replicas by a hash of the token index). Rank-variant in
+    "none" mode, as the engine builds it."""
+    on_gpu, _ = _local(placement, rank)
+    return _narrowed(placement, rank, on_gpu, torch.full_like(placement.logcnt, -1))
+
+
 def _first_where(log2phy: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """The first (lowest-id) slot of `log2phy [L, E, R]` where `mask`, -1 where none: `[L, E]`."""
     idx = torch.argmax(mask.to(torch.int8), dim=-1, keepdim=True)
@@ -317,6 +328,7 @@ VIEWS: dict[str, Callable[[Placement, int, str], View]] = {
     "sglang": sglang_view,
     "sglang-0.5.14": sglang_0_5_14_view,
     "sglang-0.5.16": sglang_0_5_16_view,
+    "atom": atom_view,
 }
 
 

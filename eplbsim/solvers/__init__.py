@@ -38,6 +38,7 @@ from ..base.registry import lookup, name_of
 from ..placement import Placement
 from ..placement.topology import Topology
 from .affinity import affinity
+from .atom import atom_biased, atom_naive
 from .budget import budget, widened
 from .deepseek import deepseek
 from .exact import exact
@@ -75,6 +76,8 @@ SOLVERS: dict[str, Solver] = {
     "budget": budget,
     "metro": metro,
     "topology-aware": topology_aware,
+    "atom-naive": atom_naive,
+    "atom-biased": atom_biased,
 }
 
 # Solvers whose placements are wider than the slots they are given, which are then a budget:
