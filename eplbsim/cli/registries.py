@@ -15,7 +15,8 @@ POLICIES_HELP = "list the dispatch policies: rank-invariance class in \"none\" m
 SOLVERS_HELP = "list the placement solvers: source, what each does"
 MODELS_HELP = ("list the models --model names: experts, top-k, MoE layers of all layers, hidden, "
                "expert intermediate, shared experts, weight dtype, hash-routed layers, draft "
-               "(MTP) layers, where each comes from")
+               "(MTP) layers, where each comes from; for a model whose draft has experts of its "
+               "own count, the EP sizes both admit")
 
 
 def policy_rows() -> list[dict[str, Any]]:
@@ -89,4 +90,22 @@ def handle_models(args: argparse.Namespace) -> int:
     widths = {k: max(len(str(r[k])) for r in table) for k in head if k != "source"}
     for r in table:
         print("  ".join(f"{r[k]!s:{widths[k]}}" for k in widths) + f"  {r['source']}")
+    for note in draft_notes(rows):
+        print(note)
     return 0
+
+
+def draft_notes(rows: list[dict[str, Any]]) -> list[str]:
+    """A line for each model of `rows` (`model_rows`) whose draft (MTP) layers have experts of
+    their own count: the EP sizes (of one to 32 eight-GPU nodes) it and its draft both admit
+    with one redundancy (`schedule.draft_fault.ep_words`)."""
+    from ..cost.catalog import model_shape
+    from ..schedule.draft_fault import ep_words
+    notes = []
+    for r in rows:
+        shape = model_shape(r["name"])
+        if shape.draft_layers and shape.draft_experts not in (0, None, shape.experts):
+            notes.append(f"{r['name']}: {shape.experts} experts, its draft "
+                         f"{shape.draft_experts}: "
+                         f"{ep_words(shape.experts, shape.draft_experts)}")
+    return notes
