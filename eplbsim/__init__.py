@@ -2,7 +2,8 @@
 dispatch.
 
 What a notebook reaches for, importable from here: `replay`, `compare` and their settings
-`RunSpec`; traces (`open_trace`, `load_trace`, `synthesize`, `Trace.from_arrays`); the registries `POLICIES`,
+`RunSpec`; traces (`open_trace`, `load_trace`, `synthesize`, `Trace.from_arrays`, and
+`shape_steps`: a trace's steps selected and cut as `run` does); the registries `POLICIES`,
 `SOLVERS`, `SCENARIOS`, `VIEWS`, `PREDICTORS`, `MODES` and `METRICS`; `review` (a verdict on a
 dispatch change, a `Report`). The modules hold the rest
 (DESIGN.md §6).
@@ -29,7 +30,7 @@ EXPORTS = {  # name -> the module (below eplbsim) it is imported from
     "Results": "replay.results", "Report": "review", "review": "review", "RunSpec": "runspec",
     "PREDICTORS": "schedule.predictors", "SOLVERS": "solvers", "solve": "solvers",
     "SCENARIOS": "traces", "Trace": "traces", "load_trace": "traces", "open_trace": "traces",
-    "synthesize": "traces"}
+    "shape_steps": "traces", "synthesize": "traces"}
 
 __all__ = sorted(EXPORTS)
 

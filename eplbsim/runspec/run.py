@@ -14,7 +14,7 @@ from ..dispatch import POLICIES, resolve_policy
 from ..placement import Placement
 from .knobs import KNOB, Knob, Part, default_value
 from .parts import CostPart, DispatchPart, SchedulePart, SolverPart, TopologyPart
-from .source import Source
+from .source import Source, python_keywords
 from .values import Name
 
 
@@ -67,6 +67,12 @@ class RunSpec:
         """A copy with the named fields changed (flat names, routed to their parts)."""
         owners = {name: part for part, name, _ in run_knobs()}
         unknown = sorted(set(values) - set(owners))
+        shaping = [n for n in unknown if python_keywords(n)]
+        if shaping:  # the command line's, of what it reads: made before `replay` takes it
+            raise InputError(f"{', '.join(shaping)} shape{'s' if len(shaping) == 1 else ''} "
+                             f"the trace, not the run: give "
+                             f"{'; '.join(' or '.join(python_keywords(n)) for n in shaping)}, "
+                             f"then replay(trace, spec)")
         if unknown:
             raise InputError(f"unknown setting {', '.join(unknown)}; the settings are "
                              f"{', '.join(owners)}")

@@ -5,17 +5,18 @@ opening it (`Source.open`, `read`, `select`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import inspect
+from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
 from ..base.errors import InputError
 from ..base.limits import MAX_EXPERTS, MAX_GPUS, MAX_LAYERS, MAX_TOP_K
-from ..traces.formats import is_request_input, open_requests, open_trace
+from ..traces.formats import (REQUEST_FORMATS, is_request_input, open_requests, open_trace,
+                              reading_options)
 from ..traces.formats.token_log import INCOMPLETE
-from ..traces.prefill_chunks import chunk_steps
 from ..traces.request_synth import REQUEST_SCENARIOS, request_options, synthesize_requests
 from ..traces.requests import RequestSet
-from ..traces.steps import OUTLIER_FACTOR, select
+from ..traces.steps import OUTLIER_FACTOR, SHAPING, shape_steps
 from ..traces.synth import (DEFAULT_SCENARIO, DEFAULT_SIZES, SCENARIOS, scenario_options,
                             synthesize)
 from ..traces.workload import ARRIVALS, DP_ASSIGN, DP_LAYOUTS, ORDERS, PADDING, Workload, batch
@@ -236,17 +237,22 @@ class Source(Part):
         return open_requests(self.requests, **self.reader_options())
 
     def open(self, seed: int, schedule: "SchedulePart") -> Any:
-        """The trace a run replays: `read`, then the steps selected (`select`), then a trace's
-        long steps cut (`chunked`)."""
-        return self.chunked(self.select(self.read(seed, schedule)))
+        """The trace a run replays: `read`, then its steps shaped (`shaping`,
+        `traces.steps.shape_steps`): a file's as `open_trace` shapes them."""
+        return shape_steps(self.read(seed, schedule), **self.shaping())
+
+    def shaping(self) -> dict[str, Any]:
+        """The `SHAPING` settings, as `shape_steps` and `open_trace` take them:
+        `max_batched_tokens` only for a trace or a scenario (requests' workload keeps to it
+        when it batches them)."""
+        out = {name: getattr(self, name) for name in SHAPING}
+        if self.requests is not None:
+            out["max_batched_tokens"] = None
+        return out
 
     def chunked(self, trace: Any) -> Any:
-        """`trace` with its steps of more than `max_batched_tokens` cut into chunks
-        (`traces.prefill_chunks.chunk_steps`) when that is given for a trace (not for requests,
-        whose workload already keeps to it); else `trace`."""
-        if self.requests is not None or self.max_batched_tokens is None:
-            return trace
-        return chunk_steps(trace, self.max_batched_tokens)
+        """`trace` with its long steps cut into chunks (`shaping`'s `max_batched_tokens`)."""
+        return shape_steps(trace, max_batched_tokens=self.shaping()["max_batched_tokens"])
 
     def read(self, seed: int, schedule: "SchedulePart") -> Any:
         """Every step: the requests batched (`traces.workload.batch`), the file opened
@@ -267,11 +273,31 @@ class Source(Part):
                 or self.drop_outliers)
 
     def select(self, trace: Any) -> Any:
-        """`trace`'s selected steps (`select_steps`, less the flagged kinds dropped:
-        `traces.steps.select`)."""
-        drop = [kind for kind, on in (("warmup", self.drop_warmup), ("dummy", self.drop_dummy),
-                                      ("outlier", self.drop_outliers)) if on]
-        return select(trace, self.select_steps, drop)
+        """`trace`'s selected steps (`shaping` less its chunking)."""
+        return shape_steps(trace, **{**self.shaping(), "max_batched_tokens": None})
+
+
+# The Source fields the Python API spells otherwise: field -> (the call's name, its keyword).
+PYTHON_RENAMED = {"trace": ("open_trace", "path"), "requests": ("open_requests", "path"),
+                  "scenario_options": ("synthesize", "options"),
+                  "batch_order": ("Workload", "order"), "arrival_rate": ("Workload", "rate")}
+
+
+def python_keywords(name: str) -> list[str]:
+    """Where the Python API takes the `Source` field `name` (what a command reads), as
+    "call(keyword=...)": the calls that open, shape or make the trace `replay` is given,
+    `open_trace`, `shape_steps` (a trace's steps), `open_requests` (`traces.formats`),
+    `synthesize` and the requests' `Workload` (`traces.workload.batch` batches them); []
+    where none does."""
+    calls = {open_trace: set(inspect.signature(open_trace).parameters),
+             shape_steps: set(SHAPING),
+             open_requests: {"path"} | reading_options(REQUEST_FORMATS),
+             synthesize: set(inspect.signature(synthesize).parameters),
+             Workload: {f.name for f in fields(Workload)}}
+    only, keyword = PYTHON_RENAMED.get(name, (None, name))
+    written = "**options" if keyword == "options" else f"{keyword}=..."  # synthesize's own
+    return [f"{call.__name__}({written})" for call, taken in calls.items()
+            if keyword in taken and only in (None, call.__name__)]
 
 
 # What reading a file takes (`Source.reader_options`): a log's experts, a counts CSV's filter,

@@ -14,6 +14,7 @@ from ..base.errors import InputError
 from .counts import CountsTrace
 from .directory import DirTrace
 from .formats import FORMATS, open_trace
+from .steps import shape_steps
 from .summary import summarize_trace
 from .synth import SCENARIOS, synthesize
 from .trace import Trace, TraceShape, load_trace, save_trace
@@ -35,5 +36,5 @@ def check_run_trace(trace: Any, what: str = "a run") -> None:
 
 
 __all__ = ["FORMATS", "SCENARIOS", "CountsTrace", "DirTrace", "RunTrace", "TokenTrace", "Trace",
-           "check_run_trace", "load_trace", "open_trace", "save_trace", "summarize_trace",
-           "synthesize"]
+           "check_run_trace", "load_trace", "open_trace", "save_trace", "shape_steps",
+           "summarize_trace", "synthesize"]

@@ -22,6 +22,7 @@ import numpy as np
 from ..base.errors import InputError
 from ..base.files import atomic_file, regular_file
 from ..base.limits import MAX_EXPERTS, MAX_LAYERS, MAX_LOAD, check_at_most
+from .options import option
 from .trace import npz_names, read_npz
 
 REQUIRED = ("layer", "expert", "count")
@@ -47,7 +48,8 @@ def parse_where(text: str | None) -> dict[str, str]:
     for item in text.split(","):
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise InputError(f"--where takes COLUMN=VALUE pairs separated by commas, got {item!r}")
+            raise InputError(f"{option('where')} takes COLUMN=VALUE pairs separated by commas, "
+                             f"got {item!r}")
         out[key.strip()] = value.strip()
     return out
 
@@ -111,7 +113,7 @@ def load_counts_csv(path: str | Path, where: dict[str, str] | None = None,
     np.add.at(seen, (row, expert), 1)
     if (seen > 1).any():
         others = [c for c in columns if c not in REQUIRED and c not in where]
-        hint = f"; filter with --where on {', '.join(others)}" if others else ""
+        hint = f"; filter with {option('where')} on {', '.join(others)}" if others else ""
         raise InputError(f"{path}: some (layer, expert) pairs appear in several rows{hint}")
     load = np.zeros((len(layers), E))
     load[row, expert] = count

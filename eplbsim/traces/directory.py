@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import ast
 import json
-import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -31,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..base.errors import InputError, InputWarning
+from ..base.errors import InputError, InputWarning, warn_caller
 from ..base.files import NPY_HEADER_ERRORS, atomic_dir, npy_header, npy_refusal, regular_file
 from ..base.limits import MAX_EXPERTS, MAX_GPUS
 from ..base.loops import counts_and_first_duplicate, expert_counts
@@ -298,9 +297,9 @@ def save_trace_dir(trace: Any, path: str | Path, chunk_steps: int = 64,
     write. Returns the written trace, validated. The form holds no gating weights: a trace
     with them (`step_weights`) loses them, with an InputWarning saying so."""
     if trace.num_steps and getattr(trace, "step_weights", lambda s: None)(0) is not None:
-        warnings.warn("the trace directory form holds no gating weights: the toy MoE's output "
-                      "error of the written trace draws its gates (keep an .npz to keep them)",
-                      InputWarning, stacklevel=2)
+        warn_caller("the trace directory form holds no gating weights: the toy MoE's output "
+                    "error of the written trace draws its gates (keep an .npz to keep them)",
+                    InputWarning)
     steps = ((trace.step(s), trace.step_src_rank(s)) for s in range(trace.num_steps))
     return write_steps(path, steps, int(trace.num_experts), trace.meta, chunk_steps,
                        trace.num_layers, trace.top_k, progress)

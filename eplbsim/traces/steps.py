@@ -42,7 +42,8 @@ import torch
 
 from ..base.errors import InputError
 from .counts import CountsTrace
-from .prefill_chunks import describe_chunks
+from .options import option
+from .prefill_chunks import chunk_steps, describe_chunks
 from .trace import View, shape_words
 
 OUTLIER_FACTOR = 8  # a step with more than this many times the median tokens is an outlier
@@ -169,15 +170,16 @@ def flag_steps(trace: Any) -> dict[str, list[int]]:
     return flags
 
 
-FLAG_WORDS = {"warmup": ("warm-up step", "--drop-warmup"),
-              "dummy": ("dummy (data-parallel padding) step", "--drop-dummy"),
-              "outlier": ("size-outlier step", "--drop-outliers")}  # kind: (what, the flag)
+FLAG_WORDS = {"warmup": ("warm-up step", "drop_warmup"),
+              "dummy": ("dummy (data-parallel padding) step", "drop_dummy"),
+              "outlier": ("size-outlier step", "drop_outliers")}  # kind: (what, the option)
 
 
 def flag_words(flags: dict[str, list[int]], lo: int, hi: int,
                names: Sequence[str] | None = None) -> str:
     """What `flags` (`flag_steps`) holds within steps `[lo, hi)`, with the flags that leave
-    them out: "1 flagged warm-up step (0): --drop-warmup leaves them out"; "" for none.
+    them out, as the caller names them (`options.option`): "1 flagged warm-up step (0):
+    --drop-warmup leaves them out" (`drop_warmup=True` in Python); "" for none.
     `names`: each step's name as the log counts it (`log_steps`), which the words use, as
     `trace info` and `--select-steps` do; default its index."""
     parts, fixes = [], []
@@ -189,7 +191,7 @@ def flag_words(flags: dict[str, list[int]], lo: int, hi: int,
             what, fix = FLAG_WORDS[kind]
             parts.append(f"{len(inside)} flagged {what}{'' if len(inside) == 1 else 's'} "
                          f"({shown})")
-            fixes.append(fix)
+            fixes.append(option(fix, True))
     if not parts:
         return ""
     return (f"{' and '.join(parts)}: {' and '.join(fixes)} "
@@ -281,6 +283,37 @@ def select(trace: Any, steps: str | None = None, drop: Sequence[str] = ()) -> An
             meta["stages"] = "".join(meta["stages"][s] for s in keep)
         return CountsTrace(trace.counts[keep], meta)
     return StepView(trace, torch.tensor(keep, dtype=torch.int64), meta)
+
+
+# What shapes a trace's steps before a run replays them (`shape_steps`): the keywords of
+# `open_trace`, and the flags of `eplbsim run` and every command that reads a trace.
+SHAPING = ("select_steps", "drop_warmup", "drop_dummy", "drop_outliers", "max_batched_tokens")
+
+
+def shape_steps(trace: Any, *, select_steps: str | None = None, drop_warmup: bool = False,
+                drop_dummy: bool = False, drop_outliers: bool = False,
+                max_batched_tokens: int | None = None) -> Any:
+    """`trace`'s steps as a run replays them: those `select_steps` names (a selection, module
+    doc; None: all), less the steps flagged as warm-up, dummy or size outliers where asked
+    (`select`), then each step of more than `max_batched_tokens` tokens cut into consecutive
+    chunks of at most that many, as a chunked-prefill engine runs a long pass
+    (`prefill_chunks.chunk_steps`; None: none cut). `trace` itself when nothing changes.
+    InputError, naming the option as the caller writes it, for a value of the wrong kind."""
+    for name, value in (("drop_warmup", drop_warmup), ("drop_dummy", drop_dummy),
+                        ("drop_outliers", drop_outliers)):
+        if not isinstance(value, bool):
+            raise InputError(f"{option(name)} is True or False, got {value!r}")
+    if max_batched_tokens is not None and (isinstance(max_batched_tokens, bool) or not
+                                           isinstance(max_batched_tokens, int)
+                                           or max_batched_tokens < 1):
+        raise InputError(f"{option('max_batched_tokens')} must be an integer >= 1, got "
+                         f"{max_batched_tokens!r}")
+    if select_steps is not None and not isinstance(select_steps, str):
+        raise InputError(f"{option('select_steps')} is text such as \"2:\" or \"0:100,150\", "
+                         f"got {select_steps!r}")
+    drop = [kind for kind, on in zip(FLAGS, (drop_warmup, drop_dummy, drop_outliers)) if on]
+    trace = select(trace, select_steps, drop)
+    return trace if max_batched_tokens is None else chunk_steps(trace, max_batched_tokens)
 
 
 SHORT = {"warmup": "warm-up", "dummy": "dummy", "outlier": "outlier"}  # kind: a word

@@ -34,7 +34,7 @@ def test_reads_filters_and_orders_layers(tmp_path):
     ("layer,expert,count\n0,x,1\n", None, "must be integers"),
     ("layer,expert,count\n0,0,-1\n", None, "non-negative"),
     ("layer,expert,count\n0,0,nan\n", None, "finite"),
-    ("m,layer,expert,count\na,0,0,1\nb,0,0,2\n", None, "filter with --where on m"),
+    ("m,layer,expert,count\na,0,0,1\nb,0,0,2\n", None, "filter with where=... on m"),
 ])
 def test_bad_files_name_the_problem(tmp_path, text, where, match):
     with pytest.raises(InputError, match=match):
@@ -95,5 +95,5 @@ def test_layer_counts_from_every_kind_of_file(tmp_path):
                       tmp_path / "c.npz")
     got = layer_loads(open_trace(tmp_path / "c.npz"))
     assert np.array_equal(got.load, trace.counts().sum(0).numpy()) and got.layers == (1, 4)
-    with pytest.raises(InputError, match="where applies to a counts CSV only, not to a "):
+    with pytest.raises(InputError, match=r"where=\.\.\. applies to a counts CSV only, not to a "):
         open_trace(tmp_path / "c.npz", where="model=x")

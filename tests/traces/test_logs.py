@@ -131,7 +131,7 @@ def test_field_names_and_the_header_are_found_and_a_flag_overrules_a_guess(tmp_p
     twice = [dict(r, backup=r["selected_experts"][::-1]) if "pos" in r else r for r in lines]
     log.write_text("".join(json.dumps(r) + "\n" for r in twice))
     with pytest.raises(InputError, match="the fields 'selected_experts', 'backup' could each "
-                       "hold the top-k ids: choose with --ids-key"):
+                       r"hold the top-k ids: choose with ids_key=\.\.\."):
         open_trace(log)
     chosen = open_trace(log, ids_key="backup")
     assert torch.equal(chosen.topk_ids, trace.topk_ids.flip(-1))
@@ -230,7 +230,7 @@ def test_a_log_that_cannot_say_its_layers_is_refused_with_the_flag(tmp_path):
     lines = [{"topk_ids": s[layer].tolist()} for s in ids for layer in (0, 1)]
     log = tmp_path / "calls.jsonl"
     log.write_text("".join(json.dumps(r) + "\n" for r in lines))
-    with pytest.raises(InputError, match="Give --layers-per-pass L"):
+    with pytest.raises(InputError, match="Give layers_per_pass=L"):
         open_trace(log)
     _check(open_trace(log, layers_per_pass=2), ids, [0, 1])
     for layer in (0, 1):
@@ -392,7 +392,7 @@ def test_a_data_record_without_its_ids_is_no_header_and_two_id_fields_are_refuse
     twice[1:] = [dict(r, backup=r["topk_ids"][::-1]) for r in twice[1:]]
     log.write_text("".join(json.dumps(r) + "\n" for r in twice))
     with pytest.raises(InputError, match="the fields 'topk_ids', 'backup' could each hold the "
-                       "top-k ids: choose with --ids-key"):
+                       r"top-k ids: choose with ids_key=\.\.\."):
         open_trace(log)
     chosen = open_trace(log, ids_key="backup")
     assert chosen.meta["model"] == MODEL and torch.equal(

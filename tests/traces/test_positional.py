@@ -59,7 +59,7 @@ def test_record_n_is_layer_n_mod_L_of_pass_n_div_L(tmp_path):
     keyed = _write(tmp_path / "keyed.jsonl", _records(passes, key="ids"))
     assert torch.equal(read_positional(keyed, layers_per_pass=3, ids_key="ids").topk_ids,
                        trace.topk_ids)
-    with pytest.raises(InputError, match=r"keyed\.jsonl:1: missing key\(s\) topk_ids.*--ids-key"):
+    with pytest.raises(InputError, match=r"keyed\.jsonl:1: missing key\(s\) topk_ids.*ids_key=\.\.\."):
         read_positional(keyed, layers_per_pass=3)
 
 
@@ -71,7 +71,7 @@ def test_an_incomplete_last_pass_is_dropped_with_one_warning(tmp_path):
     assert len(caught) == 1
     assert str(caught[0].message).startswith(
         f"{log}:7: the last pass (pass 2, from here) has 1 of its 3 layer records (7 records "
-        f"are not a multiple of --layers-per-pass 3)")
+        f"are not a multiple of layers_per_pass=3)")
     assert trace.tokens_per_step.tolist() == [2, 3]
     # a last line cut short mid-write loses its record, with its own warning
     lines = [json.dumps(r) for r in _records(passes)]

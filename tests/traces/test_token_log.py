@@ -55,8 +55,8 @@ def test_header_and_token_index_restarts(tmp_path):
     assert tr.meta["steps_from"] == "token-index restarts"
     with pytest.raises(InputError, match=r"log\.jsonl:1: missing key\(s\) token_idx, topk_ids; "
                                          r"this record has type, model, num_layers: name the "
-                                         r"log's keys with --token-key.* or skip records of "
-                                         r"another kind with --skip-type header \(in Python"):
+                                         r"log's keys with token_key=\.\.\..* or skip records "
+                                         r"of another kind with skip_type=\"header\"$"):
         read_token_trace(log)
 
 
@@ -267,11 +267,11 @@ def test_tokens_missing_from_some_layers(capsys, tmp_path):
         read_token_trace(log)
     assert str(err.value) == (f"{log}:2: token 1 of step 0 (first record here) lacks layer(s) "
                               f"[2]; 2 of the log's 7 tokens lack some layer (in 2 steps): "
-                              f"--incomplete drop leaves them out")
+                              f"incomplete=\"drop\" leaves them out")
     with pytest.warns(InputWarning) as caught:
         trace = read_token_trace(log, incomplete="drop")
     assert [str(w.message) for w in caught] == [
-        f"{log}: 2 of the log's 7 tokens lack some layer (in 2 steps); --incomplete drop left "
+        f"{log}: 2 of the log's 7 tokens lack some layer (in 2 steps); incomplete=\"drop\" left "
         f"them out"]
     assert trace.tokens_per_step.tolist() == [2, 3]
     assert torch.equal(trace.step(0), torch.from_numpy(steps[0][[0, 2]]).int())
@@ -287,11 +287,11 @@ def test_tokens_missing_from_some_layers(capsys, tmp_path):
     kept = [r for i, r in enumerate(records) if i not in drop]
     requests = [{**r, "request_id": "ab"[int(i >= 8)]} for i, r in enumerate(kept)]
     req = _write(tmp_path / "req.jsonl", requests)
-    with pytest.raises(InputError, match=r"lack some layer \(in 2 requests\): --incomplete "
-                       r"drop leaves them out$"):
+    with pytest.raises(InputError, match=r"lack some layer \(in 2 requests\): incomplete="
+                       r"\"drop\" leaves them out$"):
         read_token_requests(req)
     with pytest.warns(InputWarning, match=r"2 of the log's 7 tokens lack some layer \(in 2 "
-                      r"requests\); --incomplete drop left them out"):
+                      r"requests\); incomplete=\"drop\" left them out"):
         got = read_token_requests(req, incomplete="drop")
     assert [r.ids.shape[0] for r in got.requests] == [2, 3]
     assert [r.prompt_len for r in got.requests] == [2, 3]  # every token kept counts as prompt

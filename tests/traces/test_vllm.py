@@ -250,8 +250,7 @@ def test_a_trace_directory_is_not_vllm_arrays(tmp_path):
 @pytest.mark.parametrize("write, options, match", [
     (lambda d: np.save(d / "a.npy", _ids(0, 2)), {},
      r"a.npy: an \.npy holds a request's prompt and output rows together, and nothing says "
-     r"where its prompt ends: give the prompt's rows with --prompt-len N \(in Python, "
-     r"prompt_len=N\)"),
+     r"where its prompt ends: give the prompt's rows with prompt_len=N, or write"),
     (lambda d: np.save(d / "a.npy", _ids(0, 2)), {"prompt_len": 3},
      r"a.npy: prompt_len=3 exceeds its 2 rows"),
     (lambda d: np.save(d / "a.npy", np.zeros((2, 3))), {"prompt_len": 1},

@@ -27,7 +27,9 @@ from ...base.errors import InputError
 from ..counts import (CountsTrace, LayerCounts, is_counts_file, load_counts_csv,
                       load_counts_trace, parse_where)
 from ..directory import DirTrace, is_trace_dir, load_trace_dir
+from ..options import option
 from ..requests import RequestSet, is_request_file, load_requests
+from ..steps import shape_steps
 from ..trace import Trace, is_zip, load_trace, npz_names
 from .documents import csv_header, gate_csv_columns
 from .flame import is_flame, read_flame
@@ -107,6 +109,12 @@ def _options_of(read: Callable[..., Any]) -> list[str]:
             if p.kind is p.KEYWORD_ONLY]
 
 
+def reading_options(forms: dict[str, Format]) -> set[str]:
+    """Every option the readers of `forms` take (`FORMATS`: `open_trace`'s reading options;
+    `REQUEST_FORMATS`: `open_requests`')."""
+    return {name for form in forms.values() for name in _options_of(form.read)}
+
+
 def _choose(path: Path, forms: dict[str, Format], given: dict[str, Any]
             ) -> tuple[str, Format] | None:
     """The first of `forms` that detects `path`, needs no option missing from `given` and
@@ -132,7 +140,7 @@ def _read(path: Path, forms: dict[str, Format], what: str, options: dict[str, An
                                         if key in _options_of(f.read)))  # one name a form
             which = f"applies to a {' or '.join(takers)} only" if takers else \
                 f"applies to no {what}"
-            raise InputError(f"{path}: {key} {which}, not to a {name}")
+            raise InputError(f"{path}: {option(key)} {which}, not to a {name}")
     return form.read(path, **given)
 
 
@@ -152,7 +160,8 @@ def _several(paths: Paths, options: dict[str, Any]) -> Any:
     taken = set(_options_of(read_log))
     for key in given:
         if key not in taken:
-            raise InputError(f"{key} applies to a single file, not to several read as one log")
+            raise InputError(f"{option(key)} applies to a single file, not to several read as "
+                             f"one log")
     return read_log(list(paths), **given)
 
 
@@ -174,15 +183,60 @@ def is_request_input(path: Paths, **options: Any) -> bool:
     return _choose(one, REQUEST_FORMATS, given) is not None
 
 
-def open_trace(path: Paths, **options: Any) -> Trace | DirTrace | CountsTrace:
-    """The trace at `path`, in whichever of `FORMATS` it is: the first that detects it and
-    takes the options given (options left None are ignored; one no detecting form takes is an
-    InputError naming the forms that do). Several paths (a list) are one log
-    (`logs.read_log`: files of other layers, or parts of one log)."""
+def open_trace(path: Paths, *, experts: int | None = None, where: str | None = None,
+               ids_key: str | None = None, layer_key: str | None = None,
+               token_key: str | None = None, step_key: str | None = None,
+               request_key: str | None = None, prompt_len_key: str | None = None,
+               skip_type: Any = None, incomplete: str | None = None,
+               layers_per_pass: int | None = None, rank: int | None = None,
+               step_tokens: int | None = None, iteration: int | None = None,
+               max_tokens: int | None = None, select_steps: str | None = None,
+               drop_warmup: bool = False, drop_dummy: bool = False,
+               drop_outliers: bool = False,
+               max_batched_tokens: int | None = None) -> Trace | DirTrace | CountsTrace:
+    """The trace at `path`, in whichever of `FORMATS` it is, with its steps shaped as a run
+    replays them: what `eplbsim run --trace PATH` reads, each option its flag with dashes
+    (`ids_key` is `--ids-key`).
+
+    path: a file or folder; several (a list) are one log (`logs.read_log`: files of other
+          layers, or parts of one log)
+    Reading options (None: the reader decides; an option the file's form does not take is an
+    InputError naming the forms that do):
+    experts:         `E` (default: a header's `num_experts`, else the largest id + 1)
+    where:           a counts CSV's rows, filtered: "model=olmoe,domain=arxiv"
+    ids_key, layer_key, token_key, step_key: a log's fields of the top-k ids, the layer, the
+                     token's index and the step (default: found by what they hold)
+    request_key:     read a per-token log as requests, one a value of this field
+    prompt_len_key:  with `request_key`: the field of a request's prompt length
+    skip_type:       a log's records whose "type" is it are headers, skipped
+    incomplete:      a token missing from some of a log's layers: "error" (default), or
+                     "drop" such tokens, with one warning saying how many
+    layers_per_pass: a log of one record per MoE layer call in execution order: its MoE
+                     layers a forward pass (record n is layer n mod L of step n // L)
+    rank:            TensorRT-LLM expert statistics: this rank's counts alone (default all
+                     ranks' summed)
+    step_tokens, iteration, max_tokens: FLAME-MoE parquet: tokens a step (default its
+                     sequence length), the training iteration read (default the only one),
+                     the tokens read (default all)
+    Steps (`steps.shape_steps`, after reading):
+    select_steps:    these steps only, of the trace's own numbering: "2:", "0:100,150", ":-1"
+    drop_warmup, drop_dummy, drop_outliers: leave out the steps flagged as an engine's
+                     warm-up pass, a data-parallel rank's dummy padding batches, or more than
+                     `steps.OUTLIER_FACTOR` times the median tokens (`steps.flag_steps`)
+    max_batched_tokens: cut each step of more tokens into consecutive chunks of at most this
+                     many, as a chunked-prefill engine runs a long pass
+    An error or warning names an option as the caller writes it (`options.option`).
+    """
+    options = dict(experts=experts, where=where, ids_key=ids_key, layer_key=layer_key,
+                   token_key=token_key, step_key=step_key, request_key=request_key,
+                   prompt_len_key=prompt_len_key, skip_type=skip_type, incomplete=incomplete,
+                   layers_per_pass=layers_per_pass, rank=rank, step_tokens=step_tokens,
+                   iteration=iteration, max_tokens=max_tokens)
     one = _one(path)
-    if one is None:
-        return _several(path, options)
-    return _read(one, FORMATS, "trace", options)
+    trace = _several(path, options) if one is None else _read(one, FORMATS, "trace", options)
+    return shape_steps(trace, select_steps=select_steps, drop_warmup=drop_warmup,
+                       drop_dummy=drop_dummy, drop_outliers=drop_outliers,
+                       max_batched_tokens=max_batched_tokens)
 
 
 def layer_loads(trace: Trace | DirTrace | CountsTrace) -> LayerCounts:

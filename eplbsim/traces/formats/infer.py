@@ -45,8 +45,9 @@ from itertools import islice
 from pathlib import Path
 from typing import Any, Callable
 
-from ...base.errors import InputError, InputWarning
+from ...base.errors import InputError, InputWarning, warn_caller
 from ...base.limits import MAX_EXPERTS, MAX_TOP_K
+from ..options import option
 from ..trace import model_in
 from .records import Items
 
@@ -206,17 +207,18 @@ def _find_ids(plain: list[tuple[int, dict[str, Any]]], path: Path) -> str:
         return fewest[0]
     if fewest:
         raise InputError(f"{path}: the fields {', '.join(repr(c) for c in fewest)} could each "
-                         f"hold the top-k ids: choose with --ids-key")
+                         f"hold the top-k ids: choose with {option('ids_key')}")
     if not keys:
         raise InputError(f"{path}: no field holds a {IDS} in any record; a record has "
-                         f"{', '.join(list(data[0])[:12])}: name the ids' field with --ids-key")
+                         f"{', '.join(list(data[0])[:12])}: name the ids' field with "
+                         f"{option('ids_key')}")
     best = min(keys, key=lambda k: len(lacking[k]))
     faults = [i for i in lacking[best] if not is_header(data[i], None, best)]
     i, held = faults[0], len(data) - len(lacking[best])
     raise InputError(f"{path}:{plain[i][0]}: no {IDS} under {best!r}, which {held} of the "
                      f"{held + len(faults)} records of data looked at hold; this record has "
                      f"{', '.join(list(data[i])[:12])}: mend it, or name the ids' field with "
-                     f"--ids-key")
+                     f"{option('ids_key')}")
 
 
 def _role(data: list[dict[str, Any]], names: tuple[str, ...], role: str,
@@ -270,9 +272,9 @@ def _weights(data: list[dict[str, Any]], ids: str, taken: set[str],
                and any(isinstance(x, float) for rec in data for r in rec[k]
                        for x in (r if isinstance(r, list) else [r]))]  # ints: more ids
     if len(fitting) > 1:
-        warnings.warn(f"{path}: the fields {', '.join(map(repr, fitting))} could each be the "
-                      f"gating weights; none is kept and the toy MoE draws its gates",
-                      InputWarning, stacklevel=3)
+        warn_caller(f"{path}: the fields {', '.join(map(repr, fitting))} could each be the "
+                    f"gating weights; none is kept and the toy MoE draws its gates",
+                    InputWarning)
     return fitting[0] if len(fitting) == 1 else None
 
 

@@ -33,6 +33,7 @@ from ...base.files import atomic_file
 from ...base.limits import MAX_EXPERTS, MAX_LAYERS, MAX_TOP_K
 from ...base.progress import Progress
 from ..directory import DirTrace, write_steps
+from ..options import option
 from ..trace import Trace, model_in
 from .records import LogSource, records
 
@@ -86,10 +87,12 @@ class _Steps:
         step_key, layer_key, ids_key = self.keys
         missing = [k for k in self.keys if k not in rec]
         if missing:
+            named = ", ".join(option(k) for k in ("token_key", "layer_key", "ids_key",
+                                                  "step_key", "skip_type"))
             raise self._error(n, f"missing key(s) {', '.join(missing)} (a per-token log, or "
-                              f"other key names? see trace convert --token-key, --layer-key, "
-                              f"--ids-key, --step-key, --skip-type; a log of one record per "
-                              f"layer call in execution order: --layers-per-pass L)")
+                              f"other key names? name them with {named}; a log of one record "
+                              f"per layer call in execution order: "
+                              f"{option('layers_per_pass', 'L')})")
         step, layer, rows = rec[step_key], rec[layer_key], rec[ids_key]
         if "model" not in self.meta and model_in(rec) is not None:  # a tracer naming its model
             self.meta["model"] = model_in(rec)

@@ -34,6 +34,7 @@ import torch
 from ...base.errors import InputError
 from ..counts import CountsTrace
 from ..directory import META, is_trace_dir
+from ..options import option
 from ..requests import RequestSet
 from ..trace import Trace
 from .documents import (array_counts, csv_header, gate_csv_columns, gate_records, gate_rows,
@@ -170,7 +171,7 @@ def read_records(path: Path, items: Items, file_layer: int | None = None, *,
     if request_key is not None or form in (TOKEN, EVERY_LAYER):
         if token is None:
             raise InputError(f"{path}: records of one token each, but no field gives the "
-                             f"token's index: name it with --token-key")
+                             f"token's index: name it with {option('token_key')}")
         keys = dict(token_key=token, layer_key=roles.get("layer", "layer"), ids_key=fields.ids,
                     experts=experts, incomplete=incomplete, source=source)
         if request_key is not None:
@@ -194,7 +195,7 @@ def read_records(path: Path, items: Items, file_layer: int | None = None, *,
     elif layers_per_pass is None and file_layer is None:
         raise InputError(f"{path}: each record holds [tokens][top-k] ids with no step, layer or "
                          f"token field: one MoE layer call a record, in execution order. Give "
-                         f"--layers-per-pass L (the model's MoE layers a forward pass), which "
+                         f"{option('layers_per_pass', 'L')} (the model's MoE layers a forward pass), which "
                          f"the log cannot say")
     else:
         trace = read_positional(path, layers_per_pass=layers_per_pass or 1, ids_key=fields.ids,
@@ -221,7 +222,7 @@ def _check_name(path: Path, trace: Trace, file_layer: int | None, roles: dict) -
     if file_layer is not None and "layer" in roles and layers != [file_layer]:
         raise InputError(f"{path}: its name says layer {file_layer}, its records "
                          f"(\"{roles['layer']}\") layer(s) {layers}: rename the file, or name "
-                         f"the layer's field with --layer-key")
+                         f"the layer's field with {option('layer_key')}")
 
 
 def _words(form: str, fields: Fields, files: int, trace: Any, steps: str) -> str:

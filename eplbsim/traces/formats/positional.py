@@ -25,14 +25,14 @@ reader here. `experts` (`E`) defaults to the largest id + 1. The whole log is re
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ...base.errors import InputError, InputWarning
+from ...base.errors import InputError, InputWarning, warn_caller
 from ...base.limits import MAX_EXPERTS, MAX_LAYERS
+from ..options import option
 from ..trace import Trace
 from .records import (WEIGHT_KEYS, LogSource, id_rows, keep_header, records, require,
                       weight_rows, weights_kept)
@@ -81,8 +81,8 @@ def read_positional(path: str | Path, *, layers_per_pass: int, ids_key: str = "t
                                  f"earlier record routes to expert {top}")
             continue
         require(where, rec, [ids_key], f" (the ids of one layer call; name their key with "
-                                       f"--ids-key, or skip records of another kind with "
-                                       f"--skip-type)")
+                                       f"{option('ids_key')}, or skip records of another kind "
+                                       f"with {option('skip_type')})")
         limit = experts or header.get("num_experts", MAX_EXPERTS)
         rows = id_rows(where, rec[ids_key], ids_key, limit)  # [T, K]
         if rows.shape[0]:
@@ -102,17 +102,17 @@ def read_positional(path: str | Path, *, layers_per_pass: int, ids_key: str = "t
             raise InputError(f"{where}: layer {len(layer)} of pass {len(passes) - 1} has "
                              f"{rows.shape[0]} tokens, but its layer 0 (line "
                              f"{first_line[-1]}) has {layer[0].shape[0]}: every layer of a "
-                             f"pass routes the same tokens (is --layers-per-pass {L} the "
+                             f"pass routes the same tokens (is {option('layers_per_pass', L)} the "
                              f"model's MoE layers?)")
         layer.append(rows)
         gates[-1].append(weight_rows(where, rec, rows,
                                      WEIGHT_KEYS if source is None else source.weights))
     if passes and len(passes[-1]) < L:
         count = L * (len(passes) - 1) + len(passes[-1])
-        warnings.warn(f"{path}:{first_line[-1]}: the last pass (pass {len(passes) - 1}, from "
+        warn_caller(f"{path}:{first_line[-1]}: the last pass (pass {len(passes) - 1}, from "
                       f"here) has {len(passes[-1])} of its {L} layer records ({count} records "
-                      f"are not a multiple of --layers-per-pass {L}), as when the log's writer "
-                      f"is stopped mid-pass; the pass is left out", InputWarning, stacklevel=2)
+                      f"are not a multiple of {option('layers_per_pass', L)}), as when the log's "
+                    f"writer is stopped mid-pass; the pass is left out", InputWarning)
         passes.pop()
         gates.pop()
     if not passes:

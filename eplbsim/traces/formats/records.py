@@ -8,7 +8,6 @@ Dimensions: `T` rows (tokens or layers), `K` ids a row.
 from __future__ import annotations
 
 import json
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ...base.errors import InputError, InputWarning
+from ...base.errors import InputError, InputWarning, warn_caller
 from ...base.files import regular_file
 from ...base.limits import MAX_EXPERTS, MAX_TOP_K
 from ..trace import model_in
@@ -47,10 +46,10 @@ def records(path: Path, what: str,
                     rec = json.loads(line)
                 except (ValueError, RecursionError) as exc:
                     if torn_tail and not line.endswith("\n"):  # only the last line lacks one
-                        warnings.warn(f"{path}:{n}: the last line is cut short (not valid JSON, "
-                                      f"no line break at its end), as when the {what}'s writer "
-                                      f"is stopped mid-write; its record is left out",
-                                      InputWarning, stacklevel=2)
+                        warn_caller(f"{path}:{n}: the last line is cut short (not valid JSON, "
+                                    f"no line break at its end), as when the {what}'s writer "
+                                    f"is stopped mid-write; its record is left out",
+                                    InputWarning)
                         return
                     raise InputError(f"{path}:{n}: not valid JSON ({exc})") from None
                 if not isinstance(rec, dict):
@@ -179,7 +178,7 @@ def weights_kept(path: Path, found: int, total: int) -> bool:
     (`weight_rows`) keeps them: all do (True) or none does (False); when only some do, they
     are left out with one InputWarning saying how many, and False."""
     if 0 < found < total:
-        warnings.warn(f"{path}: only {found} of its {total} records hold gating weights "
-                      f"({', '.join(WEIGHT_KEYS)}); the weights are left out and the toy MoE "
-                      f"draws its gates", InputWarning, stacklevel=3)
+        warn_caller(f"{path}: only {found} of its {total} records hold gating weights "
+                    f"({', '.join(WEIGHT_KEYS)}); the weights are left out and the toy MoE "
+                    f"draws its gates", InputWarning)
     return found == total > 0

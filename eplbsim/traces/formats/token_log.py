@@ -58,7 +58,6 @@ only when the log ends (its records may come in any order, and another may follo
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
@@ -66,8 +65,9 @@ from typing import Any
 
 import numpy as np
 
-from ...base.errors import InputError, InputWarning
+from ...base.errors import InputError, InputWarning, warn_caller
 from ...base.limits import MAX_EXPERTS, MAX_LAYERS
+from ..options import option
 from ..requests import RequestSet, requests_of
 from ..trace import Trace
 from .records import (MAX_INDEX, WEIGHT_KEYS, LogSource, id_rows, integer, keep_header,
@@ -88,16 +88,16 @@ class _Token:
 
 
 def _key_hint(rec: dict[str, Any], skip_type: Any) -> str:
-    """What to do about a record that lacks a key: the keys it has, and the flags (and Python
-    options) that name the log's keys or skip records of another kind."""
+    """What to do about a record that lacks a key: the keys it has, and the options that name
+    the log's keys or skip records of another kind (`options.option`)."""
     keys = ", ".join(list(rec)[:10]) + (", ..." if len(rec) > 10 else "")
     kind = rec.get("type")
     skip = ("" if skip_type is not None else
-            f", or skip records of another kind with --skip-type "
-            f"{kind if isinstance(kind, str) else 'TYPE'}")
-    return (f"; this record has {keys or 'no keys'}: name the log's keys with --token-key, "
-            f"--layer-key, --ids-key, --step-key or --request-key{skip} (in Python, the options "
-            f"token_key=..., skip_type=...)")
+            f", or skip records of another kind with "
+            f"{option('skip_type', kind if isinstance(kind, str) else 'TYPE')}")
+    named = ", ".join(option(k) for k in ("token_key", "layer_key", "ids_key", "step_key"))
+    return (f"; this record has {keys or 'no keys'}: name the log's keys with {named} or "
+            f"{option('request_key')}{skip}")
 
 
 class _Log:
@@ -270,8 +270,8 @@ class _Log:
         """Each group's int32 `[T, L, K]` ids, tokens in index order, and their float32 gating
         weights where every record held them (`records.weights_kept`), else None. A token
         lacking a layer is an InputError naming its line and how many tokens lack one
-        (suggesting `--incomplete drop` when `incomplete` is "error", saying nothing of it when
-        None); with "drop" such tokens are left out, with one InputWarning."""
+        (suggesting `incomplete="drop"`, as the caller writes it, `options.option`, when
+        `incomplete` is "error", saying nothing of it when None); with "drop" such tokens are left out, with one InputWarning."""
         layer_ids = sorted(self.layer_ids) if self.per_layer else list(range(self.L or 0))
         lacking = {(group, t): entry for group in order
                    for t, entry in self.groups[group].items()
@@ -284,12 +284,13 @@ class _Log:
         if lacking and incomplete != "drop":
             (group, t), entry = min(lacking.items(), key=lambda kv: kv[1].line)
             missing = [layer for layer in layer_ids if layer not in entry.layers]
-            fix = ": --incomplete drop leaves them out" if incomplete == "error" else ""
+            fix = f": {option('incomplete', 'drop')} leaves them out" \
+                if incomplete == "error" else ""
             raise InputError(f"{self.path}:{entry.line}: token {t} of {self._name(group)} "
                              f"(first record here) lacks layer(s) {missing}; {share}{fix}")
         if lacking:
-            warnings.warn(f"{self.path}: {share}; --incomplete drop left them out",
-                          InputWarning, stacklevel=3)
+            warn_caller(f"{self.path}: {share}; {option('incomplete', 'drop')} left them out",
+                        InputWarning)
         weighed = weights_kept(self.path, *self.weighed)
         out, gates = [], []
         for group in order:

@@ -72,6 +72,7 @@ from ...base.files import (NPY_HEADER, NPY_HEADER_ERRORS, npy_header, npy_refusa
                            size_text)
 from ...base.limits import MAX_EXPERTS
 from ..directory import TRACE_FILES
+from ..options import option
 from ..requests import RequestSet, requests_of
 from ..trace import check_distinct, model_in
 
@@ -360,7 +361,7 @@ def _read_npy(path: Path, experts: int | None, prompt_len: int | None
     if prompt_len is None:
         raise InputError(f"{path}: an .npy holds a request's prompt and output rows together, "
                          f"and nothing says where its prompt ends: give the prompt's rows with "
-                         f"--prompt-len N (in Python, prompt_len=N), or write each request as an "
+                         f"{option('prompt_len', 'N')}, or write each request as an "
                          f".npz with {_PROMPT} and {_ROUTED}")
     arr = _load(regular_file(path, ".npy file"), str(path), np.ndarray)
     ids = _nonempty(path, _checked(arr, str(path), experts))
