@@ -3,7 +3,8 @@
 Holds `METRICS` (`declared`), their reductions, the chunks they read (`Counters`,
 `Chunk`), the placement gap and the evaluation (summary, time series). Takes in counted loads
 and `Results`; gives out figures. Imports `base`, `placement`, `cost`, `solvers` (the lower
-bound), `ranks` (the fan-out fields) and `schedule` (phases and transfers).
+bound), `traces` (which layers are hash-routed), `ranks` (the fan-out fields) and `schedule`
+(phases and transfers).
 
 Dimensions: `S` steps, `L` layers, `E` logical experts, `P` physical slots, `G` GPUs,
 `R` max replicas, `c` steps of a chunk. Loads are counts of (token, slot) pairs; undefined
