@@ -26,13 +26,12 @@ from __future__ import annotations
 
 import inspect
 import math
-import warnings
 from typing import Any, Callable
 
 import numpy as np
 import torch
 
-from ..base.errors import InputError, InputWarning
+from ..base.errors import InputError, InputWarning, warn_caller
 from ..base.limits import MAX_EXPERTS, MAX_LAYERS, MAX_LOAD, MAX_SLOTS, check_at_most
 from ..base.registry import lookup, name_of
 from ..placement import Placement
@@ -157,7 +156,7 @@ def solve_with_info(solver: str | Solver, load: Any, num_slots: int, topology: T
         notes.append(f"{num_groups} groups do not divide the {num_experts} experts: balanced "
                      f"globally, as one group (vLLM's and FastDeploy's rebalance_experts do so "
                      f"where the groups do not divide over the nodes, and fail otherwise)")
-        warnings.warn(notes[-1], InputWarning, stacklevel=2)
+        warn_caller(notes[-1], InputWarning)
         num_groups = 1
     options = check_options(fn, {**options, "migration_tolerance": migration_tolerance})
     migration_tolerance = options.pop("migration_tolerance")

@@ -50,12 +50,11 @@ model.
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import numpy as np
 
-from ..base.errors import InputError, InputWarning
+from ..base.errors import InputError, InputWarning, warn_caller
 from ..placement.topology import Topology
 
 MAX_STAGES = 32  # vLLM's window: the last 32 load vectors a layer was given
@@ -97,9 +96,9 @@ def flashlb(load: np.ndarray, num_slots: int, topology: Topology, num_groups: in
                                                           odd) if n}
     if failed:
         info["vllm_fails"] = failed
-        warnings.warn(f"vLLM's FlashLB fails on {len(failed)} of {L} layers ({E} experts in "
-                      f"{num_slots} slots on {G} GPUs: {why}); flashlb keeps its greedy "
-                      f"placement there (layers {_span(failed)})", InputWarning, stacklevel=2)
+        warn_caller(f"vLLM's FlashLB fails on {len(failed)} of {L} layers ({E} experts in "
+                    f"{num_slots} slots on {G} GPUs: {why}); flashlb keeps its greedy "
+                    f"placement there (layers {_span(failed)})", InputWarning)
     return out, info
 
 

@@ -181,6 +181,18 @@ def test_groups_that_do_not_divide_the_experts_are_balanced_globally_with_a_note
                              "groups do not divide over the nodes, and fail otherwise)"]
 
 
+def test_the_note_is_warned_at_the_callers_line_through_replay_too():
+    from eplbsim.replay import replay
+    from eplbsim.runspec import RunSpec
+    from eplbsim.traces import synthesize
+    trace = synthesize("skewed", seed=0, steps=2, tokens=32, layers=1, experts=8, top_k=2)
+    with pytest.warns(InputWarning, match="3 groups do not divide the 8 experts") as caught:
+        line = __import__("inspect").currentframe().f_lineno + 1
+        replay(trace, RunSpec.of(gpus=2, redundant=2, groups=3, policy="ordinal"))
+    noted = [w for w in caught if "groups do not divide" in str(w.message)]
+    assert noted and all((w.filename, w.lineno) == (__file__, line) for w in noted)
+
+
 def test_the_command_line_says_so_too(tmp_path, capsys):
     load = tmp_path / "load.json"
     load.write_text("[[10, 20, 30, 40]]")
