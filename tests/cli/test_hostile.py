@@ -835,10 +835,10 @@ def _engine_logs(folder: Path, trace: Trace) -> dict[str, Path]:
     reader's own tests; the file the fuzz mutates, by kind."""
     from eplbsim.traces.request_synth import synthesize_requests
     from eplbsim.traces.requests import save_requests
-    from test_flame import _layer_file
-    from test_megatron import _rank_file
-    from test_trtllm_stats import _safetensors
-    from test_vllm import _split
+    from log_writers import vllm_split as _split
+    from log_writers import write_flame_layer as _layer_file
+    from log_writers import write_megatron_rank as _rank_file
+    from log_writers import write_safetensors as _safetensors
     ids = [trace.step(s).numpy() for s in range(trace.num_steps)]  # [T, L, K] each
     (folder / "v.json").write_text(json.dumps(_split("r", ids[0], [ids[1], ids[2]])))
     records = [{"type": "meta", "model": "m"}] + [

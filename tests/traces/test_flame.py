@@ -8,6 +8,7 @@ import pytest
 from eplbsim.base.errors import InputError
 from eplbsim.traces.formats.flame import is_flame, read_flame
 from eplbsim.traces.trace import Trace
+from log_writers import write_flame_layer as _layer_file
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
@@ -19,15 +20,6 @@ LAYERS = (2, 3, 4)
 def _indices(seed: int, n: int = N) -> np.ndarray:
     rng = np.random.default_rng(seed)
     return np.stack([rng.choice(E, K, replace=False) for _ in range(n)]).astype(np.int16)
-
-
-def _layer_file(path, ids: np.ndarray) -> None:
-    """A `layer_NN.parquet`: `scores list<float16>`, `indices list<int16>`, one row a token."""
-    scores = np.sort(np.random.default_rng(0).random(ids.shape), 1)[:, ::-1].astype(np.float16)
-    table = pa.table({
-        "scores": pa.array(list(scores), type=pa.list_(pa.float16())),
-        "indices": pa.array([list(map(int, r)) for r in ids], type=pa.list_(pa.int16()))})
-    pq.write_table(table, path)
 
 
 def _iteration(folder, iteration: int = 5473) -> object:

@@ -7,8 +7,6 @@ Dimensions: `S` steps, `T` tokens of a rank's step, `L` layers, `E` experts, `K`
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 import torch
@@ -17,35 +15,15 @@ from eplbsim.base.errors import InputError
 from eplbsim.traces.formats.megatron import is_megatron_trace, read_megatron
 
 from id_helpers import distinct
+from log_writers import MEGATRON_LAYERS as LAYERS
+from log_writers import megatron_record as _rec
+from log_writers import write_jsonl as _write
+from log_writers import write_megatron_rank as _rank_file
 
-LAYERS = [3, 5]  # Megatron's layer ids: need not start at 0
 
 
 def _ids(T, L=2, K=2, E=8, seed=0):
     return distinct(np.random.default_rng(seed).integers(-1, E, size=(T, L, K)))
-
-
-def _rec(step, layer, rank, rows, **extra):
-    rows = rows if isinstance(rows, list) else rows.tolist()
-    return {"step": step, "stage": "pre_dispatch", "block": "decoder", "layer": layer,
-            "rank": rank, "num_tokens": len(rows), "topk": 2, "top_indices": rows, **extra}
-
-
-def _write(path, records):
-    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n"
-                            for r in records))
-    return path
-
-
-def _rank_file(d, rank, steps, first=0):
-    """`steps[i]` `[T, L, K]` as step `first + i`, layers in reverse order, an MTP record and a
-    sidecar field in every step."""
-    records = []
-    for i, ids in enumerate(steps):
-        for j in reversed(range(ids.shape[1])):
-            records.append(_rec(first + i, LAYERS[j], rank, ids[:, j], hs_offset=0))
-        records.append(_rec(first + i, 0, rank, ids[:, 0], block="mtp", mtp_idx=0))
-    return _write(d / f"router_trace_rank{rank}.jsonl", records)
 
 
 @pytest.fixture

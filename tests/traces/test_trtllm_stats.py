@@ -13,25 +13,10 @@ from eplbsim.base.errors import InputError
 from eplbsim.traces.counts import CountsTrace
 from eplbsim.traces.formats.trtllm import is_trtllm_stats, read_safetensors, read_trtllm_stats
 
+from log_writers import write_safetensors as _safetensors
+
 P, K = 6, 2
 ITERS, LAYERS = (100, 101, 102), (3, 5)  # model layer ids: dense layers 0-2 and 4 not counted
-
-
-def _safetensors(path, tensors: dict, header_extra: dict | None = None) -> None:
-    """Write `{name: array}` as safetensors: u64 LE header length, JSON header (padded with
-    spaces to 8 bytes, as the reference writer does), then the raw little-endian data."""
-    codes = {np.dtype("<i8"): "I64", np.dtype("<i4"): "I32", np.dtype("<f4"): "F32"}
-    header, blobs, offset = {"__metadata__": {"format": "pt"}}, [], 0
-    for name, arr in tensors.items():
-        raw = np.ascontiguousarray(arr).tobytes()
-        header[name] = {"dtype": codes[arr.dtype], "shape": list(arr.shape),
-                        "data_offsets": [offset, offset + len(raw)]}
-        blobs.append(raw)
-        offset += len(raw)
-    header.update(header_extra or {})
-    text = json.dumps(header).encode()
-    text += b" " * (-len(text) % 8)
-    path.write_bytes(struct.pack("<Q", len(text)) + text + b"".join(blobs))
 
 
 def _counts(rank: int, it: int, layer: int) -> np.ndarray:

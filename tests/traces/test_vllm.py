@@ -13,6 +13,7 @@ from eplbsim.base.errors import InputError
 from eplbsim.traces.formats.vllm import (is_vllm_arrays, is_vllm_json, read_vllm_arrays,
                                          read_vllm_json)
 from eplbsim.traces.requests import RequestSet
+from log_writers import vllm_split as _split
 
 L, K, E = 3, 2, 8
 
@@ -28,17 +29,6 @@ def _npy64(arr: np.ndarray) -> str:
     buf = io.BytesIO()
     np.save(buf, arr)
     return base64.b64encode(buf.getvalue()).decode("ascii")
-
-
-def _split(rid: str, prompt: np.ndarray, outputs: list[np.ndarray], created=1700000000) -> dict:
-    """A vLLM v0.21 chat completion: prompt routing at the top, output routing per choice."""
-    return {"id": rid, "object": "chat.completion", "created": created, "model": "m",
-            "choices": [{"index": i, "message": {"role": "assistant", "content": "hi"},
-                         "finish_reason": "length", "token_ids": None,
-                         "routed_experts": o.tolist()} for i, o in enumerate(outputs)],
-            "usage": {"prompt_tokens": len(prompt), "total_tokens": 9,
-                      "completion_tokens": sum(len(o) for o in outputs)},
-            "prompt_routed_experts": prompt.tolist(), "prompt_token_ids": None}
 
 
 def _combined(rid: str, prompt_len: int, generated: int, seed: int, token_ids=True) -> dict:
