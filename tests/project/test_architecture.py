@@ -308,3 +308,17 @@ def test_the_tests_mirror_the_package():
     folders = {p.parent.name for p in tests.rglob("test_*.py")}
     assert folders <= packages | {"project"}, folders - packages
     assert len(folders) >= 10
+
+
+def test_a_test_imports_helpers_from_its_own_folder_or_the_shared_ones():
+    """A helper shared by several test folders lives at the top of tests/ (`log_writers`,
+    `cli_helpers`, ...): a test module imported from another folder resolves only when pytest
+    has collected that folder first, so the folder run alone fails."""
+    tests = ROOT.parent / "tests"
+    crossing = []
+    for path in tests.rglob("test_*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("test_"):
+                if not (path.parent / f"{node.module}.py").is_file():
+                    crossing.append(f"{path.relative_to(tests)} imports {node.module}")
+    assert not crossing, crossing
