@@ -4,6 +4,7 @@ traces."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +18,14 @@ from ..cost.catalog import model_named, model_shape
 from ..replay.results import to_json
 from ..traces import CountsTrace, save_trace, summarize_trace
 from ..traces.counts import save_counts_trace
+from ..traces.draft import draft_of
 from ..traces.directory import TRACE_FILES, save_trace_dir, to_memory
 from ..traces.formats import is_request_input
 from ..traces.formats.jsonl import read_jsonl, write_jsonl
 from ..traces.formats.sglang import import_sglang
 from ..traces.formats.token_log import is_token_log
 from ..traces.requests import is_request_file, save_requests
+from ..traces.stages import describe_stages
 from ..traces.layer_kinds import EMPTY_LAYERS, hash_layers
 from ..traces.steps import (OUTLIER_FACTOR, describe_selection, flag_steps, outlier_median,
                             span_words)
@@ -134,6 +137,8 @@ def counts_info(args: argparse.Namespace, counts: CountsTrace) -> int:
           f"placement's even-split promise, no dispatch")
     if counts.meta.get("read_as"):
         print(f"  read as: {counts.meta['read_as']}")
+    if counts.meta.get("stages"):  # counts have no tokens to tell the stages by: marks only
+        print(f"  stages: {describe_stages(counts)}")
     for line in layer_kind_lines(counts.meta, None):
         print(line)
     return 0
@@ -174,7 +179,10 @@ def info(args: argparse.Namespace) -> int:
         return counts_info(args, source.select(whole))
     flags = flag_steps(whole)
     trace = source.chunked(source.select(whole))
-    summary = {**summarize_trace(trace, trace_hash_layers(trace)), "flagged": flags}
+    draft = draft_of(trace)
+    summary = {**summarize_trace(trace, trace_hash_layers(trace)), "flagged": flags,
+               "stages": describe_stages(trace),
+               "draft": None if draft is None else summarize_trace(draft)}
     if args.coactivation:
         summary["coactivation"] = coactivation_summary(trace, args.groups)
     if args.json:
@@ -192,16 +200,14 @@ def info(args: argparse.Namespace) -> int:
     print(f"  groups {summary['groups'] or '-'}, src_rank "
           f"{'yes' if summary['src_rank'] else 'no'}, padding {summary['padding_frac']:.2%}, "
           f"source {summary['meta'].get('source', '-')}")
+    print(f"  stages: {summary['stages']}")
     for line in _flag_lines(flags, whole, source) + layer_kind_lines(trace.meta, summary):
         print(line)
-    kind = summary["kind_skew"] is not None
-    print("  layer  max/mean load (whole trace)  mean per-step max/mean  hottest expert"
-          + ("  kind" if kind else ""))
-    for row in summary["layer_skew"]:
-        skew, step = row["max_over_mean"], row["per_step_max_over_mean"]
-        print(f"  {row['layer']:>5}  {'-' if skew is None else f'{skew:.3f}':>27}  "
-              f"{'-' if step is None else f'{step:.3f}':>22}  {row['hottest_expert']:>14}"
-              + (f"  {row['kind']}" if kind else ""))
+    for line in _skew_lines(summary, summary["kind_skew"] is not None):
+        print(line)
+    if draft is not None:
+        for line in draft_lines(summary["draft"]):
+            print(line)
     if args.coactivation:
         co = summary["coactivation"]
         print("  co-activation: the pairs of experts one token chooses most often")
@@ -212,6 +218,32 @@ def info(args: argparse.Namespace) -> int:
               f"{trace.num_experts // co['groups']} experts keeps {co['kept_greedy']:.1%} of a "
               f"token's other choices in its group; a random one {co['kept_random']:.1%}")
     return 0
+
+
+def _skew_lines(summary: dict[str, Any], kind: bool, label: str = "layer") -> list[str]:
+    """The table of each layer's skew in a trace's `summary` (`summarize_trace`), its rows'
+    kinds too when `kind`; its first column headed `label`."""
+    lines = [f"  {label:>5}  max/mean load (whole trace)  mean per-step max/mean  hottest expert"
+             + ("  kind" if kind else "")]
+    for row in summary["layer_skew"]:
+        skew, step = row["max_over_mean"], row["per_step_max_over_mean"]
+        lines.append(f"  {row['layer']:>{len(label)}}  "
+                     f"{'-' if skew is None else f'{skew:.3f}':>27}  "
+                     f"{'-' if step is None else f'{step:.3f}':>22}  {row['hottest_expert']:>14}"
+                     + (f"  {row['kind']}" if kind else ""))
+    return lines
+
+
+def draft_lines(summary: dict[str, Any]) -> list[str]:
+    """What `trace info` says of a trace's draft (MTP) layers (`traces.draft`), apart from the
+    target's: their sizes and each draft layer's skew, of the draft's `summary`
+    (`summarize_trace`)."""
+    tps = summary["tokens_per_step"]
+    return [f"  draft (MTP) layers, of their own experts, placed and recorded apart: layers "
+            f"{summary['layers']}, experts {summary['experts']}, top-k {summary['top_k']}; "
+            f"tokens {summary['tokens']} (per step {tps['min']}..{tps['max']}, mean "
+            f"{tps['mean']:.1f}), padding {summary['padding_frac']:.2%}"] + \
+        _skew_lines(summary, False, "draft layer")
 
 
 def coactivation_summary(trace: Any, groups: int, strongest: int = 3) -> dict[str, Any]:
@@ -293,11 +325,18 @@ def convert(args: argparse.Namespace) -> int:
             trace = read_jsonl(src, source.experts, args.out, steps.update)
     else:
         trace = _routing(source.open(0, runspec.SchedulePart()), args.src)
+        draft = draft_of(trace)
+        if draft is not None and out_kind != ".npz":
+            raise InputError(f"{args.src[0]} holds draft (MTP) layers beside the target's; "
+                             f"only an .npz trace holds both: write one")
         with bar(trace.num_steps, "convert") as steps:
             if out_kind == ".jsonl":
                 write_jsonl(trace, args.out, steps.update)
             elif out_kind == ".npz":
-                save_trace(to_memory(trace, steps.update), args.out)
+                memory = to_memory(trace, steps.update)
+                if draft is not None and memory.draft is None:  # a view's steps of its draft
+                    memory = dataclasses.replace(memory, draft=to_memory(draft))
+                save_trace(memory, args.out)
             else:
                 save_trace_dir(trace, args.out, progress=steps.update)
     kind = {".jsonl": "JSONL router log", ".npz": ".npz"}.get(out_kind, "trace directory")

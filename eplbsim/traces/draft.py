@@ -7,7 +7,9 @@ draft experts, `K`/`Kd` their top-k.
 A trace is `[S, L, E]` with one `E`, so a drafted run is two traces of the same steps
 (`Drafted`): the target's and the draft's, each replayed with its own placement and counted by
 its own recorder. Step `s` of the draft is the draft's passes of the target's step `s` (its
-rows need not be the target's: a draft runs each of its tokens).
+rows need not be the target's: a draft runs each of its tokens). A trace file holds both: the
+target's `Trace` carries the draft's as `Trace.draft` (saved and read with it, `traces.trace`),
+and a view of the target's steps reads the same steps of the draft (`draft_of`).
 
 The fault of SGLang #16044 (sgl-project/sglang pull request #16044: with MTP the draft shares
 the target's code path while the EPLB metadata is global) is two mistakes: the draft's recorder
@@ -27,6 +29,7 @@ from typing import Any, Sequence
 import torch
 
 from ..base.errors import InputError
+from .steps import StepView
 
 
 @dataclass(frozen=True, eq=False)
@@ -50,6 +53,39 @@ class Drafted:
         return (f"Drafted({self.target.num_steps} steps: target L={self.target.num_layers}, "
                 f"E={self.target.num_experts}; draft L={self.draft.num_layers}, "
                 f"E={self.draft.num_experts})")
+
+
+def draft_of(trace: Any) -> Any:
+    """The draft's trace of `trace`'s steps, or None when it has none: a `Drafted`'s draft;
+    the `Trace.draft` of the trace a view reads (through every `base`), of the same log steps
+    (a `steps.StepView` of it when the view keeps some). InputError for a view that cuts the
+    target's steps into chunks (`prefill_chunks`): the draft's passes of a step do not cut
+    alike."""
+    if isinstance(trace, Drafted):
+        return trace.draft
+    root = trace
+    while hasattr(root, "base"):
+        root = root.base
+    draft = getattr(root, "draft", None)
+    if draft is None or root is trace:
+        return draft
+    names = trace.log_steps()
+    if any("." in name for name in names):
+        raise InputError("the trace's steps are cut into chunks (max_batched_tokens); its draft "
+                         "layers' passes of a step are not: replay a drafted trace unchunked")
+    steps = [int(name) for name in names]
+    if steps == list(range(draft.num_steps)):
+        return draft
+    return StepView(draft, torch.tensor(steps, dtype=torch.int64), dict(draft.meta))
+
+
+def drafted_of(trace: Any) -> Drafted | None:
+    """`trace` and its draft as a `Drafted` (`draft_of`), `trace` itself when it is one, None
+    when it has no draft."""
+    if isinstance(trace, Drafted):
+        return trace
+    draft = draft_of(trace)
+    return None if draft is None else Drafted(trace, draft)
 
 
 def draft_positions(num_draft_layers: int, num_layers: int,

@@ -7,6 +7,11 @@ On disk (DESIGN.md §5): `topk_ids` int16/int32 `[sum T_s, L, K]`, `step_offsets
 optional `src_rank` int16 `[sum T_s]`, optional `topk_weights` float32 `[sum T_s, L, K]` (the
 router's gating weight of each pair, where the log had them), and `meta`, a JSON string with
 `num_experts`, `top_k`, `num_layers`, optional `num_groups`, and free-form provenance. Files are read without pickle.
+
+A draft's (MTP) layers of the same steps (`Trace.draft`, `traces.draft`) are a second part of
+the file: `draft_topk_ids [sum Td_s, Ld, Kd]` and `draft_step_offsets [S + 1]` (the draft runs
+its own rows a step), and `meta["draft"]`, the draft's own meta with its `num_experts`, `top_k`
+and `num_layers`; read with the target's checks, an error naming the draft part.
 """
 
 from __future__ import annotations
@@ -151,6 +156,9 @@ class Trace(TraceShape):
     meta:         provenance (JSON-serialisable dict); `num_groups` is read from it when present
     topk_weights: float32 `[sum T_s, L, K]` finite, non-negative gating weight of each pair
                   (a padding slot's is ignored), or None
+    draft:        the draft's (MTP) layers of the same `S` steps, a Trace `[sum Td_s, Ld, Kd]`
+                  of its own experts and rows, with no draft of its own (`traces.draft`), or
+                  None
     """
 
     topk_ids: torch.Tensor
@@ -159,6 +167,7 @@ class Trace(TraceShape):
     src_rank: torch.Tensor | None = None
     meta: dict[str, Any] = field(default_factory=dict)
     topk_weights: torch.Tensor | None = None
+    draft: "Trace | None" = None
 
     def __post_init__(self) -> None:
         ids = _int_array(self.topk_ids, "topk_ids")
@@ -215,6 +224,11 @@ class Trace(TraceShape):
         object.__setattr__(self, "meta", meta)
         object.__setattr__(self, "topk_weights", weights)
         self.__dict__["_counts"] = torch.from_numpy(counts)  # handed to the first `counts()`
+        if self.draft is not None and (not isinstance(self.draft, Trace)
+                                       or self.draft.draft is not None
+                                       or self.draft.num_steps != self.num_steps):
+            raise InputError(f"draft must be a Trace of the same {self.num_steps} steps with no "
+                             f"draft of its own, got {self.draft!r}")
 
     @classmethod
     def from_steps(cls, steps: Sequence[Any], num_experts: int,
@@ -287,7 +301,10 @@ class Trace(TraceShape):
         return tuple(self.topk_ids.shape)
 
     def __repr__(self) -> str:
-        return f"Trace({shape_words(self)}{', src_rank' if self.src_rank is not None else ''})"
+        draft = "" if self.draft is None else (f"; draft L={self.draft.num_layers}, "
+                                                f"E={self.draft.num_experts}, K={self.draft.top_k}")
+        return (f"Trace({shape_words(self)}{', src_rank' if self.src_rank is not None else ''}"
+                f"{draft})")
 
     def step(self, s: int) -> torch.Tensor:
         """Logical ids of step `s`, int32 `[T_s, L, K]` (a fresh copy, widened from storage)."""
@@ -330,8 +347,9 @@ class Trace(TraceShape):
         meta = dict(self.meta)
         if isinstance(meta.get("stages"), str):  # one mark a step (`traces.stages`): its own
             meta["stages"] = meta["stages"][idx.start:idx.stop]
+        draft = None if self.draft is None else self.draft.window(start, stop)
         return Trace(self.topk_ids[lo:hi], self.step_offsets[idx.start:idx.stop + 1] - lo,
-                     self.num_experts, src, meta, weights)
+                     self.num_experts, src, meta, weights, draft)
 
 
 def shape_words(trace: TraceShape) -> str:
@@ -477,27 +495,39 @@ def read_npz(path: str | Path, required: Sequence[str], what: str) -> dict[str, 
 
 
 def save_trace(trace: Trace, path: str | Path) -> None:
-    """Write `trace` as an `.npz` file in the DESIGN.md §5 format, through a temporary sibling
-    (an existing file stays as it was if writing fails). Ids are int16 when `E` fits
-    (`id_dtype`), else int32; source ranks int16 when they fit, else int32."""
-    dtype = id_dtype(trace.num_experts)
-    meta = dict(trace.meta, num_experts=trace.num_experts, top_k=trace.top_k,
-                num_layers=trace.num_layers)
-    arrays = {"topk_ids": trace.topk_ids.numpy().astype(dtype, copy=False),
-              "step_offsets": trace.step_offsets.numpy(),
-              "meta": np.array(json.dumps(meta, sort_keys=True))}
+    """Write `trace` as an `.npz` file in the DESIGN.md §5 format, its draft part too (module
+    doc), through a temporary sibling (an existing file stays as it was if writing fails). Ids
+    are int16 when `E` fits (`id_dtype`), else int32; source ranks int16 when they fit, else
+    int32."""
+    meta = dict(trace.meta, **_sizes(trace))
+    arrays = {"topk_ids": trace.topk_ids.numpy().astype(id_dtype(trace.num_experts), copy=False),
+              "step_offsets": trace.step_offsets.numpy()}
     if trace.src_rank is not None:
         src = trace.src_rank.numpy()
         arrays["src_rank"] = src.astype(np.int16 if src.max(initial=0) <= np.iinfo(np.int16).max
                                         else np.int32)
     if trace.topk_weights is not None:
         arrays["topk_weights"] = trace.topk_weights.numpy()
+    if trace.draft is not None:
+        draft = trace.draft
+        meta["draft"] = dict(draft.meta, **_sizes(draft))
+        arrays["draft_topk_ids"] = draft.topk_ids.numpy().astype(id_dtype(draft.num_experts),
+                                                                 copy=False)
+        arrays["draft_step_offsets"] = draft.step_offsets.numpy()
+    arrays["meta"] = np.array(json.dumps(meta, sort_keys=True))
     with atomic_file(path) as tmp, open(tmp, "wb") as f:
         np.savez_compressed(f, **arrays)
 
 
+def _sizes(trace: Trace) -> dict[str, int]:
+    """The sizes a file's meta declares of a trace (or of its draft part)."""
+    return {"num_experts": trace.num_experts, "top_k": trace.top_k,
+            "num_layers": trace.num_layers}
+
+
 def load_trace(path: str | Path) -> Trace:
-    """Read an `.npz` trace without unpickling; InputError naming the file on any problem."""
+    """Read an `.npz` trace, its draft part too (module doc), without unpickling; InputError
+    naming the file (and the draft part, for its own) on any problem."""
     path = Path(path)
     arrays = read_npz(path, _REQUIRED, "an eplbsim trace")
     try:
@@ -506,15 +536,37 @@ def load_trace(path: str | Path) -> Trace:
         raise InputError(f"{path}: meta is not a JSON string ({exc})") from None
     if not isinstance(meta, dict):
         raise InputError(f"{path}: meta must be a JSON object")
+    draft_meta = meta.pop("draft", None)
+    has_draft = [k for k in _DRAFT if k in arrays]
+    if (draft_meta is None) != (not has_draft) or 0 < len(has_draft) < len(_DRAFT):
+        raise InputError(f"{path}: a draft part is meta's draft, draft_topk_ids and "
+                         f"draft_step_offsets together; found only "
+                         f"{', '.join(has_draft + (['meta draft'] if draft_meta else []))}")
+    draft = None
+    if draft_meta is not None:
+        if not isinstance(draft_meta, dict):
+            raise InputError(f"{path}: draft part: meta's draft must be a JSON object")
+        draft = _checked(f"{path}: draft part", arrays["draft_topk_ids"],
+                         arrays["draft_step_offsets"], draft_meta)
+    return _checked(str(path), arrays["topk_ids"], arrays["step_offsets"], meta,
+                    arrays.get("src_rank"), arrays.get("topk_weights"), draft)
+
+
+_DRAFT = ("draft_topk_ids", "draft_step_offsets")  # the arrays of a file's draft part
+
+
+def _checked(where: str, ids: np.ndarray, offsets: np.ndarray, meta: dict[str, Any],
+             src: np.ndarray | None = None, weights: np.ndarray | None = None,
+             draft: Trace | None = None) -> Trace:
+    """The Trace of a file's arrays and `meta` (its sizes declared), InputError prefixed by
+    `where` on any problem."""
     for key in ("num_experts", "top_k", "num_layers"):
         if not isinstance(meta.get(key), int) or isinstance(meta.get(key), bool):
-            raise InputError(f"{path}: meta lacks the integer field {key!r}")
-    ids = arrays["topk_ids"]
+            raise InputError(f"{where}: meta lacks the integer field {key!r}")
     if ids.ndim == 3 and (ids.shape[1], ids.shape[2]) != (meta["num_layers"], meta["top_k"]):
-        raise InputError(f"{path}: topk_ids has shape {ids.shape} but meta declares "
+        raise InputError(f"{where}: topk_ids has shape {ids.shape} but meta declares "
                          f"num_layers={meta['num_layers']}, top_k={meta['top_k']}")
     try:
-        return Trace(ids, arrays["step_offsets"], meta["num_experts"], arrays.get("src_rank"),
-                     meta, arrays.get("topk_weights"))
+        return Trace(ids, offsets, meta["num_experts"], src, meta, weights, draft)
     except InputError as exc:
-        raise InputError(f"{path}: {exc}") from None
+        raise InputError(f"{where}: {exc}") from None
