@@ -120,17 +120,26 @@ def affinity(load: np.ndarray, num_slots: int, topology: Topology, num_groups: i
 
 def _checked_pairs(coactivation: Any, num_layers: int, num_experts: int) -> np.ndarray:
     """`coactivation` as float64 `[L, E, E]`; InputError when absent or of another shape."""
-    if coactivation is None:
-        raise InputError("the affinity solver needs the co-activation of the experts (which "
-                         "experts tokens choose together): a trace with token rows gives it; "
-                         "counts-only inputs cannot")
-    pairs = np.asarray(coactivation, dtype=np.float64)
-    if pairs.shape != (num_layers, num_experts, num_experts):
-        raise InputError(f"coactivation must be [layers, experts, experts] = "
-                         f"{(num_layers, num_experts, num_experts)}, got {pairs.shape}")
-    if not np.isfinite(pairs).all() or (pairs < 0).any():
-        raise InputError("coactivation holds negative, NaN or infinite counts")
-    return pairs
+    return checked_counts(coactivation, "coactivation", "layers, experts, experts",
+                          (num_layers, num_experts, num_experts),
+                          "the affinity solver needs the co-activation of the experts (which "
+                          "experts tokens choose together): a trace with token rows gives it; "
+                          "counts-only inputs cannot")
+
+
+def checked_counts(value: Any, name: str, dims: str, shape: tuple[int, ...],
+                   absent: str) -> np.ndarray:
+    """A solver's window input `value` (counts a trace gives, e.g. `coactivation`) as float64
+    of `shape`; InputError saying `absent` when it is None, naming `name [dims]` when it has
+    another shape, and for negative, NaN or infinite counts."""
+    if value is None:
+        raise InputError(absent)
+    counts = np.asarray(value, dtype=np.float64)
+    if counts.shape != shape:
+        raise InputError(f"{name} must be [{dims}] = {shape}, got {counts.shape}")
+    if not np.isfinite(counts).all() or (counts < 0).any():
+        raise InputError(f"{name} holds negative, NaN or infinite counts")
+    return counts
 
 
 class _Layer:

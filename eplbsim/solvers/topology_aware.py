@@ -42,7 +42,7 @@ import numpy as np
 
 from ..base.errors import InputError
 from ..placement.topology import Topology
-from .affinity import NODE_WEIGHT
+from .affinity import NODE_WEIGHT, checked_counts
 
 COMM_BUDGET = 5e-4  # SGLang's `_MAX_COMM_REGRESSION_RATIO`: the load phase's traffic allowance
 TRAFFIC_SHARE = 0.5  # of the swap budget, phase 2's when there is a communication budget
@@ -65,7 +65,10 @@ def topology_aware(load: np.ndarray, num_slots: int, topology: Topology, num_gro
     `num_groups` is ignored (SGLang passes none). -> `(phy2log [L, P], info)`."""
     L, E = load.shape
     G = topology.num_gpus
-    src = _checked_source(source_load, L, G, E)
+    src = checked_counts(source_load, "source_load", "layers, GPUs, experts", (L, G, E),
+                         "the topology-aware planner needs source-rank expert counts "
+                         "(source_load [layers, GPUs, experts]): a token trace gives them, "
+                         "a counts-only input cannot")
     costs = rank_cost_matrix(rank_costs, topology)
     swaps = max(1, 5 * (E // G)) if max_swaps is None else int(max_swaps)
     seed = np.arange(E) // (E // G)  # [E] the default layout's rank of each expert
@@ -177,20 +180,6 @@ def _read_costs(path: Path) -> Any:
         data = data["rank_cost_matrix"]
     return data
 
-
-def _checked_source(value: Any, L: int, G: int, E: int) -> np.ndarray:
-    """`source_load` as float64 `[L, G, E]`; InputError when absent or malformed."""
-    if value is None:
-        raise InputError("the topology-aware planner needs source-rank expert counts "
-                         "(source_load [layers, GPUs, experts]): a token trace gives them, "
-                         "a counts-only input cannot")
-    src = np.asarray(value, dtype=np.float64)
-    if src.shape != (L, G, E):
-        raise InputError(f"source_load must be [layers, GPUs, experts] = {(L, G, E)}, got "
-                         f"{src.shape}")
-    if not np.isfinite(src).all() or (src < 0).any():
-        raise InputError("source_load holds negative, NaN or infinite counts")
-    return src
 
 
 def _traffic(ranks: np.ndarray, comm: np.ndarray) -> float:
