@@ -10,6 +10,7 @@ from typing import Any, Sequence
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
 from ..base.errors import InputError
@@ -18,8 +19,8 @@ from ..metrics import rebalance_stalls
 from ..replay.results import Results
 from ..schedule.switch import phases
 from .runs import replica_load
-from .style import (OKABE_ITO, from_baseline, grouped_ratio_bars, legend_once, policy_styles,
-                    run_labels)
+from .style import (OKABE_ITO, from_baseline, handles_once, legend_below, legend_once, mode_patch,
+                    policy_styles, ratio_bars, run_labels, run_lines, step_axis, wrap_name)
 
 
 
@@ -56,30 +57,41 @@ def expert_load_heatmap(counts: Any, layer: int = 0) -> Figure:
         ax.set_title(title)
         ax.grid(False)
         fig.colorbar(image, ax=ax, label="share of the pairs (%)")
+    step_axis(ax_time.yaxis)
     if L > 1:  # every layer named up to LAYER_TICKS of them, else evenly spaced whole numbers
         ax_all.yaxis.set_major_locator(MaxNLocator(nbins=min(L, LAYER_TICKS), integer=True))
     fig.suptitle(f"Expert load ({S} steps, {L} layer{'' if L == 1 else 's'}, {E} experts)")
     return fig
 
 
+VALUED_ROWS = 8  # up to this many policies, policy_mode_bars writes each bar's value
+
+
 def policy_mode_bars(results: Sequence[Results]) -> Figure:
-    """GPU imbalance and worst-step replica skew of every (policy, mode): grouped bars rising
-    from the ideal 1.0, one colour per mode. results: e.g. `replay.compare` output."""
+    """GPU imbalance and worst-step replica skew of every (policy, mode): a row a run label
+    (`run_labels`), a horizontal bar a mode rising from the ideal 1.0, in the policy's colour
+    (`policy_style`), filled for "none" and hollow for "a2a" (`style.ratio_bars`); up to
+    `VALUED_ROWS` rows each bar says its value. The figure grows a row at a time.
+    results: e.g. `replay.compare` output."""
     results = list(results)
     if not results:
         raise InputError("policy_mode_bars needs at least one result")
-    labels = run_labels(results)
-    groups = list(dict.fromkeys(labels))
+    rows = list(dict.fromkeys(run_labels(results)))
     modes = list(dict.fromkeys(r.spec.dispatch.mode for r in results))
-    fig = Figure(figsize=(7.0, 2.8), layout="constrained")
-    for ax, key, ylabel in zip(fig.subplots(1, 2), ("gpu_imbalance", "replica_skew_max"), (
-            "GPU imbalance (max / mean GPU load)",
+    names = [wrap_name(label) for label in rows]
+    lines = sum(name.count("\n") + 1 for name in names)
+    fig = Figure(figsize=(7.0, 0.9 + max(0.13 * lines, (0.1 + 0.12 * len(modes)) * len(rows))),
+                 layout="constrained")
+    axes = fig.subplots(1, 2, sharey=True)
+    for ax, key, xlabel in zip(axes, ("gpu_imbalance", "replica_skew_max"), (
+            "GPU imbalance\n(max / mean GPU load)",
             "replica skew, worst step\n(max / mean replica load)")):
-        grouped_ratio_bars(ax, results, labels, groups, modes, key)
-        ax.set_ylabel(ylabel)
-        ax.grid(True, axis="y")
-        ax.grid(False, axis="x")
-    fig.axes[0].legend(title="mode", loc="upper left")
+        ratio_bars(ax, results, rows, modes, key, values=len(rows) <= VALUED_ROWS)
+        ax.set_xlabel(xlabel)
+    axes[0].set_yticks(range(len(rows)), names)
+    if len(modes) > 1:
+        fig.legend(handles=[mode_patch(m) for m in modes], loc="outside right upper",
+                   fontsize="small")
     return fig
 
 
@@ -103,16 +115,16 @@ def redundancy_curves(rows: Sequence[dict[str, Any]]) -> Figure:
         ax_mult.plot(xs, [r["multiplicity"]["2+"] for r in mine], **style)
         ax_mult.plot(xs, [r["multiplicity"]["0"] for r in mine], linestyle="--", **style)
         ax_err.plot(xs, [r["output_rel_error"] for r in mine], **style)
-    ax_agree.set_ylabel("rank agreement (fraction of pairs)")
+    ax_agree.set_ylabel("rank agreement\n(fraction of pairs)")
     ax_mult.set_ylabel("fraction of pairs")
-    ax_mult.plot([], [], "k-", label="c ≥ 2 (duplicated)")
-    ax_mult.plot([], [], "k--", label="c = 0 (dropped)")
-    ax_mult.legend(loc="lower right", bbox_to_anchor=(1.0, 0.36))
-    ax_err.set_ylabel("output error ||Y − Y*|| / ||Y*||")
+    ax_err.set_ylabel("output error\n||Y − Y*|| / ||Y*||")
     for ax in (ax_agree, ax_mult, ax_err):
         ax.set_xlabel("redundant experts (slots)")
         from_baseline(ax, 0.0)
-    ax_agree.legend(title="policy", loc="center right")
+    keys = [*ax_agree.get_legend_handles_labels()[0],
+            Line2D([], [], color="k", label="c ≥ 2 (duplicated)"),
+            Line2D([], [], color="k", linestyle="--", label="c = 0 (dropped)")]
+    legend_below(fig, keys)
     fig.suptitle('"none" mode: what disagreeing ranks do as redundancy grows')
     return fig
 
@@ -140,8 +152,8 @@ def replica_loads_pair(results: Sequence[Results], layer: int, expert: int) -> F
                     label=f"replica {j} (GPU {gpu})")
         even = result.true_load[:, layer, expert].double() / n
         ax.plot(steps, even.tolist(), "k--", linewidth=1, label="even split")
-        ax.set_title(f"{result.policy}")
-        ax.set_xlabel("step")
+        ax.set_title(wrap_name(result.policy))
+        step_axis(ax.xaxis)
     from_baseline(axes[0], 0.0)
     legend_once(axes[-1], axes, loc="lower right", fontsize=7)
     axes[0].set_ylabel("pairs executed per step")
@@ -199,50 +211,58 @@ def predictor_time_series(results: Sequence[Results], highlight: tuple[int, int]
     ax_imb.legend(title="predictor", loc="lower left", bbox_to_anchor=(0.0, 1.0),
                   ncol=len(results), title_fontsize=8, alignment="left")
     ax_move.set_ylabel("experts moved\n(slots)")
-    ax_move.set_xlabel("step")
+    step_axis(ax_move.xaxis)
     return fig
 
 
 def time_bars_and_stalls(results: Sequence[Results], over_time: Sequence[Results]) -> Figure:
     """Left: MoE time per step of every (policy, mode) in `results`, expert compute and
-    communication stacked, the balanced reference (`moe_ms_balanced`) dashed. Right:
-    MoE time per step of each of `over_time` (one trace and schedule, rebalancing), with the
-    stall each rebalance costs when serving waits for its copies (`sync`); the time axis is
-    zoomed into the lines, and its label says where it starts. Every result must have a cost
-    model (`spec.cost`)."""
+    communication stacked (greys), the balanced reference (`moe_ms_balanced`) dashed; its
+    labels turn upright past `VALUED_ROWS` bars, and the figure widens with them. Right:
+    MoE time per step of each of `over_time` (one trace and schedule, rebalancing) in its look
+    (`run_lines`), with the stall each rebalance costs when serving waits for its copies
+    (`sync`) as bars in its colour; the time axis is zoomed into the lines, and its label says
+    where it starts. One legend, below. Every result must have a cost model (`spec.cost`)."""
     results, over_time = list(results), list(over_time)
     if not results or not over_time:
         raise InputError("time_bars_and_stalls needs results in both panels")
-    fig = Figure(figsize=(7.0, 2.8), layout="constrained")
-    ax_bar, ax_time = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.4, 1]})
-    labels = [f"{name}\n{r.spec.dispatch.mode}" for name, r in zip(run_labels(results), results)]
+    upright = len(results) > VALUED_ROWS
+    labels = [f"{name} ({r.spec.dispatch.mode})".replace("\n", ", ") if upright
+              else wrap_name(f"{name}\n{r.spec.dispatch.mode}")
+              for name, r in zip(run_labels(results), results)]
+    bars = max(3.6, 0.2 * len(results))  # inches: upright labels side by side
+    below = 0.05 * max(len(label) for label in labels) if upright else 0.0  # and their length
+    fig = Figure(figsize=(bars + 3.4, 2.8 + below), layout="constrained")
+    ax_bar, ax_time = fig.subplots(1, 2, gridspec_kw={"width_ratios": [bars, 2.6]})
     x = np.arange(len(results))
     compute = [r.metrics["compute_ms"] for r in results]
     comm = [r.metrics["comm_ms"] for r in results]
-    ax_bar.bar(x, compute, color=OKABE_ITO[0], label="expert compute")
-    ax_bar.bar(x, comm, bottom=compute, color=OKABE_ITO[1], label="communication")
+    ax_bar.bar(x, compute, color="0.45", label="expert compute")
+    ax_bar.bar(x, comm, bottom=compute, color="0.75", label="communication")
     for i, r in enumerate(results):
         ax_bar.hlines(r.metrics["moe_ms_balanced"], i - 0.4, i + 0.4, colors="k",
                       linestyles="--", linewidth=1.0, label="balanced" if i == 0 else None)
-    ax_bar.set_xticks(x, labels)
+    ax_bar.set_xticks(x, labels, rotation=90 if upright else 0,
+                      fontsize="x-small" if upright else None)
     ax_bar.set_ylabel("MoE time per step (ms)")
-    ax_bar.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=3, fontsize=7)
     ax_bar.grid(False, axis="x")
     stalls = ax_time.twinx()
-    for i, (name, r) in enumerate(zip(run_labels(over_time), over_time)):
-        color = OKABE_ITO[i % len(OKABE_ITO)]
+    for i, (name, r, look) in enumerate(zip(run_labels(over_time), over_time,
+                                            run_lines(over_time))):
         series = r.time_series()
-        ax_time.plot(series["step"], series["moe_ms"], color=color, label=name)
+        ax_time.plot(series["step"], series["moe_ms"], label=name, markersize=4,
+                     markevery=max(1, len(series["step"]) // 12), **look)
         marks = rebalance_stalls(r)
         stalls.bar([step + (i - (len(over_time) - 1) / 2) * 0.8 for step, _ in marks],
-                   [ms for _, ms in marks], width=0.8, color=color, alpha=0.5)
-    ax_time.set_xlabel("step")
+                   [ms for _, ms in marks], width=0.8, color=look["color"], alpha=0.5)
+    step_axis(ax_time.xaxis)
     bottom = ax_time.get_ylim()[0]  # zoomed into the lines (a few percent apart): say so
     ax_time.set_ylabel("MoE time per step (ms)"
                        + (f"\n(axis starts at {bottom:.3g}, not 0)" if bottom > 0 else ""))
-    stalls.set_ylabel("rebalance stall (ms, bars)")
+    stalls.set_ylabel("rebalance stall\n(ms, bars)")
     stalls.grid(False)
-    ax_time.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=len(over_time), fontsize=7)
+    legend_below(fig, [*ax_bar.get_legend_handles_labels()[0],
+                       *ax_time.get_legend_handles_labels()[0]])
     return fig
 
 
@@ -250,9 +270,10 @@ def switch_hazard(results: Sequence[Results]) -> Figure:
     """What ranks switching placements at different steps corrupt, per step, for results of
     async rebalancing (`spec.schedule.rebalance_mode`): in "a2a" (top) the share of pairs sent
     to a slot holding another expert's weights (`wrong_expert_frac`), in "none" (bottom) the
-    share of pairs not executed exactly once; one line per result, coloured by its label (the
-    same in both panels, one legend), each hazard window (steps on which its ranks serve
-    different placements) shaded in its colour, the rebalance decisions dotted."""
+    share of pairs not executed exactly once; one line per result in its look (`run_lines`,
+    modes apart: the policy's colour and marker, a line style for each other setting; the
+    same in both panels, one legend below), each hazard window (steps on which its ranks
+    serve different placements) shaded in its colour, the rebalance decisions dotted."""
     results = list(results)
     modes = [m for m in ("a2a", "none") if any(r.spec.dispatch.mode == m for r in results)]
     if not modes:
@@ -260,16 +281,18 @@ def switch_hazard(results: Sequence[Results]) -> Figure:
     fig = Figure(figsize=(7.0, 1.3 + 1.4 * len(modes)), layout="constrained")
     axes = np.atleast_1d(fig.subplots(len(modes), 1, sharex=True))
     labels = run_labels(results)
-    colors = {lb: OKABE_ITO[i % len(OKABE_ITO)] for i, lb in enumerate(dict.fromkeys(labels))}
+    looks = run_lines(results, modes_apart=True)
     for ax, mode in zip(axes, modes):
-        for name, r in zip(labels, results):
+        for name, r, look in zip(labels, results, looks):
             if r.spec.dispatch.mode != mode:
                 continue
-            color = colors[name]
+            color = look["color"]
             series = r.time_series()
             share = (series["wrong_expert_frac"] if mode == "a2a"
                      else 1 - series["multiplicity_1"])
-            ax.plot(series["step"], 100 * share, color=color, label=name, drawstyle="steps-post")
+            ax.plot(series["step"], 100 * share, label=name.replace("\n", ", "),
+                    drawstyle="steps-post", markersize=4,
+                    markevery=max(1, len(series["step"]) // 12), **look)
             for lo, hi, _, serving in phases(r.segments):
                 if serving is not None:
                     ax.axvspan(lo, hi, color=color, alpha=0.15, linewidth=0, zorder=0)
@@ -278,8 +301,8 @@ def switch_hazard(results: Sequence[Results]) -> Figure:
         ax.set_ylabel("wrong-expert pairs (%)\na2a" if mode == "a2a"
                       else "pairs not run once (%)\nnone")
         from_baseline(ax, 0.0)
-    legend_once(axes[0], axes, loc="upper right", fontsize=7, ncol=2)
-    axes[-1].set_xlabel("step")
+    legend_below(fig, handles_once(axes))
+    step_axis(axes[-1].xaxis)
     return fig
 
 
@@ -316,12 +339,12 @@ def workload_batching(rows: Sequence[tuple[str, Results]], counts: Any,
         ax.set_xticks(range(len(batchings)), batchings, fontsize=7)
         ax.set_ylabel(label)
         ax.grid(False, axis="x")
-    ax_skew.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=len(policies), fontsize=7)
     share = 100 * c[:, layer] / np.maximum(c[:, layer].sum(-1, keepdims=True), 1)  # [S, E]
     image = ax_heat.imshow(share, aspect="auto", cmap="viridis", interpolation="nearest",
                            vmin=0)
     ax_heat.set_xlabel("expert")
-    ax_heat.set_ylabel("step")
     ax_heat.grid(False)
     fig.colorbar(image, ax=ax_heat, label=f"layer {layer} pairs (%)")
+    step_axis(ax_heat.yaxis)
+    legend_below(fig, ax_skew.get_legend_handles_labels()[0])
     return fig

@@ -10,6 +10,8 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from .style import handles_once, legend_below
+
 
 
 REVIEW_BARS = 16  # up to this many layers, the review draws GPU imbalance by layer as bars
@@ -19,7 +21,7 @@ def review_figure(series: dict[str, Any], candidate: str, baseline: str) -> Figu
     """A review's small multiples (`review.Report.series`), candidate beside baseline: GPU
     imbalance by layer (grouped bars rising from 1 up to `REVIEW_BARS` layers, lines beyond),
     ms a step over the scored steps, and each replicated slot's executed pairs over its even
-    share (sorted)."""
+    share (sorted); one legend below, the names wrapped (`style.wrap_name`)."""
     fig = Figure(figsize=(10.5, 2.8), dpi=100, layout="constrained")
     axes = fig.subplots(1, 3)
     layers = len(series["layer_imbalance"]["candidate"])
@@ -44,6 +46,5 @@ def review_figure(series: dict[str, Any], candidate: str, baseline: str) -> Figu
     if layers <= REVIEW_BARS:
         axes[0].set_xticks(range(layers))
         axes[0].set_xlim(-0.75, layers - 0.25)
-        axes[0].set_ylim(top=axes[0].get_ylim()[1] * 1.02 + 0.02)  # room for the legend
-    axes[0].legend(fontsize=8, loc="upper right", ncols=2)
+    legend_below(fig, handles_once(axes[:1]), fontsize=8)
     return fig

@@ -11,6 +11,7 @@ from typing import Any, Sequence
 
 from matplotlib import rcParams
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
 from ..base.errors import InputError
@@ -18,17 +19,18 @@ from ..base.registry import name_of
 from ..dispatch import resolve_policy
 from ..replay.results import Results
 from .style import (MODE_LINES, OKABE_ITO, PAPER_STYLE, common_title, draw_dot, from_baseline,
-                    mark_na, mode_key, multiplicity_bars, policy_styles, run_labels)
+                    legend_below, mark_na, mode_key, multiplicity_bars, pairs_per_step,
+                    policy_styles, run_labels, run_lines, step_axis, wrap_name)
 
 
 _LOAD_PANELS = (  # (metric, panel title, axis label) of `policy_comparison`'s ratio panels
     ("gpu_imbalance", "GPU imbalance", "max / mean\nGPU load"),
     ("replica_skew_max", "Replica skew,\nworst step", "max / mean\nreplica load"),
-    ("replica_skew_cumulative", "Replica skew,\nsummed over steps", "max / mean\nreplica load"),
+    ("replica_skew_cumulative", "Replica skew,\nall steps", "max / mean\nreplica load"),
 )
 
 
-_SHARED_PANEL = ("gpu_imbalance_with_shared", "GPU imbalance,\nshared experts too",
+_SHARED_PANEL = ("gpu_imbalance_with_shared", "GPU imbalance,\nshared too",
                  "max / mean\nGPU work")
 
 
@@ -69,10 +71,12 @@ def policy_comparison(results: Sequence[Results]) -> Figure:
 
     panels = _load_panels(results)
     n_panels = len(panels) + (2 if none_idx else 0)
-    lines = max(label.count("\n") + 1 for label in rows)
+    names = [wrap_name(label) for label in rows]  # the rows' tick labels
+    lines = max(name.count("\n") + 1 for name in names)
     scale = rcParams["font.size"] / PAPER_STYLE["font.size"]  # sizes grow with the text
-    fig = Figure(figsize=(scale * min(8.0, 1.6 + 1.45 * n_panels),
-                          scale * min(6.0, 1.7 + (0.1 + 0.13 * lines) * len(rows))),
+    height = max(min(6.0, 1.7 + (0.1 + 0.13 * lines) * len(rows)),  # 6 inches at most,
+                 1.7 + (0.02 + 0.16 * lines) * len(rows))  # unless the rows' labels need more
+    fig = Figure(figsize=(scale * min(8.0, 1.6 + 1.45 * n_panels), scale * height),
                  layout="constrained")
     axes = fig.subplots(1, n_panels, sharey=True)
     offsets = {m: (i - (len(modes) - 1) / 2) * 0.36 for i, m in enumerate(modes)}
@@ -109,7 +113,7 @@ def policy_comparison(results: Sequence[Results]) -> Figure:
         ax.xaxis.set_major_locator(MaxNLocator(nbins=3, steps=[1, 2, 5, 10]))
         ax.grid(True, axis="x", alpha=0.3)
         ax.grid(True, axis="y", alpha=0.15)
-    axes[0].set_yticks(range(len(rows)), rows)
+    axes[0].set_yticks(range(len(rows)), names)
     axes[0].set_ylim(len(rows) - 0.5, -0.5)
     if keys:
         fig.legend(handles=keys, loc="outside lower center", ncols=len(keys), fontsize="small")
@@ -146,8 +150,8 @@ def replica_loads_over_time(result: Results, layer: int = 0, experts: int = 4) -
     candidates = [e for e in sorted(range(routed.numel()), key=lambda e: (-int(routed[e]), e))
                   if max_cnt[e] >= 2][:experts]
 
-    title = f"{result.policy} dispatch ({result.spec.dispatch.mode} mode): executed load per replica, " \
-            f"layer {layer}"
+    title = (f"{wrap_name(result.policy)} dispatch ({result.spec.dispatch.mode} mode):\n"
+             f"executed load per replica, layer {layer}")
     if not candidates:
         fig = Figure(figsize=(7, 2.5), layout="constrained")
         ax = fig.add_subplot()
@@ -188,22 +192,26 @@ def replica_loads_over_time(result: Results, layer: int = 0, experts: int = 4) -
     for ax in axes[n:]:
         ax.set_visible(False)
     for ax in axes[max(0, n - ncols):n]:
-        ax.set_xlabel("step")
+        step_axis(ax.xaxis)
     fig.suptitle(title)
     return fig
 
 
 def time_series_figure(results: Sequence[Results]) -> Figure:
-    """Imbalance over time across rebalances: three panels sharing the step axis.
+    """Imbalance over time across rebalances: panels sharing the step axis.
 
-    1. executed GPU imbalance per step (mean over layers), one line per result (colour per
-       policy label, solid for "none", dash-dotted for "a2a"), with the even-split promise of
-       the placement in service (thick grey) and of the segment's best placement (dotted),
-       both from the first result;
-    2. the worst replica skew of each step, one line per result (same key as panel 1);
-    3. expert copies at each rebalance of the first result's schedule, stacked by source (same
-       GPU, same node, other node); a skipped rebalance is marked with a cross.
-    Dotted vertical lines mark the rebalance steps in every panel.
+    1. executed GPU imbalance per step (mean over layers), one line per result in its look
+       (`run_lines`: the policy's colour and marker, solid for "none", dash-dotted for
+       "a2a"), with the even-split promise of the placement in service (thick grey) and of the
+       segment's best placement (dotted), both from the first result;
+    2. the worst replica skew of each step, one line per result (the same looks);
+    3. only when the steps differ in size (chunked prefill, ragged batches): the routed pairs
+       of each step (`pairs_per_step`), so a small step's spike is not read as skew;
+    4. only when the first result's schedule moved experts or skipped a rebalance: the
+       expert copies at each rebalance, stacked by source (same GPU, same node, other node,
+       in greys), a skipped rebalance marked with a cross.
+    Dotted vertical lines mark the rebalance steps in every panel; one legend, below the
+    panels, keys each run label once, the modes and the promises.
 
     results: at least one `Results` (e.g. from `replay.compare`). Returns a new Figure.
     """
@@ -213,55 +221,88 @@ def time_series_figure(results: Sequence[Results]) -> Figure:
     first = results[0]
     series = [r.time_series() for r in results]
     steps = series[0]["step"]
-    fig = Figure(figsize=(11.5, 9.0), layout="constrained")
-    ax_imb, ax_skew, ax_move = fig.subplots(3, 1, sharex=True)
-    labels = [label.replace("\n", ", ") for label in run_labels(results)]
-    colors = {lb: OKABE_ITO[i % len(OKABE_ITO)] for i, lb in enumerate(dict.fromkeys(labels))}
-    for cols, label, r in zip(series, labels, results):
-        style = dict(color=colors[label], linestyle=MODE_LINES.get(r.spec.dispatch.mode, "-"),
-                     linewidth=1.3, label=f"{label} ({r.spec.dispatch.mode})")
-        ax_imb.plot(steps, cols["gpu_imbalance"], **style)
-        ax_skew.plot(steps, cols["replica_skew_max"], **style)
+    rows = first.migrations()
+    moves = [row for row in rows if row["moved_slots"] or row["skipped"]]
+    pairs = first.true_load.double().sum(2).mean(1).numpy()  # [S] pairs a step, a layer
+    chunked = len(pairs) > 1 and pairs.min() < pairs.max()
+    n_panels = 2 + chunked + bool(moves)
+    fig = Figure(figsize=(7.0, 0.8 + 1.6 * n_panels), layout="constrained")
+    axes = list(fig.subplots(n_panels, 1, sharex=True, squeeze=False)[:, 0])
+    ax_imb, ax_skew = axes[:2]
+    looks = run_lines(results)
+    every = max(1, len(steps) // 12)  # markers a dozen a line: they key the policy
+    for cols, look, label in zip(series, looks, run_labels(results)):
+        ax_imb.plot(steps, cols["gpu_imbalance"], markersize=4, markevery=every, label=label,
+                    **look)
+        ax_skew.plot(steps, cols["replica_skew_max"], markersize=4, markevery=every, **look)
     ax_imb.plot(steps, series[0]["placement_imbalance"], color="0.55", linewidth=2.5,
-                alpha=0.5, zorder=0, label="promise of the placement in service")
-    ax_imb.plot(steps, series[0]["factor_solver"], color="0.2", linestyle=":", linewidth=1.2,
-                label="promise of the best placement\n(solved on the true loads)")
-    ax_imb.set_ylabel("GPU imbalance\n(max / mean GPU load)")
-    ax_skew.set_ylabel("replica skew, worst expert\n(max / mean replica load)")
+                alpha=0.5, zorder=0)
+    ax_imb.plot(steps, series[0]["factor_solver"], color="0.2", linestyle=":", linewidth=1.2)
+    ax_imb.set_ylabel("GPU imbalance\n(max / mean)")
+    ax_skew.set_ylabel("replica skew,\nworst expert\n(max / mean)")
     for ax in (ax_imb, ax_skew):
         from_baseline(ax, 1.0)
-    rows = first.migrations()
-    bottom = [0] * len(rows)
+    if chunked:
+        pairs_per_step(axes[2], pairs)
+    if moves:
+        _moves_panel(axes[-1], moves)
     xs = [row["step"] for row in rows]
-    width = max(1.0, 0.25 * (min(b - a for a, b in zip(xs, xs[1:])) if len(xs) > 1 else 4))
-    for kind, color, text in (("same_gpu", OKABE_ITO[2], "same GPU"),
-                              ("same_node", OKABE_ITO[0], "same node"),
-                              ("cross_node", OKABE_ITO[5], "other node")):
-        heights = [row[kind] for row in rows]
-        ax_move.bar(xs, heights, width=width, bottom=bottom, color=color,
-                    label=f"copied from {text}")
-        bottom = [b + h for b, h in zip(bottom, heights)]
-    skipped = [row["step"] for row in rows if row["skipped"]]
-    if skipped:
-        ax_move.plot(skipped, [0] * len(skipped), "x", color="0.2", markersize=8,
-                     label="rebalance skipped")
-    if not rows:
-        ax_move.text(0.5, 0.5, "no rebalance in this run", ha="center", va="center",
-                     transform=ax_move.transAxes, color="0.35")
-    ax_move.set_ylabel("experts moved\n(slots changed)")
-    ax_move.set_xlabel("step")
-    for ax in (ax_imb, ax_skew, ax_move):
+    for ax in axes:
         for x in xs:
             ax.axvline(x, color="0.6", linestyle=":", linewidth=0.8, zorder=0)
         ax.grid(True, axis="y", alpha=0.3)
-        if ax.get_legend_handles_labels()[0] and ax is not ax_skew:  # skew shares imb's key
-            ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    step_axis(axes[-1].xaxis)
+    legend_below(fig, _series_keys(results, looks))
     plan = first.spec.schedule
     schedule = ("one placement from the whole trace" if plan.rebalance_every is None else
                 f"rebalance every {plan.rebalance_every} steps, predictor "
                 f"{name_of(plan.predictor)}, window {plan.window or plan.rebalance_every}")
-    fig.suptitle(f"Imbalance over time: solver {first.solver}, {schedule}")
+    fig.suptitle(f"Imbalance over time\nsolver {first.solver}, {schedule}")
     return fig
+
+
+_MOVE_KINDS = (("same_gpu", "0.8", "same GPU"), ("same_node", "0.5", "same node"),
+               ("cross_node", "0.2", "other node"))  # (column, grey, source) of moved copies
+
+
+def _moves_panel(ax: Any, rows: list[dict[str, Any]]) -> None:
+    """The expert copies at each rebalance of `rows` (`Results.migrations`), stacked by
+    source, a kind only when something came from it; a skipped rebalance as a cross."""
+    xs = [row["step"] for row in rows]
+    width = max(1.0, 0.25 * (min(b - a for a, b in zip(xs, xs[1:])) if len(xs) > 1 else 4))
+    bottom = [0] * len(rows)
+    for kind, grey, text in _MOVE_KINDS:
+        heights = [row[kind] for row in rows]
+        if any(heights):
+            ax.bar(xs, heights, width=width, bottom=bottom, color=grey,
+                   label=f"copied from {text}")
+            bottom = [b + h for b, h in zip(bottom, heights)]
+    skipped = [row["step"] for row in rows if row["skipped"]]
+    if skipped:
+        ax.plot(skipped, [0] * len(skipped), "x", color="0.2", markersize=8,
+                label="rebalance skipped")
+    ax.set_ylabel("experts moved\n(slots changed)")
+    from_baseline(ax, 0.0)
+    ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+
+
+def _series_keys(results: list[Results], looks: list[dict[str, Any]]) -> list[Line2D]:
+    """The time series' legend: each run label once in its look (solid), each mode's line
+    style when there are two, and the two promises."""
+    keys: dict[str, Line2D] = {}
+    for label, look in zip(run_labels(results), looks):
+        keys.setdefault(label, Line2D([], [], markersize=4, label=label.replace("\n", ", "),
+                                      **{**look, "linestyle": "-"}))
+    modes = list(dict.fromkeys(r.spec.dispatch.mode for r in results))
+    if len(modes) > 1:
+        for mode in modes:
+            keys[mode] = Line2D([], [], color="0.3", linestyle=MODE_LINES.get(mode, "-"),
+                                label=f"{mode} mode")
+    return [*keys.values(),
+            Line2D([], [], color="0.55", linewidth=2.5, alpha=0.5,
+                   label="promise of the placement in service"),
+            Line2D([], [], color="0.2", linestyle=":", linewidth=1.2,
+                   label="promise of the best placement\n(solved on the true loads)")]
 
 
 def replica_load(result: Results, placement: Any, s: int, layer: int, e: int,

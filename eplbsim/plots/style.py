@@ -1,5 +1,5 @@
-"""What every eplbsim figure shares: the Okabe-Ito colours and a marker per policy
-(`policy_styles`), the paper style, saving, and the drawing helpers the figure modules use
+"""What every eplbsim figure shares: the Okabe-Ito colours, each policy's own colour and marker
+(`policy_style`), the paper style, saving, and the drawing helpers the figure modules use
 (labels, titles, baselines, legends, dots, grouped bars).
 
 Dimensions: `G` GPUs = EP ranks.
@@ -7,15 +7,20 @@ Dimensions: `G` GPUs = EP ranks.
 
 from __future__ import annotations
 
+import re
+import zlib
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+from matplotlib.ticker import MaxNLocator
 
 from ..base.errors import InputError
 from ..base.files import atomic_file
-from ..dispatch import POLICIES
+from ..dispatch import FAULTS, POLICIES
+from ..engines import ENGINE_POLICIES
 from ..replay.results import Results
 
 # Okabe & Ito (2008), "Color Universal Design": safe for the common colour-vision deficiencies.
@@ -23,11 +28,26 @@ OKABE_ITO = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "
              "#000000")
 
 
-# Each policy's own colour and marker, the same in every figure that draws policies
-# (`policy_styles`): the i-th policy, registered ones (`dispatch.POLICIES`) first in their
-# order, gets OKABE_ITO[i % 8] and POLICY_MARKERS[i % 7]. Eight colours and seven markers
-# (coprime) give the first 56 policies distinct pairs, and neighbours differ in both.
-POLICY_MARKERS = ("o", "s", "D", "^", "v", "P", "X")
+# The policies' colours: Okabe-Ito's seven hues (not its black, the reference lines' colour),
+# then colours picked one at a time from an sRGB grid (CIELAB lightness 28 to 82, chroma 30 to
+# 70: neither grey nor glaring) as the one farthest from all picked before; any two differ by
+# a CIELAB distance of 23 or more. `REGISTERED` takes the first ones, unknown names the rest.
+POLICY_COLORS = (
+    "#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#5A4B0F",
+    "#5A2D96", "#F0C396", "#96002D", "#87E169", "#A596FF", "#3C7800", "#A50078", "#FF8778",
+    "#5A3C69", "#3CE1E1", "#FF87F0", "#A5B45A", "#782D00", "#F04B87", "#B4782D", "#1E5A2D",
+    "#D2C3FF", "#00E196", "#A55A5A", "#008796", "#96D2A5", "#005AC3", "#A59600", "#872D5A",
+    "#1EA54B", "#0096FF", "#A55AB4", "#8778B4", "#C33C2D", "#FFA5B4", "#96874B", "#F0C35A")
+
+
+POLICY_MARKERS = ("o", "s", "D", "^", "v", "P", "X", "<", ">", "p")
+
+
+# Every policy a run can name, in a fixed order: the registry (`dispatch.POLICIES`), the faults
+# (`dispatch.FAULTS`), the engines' algorithms (`engines.ENGINE_POLICIES`). The i-th has
+# POLICY_COLORS[i] and POLICY_MARKERS[i % 10].
+REGISTERED = tuple(dict.fromkeys([*POLICIES, *FAULTS, *ENGINE_POLICIES]))
+_REGISTERED_INDEX = {name: i for i, name in enumerate(REGISTERED)}
 
 
 # Multiplicity c per (token, slot) pair: dropped, correct, duplicated; greys, as the colours
@@ -36,6 +56,11 @@ MULT_COLORS = {"0": "0.55", "1": "0.86", "2+": "0.15"}
 
 
 MODE_LINES = {"none": "-", "a2a": "-."}  # line style per mode in time series
+
+
+# Marker fills of one policy's runs that differ in another setting (`run_lines`), in order.
+FILLS = ("full", "none", "bottom", "left", "top", "right")
+VARIANT_LINES = ("-", "--", ":", (0, (5, 1, 1, 1)))  # and their lines, with modes apart
 
 
 MODE_FACE = {"a2a": "white"}  # marker face per mode in dot panels; "none" and others filled
@@ -62,22 +87,108 @@ def paper_style() -> Any:
     return matplotlib.rc_context({**PAPER_STYLE, "axes.prop_cycle": cycler(color=OKABE_ITO)})
 
 
+def policy_style(name: str) -> dict[str, str]:
+    """The colour and marker `name` has in every figure, for `plot(**style)`: a pure function
+    of the name. The i-th of `REGISTERED` has `POLICY_COLORS[i]` (no two alike) and
+    `POLICY_MARKERS[i % 10]`; any other name (a user's callable, a policy file) one of the
+    colours no registered policy has and a marker, both picked by the CRC-32 of the name (the
+    same in every process)."""
+    i = _REGISTERED_INDEX.get(name)
+    if i is not None:
+        return {"color": POLICY_COLORS[i], "marker": POLICY_MARKERS[i % len(POLICY_MARKERS)]}
+    spare = POLICY_COLORS[len(REGISTERED):]
+    h = zlib.crc32(name.encode("utf-8"))
+    return {"color": spare[h % len(spare)],
+            "marker": POLICY_MARKERS[h // len(spare) % len(POLICY_MARKERS)]}
+
+
+
 def policy_styles(names: Iterable[str]) -> dict[str, dict[str, str]]:
-    """The fixed colour and marker of each policy in `names`, for `plot(**style)`: the i-th of
-    the registered policies (`dispatch.POLICIES` order) then of the other names (first seen
-    first) gets `{"color": OKABE_ITO[i % 8], "marker": POLICY_MARKERS[i % 7]}`, so a policy
-    looks the same in every figure and the first 56 look different from each other."""
-    names = list(dict.fromkeys(names))
-    order = styles_in_order(list(POLICIES) + [n for n in names if n not in POLICIES])
-    return {n: order[n] for n in names}
+    """`policy_style` of each of `names`, first seen first."""
+    return {n: policy_style(n) for n in dict.fromkeys(names)}
 
 
 def styles_in_order(names: Iterable[str]) -> dict[str, dict[str, str]]:
-    """`{"color": OKABE_ITO[i % 8], "marker": POLICY_MARKERS[i % 7]}` for the i-th of `names`
-    (first seen first): neighbours differ in both, the first 56 in one at least."""
+    """`{"color": OKABE_ITO[i % 8], "marker": POLICY_MARKERS[i % 10]}` for the i-th of
+    `names` (first seen first), for things other than policies (solvers): neighbours differ
+    in both."""
     return {n: {"color": OKABE_ITO[i % len(OKABE_ITO)],
                 "marker": POLICY_MARKERS[i % len(POLICY_MARKERS)]}
             for i, n in enumerate(dict.fromkeys(names))}
+
+
+def run_lines(results: Sequence[Results], modes_apart: bool = False) -> list[dict[str, Any]]:
+    """Each result's look as a line over steps, for `plot(**look)`: its policy's colour and
+    marker (`policy_style`); the marker full for the first run label (`run_labels`) of a
+    policy and filled otherwise (`FILLS`) for each other label of it, so runs of one policy
+    that differ in a setting differ too; the line solid in "none" and dash-dotted in "a2a"
+    (`MODE_LINES`), or, with `modes_apart` (each mode in a panel of its own), solid, dashed,
+    dotted, ... for the first, second, third label of the policy (`VARIANT_LINES`)."""
+    seen: dict[str, list[str]] = {}  # policy -> its run labels, first seen first
+    looks = []
+    for r, label in zip(results, run_labels(list(results))):
+        labels = seen.setdefault(r.policy, [])
+        if label not in labels:
+            labels.append(label)
+        i = labels.index(label)
+        looks.append({**policy_style(r.policy), "fillstyle": FILLS[i % len(FILLS)],
+                      "linestyle": VARIANT_LINES[i % len(VARIANT_LINES)] if modes_apart
+                      else MODE_LINES.get(r.spec.dispatch.mode, "-")})
+    return looks
+
+
+NAME_WIDTH = 24  # characters of a name on one line of a label; longer ones wrap (`wrap_name`)
+
+
+def wrap_name(text: str, width: int = NAME_WIDTH) -> str:
+    """`text` with each line longer than `width` characters broken after a space, `_`, `-`,
+    `:` or `,` (a user's `ordinal_offset_rotating_with_step` wraps where it reads), never
+    inside a word unless the word alone is longer."""
+    out = []
+    for line in text.split("\n"):
+        row = ""
+        for piece in re.findall(r"[^ _\-:,]*[ _\-:,]?", line):
+            if row and len(row) + len(piece.rstrip()) > width:
+                out.append(row.rstrip())
+                row = ""
+            row += piece
+        out.append(row.rstrip())
+    return "\n".join(out)
+
+
+def legend_below(fig: Figure, handles: Sequence[Any], fontsize: float = 7.0) -> None:
+    """One legend for the whole figure under its panels, in as many columns as its width holds
+    for the longest entry, the figure made taller by the legend's rows so the panels keep
+    their room (a legend of 30 policies does not squeeze the plots to slivers). Entries'
+    labels are wrapped (`wrap_name`). Call it last."""
+    for handle in handles:
+        handle.set_label(wrap_name(handle.get_label()))
+    labels = [h.get_label() for h in handles]
+    char = 0.5 * fontsize / 72  # inches a character takes, about
+    longest = max((len(line) for label in labels for line in label.split("\n")), default=1)
+    width, height = fig.get_size_inches()
+    ncols = max(1, min(len(handles), int((width - 0.3) / (longest * char + 0.45))))
+    lines = [max(label.count("\n") + 1 for label in labels[i:i + ncols])
+             for i in range(0, len(labels), ncols)]
+    fig.set_size_inches(width, height + sum(lines) * 1.25 * fontsize / 72 + 0.06 * len(lines))
+    fig.legend(handles=handles, loc="outside lower center", ncols=ncols, fontsize=fontsize)
+
+
+def step_axis(axis: Any) -> None:
+    """Make `axis` (an `ax.xaxis` or `ax.yaxis`) a step axis: labelled "step", ticks on
+    whole steps only (never -0.5 or 1.5)."""
+    axis.set_label_text("step")
+    axis.set_major_locator(MaxNLocator(integer=True))
+
+
+def pairs_per_step(ax: Any, pairs: Any) -> None:
+    """`pairs [S]` (routed pairs of each step, a layer) as grey bars on `ax`, from 0: marks
+    the steps that chunking or a ragged batch left small, where max / mean is high because a
+    few pairs cannot spread over the experts, not because the load is skewed."""
+    ax.bar(range(len(pairs)), pairs, width=0.8, color="0.6", linewidth=0)
+    ax.set_ylabel("pairs a step\n(a layer)")
+    from_baseline(ax, 0.0)
+    step_axis(ax.xaxis)
 
 
 def save_figure(fig: Figure, path: str | Path, dpi: int = 150) -> tuple[Path, ...]:
@@ -144,14 +255,19 @@ def from_baseline(ax: Any, baseline: float) -> None:
     ax.set_ylim(baseline - 0.03 * (top - baseline), top)
 
 
-def legend_once(ax: Any, axes: Sequence[Any], **kwargs: Any) -> None:
-    """One legend on `ax` for the labelled artists of all `axes`, each label once (first
-    artist wins), instead of a legend per panel repeating the same entries."""
+def handles_once(axes: Sequence[Any]) -> list[Any]:
+    """The labelled artists of all `axes`, each label once (first artist wins), to key them in
+    one legend instead of a legend per panel repeating the same entries."""
     handles: dict[str, Any] = {}
-    for other in axes:
-        for handle, label in zip(*other.get_legend_handles_labels()):
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(label, handle)
-    ax.legend(handles.values(), handles.keys(), **kwargs)
+    return list(handles.values())
+
+
+def legend_once(ax: Any, axes: Sequence[Any], **kwargs: Any) -> None:
+    """One legend on `ax` for the labelled artists of all `axes` (`handles_once`)."""
+    ax.legend(handles=handles_once(axes), **kwargs)
 
 
 def mark_na(ax: Any, x: float, y: float = 0.0, horizontal: bool = False) -> None:
@@ -178,41 +294,39 @@ def mode_key(mode: str) -> Line2D:
                   color="0.3", markerfacecolor=MODE_FACE.get(mode, "0.3"), label=f"{mode} mode")
 
 
-def grouped_ratio_bars(ax: Any, results: list[Results], labels: list[str], groups: list[str],
-                        modes: list[str], key: str) -> None:
-    """Bars of a ratio metric (ideal 1.0) rising from 1.0, grouped by label, coloured by mode."""
-    width = 0.8 / len(modes)
+def ratio_bars(ax: Any, results: list[Results], rows: list[str], modes: list[str], key: str,
+               values: bool) -> None:
+    """Row `y` of `ax`: the results whose run label (`run_labels`) is `rows[y]`, a horizontal
+    bar each rising from the ideal 1.0 to their metric `key`, one bar a mode (top down in
+    `modes` order), in the policy's colour (`policy_style`), filled for "none" and hollow
+    for the others (`MODE_FACE`); "n/a" where the metric is None; each bar's value at its end
+    when `values`."""
+    height = 0.8 / len(modes)
     top = 1.0
-    for m_i, mode in enumerate(modes):
-        xs, heights, texts, missing = [], [], [], []
-        for r, lb in zip(results, labels):
-            if r.spec.dispatch.mode != mode:
-                continue
-            x = groups.index(lb) + (m_i - (len(modes) - 1) / 2) * width
-            v = r.metrics.get(key)
-            if v is None:
-                missing.append(x)
-                continue
-            xs.append(x)
-            heights.append(v - 1.0)
-            texts.append(f"{v:.2f}")
-            top = max(top, v)
-        bars = ax.bar(xs, heights, width=width * 0.92, bottom=1.0,
-                      color=OKABE_ITO[m_i % len(OKABE_ITO)], label=mode)
-        ax.bar_label(bars, labels=texts, fontsize="x-small", padding=2)
-        for x in missing:
-            mark_na(ax, x, 1.0)
-    ax.axhline(1.0, color="0.2", linewidth=0.8)
-    policy_axis(ax, groups)
-    ax.set_ylim(1.0 - 0.02 * max(top - 1.0, 0.05), 1.0 + 1.15 * max(top - 1.0, 0.05))
-    ax.grid(True, axis="y", alpha=0.3)
+    for r, label in zip(results, run_labels(results)):
+        mode = r.spec.dispatch.mode
+        y = rows.index(label) + (modes.index(mode) - (len(modes) - 1) / 2) * height
+        v = r.metrics.get(key)
+        if v is None:
+            mark_na(ax, 1.0, y, horizontal=True)
+            continue
+        color = policy_style(r.policy)["color"]
+        bar = ax.barh([y], [v - 1.0], height=height * 0.9, left=1.0, edgecolor=color,
+                      linewidth=1.0, color=MODE_FACE.get(mode, color))
+        if values:
+            ax.bar_label(bar, labels=[f"{v:.2f}"], fontsize="x-small", padding=2)
+        top = max(top, v)
+    ax.axvline(1.0, color="0.2", linewidth=0.8)
+    span = max(top - 1.0, 0.05)
+    ax.set_xlim(1.0 - 0.02 * span, 1.0 + (1.2 if values else 1.05) * span)
+    ax.set_ylim(len(rows) - 0.5, -0.5)
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.grid(False, axis="y")
 
 
-def policy_axis(ax: Any, labels: list[str]) -> None:
-    """One tick per policy label along x."""
-    ax.set_xlim(-0.5, len(labels) - 0.5)
-    ax.set_xticks(range(len(labels)), labels, fontsize="small")
-    ax.set_xlabel("policy")
+def mode_patch(mode: str) -> Patch:
+    """The legend entry for `mode`'s bars: a grey box, filled or hollow like them."""
+    return Patch(facecolor=MODE_FACE.get(mode, "0.3"), edgecolor="0.3", label=f"{mode} mode")
 
 
 def multiplicity_bars(ax: Any, results: list[Results | None]) -> None:
@@ -238,4 +352,4 @@ def multiplicity_bars(ax: Any, results: list[Results | None]) -> None:
             mark_na(ax, 0.0, y, horizontal=True)
     ax.set_xlim(0, 1.0)
     ax.set_xlabel("fraction of pairs")
-    ax.set_title("Pair multiplicity c\n(none mode)", fontsize="medium")
+    ax.set_title("Pair multiplicity\nc (none mode)", fontsize="medium")

@@ -19,19 +19,27 @@ from ..base.errors import InputError
 from ..placement.loads import max_over_mean, top_share
 from ..traces.coactivation import grouped
 from .paper import expert_load_heatmap
-from .style import OKABE_ITO, from_baseline
+from .style import OKABE_ITO, from_baseline, pairs_per_step, step_axis
 
 
 def _layers(L: int) -> str:
     return f"{L} layer" + ("" if L == 1 else "s")
 
 
-def _over_steps(per_step: np.ndarray, title: str, ylabel: str, baseline: float) -> Figure:
+def _over_steps(per_step: np.ndarray, title: str, ylabel: str, baseline: float,
+                pairs: np.ndarray | None = None) -> Figure:
     """`per_step [S, L]` over the steps: the one layer's line, or with several the median over
-    the layers and the band from their lowest to their highest."""
+    the layers and the band from their lowest to their highest. With `pairs [S]` (routed pairs
+    of each step, a layer) that differ between steps, a panel under it of those pairs
+    (`style.pairs_per_step`)."""
     S, L = per_step.shape
-    fig = Figure(figsize=(6.4, 3.2), layout="constrained")
-    ax = fig.subplots()
+    ragged = pairs is not None and len(pairs) > 1 and pairs.min() < pairs.max()
+    fig = Figure(figsize=(6.4, 4.2 if ragged else 3.2), layout="constrained")
+    if ragged:
+        ax, ax_pairs = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [2, 1]})
+        pairs_per_step(ax_pairs, pairs)
+    else:
+        ax = fig.subplots()
     steps = np.arange(S)
     if L == 1:
         ax.plot(steps, per_step[:, 0], color=OKABE_ITO[0], marker="." if S <= 64 else None)
@@ -43,7 +51,9 @@ def _over_steps(per_step: np.ndarray, title: str, ylabel: str, baseline: float) 
                         label="lowest to highest layer")
         ax.plot(steps, mid, color=OKABE_ITO[0], label="median layer")
         ax.legend(loc="best", fontsize="small")
-    ax.set_xlabel("step")
+    step_axis(ax.xaxis)
+    if ragged:
+        ax.set_xlabel("")
     ax.set_ylabel(ylabel)
     ax.set_title(f"{title}\n{S} steps, {_layers(L)}", fontsize="medium")
     from_baseline(ax, baseline)
@@ -68,10 +78,28 @@ def top_share_over_steps(counts: Any, k: int | None = None) -> Figure:
 
 def step_imbalance(counts: Any) -> Figure:
     """Each step's max / mean load over the experts, per layer (1.0 is even). counts:
-    `[S, L, E]` routed pairs."""
+    `[S, L, E]` routed pairs.
+
+    A step of few pairs cannot be even: `n` pairs over `E` experts put at least `ceil(n / E)`
+    on one, so max / mean is at least `ceil(n / E) * E / n` (4.0 for a 1-token chunk of top-4
+    over 16 experts). Where that floor exceeds 1.05 somewhere it is drawn (dotted grey, the
+    median over layers), and where the steps differ in size (chunked prefill, ragged batches)
+    a panel under the line shows each step's pairs: a spike on the floor is the step's size,
+    not skew."""
     c = torch.as_tensor(np.asarray(counts, dtype=np.float64))
-    return _over_steps(max_over_mean(c).numpy(), "Max / mean expert load of each step",
-                       "max / mean\nexpert load", 1.0)
+    E = c.shape[-1]
+    n = c.sum(-1).numpy()  # [S, L] pairs of each step and layer
+    fig = _over_steps(max_over_mean(c).numpy(), "Max / mean expert load of each step",
+                      "max / mean\nexpert load", 1.0, pairs=n.mean(1))
+    with np.errstate(all="ignore"):
+        floor = np.nanmedian(np.where(n > 0, np.ceil(n / E) * E / n, np.nan), 1)  # [S]
+    if np.nanmax(floor, initial=1.0) > 1.05:
+        ax = fig.axes[0]
+        ax.plot(np.arange(len(floor)), floor, color="0.35", linestyle=":", linewidth=1.2,
+                label="the least its pairs allow")
+        from_baseline(ax, 1.0)
+        ax.legend(loc="best", fontsize="small")
+    return fig
 
 
 def coactivation_heatmap(pairs: Any, layer: int = 0, groups: int = 8) -> Figure:
