@@ -64,8 +64,9 @@ def handle(args: argparse.Namespace) -> int:
         return _counts_only(args, trace, base)
     policies = lists["policy"]
     specs = comparison(base, policies, lists["mode"], lists.get("engine_source"))
-    split = args.executor != "local" or args.address is not None or pays_off(
-        trace, specs, args.workers)
+    split = base.topology.fail_ranks is None and (  # the survivors' steps: one process
+        args.executor != "local" or args.address is not None or pays_off(trace, specs,
+                                                                          args.workers))
     with _runner(args, trace, split) as run:
         results = compare(trace, policies, lists["mode"], base,
                           lambda one: bar(trace.num_steps, run_label(one)), run,
@@ -80,6 +81,8 @@ def handle(args: argparse.Namespace) -> int:
     else:
         print(describe(trace, results[0].spec, base, policies,
                        len(lists.get("engine_source", [None]))))
+        if results[0].failure is not None:
+            print(results[0].failure.words())
         for line in results.warnings:
             print(f"warning: {line}")
         if args.workers > 1 and not split:

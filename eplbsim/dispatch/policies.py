@@ -298,7 +298,7 @@ def _static_tables(log2phy: torch.Tensor, placement: Placement, seed: int) -> np
     table = np.where(gpu_first >= 0, gpu_first, node_first)
     table = np.where((cnt == 1)[..., None], cands[..., :1], table)  # [L, E, G]
     draw = random.Random(STATIC_SEED + seed)
-    for layer, e in zip(*np.nonzero((table < 0).any(-1))):
+    for layer, e in zip(*np.nonzero((table < 0).any(-1) & (cnt > 0))):  # a lost expert: -1
         left = np.nonzero(table[layer, e] < 0)[0]
         table[layer, e, left] = fair_choices(cands[layer, e, :cnt[layer, e]].tolist(),
                                              len(left), draw)

@@ -219,6 +219,15 @@ def _overflow_steps(results: Any) -> int | None:
     return int(overflow(results.rank_tokens, cap).sum())
 
 
+def _failure(key: str) -> Callable[[Any], Any]:
+    """A whole-run figure of what dead ranks did (`Results.failure`, `replay.dead_ranks`),
+    None when no rank died."""
+    def figure(results: Any) -> Any:
+        return None if results.failure is None else getattr(results.failure, key)
+    figure.__name__ = f"_{key}"
+    return figure
+
+
 def _of_kind(key: str, kind: str) -> Callable[[Any], Any]:
     """A whole-run figure: metric `key` reduced over the layers of one kind alone ("hash":
     routed by token id, "learned": by the router; `Results.hash_layers`), as the run's figure
@@ -327,6 +336,16 @@ METRICS: dict[str, Metric] = {
     "buffer_overflow_steps": Metric("overflow", whole=_overflow_steps, needs=COUNTERS,
                                     modes=("a2a",), fmt=COUNT,
                                     shown=lambda rows: _some(rows, "dispatch_cap")),
+    "lost_frac": Metric("lost_frac", whole=_failure("lost_frac"),
+                        shown=lambda rows: _some(rows, "lost_frac")),
+    "repair_copies": Metric("repairs", whole=_failure("copies"), fmt=COUNT,
+                            shown=lambda rows: _some(rows, "lost_frac")),
+    "repair_bytes": Metric("repair_bytes", whole=_failure("repair_bytes"), fmt=COUNT,
+                           tables=frozenset()),
+    "repair_disk_bytes": Metric("disk_bytes", whole=_failure("repair_disk_bytes"), fmt=COUNT,
+                                tables=frozenset()),
+    "repair_ms": Metric("repair_ms", whole=_failure("repair_ms"), fmt=TIME_FMT,
+                        shown=lambda rows: _some(rows, "lost_frac")),
     "layer_us": Metric("layer_us", lambda c: (c.seconds["total"] * 1e6,), needs=COST,
                        tables=TIME, fmt=TIME_FMT),
     "moe_ms": Metric("moe_ms", lambda c: (c.ms("total"),), step_time, needs=COST, tables=TIME,

@@ -23,13 +23,19 @@ def placement_gap(placement: Placement, load: torch.Tensor | np.ndarray) -> torc
     load: `[..., L, E]` pairs per logical expert (torch or numpy). The placement's max GPU load
     under an even split (`Placement.expected_load`, summed per GPU) over
     `solvers.bounds.lower_bound` for the same slots and GPUs; 1.0 is optimal, NaN where the
-    bound is 0 (no load).
+    bound is 0 (no load). A `partial` placement is bounded, per layer, over the experts it
+    serves.
     """
     load = torch.as_tensor(load).detach().cpu().to(torch.float64)  # [..., L, E]
     peak = gpu_loads(placement.expected_load(load), placement.topology.num_gpus).amax(-1)
-    bound = torch.from_numpy(lower_bound(load.reshape(-1, load.shape[-1]).numpy(),
-                                         placement.num_slots, placement.topology.num_gpus))
-    bound = bound.view(load.shape[:-1])  # [..., L]
+    P, G = placement.num_slots, placement.topology.num_gpus
+    if placement.partial:  # each layer's bound over the experts it serves (the rest are lost)
+        served = ~placement.lost  # [L, E]
+        bound = torch.stack([torch.from_numpy(lower_bound(load[..., layer, kept].numpy(), P, G))
+                             for layer, kept in enumerate(served)], -1)  # [..., L]
+    else:
+        bound = torch.from_numpy(lower_bound(load.reshape(-1, load.shape[-1]).numpy(), P, G))
+        bound = bound.view(load.shape[:-1])  # [..., L]
     return torch.where(bound > 0, peak / torch.where(bound > 0, bound, 1.0), math.nan)
 
 

@@ -38,12 +38,19 @@ class Placement:
     which a solver published each expert's replicas (`[L, E, R]`, -1 padded: what SGLang's
     ranks hold after `init_by_eplb`, at a rebalance or from counts at start-up; read by the
     `sglang` view); None for a placement given as a mapping (`init_by_mapping`).
+
+    `partial` lets an expert have no replica (`lost`) and the slots be fewer than the experts:
+    the survivors' placement after EP ranks die (DESIGN.md §16). A run masks a lost expert's
+    pairs (-1) before dispatch (`replay.dead_ranks`), so no pair ever asks for it; the views
+    list it with one candidate, -1 (`rank_view`), so a policy's arithmetic on padding never
+    divides by zero.
     """
 
     phy2log: torch.Tensor
     num_experts: int
     topology: Topology
     order: torch.Tensor | None = None
+    partial: bool = False
 
     def __post_init__(self) -> None:
         try:
@@ -56,7 +63,7 @@ class Placement:
             raise InputError(f"phy2log must have shape [layers, slots], got {tuple(p2l.shape)}")
         L, P = p2l.shape
         E = self.num_experts
-        if P < E:
+        if P < E and not self.partial:
             raise InputError(f"{P} physical slots are fewer than the {E} logical experts: "
                              f"every expert needs at least one slot")
         self.topology.slots_per_gpu(P)
@@ -64,7 +71,7 @@ class Placement:
         if p2l.numel() and (int(p2l.min()) < -1 or int(p2l.max()) >= E):
             raise InputError(f"phy2log holds expert ids outside [0, {E}) (-1: an empty slot)")
         counts = _replica_counts(p2l, E)
-        if (counts == 0).any():
+        if (counts == 0).any() and not self.partial:
             layer, expert = (counts == 0).nonzero()[0].tolist()
             raise InputError(f"expert {expert} has no replica in layer {layer} of the placement")
         object.__setattr__(self, "phy2log", p2l)
@@ -120,6 +127,11 @@ class Placement:
     def logcnt(self) -> torch.Tensor:
         """Replicas per expert, int64 `[L, E]` (empty slots count for none)."""
         return _replica_counts(self.phy2log, self.num_experts)
+
+    @cached_property
+    def lost(self) -> torch.Tensor:
+        """Experts with no replica, bool `[L, E]` (none unless `partial`)."""
+        return self.logcnt == 0
 
     @cached_property
     def log2phy(self) -> torch.Tensor:
@@ -334,10 +346,13 @@ VIEWS: dict[str, Callable[[Placement, int, str], View]] = {
 
 def rank_view(view: str | Callable[[Placement, int], View], placement: Placement,
               rank: int, mode: str = "none") -> View:
-    """The view of `rank` in `mode`, by registry name, or a callable's `(placement, rank)`."""
-    if callable(view):
-        return view(placement, rank)
-    return lookup(VIEWS, view, "view")(placement, rank, mode)
+    """The view of `rank` in `mode`, by registry name, or a callable's `(placement, rank)`; of a
+    `partial` placement, each lost expert with one candidate, -1 (`Placement`)."""
+    made = view(placement, rank) if callable(view) else \
+        lookup(VIEWS, view, "view")(placement, rank, mode)
+    if not placement.partial:
+        return made
+    return View(made.log2phy, made.logcnt.clamp(min=1), placement, rank)  # lost: one -1
 
 
 def as_placement(obj: Any, num_experts: int, topology: Topology) -> Placement:

@@ -48,6 +48,7 @@ from ..traces.coactivation import coactivation
 from ..traces.counts import CountsTrace
 from ..traces.layer_kinds import hash_layers
 from ..traces.stages import stage_view
+from .dead_ranks import Failure, healthy, survive
 from .results import Comparison, Results, run_warnings
 
 
@@ -358,9 +359,20 @@ def replay_quiet(trace: RunTrace, spec: RunSpec, progress: Progress | None = Non
     """`replay` that warns of nothing: for a caller that says the warnings its own way, or
     replays parts of a run that the warnings would misname (a sweep's cells, a review's
     windows, each rank of a distributed run, a timed replay)."""
-    spec = spec_for_trace(trace, spec)
+    trace, spec, failure = failed(trace, spec)
     check_memory_of(trace, spec)
-    return replay_planned(trace, spec, plan_run(trace, spec), progress)
+    result = replay_planned(trace, spec, plan_run(trace, spec), progress)
+    return result if failure is None else replace(result, failure=failure)
+
+
+def failed(trace: RunTrace, spec: RunSpec) -> tuple[RunTrace, RunSpec, Failure | None]:
+    """`(trace, spec, None)` decided for the trace (`spec_for_trace`) when no rank dies; with
+    `fail_ranks`, the survivors' trace and spec and what the failure did (`dead_ranks`)."""
+    spec = spec_for_trace(trace, spec)
+    if spec.topology.fail_ranks is None:
+        return trace, spec, None
+    true_load = routed_loads(trace)
+    return survive(trace, spec, true_load, schedule_of(trace, healthy(spec), true_load))
 
 
 def warned(trace: RunTrace, spec: RunSpec, asked: RunSpec) -> tuple[str, ...]:
@@ -427,7 +439,8 @@ def compare(trace: RunTrace, policies: Sequence[Any], modes: Sequence[str],
     """
     out = []
     asked = RunSpec() if spec is None else spec
-    specs = comparison(spec_for_trace(trace, asked), policies, modes, sources)
+    trace, decided, failure = failed(trace, asked)
+    specs = comparison(decided, policies, modes, sources)
     true_load = routed_loads(trace)
     plans: dict[str, Plan] = {}
     for one in specs:
@@ -441,4 +454,4 @@ def compare(trace: RunTrace, policies: Sequence[Any], modes: Sequence[str],
         with progress(one) as bar:
             out.append(run(trace, one, plans[key], bar.update))
     said = warned(trace, out[0].spec, asked) if out else ()
-    return Comparison([replace(r, warnings=said) for r in out], said)
+    return Comparison([replace(r, warnings=said, failure=failure) for r in out], said)

@@ -62,6 +62,8 @@ class Results:
                its dispatch buffer must hold; None for counts only
     hash_layers: the layers routed by token id (`traces.layer_kinds`), whose figures the
                metrics of each kind (`*_hash`, `*_learned`) show apart; empty when none is
+    failure:   what dead ranks did (`dead_ranks.Failure`: the run is then the survivors' from
+               the failure on), None when no rank died
     Derived on first use: `components` (every metric per step and layer), `metrics` (their
     values over the run, in `METRICS` order).
     """
@@ -74,6 +76,7 @@ class Results:
     warnings: tuple[str, ...] = ()
     rank_tokens: torch.Tensor | None = None
     hash_layers: tuple[int, ...] = ()
+    failure: Any = None
 
     @property
     def present(self) -> set[str]:
@@ -134,6 +137,9 @@ class Results:
         if self.slot_load is None:
             labels.update({name: "-" for _, name, _ in knobs(("dispatch",))},
                           policy=COUNTS_ONLY_POLICY)
+        if self.failure is not None:  # the survivors' run: its labels say who died
+            f = self.failure
+            labels.update(fail_ranks=list(f.dead), fail_at=f.at, recovery=f.recovery)
         return {**labels, **self.metrics}
 
     def time_series(self, per_layer: bool = False) -> dict[str, np.ndarray]:

@@ -165,8 +165,12 @@ class Workers:
     def replay(self, trace: TokenTrace, spec: RunSpec | None = None,
                progress: Progress | None = None) -> Results:
         """`replay.replay(trace, spec, progress)` with the steps split over the workers
-        (`trace` must be the one they hold); the same Results bit for bit."""
+        (`trace` must be the one they hold); the same Results bit for bit. InputError for a
+        run whose ranks die (`fail_ranks`: the survivors' steps are another trace)."""
         spec = spec_for_trace(trace, RunSpec() if spec is None else spec)
+        if spec.topology.fail_ranks is not None:
+            raise InputError("a run whose ranks die (fail_ranks) replays the survivors' steps "
+                             "in one process: use replay")
         return self.replay_planned(trace, spec, plan_run(trace, spec), progress)
 
     def replay_planned(self, trace: TokenTrace, spec: RunSpec, plan: Plan,

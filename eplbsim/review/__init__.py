@@ -63,7 +63,7 @@ from ..dispatch import resolve_policy
 from ..engines import as_sources, engine_code, is_engine_name
 from ..engines.conform import list_view
 from ..placement import Placement
-from ..replay import (Plan, replay_planned, replay_quiet, routed_loads, schedule_of,
+from ..replay import (Plan, failed, replay_planned, replay_quiet, routed_loads, schedule_of,
                       spec_for_trace)
 from ..replay.results import Results, model_origin, run_warnings
 from ..runspec import RunSpec, default_of
@@ -163,7 +163,11 @@ def review(trace: RunTrace, candidate: Any, baseline: Any = None, spec: RunSpec 
         raise InputError("a review dispatches token rows; a counts-only trace has none")
     _check_options(holdout, seeds, windows, min_effect, resamples)
     asked = RunSpec() if spec is None else spec
-    spec = spec_for_trace(trace, asked)
+    trace, spec, failure = failed(trace, asked)  # with fail_ranks: the survivors' run
+    if failure is not None and baseline_solver is not None:
+        raise InputError("a review of a placement change places on the trace's steps; with "
+                         "fail_ranks both sides serve the recovery placement (give the "
+                         "recovery to compare instead: run --recovery)")
     if spec.cost.cost is None:
         spec = spec.replace(cost="roofline")
     mode = spec.dispatch.mode
@@ -233,6 +237,8 @@ def review(trace: RunTrace, candidate: Any, baseline: Any = None, spec: RunSpec 
                                        kind, buffer)
     steps = {"placed_steps": span_words(log, 0, placed), "scored_steps": span_words(log, placed, S)}
     headline.append(rests_on_line(time, trace.num_layers, spec.cost.shape.moe_layers, steps))
+    if failure is not None:
+        headline.append(f"Scored on the survivors: {failure.words()}.")
     setup = {"kind": kind, "steps": S, "placed_on": [0, placed], "scored_on": [placed, S], **steps,
              "seeds": seeds, "windows": [[a, b] for a, b in cuts], "mode": mode,
              "gpus": spec.topology.gpus, "slots": placement.num_slots,
@@ -242,7 +248,8 @@ def review(trace: RunTrace, candidate: Any, baseline: Any = None, spec: RunSpec 
              "device": spec.cost.device_profile, "engine_source": dict(sources),
              "baseline_engine_source": dict(base_sources),
              "views": {w: name_of(v) for w, v in views.items()}, "views_why": views_why,
-             "dispatch_buffer": buffer}
+             "dispatch_buffer": buffer,
+             "failure": None if failure is None else asdict(failure)}
     notes = [f"warning: {w}" for w in run_warnings(trace, spec, asked, [
         (f"the placement window (steps {steps['placed_steps']})", 0, placed),
         (f"the scored window (steps {steps['scored_steps']})", placed, S)])]

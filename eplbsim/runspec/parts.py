@@ -29,16 +29,18 @@ from ..schedule.switch import REBALANCE_MODES
 from ..solvers import SOLVERS, check_options, find_solver
 from ..solvers.exact import NODE_LIMIT
 from ..solvers.lplb import TOPOLOGIES as LPLB_TOPOLOGIES
+from ..solvers.recovery import RECOVERY_NAMES
 from ..traces.stages import DECODE_TOKENS, STAGES
 from ..traces.stages import DECODE_TOKENS, STAGES
 from ..traces.synth import DEFAULT_SIZES
-from .knobs import COMMANDS, Part, SYNTH, changed_fields, knob
+from .knobs import COMMANDS, Part, SYNTH, changed_fields, knob, they
 from .values import (Device, EngineFlags, EngineSources, File, Integer, Model, Name, Number,
-                     Options, Switch)
+                     Options, Ranks, Switch)
 
 
 NODE_GPUS = 8  # GPUs a node by default, as H100/H200/B200 boxes have
 MIN_REDUNDANT = 16  # the fewest redundant slots by default
+FAILING = frozenset({"run", "sweep", "review"})  # the commands that simulate dead ranks
 
 
 @dataclass(frozen=True)
@@ -276,12 +278,35 @@ class TopologyPart(Part):
     redundant: int | None = knob(
         None, f"redundant physical slots, P = E + redundant (default: one a GPU, at least "
         f"{MIN_REDUNDANT}, rounded up so the GPUs divide the slots; with a placement file, "
-        f"the file's)", Integer(0, optional=True, most=MAX_SLOTS))
+        f"the file's)", Integer(-MAX_SLOTS, optional=True, most=MAX_SLOTS))
     groups: int | None = knob(None, "expert groups (default: the trace's, else 1)",
                               Integer(1, optional=True, most=MAX_EXPERTS))
+    fail_ranks: tuple[int, ...] | None = knob(
+        None, "EP ranks that die at --fail-at: from that step on the survivors (compacted in "
+        "rank order) serve on the --recovery placement; an expert left with no replica has "
+        "its pairs lost (lost_frac), never dispatched; the results are the survivors' over "
+        "the steps from the failure, with what the repair copies (repair_bytes, repair_ms)",
+        Ranks(), commands=FAILING, metavar="R,..")
+    fail_at: int = knob(0, "with --fail-ranks: the first step the ranks are dead; the "
+                        "placement in service then is the one repaired", Integer(0),
+                        commands=FAILING, metavar="STEP")
+    recovery: str = knob(
+        RECOVERY_NAMES[0], "with --fail-ranks: the survivors' placement: a twin of vLLM "
+        "#46370's recovery (dead slots -1, donors interleaved over the survivors) or #38862's "
+        "(reassign_missing_experts, not load-balanced), or resolve: the run's solver on the "
+        "survivors' slots, the comparison", Name(RECOVERY_NAMES, "recovery"),
+        commands=FAILING)
 
     def relate(self) -> None:
         self.topology()
+        if self.fail_ranks is None:
+            unused = changed_fields(self, ("fail_at", "recovery"))
+            if unused:
+                raise InputError(f"{they(unused, 'apply')} only with fail_ranks (ranks that "
+                                 f"die)")
+        elif self.fail_ranks[-1] >= self.gpus or len(self.fail_ranks) == self.gpus:
+            raise InputError(f"fail_ranks must be some of the ranks 0..{self.gpus - 1}, not "
+                             f"all, got {list(self.fail_ranks)}")
 
     def topology(self) -> Topology:
         """The cluster as a Topology (`gpus_per_node` None: `NODE_GPUS` a node when they

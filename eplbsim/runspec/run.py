@@ -57,6 +57,12 @@ class RunSpec:
             raise InputError(f"solve_from {self.solver.solve_from} solves one placement from "
                              f"that stage's steps; it cannot be combined with a given "
                              f"placement or rebalance_every")
+        redundant = self.topology.redundant
+        if redundant is not None and redundant < 0 and not (
+                isinstance(self.solver.placement, Placement) and self.solver.placement.partial):
+            raise InputError(f"redundant must be >= 0, got {redundant}: fewer slots than "
+                             f"experts is a state only the survivors of dead ranks reach "
+                             f"(fail_ranks)")
 
     @classmethod
     def of(cls, **values: Any) -> "RunSpec":

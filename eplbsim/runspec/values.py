@@ -302,6 +302,31 @@ class Sizes:
 
 
 @dataclass(frozen=True)
+class Ranks:
+    """Distinct EP ranks, each an integer >= 0 (comma-separated on the command line), kept in
+    ascending order; None when absent."""
+
+    def parse(self, text: str) -> tuple[int, ...]:
+        try:
+            return tuple(int(x) for x in text.split(",") if x.strip())
+        except ValueError:
+            raise InputError(f"must be comma-separated ranks, got {_quoted(text)}") from None
+
+    def check(self, value: Any) -> tuple[int, ...] | None:
+        if value is None:
+            return None
+        if isinstance(value, str):  # a sweep's text, as on the command line
+            value = self.parse(value)
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = (value,)
+        if not isinstance(value, (list, tuple)) or not value or any(
+                isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in value) \
+                or len(set(value)) != len(value):
+            raise InputError(f"must be distinct ranks >= 0, at least one, got {shown(value)}")
+        return tuple(sorted(value))
+
+
+@dataclass(frozen=True)
 class RequestInput:
     """A request-level input: a request scenario's name, a path to a request file, or a
     RequestSet given directly; None when absent."""

@@ -157,17 +157,24 @@ def lost_pairs(load: torch.Tensor, phy2log: torch.Tensor) -> tuple[float, float]
     return pairs, pairs / total if total else 0.0
 
 
+def repair_slots(old: torch.Tensor, after: torch.Tensor,
+                 num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(changed, from_disk)`, bool `[L, P']` each: the survivors' slots whose expert changed
+    from `old [L, P']` (what each held before) to `after [L, P']`, and of these those whose
+    new expert no surviving slot held before (no peer has its weights: vLLM #38862's disk
+    reload)."""
+    changed = (after >= 0) & (after != old)
+    survived = replica_counts(old, num_experts) > 0  # [L, E]
+    rows = torch.arange(after.shape[0]).unsqueeze(1).expand_as(after)
+    return changed, changed & ~survived[rows, after.clamp(min=0)]
+
+
 def repair_copies(before: torch.Tensor, after: torch.Tensor, slot_of: Sequence[int],
                   num_experts: int) -> dict[str, int]:
     """What a recovery copies: of the survivors' slots (`slot_of[q]`: the old slot of new slot
     `q` of `after [L, P']`, in `before [L, P]`), those whose expert changed (`copies`), and
-    of these the experts no surviving slot held before (`from_disk`: no peer has their
-    weights, vLLM #38862's disk reload)."""
-    old = before.long()[:, list(slot_of)]
-    changed = (after >= 0) & (after != old)
-    survived = replica_counts(old, num_experts) > 0  # [L, E]
-    rows = torch.arange(after.shape[0]).unsqueeze(1).expand_as(after)
-    unheld = changed & ~survived[rows, after.clamp(min=0)]
+    of these the experts no surviving slot held before (`from_disk`, `repair_slots`)."""
+    changed, unheld = repair_slots(before.long()[:, list(slot_of)], after, num_experts)
     return {"copies": int(changed.sum()), "from_disk": int(unheld.sum())}
 
 
@@ -182,3 +189,7 @@ RECOVERIES: dict[str, Callable[..., torch.Tensor]] = {
     "recover-38862": recover_38862,
     "recover-46370": recover_46370,
 }
+
+# what a run's `recovery` names: the twins, then "resolve" (`resolve_survivors`), the default
+# first (the open proposal)
+RECOVERY_NAMES = ("recover-46370", "recover-38862", "resolve")
