@@ -10,6 +10,7 @@ from typing import Any, Callable, Iterator
 from .. import runspec
 from ..base.errors import InputError
 from ..base.progress import bar, run_label
+from ..cost.buffers import GIB, cap_table
 from ..replay import compare, comparison, replay, replay_planned, spec_for_trace
 from ..replay.executors import EXECUTORS
 from ..replay.stage_placements import stage_placements, stage_table
@@ -92,6 +93,9 @@ def handle(args: argparse.Namespace) -> int:
         print(format_table(rows))
         for note in table_notes(rows):
             print(note)
+        if base.cost.dispatch_buffer_gib is not None:
+            print()
+            print(buffer_report(results[0].spec, trace.num_experts))
         if base.cost.cost is not None:
             print()
             print(time_report(results[0].spec, rows, trace.num_layers))
@@ -111,6 +115,27 @@ def handle(args: argparse.Namespace) -> int:
         if not args.json:
             print("wrote " + ", ".join(str(p) for p in paths))
     return 0
+
+
+def buffer_report(spec: runspec.RunSpec, num_experts: int, levels: int = 5) -> str:
+    """What each redundancy costs in dispatch capacity under the run's `dispatch_buffer_gib`
+    (`cost.buffers.cap_table`, the model's hidden size, the run's ranks): the least redundancy
+    whose slots divide over the ranks and `levels - 1` more, a rank's slots apart, and the
+    run's own (marked)."""
+    G, own = spec.topology.gpus, spec.topology.redundant
+    first = -num_experts % G
+    redundants = sorted({first + k * G for k in range(levels)} | {own})
+    hidden = spec.cost.shape.hidden
+    rows = cap_table(round(spec.cost.dispatch_buffer_gib * GIB), hidden, num_experts, G,
+                     redundants)
+    lines = [f"dispatch cap of a {spec.cost.dispatch_buffer_gib:g} GiB low-latency buffer "
+             f"(DeepEP's; {spec.cost.name}, hidden {hidden}, {G} ranks): the most tokens a "
+             f"rank may dispatch a step, by redundant experts",
+             f"{'redundant':>9}  {'physical':>8}  {'cap':>7}  {'buffer_gib':>10}"]
+    lines += [f"{r['redundant']:>9}  {r['physical']:>8}  {r['cap']:>7,}  "
+              f"{r['bytes'] / GIB:>10.2f}" + ("  (this run)" if r["redundant"] == own else "")
+              for r in rows]
+    return "\n".join(lines)
 
 
 def _stage_placements(args: argparse.Namespace, trace: Any, base: runspec.RunSpec,

@@ -430,3 +430,27 @@ def test_gap_is_shown_only_when_it_differs_from_the_promise(capsys):
     same = f"{rows[0]['placement_gap']:.4f}" == f"{rows[0]['placement_imbalance']:.4f}"
     assert ("gap" in header()) != same
     assert "work" not in header()  # every pair executed once: nothing to say
+
+
+def test_run_prints_the_dispatch_cap_of_each_redundancy(capsys):
+    from eplbsim.cost.buffers import GIB, cap_table
+    from eplbsim.cost.catalog import model_shape
+    code, out, _ = run(capsys, "run", "--scenario", "skewed", "--steps", "2", "--tokens", "64",
+                       "--layers", "2", "--experts", "64", "--policies", "ordinal", "--mode",
+                       "a2a", "--gpus", "16", "--dispatch-buffer-gib", "32", "--model",
+                       "deepseek-v4-flash")
+    assert code == 0
+    lines = out.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("dispatch cap of a 32 GiB"))
+    assert "hidden 4096, 16 ranks" in lines[at]
+    shown = [line.split() for line in lines[at + 2:at + 7]]
+    redundants = [int(r[0]) for r in shown]
+    assert redundants == [0, 16, 32, 48, 64]  # the run's own (16) among them
+    want = cap_table(32 * GIB, model_shape("deepseek-v4-flash").hidden, 64, 16, redundants)
+    for row, cap in zip(shown, want):  # the cap falls as the redundant experts grow
+        assert int(row[2].replace(",", "")) == cap["cap"]
+    assert [r["cap"] for r in want] == sorted((r["cap"] for r in want), reverse=True)
+    marked = [r for r in shown if r[-2:] == ["(this", "run)"]]
+    table_cap = next(line for line in lines if line.startswith("ordinal")).split()
+    assert len(marked) == 1 and marked[0][2].replace(",", "") in [c.replace(",", "")
+                                                                  for c in table_cap]
