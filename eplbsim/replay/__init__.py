@@ -325,12 +325,21 @@ def replay_planned(trace: RunTrace, spec: RunSpec, plan: Plan, progress: Progres
     (`run_steps`; `workers.Workers.run_steps` splits them over processes), then `Results`."""
     spec = spec_for_trace(trace, spec)
     check_memory_of(trace, spec)
-    hashed = hash_layers_of(trace, spec)
     if isinstance(trace, CountsTrace):
-        return Results(spec, None, plan.true_load, plan.segments, None, hash_layers=hashed)
+        return results_of(trace, spec, None, plan.true_load, plan.segments, None)
     slot_load, counters = steps(trace, spec, plan.segments, progress=progress)
-    return Results(spec, slot_load, plan.true_load, plan.segments, counters,
-                   rank_tokens=rank_tokens(trace, spec.topology.gpus), hash_layers=hashed)
+    return results_of(trace, spec, slot_load, plan.true_load, plan.segments, counters)
+
+
+def results_of(trace: RunTrace, spec: RunSpec, slot_load: torch.Tensor | None,
+               true_load: torch.Tensor, segments: Sequence[Segment],
+               counters: Counters | None) -> Results:
+    """The `Results` of a replay of `trace` (in process or on real ranks, `replay.distributed`):
+    its executed and routed loads and counters, with what the trace itself says of the run:
+    the tokens each rank dispatches a step (a token trace's) and its hash-routed layers."""
+    tokens = None if isinstance(trace, CountsTrace) else rank_tokens(trace, spec.topology.gpus)
+    return Results(spec, slot_load, true_load, segments, counters, rank_tokens=tokens,
+                   hash_layers=hash_layers_of(trace, spec))
 
 
 def replay(trace: RunTrace, spec: RunSpec | None = None,

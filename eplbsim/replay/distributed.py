@@ -56,7 +56,7 @@ from ..ranks.traffic import source_counts
 from ..runspec import RunSpec
 from ..schedule.plan import Segment
 from ..traces import TokenTrace
-from . import replay_quiet, run_steps, schedule_of
+from . import replay_quiet, results_of, run_steps, schedule_of
 from .results import Results
 
 STARTUP_SECONDS = 300  # how long ranks may take to start and meet (imports are slow)
@@ -107,7 +107,8 @@ def run_rank(trace: TokenTrace, spec: RunSpec, rank: int, device: torch.device,
     segments = _broadcast_plan(trace, spec, true_load, rank, group)
     slot_load, counters = run_steps(trace, spec, segments, own_ranks=[rank], comm=comm,
                                     device=str(device), progress=progress)
-    return Results(spec, slot_load, true_load, segments, counters) if rank == 0 else None
+    return results_of(trace, spec, slot_load, true_load, segments, counters) if rank == 0 \
+        else None
 
 
 def _own_counts(trace: TokenTrace, rank: int, num_ranks: int) -> torch.Tensor:
