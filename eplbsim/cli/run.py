@@ -12,12 +12,14 @@ from ..base.errors import InputError
 from ..base.progress import bar, run_label
 from ..cost.buffers import GIB, cap_table
 from ..replay import compare, comparison, replay, replay_planned, spec_for_trace
+from ..replay.drafted import compare_draft, draft_words, part_rows, run_fault
 from ..replay.executors import EXECUTORS
 from ..replay.stage_placements import stage_placements, stage_table
 from ..replay.results import (describe, format_table, rebalance_report, series_rows, table_notes,
                               time_report, to_json, with_speedup, write_csv, write_results)
 from ..replay.workers import PAYS_OFF, Workers, dispatch_work, pays_off
 from ..traces.counts import CountsTrace
+from ..traces.draft import drafted_of
 from .common import check_out_dir, positive
 
 HELP = "compare dispatch policies on a trace or scenario"
@@ -43,6 +45,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "from the decode steps and one from all, each judged on the prefill and on "
                    "the decode steps (a step's stage as its log marks it, else by "
                    "--decode-tokens), for each policy and mode")
+    p.add_argument("--draft-fault", action="store_true",
+                   help="with a trace holding draft (MTP) layers: also simulate SGLang "
+                   "#16044's fault, the draft's statistics recorded into the target's layers "
+                   "and its pairs dispatched through the target's map, and print its damage "
+                   "(wrong pairs, misrecorded loads, the target's balance solved from clean and "
+                   "from misrecorded loads)")
     p.add_argument("--json", action="store_true", help="print only JSON")
     p.add_argument("--out", type=Path, help="write results.json, results.csv, timeseries.csv, "
                    "migrations.csv and the figures policies.png and timeseries.png (with PDFs)")
@@ -59,6 +67,10 @@ def handle(args: argparse.Namespace) -> int:
         check_out_dir(args.out, [*source.files, base.solver.placement, base.schedule.initial],
                       OUTPUTS)
     trace = source.open(base.dispatch.seed, base.schedule)
+    drafted = drafted_of(trace)
+    if args.draft_fault and drafted is None:
+        raise InputError("--draft-fault simulates a draft's (MTP) fault: the trace holds no "
+                         "draft layers (an .npz trace's draft part, traces.draft)")
     if args.stage_placements:
         return _stage_placements(args, trace, base, lists)
     if isinstance(trace, CountsTrace):
@@ -77,8 +89,16 @@ def handle(args: argparse.Namespace) -> int:
         if base.cost.cost is None:
             raise InputError("--baseline compares time: it needs --cost")
         rows = with_speedup(rows, args.baseline)
+    drafts = fault = None
+    every = rows
+    if drafted is not None:  # the draft on its own placement: rows of its own
+        drafts = compare_draft(drafted, policies, lists["mode"], base, results[0].spec,
+                               lambda one: bar(trace.num_steps, "draft " + run_label(one)),
+                               lists.get("engine_source"))
+        fault = run_fault(drafted, results[0].spec) if args.draft_fault else None
+        every = part_rows(rows, drafts, fault)
     if args.json:
-        print(to_json(rows))
+        print(to_json(every))
     else:
         print(describe(trace, results[0].spec, base, policies,
                        len(lists.get("engine_source", [None]))))
@@ -102,9 +122,12 @@ def handle(args: argparse.Namespace) -> int:
         if base.schedule.rebalance_every is not None:
             print()
             print(rebalance_report(results[0], rows))
+        if drafted is not None:
+            print()
+            print(draft_words(drafted, drafts, fault, policies, base, results[0].spec))
     if args.out:
         from ..plots import paper_style, policy_comparison, save_figure, time_series_figure
-        paths = write_results(rows, args.out)
+        paths = write_results(every, args.out)
         paths.append(write_csv([row for r in results for row in series_rows(
             {"policy": r.policy, "mode": r.spec.dispatch.mode},
             r.time_series(args.per_layer))], args.out / "timeseries.csv"))

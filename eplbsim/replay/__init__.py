@@ -21,7 +21,7 @@ has no token rows: nothing is dispatched, and the results hold the placement's p
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
@@ -46,10 +46,14 @@ from ..schedule.plan import Segment, plan
 from ..traces import RunTrace, TokenTrace, check_run_trace
 from ..traces.coactivation import coactivation
 from ..traces.counts import CountsTrace
+from ..traces.draft import Drafted, drafted_of
 from ..traces.layer_kinds import hash_layers
 from ..traces.stages import stage_view
 from .dead_ranks import Failure, healthy, survive
 from .results import Comparison, Results, run_warnings
+
+if TYPE_CHECKING:  # `drafted` imports this module
+    from .drafted import DraftedResults
 
 
 def resolve_device(name: str) -> str:
@@ -342,13 +346,15 @@ def results_of(trace: RunTrace, spec: RunSpec, slot_load: torch.Tensor | None,
                    hash_layers=hash_layers_of(trace, spec))
 
 
-def replay(trace: RunTrace, spec: RunSpec | None = None,
-           progress: Progress | None = None) -> Results:
+def replay(trace: RunTrace | Drafted, spec: RunSpec | None = None,
+           progress: Progress | None = None) -> Results | DraftedResults:
     """Replay a routing trace under one run's settings: plan, dispatch every step, results.
 
     trace:    a `Trace` (`topk_ids [N, L, K]`, `step_offsets [S + 1]`), `DirTrace` or
               `CountsTrace` (`[S, L, E]`: nothing is dispatched, the results hold the
-              placement's promise only)
+              placement's promise only); a `traces.draft.Drafted`, or a trace with draft
+              (MTP) layers (`Trace.draft`), gives a `drafted.DraftedResults`: the target's
+              results and the draft's, on its own placement (`drafted.replay_drafted`)
     spec:     the run's settings (default `RunSpec()`), decided for the trace
               (`spec_for_trace`: its redundant slots and model)
     progress: told of each step dispatched (a bar's `update`), or None
@@ -358,6 +364,10 @@ def replay(trace: RunTrace, spec: RunSpec | None = None,
     priced that is not the trace's, warm-up steps) is a `RunWarning` at the caller's line and
     on the results (`Results.warnings`).
     """
+    drafted = drafted_of(trace)
+    if drafted is not None:
+        from .drafted import replay_drafted  # it replays each part through this module
+        return replay_drafted(drafted, spec, progress)
     asked = RunSpec() if spec is None else spec
     result = replay_quiet(trace, asked, progress)
     said = warned(trace, result.spec, asked)

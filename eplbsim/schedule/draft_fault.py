@@ -48,6 +48,20 @@ def shared_redundancy(experts: int, draft_experts: int, gpus: int) -> int | None
     return -experts % gpus
 
 
+def check_shared(experts: int, draft_experts: int, redundant: int, gpus: int) -> None:
+    """InputError unless `redundant` slots beside both the target's `experts` and the
+    draft's `draft_experts` divide over `gpus` (module doc), naming the fewest that would."""
+    if (experts + redundant) % gpus or (draft_experts + redundant) % gpus:
+        fewest = shared_redundancy(experts, draft_experts, gpus)
+        raise InputError(f"{experts} target and {draft_experts} draft experts + {redundant} "
+                         f"redundant slots do not both divide over {gpus} GPUs (one redundancy "
+                         f"serves both, as SGLang's ep_num_redundant_experts); "
+                         + (f"redundant {fewest} (+ a multiple of {gpus}) would"
+                            if fewest is not None else
+                            f"no redundancy does ({gpus} does not divide {experts} - "
+                            f"{draft_experts})"))
+
+
 def ep_sizes(experts: int, draft_experts: int, gpus: Sequence[int]) -> list[dict[str, Any]]:
     """For each EP size in `gpus`: `gpus`, `target_redundant` (the fewest redundant slots the
     target alone admits), `shared_redundant` (the fewest both admit, None when none does), and
@@ -137,12 +151,7 @@ def draft_fault(drafted: Drafted, topology: Topology, redundant: int, solver: An
     GPUs (`shared_redundancy` names the fewest that would)."""
     target, draft = drafted.target, drafted.draft
     E, Ed, G = target.num_experts, draft.num_experts, topology.num_gpus
-    if (E + redundant) % G or (Ed + redundant) % G:
-        fewest = shared_redundancy(E, Ed, G)
-        raise InputError(f"{E} target and {Ed} draft experts + {redundant} redundant slots do "
-                         f"not both divide over {G} GPUs; "
-                         + (f"redundant {fewest} (+ a multiple of {G}) would" if fewest is not None
-                            else f"no redundancy does ({G} does not divide {E} - {Ed})"))
+    check_shared(E, Ed, redundant, G)
     into = draft_positions(draft.num_layers, target.num_layers, into)
     counts, draft_counts = target.counts(), draft.counts()  # [S, L, E], [S, Ld, Ed]
     recorded = misrecorded_loads(counts, draft_counts, into)
