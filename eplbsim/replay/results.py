@@ -331,11 +331,12 @@ def describe(trace: RunTrace, spec: RunSpec, asked: RunSpec | None = None,
     P = trace.num_experts + spec.topology.redundant
     selected = describe_selection(trace.meta)
     d = spec.dispatch
-    placed = spec.solver.placement
-    decided = (f"placement {label(placed)}" if placed is not None
-               else f"solver {name_of(spec.solver.solver)}"
-               + ("" if spec.solver.solve_from == "all" else
-                  f" from the {spec.solver.solve_from} steps"))
+    failed = asked is not None and bool(asked.topology.fail_ranks)
+    chose = (asked if failed else spec).solver  # the survivors serve a recovery of its placement
+    decided = (f"placement {label(chose.placement)}" if chose.placement is not None
+               else f"solver {name_of(chose.solver)}"
+               + ("" if chose.solve_from == "all" else f" from the {chose.solve_from} steps")) \
+        + (f", then recovery {asked.topology.recovery} on the survivors" if failed else "")
     counts_only = isinstance(trace, CountsTrace)
     steps = (f"counts only, {plural(trace.num_steps, 'step')}" if counts_only else
              step_words(trace))
