@@ -12,7 +12,7 @@ from ..base.errors import InputError
 from ..base.progress import bar, run_label
 from ..cost.buffers import GIB, cap_table
 from ..replay import compare, comparison, replay, replay_planned, spec_for_trace
-from ..replay.drafted import compare_draft, draft_words, part_rows, run_fault
+from ..replay.drafted import draft_settings, draft_words, part_rows, run_fault
 from ..replay.executors import EXECUTORS
 from ..replay.stage_placements import stage_placements, stage_table
 from ..replay.results import (describe, format_table, rebalance_report, series_rows, table_notes,
@@ -92,9 +92,10 @@ def handle(args: argparse.Namespace) -> int:
     drafts = fault = None
     every = rows
     if drafted is not None:  # the draft on its own placement: rows of its own
-        drafts = compare_draft(drafted, policies, lists["mode"], base, results[0].spec,
-                               lambda one: bar(trace.num_steps, "draft " + run_label(one)),
-                               lists.get("engine_source"))
+        drafts = compare(drafted.draft, policies, lists["mode"],
+                         draft_settings(base, results[0].spec, drafted),
+                         lambda one: bar(trace.num_steps, "draft " + run_label(one)),
+                         sources=lists.get("engine_source"))
         fault = run_fault(drafted, results[0].spec) if args.draft_fault else None
         every = part_rows(rows, drafts, fault)
     if args.json:

@@ -21,7 +21,7 @@ has no token rows: nothing is dispatched, and the results hold the placement's p
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -50,10 +50,8 @@ from ..traces.draft import Drafted, drafted_of
 from ..traces.layer_kinds import hash_layers
 from ..traces.stages import stage_view
 from .dead_ranks import Failure, healthy, survive
+from .drafted import DraftedResults, draft_settings
 from .results import Comparison, Results, run_warnings
-
-if TYPE_CHECKING:  # `drafted` imports this module
-    from .drafted import DraftedResults
 
 
 def resolve_device(name: str) -> str:
@@ -354,7 +352,8 @@ def replay(trace: RunTrace | Drafted, spec: RunSpec | None = None,
               `CountsTrace` (`[S, L, E]`: nothing is dispatched, the results hold the
               placement's promise only); a `traces.draft.Drafted`, or a trace with draft
               (MTP) layers (`Trace.draft`), gives a `drafted.DraftedResults`: the target's
-              results and the draft's, on its own placement (`drafted.replay_drafted`)
+              results (warned of as any run's) and the draft's, on its own placement
+              (`drafted.draft_settings`)
     spec:     the run's settings (default `RunSpec()`), decided for the trace
               (`spec_for_trace`: its redundant slots and model)
     progress: told of each step dispatched (a bar's `update`), or None
@@ -365,13 +364,14 @@ def replay(trace: RunTrace | Drafted, spec: RunSpec | None = None,
     on the results (`Results.warnings`).
     """
     drafted = drafted_of(trace)
-    if drafted is not None:
-        from .drafted import replay_drafted  # it replays each part through this module
-        return replay_drafted(drafted, spec, progress)
     asked = RunSpec() if spec is None else spec
-    result = replay_quiet(trace, asked, progress)
-    said = warned(trace, result.spec, asked)
-    return replace(result, warnings=said)
+    target = trace if drafted is None else drafted.target
+    result = replay_quiet(target, asked, progress)
+    result = replace(result, warnings=warned(target, result.spec, asked))
+    if drafted is None:
+        return result
+    return DraftedResults(result, replay_quiet(
+        drafted.draft, draft_settings(asked, result.spec, drafted), progress))
 
 
 def replay_quiet(trace: RunTrace, spec: RunSpec, progress: Progress | None = None) -> Results:

@@ -16,14 +16,12 @@ model, not the draft's layers): the draft's results hold balance and agreement, 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Any, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Sequence
 
-from ..base.progress import Progress
 from ..runspec import RunSpec
 from ..schedule.draft_fault import DraftFault, check_shared, draft_fault
 from ..traces.draft import Drafted
-from . import compare, replay_quiet, warned
 from .results import Comparison, Results, describe, format_table, table_notes
 
 DRAFT_PART = {"part": "draft"}  # what tags a draft's row among a run's rows
@@ -35,8 +33,9 @@ TARGET_ONLY = {"placement": None, "initial": None, "groups": None, "cost": None,
 
 @dataclass(frozen=True, eq=False)
 class DraftedResults:
-    """A drafted run's two results: `target` (`Results` of the target's layers, as `replay`
-    gives for any trace) and `draft` (the draft's, on its own placement)."""
+    """A drafted run's two results (`replay` of a drafted trace): `target` (`Results` of the
+    target's layers, as `replay` gives for any trace) and `draft` (the draft's, on its own
+    placement, `draft_settings`)."""
 
     target: Results
     draft: Results
@@ -50,17 +49,6 @@ class DraftedResults:
                           format_table([self.draft.row()])])
 
 
-def replay_drafted(drafted: Drafted, spec: RunSpec | None = None,
-                   progress: Progress | None = None) -> DraftedResults:
-    """`replay` of a drafted run (module doc): the target's results (warning its caller as
-    `replay` does) and the draft's."""
-    asked = RunSpec() if spec is None else spec
-    target = replay_quiet(drafted.target, asked, progress)
-    target = replace(target, warnings=warned(drafted.target, target.spec, asked))
-    draft = replay_quiet(drafted.draft, draft_settings(asked, target.spec, drafted), progress)
-    return DraftedResults(target, draft)
-
-
 def draft_settings(asked: RunSpec, decided: RunSpec, drafted: Drafted) -> RunSpec:
     """The draft's settings (module doc): `asked` (the run's, as given) less `TARGET_ONLY`,
     with the redundant slots of `decided` (the target's spec decided for its trace);
@@ -69,16 +57,6 @@ def draft_settings(asked: RunSpec, decided: RunSpec, drafted: Drafted) -> RunSpe
     redundant, gpus = decided.topology.redundant, decided.topology.gpus
     check_shared(drafted.target.num_experts, drafted.draft.num_experts, redundant, gpus)
     return asked.replace(**TARGET_ONLY, redundant=redundant)
-
-
-def compare_draft(drafted: Drafted, policies: Sequence[Any], modes: Sequence[str],
-                  asked: RunSpec, decided: RunSpec,
-                  progress: Callable[[RunSpec], Any] | None = None,
-                  sources: Sequence[Any] | None = None) -> Comparison:
-    """The draft's rows of a comparison (`compare` on the draft, with `draft_settings`):
-    `asked` is the run's spec as given, `decided` the target's decided for its trace."""
-    return compare(drafted.draft, policies, modes, draft_settings(asked, decided, drafted),
-                   progress, sources=sources)
 
 
 def part_rows(rows: Sequence[dict[str, Any]], draft: Comparison,
@@ -102,7 +80,7 @@ def draft_words(drafted: Drafted, draft: Comparison, fault: DraftFault | None,
                 policies: Sequence[Any], asked: RunSpec, decided: RunSpec) -> str:
     """What `eplbsim run` prints of a drafted run's draft, apart from the target's tables: a
     line of the draft's sizes and placement (`results.describe`; `asked` and `decided` as
-    `compare_draft` takes them), what it warns of, its table, and the damage of SGLang
+    `draft_settings` takes them), what it warns of, its table, and the damage of SGLang
     #16044's fault when simulated (`fault_words`)."""
     rows = draft.rows()
     lines = ["draft (MTP) layers, on their own placement solved from their own loads (no cost "
