@@ -14,8 +14,8 @@ cannot parse: a short usage line, then that line). Out of memory, too deep a nes
 overflow on the user's data is said the same way; anything else is a bug, reported in one
 line as an internal error (with the traceback under `EPLBSIM_DEBUG=1`) and exit status 1. An InputWarning (input used with a part left out) is one
 line on stderr, `eplbsim: warning: ...`; what a run warns of (a `RunWarning`) its header says,
-once. An error or warning naming an option of reading a trace names its flag
-(`traces.options`), where the Python API names its keyword.
+once. An error or warning naming an option (of reading a trace, of a run) names its flag
+(`base.options`), where the Python API names its keyword.
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else 2
     import numpy as np  # the command's own imports have brought these in
 
-    from ..traces.options import flags_named
+    from ..base.options import flags_named
     try:
         with warnings.catch_warnings(), np.errstate(all="ignore"), flags_named():
             warnings.simplefilter("ignore", RuntimeWarning)

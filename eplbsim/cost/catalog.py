@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..base.errors import InputError
+from ..base.options import option
 from ..traces.trace import model_in
 from .configs import config_shape
 from .shapes import DEFAULT_MODEL, MODELS, ModelShape
@@ -183,7 +184,8 @@ def model_note(label: str, shape: ModelShape, origin: str, experts: int,
                   "model's")
     else:
         words += " is priced"
-    return words + (f"; name the model with {NAME_FORMS}" if default else "")
+    return words + (f"; name the model with {option('model', 'NAME')}|config.json"
+                    if default else "")
 
 
 def _draft_words(shape: ModelShape) -> str:

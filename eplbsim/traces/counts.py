@@ -22,7 +22,7 @@ import numpy as np
 from ..base.errors import InputError
 from ..base.files import atomic_file, regular_file
 from ..base.limits import MAX_EXPERTS, MAX_LAYERS, MAX_LOAD, check_at_most
-from .options import option
+from ..base.options import option
 from .trace import npz_names, read_npz
 
 REQUIRED = ("layer", "expert", "count")

@@ -42,7 +42,7 @@ import torch
 
 from ..base.errors import InputError
 from .counts import CountsTrace
-from .options import option
+from ..base.options import option
 from .prefill_chunks import chunk_steps, describe_chunks
 from .trace import View, shape_words
 

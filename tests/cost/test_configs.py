@@ -184,7 +184,7 @@ def test_names_notes_and_the_trace_model():
                       "the default: the trace names no model", 60, 4)
     assert note == ("model deepseek-v3 (the default: the trace names no model) has 256 "
                     "experts, top-8; the trace has E=60, K=4: its loads are priced as that "
-                    "model's; name the model with --model NAME|config.json")
+                    "model's; name the model with model=NAME|config.json")  # Python's spelling
     assert model_note("deepseek-v3", MODELS["deepseek-v3"], "given", 256, 8) is None
     with pytest.raises(InputError, match=r"unknown model 'qwen3-30b-a4b' \(did you mean "):
         model_shape("qwen3-30b-a4b")

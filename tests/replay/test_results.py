@@ -176,8 +176,12 @@ def test_the_python_api_warns_of_what_the_command_line_warns_of(tmp_path, capsys
     assert main(["run", "--trace", str(path), "--cost", "roofline", "--gpus", "4",
                  "--policies", "ordinal,row", "--mode", "a2a"]) == 0
     out, err = capsys.readouterr()
+    spelled = [w.replace('model=NAME', '--model NAME').replace('drop_warmup=True',
+                                                                 '--drop-warmup') for w in said]
+    assert "; name the model with model=NAME|config.json" in said[0]  # each names the option
+    assert said[1].endswith("drop_warmup=True leaves them out")  # as its caller writes it
     assert [ln for ln in out.splitlines() if ln.startswith("warning: ")] == \
-        [f"warning: {w}" for w in said]
+        [f"warning: {w}" for w in spelled]
     assert "warning" not in err  # said once, in the header
 
 

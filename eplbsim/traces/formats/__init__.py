@@ -27,7 +27,7 @@ from ...base.errors import InputError
 from ..counts import (CountsTrace, LayerCounts, is_counts_file, load_counts_csv,
                       load_counts_trace, parse_where)
 from ..directory import DirTrace, is_trace_dir, load_trace_dir
-from ..options import option
+from ...base.options import option
 from ..requests import RequestSet, is_request_file, load_requests
 from ..steps import shape_steps
 from ..trace import Trace, is_zip, load_trace, npz_names

@@ -47,7 +47,7 @@ from typing import Any, Callable
 
 from ...base.errors import InputError, InputWarning, warn_caller
 from ...base.limits import MAX_EXPERTS, MAX_TOP_K
-from ..options import option
+from ...base.options import option
 from ..trace import model_in
 from .records import Items
 

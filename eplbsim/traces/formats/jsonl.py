@@ -33,7 +33,7 @@ from ...base.files import atomic_file
 from ...base.limits import MAX_EXPERTS, MAX_LAYERS, MAX_TOP_K
 from ...base.progress import Progress
 from ..directory import DirTrace, write_steps
-from ..options import option
+from ...base.options import option
 from ..trace import Trace, model_in
 from .records import LogSource, records
 

@@ -34,7 +34,7 @@ import torch
 from ...base.errors import InputError
 from ..counts import CountsTrace
 from ..directory import META, is_trace_dir
-from ..options import option
+from ...base.options import option
 from ..requests import RequestSet
 from ..trace import Trace
 from .documents import (array_counts, csv_header, gate_csv_columns, gate_records, gate_rows,

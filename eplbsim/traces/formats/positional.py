@@ -32,7 +32,7 @@ import numpy as np
 
 from ...base.errors import InputError, InputWarning, warn_caller
 from ...base.limits import MAX_EXPERTS, MAX_LAYERS
-from ..options import option
+from ...base.options import option
 from ..trace import Trace
 from .records import (WEIGHT_KEYS, LogSource, id_rows, keep_header, records, require,
                       weight_rows, weights_kept)

@@ -67,7 +67,7 @@ import numpy as np
 
 from ...base.errors import InputError, InputWarning, warn_caller
 from ...base.limits import MAX_EXPERTS, MAX_LAYERS
-from ..options import option
+from ...base.options import option
 from ..requests import RequestSet, requests_of
 from ..trace import Trace
 from .records import (MAX_INDEX, WEIGHT_KEYS, LogSource, id_rows, integer, keep_header,

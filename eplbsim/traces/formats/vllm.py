@@ -72,7 +72,7 @@ from ...base.files import (NPY_HEADER, NPY_HEADER_ERRORS, npy_header, npy_refusa
                            size_text)
 from ...base.limits import MAX_EXPERTS
 from ..directory import TRACE_FILES
-from ..options import option
+from ...base.options import option
 from ..requests import RequestSet, requests_of
 from ..trace import check_distinct, model_in
 

@@ -1,4 +1,5 @@
-"""How an error or a warning names an option of reading a trace: as its caller writes it.
+"""How an error or a warning names an option (of reading a trace, of a run): as its caller
+writes it.
 
 From Python, the keyword of `open_trace` (`incomplete="drop"`, `layers_per_pass=L`,
 `drop_warmup=True`); from the command line, the flag (`--incomplete drop`,
