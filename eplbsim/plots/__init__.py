@@ -21,13 +21,16 @@ at 1.0, or its label says where it starts.
 
 By family: `style` (colours, markers, the paper style, saving, the shared drawing helpers),
 `runs` (one comparison's runs), `paper` (the notebooks' figures), `trace` (one trace's, before
-any placement), `review` (the review page's).
+any placement), `review` (the review page's), `legibility` (`illegible`: the texts of a figure
+that overlap or leave the canvas, measured; notebooks assert ``not illegible(fig)`` beside
+each figure they show).
 """
 
 from __future__ import annotations
 
 from matplotlib.figure import Figure  # what every figure function returns
 
+from .legibility import illegible
 from .paper import (expert_load_heatmap, policy_mode_bars, predictor_time_series,
                     redundancy_curves, replica_loads_pair, solver_gap_lines, switch_hazard,
                     time_bars_and_stalls, workload_batching)
@@ -41,9 +44,9 @@ from .traffic import balance_against_traffic, communication_and_time
 
 __all__ = ["Figure", "OKABE_ITO", "PAPER_STYLE", "POLICY_COLORS", "POLICY_MARKERS", "REVIEW_BARS",
            "TRACE_FIGURES", "balance_against_traffic", "coactivation_heatmap",
-           "communication_and_time", "expert_load_heatmap", "paper_style", "policy_comparison",
-           "policy_mode_bars", "policy_style", "policy_styles", "predictor_time_series",
-           "redundancy_curves",
-           "replica_loads_over_time", "replica_loads_pair", "review_figure", "save_figure",
-           "solver_gap_lines", "step_imbalance", "switch_hazard", "time_bars_and_stalls",
-           "time_series_figure", "top_share_over_steps", "trace_figures", "workload_batching"]
+           "communication_and_time", "expert_load_heatmap", "illegible", "paper_style",
+           "policy_comparison", "policy_mode_bars", "policy_style", "policy_styles",
+           "predictor_time_series", "redundancy_curves", "replica_loads_over_time",
+           "replica_loads_pair", "review_figure", "save_figure", "solver_gap_lines",
+           "step_imbalance", "switch_hazard", "time_bars_and_stalls", "time_series_figure",
+           "top_share_over_steps", "trace_figures", "workload_batching"]

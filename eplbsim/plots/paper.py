@@ -25,6 +25,8 @@ from .style import (OKABE_ITO, from_baseline, handles_once, legend_below, legend
 
 
 LAYER_TICKS = 16  # layers a heatmap names one by one; more get evenly spaced ticks
+BAR_PANEL_CHARS = 36  # 7-point characters across one bar panel of `workload_batching` (2 in)
+
 
 def expert_load_heatmap(counts: Any, layer: int = 0) -> Figure:
     """Where the load goes: each layer's share of pairs per expert over the whole trace, and
@@ -310,9 +312,10 @@ def workload_batching(rows: Sequence[tuple[str, Results]], counts: Any,
                       layer: int = 0) -> Figure:
     """How an engine's batching moves the load (DESIGN.md §9). Left and middle: replica skew
     (mean over replicated experts, per step) and GPU imbalance of every `(batching, result)` of
-    `rows`, grouped by batching, one bar per policy (in its `policy_styles` colour). Right:
-    `layer`'s share of pairs per expert at every step of one batched trace's routed loads
-    `counts [S, L, E]` (the phantom experts routed padding heats show as bright columns)."""
+    `rows`, grouped by batching (its name wrapped to the group's width), one bar per policy
+    (in its `policy_styles` colour). Right: `layer`'s share of pairs per expert at every step
+    of one batched trace's routed loads `counts [S, L, E]` (the phantom experts routed padding
+    heats show as bright columns)."""
     rows = list(rows)
     if not rows:
         raise InputError("workload_batching needs at least one result")
@@ -322,6 +325,7 @@ def workload_batching(rows: Sequence[tuple[str, Results]], counts: Any,
     fig = Figure(figsize=(8.0, 2.8), layout="constrained")
     ax_skew, ax_gpu, ax_heat = fig.subplots(1, 3, gridspec_kw={"width_ratios": [1, 1, 1]})
     batchings = list(dict.fromkeys(name for name, _ in rows))
+    names = [wrap_name(b, max(BAR_PANEL_CHARS // len(batchings), 6)) for b in batchings]
     policies = list(dict.fromkeys(r.policy for _, r in rows))
     styles = policy_styles(policies)
     width = 0.8 / len(policies)
@@ -336,7 +340,7 @@ def workload_batching(rows: Sequence[tuple[str, Results]], counts: Any,
             ax.bar(xs, heights, width=width * 0.92, bottom=1.0, color=styles[policy]["color"],
                    label=policy)
         ax.axhline(1.0, color="0.2", linewidth=0.8)
-        ax.set_xticks(range(len(batchings)), batchings, fontsize=7)
+        ax.set_xticks(range(len(batchings)), names, fontsize=7)
         ax.set_ylabel(label)
         ax.grid(False, axis="x")
     share = 100 * c[:, layer] / np.maximum(c[:, layer].sum(-1, keepdims=True), 1)  # [S, E]
