@@ -27,7 +27,8 @@ import numpy as np
 import torch
 
 from ..base.errors import InputError
-from ..base.files import NPY_HEADER, atomic_file, check_memory, npy_refusal, regular_file
+from ..base.files import (NPY_HEADER, NPY_HEADER_ERRORS, atomic_file, check_memory, npy_refusal,
+                          regular_file)
 from ..base.limits import MAX_EXPERTS, MAX_GPUS, MAX_LAYERS, MAX_TOP_K, check_at_most
 from ..base.loops import counts_and_first_duplicate, expert_counts, first_duplicate
 
@@ -488,8 +489,8 @@ def read_npz(path: str | Path, required: Sequence[str], what: str) -> dict[str, 
             return {k: npz[k] for k in npz.files}
     except InputError:
         raise
-    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error,
-            NotImplementedError, RuntimeError, MemoryError) as exc:
+    except (*NPY_HEADER_ERRORS, KeyError, zipfile.BadZipFile, zlib.error,
+            NotImplementedError, RuntimeError) as exc:
         raise InputError(f"{path}: not a readable {what} (truncated or corrupt?): "
                          f"{npy_refusal(exc)}") from None
 

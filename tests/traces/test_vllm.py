@@ -237,6 +237,15 @@ def test_a_trace_directory_is_not_vllm_arrays(tmp_path):
     assert not is_vllm_arrays(tmp_path)
 
 
+def _unbalanced_header(path):
+    """An .npy whose header's shape tuple is left open (`(2, 3, 2,` for `(2, 3, 2)`)."""
+    buffer = io.BytesIO()
+    np.save(buffer, _ids(0, 2))
+    data = bytearray(buffer.getvalue())
+    data[data.index(b"(2, 3, 2)") + 8] = ord(",")
+    path.write_bytes(bytes(data))
+
+
 @pytest.mark.parametrize("write, options, match", [
     (lambda d: np.save(d / "a.npy", _ids(0, 2)), {},
      r"a.npy: an \.npy holds a request's prompt and output rows together, and nothing says "
@@ -260,6 +269,8 @@ def test_a_trace_directory_is_not_vllm_arrays(tmp_path):
      r"a.npz: holds no routed rows"),
     (lambda d: (d / "a.npz").write_bytes(b"PK\x03\x04 truncated"), {},
      r"a.npz: not a readable \.npz archive"),
+    (lambda d: _unbalanced_header(d / "a.npy"), {"prompt_len": 1},
+     r"a.npy: not a readable \.npy array"),  # numpy's header tokenizer raises TokenError
     (lambda d: np.savez(d / "a.npz", routed_experts=np.full((1, L, K), 9, dtype=np.int16),
                         prompt_len=np.array(0)), {"experts": 4},
      r"a.npz: routed_experts: expert id 9 outside \[-1, 4\)"),

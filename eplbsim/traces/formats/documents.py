@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from ...base.errors import InputError
-from ...base.files import NPY_HEADER, check_memory, npy_refusal, regular_file
+from ...base.files import NPY_HEADER, NPY_HEADER_ERRORS, check_memory, npy_refusal, regular_file
 from ...base.limits import MAX_EXPERTS, MAX_TOP_K
 from ..counts import CountsTrace
 from ..trace import model_in
@@ -244,7 +244,7 @@ def load_array(path: Path) -> tuple[np.ndarray, str | None]:
             return loaded, None
     except InputError:
         raise
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+    except (*NPY_HEADER_ERRORS, zipfile.BadZipFile, zlib.error) as exc:
         raise InputError(f"{path}: not a readable array (truncated or corrupt?): "
                          f"{npy_refusal(exc)}") from None
 

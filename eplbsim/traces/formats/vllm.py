@@ -62,6 +62,7 @@ import io
 import json
 import re
 import zipfile
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -293,7 +294,7 @@ def _load(source: Any, what: str, kind: type) -> Any:
         _declared_fits(source, what)
     try:
         out = np.load(source, allow_pickle=False, max_header_size=NPY_HEADER)
-    except (ValueError, OSError, EOFError) as exc:
+    except (*NPY_HEADER_ERRORS, zipfile.BadZipFile, zlib.error) as exc:
         raise InputError(f"{what}: not a readable {_KINDS[kind]} ({npy_refusal(exc)})") from None
     if not isinstance(out, kind):
         if isinstance(out, np.lib.npyio.NpzFile):
