@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Iterator, Sequence
 
 from ..base.errors import InputError
+from ..base.options import option
 from ..base.registry import name_of
 from ..dispatch import POLICIES, resolve_policy
 from ..placement import Placement
@@ -62,7 +63,7 @@ class RunSpec:
                 isinstance(self.solver.placement, Placement) and self.solver.placement.partial):
             raise InputError(f"redundant must be >= 0, got {redundant}: fewer slots than "
                              f"experts is a state only the survivors of dead ranks reach "
-                             f"(fail_ranks)")
+                             f"({option('fail_ranks')})")
 
     @classmethod
     def of(cls, **values: Any) -> "RunSpec":
