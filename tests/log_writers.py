@@ -49,6 +49,41 @@ def write_megatron_rank(d, rank, steps, first=0):
     return write_jsonl(d / f"router_trace_rank{rank}.jsonl", records)
 
 
+def write_step_log(path, steps, stages, header=None, draft=None, draft_layer=None):
+    """A per-(step, layer) JSONL router log as a vLLM-side hook writes it: an optional header
+    record, then for step `s` one record a layer `{"step", "layer", "is_prefill", "topk_ids"}`
+    of `steps[s]` (`[T, L, K]`), `is_prefill` from `stages[s]` ("p" or "d"); with `draft`
+    (`[Td, K']` a step) one more record of layer `draft_layer` (the MTP layer, numbered after
+    the decoder layers as DeepSeek's checkpoints number it) unless `draft[s]` is None."""
+    records = [header] if header else []
+    for s, ids in enumerate(steps):
+        for layer in range(ids.shape[1]):
+            records.append({"step": s, "layer": layer, "is_prefill": stages[s] == "p",
+                            "topk_ids": ids[:, layer].tolist()})
+        if draft is not None and draft[s] is not None:
+            records.append({"step": s, "layer": draft_layer, "is_prefill": stages[s] == "p",
+                            "topk_ids": draft[s].tolist()})
+    return write_jsonl(path, records)
+
+
+def write_sglang_token_log(path, steps, modes, draft=None):
+    """A per-token JSONL log as a hook in SGLang's MoE layer writes it: record a (token, layer),
+    token-major, `forward_mode` the pass's `ForwardMode` value (`modes[s]`: 1 EXTEND, 2 DECODE,
+    3 MIXED), token_idx restarting each pass; with `draft` (`[T, Ld, K']` a step), each token's
+    draft layers after its own, marked `"is_draft": true` (the NextN layer's)."""
+    records = []
+    for s, ids in enumerate(steps):
+        for t, row in enumerate(ids):
+            for layer, chosen in enumerate(row):
+                records.append({"forward_mode": modes[s], "token_idx": t, "layer": layer,
+                                "topk_ids": chosen.tolist()})
+            if draft is not None:
+                for layer, chosen in enumerate(draft[s][t]):
+                    records.append({"forward_mode": modes[s], "token_idx": t, "layer": layer,
+                                    "is_draft": True, "topk_ids": chosen.tolist()})
+    return write_jsonl(path, records)
+
+
 def write_safetensors(path, tensors: dict, header_extra: dict | None = None) -> None:
     """Write `{name: array}` as safetensors: u64 LE header length, JSON header (padded with
     spaces to 8 bytes, as the reference writer does), then the raw little-endian data."""

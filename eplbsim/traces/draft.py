@@ -9,7 +9,13 @@ A trace is `[S, L, E]` with one `E`, so a drafted run is two traces of the same 
 its own recorder. Step `s` of the draft is the draft's passes of the target's step `s` (its
 rows need not be the target's: a draft runs each of its tokens). A trace file holds both: the
 target's `Trace` carries the draft's as `Trace.draft` (saved and read with it, `traces.trace`),
-and a view of the target's steps reads the same steps of the draft (`draft_of`).
+and a view of the target's steps reads the same steps of the draft (`draft_of`). The record
+logs read by what they hold and Megatron's router trace read a draft's records into it
+(`with_draft`): a record marked as a draft's (`"block": "mtp"`, `"is_draft": true`:
+`formats.records.draft_mark`), or of a layer at or above the model's `num_hidden_layers` where
+the log's header says it (the checkpoints' MTP layer is `model.layers.{num_hidden_layers}`,
+deepseek-ai/DeepSeek-V3 issue #19). SGLang's recorder dumps hold no draft counts: its NextN
+layer runs inside the recorder's `disable_this_region()` (sgl-project/sglang #19812).
 
 The fault of SGLang #16044 (sgl-project/sglang pull request #16044: with MTP the draft shares
 the target's code path while the EPLB metadata is global) is two mistakes: the draft's recorder
@@ -23,13 +29,15 @@ next layer index (DeepSeek's MTP layer, sgl-project/sglang #7201) into none of i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 
 from ..base.errors import InputError
 from .steps import StepView
+from .trace import Trace
 
 
 @dataclass(frozen=True, eq=False)
@@ -53,6 +61,18 @@ class Drafted:
         return (f"Drafted({self.target.num_steps} steps: target L={self.target.num_layers}, "
                 f"E={self.target.num_experts}; draft L={self.draft.num_layers}, "
                 f"E={self.draft.num_experts})")
+
+
+def with_draft(target: Trace, steps: Sequence[np.ndarray], experts: int | None,
+               meta: dict[str, Any], src_rank: Sequence[np.ndarray] | None = None) -> Trace:
+    """`target` carrying the draft (MTP) layers a log holds beside its layers (`formats`: a
+    record marked as a draft's, or of a layer at or above the model's `num_hidden_layers`):
+    `steps`, one int `[Td_s, Ld, Kd]` array for each of the target's steps (no rows where the
+    step ran no draft pass), of `experts` (`Ed`; None: the largest id + 1), with `meta` and
+    each row's source rank (`src_rank`, `[Td_s]` a step) where the log says it."""
+    top = max((int(a.max()) for a in steps if a.size), default=-1)
+    draft = Trace.from_steps(steps, experts or max(top + 1, 1), src_rank, meta)
+    return replace(target, draft=draft)
 
 
 def draft_of(trace: Any) -> Any:

@@ -10,8 +10,11 @@ A step's stage is what its log says, else what its tokens say:
   (`log_steps`: `"12"`, `"12.3"` for a chunk of step 12), so each step reads the mark of the
   log step it is (part of); a counts-only trace is always its own root. What writes
   marks: a workload batching requests (`workload.batch`: a step with a prefill row is prefill),
-  the `phases` scenario, and SGLang's recorder dumps (`forward_mode` of each record,
-  `forward_mode_mark`).
+  the `phases` scenario, SGLang's recorder dumps (`forward_mode` of each record,
+  `forward_mode_mark`), and the record logs read by what they hold (`formats.jsonl`,
+  `token_log`, `positional`: a record's `is_prefill`, `forward_mode`, `stage` or `phase`,
+  `record_mark`; a step whose records disagree is prefill when any says prefill, as a mixed
+  batch is, `StageLog`).
 - **By tokens** (a step marked `?`, or a log with no marks): decode when it has at most
   `decode_tokens` tokens, else prefill. A decode step runs one token a running request, and an
   engine runs at most a few hundred requests at once; the default is the largest batch a decode
@@ -51,13 +54,91 @@ SGLANG_FORWARD_MODES = {1: "p",  # EXTEND
                         5: "d"}  # TARGET_VERIFY
 
 
+# A stage in words, as logs write it (lower case): SGLang's `ForwardMode` names (above;
+# `ForwardMode.EXTEND` as Python prints it), vLLM's and others' prefill/decode, TensorRT-LLM's
+# context/generation phases. A mixed batch holds prefill rows: prefill.
+STAGE_WORDS = {"prefill": "p", "extend": "p", "mixed": "p", "context": "p", "decode": "d",
+               "generation": "d", "generate": "d", "target_verify": "d", "idle": "?"}
+# The fields a log's records say their step's stage in, in order of precedence: `is_prefill`
+# (true or false), SGLang's `forward_mode` (its value or name), `stage` or `phase` (words of
+# `STAGE_WORDS`; other words, such as Megatron's `"stage": "pre_dispatch"`, say no stage).
+STAGE_FIELDS = ("is_prefill", "forward_mode", "stage", "phase")
+
+
+def step_mark(marks: Any) -> str:
+    """The mark (`STAGE_MARKS`) of one step whose records (or ranks) say `marks` (each `p`, `d`
+    or `?`): prefill when any record is, as a mixed batch holds prefill rows; else decode when
+    any decodes; else `?`."""
+    marks = set(marks)
+    return "p" if "p" in marks else "d" if "d" in marks else "?"
+
+
+def _word_mark(value: Any) -> str | None:
+    """The mark of a stage in words (`STAGE_WORDS`, case aside, `ForwardMode.` dropped), or
+    None for other words or a value that is not text."""
+    if not isinstance(value, str):
+        return None
+    return STAGE_WORDS.get(value.strip().lower().removeprefix("forwardmode."))
+
+
+def _mode_mark(mode: Any) -> str:
+    """The mark of one SGLang `forward_mode` (its value, `SGLANG_FORWARD_MODES`, or its name);
+    `?` for a value not said here or None."""
+    if isinstance(mode, int) and not isinstance(mode, bool):
+        return SGLANG_FORWARD_MODES.get(mode, "?")
+    return _word_mark(mode) or "?"
+
+
 def forward_mode_mark(modes: list[Any]) -> str:
     """The mark (`STAGE_MARKS`) of one forward pass whose ranks' records say `modes` (SGLang's
-    `forward_mode` values, `SGLANG_FORWARD_MODES`; None where a record has none): prefill when
-    any rank runs prefill rows, else decode when any decodes, else `?`."""
-    marks = {SGLANG_FORWARD_MODES.get(m, "?") if isinstance(m, int) and not isinstance(m, bool)
-             else "?" for m in modes}
-    return "p" if "p" in marks else "d" if "d" in marks else "?"
+    `forward_mode` values or names, `SGLANG_FORWARD_MODES`; None where a record has none):
+    `step_mark` of each."""
+    return step_mark(_mode_mark(m) for m in modes)
+
+
+def record_mark(where: str, rec: dict[str, Any]) -> tuple[str, str] | None:
+    """`(field, mark)` of the first of `STAGE_FIELDS` that says the stage of the step record
+    `rec` belongs to, or None when none does. InputError naming `where` for an `is_prefill`
+    that is not true or false."""
+    for key in STAGE_FIELDS:
+        value = rec.get(key)
+        if value is None:
+            continue
+        if key == "is_prefill":
+            if not isinstance(value, bool):
+                raise InputError(f"{where}: is_prefill must be true or false, got "
+                                 f"{str(value)[:40]!r}")
+            return key, "p" if value else "d"
+        mark = _mode_mark(value) if key == "forward_mode" else _word_mark(value)
+        if mark is not None:
+            return key, mark
+    return None
+
+
+class StageLog:
+    """Each step's stage as a log's records say it (`record_mark`), gathered record by record
+    into `meta["stages"]` (`into`): a step's mark is `step_mark` of its records' (one record
+    saying prefill makes the step prefill: a mixed batch), `?` where none says."""
+
+    def __init__(self) -> None:
+        self.said: dict[Any, set[str]] = {}  # a step's key -> the marks its records say
+        self.fields: dict[str, None] = {}  # the fields that said a stage, in order of finding
+
+    def add(self, step: Any, where: str, rec: dict[str, Any]) -> None:
+        """Note what the record `rec` of step `step` (any key) says of its stage."""
+        found = record_mark(where, rec)
+        if found is not None:
+            self.fields.setdefault(found[0])
+            self.said.setdefault(step, set()).add(found[1])
+
+    def into(self, meta: dict[str, Any], steps: Any) -> None:
+        """Write `meta["stages"]`, a mark for each of `steps` (their keys, in the trace's
+        order), and `meta["stages_from"]` (the fields that said them), when some record said
+        prefill or decode."""
+        marks = "".join(step_mark(self.said.get(step, ())) for step in steps)
+        if set(marks) - {"?"}:
+            meta["stages"] = marks
+            meta["stages_from"] = list(self.fields)
 
 
 def marks_of(codes: Any) -> str:

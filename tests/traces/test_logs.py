@@ -397,3 +397,159 @@ def test_a_data_record_without_its_ids_is_no_header_and_two_id_fields_are_refuse
     chosen = open_trace(log, ids_key="backup")
     assert chosen.meta["model"] == MODEL and torch.equal(
         chosen.topk_ids, open_trace(log, ids_key="topk_ids").topk_ids.flip(-1))
+
+
+# Stages and draft (MTP) layers as the logs say them (traces.stages, traces.draft)
+
+def _steps(tokens, seed=0, layers=3, experts=8, k=2):
+    """`[T, L, K]` ids a step, distinct ids a row."""
+    rng = np.random.default_rng(seed)
+    return [np.argsort(rng.random((t, layers, experts)), -1)[..., :k] for t in tokens]
+
+
+def test_a_step_logs_is_prefill_gives_its_stage(tmp_path):
+    from log_writers import write_step_log
+    from eplbsim.traces.stages import CODES, describe_stages, step_stages
+    steps = _steps([6, 2, 2, 5])
+    path = write_step_log(tmp_path / "v.jsonl", steps, "pddp")
+    trace = open_trace(path)
+    assert trace.meta["stages"] == "pddp" and trace.meta["stages_from"] == ["is_prefill"]
+    assert 'stages from "is_prefill"' in trace.meta["read_as"]
+    # the log says it, not the tokens: a 2-token step the log calls prefill stays prefill
+    path = write_step_log(tmp_path / "w.jsonl", steps, "dpdd")
+    mark = {CODES["prefill"]: "p", CODES["decode"]: "d"}
+    assert "".join(mark[c] for c in step_stages(open_trace(path))) == "dpdd"
+    assert "as the log marks them" in describe_stages(open_trace(path))
+    assert open_trace(path, select_steps="1:").meta["stages"] == "dpdd"  # the log's marks
+
+
+def test_records_of_a_step_that_disagree_make_it_prefill(tmp_path):
+    from log_writers import write_jsonl
+    steps = _steps([3, 3])
+    records = [{"step": s, "layer": layer, "stage": stage, "topk_ids": ids[:, layer].tolist()}
+               for s, ids in enumerate(steps) for layer, stage in
+               zip(range(3), (["decode", "prefill", "decode"], ["decode"] * 3)[s])]
+    trace = open_trace(write_jsonl(tmp_path / "mixed.jsonl", records))
+    assert trace.meta["stages"] == "pd"
+    # a "stage" that is no serving stage (Megatron's point of capture) says nothing
+    for rec in records:
+        rec["stage"] = "pre_dispatch"
+    assert "stages" not in open_trace(write_jsonl(tmp_path / "none.jsonl", records)).meta
+    records[0]["is_prefill"] = "yes"
+    with pytest.raises(InputError, match=r"none2?\.jsonl:1: is_prefill must be true or false"):
+        open_trace(write_jsonl(tmp_path / "none2.jsonl", records))
+
+
+def test_sglang_per_token_records_say_the_stage_by_forward_mode(tmp_path):
+    from log_writers import write_sglang_token_log
+    steps = _steps([4, 1, 2, 3])
+    path = write_sglang_token_log(tmp_path / "s.jsonl", steps, [1, 2, 2, 3])
+    trace = open_trace(path)
+    assert trace.num_steps == 4 and trace.tokens_per_step.tolist() == [4, 1, 2, 3]
+    assert trace.meta["stages"] == "pddp"  # MIXED holds prefill rows
+    assert trace.meta["stages_from"] == ["forward_mode"] and trace.draft is None
+
+
+def test_a_positional_logs_stages_are_its_passes(tmp_path):
+    from log_writers import write_jsonl
+    steps = _steps([3, 1])
+    records = [{"phase": "context" if s == 0 else "generation",
+                "topk_ids": ids[:, layer].tolist()}
+               for s, ids in enumerate(steps) for layer in range(3)]
+    trace = open_trace(write_jsonl(tmp_path / "p.jsonl", records), layers_per_pass=3)
+    assert trace.meta["stages"] == "pd"
+
+
+def test_parts_of_one_log_join_their_stages_and_drafts(tmp_path):
+    from log_writers import write_step_log
+    steps = _steps([3, 2, 2, 4])
+    draft = [d[:, 0] for d in _steps([2, 1, 1, 3], seed=1, layers=1, experts=6)]
+    header = {"type": "meta", "model": "m", "num_hidden_layers": 3}
+    a = write_step_log(tmp_path / "a.jsonl", steps[:2], "pd", header, draft[:2], 3)
+    b = write_step_log(tmp_path / "b.jsonl", steps[2:], "dp", header, draft[2:], 3)
+    trace = open_trace([a, b])
+    assert trace.num_steps == 4 and trace.meta["stages"] == "pddp"
+    assert trace.draft.tokens_per_step.tolist() == [2, 1, 1, 3]
+    assert torch.equal(trace.draft.step(3)[:, 0], torch.from_numpy(draft[3]).int())
+    c = write_step_log(tmp_path / "c.jsonl", steps[2:], "dp", header)
+    with pytest.raises(InputError, match="c.jsonl holds no draft"):
+        open_trace([a, c])
+
+
+def test_a_layer_at_num_hidden_layers_is_the_draft(tmp_path):
+    from log_writers import write_step_log
+    steps = _steps([4, 2, 2])
+    draft = [d[:, 0] for d in _steps([3, 1, 2], seed=1, layers=1, experts=12)]  # 12 experts
+    header = {"type": "meta", "model": "deepseek-ai/DeepSeek-V3", "num_hidden_layers": 3,
+              "draft_experts": 16}
+    path = write_step_log(tmp_path / "v.jsonl", steps, "pdd", header, draft, 3)
+    trace = open_trace(path)
+    assert trace.num_layers == 3 and trace.num_experts == 8  # the target's own
+    assert torch.equal(trace.step(1), torch.from_numpy(steps[1]).int())
+    d = trace.draft
+    assert d.num_layers == 1 and d.num_experts == 16 and d.meta["model_layers"] == [3]
+    assert d.tokens_per_step.tolist() == [3, 1, 2]
+    for s in range(3):
+        assert torch.equal(d.step(s)[:, 0], torch.from_numpy(draft[s]).int())
+    assert "draft (MTP) layers [3] (layers from num_hidden_layers 3)" in trace.meta["read_as"]
+    # the largest id + 1 when the log does not say the draft's experts
+    del header["draft_experts"]
+    path = write_step_log(tmp_path / "w.jsonl", steps, "pdd", header, draft, 3)
+    assert open_trace(path).draft.num_experts == int(np.concatenate(draft).max()) + 1
+    # a step with no draft pass has no draft rows; the draft survives an .npz
+    gaps = [draft[0], None, draft[2]]
+    trace = open_trace(write_step_log(tmp_path / "g.jsonl", steps, "pdd", header, gaps, 3))
+    assert trace.draft.tokens_per_step.tolist() == [3, 0, 2]
+    from eplbsim.traces import load_trace, save_trace
+    save_trace(trace, tmp_path / "g.npz")
+    assert torch.equal(load_trace(tmp_path / "g.npz").draft.topk_ids, trace.draft.topk_ids)
+    # without the header, layer 3 is one more target layer
+    path = write_step_log(tmp_path / "x.jsonl", steps, "pdd", None, [draft[0][:4]] * 3, 3)
+    with pytest.raises(InputError, match="has 3 tokens|has 4 tokens"):
+        open_trace(path)
+
+
+def test_a_draft_that_runs_its_own_rows_beside_a_marked_record(tmp_path):
+    from log_writers import write_jsonl
+    steps = _steps([2, 2])
+    draft = _steps([5, 5], seed=2, layers=1, experts=4, k=1)
+    records = []
+    for s in range(2):
+        records += [{"step": s, "layer": layer, "topk_ids": steps[s][:, layer].tolist()}
+                    for layer in range(3)]
+        records.append({"step": s, "layer": 0, "block": "mtp",
+                        "topk_ids": draft[s][:, 0].tolist()})
+    trace = open_trace(write_jsonl(tmp_path / "m.jsonl", records))
+    assert trace.draft.top_k == 1 and trace.draft.num_steps == 2 and trace.top_k == 2
+    assert trace.draft.meta["draft_from"] == 'records "block": "mtp"'
+    records[3]["is_draft"] = 3
+    with pytest.raises(InputError, match=r"m2\.jsonl:4: is_draft must be true or false"):
+        open_trace(write_jsonl(tmp_path / "m2.jsonl", records))
+
+
+def test_an_sglang_token_logs_draft_records(tmp_path):
+    from log_writers import write_sglang_token_log
+    steps = _steps([3, 1, 2])
+    draft = _steps([3, 1, 2], seed=3, layers=1, experts=10)
+    trace = open_trace(write_sglang_token_log(tmp_path / "s.jsonl", steps, [1, 2, 2], draft))
+    assert trace.meta["stages"] == "pdd" and trace.num_layers == 3
+    assert trace.draft.num_steps == 3 and trace.draft.num_layers == 1
+    for s in range(3):
+        assert torch.equal(trace.step(s), torch.from_numpy(steps[s]).int())
+        assert torch.equal(trace.draft.step(s), torch.from_numpy(draft[s]).int())
+    assert 'records "is_draft": true' in trace.meta["read_as"]
+
+
+def test_a_positional_logs_draft_calls_follow_their_pass(tmp_path):
+    from log_writers import write_jsonl
+    steps = _steps([3, 1])
+    draft = _steps([2, 4], seed=4, layers=1, experts=5)
+    records = []
+    for s in range(2):
+        records += [{"topk_ids": steps[s][:, layer].tolist()} for layer in range(3)]
+        records.append({"mtp": True, "topk_ids": draft[s][:, 0].tolist()})
+    trace = open_trace(write_jsonl(tmp_path / "p.jsonl", records), layers_per_pass=3)
+    assert trace.num_steps == 2 and trace.draft.tokens_per_step.tolist() == [2, 4]
+    assert torch.equal(trace.draft.step(1), torch.from_numpy(draft[1]).int())
+    with pytest.raises(InputError, match="before any of the target's"):
+        open_trace(write_jsonl(tmp_path / "q.jsonl", records[3:]), layers_per_pass=3)

@@ -47,7 +47,13 @@ def test_directory_and_files_read_in_rank_order(traced):
                 ranks[2][s])
         assert tr.meta["model_layers"] == LAYERS and tr.meta["ranks"] == [0, 2]
         assert tr.meta["first_step"] == 7 and tr.meta["last_step"] == 9
-        assert tr.meta["skipped_records"] == 6  # the MTP records
+        assert tr.meta["skipped_records"] == 0  # the MTP records are the draft now
+        d = tr.draft  # write_megatron_rank's MTP record: (mtp_idx 0, layer 0), layer 3's ids
+        assert d.num_steps == 3 and d.num_layers == 1 and d.meta["mtp_layers"] == [[0, 0]]
+        for s in range(3):
+            assert torch.equal(d.step(s)[:, 0], tr.step(s)[:, 0])
+            assert torch.equal(d.step_src_rank(s), tr.step_src_rank(s))
+        assert 'MTP records "block": "mtp" as the draft' in tr.meta["read_as"]
         assert tr.meta["files"] == ["router_trace_rank0.jsonl", "router_trace_rank2.jsonl"]
     one = read_megatron(files[2])
     assert one.tokens_per_step.tolist() == [2, 0, 4] and set(one.src_rank.tolist()) == {2}
@@ -126,3 +132,22 @@ def test_files_without_decoder_records_or_tokens(tmp_path):
         read_megatron(empty)
     with pytest.raises(InputError, match="no such file"):
         read_megatron(tmp_path / "router_trace_rank9.jsonl")
+
+
+def test_mtp_records_are_the_draft_of_their_own_rows_and_top_k(tmp_path):
+    ids = _ids(3)
+    mtp = np.argsort(np.random.default_rng(5).random((5, 6)), -1)[:, :3]  # 5 rows, top-3 of 6
+    records = [_rec(0, layer, 0, ids[:, j]) for j, layer in enumerate(LAYERS)]
+    records += [dict(_rec(0, 1, 0, mtp[:, :2] if i else mtp), block="mtp", mtp_idx=i,
+                     topk=2 if i else 3) for i in range(2)]
+    path = _write(tmp_path / "router_trace_rank0.jsonl", records)
+    with pytest.raises(InputError, match="topk 2, earlier MTP records 3"):
+        read_megatron(path)
+    records[-1] = dict(records[-1], topk=3, top_indices=mtp.tolist())
+    d = read_megatron(_write(path, records)).draft
+    assert d.num_layers == 2 and d.top_k == 3 and d.meta["mtp_layers"] == [[0, 1], [1, 1]]
+    assert torch.equal(d.step(0)[:, 1], torch.from_numpy(mtp).int())
+    records.append(dict(records[-1], step=1))  # step 1: one MTP layer of two, no decoder
+    records[-2:-1] = []
+    with pytest.raises(InputError):
+        read_megatron(_write(path, records))

@@ -124,3 +124,16 @@ def test_sglang_dump_forward_mode_gives_stages(tmp_path):
     assert trace.meta["stages"] == "pd?p"
     # the idle pass has no tokens: by the rule, decode
     assert step_stages(trace).tolist() == [PREFILL, DECODE, DECODE, PREFILL]
+
+
+def test_record_mark_reads_each_stage_field():
+    from eplbsim.traces.stages import record_mark, step_mark
+    assert record_mark("f:1", {"is_prefill": False, "stage": "prefill"}) == ("is_prefill", "d")
+    assert record_mark("f:1", {"forward_mode": "ForwardMode.MIXED"}) == ("forward_mode", "p")
+    assert record_mark("f:1", {"forward_mode": 2}) == ("forward_mode", "d")
+    assert record_mark("f:1", {"phase": "Context"}) == ("phase", "p")
+    assert record_mark("f:1", {"stage": "pre_dispatch", "phase": "decode"}) == ("phase", "d")
+    assert record_mark("f:1", {"stage": "pre_dispatch"}) is None
+    assert step_mark("dpd") == "p" and step_mark("d?") == "d" and step_mark("") == "?"
+    with pytest.raises(InputError, match="f:1: is_prefill must be true or false"):
+        record_mark("f:1", {"is_prefill": 1})

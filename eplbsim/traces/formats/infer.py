@@ -69,7 +69,8 @@ ROLE_NAMES = {
                 "sequence_id"),
 }
 HEADER_KEYS = ("type", "model", "model_id", "model_name", "served_model_name", "num_experts",
-               "vllm_version", "sglang_version", "version", "config", "meta", "engine")
+               "vllm_version", "sglang_version", "version", "config", "meta", "engine",
+               "num_hidden_layers")
 OPTION_OF = {"ids": "ids_key", "layer": "layer_key", "token": "token_key", "step": "step_key",
              "request": "request_key"}  # the option (and flag) that names each field
 LAYER_IN_NAME = re.compile(r"layer[_-]?(\d+)", re.IGNORECASE)

@@ -19,11 +19,19 @@ or files named together) are joined (`join`):
 - files of the same layers (a log cut into parts) by steps, in file order;
 - anything else is refused. Counts join the same two ways; several request logs do not join.
 
-`meta["read_as"]` says in one line how the log was read; `trace info` shows it.
+Stages and draft (MTP) layers, where the records say them, are read by each form's reader
+(`traces.stages.StageLog`, `records.draft_mark`); joined files keep them: files of other layers
+make a step's marks one (prefill when any file says it, `stages.step_mark`) and keep the one
+draft among them, parts of one log each their own steps' marks and drafts, in file order (all
+holding a draft, or none).
+
+`meta["read_as"]` says in one line how the log was read (the fields that said the stages, the
+draft's layers and how they were told); `trace info` shows it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 from typing import Any
@@ -36,6 +44,7 @@ from ..counts import CountsTrace
 from ..directory import META, is_trace_dir
 from ...base.options import option
 from ..requests import RequestSet
+from ..stages import step_mark
 from ..trace import Trace
 from .documents import (array_counts, csv_header, gate_csv_columns, gate_records, gate_rows,
                         json_counts, json_records, load_array, load_json)
@@ -231,6 +240,14 @@ def _words(form: str, fields: Fields, files: int, trace: Any, steps: str) -> str
     layers = trace.meta.get("model_layers") or list(range(trace.num_layers))
     shown = ", ".join(map(str, layers[:12])) + (", ..." if len(layers) > 12 else "")
     parts = [describe(form, fields, files), f"layers [{shown}]", steps]
+    if trace.meta.get("stages_from"):
+        said = ", ".join(f'"{k}"' for k in trace.meta["stages_from"])
+        parts.append(f"stages from {said} (a step prefill when any record is)")
+    draft = getattr(trace, "draft", None)
+    if draft is not None:
+        numbers = draft.meta.get("model_layers") or list(range(draft.num_layers))
+        parts.append(f"draft (MTP) layers [{', '.join(map(str, numbers))}] "
+                     f"({draft.meta['draft_from']})")
     model = trace.meta.get("model") or fields.model
     said = [f": {model}"] if model else []
     if fields.header_lists:
@@ -281,6 +298,8 @@ def join(files: list[Path], read: list[Any]) -> Trace | CountsTrace:
     else:
         raise InputError(f"{files[0]} (layers {layers[0]}) and the others share some layers but "
                          f"not all: files join when each holds other layers, or all the same")
+    _join_stages(out, read, by_layer=how.startswith("joined by (step"))
+    out = _join_drafts(files, out, read, by_layer=how.startswith("joined by (step"))
     words = read[0].meta.get("read_as", "")
     first, _, rest = words.partition(", ")
     shown = ", ".join(map(str, out.meta["model_layers"][:12]))
@@ -289,6 +308,43 @@ def join(files: list[Path], read: list[Any]) -> Trace | CountsTrace:
     out.meta["read_as"] = f"{first}, {len(files)} files {how}, {rest}".rstrip(", ")
     out.meta["files"] = [str(f) for f in files]
     return out
+
+
+def _join_stages(out: Any, read: list[Any], by_layer: bool) -> None:
+    """The joined trace's stages (`meta["stages"]`, `traces.stages`) from its files': a step's
+    files' marks made one (`stages.step_mark`: files of other layers hold the same steps), or
+    each file's marks in file order (parts of one log); a file without marks marks none."""
+    marks = [r.meta.get("stages") or "?" * r.num_steps for r in read]
+    fields = list(dict.fromkeys(f for r in read for f in r.meta.get("stages_from", ())))
+    out.meta.pop("stages", None)
+    out.meta.pop("stages_from", None)
+    if not fields:
+        return
+    joined = "".join(map(step_mark, zip(*marks))) if by_layer else "".join(marks)
+    out.meta.update(stages=joined, stages_from=fields)
+
+
+def _join_drafts(files: list[Path], out: Any, read: list[Any], by_layer: bool) -> Any:
+    """The joined trace with its files' draft (MTP) layers: the one file of other layers
+    holding any (files of other layers: two drafts do not join), or every file's in file
+    order (parts of one log, all holding a draft or none)."""
+    held = [i for i, r in enumerate(read) if getattr(r, "draft", None) is not None]
+    if not held or isinstance(out, CountsTrace):
+        return out
+    if by_layer and len(held) > 1:
+        raise InputError(f"{files[held[0]]} and {files[held[1]]} each hold draft (MTP) layers: "
+                         f"files of other layers join with one draft at most")
+    if by_layer:
+        return dataclasses.replace(out, draft=read[held[0]].draft)
+    if len(held) < len(read):
+        lacking = next(i for i in range(len(read)) if i not in held)
+        raise InputError(f"{files[lacking]} holds no draft (MTP) layers, {files[held[0]]} "
+                         f"does: parts of one log hold a draft alike")
+    drafts = [r.draft for r in read]
+    steps = [d.step(s) for d in drafts for s in range(d.num_steps)]
+    draft = Trace.from_steps(steps, max(d.num_experts for d in drafts), None,
+                             dict(drafts[0].meta))
+    return dataclasses.replace(out, draft=draft)
 
 
 def _by_layer(files: list[Path], read: list[Any], layers: list[list[int]]

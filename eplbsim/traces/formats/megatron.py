@@ -17,14 +17,21 @@ rank's tokens of that step. Inference counts steps (forward passes) from 0, a la
 starting the next; training stamps the iteration. A step's records are written together. Layer ids
 are Megatron's (the index in `decoder.layers`, or the 1-based `layer_number` under the
 routing-replay sink), so they need not start at 0 and skip dense layers. Records of MTP heads have
-`"block": "mtp"` and `mtp_idx`; optional sidecar fields (`hs_offset`, `logit_offset`, ...) are
-ignored here, as is `stage`.
+`"block": "mtp"`, `mtp_idx` and `layer` (the layer within that MTP module: the router's module
+`mtp.layers.{mtp_idx}.mtp_model_layer.layers.{layer}`, read at commit 059f0f5c78cd); optional
+sidecar fields (`hs_offset`, `logit_offset`, ...) are ignored here, as is `stage` (the tracer's
+point of capture, `pre_dispatch`, not a serving stage).
 
 Read from a directory's `router_trace_rank*.jsonl` files or from given files. Rules (anything else
 is an InputError naming `file:line`):
 
-- only decoder records (`block` absent or `"decoder"`) are imported; the others (MTP) are skipped
-  and counted in `meta["skipped_records"]`;
+- decoder records (`block` absent or `"decoder"`) are the target's layers; MTP records
+  (`"block": "mtp"`, `records.draft_mark`) are the draft's (`Trace.draft`, `traces.draft`: they
+  were skipped before), one draft layer a `(mtp_idx, layer)` (`meta["mtp_layers"]` of the
+  draft, in order), of their own top-k and experts (the largest id + 1), a (step, rank)'s MTP
+  layers all of one token count, ranks concatenated in rank order (`src_rank`); a step holds
+  every MTP layer (of the first step holding any) or none, and `meta["read_as"]` says how they
+  were read. Records of any other block are skipped and counted in `meta["skipped_records"]`;
 - a file holds one rank (its `rank` field, the number in its name when it is named
   `router_trace_rank{r}.jsonl`), no two files the same;
 - a file's steps are contiguous and ascending; in a step every layer appears once, all with the
@@ -50,8 +57,9 @@ import numpy as np
 
 from ...base.errors import InputError
 from ...base.limits import MAX_EXPERTS, MAX_GPUS, MAX_LAYERS, MAX_TOP_K
+from ..draft import with_draft
 from ..trace import Trace
-from .records import MAX_INDEX, id_rows, integer, records, require
+from .records import MAX_INDEX, draft_mark, id_rows, integer, records, require
 
 NAME = re.compile(r"router_trace_rank(\d+)\.jsonl")
 KEYS = ["step", "layer", "rank", "num_tokens", "topk", "top_indices"]
@@ -64,6 +72,7 @@ class _Step:
     step: int
     line: int
     layers: dict[int, np.ndarray] = field(default_factory=dict)
+    drafts: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)  # (mtp_idx, layer)
 
 
 class _Reader:
@@ -72,6 +81,7 @@ class _Reader:
     def __init__(self, experts: int | None) -> None:
         self.limit = MAX_EXPERTS if experts is None else experts
         self.K: int | None = None
+        self.Kd: int | None = None  # the MTP records' top-k
         self.top = -1
         self.skipped = 0
 
@@ -81,7 +91,8 @@ class _Reader:
         rank, steps = None, []
         for n, rec in records(path, "Megatron router trace"):
             where = f"{path}:{n}"
-            if rec.get("block", "decoder") != "decoder":
+            draft = draft_mark(where, rec) is not None
+            if not draft and rec.get("block", "decoder") != "decoder":
                 self.skipped += 1
                 continue
             require(where, rec, KEYS)
@@ -95,11 +106,16 @@ class _Reader:
             if rank is not None and r != rank:
                 raise InputError(f"{where}: rank {r}, earlier records of the file rank {rank}")
             rank = r
-            if self.K is None:
+            known = self.Kd if draft else self.K
+            if known is not None and topk != known:
+                raise InputError(f"{where}: topk {topk}, earlier "
+                                 f"{'MTP ' if draft else ''}records {known}")
+            if draft:
+                self.Kd = topk
+            else:
                 self.K = topk
-            elif topk != self.K:
-                raise InputError(f"{where}: topk {topk}, earlier records {self.K}")
-            ids = id_rows(where, rec["top_indices"], "top_indices", self.limit)
+            ids = id_rows(where, rec["top_indices"], "top_indices",
+                          MAX_EXPERTS if draft else self.limit)
             if ids.shape[0] != T:
                 raise InputError(f"{where}: num_tokens is {T} but top_indices has "
                                  f"{ids.shape[0]} rows")
@@ -111,17 +127,22 @@ class _Reader:
                                      f"file's steps must be contiguous and ascending")
                 steps.append(_Step(step, n))
             current = steps[-1]
-            if layer in current.layers:
-                raise InputError(f"{where}: layer {layer} of step {step} appears twice (a "
-                                 f"training trace of several microbatches is not supported)")
-            other = next(iter(current.layers.values()), None)
+            key = (integer(where, rec, "mtp_idx", 0, MAX_LAYERS) if "mtp_idx" in rec else 0,
+                   layer) if draft else layer
+            layers = current.drafts if draft else current.layers
+            what = f"MTP layer {key}" if draft else f"layer {layer}"
+            if key in layers:
+                raise InputError(f"{where}: {what} of step {step} appears twice (a training "
+                                 f"trace of several microbatches is not supported)")
+            other = next(iter(layers.values()), None)
             if other is not None and other.shape[0] != T:
-                raise InputError(f"{where}: layer {layer} of step {step} has {T} tokens, other "
-                                 f"layers of the step {other.shape[0]}")
-            current.layers[layer] = ids.reshape(T, topk).astype(np.int32)
-            if T:
+                raise InputError(f"{where}: {what} of step {step} has {T} tokens, other "
+                                 f"{'MTP ' if draft else ''}layers of the step "
+                                 f"{other.shape[0]}")
+            layers[key] = ids.reshape(T, topk).astype(np.int32)
+            if T and not draft:
                 self.top = max(self.top, int(ids.max()))
-        if rank is None:
+        if rank is None or not any(s.layers for s in steps):
             raise InputError(f"{path}: no decoder records (a Megatron router trace has one "
                              f"JSON object per line)")
         return rank, steps
@@ -202,7 +223,40 @@ def read_megatron(source: str | Path | Sequence[str | Path], *,
             "first_step": ref[1][0].step, "last_step": ref[1][-1].step,
             "model_layers": layer_ids, "skipped_records": reader.skipped}
     E = experts if experts is not None else max(reader.top + 1, 1)
-    return Trace.from_steps(arrays, E, src, meta)
+    trace = Trace.from_steps(arrays, E, src, meta)
+    keys = next((sorted(s.drafts) for r in order for s in ranks[r][1] if s.drafts), None)
+    if keys is None:
+        return trace
+    draft_from = 'records "block": "mtp"'
+    trace.meta["read_as"] = (f"Megatron router trace of {len(order)} rank file(s), layers "
+                             f"{layer_ids}; its {draft_from.replace('records', 'MTP records')} "
+                             f"as the draft's layers (mtp_idx, layer) {[list(k) for k in keys]}")
+    drafts, draft_src = _drafts(ranks, order, keys, reader.Kd or 0)
+    return with_draft(trace, drafts, None, {"source": meta["source"], "format": "megatron",
+                                            "draft_from": draft_from,
+                                            "mtp_layers": [list(k) for k in keys]}, draft_src)
+
+
+def _drafts(ranks: dict[int, tuple[Path, list[_Step]]], order: list[int],
+            keys: list[tuple[int, int]], Kd: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Each step's MTP rows, int32 `[Td_s, Ld, Kd]` (ranks in rank order, a rank's step holding
+    every MTP layer of `keys` or none), and each row's rank `[Td_s]`."""
+    arrays, src = [], []
+    for i in range(len(ranks[order[0]][1])):
+        parts = []
+        for r in order:
+            path, steps = ranks[r]
+            held = steps[i].drafts
+            if held and sorted(held) != keys:
+                raise InputError(f"{path}:{steps[i].line}: step {steps[i].step} (starting here) "
+                                 f"holds MTP layers {sorted(held)}, other steps {keys}: a step "
+                                 f"runs every MTP layer or none")
+            parts.append(np.stack([held[k] for k in keys], axis=1) if held else
+                         np.empty((0, len(keys), Kd), dtype=np.int32))  # [T, Ld, Kd]
+        arrays.append(np.concatenate(parts))
+        src.append(np.concatenate([np.full(p.shape[0], r, dtype=np.int64)
+                                   for p, r in zip(parts, order)]))
+    return arrays, src
 
 
 def is_megatron_trace(path: Path) -> bool:

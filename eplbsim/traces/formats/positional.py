@@ -21,6 +21,13 @@ last pass incomplete (its writer was stopped mid-pass): that pass is left out wi
 InputWarning naming its first line, and the rest is read. A last line cut short (not valid
 JSON, no line break at its end) loses its record with an InputWarning, as in every JSON-lines
 reader here. `experts` (`E`) defaults to the largest id + 1. The whole log is read into memory.
+
+A pass's stage, where its records say it (`stages.record_mark`), goes into `meta["stages"]`
+(prefill when any record is: `stages.StageLog`). A record marked as a draft's (MTP) layer call
+(`records.draft_mark`: `"block": "mtp"`, `"is_draft": true`, ...) is not counted among the
+pass's `L`: it is one of the draft's layers of the pass it follows (the `j`-th such record of a
+pass draft layer `j`), read into the trace's `draft` (`traces.draft.with_draft`) with its own
+rows, top-k and experts (a header's `draft_experts`, else its largest id + 1).
 """
 
 from __future__ import annotations
@@ -33,9 +40,11 @@ import numpy as np
 from ...base.errors import InputError, InputWarning, warn_caller
 from ...base.limits import MAX_EXPERTS, MAX_LAYERS
 from ...base.options import option
+from ..draft import with_draft
+from ..stages import StageLog
 from ..trace import Trace
-from .records import (WEIGHT_KEYS, LogSource, id_rows, keep_header, records, require,
-                      weight_rows, weights_kept)
+from .records import (WEIGHT_KEYS, LogSource, draft_mark, id_rows, keep_header, records,
+                      require, weight_rows, weights_kept)
 
 
 def _layers(layers_per_pass: Any) -> int:
@@ -67,6 +76,9 @@ def read_positional(path: str | Path, *, layers_per_pass: int, ids_key: str = "t
     gates: list[list[np.ndarray | None]] = []  # [S][L] of [T_s, K] gating weights, or None
     first_line: list[int] = []  # the line of each pass's first record
     K, top, skipped = None, -1, 0
+    stages = StageLog()
+    drafts: list[list[np.ndarray]] = []  # [S][Ld] of [Td_s, Kd]: each pass's draft records
+    draft_from = None
     items = records(path, "positional router log", torn_tail=True) if source is None \
         else source.items()
     header_of = (lambda rec: skip_type is not None and rec.get("type") == skip_type) \
@@ -83,6 +95,16 @@ def read_positional(path: str | Path, *, layers_per_pass: int, ids_key: str = "t
         require(where, rec, [ids_key], f" (the ids of one layer call; name their key with "
                                        f"{option('ids_key')}, or skip records of another kind "
                                        f"with {option('skip_type')})")
+        mark = draft_mark(where, rec)
+        if mark is not None:
+            if not passes:
+                raise InputError(f"{where}: a draft (MTP) layer call ({mark}) before any of the "
+                                 f"target's: a pass's draft layers run after its own")
+            draft_from = draft_from or mark
+            drafts[-1].append(id_rows(where, rec[ids_key], ids_key,
+                                      header.get("draft_experts", MAX_EXPERTS)))
+            stages.add(len(passes) - 1, where, rec)
+            continue
         limit = experts or header.get("num_experts", MAX_EXPERTS)
         rows = id_rows(where, rec[ids_key], ids_key, limit)  # [T, K]
         if rows.shape[0]:
@@ -96,7 +118,9 @@ def read_positional(path: str | Path, *, layers_per_pass: int, ids_key: str = "t
         if not passes or len(passes[-1]) == L:
             passes.append([])
             gates.append([])
+            drafts.append([])
             first_line.append(n)
+        stages.add(len(passes) - 1, where, rec)
         layer = passes[-1]
         if layer and rows.shape[0] != layer[0].shape[0]:
             raise InputError(f"{where}: layer {len(layer)} of pass {len(passes) - 1} has "
@@ -115,6 +139,7 @@ def read_positional(path: str | Path, *, layers_per_pass: int, ids_key: str = "t
                     f"writer is stopped mid-pass; the pass is left out", InputWarning)
         passes.pop()
         gates.pop()
+        drafts.pop()
     if not passes:
         what = f" ({skipped} of type {skip_type!r} skipped)" if skipped else ""
         raise InputError(f"{path}: no complete pass of {L} layer records{what}")
@@ -130,5 +155,32 @@ def read_positional(path: str | Path, *, layers_per_pass: int, ids_key: str = "t
                             "steps_from": f"passes of {L} layer records in execution order"}
     if "model" in header:
         meta["model"] = header["model"]
+    stages.into(meta, range(len(passes)))
     E = experts if experts is not None else header.get("num_experts", max(top + 1, 1))
-    return Trace.from_steps(steps, E, None, meta, weights)
+    trace = Trace.from_steps(steps, E, None, meta, weights)
+    if not any(drafts):  # none, or only in a pass left out
+        return trace
+    return with_draft(trace, _draft_steps(path, drafts, first_line), header.get("draft_experts"),
+                      {"source": str(path), "format": "positional", "draft_from": draft_from})
+
+
+def _draft_steps(path: Path, drafts: list[list[np.ndarray]], first_line: list[int]
+                 ) -> list[np.ndarray]:
+    """Each pass's draft layer calls as int32 `[Td_s, Ld, Kd]` (module doc): the `j`-th draft
+    call of a pass is draft layer `j`; a pass holds as many as the first one holding any, or
+    none, all of one `Td_s` and every row of one `Kd`."""
+    Ld = next(len(calls) for calls in drafts if calls)
+    widths = {rows.shape[1] for calls in drafts for rows in calls if rows.shape[0]}
+    if len(widths) > 1:
+        raise InputError(f"{path}: the draft's (MTP) rows have {sorted(widths)} ids: one top-k")
+    Kd = widths.pop() if widths else 0
+    out = []
+    for s, calls in enumerate(drafts):
+        if calls and (len(calls) != Ld or len({rows.shape[0] for rows in calls}) > 1):
+            raise InputError(f"{path}:{first_line[s]}: pass {s} (from here) has "
+                             f"{len(calls)} draft (MTP) layer calls of "
+                             f"{sorted({rows.shape[0] for rows in calls})} tokens; every pass "
+                             f"holding any has {Ld}, all of one token count")
+        out.append(np.stack([rows.reshape(-1, Kd) for rows in calls], axis=1).astype(np.int32)
+                   if calls else np.empty((0, Ld, Kd), dtype=np.int32))
+    return out

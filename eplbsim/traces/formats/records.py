@@ -17,7 +17,7 @@ import numpy as np
 
 from ...base.errors import InputError, InputWarning, warn_caller
 from ...base.files import regular_file
-from ...base.limits import MAX_EXPERTS, MAX_TOP_K
+from ...base.limits import MAX_EXPERTS, MAX_LAYERS, MAX_TOP_K
 from ..trace import model_in
 
 MAX_INDEX = 2**62  # step and token indices: any a log can hold, far from wrapping an int64
@@ -82,14 +82,63 @@ class LogSource:
     weights: Sequence[str] = ()
 
 
+# What a header says of the model beside its name and experts, as a config.json names it (in
+# the header, or in a `config` object it carries): its decoder layers, the draft (MTP) layers
+# numbered from there (DeepSeek-V3's checkpoints hold the MTP layer as
+# `model.layers.{num_hidden_layers}`, deepseek-ai/DeepSeek-V3 issue #19), and the draft's
+# own routed experts where they differ from the target's (DeepSeek-V4.1's DSpark draft).
+HEADER_COUNTS = {"num_hidden_layers": ("num_hidden_layers",),
+                 "draft_experts": ("draft_experts", "draft_num_experts",
+                                   "dspark_n_routed_experts")}
+
+
 def keep_header(where: str, rec: dict[str, Any], header: dict[str, Any]) -> None:
     """Keep in `header` what a skipped record (`skip_type`) says of the model: its name
-    (under `model`, `model_id`, ...: `trace.model_in`) and `num_experts` (an integer in
-    `[1, MAX_EXPERTS)`), the first of each."""
+    (under `model`, `model_id`, ...: `trace.model_in`), `num_experts` (an integer in
+    `[1, MAX_EXPERTS)`) and `HEADER_COUNTS` (in the record or its `config` object), the first
+    of each."""
     if model_in(rec) is not None:
         header.setdefault("model", model_in(rec))
     if "num_experts" in rec and "num_experts" not in header:
         header["num_experts"] = integer(where, rec, "num_experts", 1, MAX_EXPERTS)
+    config = rec.get("config")
+    for said in (rec, config if isinstance(config, dict) else {}):
+        for name, keys in HEADER_COUNTS.items():
+            key = next((k for k in keys if said.get(k) is not None), None)
+            if key is not None and name not in header:
+                cap = MAX_LAYERS if name == "num_hidden_layers" else MAX_EXPERTS
+                header[name] = integer(where, said, key, 1, cap)
+
+
+# Draft (MTP) layers' records, as logs mark them: a flag (true or false), or a part named
+# "mtp", "draft" or "nextn" (Megatron's router trace: `"block": "mtp"`; any other name, such as
+# its "decoder", is the target's).
+DRAFT_FLAGS = ("is_draft", "is_mtp", "is_nextn", "draft", "mtp", "nextn")
+DRAFT_PARTS = ("block", "module", "layer_type", "model_part")
+DRAFT_WORDS = ("mtp", "draft", "nextn")
+
+
+def draft_mark(where: str, rec: dict[str, Any], layer: int | None = None,
+               first_draft: int | None = None) -> str | None:
+    """How the record `rec` is marked as of the draft's (MTP) layers, in words
+    (`'"block": "mtp"'`, `"layers from num_hidden_layers 61"`), or None when it is the
+    target's: marked so (`DRAFT_FLAGS`, `DRAFT_PARTS`: the first present decides), else its
+    `layer` at or above `first_draft`, the model's decoder layers (`num_hidden_layers`) where
+    the log says them. InputError naming `where` for a flag that is not true or false."""
+    for key in DRAFT_FLAGS:
+        value = rec.get(key)
+        if value is not None:
+            if not isinstance(value, bool):
+                raise InputError(f"{where}: {key} must be true or false (whether the record is "
+                                 f"of a draft's MTP layers), got {str(value)[:40]!r}")
+            return f'records "{key}": true' if value else None
+    for key in DRAFT_PARTS:
+        if isinstance(rec.get(key), str):
+            word = rec[key].strip().lower()
+            return f'records "{key}": "{rec[key]}"' if word in DRAFT_WORDS else None
+    if first_draft is not None and layer is not None and layer >= first_draft:
+        return f"layers from num_hidden_layers {first_draft}"
+    return None
 
 
 def require(where: str, rec: dict[str, Any], keys: list[str], hint: str = "") -> None:

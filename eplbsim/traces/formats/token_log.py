@@ -52,6 +52,15 @@ them (some only: one InputWarning, none kept); a RequestSet holds ids alone, so 
 are not kept. A last line cut short (not valid JSON, no line break at its end: an engine stopped
 mid-write) loses its record with an InputWarning naming `file:line`; a line that is not JSON
 anywhere else is an InputError.
+A step's stage, where its records say it (`is_prefill`, SGLang's `forward_mode`, `stage` or
+`phase`: `stages.record_mark`), goes into a trace's `meta["stages"]`: prefill when any of its
+records says prefill (a mixed batch), `stages.StageLog`. A record marked as a draft's (MTP)
+layer (`records.draft_mark`: `"is_draft": true`, `"block": "mtp"`, ...), or of a layer at or
+above a header's `num_hidden_layers`, is the draft's: its tokens and layers are read apart, by
+the same rules, into the trace's `draft` (`traces.draft.with_draft`), a step of them with the
+step (request or step value, else the target's restart run the record follows: a draft record
+starts no step), of their own top-k and experts (a header's `draft_experts`, else the largest
+id + 1); a request log leaves them out with one InputWarning (requests hold the target's).
 The whole log is read into memory: it cannot be streamed, since a step (or request) is complete
 only when the log ends (its records may come in any order, and another may follow).
 """
@@ -68,10 +77,12 @@ import numpy as np
 from ...base.errors import InputError, InputWarning, warn_caller
 from ...base.limits import MAX_EXPERTS, MAX_LAYERS
 from ...base.options import option
+from ..draft import with_draft
 from ..requests import RequestSet, requests_of
+from ..stages import StageLog
 from ..trace import Trace
-from .records import (MAX_INDEX, WEIGHT_KEYS, LogSource, id_rows, integer, keep_header,
-                      records, require, weight_rows, weights_kept)
+from .records import (MAX_INDEX, WEIGHT_KEYS, LogSource, draft_mark, id_rows, integer,
+                      keep_header, records, require, weight_rows, weights_kept)
 
 
 INCOMPLETE = ("error", "drop")  # what to do with a token missing from some layers
@@ -104,9 +115,14 @@ class _Log:
     """A token log read into groups (requests, step values or restart runs) of tokens."""
 
     def __init__(self, path: Path, keys: dict[str, str | None], skip_type: Any,
-                 experts: int | None, source: LogSource | None = None) -> None:
+                 experts: int | None, source: LogSource | None = None,
+                 of_draft: bool = False) -> None:
         self.path, self.keys, self.skip_type = path, keys, skip_type
         self.source = source
+        self.of_draft = of_draft  # the draft's (MTP) records of a log (`draft`)
+        self.draft: _Log | None = None  # the draft's records, where the log holds any
+        self.draft_from: str | None = None  # how its first draft record was told
+        self.stages = StageLog()
         self.limit = MAX_EXPERTS if experts is None else experts
         self.groups: dict[Any, dict[int, _Token]] = {}  # in order of first appearance
         self.first_line: dict[Any, int] = {}
@@ -155,7 +171,9 @@ class _Log:
                     raise InputError(f"{where}: num_experts {E}, but an earlier record routes "
                                      f"to expert {self.top}")
 
-    def _add(self, where: str, n: int, rec: dict[str, Any]) -> None:
+    def _add(self, where: str, n: int, rec: dict[str, Any], group: Any = None) -> None:
+        """Keep the record's ids: in its `group` (default: its request, step or restart run,
+        `_group`), or in the draft's records (`draft`) when it is of a draft layer."""
         k = self.keys
         hint = ("" if all(v is None or v in rec for v in k.values())
                 else _key_hint(rec, self.skip_type))
@@ -163,8 +181,23 @@ class _Log:
                              if v is not None],
                 hint)
         token = integer(where, rec, k["token"], 0, MAX_INDEX)
+        if not self.of_draft:
+            layer = rec.get(k["layer"], None if self.source is None else self.source.layer)
+            mark = draft_mark(where, rec, layer if type(layer) is int else None,
+                              self.header.get("num_hidden_layers"))
+            if mark is not None:
+                self.draft_from = self.draft_from or mark
+                if self.draft is None:
+                    self.draft = _Log(self.path, k, self.skip_type,
+                                      self.header.get("draft_experts"), self.source, True)
+                group = self._draft_group(where, rec)
+                self.draft._add(where, n, rec, group)
+                self.stages.add(group, where, rec)
+                return
         layers, weights = self._layers(where, rec)
-        group = self._group(where, rec, token, layers)
+        if group is None:
+            group = self._group(where, rec, token, layers)
+        self.stages.add(group, where, rec)
         tokens = self.groups.setdefault(group, {})
         self.first_line.setdefault(group, n)
         entry = tokens.setdefault(token, _Token(n))
@@ -236,6 +269,13 @@ class _Log:
             return {layer: rows[0]}, {layer: weights}
         return dict(enumerate(rows)), dict(enumerate(weights))
 
+    def _draft_group(self, where: str, rec: dict[str, Any]) -> Any:
+        """The group of a draft record: its request or step, else the restart run of the
+        target's records before it (a draft layer starts no step)."""
+        if self.keys["request"] is not None or self.keys["step"] is not None:
+            return self._group(where, rec, 0, {})
+        return max(len(self.groups) - 1, 0)
+
     def _group(self, where: str, rec: dict[str, Any], token: int,
                layers: dict[int, np.ndarray]) -> Any:
         """The request id, the step value, or the restart run the record belongs to."""
@@ -273,10 +313,11 @@ class _Log:
         (suggesting `incomplete="drop"`, as the caller writes it, `options.option`, when
         `incomplete` is "error", saying nothing of it when None); with "drop" such tokens are left out, with one InputWarning."""
         layer_ids = sorted(self.layer_ids) if self.per_layer else list(range(self.L or 0))
+        groups = {group: self.groups.get(group, {}) for group in order}  # the draft's: some
         lacking = {(group, t): entry for group in order
-                   for t, entry in self.groups[group].items()
+                   for t, entry in groups[group].items()
                    if len(entry.layers) < len(layer_ids)}  # a token's layers are among them
-        total = sum(len(self.groups[group]) for group in order)
+        total = sum(len(groups[group]) for group in order)
         steps = len({group for group, _ in lacking})
         share = (f"{len(lacking)} of the log's {total} tokens lack some layer (in {steps} "
                  f"{'step' if self.keys['request'] is None else 'request'}"
@@ -294,12 +335,12 @@ class _Log:
         weighed = weights_kept(self.path, *self.weighed)
         out, gates = [], []
         for group in order:
-            tokens = [t for t in sorted(self.groups[group]) if (group, t) not in lacking]
+            tokens = [t for t in sorted(groups[group]) if (group, t) not in lacking]
             self.kept[group] = tokens
             ids = np.empty((len(tokens), len(layer_ids), self.K or 0), dtype=np.int32)
             weights = np.empty(ids.shape if weighed else 0, dtype=np.float32)
             for i, t in enumerate(tokens):
-                entry = self.groups[group][t]
+                entry = groups[group][t]
                 ids[i] = np.stack([entry.layers[layer] for layer in layer_ids])
                 if weighed:
                     weights[i] = np.stack([entry.weights[layer] for layer in layer_ids])
@@ -371,13 +412,31 @@ def read_token_trace(path: str | Path, *, token_key: str = "token_idx",
     """
     keys = {"request": None, "token": token_key, "layer": layer_key, "ids": ids_key,
             "step": step_key, "prompt_len": None}
-    _, order, (ids, weights), E, meta = _read(Path(path), keys, skip_type, experts, incomplete,
-                                              source)
+    log, order, (ids, weights), E, meta = _read(Path(path), keys, skip_type, experts,
+                                                incomplete, source)
     if step_key is not None:
         meta.update(first_step=order[0], last_step=order[-1])
     else:
         meta["steps_from"] = "token-index restarts"
-    return Trace.from_steps(ids, E, None, meta, weights)
+    log.stages.into(meta, order)
+    trace = Trace.from_steps(ids, E, None, meta, weights)
+    return trace if log.draft is None else _with_draft(log, order, trace, incomplete)
+
+
+def _with_draft(log: _Log, order: list[Any], trace: Trace, incomplete: str) -> Trace:
+    """`trace` carrying the draft's (MTP) records of `log` (module doc), a step of them in
+    each of `order`'s steps (none where a step has none); InputError for draft records of a
+    step the target's records do not have."""
+    draft = log.draft
+    lone = [group for group in draft.groups if group not in set(order)]
+    if lone:
+        raise InputError(f"{log.path}:{draft.first_line[lone[0]]}: draft (MTP) records of "
+                         f"{log._name(lone[0])}, which holds none of the target's records")
+    ids, _ = draft.arrays(order, incomplete)
+    layers = sorted(draft.layer_ids) if draft.per_layer else list(range(draft.L or 0))
+    meta = {"source": str(log.path), "format": "token_log", "model_layers": layers,
+            "draft_from": log.draft_from}
+    return with_draft(trace, ids, log.header.get("draft_experts"), meta)
 
 
 def read_token_requests(path: str | Path, *, request_key: str = "request_id",
@@ -397,6 +456,9 @@ def read_token_requests(path: str | Path, *, request_key: str = "request_id",
             "step": None, "prompt_len": prompt_len_key}
     log, order, (ids, _), E, meta = _read(Path(path), keys, skip_type, experts, incomplete,
                                           source)
+    if log.draft is not None:
+        warn_caller(f"{path}: its draft (MTP) records ({log.draft_from}) are left out: requests "
+                    f"hold the target's layers alone", InputWarning)
     kept = [i for i, a in enumerate(ids) if a.shape[0]]  # a request all of whose tokens left
     order, ids = [order[i] for i in kept], [ids[i] for i in kept]
     return requests_of(ids, log.prompt_lens(order, ids), E, None, order, meta)
