@@ -22,7 +22,8 @@ RUN_OWN = {"per_layer": "eplbsim.replay.results:Results",  # Results.time_series
            "address": "eplbsim.replay.workers:Workers",
            "json": "eplbsim.replay.results:to_json",
            "out": "eplbsim.replay.results:write_results",
-           "stage_placements": "eplbsim.replay.stage_placements:stage_placements"}
+           "stage_placements": "eplbsim.replay.stage_placements:stage_placements",
+           "draft_fault": "eplbsim.schedule.draft_fault:draft_fault"}
 
 
 def _run_flags():
