@@ -76,7 +76,7 @@ def reference(tmp_path_factory):
     ("[fixed]\nscenario = 'skewed'\nmode = 'both'\n", "[fixed] mode: unknown mode 'both'"),
     ("[fixed]\nscenario = 'skewed'\ndevice = 'tpu'\n", "[fixed] device: unknown device"),
     ("[fixed]\nscenario = 'skewed'\ngpus = '4'\n", "[fixed] gpus: must be an integer in [1, 65536], got '4'"),
-    ("[grid]\nscenario = ['skewed']\nredundant = [-8]\n", "redundant: must be an integer in [0, 262144], got -8"),
+    ("[grid]\nscenario = ['skewed']\nredundant = [-8]\n", "redundant must be >= 0, got -8: fewer slots than experts"),
     ("[fixed]\nscenario = 'skewed'\ndrift_p = 2\n", "drift_p: must be a number in [0, 1]"),
     ("[fixed]\nsolver = 'lpt'\n", "exactly one of scenario, trace or requests"),
     ("[grid]\nscenario = ['skewed']\n[fixed]\nscenario = 'burst'\n",
