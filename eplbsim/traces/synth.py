@@ -26,7 +26,9 @@ token row gets a token id, drawn from a Zipf law over a vocabulary (`vocab`, exp
 and the first `hash_layers` layers route by a seeded table per layer, `tid2eid [vocab, K]`, of
 distinct experts per token id (`traces.layer_kinds`); the other layers are the scenario's own.
 Token ids and tables come from their own stream of the seed, so the learned layers are the
-scenario's draws unchanged; `meta["hash_layers"]` lists the hash-routed layers.
+scenario's draws unchanged; `meta["hash_layers"]` lists the hash-routed layers, none without
+`hash_layers` (a model priced with hash layers, such as DeepSeek-V4's, does not make a scenario's
+own draws hash-routed).
 """
 
 from __future__ import annotations
@@ -518,7 +520,10 @@ def synthesize(scenario: str | Generator = DEFAULT_SCENARIO, *,
                 seed=seed, **options)
     if not isinstance(trace, Trace):
         raise InputError(f"scenario {name!r} returned {type(trace).__name__}, not a Trace")
-    return hash_routed(trace, seed, **hashing) if hashing else trace
+    if hashing:
+        return hash_routed(trace, seed, **hashing)
+    trace.meta.setdefault(HASH_LAYERS, [])  # its own draws route every layer, whatever a model
+    return trace                            # priced says of its first layers
 
 
 def hash_routed(trace: Trace, seed: int, hash_layers: int = 0,

@@ -322,3 +322,19 @@ def test_phases_route_differently(rho):
 def test_new_scenarios_bad_options(scenario, opts, msg):
     with pytest.raises(InputError, match=msg):
         synthesize(scenario, **{**SIZES, **opts})
+
+
+def test_a_scenario_without_hash_layers_says_none_whatever_the_model_priced():
+    """A scenario routes every layer by its own draws unless `hash_layers` says otherwise: a
+    model priced with hash-routed layers (DeepSeek-V4-Flash: 3) does not relabel them."""
+    from eplbsim.replay import replay
+    from eplbsim.runspec import RunSpec
+    from eplbsim.traces.layer_kinds import hash_layers
+    trace = synthesize("skewed", seed=0, steps=2, tokens=32, layers=4, experts=16, top_k=2)
+    assert trace.meta["hash_layers"] == [] and hash_layers(trace.meta, 4, 3) == ()
+    metrics = replay(trace, RunSpec.of(model="deepseek-v4-flash", gpus=4, redundant=0,
+                                       policy="ordinal")).metrics
+    assert metrics["gpu_imbalance_hash"] is None
+    hashed = synthesize("skewed", seed=0, steps=2, tokens=32, layers=4, experts=16, top_k=2,
+                        hash_layers=2, vocab=64)
+    assert hash_layers(hashed.meta, 4, 3) == (0, 1)
