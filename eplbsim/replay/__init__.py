@@ -11,7 +11,8 @@ and a `RunSpec`; gives out `Results`. Imports `base`, `placement`, `traces`, `co
 Dimensions: `S` steps, `T` tokens in a step, `L` layers, `E` logical experts, `K` top-k,
 `P` physical slots, `G` GPUs = EP ranks.
 
-Data flows one way: trace -> loads -> (predictor ->) solver -> placement -> per-rank views ->
+Data flows one way: trace -> its steps shaped (`shaped`: the spec's `select_steps`, ...,
+`max_batched_tokens`) -> loads -> (predictor ->) solver -> placement -> per-rank views ->
 dispatch per rank (`ranks.MODES`) -> executed loads -> `Results` (metrics on first use). By
 default one placement is solved from the whole trace's loads; with `rebalance_every` the
 placement is re-solved on a schedule from predicted loads (`schedule.plan`). A counts-only trace
@@ -41,7 +42,7 @@ from ..ranks.dispatched import rank_tokens
 from ..ranks.moe import make_toy_moe, square_sums, step_sums
 from ..ranks.traffic import source_load
 from ..ranks.window import none_window, window_dispatch, windows
-from ..runspec import RunSpec, label
+from ..runspec import RunSpec, StepsPart, label
 from ..schedule.plan import Segment, plan
 from ..traces import RunTrace, TokenTrace, check_run_trace
 from ..traces.coactivation import coactivation
@@ -49,6 +50,7 @@ from ..traces.counts import CountsTrace
 from ..traces.draft import Drafted, drafted_of
 from ..traces.layer_kinds import hash_layers
 from ..traces.stages import stage_view
+from ..traces.steps import shape_steps, shaped_by
 from .dead_ranks import Failure, healthy, survive
 from .drafted import DraftedResults, draft_settings
 from .results import Comparison, Results, run_warnings
@@ -62,6 +64,40 @@ def resolve_device(name: str) -> str:
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise InputError(f"device {name} asks for CUDA, but torch sees no CUDA device")
     return name
+
+
+UNSHAPED = StepsPart().shaping()  # every step of a trace, none cut
+
+
+def shaped(trace: RunTrace | Drafted, spec: RunSpec) -> tuple[RunTrace | Drafted, RunSpec]:
+    """`(trace, spec)` with the trace's steps as `spec` replays them: shaped by its steps part
+    (`select_steps`, `drop_warmup`, `drop_dummy`, `drop_outliers`, `max_batched_tokens`:
+    `traces.steps.shape_steps`). Given once: a trace `shape_steps` made (`open_trace(path,
+    max_batched_tokens=32)`, or a command's reading) is not shaped again, and the spec comes
+    back saying the settings it was made by; InputError when `spec` gives others, which would
+    shape it twice. A trace holding its draft is shaped whole; a `Drafted` pair is refused
+    (shape each part before pairing them)."""
+    wanted = spec.steps.shaping()
+    made = shaped_by(trace)
+    if made is not None:
+        if wanted not in (made, UNSHAPED):
+            raise InputError(f"the trace's steps are shaped already ({_given(made)}: by "
+                             f"open_trace or shape_steps), and the spec would shape them again "
+                             f"({_given(wanted)}): give these settings once, to the spec or "
+                             f"where the trace is made")
+        return trace, spec.replace(**made)
+    if wanted == UNSHAPED:
+        return trace, spec
+    if isinstance(trace, Drafted):
+        raise InputError(f"the spec shapes the steps ({_given(wanted)}) of a Drafted pair: "
+                         f"shape the trace holding both (Trace.draft), or each part before "
+                         f"pairing them")
+    return shape_steps(trace, **wanted), spec
+
+
+def _given(settings: dict[str, Any]) -> str:
+    """The settings that shape a trace's steps, as keywords: "max_batched_tokens=32"."""
+    return ", ".join(f"{k}={v!r}" for k, v in settings.items() if v != UNSHAPED[k])
 
 
 def routed_loads(trace: RunTrace) -> torch.Tensor:
@@ -354,8 +390,9 @@ def replay(trace: RunTrace | Drafted, spec: RunSpec | None = None,
               (MTP) layers (`Trace.draft`), gives a `drafted.DraftedResults`: the target's
               results (warned of as any run's) and the draft's, on its own placement
               (`drafted.draft_settings`)
-    spec:     the run's settings (default `RunSpec()`), decided for the trace
-              (`spec_for_trace`: its redundant slots and model)
+    spec:     the run's settings (default `RunSpec()`): the trace's steps shaped by its steps
+              part first (`shaped`: once, whether given here or where the trace was made),
+              then decided for the trace (`spec_for_trace`: its redundant slots and model)
     progress: told of each step dispatched (a bar's `update`), or None
     Returns the run's `Results`: `slot_load [S, L, P]`, `true_load [S, L, E]`, the segments
     and the rank counters, with the metrics computed on first use. The same inputs give the
@@ -363,8 +400,8 @@ def replay(trace: RunTrace | Drafted, spec: RunSpec | None = None,
     priced that is not the trace's, warm-up steps) is a `RunWarning` at the caller's line and
     on the results (`Results.warnings`).
     """
+    trace, asked = shaped(trace, RunSpec() if spec is None else spec)
     drafted = drafted_of(trace)
-    asked = RunSpec() if spec is None else spec
     target = trace if drafted is None else drafted.target
     result = replay_quiet(target, asked, progress)
     result = replace(result, warnings=warned(target, result.spec, asked))
@@ -445,7 +482,8 @@ def compare(trace: RunTrace, policies: Sequence[Any], modes: Sequence[str],
     trace:    as `replay`'s
     policies: names, files (`path.py:function`) or callables, each a row per mode it runs in
     modes:    "none" and/or "a2a"
-    spec:     every other setting (default `RunSpec()`); `comparison` makes each row's spec
+    spec:     every other setting (default `RunSpec()`); the trace's steps shaped by it first,
+              as `replay`'s; `comparison` makes each row's spec
     progress: `progress(spec)` makes a bar for one replay (a context manager with `update`,
               as `progress.bar` does), or None
     run:      replays one spec on a plan, called as `replay_planned` is
@@ -457,7 +495,7 @@ def compare(trace: RunTrace, policies: Sequence[Any], modes: Sequence[str],
     reaches the caller as `replay`'s does, and is on the comparison and each row.
     """
     out = []
-    asked = RunSpec() if spec is None else spec
+    trace, asked = shaped(trace, RunSpec() if spec is None else spec)
     trace, decided, failure = failed(trace, asked)
     specs = comparison(decided, policies, modes, sources)
     true_load = routed_loads(trace)

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from ..runspec import RunSpec
+from ..runspec import RunSpec, StepsPart
 from ..schedule.draft_fault import DraftFault, check_shared, draft_fault
 from ..traces.draft import Drafted
 from .results import Comparison, Results, describe, format_table, table_notes
@@ -51,12 +51,13 @@ class DraftedResults:
 
 def draft_settings(asked: RunSpec, decided: RunSpec, drafted: Drafted) -> RunSpec:
     """The draft's settings (module doc): `asked` (the run's, as given) less `TARGET_ONLY`,
-    with the redundant slots of `decided` (the target's spec decided for its trace);
-    InputError when the target's and the draft's experts do not both take them on the
-    GPUs."""
+    with the redundant slots of `decided` (the target's spec decided for its trace), and no
+    steps' settings (`StepsPart`: the draft's steps are those of the target's, shaped before
+    the parts are split); InputError when the target's and the draft's experts do not both
+    take them on the GPUs."""
     redundant, gpus = decided.topology.redundant, decided.topology.gpus
     check_shared(drafted.target.num_experts, drafted.draft.num_experts, redundant, gpus)
-    return asked.replace(**TARGET_ONLY, redundant=redundant)
+    return asked.replace(**TARGET_ONLY, **StepsPart().shaping(), redundant=redundant)
 
 
 def part_rows(rows: Sequence[dict[str, Any]], draft: Comparison,

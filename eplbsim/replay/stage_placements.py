@@ -20,7 +20,8 @@ from ..base.errors import InputError
 from ..runspec import RunSpec
 from ..traces import RunTrace
 from ..traces.stages import STAGES, describe_stages, stage_view
-from . import replay_quiet, routed_loads, schedule_of, spec_for_trace, stage_placement, warned
+from . import (replay_quiet, routed_loads, schedule_of, shaped, spec_for_trace, stage_placement,
+               warned)
 from .results import Results, format_table
 
 SOURCES = STAGES + ("all",)  # the steps each placement is solved from
@@ -89,12 +90,13 @@ def stage_placements(trace: RunTrace, spec: RunSpec | None = None) -> StagePlace
 
     trace: as `replay`'s (a counts-only trace needs its stages marked: `traces.stages`)
     spec:  the run's settings (default `RunSpec()`): its solver, topology, dispatch policy,
-           mode and cost; `decode_tokens` tells unmarked steps apart. No given placement,
-           rebalance schedule or `solve_from` (each placement here is solved from its steps)
+           mode and cost; `decode_tokens` tells unmarked steps apart; the trace's steps shaped
+           by it first, as `replay`'s (`shaped`). No given placement, rebalance schedule or
+           `solve_from` (each placement here is solved from its steps)
     Returns the `StagePlacements`; what the run warns of is warned at the caller's line too.
     InputError when the trace lacks prefill or decode steps.
     """
-    asked = RunSpec() if spec is None else spec
+    trace, asked = shaped(trace, RunSpec() if spec is None else spec)
     if asked.solver.placement is not None or asked.schedule.rebalance_every is not None \
             or asked.solver.solve_from != "all":
         raise InputError("stage placements solve one placement from each stage's steps and "

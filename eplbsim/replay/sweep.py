@@ -21,8 +21,9 @@ messages as the command line), each in `grid` or `fixed`, not both:
   options as `option.NAME` (`option.sigma = [1.0, 2.0]`), which every scenario of the spec must
   take;
 - every RunSpec field (policy, mode, view, rng, ..., solver, `solver_option.NAME`, placement,
-  rebalance_every, ..., gpus, redundant, ...). `seed` seeds both the synthetic trace and the
-  replay.
+  rebalance_every, ..., gpus, redundant, ..., and the steps' `select_steps`, `drop_warmup`,
+  `drop_dummy`, `drop_outliers`, `max_batched_tokens`: the cell's trace is shaped by them, and
+  its row says them). `seed` seeds both the synthetic trace and the replay.
 Names are checked against the registries, and every cell's topology, before anything runs.
 
 The output directory holds `spec.toml` (a copy of the spec; a directory holding a different
@@ -61,8 +62,8 @@ from ..base.errors import InputError
 from ..base.files import atomic_file, check_output, regular_file
 from ..base.limits import MAX_CELLS
 from ..base.progress import bar
-from ..runspec import (BATCHING, READER_OPTIONS, RUN_PARTS, SELECTION, Device, File, Filter, Name,
-                       Options, build, knobs, sweep_keys, sweep_value)
+from ..runspec import (BATCHING, READER_OPTIONS, RUN_PARTS, Device, File, Filter, Name, Options,
+                       build, knobs, sweep_keys, sweep_value)
 from ..traces.request_synth import REQUEST_SCENARIOS
 from ..traces.requests import RequestSet
 from . import replay_quiet
@@ -150,9 +151,9 @@ def _table(doc: dict[str, Any], name: str, where: str) -> dict[str, Any]:
 
 def _columns(keys: dict[str, Any]) -> list[str]:
     """The source columns of the cells: the trace's or the scenario's with its sizes and
-    options, in order, then how the file is read and its steps selected, where given."""
-    reading = [k for k in (*READER_OPTIONS, *SELECTION) if k in keys
-               and k not in ("where", "experts")]
+    options, in order, then how the file is read, where given (its steps' settings are the
+    run's, among `RunSpec.labels`)."""
+    reading = [k for k in READER_OPTIONS if k in keys and k not in ("where", "experts")]
     if "trace" in keys:
         return ["trace", "where", *reading]
     options = [k for k in keys if k.startswith("option.")]
@@ -178,7 +179,7 @@ def _cell(index: int, given: dict[str, Any], where: str, base: Path) -> Cell:
     except InputError as exc:
         raise InputError(f"{where}: cell {_label(given)}: {exc}") from None
     shown = {**{k: getattr(source, k) for k in ("scenario", *SIZES, "trace", "requests",
-                                                *BATCHING, *READER_OPTIONS, *SELECTION)},
+                                                *BATCHING, *READER_OPTIONS)},
              "experts": source.experts if source.file else source.scenario_experts,
              **{f"option.{k}": v for k, v in source.scenario_options.items()}}
     shown["steps"] = source.steps or spec.schedule.steps()

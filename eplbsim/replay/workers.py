@@ -31,7 +31,7 @@ from ..metrics import Counters
 from ..runspec import RunSpec
 from ..schedule.plan import Segment
 from ..traces import TokenTrace
-from . import Plan, dispatch_steps, fill_norms, plan_run, replay_planned, spec_for_trace
+from . import Plan, dispatch_steps, fill_norms, plan_run, replay_planned, shaped, spec_for_trace
 from .executors import check_executor, local_pool, ray_session
 from .results import Results
 
@@ -165,9 +165,11 @@ class Workers:
     def replay(self, trace: TokenTrace, spec: RunSpec | None = None,
                progress: Progress | None = None) -> Results:
         """`replay.replay(trace, spec, progress)` with the steps split over the workers
-        (`trace` must be the one they hold); the same Results bit for bit. InputError for a
-        run whose ranks die (`fail_ranks`: the survivors' steps are another trace)."""
-        spec = spec_for_trace(trace, RunSpec() if spec is None else spec)
+        (`trace`, its steps shaped by the spec, `shaped`, must be the one they hold); the same
+        Results bit for bit. InputError for a run whose ranks die (`fail_ranks`: the
+        survivors' steps are another trace)."""
+        trace, spec = shaped(trace, RunSpec() if spec is None else spec)
+        spec = spec_for_trace(trace, spec)
         if spec.topology.fail_ranks is not None:
             raise InputError("a run whose ranks die (fail_ranks) replays the survivors' steps "
                              "in one process: use replay")

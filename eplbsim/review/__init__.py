@@ -64,7 +64,7 @@ from ..engines import as_sources, engine_code, is_engine_name
 from ..engines.conform import list_view
 from ..placement import Placement
 from ..replay import (Plan, failed, replay_planned, replay_quiet, routed_loads, schedule_of,
-                      spec_for_trace)
+                      shaped, spec_for_trace)
 from ..replay.results import Results, model_origin, run_warnings
 from ..runspec import RunSpec, default_of
 from ..traces import RunTrace
@@ -140,7 +140,7 @@ def review(trace: RunTrace, candidate: Any, baseline: Any = None, spec: RunSpec 
     baseline:    the policy it is held against (default SGLang's dispatch for the spec's mode:
                  `row` in "none", `random` in "a2a"; in a placement review, `candidate`)
     spec:        every other setting (default `RunSpec()`; priced by the roofline unless it
-                 names a cost model)
+                 names a cost model); the trace's steps shaped by it first, as `replay`'s
     holdout:     the scored share of the steps, in (0, 1)
     seeds:       the seeds every scored step is replayed with
     windows:     the held-out windows the scored steps are cut into (a rolling origin)
@@ -162,7 +162,7 @@ def review(trace: RunTrace, candidate: Any, baseline: Any = None, spec: RunSpec 
     if isinstance(trace, CountsTrace):
         raise InputError("a review dispatches token rows; a counts-only trace has none")
     _check_options(holdout, seeds, windows, min_effect, resamples)
-    asked = RunSpec() if spec is None else spec
+    trace, asked = shaped(trace, RunSpec() if spec is None else spec)
     trace, spec, failure = failed(trace, asked)  # with fail_ranks: the survivors' run
     if failure is not None and baseline_solver is not None:
         raise InputError("a review of a placement change places on the trace's steps; with "

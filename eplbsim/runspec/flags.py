@@ -6,6 +6,7 @@ make), `sweep_keys` and `sweep_value` (a sweep spec's keys, checked as the flags
 from __future__ import annotations
 
 import argparse
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -14,7 +15,7 @@ from ..cost.catalog import config_path
 from ..dispatch import resolve_policy
 from ..traces.request_synth import REQUEST_SCENARIOS
 from .knobs import Knob, checked
-from .run import PARTS, RunSpec, default_of, knobs
+from .run import PARTS, RunSpec, default_of, knobs, run_knobs
 from .source import BATCHING, READER_OPTIONS, Source
 from .values import EngineSources, File, Files, Model, Name, Options, RequestInput, Switch
 
@@ -59,18 +60,17 @@ def add_flags(parser: argparse.ArgumentParser, command: str,
 
 GROUPS = {"source": "what to replay (a trace file, requests or a scenario)",
           "dispatch": "dispatch", "solver": "placement", "schedule": "rebalancing over time",
-          "topology": "cluster", "cost": "time (a cost model)"}
-
-
-SELECTION = ("select_steps", "drop_warmup", "drop_dummy", "drop_outliers")
+          "topology": "cluster", "cost": "time (a cost model)",
+          "steps": "reading a trace file, and its steps"}
 
 
 def group_title(part: str, name: str) -> str:
     """The help section of a field's flag: its part's (`GROUPS`), with the source's reading
-    options and its batching of requests apart."""
-    if part == "source" and (name in READER_OPTIONS or name in SELECTION):
-        return "reading a trace file, and its steps"
-    if part == "source" and name in BATCHING:
+    options beside the steps' selection, and the batching of requests (`max_batched_tokens`
+    too) apart."""
+    if part == "source" and name in READER_OPTIONS:
+        return GROUPS["steps"]
+    if part in ("source", "steps") and name in BATCHING:
         return "requests batched into steps (--requests)"
     return GROUPS[part]
 
@@ -128,10 +128,14 @@ def from_args(args: argparse.Namespace, command: str, parts: tuple[str, ...] | N
 
 
 def build(values: Mapping[str, Any]) -> tuple[Source, RunSpec]:
-    """The source and the run spec of flat field values (the rest default)."""
-    source_names = {name for _, name, _ in knobs(("source",))}
+    """The source and the run spec of flat field values (the rest default). The steps' settings
+    (`StepsPart`) go to both: the source reads the trace's steps by them, and the spec says
+    them, so `replay` and `compare` given that trace apply them once (`replay.shaped`)."""
+    source_names = {f.name for f in fields(PARTS["source"])}
+    run_names = {name for _, name, _ in run_knobs()}
     source = PARTS["source"](**{k: v for k, v in values.items() if k in source_names})
-    return source, RunSpec.of(**{k: v for k, v in values.items() if k not in source_names})
+    return source, RunSpec.of(**{k: v for k, v in values.items()
+                                 if k in run_names or k not in source_names})
 
 
 def sweep_keys() -> dict[str, tuple[str, str, Knob]]:

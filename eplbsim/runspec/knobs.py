@@ -1,7 +1,7 @@
 """How a setting is declared: `knob(default, help, type, ...)` makes a dataclass field carrying
 its `Knob` (help, value type, flags, the commands that take it), and `Part` is a frozen group of
-such fields that checks them (`checked`) and relates them (`Part.relate`). `COMMANDS`, `SYNTH`
-and `READS` name the commands a knob can be set from.
+such fields that checks them (`checked`) and relates them (`Part.relate`). `COMMANDS`, `SYNTH`,
+`READS` and `WITH_INFO` name the commands a knob can be set from.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ KNOB = "eplbsim.knob"  # the metadata key of a declared field
 COMMANDS = frozenset({"run", "ranks", "sweep", "review"})
 SYNTH = COMMANDS | {"synth"}  # what `trace synth` also takes: the scenario's sizes and seed
 READS = COMMANDS | {"info", "convert", "solve", "export", "figures"}  # commands reading a trace
+WITH_INFO = COMMANDS | {"info"}  # `trace info` reports the steps a workload makes of requests
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """The run parts `RunSpec` holds: `dispatch` (policy, mode, view, rng, engine sources),
-`solver`, `schedule` (rebalancing and migration), `topology` (GPUs, nodes, slots) and `cost`
-(time on a model and device).
+`solver`, `schedule` (rebalancing and migration), `topology` (GPUs, nodes, slots), `cost`
+(time on a model and device) and `steps` (which of the trace's steps are replayed, and how long
+ones are cut).
 """
 
 from __future__ import annotations
@@ -31,11 +32,11 @@ from ..solvers.exact import NODE_LIMIT
 from ..solvers.lplb import TOPOLOGIES as LPLB_TOPOLOGIES
 from ..solvers.recovery import RECOVERY_NAMES
 from ..traces.stages import DECODE_TOKENS, STAGES
-from ..traces.stages import DECODE_TOKENS, STAGES
+from ..traces.steps import OUTLIER_FACTOR, SHAPING
 from ..traces.synth import DEFAULT_SIZES
-from .knobs import COMMANDS, Part, SYNTH, changed_fields, knob, they
+from .knobs import COMMANDS, READS, SYNTH, WITH_INFO, Part, changed_fields, knob, they
 from .values import (Device, EngineFlags, EngineSources, File, Integer, Model, Name, Number,
-                     Options, Ranks, Switch)
+                     Options, Ranks, StepSelection, Switch)
 
 
 NODE_GPUS = 8  # GPUs a node by default, as H100/H200/B200 boxes have
@@ -132,13 +133,6 @@ class SolverPart(Part):
         None, "the affinity solver's slack: its max GPU load stays within (1 + slack) times the "
         "balance solver's (default 0.05; the same as --solver-option slack=...)",
         Number(0, 1, optional=True), metavar="SLACK")
-    solve_from: str = knob(
-        "all", "solve the placement from the steps of one stage only, prefill or decode (as "
-        "the log marks them, else by --decode-tokens), and serve every step on it",
-        Name(("all",) + STAGES, "stage"), metavar="all|prefill|decode")
-    decode_tokens: int = knob(
-        DECODE_TOKENS, "a step the log does not mark prefill or decode is decode when it has "
-        "at most N tokens (for --solve-from and --stage-placements)", Integer(0), metavar="N")
     solve_from: str = knob(
         "all", "solve the placement from the steps of one stage only, prefill or decode (as "
         "the log marks them, else by --decode-tokens), and serve every step on it",
@@ -434,3 +428,41 @@ class CostPart(Part):
         """What the compute times come from (`cost.describe`; for `measured`, the table, read
         and checked now)."""
         return describe_cost(self.cost, *self.profiles(), num_gpus, self.cost_options)
+
+
+@dataclass(frozen=True)
+class StepsPart(Part):
+    """Which of the trace's steps a run replays, and how long ones are cut: the settings of
+    `traces.steps.shape_steps` (`SHAPING`), which `replay` and `compare` apply to the trace
+    they are given (`replay.shaped`), and a command that reads a trace applies as it reads
+    (`Source`, which extends this part). A trace batched from requests keeps to its
+    workload's `max_batched_tokens` already (`shape_steps`)."""
+
+    select_steps: str | None = knob(
+        None, "replay only these steps of the trace: steps and ranges of its own numbering, "
+        "e.g. 2:, 0:100,150 or :-1 (trace info numbers them)", StepSelection(),
+        metavar="STEPS", commands=READS)
+    drop_warmup: bool = knob(False, "leave out warm-up steps: two or more rows all routed "
+                             "alike, as an engine's start-up profiling pass (trace info flags "
+                             "them)", Switch(), commands=READS)
+    drop_dummy: bool = knob(False, "leave out dummy steps: the padding batches a data-parallel "
+                            "rank runs when idle, a step repeated row for row (trace info "
+                            "flags them)", Switch(), commands=READS)
+    drop_outliers: bool = knob(False, f"leave out steps of more than {OUTLIER_FACTOR}x the "
+                               f"median tokens (trace info flags them)", Switch(),
+                               commands=READS)
+    max_batched_tokens: int | None = knob(
+        None, "requests: tokens a step (decode rows and prefill chunks; default 8192); a "
+        "trace: its steps of more tokens are cut into consecutive chunks of at most N, as a "
+        "chunked-prefill engine runs a long pass, after the steps are selected (default: "
+        "none cut)", Integer(1, optional=True), metavar="N", commands=WITH_INFO)
+
+    def shaping(self) -> dict[str, Any]:
+        """The settings as `shape_steps` and `open_trace` take them (`SHAPING`)."""
+        return {name: getattr(self, name) for name in SHAPING}
+
+    @property
+    def selects(self) -> bool:
+        """Whether some steps are selected or dropped (else every step is kept)."""
+        return (self.select_steps is not None or self.drop_warmup or self.drop_dummy
+                or self.drop_outliers)

@@ -14,16 +14,17 @@ from ..base.registry import name_of
 from ..dispatch import POLICIES, resolve_policy
 from ..placement import Placement
 from .knobs import KNOB, Knob, Part, default_value
-from .parts import CostPart, DispatchPart, SchedulePart, SolverPart, TopologyPart
+from .parts import CostPart, DispatchPart, SchedulePart, SolverPart, StepsPart, TopologyPart
 from .source import Source, python_keywords
 from .values import Name
 
 
 PARTS: dict[str, type] = {"source": Source, "dispatch": DispatchPart, "solver": SolverPart,
-                          "schedule": SchedulePart, "topology": TopologyPart, "cost": CostPart}
+                          "schedule": SchedulePart, "topology": TopologyPart, "cost": CostPart,
+                          "steps": StepsPart}
 
 
-RUN_PARTS = ("dispatch", "solver", "schedule", "topology", "cost")
+RUN_PARTS = ("dispatch", "solver", "schedule", "topology", "cost", "steps")
 
 
 def _part(name: str) -> Callable[[], Part]:
@@ -32,11 +33,15 @@ def _part(name: str) -> Callable[[], Part]:
 
 @dataclass(frozen=True)
 class RunSpec:
-    """One simulated configuration: the dispatch, solver, schedule, topology and cost parts.
+    """One simulated configuration: the dispatch, solver, schedule, topology, cost and steps
+    parts.
 
     Build one with `RunSpec.of(gpus=8, policy="row", ...)` (flat field names, routed to their
     part) and vary it with `spec.replace(mode="a2a", ...)`. The parts check their fields on
-    construction; `placement` (serve one given placement) excludes a rebalance schedule.
+    construction; `placement` (serve one given placement) excludes a rebalance schedule. The
+    steps part (`select_steps`, `drop_warmup`, `drop_dummy`, `drop_outliers`,
+    `max_batched_tokens`) shapes the trace `replay` and `compare` are given before they plan
+    (`replay.shaped`).
     """
 
     dispatch: DispatchPart = field(default_factory=_part("dispatch"))
@@ -44,6 +49,7 @@ class RunSpec:
     schedule: SchedulePart = field(default_factory=_part("schedule"))
     topology: TopologyPart = field(default_factory=_part("topology"))
     cost: CostPart = field(default_factory=_part("cost"))
+    steps: StepsPart = field(default_factory=_part("steps"))
 
     def __post_init__(self) -> None:
         if self.topology.gpus % self.dispatch.tp:
@@ -74,11 +80,11 @@ class RunSpec:
         """A copy with the named fields changed (flat names, routed to their parts)."""
         owners = {name: part for part, name, _ in run_knobs()}
         unknown = sorted(set(values) - set(owners))
-        shaping = [n for n in unknown if python_keywords(n)]
-        if shaping:  # the command line's, of what it reads: made before `replay` takes it
-            raise InputError(f"{', '.join(shaping)} shape{'s' if len(shaping) == 1 else ''} "
-                             f"the trace, not the run: give "
-                             f"{'; '.join(' or '.join(python_keywords(n)) for n in shaping)}, "
+        reading = [n for n in unknown if python_keywords(n)]
+        if reading:  # the command line's, of what it reads: made before `replay` takes it
+            raise InputError(f"{', '.join(reading)} belong{'s' if len(reading) == 1 else ''} "
+                             f"to the trace, not the run: give "
+                             f"{'; '.join(' or '.join(python_keywords(n)) for n in reading)}, "
                              f"then replay(trace, spec)")
         if unknown:
             raise InputError(f"unknown setting {', '.join(unknown)}; the settings are "
@@ -162,13 +168,16 @@ def label(value: Any, knob: Knob | None = None) -> Any:
 def knobs(parts: tuple[str, ...] | None = None,
           command: str | None = None) -> Iterator[tuple[str, str, Knob]]:
     """`(part, field name, Knob)` of every field, in schema order; only those of `parts` and
-    settable from `command` when given."""
+    settable from `command` when given. A field a part takes from another part it extends (the
+    source's steps, `StepsPart`) is that part's, listed once."""
     for part, cls in PARTS.items():
         if parts is not None and part not in parts:
             continue
+        extended = {f.name for other in PARTS.values() if other is not cls
+                    and issubclass(cls, other) for f in fields(other)}
         for f in fields(cls):
             knob = f.metadata[KNOB]
-            if command is None or command in knob.commands:
+            if f.name not in extended and (command is None or command in knob.commands):
                 yield part, f.name, knob
 
 

@@ -1,6 +1,7 @@
 """The `source` part: which trace a command reads (a file with its reading options and step
 selection, requests batched as an engine would, or a scenario with its sizes and options), and
-opening it (`Source.open`, `read`, `select`).
+opening it (`Source.open`, `read`, `select`). Its steps' settings are the run's `steps` part
+(`parts.StepsPart`, which `Source` extends): a command reads by them, a run replays by them.
 """
 
 from __future__ import annotations
@@ -16,22 +17,19 @@ from ..traces.formats import (REQUEST_FORMATS, is_request_input, open_requests, 
 from ..traces.formats.token_log import INCOMPLETE
 from ..traces.request_synth import REQUEST_SCENARIOS, request_options, synthesize_requests
 from ..traces.requests import RequestSet
-from ..traces.steps import OUTLIER_FACTOR, SHAPING, shape_steps
+from ..traces.steps import SHAPING, shape_steps
 from ..traces.synth import (DEFAULT_SCENARIO, DEFAULT_SIZES, SCENARIOS, scenario_options,
                             synthesize)
 from ..traces.workload import ARRIVALS, DP_ASSIGN, DP_LAYOUTS, ORDERS, PADDING, Workload, batch
-from .knobs import COMMANDS, Part, READS, SYNTH, changed_fields, they, knob
-from .parts import SchedulePart
+from .knobs import READS, SYNTH, WITH_INFO, changed_fields, they, knob
+from .parts import SchedulePart, StepsPart
 from .values import (Files, Filter, Integer, Name, Number, Options, RequestInput, Sizes,
-                     StepSelection, Switch, Text)
+                     Text)
 
 
 # The Source fields that say how requests are batched into steps (`Source.workload`).
 BATCHING = ("max_running", "max_batched_tokens", "chunk", "batch_order", "arrivals",
             "arrival_rate", "dp", "dp_assign", "dp_layout", "graph_sizes", "padding")
-
-
-WITH_INFO = COMMANDS | {"info"}  # `trace info` reports the steps a workload makes of requests
 
 
 def workload_of(values: Mapping[str, Any], seed: int) -> Workload:
@@ -42,8 +40,9 @@ def workload_of(values: Mapping[str, Any], seed: int) -> Workload:
 
 
 @dataclass(frozen=True)
-class Source(Part):
-    """Which trace a command reads: a file (`trace`), or a seeded scenario with its sizes."""
+class Source(StepsPart):
+    """Which trace a command reads: a file (`trace`), or a seeded scenario with its sizes; and
+    which of its steps (the fields of `StepsPart`, listed as the run's `steps` part)."""
 
     trace: Any = knob(
         None, "a trace in any form, one file, a folder of them or several files read as one "
@@ -89,19 +88,6 @@ class Source(Part):
     prompt_len: int | None = knob(None, "vLLM routed-expert arrays: the prompt rows of every "
                                   ".npy file (an .npz names its own)",
                                   Integer(0, optional=True), metavar="N", commands=READS)
-    select_steps: str | None = knob(
-        None, "replay only these steps of the trace: steps and ranges of its own numbering, "
-        "e.g. 2:, 0:100,150 or :-1 (trace info numbers them)", StepSelection(),
-        metavar="STEPS", commands=READS)
-    drop_warmup: bool = knob(False, "leave out warm-up steps: two or more rows all routed "
-                             "alike, as an engine's start-up profiling pass (trace info flags "
-                             "them)", Switch(), commands=READS)
-    drop_dummy: bool = knob(False, "leave out dummy steps: the padding batches a data-parallel "
-                            "rank runs when idle, a step repeated row for row (trace info "
-                            "flags them)", Switch(), commands=READS)
-    drop_outliers: bool = knob(False, f"leave out steps of more than {OUTLIER_FACTOR}x the "
-                               f"median tokens (trace info flags them)", Switch(),
-                               commands=READS)
     steps: int | None = knob(
         None, f"steps of the scenario ({DEFAULT_SIZES['steps']}; with --rebalance-every N: "
         f"max({DEFAULT_SIZES['steps']}, window + 4N), for four rebalances)",
@@ -126,11 +112,6 @@ class Source(Part):
                          metavar="FILE|SCENARIO")
     max_running: int = knob(256, "requests: at most N running at once", Integer(1),
                             metavar="N", commands=WITH_INFO)
-    max_batched_tokens: int | None = knob(
-        None, "requests: tokens a step (decode rows and prefill chunks; default 8192); a "
-        "trace: its steps of more tokens are cut into consecutive chunks of at most N, as a "
-        "chunked-prefill engine runs a long pass, after the steps are selected (default: "
-        "none cut)", Integer(1, optional=True), metavar="N", commands=WITH_INFO)
     chunk: int | None = knob(None, "requests: prefill chunk (default max_batched_tokens)",
                              Integer(1, optional=True), metavar="N", commands=WITH_INFO)
     batch_order: str = knob("decode-first", "requests: the rows' order in a step",
@@ -238,21 +219,13 @@ class Source(Part):
 
     def open(self, seed: int, schedule: "SchedulePart") -> Any:
         """The trace a run replays: `read`, then its steps shaped (`shaping`,
-        `traces.steps.shape_steps`): a file's as `open_trace` shapes them."""
+        `traces.steps.shape_steps`): a file's as `open_trace` shapes them, requests' batched
+        steps as their workload made them (it keeps to `max_batched_tokens`)."""
         return shape_steps(self.read(seed, schedule), **self.shaping())
 
-    def shaping(self) -> dict[str, Any]:
-        """The `SHAPING` settings, as `shape_steps` and `open_trace` take them:
-        `max_batched_tokens` only for a trace or a scenario (requests' workload keeps to it
-        when it batches them)."""
-        out = {name: getattr(self, name) for name in SHAPING}
-        if self.requests is not None:
-            out["max_batched_tokens"] = None
-        return out
-
     def chunked(self, trace: Any) -> Any:
-        """`trace` with its long steps cut into chunks (`shaping`'s `max_batched_tokens`)."""
-        return shape_steps(trace, max_batched_tokens=self.shaping()["max_batched_tokens"])
+        """`trace` with its long steps cut into chunks (`max_batched_tokens`)."""
+        return shape_steps(trace, max_batched_tokens=self.max_batched_tokens)
 
     def read(self, seed: int, schedule: "SchedulePart") -> Any:
         """Every step: the requests batched (`traces.workload.batch`), the file opened
@@ -265,12 +238,6 @@ class Source(Part):
         return synthesize(self.scenario or DEFAULT_SCENARIO, steps=self.steps or schedule.steps(),
                           tokens=self.tokens, layers=self.layers, experts=self.scenario_experts,
                           top_k=self.top_k, seed=seed, **self.scenario_options)
-
-    @property
-    def selects(self) -> bool:
-        """Whether some steps are selected or dropped (else `select` keeps every step)."""
-        return (self.select_steps is not None or self.drop_warmup or self.drop_dummy
-                or self.drop_outliers)
 
     def select(self, trace: Any) -> Any:
         """`trace`'s selected steps (`shaping` less its chunking)."""

@@ -34,6 +34,7 @@ read interface (`StepView` for token traces, a new `CountsTrace` for counts), wi
 from __future__ import annotations
 
 import hashlib
+import weakref
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -286,8 +287,12 @@ def select(trace: Any, steps: str | None = None, drop: Sequence[str] = ()) -> An
 
 
 # What shapes a trace's steps before a run replays them (`shape_steps`): the keywords of
-# `open_trace`, and the flags of `eplbsim run` and every command that reads a trace.
+# `open_trace`, the settings of a run's `RunSpec` (its steps part), and the flags of `eplbsim
+# run` and every command that reads a trace.
 SHAPING = ("select_steps", "drop_warmup", "drop_dummy", "drop_outliers", "max_batched_tokens")
+# The traces `shape_steps` made, each with the settings it made it by (`shaped_by`). Weak keys:
+# a trace is forgotten with it, and one saved and read again is another trace.
+_MADE: "weakref.WeakKeyDictionary[Any, dict[str, Any]]" = weakref.WeakKeyDictionary()
 
 
 def shape_steps(trace: Any, *, select_steps: str | None = None, drop_warmup: bool = False,
@@ -297,8 +302,12 @@ def shape_steps(trace: Any, *, select_steps: str | None = None, drop_warmup: boo
     doc; None: all), less the steps flagged as warm-up, dummy or size outliers where asked
     (`select`), then each step of more than `max_batched_tokens` tokens cut into consecutive
     chunks of at most that many, as a chunked-prefill engine runs a long pass
-    (`prefill_chunks.chunk_steps`; None: none cut). `trace` itself when nothing changes.
-    InputError, naming the option as the caller writes it, for a value of the wrong kind."""
+    (`prefill_chunks.chunk_steps`; None: none cut). `trace` itself when nothing changes, else
+    the trace made, remembered with the settings (`shaped_by`). A trace batched from requests
+    (`meta["workload"]`, `workload.batch`) keeps to its workload's `max_batched_tokens`
+    already: that value cuts none of its steps (a DP rank's batch keeps to it, not the
+    gathered one), another is refused. InputError, naming the option as the caller writes it,
+    for a value of the wrong kind."""
     for name, value in (("drop_warmup", drop_warmup), ("drop_dummy", drop_dummy),
                         ("drop_outliers", drop_outliers)):
         if not isinstance(value, bool):
@@ -311,9 +320,33 @@ def shape_steps(trace: Any, *, select_steps: str | None = None, drop_warmup: boo
     if select_steps is not None and not isinstance(select_steps, str):
         raise InputError(f"{option('select_steps')} is text such as \"2:\" or \"0:100,150\", "
                          f"got {select_steps!r}")
+    settings = dict(select_steps=select_steps, drop_warmup=drop_warmup, drop_dummy=drop_dummy,
+                    drop_outliers=drop_outliers, max_batched_tokens=max_batched_tokens)
+    workload = trace.meta.get("workload")
+    budget = workload.get("max_batched_tokens") if isinstance(workload, dict) else None
+    if max_batched_tokens is not None and budget is not None:
+        if max_batched_tokens != budget:
+            raise InputError(f"{option('max_batched_tokens', max_batched_tokens)}: the trace's "
+                             f"steps were batched from requests with max_batched_tokens "
+                             f"{budget}, which they keep to already; give that, or batch the "
+                             f"requests with another (Workload(max_batched_tokens=...))")
+        max_batched_tokens = None
     drop = [kind for kind, on in zip(FLAGS, (drop_warmup, drop_dummy, drop_outliers)) if on]
-    trace = select(trace, select_steps, drop)
-    return trace if max_batched_tokens is None else chunk_steps(trace, max_batched_tokens)
+    made = select(trace, select_steps, drop)
+    if max_batched_tokens is not None:
+        made = chunk_steps(made, max_batched_tokens)
+    if made is not trace:
+        _MADE[made] = settings
+    return made
+
+
+def shaped_by(trace: Any) -> dict[str, Any] | None:
+    """The settings (`SHAPING` -> value) `shape_steps` made `trace` by, or None when it did
+    not make it (a trace read or built as it is, or one `shape_steps` left unchanged)."""
+    try:
+        return _MADE.get(trace)
+    except TypeError:  # no trace at all: the caller's checks say so
+        return None
 
 
 SHORT = {"warmup": "warm-up", "dummy": "dummy", "outlier": "outlier"}  # kind: a word

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from eplbsim.cost import MODELS
+from eplbsim.traces.steps import SHAPING
 
 from cli_helpers import assert_input_error, run
 
@@ -41,8 +42,12 @@ def test_a_per_token_log_runs_in_one_command_without_its_warm_up(capsys, tmp_pat
     with_warmup = json.loads(run(capsys, *args, "--json")[1])[0]
     without = json.loads(run(capsys, *args, "--drop-warmup", "--json")[1])[0]
     assert with_warmup["placement_imbalance"] != without["placement_imbalance"]
-    # the same steps chosen by number give the same numbers
-    assert json.loads(run(capsys, *args, "--select-steps", "1:", "--json")[1])[0] == without
+    # the same steps chosen by number give the same numbers; the rows say how they were chosen
+    chosen = json.loads(run(capsys, *args, "--select-steps", "1:", "--json")[1])[0]
+    assert (chosen["select_steps"], chosen["drop_warmup"], without["drop_warmup"]) == \
+        ("1:", False, True)
+    assert {k: v for k, v in chosen.items() if k not in SHAPING} == \
+        {k: v for k, v in without.items() if k not in SHAPING}
     # its header is recognised as one without a flag, and no key needs naming either
     bare = json.loads(run(capsys, "run", "--trace", log, "--gpus", "4", "--policies", "row",
                           "--mode", "none", "--json")[1])[0]

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 import torch
 
 from eplbsim.base.errors import InputError, RunWarning
+from eplbsim.cli import main
 from eplbsim.replay import replay
 from eplbsim.replay.drafted import DraftedResults
+from eplbsim.replay.results import to_json
 from eplbsim.runspec import RunSpec
 from eplbsim.traces import load_trace, save_trace, synthesize
 from eplbsim.traces.draft import Drafted
@@ -50,3 +53,19 @@ def test_a_draft_the_gpus_cannot_take_with_the_target_is_refused():
     target, draft = _parts(draft_experts=10)
     with pytest.raises(InputError, match="4 does not divide 16 - 10"):
         replay(Drafted(target, draft), RunSpec.of(gpus=4))
+
+
+def test_the_spec_s_steps_select_the_draft_s_steps_once_as_run_does(tmp_path, capsys):
+    target, draft = _parts()
+    save_trace(dataclasses.replace(target, draft=draft), tmp_path / "t.npz")
+    got = replay(load_trace(tmp_path / "t.npz"),
+                 RunSpec.of(gpus=4, policy="row", select_steps="2:"))
+    assert got.target.true_load.shape[0] == got.draft.true_load.shape[0] == 3  # 2: of 5
+    own = replay(draft, RunSpec.of(gpus=4, policy="row", select_steps="2:",
+                                   redundant=got.target.spec.topology.redundant))
+    assert torch.equal(got.draft.slot_load, own.slot_load)
+    assert main(["run", "--trace", str(tmp_path / "t.npz"), "--select-steps", "2:", "--json",
+                 "--policies", "row", "--mode", "none", "--gpus", "4"]) == 0
+    assert json.loads(capsys.readouterr().out) == json.loads(to_json(got.rows()))
+    with pytest.raises(InputError, match="shapes the steps .* of a Drafted pair"):
+        replay(Drafted(target, draft), RunSpec.of(gpus=4, select_steps="2:"))

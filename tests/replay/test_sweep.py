@@ -129,12 +129,18 @@ def test_shipped_example_has_at_least_100_cells():
     assert len(cells) >= 100 and len({c.id for c in cells}) == len(cells)
 
 
-def test_trace_cells_replay_the_file(tmp_path):
+def trace_cells(folder: Path, grid: str) -> list:
+    """The cells of a spec over a 3-step trace `t.npz` written to `folder`, with `grid` (TOML
+    lines) beside its trace, on 4 GPUs with 8 redundant slots."""
     save_trace(synthesize("skewed", steps=3, tokens=32, layers=2, experts=16, top_k=4),
-               tmp_path / "t.npz")
-    spec = write_spec(tmp_path / "specs", "[grid]\ntrace = ['../t.npz']\nmode = ['none', 'a2a']"
-                      "\n[fixed]\ngpus = 4\nredundant = 8\n")
-    cells = read_spec(spec).cells
+               folder / "t.npz")
+    spec = write_spec(folder / "specs", f"[grid]\ntrace = ['../t.npz']\n{grid}\n[fixed]\n"
+                      "gpus = 4\nredundant = 8\n")
+    return read_spec(spec).cells
+
+
+def test_trace_cells_replay_the_file(tmp_path):
+    cells = trace_cells(tmp_path, "mode = ['none', 'a2a']")
     assert [c.config["trace"] for c in cells] == ["../t.npz"] * 2
     assert "steps" not in cells[0].config and cells[0].config["where"] is None
     row = cell_row(cells[1])
@@ -263,3 +269,15 @@ def test_a_grid_over_the_steps_read_gives_a_cell_each():
     cells = parse_spec(doc, Path("."))
     assert [c.config["select_steps"] for c in cells] == ["0:2", "2:"]
     assert len({c.id for c in cells}) == 2
+
+
+def test_a_grid_over_max_batched_tokens_cuts_each_cell_s_trace_as_the_run_spec_does(tmp_path):
+    cells = trace_cells(tmp_path, "max_batched_tokens = [8, 32]")
+    assert [c.config["max_batched_tokens"] for c in cells] == [8, 32]
+    assert len({c.id for c in cells}) == 2
+    rows = [cell_row(cell) for cell in cells]
+    for row, size in zip(rows, (8, 32)):
+        expected = replay(load_trace(tmp_path / "t.npz"),
+                          RunSpec.of(gpus=4, redundant=8, max_batched_tokens=size))
+        assert {k: row[k] for k in flat_row(expected.row())} == flat_row(expected.row())
+    assert rows[0]["gpu_imbalance"] != rows[1]["gpu_imbalance"]  # chunks of 8: other steps

@@ -1,7 +1,8 @@
 """Every flag of `eplbsim run` has its name in Python (DESIGN.md §7): a run's setting is a
-keyword of `RunSpec.of`; what shapes the trace it reads is a keyword of the call that opens,
-shapes or makes that trace (`python_keywords`); the rest is named here, so a flag added to
-`run` cannot be forgotten."""
+keyword of `RunSpec.of`, the steps' shaping too (`select_steps`, ..., `max_batched_tokens`:
+also keywords of `open_trace` and `shape_steps`); what makes the trace it reads is a keyword of
+the call that opens or makes that trace (`python_keywords`); the rest is named here, so a flag
+added to `run` cannot be forgotten."""
 
 import argparse
 import importlib
@@ -12,6 +13,7 @@ from eplbsim import InputError, RunSpec
 from eplbsim.cli import build_parser
 from eplbsim.runspec import knobs, run_knobs
 from eplbsim.runspec.source import python_keywords
+from eplbsim.traces.steps import SHAPING
 
 # run's own flags, about how it runs and what it writes, not what it replays -> the Python
 # that does the same ("module:name")
@@ -58,10 +60,19 @@ def test_every_run_setting_is_a_keyword_of_runspec_of():
         assert spec.get(name) == RunSpec().get(name)
 
 
+def test_the_steps_shaping_settings_are_the_run_s_and_open_trace_s_keywords():
+    settings = {name: part for part, name, _ in run_knobs()}
+    assert {settings[name] for name in SHAPING} == {"steps"}
+    assert not set(SHAPING) & {name for _, name, _ in knobs(("source",))}  # listed once
+    for name in SHAPING:
+        assert {"open_trace(%s=...)" % name, "shape_steps(%s=...)" % name} <= set(
+            python_keywords(name))
+
+
 @pytest.mark.parametrize("name", sorted({n for _, n, _ in knobs(("source",), "run")}))
-def test_a_trace_shaping_name_given_to_runspec_says_where_it_goes(name):
+def test_a_trace_making_name_given_to_runspec_says_where_it_goes(name):
     with pytest.raises(InputError) as err:
         RunSpec.of(**{name: None})
     said = str(err.value)
-    assert said.startswith(f"{name} shapes the trace, not the run: give ")
+    assert said.startswith(f"{name} belongs to the trace, not the run: give ")
     assert all(call in said for call in python_keywords(name))

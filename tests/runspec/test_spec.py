@@ -103,7 +103,7 @@ EXAMPLES = {
     "recovery": ("resolve", "resolve", "guess", "unknown recovery 'guess'", {"fail_ranks": "1"}),
     "requests": ("requests", "requests", "nope", "no such file", {}),
     "max_running": ("4", 4, 0, "must be an integer >= 1, got 0", REQUESTS),
-    "max_batched_tokens": ("64", 64, 0, "must be an integer >= 1, got 0", REQUESTS),
+    "max_batched_tokens": ("64", 64, 0, "must be an integer >= 1, got 0", {}),
     "chunk": ("16", 16, 0, "must be an integer >= 1, got 0", REQUESTS),
     "batch_order": ("prefill-first", "prefill-first", "random", "unknown batch order 'random'",
                     REQUESTS),
@@ -259,7 +259,8 @@ def test_replace_routes_flat_names_and_keeps_the_rest():
             other.topology.redundant) == (4, "row", "a2a", 4)
     assert spec.dispatch.mode == "none" and other.solver is spec.solver
     assert list(spec.labels())[:4] == ["policy", "mode", "view", "rng"]
-    assert set(PARTS) == {"source", "dispatch", "solver", "schedule", "topology", "cost"}
+    assert set(PARTS) == {"source", "dispatch", "solver", "schedule", "topology", "cost",
+                          "steps"}
     assert [n for _, n, _ in run_knobs()] == list(spec.labels())
 
 
@@ -300,3 +301,12 @@ def test_a_solvers_own_flag_is_its_option(field, solver, option, value, other):
         RunSpec.of(**{field: value})
     with pytest.raises(InputError, match="disagree"):
         RunSpec.of(solver=solver, solver_options={option: other}, **{field: value})
+
+
+def test_the_steps_settings_go_to_the_source_and_the_spec_alike():
+    """A command reads the trace's steps by them (the source) and the run says them (the spec),
+    so `replay` given the trace read applies them once (`replay.shaped`)."""
+    for name, text, value in (("max_batched_tokens", "64", 64), ("select_steps", "1:", "1:"),
+                              ("drop_dummy", True, True)):
+        source, spec = _cli_values("run", name, text, {}, Path("."))
+        assert getattr(source, name) == spec.get(name) == spec.labels()[name] == value

@@ -11,8 +11,9 @@ import warnings
 import numpy as np
 import pytest
 
-from eplbsim import InputError, RunSpec, Trace, compare, open_trace, shape_steps, synthesize
-from eplbsim.base.errors import InputWarning
+from eplbsim import (InputError, RunSpec, Trace, compare, open_trace, replay, shape_steps,
+                     synthesize)
+from eplbsim.base.errors import InputWarning, RunWarning
 from eplbsim.cli import main
 from eplbsim.replay.results import to_json
 from eplbsim.runspec import READER_OPTIONS
@@ -126,7 +127,6 @@ def test_a_counts_csv_filtered_gives_the_promise_its_flags_give(tmp_path, capsys
     assert main(["run", "--trace", str(path), "--where", "m=a", "--experts", "12", "--json",
                  "--gpus", "4"]) == 0
     cli = json.loads(capsys.readouterr().out)
-    from eplbsim import replay
     counts = open_trace(path, where="m=a", experts=12)
     assert counts.num_experts == 12
     assert cli == json.loads(to_json([replay(counts, RunSpec.of(gpus=4)).row()]))
@@ -150,8 +150,11 @@ def test_requests_read_and_batched_give_what_their_flags_give(tmp_path, capsys):
     cli = json.loads(capsys.readouterr().out)
     steps = batch(open_requests(str(tmp_path / "req.jsonl"), **read),
                   Workload(max_batched_tokens=6, dp=2, seed=0)).trace
-    assert cli == json.loads(to_json([r.row() for r in compare(
-        steps, ["row"], ["none"], RunSpec.of(gpus=4))]))
+    assert max(steps.tokens_per_step.tolist()) > 6  # two DP ranks' batches of 6, gathered
+    assert cli == json.loads(to_json([r.row() for r in compare(  # its budget: no step cut
+        steps, ["row"], ["none"], RunSpec.of(gpus=4, max_batched_tokens=6))]))
+    with pytest.raises(InputError, match=r"batched from requests with max_batched_tokens 6"):
+        compare(steps, ["row"], ["none"], RunSpec.of(gpus=4, max_batched_tokens=4))
 
 
 def test_every_keyword_of_open_trace_is_in_its_docstring_and_every_reader_s_option_is_one():
@@ -197,10 +200,38 @@ def test_a_warning_of_reading_points_at_the_caller_s_line(tmp_path):
     assert [(w.filename, w.lineno) for w in caught] == [(__file__, line)]
 
 
-def test_the_run_s_settings_refuse_a_trace_shaping_name_and_say_where_it_goes():
-    with pytest.raises(InputError, match=r"max_batched_tokens shapes the trace, not the run: "
-                       r"give open_trace\(max_batched_tokens=\.\.\.\) or shape_steps\("):
-        RunSpec.of(max_batched_tokens=32)
+@pytest.mark.parametrize("setting", SHAPING)
+def test_each_steps_setting_of_the_run_spec_gives_the_numbers_its_flag_gives(tmp_path, capsys,
+                                                                             setting):
+    write, flags, keywords = CASES[setting]
+    path = write(tmp_path)
+    cli = _cli_rows(capsys, ["--trace", path, *flags])
+    spec = RunSpec.of(gpus=4, **keywords)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RunWarning)
+        rows = json.loads(to_json([r.row() for r in compare(open_trace(path), ["row", "ordinal"],
+                                                             ["none"], spec)]))
+        one = json.loads(to_json([replay(open_trace(path), spec.replace(policy="row")).row()]))
+        plain = _python_rows(open_trace(path))
+    assert rows == cli and one == cli[:1]
+    assert [r[setting] for r in rows] == [keywords[setting]] * 2
+    assert [r["gpu_imbalance"] for r in plain] != [r["gpu_imbalance"] for r in cli]
+
+
+def test_a_steps_setting_given_to_open_trace_and_the_spec_is_applied_once(tmp_path, capsys):
+    path = _shaped_npz(tmp_path)
+    cli = _cli_rows(capsys, ["--trace", path, "--select-steps", "1:4,5"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RunWarning)
+        once = open_trace(path, select_steps="1:4,5")
+        both = compare(once, ["row", "ordinal"], ["none"],
+                       RunSpec.of(gpus=4, select_steps="1:4,5"))
+    assert json.loads(to_json(both.rows())) == cli
+    assert both[0].true_load.shape[0] == once.num_steps == 4  # not 1:4,5 of its 4 steps
+    with pytest.raises(InputError, match=r"shaped already \(select_steps='1:4,5': by open_trace"
+                                         r" or shape_steps\), and the spec would shape them "
+                                         r"again \(max_batched_tokens=5\)"):
+        replay(once, RunSpec.of(gpus=4, max_batched_tokens=5))
     with pytest.raises(InputError, match="unknown setting nonsense"):
         RunSpec.of(nonsense=1)
 
