@@ -301,7 +301,7 @@ def buffer_findings(cand: Results, base: Results) -> dict[str, Any] | None:
         m = r.metrics
         if m["buffer_overflow_steps"] is None:
             return None
-        sides[which] = {"cap": m["dispatch_cap"], "peak_tokens": m["dispatch_peak_tokens"],
+        sides[which] = {"cap": m["dispatch_cap_tokens"], "peak_tokens": m["dispatch_peak_tokens"],
                         "overflow_steps": m["buffer_overflow_steps"],
                         "slots": r.segments[0].placement.num_slots}
     return {**sides, "steps": cand.true_load.shape[0]}

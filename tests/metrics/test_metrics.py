@@ -397,3 +397,14 @@ def test_active_experts_counts_each_gpus_distinct_experts_with_load():
     trace = synthesize("skewed", steps=4, tokens=16, layers=2, experts=16, top_k=4)
     row = replay(trace, RunSpec.of(gpus=4, redundant=4)).row()
     assert row["active_imbalance"] >= 1
+
+
+def test_no_metric_shares_its_name_with_a_setting():
+    """A row holds the run's settings, then its metrics (`Results.row`): a metric named as a
+    setting (the dispatch cap given, and the cap a run used) would overwrite it in every row
+    and drop a CSV column."""
+    from eplbsim.replay.results import flat_row
+    from eplbsim.runspec import RunSpec
+    labels = set(flat_row(RunSpec().labels()))
+    keys = {name for key, metric in METRICS.items() for name in metric.flat_keys(key)}
+    assert not labels & keys, labels & keys

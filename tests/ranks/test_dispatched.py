@@ -36,7 +36,7 @@ def test_a_run_flags_the_steps_over_the_cap():
     trace = synthesize("uniform", steps=3, tokens=64, layers=1, experts=8, top_k=2)
     cap = 64 // 4 - 1  # every step's busiest rank holds 16
     row = replay(trace, RunSpec.of(gpus=4, redundant=4, mode="a2a", dispatch_cap=cap)).row()
-    assert row["dispatch_cap"] == cap and row["dispatch_peak_tokens"] == 16
+    assert row["dispatch_cap_tokens"] == cap and row["dispatch_peak_tokens"] == 16
     assert row["buffer_overflow_steps"] == 3
     row = replay(trace, RunSpec.of(gpus=4, redundant=4, mode="a2a", dispatch_cap=16)).row()
     assert row["buffer_overflow_steps"] == 0
@@ -47,7 +47,7 @@ def test_the_cap_derived_from_the_buffer_counts_the_physical_experts():
     spec = RunSpec.of(gpus=4, redundant=8, mode="a2a", dispatch_buffer_gib=32,
                       model="deepseek-v3")
     row = replay(trace, spec).row()
-    assert row["dispatch_cap"] == dispatch_cap(BUFFER_LIMIT_BYTES, 7168, 16)
+    assert row["dispatch_cap_tokens"] == dispatch_cap(BUFFER_LIMIT_BYTES, 7168, 16)
     assert spec.cost.buffer_cap(16) > spec.cost.buffer_cap(16 + 64)
     assert RunSpec.of(dispatch_buffer_gib=0.5).cost.buffer_cap(16) == \
         dispatch_cap(GIB // 2, 7168, 16)
@@ -56,7 +56,7 @@ def test_the_cap_derived_from_the_buffer_counts_the_physical_experts():
 def test_none_mode_and_no_buffer_have_no_figures():
     trace = synthesize("uniform", steps=1, tokens=32, layers=1, experts=8, top_k=2)
     row = replay(trace, RunSpec.of(gpus=4, redundant=8, mode="none", dispatch_cap=4)).row()
-    assert row["buffer_overflow_steps"] is None and row["dispatch_cap"] is None
+    assert row["buffer_overflow_steps"] is None and row["dispatch_cap_tokens"] is None
     row = replay(trace, RunSpec.of(gpus=4, redundant=8, mode="a2a")).row()
     assert row["buffer_overflow_steps"] is None and row["dispatch_peak_tokens"] == 8
 
