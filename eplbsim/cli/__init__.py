@@ -140,6 +140,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     `review`'s verdict), `EXIT_INPUT` (2) for bad input, `EXIT_INTERNAL` (4) for an internal
     error, `EXIT_INTERRUPTED` (130) when interrupted."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv == ["--version"]:  # what the parser would print, without building it
+        print(f"eplbsim {version()}")
+        return 0
     text = help_cache.help_text(argv, build_parser)
     if text is not None:  # `eplbsim COMMAND --help`, from the cache after its first time
         sys.stdout.write(text)

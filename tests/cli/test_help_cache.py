@@ -3,6 +3,8 @@ torch, numba, matplotlib or scipy, and after its first time every command's help
 the cache (`cli.help_cache`), the same text argparse prints, without them. Checked on what
 modules a fresh interpreter loads, not on time."""
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -88,3 +90,15 @@ def test_a_changed_source_file_is_a_new_fingerprint(tmp_path, monkeypatch):
     one = help_cache.fingerprint()
     (tmp_path / "x.py").write_text("A = 12\n")
     assert len({before, one, help_cache.fingerprint()}) == 3
+
+
+def test_the_version_is_what_argparse_says_and_loads_nothing_heavy(tmp_path):
+    code = ("import contextlib, io\nfrom eplbsim.cli import main\nbuf = io.StringIO()\n"
+            "with contextlib.redirect_stdout(buf):\n    assert main(['--version']) == 0\n"
+            "out = {'printed': buf.getvalue()}\n")
+    loaded = _loaded(code, str(tmp_path))
+    assert loaded["heavy"] == [] and not (tmp_path / "eplbsim").exists()
+    parsed = io.StringIO()
+    with contextlib.redirect_stdout(parsed), pytest.raises(SystemExit):
+        build_parser().parse_args(["--version"])
+    assert loaded["printed"] == parsed.getvalue()
