@@ -236,7 +236,8 @@ def review(trace: RunTrace, candidate: Any, baseline: Any = None, spec: RunSpec 
     verdict, reasons, headline = judge(invariance, balance, time, rebalance, scored, mode,
                                        kind, buffer)
     steps = {"placed_steps": span_words(log, 0, placed), "scored_steps": span_words(log, placed, S)}
-    headline.append(rests_on_line(time, trace.num_layers, spec.cost.shape.moe_layers, steps))
+    headline.append(rests_on_line(time, trace.num_layers, spec.cost.shape.moe_layers, steps,
+                                  None if failure is None else failure.recovery))
     if failure is not None:
         headline.append(f"Scored on the survivors: {failure.words()}.")
     setup = {"kind": kind, "steps": S, "placed_on": [0, placed], "scored_on": [placed, S], **steps,

@@ -325,11 +325,13 @@ def mechanism_line(time: dict, mode: str) -> str:
             f"{number(c['share'])} of an even share against {number(b['share'])}.")
 
 
-def rests_on_line(time: dict, trace_layers: int, model_layers: int, steps: dict) -> str:
+def rests_on_line(time: dict, trace_layers: int, model_layers: int, steps: dict,
+                  recovery: str | None = None) -> str:
     """The headline's line saying what the verdict rests on: which cost model priced it (and
     whether the measured tables could), how many logged layers stand in for the model's, and
     which steps were scored and placed on (`steps`: `scored_steps` and `placed_steps`, in
-    the log's own numbers, `traces.steps.span_words`)."""
+    the log's own numbers, `traces.steps.span_words`), and after dead ranks the `recovery`
+    that served the survivors."""
     measured = time["measured"]
     priced = (f"priced by {time['cost']} and the measured tables"
               if "difference_ms" in measured else
@@ -338,8 +340,9 @@ def rests_on_line(time: dict, trace_layers: int, model_layers: int, steps: dict)
     layers = (f"{trace_layers} logged layer{'' if trace_layers == 1 else 's'} stand"
               f"{'s' if trace_layers == 1 else ''} in for the model's {model_layers} MoE layers")
     return (f"Rests on: {priced}; {layers} ({time['model']}); scored on the held-out steps "
-            f"{steps['scored_steps']}, each policy on the placement solved from steps "
-            f"{steps['placed_steps']}.")
+            f"{steps['scored_steps']}, each policy on "
+            + ("" if recovery is None else f"recovery {recovery} on the survivors of ")
+            + f"the placement solved from steps {steps['placed_steps']}.")
 
 
 def _faster(difference: float) -> str:

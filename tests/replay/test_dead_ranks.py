@@ -164,3 +164,5 @@ def test_review_scores_the_survivors(capsys):
     assert code in (0, 1, 3)
     assert report["setup"]["gpus"] == G - 1
     assert report["setup"]["failure"]["dead"] == [3]
+    rests = next(line for line in report["headline"] if line.startswith("Rests on:"))
+    assert "each policy on recovery recover-46370 on the survivors of the placement" in rests
