@@ -53,11 +53,6 @@ LONG = [USERS[0], "row", "ordinal"]  # for the figures of a panel a policy
 
 
 @pytest.fixture(scope="module")
-def trace():
-    return synthesize("template", steps=4, tokens=64, layers=2, experts=16, top_k=2, seed=0)
-
-
-@pytest.fixture(scope="module")
 def many(trace):
     return compare(trace, MANY, ["none", "a2a"], SPEC)
 

@@ -40,11 +40,6 @@ RATIO_AXIS = re.compile(r"max / mean|lower bound")  # axis labels of ratios whos
 
 
 @pytest.fixture(scope="module")
-def trace():
-    return synthesize("template", steps=4, tokens=64, layers=2, experts=16, top_k=2, seed=0)
-
-
-@pytest.fixture(scope="module")
 def results(trace):
     return compare(trace, POLICIES, ["none", "a2a"], CONFIG)
 
