@@ -6,9 +6,10 @@ Dimensions: `S` steps, `G` GPUs = EP ranks.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from .traffic import token_owners
+from .traffic import share_bounds, token_owners
 
 
 def rank_tokens(trace: object, num_ranks: int) -> torch.Tensor:
@@ -18,6 +19,7 @@ def rank_tokens(trace: object, num_ranks: int) -> torch.Tensor:
     sizes = trace.tokens_per_step.tolist()
     out = torch.zeros(len(sizes), num_ranks, dtype=torch.int64)
     for s, size in enumerate(sizes):
-        owners = token_owners(size, num_ranks, trace.step_src_rank(s))
-        out[s] = torch.bincount(owners, minlength=num_ranks)
+        src = trace.step_src_rank(s)
+        out[s] = (torch.from_numpy(np.diff(share_bounds(size, num_ranks))) if src is None else
+                  torch.bincount(token_owners(size, num_ranks, src), minlength=num_ranks))
     return out

@@ -374,8 +374,11 @@ def results_of(trace: RunTrace, spec: RunSpec, slot_load: torch.Tensor | None,
                counters: Counters | None) -> Results:
     """The `Results` of a replay of `trace` (in process or on real ranks, `replay.distributed`):
     its executed and routed loads and counters, with what the trace itself says of the run:
-    the tokens each rank dispatches a step (a token trace's) and its hash-routed layers."""
-    tokens = None if isinstance(trace, CountsTrace) else rank_tokens(trace, spec.topology.gpus)
+    the tokens each rank dispatches a step (a token trace's, when the run names a dispatch
+    buffer, the one figure that reads them) and its hash-routed layers."""
+    buffered = spec.cost.dispatch_buffer_gib is not None or spec.cost.dispatch_cap is not None
+    tokens = rank_tokens(trace, spec.topology.gpus) if buffered and \
+        not isinstance(trace, CountsTrace) else None  # only a dispatch buffer reads them
     return Results(spec, slot_load, true_load, segments, counters, rank_tokens=tokens,
                    hash_layers=hash_layers_of(trace, spec))
 

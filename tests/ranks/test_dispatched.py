@@ -54,11 +54,14 @@ def test_the_cap_derived_from_the_buffer_counts_the_physical_experts():
 
 
 def test_none_mode_and_no_buffer_have_no_figures():
+    """"none" has no dispatch buffer, and a run naming none counts no rank's tokens."""
     trace = synthesize("uniform", steps=1, tokens=32, layers=1, experts=8, top_k=2)
     row = replay(trace, RunSpec.of(gpus=4, redundant=8, mode="none", dispatch_cap=4)).row()
     assert row["buffer_overflow_steps"] is None and row["dispatch_cap_tokens"] is None
     row = replay(trace, RunSpec.of(gpus=4, redundant=8, mode="a2a")).row()
-    assert row["buffer_overflow_steps"] is None and row["dispatch_peak_tokens"] == 8
+    assert row["buffer_overflow_steps"] is None and row["dispatch_peak_tokens"] is None
+    row = replay(trace, RunSpec.of(gpus=4, redundant=8, mode="a2a", dispatch_cap=4)).row()
+    assert row["buffer_overflow_steps"] == 1 and row["dispatch_peak_tokens"] == 8
 
 
 def test_one_way_to_the_cap():
